@@ -1,0 +1,174 @@
+"""Cross-encoder: scores (query, document) pairs jointly with a sequence-classification head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from embedrank.errors import InvalidInputError, ModelKindError
+from embedrank.ranking import RankedResult, rank_scores
+from embedrank.registry import ModelSpec, resolve
+from embedrank.tokens import Tokenized, check_texts, length_order, tokenize
+
+_ACTIVATIONS = {
+    "Sigmoid": torch.sigmoid,
+    "Identity": lambda x: x,
+    "Tanh": torch.tanh,
+}
+
+
+def default_activation(config: Any) -> str:
+    """The activation sentence-transformers' CrossEncoder applies for this config.
+
+    It reads ``config.sentence_transformers["activation_fn"]`` (or the older
+    ``sbert_ce_default_activation_function``); without either, sigmoid for one label, identity otherwise.
+    """
+    path = None
+    st_cfg = getattr(config, "sentence_transformers", None)
+    if isinstance(st_cfg, dict):
+        path = st_cfg.get("activation_fn")
+    path = path or getattr(config, "sbert_ce_default_activation_function", None)
+    if path:
+        name = str(path).rsplit(".", 1)[-1]
+        if name in _ACTIVATIONS:
+            return name
+    return "Sigmoid" if getattr(config, "num_labels", 1) == 1 else "Identity"
+
+
+class CrossEncoder:
+    """Any Hugging Face sequence-classification model used as a reranker."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        device: str | torch.device = "cpu",
+        max_seq_length: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_seq_length = max_seq_length or spec.max_seq_length
+        self.activation = default_activation(model.config)
+
+    @classmethod
+    def from_pretrained(cls, model_id: str, *, device: str = "cpu", max_seq_length: int | None = None) -> CrossEncoder:
+        """Load a cross-encoder by local path or hub id.
+
+        Raises:
+            ModelNotFoundError, NotAModelError: the id does not lead to a model.
+            ModelKindError: the model has no sequence-classification head (an embedding model).
+        """
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        spec = resolve(model_id)
+        if spec.kind != "cross-encoder":
+            raise ModelKindError(
+                f"model {model_id!r} is an embedding model, not a cross-encoder (its config.json names no "
+                f"*ForSequenceClassification architecture); load it with Encoder.from_pretrained, or rerank "
+                f"with it through BiEncoderScorer"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        model = AutoModelForSequenceClassification.from_pretrained(spec.path)
+        return cls(spec, model, tokenizer, device=device, max_seq_length=max_seq_length)
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.model_id
+
+    @property
+    def num_labels(self) -> int:
+        return int(self.model.config.num_labels)
+
+    def __repr__(self) -> str:
+        return f"CrossEncoder({self.model_id!r}, num_labels={self.num_labels}, activation={self.activation})"
+
+    def tokenize(self, queries: Sequence[str], documents: Sequence[str], *, truncate: bool = True) -> Tokenized:
+        """Pairs -> padded features ``(B, T)``; truncation is ``longest_first`` at ``max_seq_length``."""
+        return tokenize(self.tokenizer, queries, documents, max_length=self.max_seq_length, truncate=truncate)
+
+    @torch.inference_mode()
+    def forward(self, features: dict[str, torch.Tensor], *, apply_activation: bool = True) -> np.ndarray:
+        """Features -> scores: ``(B,)`` for one label, ``(B, L)`` otherwise."""
+        inputs = {k: v.to(self.device) for k, v in features.items()}
+        logits = self.model(**inputs).logits  # (B, L)
+        if apply_activation:
+            logits = _ACTIVATIONS[self.activation](logits)
+        if logits.shape[-1] == 1:
+            logits = logits[:, 0]
+        return logits.float().cpu().numpy()
+
+    def score_pairs_with_stats(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        batch_size: int = 32,
+        apply_activation: bool = True,
+        show_progress: bool | None = None,
+        truncate: bool = True,
+    ) -> tuple[np.ndarray, list[int], list[bool]]:
+        """Scores in input order, plus per-pair token counts and truncation flags."""
+        items = list(pairs)
+        if not items:
+            raise InvalidInputError("pairs is empty; pass at least one (query, document) pair")
+        for i, p in enumerate(items):
+            if not (isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(x, str) for x in p)):
+                raise InvalidInputError(f"pairs[{i}] must be a (query, document) pair of strings")
+        order = length_order([q + d for q, d in items])
+        scores: np.ndarray | None = None
+        counts = [0] * len(items)
+        truncated = [False] * len(items)
+        show = len(items) >= 1024 if show_progress is None else show_progress
+        for start in tqdm(range(0, len(items), batch_size), desc="Scoring", unit="batch", disable=not show):
+            idx = order[start : start + batch_size]
+            batch = self.tokenize([items[i][0] for i in idx], [items[i][1] for i in idx], truncate=truncate)
+            out = self.forward(batch.features, apply_activation=apply_activation)
+            if scores is None:
+                scores = np.empty((len(items), *out.shape[1:]), dtype=np.float32)
+            scores[idx] = out
+            for j, i in enumerate(idx):
+                counts[i] = batch.token_counts[j]
+                truncated[i] = batch.truncated[j]
+        assert scores is not None
+        return scores, counts, truncated
+
+    def score_pairs(
+        self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32, apply_activation: bool = True
+    ) -> np.ndarray:
+        """Score (query, document) pairs; sigmoid for one label unless ``apply_activation=False``."""
+        return self.score_pairs_with_stats(pairs, batch_size=batch_size, apply_activation=apply_activation)[0]
+
+    def score(
+        self, query: str, documents: Sequence[str], *, batch_size: int = 32, apply_activation: bool = True
+    ) -> np.ndarray:
+        """Score each document against ``query``; ``(N,)`` float32 in input order."""
+        docs = check_texts(documents, "documents")
+        if not isinstance(query, str):
+            raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
+        return self.score_pairs([(query, d) for d in docs], batch_size=batch_size, apply_activation=apply_activation)
+
+    def rank(self, query: str, documents: Sequence[str], top_k: int | None = None) -> pd.DataFrame:
+        """Documents sorted by score, highest first, ties broken by input index.
+
+        Returns a DataFrame with columns ``index``, ``score``, ``text``.
+        """
+        scores = self.score(query, documents)
+        if scores.ndim != 1:
+            raise ModelKindError(f"rank needs a single-label model; {self.model_id!r} has {self.num_labels} labels")
+        return ranked_frame(rank_scores(scores, top_k), documents)
+
+
+def ranked_frame(results: list[RankedResult], documents: Sequence[str]) -> pd.DataFrame:
+    """Turn ranked results into the DataFrame notebooks show."""
+    return pd.DataFrame(
+        {"index": [r.index for r in results], "score": [r.score for r in results],
+         "text": [documents[r.index] for r in results]}
+    )

@@ -1,0 +1,196 @@
+"""Bi-encoder: text -> vector, with tokenize, forward and pool+normalize kept as separate steps."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from embedrank.errors import InvalidInputError, ModelKindError
+from embedrank.pooling import PoolingMode, pool
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
+from embedrank.similarity import l2_normalize, truncate_dims
+from embedrank.tokens import Tokenized, check_texts, length_order, tokenize
+
+PROGRESS_THRESHOLD = 1024  # inputs; above this, encode shows a progress bar unless told otherwise
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """Embeddings ``(N, D)`` float32 in input order, with per-input token counts and truncation flags."""
+
+    embeddings: np.ndarray
+    token_counts: list[int]
+    truncated: list[bool]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.token_counts)
+
+
+class Encoder:
+    """A transformer encoder with embedrank's own pooling and normalization.
+
+    Use :meth:`from_pretrained`; the constructor takes already-loaded parts.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        device: str | torch.device = "cpu",
+        pooling: PoolingMode | str | None = None,
+        normalize: bool | None = None,
+        max_seq_length: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.pooling = PoolingMode(pooling) if pooling is not None else (spec.pooling or PoolingMode.MEAN)
+        self.normalize = spec.normalize if normalize is None else normalize
+        self.max_seq_length = max_seq_length or spec.max_seq_length
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id: str = DEFAULT_EMBEDDING_MODEL,
+        *,
+        device: str = "cpu",
+        pooling: PoolingMode | str | None = None,
+        normalize: bool | None = None,
+        max_seq_length: int | None = None,
+        torch_dtype: torch.dtype | None = None,
+    ) -> Encoder:
+        """Load an embedding model by id, local path or hub id (see :mod:`embedrank.registry`).
+
+        Raises:
+            ModelNotFoundError, NotAModelError: the id does not lead to a model.
+            ModelKindError: the model is a cross-encoder.
+        """
+        from transformers import AutoModel, AutoTokenizer
+
+        spec = resolve(model_id)
+        if spec.kind != "embedding":
+            raise ModelKindError(
+                f"model {model_id!r} is a {spec.kind} (sequence classification head), not an embedding "
+                f"model; load it with CrossEncoder.from_pretrained"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        model = AutoModel.from_pretrained(spec.path, dtype=torch_dtype) if torch_dtype else AutoModel.from_pretrained(spec.path)
+        return cls(
+            spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length
+        )
+
+    # -- facts -----------------------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.spec.model_id
+
+    @property
+    def dimension(self) -> int:
+        return int(self.spec.dimension or self.model.config.hidden_size)
+
+    def __repr__(self) -> str:
+        return (
+            f"Encoder({self.model_id!r}, dim={self.dimension}, pooling={self.pooling.value}, "
+            f"normalize={self.normalize}, max_seq_length={self.max_seq_length})"
+        )
+
+    # -- the three steps -------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str], *, truncate: bool = True) -> Tokenized:
+        """Step 1: texts -> padded features ``(B, T)`` with token counts and truncation flags."""
+        if self.spec.do_lower_case:
+            texts = [t.lower() for t in texts]
+        return tokenize(self.tokenizer, texts, max_length=self.max_seq_length, truncate=truncate)
+
+    @torch.inference_mode()
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Step 2: features -> token embeddings ``(B, T, H)``."""
+        inputs = {k: v.to(self.device) for k, v in features.items()}
+        return self.model(**inputs).last_hidden_state
+
+    @torch.inference_mode()
+    def postprocess(
+        self,
+        token_embeddings: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        normalize: bool | None = None,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
+        """Step 3: pool ``(B, T, H) -> (B, H)``, normalize, optionally truncate to ``dimensions``.
+
+        Returns float32 numpy ``(B, D)``.
+        """
+        pooled = pool(token_embeddings, attention_mask.to(token_embeddings.device), self.pooling)
+        do_norm = self.normalize if normalize is None else normalize
+        if do_norm:
+            pooled = l2_normalize(pooled)
+        pooled = truncate_dims(pooled, dimensions, renormalize=do_norm)
+        return pooled.float().cpu().numpy()
+
+    def embed_tokenized(
+        self, batch: Tokenized, *, normalize: bool | None = None, dimensions: int | None = None
+    ) -> np.ndarray:
+        """Steps 2 and 3 on one tokenized batch; ``(B, D)`` float32."""
+        token_embeddings = self.forward(batch.features)
+        return self.postprocess(
+            token_embeddings, batch.features["attention_mask"], normalize=normalize, dimensions=dimensions
+        )
+
+    # -- convenience -----------------------------------------------------------------------------
+    def encode_with_stats(
+        self,
+        texts: Iterable[str],
+        *,
+        batch_size: int = 32,
+        show_progress: bool | None = None,
+        normalize: bool | None = None,
+        dimensions: int | None = None,
+        truncate: bool = True,
+    ) -> Encoded:
+        """Encode texts, longest first in batches, and return them in input order with statistics."""
+        items = check_texts(texts)
+        if batch_size < 1:
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+        if dimensions is not None:
+            truncate_dims(torch.zeros(1, self.dimension), dimensions)  # validate before any work
+        order = length_order(items)
+        out = np.empty((len(items), dimensions or self.dimension), dtype=np.float32)
+        counts = [0] * len(items)
+        truncated = [False] * len(items)
+        show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
+        starts = range(0, len(items), batch_size)
+        for start in tqdm(starts, desc="Encoding", unit="batch", disable=not show):
+            idx = order[start : start + batch_size]
+            batch = self.tokenize([items[i] for i in idx], truncate=truncate)
+            out[idx] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions)
+            for j, i in enumerate(idx):
+                counts[i] = batch.token_counts[j]
+                truncated[i] = batch.truncated[j]
+        return Encoded(embeddings=out, token_counts=counts, truncated=truncated)
+
+    def encode(
+        self,
+        texts: Iterable[str],
+        *,
+        batch_size: int = 32,
+        show_progress: bool | None = None,
+        normalize: bool | None = None,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
+        """Encode texts to float32 numpy ``(N, D)`` in input order.
+
+        ``normalize`` overrides the model's own setting; ``dimensions`` truncates (Matryoshka-style)
+        and renormalizes. A progress bar shows for long inputs unless ``show_progress=False``.
+        """
+        return self.encode_with_stats(
+            texts, batch_size=batch_size, show_progress=show_progress, normalize=normalize, dimensions=dimensions
+        ).embeddings

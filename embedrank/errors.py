@@ -1,0 +1,55 @@
+"""Exception types of the core. The service maps each of them to an HTTP status in one place."""
+
+from __future__ import annotations
+
+
+class EmbedrankError(Exception):
+    """Base class of every error raised on purpose by embedrank."""
+
+
+class ModelNotFoundError(EmbedrankError):
+    """A model id could not be resolved to weights (no package, no local directory, no hub)."""
+
+
+class NotAModelError(EmbedrankError):
+    """A path exists but does not hold a Hugging Face model."""
+
+
+class ModelKindError(EmbedrankError):
+    """A model of one kind (embedding, cross-encoder) was used where the other kind is needed."""
+
+
+class UnsupportedModelError(EmbedrankError):
+    """The model's own files ask for something embedrank does not implement."""
+
+
+class InvalidInputError(EmbedrankError, ValueError):
+    """The caller passed input that cannot be processed (empty list, wrong type, bad option)."""
+
+
+class InputTooLongError(InvalidInputError):
+    """An input exceeds the model's maximum length and truncation was not allowed."""
+
+
+class DataNotFoundError(EmbedrankError, FileNotFoundError):
+    """A dataset could not be found in the data directory."""
+
+
+class IndexMismatchError(EmbedrankError):
+    """An index was queried or loaded with a model/dimension/metric that differs from the one it was built with."""
+
+
+class IndexTrainingError(EmbedrankError):
+    """An IVF/PQ index cannot be trained with the vectors it was given."""
+
+
+class OverloadedError(EmbedrankError):
+    """The engine queue is full; retry later."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NotReadyError(EmbedrankError):
+    """The engine is loading or draining."""

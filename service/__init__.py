@@ -1,0 +1,1 @@
+"""HTTP service for embedrank (Litestar). Start with `litestar run` from the repo root."""

