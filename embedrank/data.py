@@ -1,0 +1,189 @@
+"""BEIR-layout collections: loading, locating by name, and a tiny demo collection.
+
+A collection directory holds ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``; some also
+ship a first-stage run (``*.run``, TREC format). Files are read with the ``datasets`` library's local
+json/csv loaders. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from embedrank.errors import DataNotFoundError
+from embedrank.types import Corpus, Qrels, Queries, Run
+
+DATA_ENV = "EMBEDRANK_DATA"
+BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
+
+
+@dataclasses.dataclass(frozen=True)
+class BeirDataset:
+    """A loaded collection. The dicts are fresh copies; nothing in embedrank mutates them."""
+
+    name: str
+    path: Path
+    corpus: Corpus
+    queries: Queries
+    qrels: Qrels
+
+    def doc_text(self, doc_id: str) -> str:
+        return doc_text(self.corpus[doc_id])
+
+    @property
+    def first_stage_runs(self) -> list[Path]:
+        """First-stage runs shipped with the collection (e.g. ``bm25_top100.run``)."""
+        return sorted(self.path.glob("*.run"))
+
+
+def doc_text(doc: dict[str, str]) -> str:
+    """Document text as BEIR models see it: ``title + " " + text``, or just text without a title.
+
+    >>> doc_text({"title": "T", "text": "body"})
+    'T body'
+    >>> doc_text({"title": "", "text": "body"})
+    'body'
+    """
+    title = (doc.get("title") or "").strip()
+    text = doc.get("text") or ""
+    return f"{title} {text}" if title else text
+
+
+def default_data_dir() -> Path | None:
+    """``$EMBEDRANK_DATA``, else ``../shared/data`` next to the repo checkout, else None."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env).expanduser()
+    guess = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return guess if guess.is_dir() else None
+
+
+def missing_data_message(name: str, data_dir: Path | None) -> str:
+    where = str(data_dir) if data_dir else f"a directory named by --data-dir or ${DATA_ENV}"
+    return (
+        f"dataset {name!r} not found in {where}. A BEIR collection is a directory with corpus.jsonl, "
+        f"queries.jsonl and qrels/test.tsv. BEIR hosts public collections as zip files at "
+        f"{BEIR_URL.format(name=name)} ; download and unzip it into {where} (giving {where}/{name}/corpus.jsonl), "
+        f"or pass the collection directory's path instead of a name."
+    )
+
+
+def resolve_dataset(name_or_path: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Find a collection directory from a path or a name inside ``data_dir`` (default: :func:`default_data_dir`).
+
+    Raises:
+        DataNotFoundError: with a message that says where BEIR hosts the zip and where to unpack it.
+    """
+    candidate = Path(name_or_path).expanduser()
+    if (candidate / "corpus.jsonl").is_file():
+        return candidate
+    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+    if root is not None and (root / str(name_or_path) / "corpus.jsonl").is_file():
+        return root / str(name_or_path)
+    raise DataNotFoundError(missing_data_message(str(name_or_path), root))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    ds = datasets.load_dataset("json", data_files=str(path), split="train", keep_in_memory=True)
+    return ds.to_list()
+
+
+def load_beir(path: str | os.PathLike[str], split: str = "test", *, data_dir: str | None = None) -> BeirDataset:
+    """Load a BEIR-layout collection. Queries are restricted to those judged in ``split``.
+
+    Returns a :class:`BeirDataset` with ``corpus``, ``queries`` and ``qrels`` dicts.
+    """
+    import datasets
+
+    root = resolve_dataset(path, data_dir)
+    qrels_path = root / "qrels" / f"{split}.tsv"
+    if not qrels_path.is_file():
+        raise DataNotFoundError(f"{root} has no qrels/{split}.tsv (splits present: "
+                                f"{sorted(p.stem for p in (root / 'qrels').glob('*.tsv'))})")
+    corpus: Corpus = {
+        str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""}
+        for row in _read_jsonl(root / "corpus.jsonl")
+    }
+    all_queries = {str(row["_id"]): row["text"] for row in _read_jsonl(root / "queries.jsonl")}
+    datasets.disable_progress_bars()
+    qrels_rows = datasets.load_dataset(
+        "csv", data_files=str(qrels_path), delimiter="\t", split="train", keep_in_memory=True,
+        features=datasets.Features({"query-id": datasets.Value("string"), "corpus-id": datasets.Value("string"),
+                                    "score": datasets.Value("int64")}),
+    )
+    qrels: Qrels = {}
+    for row in qrels_rows:
+        qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
+    queries = {qid: text for qid, text in all_queries.items() if qid in qrels}
+    return BeirDataset(name=root.name, path=root, corpus=corpus, queries=queries, qrels=qrels)
+
+
+def load_trec_run(path: str | os.PathLike[str]) -> Run:
+    """Read a TREC run file (``qid Q0 docid rank score tag``)."""
+    run: Run = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 5:
+                run.setdefault(parts[0], {})[parts[2]] = float(parts[4])
+    return run
+
+
+def write_trec_run(run: Run, path: str | os.PathLike[str], tag: str = "embedrank") -> None:
+    """Write a TREC run file, ranks following score descending with ties by doc id."""
+    with open(path, "w", encoding="utf-8") as f:
+        for qid in sorted(run):
+            ranked = sorted(run[qid].items(), key=lambda kv: (-kv[1], kv[0]))
+            for rank, (doc_id, score) in enumerate(ranked, start=1):
+                f.write(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
+
+
+DEMO_CORPUS: Corpus = {
+    "d1": {"title": "Photosynthesis", "text": "Plants convert sunlight, water and carbon dioxide into glucose and oxygen."},
+    "d2": {"title": "Seasons", "text": "Earth's seasons are caused by the tilt of its axis relative to its orbit."},
+    "d3": {"title": "Tides", "text": "Ocean tides result mainly from the gravitational pull of the Moon."},
+    "d4": {"title": "Vaccines", "text": "Vaccines train the immune system to recognise a pathogen without causing disease."},
+    "d5": {"title": "Antibiotics", "text": "Antibiotics kill bacteria but have no effect on viruses such as influenza."},
+    "d6": {"title": "Plate tectonics", "text": "Earthquakes occur where tectonic plates grind against each other."},
+    "d7": {"title": "Black holes", "text": "A black hole's gravity is so strong that not even light escapes it."},
+    "d8": {"title": "DNA", "text": "DNA carries genetic instructions as sequences of four nucleotide bases."},
+    "d9": {"title": "Rainbows", "text": "Rainbows appear when sunlight is refracted and reflected inside raindrops."},
+    "d10": {"title": "Sound", "text": "Sound travels as a pressure wave and cannot propagate through a vacuum."},
+    "d11": {"title": "Insulin", "text": "Insulin is a hormone that lets cells absorb glucose from the blood."},
+    "d12": {"title": "Volcanoes", "text": "Volcanoes erupt when magma from the mantle rises through the crust."},
+}
+DEMO_QUERIES: Queries = {
+    "q1": "why do we have summer and winter",
+    "q2": "what makes the sea rise and fall each day",
+    "q3": "do antibiotics work against the flu",
+    "q4": "how do plants make their food",
+    "q5": "what causes earthquakes",
+    "q6": "how does the body control blood sugar",
+}
+DEMO_QRELS: Qrels = {
+    "q1": {"d2": 1}, "q2": {"d3": 1}, "q3": {"d5": 2, "d4": 1}, "q4": {"d1": 1}, "q5": {"d6": 1}, "q6": {"d11": 1},
+}
+
+
+def write_demo_collection(directory: str | os.PathLike[str]) -> Path:
+    """Write the built-in demo collection in BEIR layout under ``directory/demo`` and return its path."""
+    root = Path(directory) / "demo"
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(root / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for doc_id, doc in DEMO_CORPUS.items():
+            f.write(json.dumps({"_id": doc_id, **doc}) + "\n")
+    with open(root / "queries.jsonl", "w", encoding="utf-8") as f:
+        for qid, text in DEMO_QUERIES.items():
+            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    with open(root / "qrels" / "test.tsv", "w", encoding="utf-8") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for qid, rels in DEMO_QRELS.items():
+            for doc_id, rel in rels.items():
+                f.write(f"{qid}\t{doc_id}\t{rel}\n")
+    (root / "SOURCE.txt").write_text("Written by embedrank.data.write_demo_collection; hand-made, public domain.\n")
+    return root

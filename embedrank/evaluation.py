@@ -1,0 +1,159 @@
+"""BEIR-style benchmark runs: the logic behind ``eval/run.py`` and the evaluation notebook."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from embedrank.cache import EmbeddingCache
+from embedrank.data import BeirDataset, load_beir, load_trec_run
+from embedrank.encoder import Encoder
+from embedrank.index import IndexConfig
+from embedrank.metrics import DEFAULT_K, evaluate_per_query
+from embedrank.pipeline import BM25FirstStage, DenseRetriever, FirstStage, HybridRetriever, PrecomputedRun, RetrieveRerank
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL
+from embedrank.scorers import load_reranker
+from embedrank.types import Run
+
+RetrieverName = Literal["dense", "bm25", "hybrid"]
+HEADLINE = ("ndcg@10", "recall@100", "mrr@10")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchmarkConfig:
+    retriever: RetrieverName = "dense"
+    model: str = DEFAULT_EMBEDDING_MODEL
+    reranker: str | None = None
+    k_retrieve: int = 100
+    index: Literal["flat", "ivf", "hnsw", "pq"] = "flat"
+    batch_size: int = 64
+    max_queries: int | None = None
+    use_cache: bool = True
+    cache_dir: str | None = None
+    fresh_bm25: bool = False
+    hybrid_weight: float = 0.5
+    hybrid_method: Literal["score", "rrf"] = "score"
+    show_progress: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkResult:
+    dataset: str
+    config: BenchmarkConfig
+    first_stage: str
+    metrics: dict[str, float]
+    per_query: pd.DataFrame
+    first_stage_per_query: pd.DataFrame
+    timings: dict[str, float]
+    run: Run
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "retriever": self.config.retriever,
+            "first_stage": self.first_stage,
+            "model": self.config.model if self.config.retriever != "bm25" else None,
+            "reranker": self.config.reranker,
+            "k_retrieve": self.config.k_retrieve,
+            "index": self.config.index if self.config.retriever != "bm25" else None,
+            "queries": len(self.per_query),
+            "metrics": {k: round(v, 6) for k, v in self.metrics.items()},
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "notes": self.notes,
+        }
+
+
+@functools.lru_cache(maxsize=4)
+def cached_encoder(model_id: str) -> Encoder:
+    return Encoder.from_pretrained(model_id)
+
+
+@functools.lru_cache(maxsize=4)
+def cached_reranker(model_id: str):
+    return load_reranker(model_id)
+
+
+def subset(ds: BeirDataset, max_queries: int | None) -> BeirDataset:
+    """The first ``max_queries`` judged queries (file order), with their qrels."""
+    if max_queries is None or max_queries >= len(ds.queries):
+        return ds
+    keep = list(ds.queries)[:max_queries]
+    return dataclasses.replace(
+        ds, queries={q: ds.queries[q] for q in keep}, qrels={q: dict(ds.qrels[q]) for q in keep}
+    )
+
+
+def _bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
+    shipped = ds.first_stage_runs
+    if shipped and not cfg.fresh_bm25:
+        notes.append(f"BM25: using the collection's published run {shipped[0].name} (pass --fresh-bm25 to compute BM25)")
+        return PrecomputedRun(load_trec_run(shipped[0]), name=f"bm25[{shipped[0].name}]")
+    notes.append("BM25: computed with bm25s (k1=0.9, b=0.4, Lucene IDF, English stemming)")
+    return BM25FirstStage(ds.corpus)
+
+
+def run_benchmark(dataset: str | Path | BeirDataset, config: BenchmarkConfig | None = None, *,
+                  data_dir: str | None = None) -> BenchmarkResult:
+    """Run one (dataset, retriever, reranker) configuration and score it with pytrec_eval."""
+    cfg = config or BenchmarkConfig()
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    ds = dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, data_dir=data_dir)
+    ds = subset(ds, cfg.max_queries)
+    timings["load_s"] = time.perf_counter() - start
+    relevance_level = 2 if ds.name.startswith("trec-dl") else 1
+
+    def dense() -> DenseRetriever:
+        t0 = time.perf_counter()
+        cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else None
+        retriever = DenseRetriever.from_corpus(
+            cached_encoder(cfg.model), ds.corpus, index=IndexConfig(kind=cfg.index), batch_size=cfg.batch_size,
+            cache=cache, show_progress=cfg.show_progress,
+        )
+        timings["index_s"] = time.perf_counter() - t0
+        notes.append(f"embedding cache: {retriever.cache_path}" if retriever.cache_path else "embedding cache: off")
+        return retriever
+
+    first: FirstStage
+    if cfg.retriever == "dense":
+        first = dense()
+    elif cfg.retriever == "bm25":
+        first = _bm25_stage(ds, cfg, notes)
+    elif cfg.retriever == "hybrid":
+        first = HybridRetriever(dense(), _bm25_stage(ds, cfg, notes), method=cfg.hybrid_method, weight=cfg.hybrid_weight)
+    else:
+        raise ValueError(f"unknown retriever {cfg.retriever!r}")
+    reranker = cached_reranker(cfg.reranker) if cfg.reranker else None
+    if reranker is not None:
+        notes.append(f"reranker: {cfg.reranker} as a {reranker.kind} scorer")
+    pipeline = RetrieveRerank(first, ds.corpus, reranker=reranker, k_retrieve=cfg.k_retrieve)
+    result = pipeline.run(ds.queries, show_progress=bool(cfg.show_progress))
+    timings.update(result.timings)
+    k_values = sorted(set(DEFAULT_K) | {cfg.k_retrieve})
+    per_query = evaluate_per_query(ds.qrels, result.run, k_values, relevance_level=relevance_level)
+    first_pq = evaluate_per_query(ds.qrels, result.first_stage_run, k_values, relevance_level=relevance_level)
+    if relevance_level > 1:
+        notes.append(f"graded qrels: recall/MRR/MAP/P count relevance >= {relevance_level} (TREC DL); nDCG uses grades")
+    return BenchmarkResult(
+        dataset=ds.name, config=cfg, first_stage=first.name, metrics=per_query.mean().to_dict(),
+        per_query=per_query, first_stage_per_query=first_pq, timings=timings, run=result.run, notes=notes,
+    )
+
+
+def results_table(results: list[BenchmarkResult], columns: tuple[str, ...] = HEADLINE) -> pd.DataFrame:
+    """One row per run with the headline metrics and timings; for printing and notebooks."""
+    rows = []
+    for r in results:
+        row = {"dataset": r.dataset, "retriever": r.first_stage, "reranker": r.config.reranker or "-",
+               "queries": len(r.per_query)}
+        row.update({c: round(r.metrics.get(c, float("nan")), 4) for c in columns})
+        row.update({k: round(v, 2) for k, v in r.timings.items()})
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,85 @@
+"""Fusion of two or more runs: reciprocal rank fusion and normalized score fusion. Inputs are never mutated."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from embedrank.errors import InvalidInputError
+from embedrank.types import Run
+
+
+def ranked_ids(docs: dict[str, float]) -> list[str]:
+    """Doc ids by score descending, ties by doc id ascending.
+
+    >>> ranked_ids({"b": 1.0, "a": 1.0, "c": 2.0})
+    ['c', 'a', 'b']
+    """
+    return [d for d, _ in sorted(docs.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def reciprocal_rank_fusion(runs: Sequence[Run], k: int = 60) -> Run:
+    """RRF (Cormack et al., 2009): ``score(d) = sum_r 1 / (k + rank_r(d))`` with ranks from 1.
+
+    >>> reciprocal_rank_fusion([{"q": {"a": 3.0, "b": 1.0}}, {"q": {"b": 9.0}}], k=1)
+    {'q': {'a': 0.5, 'b': 1.0}}
+    """
+    if not runs:
+        raise InvalidInputError("reciprocal_rank_fusion needs at least one run")
+    fused: Run = {}
+    for run in runs:
+        for qid, docs in run.items():
+            target = fused.setdefault(qid, {})
+            for rank, doc_id in enumerate(ranked_ids(docs), start=1):
+                target[doc_id] = target.get(doc_id, 0.0) + 1.0 / (k + rank)
+    return fused
+
+
+def normalize_scores(docs: dict[str, float], method: Literal["minmax", "zscore"] = "minmax") -> dict[str, float]:
+    """Scale one query's scores: ``minmax`` to [0, 1] (all-equal scores become 1), or ``zscore``.
+
+    >>> normalize_scores({"a": 2.0, "b": 4.0, "c": 3.0})
+    {'a': 0.0, 'b': 1.0, 'c': 0.5}
+    """
+    if not docs:
+        return {}
+    values = np.fromiter(docs.values(), dtype=np.float64)
+    if method == "minmax":
+        lo, span = values.min(), values.max() - values.min()
+        scaled = (values - lo) / span if span > 0 else np.ones_like(values)
+    elif method == "zscore":
+        std = values.std()
+        scaled = (values - values.mean()) / std if std > 0 else np.zeros_like(values)
+    else:
+        raise InvalidInputError(f"unknown normalization {method!r}; use 'minmax' or 'zscore'")
+    return {d: float(s) for d, s in zip(docs, scaled, strict=True)}
+
+
+def score_fusion(
+    run_a: Run, run_b: Run, *, weight: float = 0.5, normalization: Literal["minmax", "zscore"] = "minmax"
+) -> Run:
+    """``weight * norm(a) + (1 - weight) * norm(b)``, per query.
+
+    A document missing from one run gets that run's lowest normalized score for the query.
+
+    >>> score_fusion({"q": {"x": 1.0, "y": 0.0}}, {"q": {"y": 5.0, "z": 1.0}}, weight=0.5)
+    {'q': {'x': 0.5, 'y': 0.5, 'z': 0.0}}
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise InvalidInputError(f"weight must be in [0, 1], got {weight}")
+    fused: Run = {}
+    for qid in sorted(set(run_a) | set(run_b)):
+        a = normalize_scores(run_a.get(qid, {}), normalization)
+        b = normalize_scores(run_b.get(qid, {}), normalization)
+        floor_a, floor_b = min(a.values(), default=0.0), min(b.values(), default=0.0)
+        fused[qid] = {
+            d: weight * a.get(d, floor_a) + (1.0 - weight) * b.get(d, floor_b) for d in sorted(set(a) | set(b))
+        }
+    return fused
+
+
+def top_k(run: Run, k: int) -> Run:
+    """Keep the ``k`` best documents per query (ties by doc id)."""
+    return {qid: {d: docs[d] for d in ranked_ids(docs)[:k]} for qid, docs in run.items()}

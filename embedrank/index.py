@@ -1,0 +1,304 @@
+"""Vector indexes behind one protocol: exact numpy (the test oracle) and FAISS backends.
+
+Backends (``kind``): ``numpy`` (exact, pure numpy), ``flat`` (FAISS ``IndexFlatIP``/``IndexFlatL2``),
+``ivf`` (IVF-Flat: ``nlist``, ``nprobe``), ``hnsw`` (``M``, ``ef_search``), ``pq`` (IVF-PQ), and
+``factory`` (any FAISS factory string). Indexes keep string document ids, grow with :meth:`add`, train
+IVF/PQ automatically on the first add, and save to / load from a directory together with metadata
+(model id, dimension, metric, normalization, count) that is checked on load and on search.
+
+Scores are "higher is better": inner product for ``cosine`` and ``dot``, negative squared L2 for ``l2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from embedrank.errors import IndexMismatchError, IndexTrainingError, InvalidInputError
+
+Metric = Literal["cosine", "dot", "l2"]
+IndexKind = Literal["numpy", "flat", "ivf", "hnsw", "pq", "factory"]
+_META = "embedrank_index.json"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IndexConfig:
+    """How to build an index. ``None`` parameters are chosen from the data when training."""
+
+    kind: IndexKind = "flat"
+    metric: Metric = "cosine"
+    nlist: int | None = None  # ivf/pq: number of clusters; default ~ sqrt(N)
+    nprobe: int | None = None  # ivf/pq: clusters searched; default max(8, nlist // 8)
+    hnsw_m: int = 32
+    ef_construction: int = 200
+    ef_search: int = 128
+    pq_m: int | None = None  # pq: sub-quantizers; default dim // 8
+    pq_nbits: int = 8
+    factory: str | None = None
+
+
+@runtime_checkable
+class VectorIndex(Protocol):
+    """What every index backend offers."""
+
+    config: IndexConfig
+    dimension: int
+    model_id: str | None
+
+    def __len__(self) -> int: ...
+
+    def add(self, ids: Sequence[str], vectors: np.ndarray) -> None: ...
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]: ...
+
+    def save(self, directory: str | Path) -> Path: ...
+
+
+def _as_matrix(vectors: np.ndarray, dimension: int, what: str) -> np.ndarray:
+    x = np.ascontiguousarray(np.atleast_2d(np.asarray(vectors, dtype=np.float32)))
+    if x.ndim != 2 or x.shape[1] != dimension:
+        raise IndexMismatchError(f"{what} have dimension {x.shape[-1]}, but the index holds dimension {dimension}")
+    return x
+
+
+def _normalized(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+class _BaseIndex:
+    def __init__(self, dimension: int, config: IndexConfig, *, model_id: str | None = None) -> None:
+        if dimension < 1:
+            raise InvalidInputError(f"dimension must be >= 1, got {dimension}")
+        self.dimension = int(dimension)
+        self.config = config
+        self.model_id = model_id
+        self.ids: list[str] = []
+        self._id_set: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.config.kind}, metric={self.config.metric}, dim={self.dimension}, n={len(self)})"
+
+    def _prepare(self, vectors: np.ndarray, what: str) -> np.ndarray:
+        x = _as_matrix(vectors, self.dimension, what)
+        return _normalized(x) if self.config.metric == "cosine" else x
+
+    def _register(self, ids: Sequence[str], n: int) -> list[str]:
+        ids = [str(i) for i in ids]
+        if len(ids) != n:
+            raise InvalidInputError(f"got {len(ids)} ids for {n} vectors")
+        dupes = [i for i in ids if i in self._id_set]
+        if dupes or len(set(ids)) != len(ids):
+            raise InvalidInputError(f"duplicate document ids, e.g. {(dupes or ids)[0]!r}")
+        return ids
+
+    def _commit(self, ids: list[str]) -> None:
+        self.ids.extend(ids)
+        self._id_set.update(ids)
+
+    def check_compatible(self, *, model_id: str | None = None, dimension: int | None = None) -> None:
+        """Refuse a model or dimension other than the one the index was built with."""
+        if dimension is not None and dimension != self.dimension:
+            raise IndexMismatchError(f"index holds {self.dimension}-d vectors, but the query model gives {dimension}-d")
+        if model_id is not None and self.model_id is not None and model_id != self.model_id:
+            raise IndexMismatchError(
+                f"index was built with model {self.model_id!r}; searching it with {model_id!r} would compare "
+                f"vectors from different spaces. Rebuild the index or use the same model."
+            )
+
+    def _results(self, scores: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, list[list[str]]]:
+        ids = [[self.ids[p] for p in row if p >= 0] for row in positions]
+        return scores.astype(np.float32), ids
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "model_id": self.model_id,
+            "dimension": self.dimension,
+            "metric": self.config.metric,
+            "normalized": self.config.metric == "cosine",
+            "count": len(self),
+            "config": dataclasses.asdict(self.config),
+        }
+
+    def _write_meta(self, directory: Path) -> None:
+        (directory / "ids.json").write_text(json.dumps(self.ids))
+        (directory / _META).write_text(json.dumps(self._meta(), indent=2))
+
+
+class NumpyIndex(_BaseIndex):
+    """Exact search in plain numpy; the oracle the FAISS backends are tested against."""
+
+    def __init__(self, dimension: int, config: IndexConfig | None = None, *, model_id: str | None = None) -> None:
+        super().__init__(dimension, config or IndexConfig(kind="numpy"), model_id=model_id)
+        self._vectors = np.empty((0, self.dimension), dtype=np.float32)
+
+    def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+        x = self._prepare(vectors, "vectors")
+        ids = self._register(ids, x.shape[0])
+        self._vectors = np.vstack([self._vectors, x])
+        self._commit(ids)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        """Top ``k`` per query: scores ``(Q, k')`` and ids; ties break by insertion order."""
+        q = self._prepare(queries, "queries")  # (Q, D)
+        if self.config.metric == "l2":
+            scores = -((q[:, None, :] - self._vectors[None, :, :]) ** 2).sum(-1)  # (Q, N)
+        else:
+            scores = q @ self._vectors.T  # (Q, N)
+        k = min(k, len(self))
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (Q, k)
+        return self._results(np.take_along_axis(scores, order, axis=1), order)
+
+    def save(self, directory: str | Path) -> Path:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        np.save(out / "vectors.npy", self._vectors)
+        self._write_meta(out)
+        return out
+
+
+class FaissIndex(_BaseIndex):
+    """A FAISS index (flat, IVF, HNSW, IVF-PQ or a factory string) with string ids and metadata."""
+
+    def __init__(self, dimension: int, config: IndexConfig | None = None, *, model_id: str | None = None) -> None:
+        super().__init__(dimension, config or IndexConfig(), model_id=model_id)
+        if self.config.kind == "numpy":
+            raise InvalidInputError("kind='numpy' is NumpyIndex; use build_index")
+        self._index: Any = None
+        if self.config.kind in ("flat", "hnsw"):
+            self._index = self._build(n_train=0)
+
+    @property
+    def _faiss_metric(self) -> int:
+        import faiss
+
+        return faiss.METRIC_L2 if self.config.metric == "l2" else faiss.METRIC_INNER_PRODUCT
+
+    def _build(self, n_train: int) -> Any:
+        import faiss
+
+        c, d = self.config, self.dimension
+        if c.kind == "flat":
+            return faiss.IndexFlatL2(d) if c.metric == "l2" else faiss.IndexFlatIP(d)
+        if c.kind == "hnsw":
+            index = faiss.IndexHNSWFlat(d, c.hnsw_m, self._faiss_metric)
+            index.hnsw.efConstruction = c.ef_construction
+            index.hnsw.efSearch = c.ef_search
+            return index
+        if c.kind == "factory":
+            if not c.factory:
+                raise InvalidInputError("kind='factory' needs a FAISS factory string, e.g. 'IVF64,Flat'")
+            return faiss.index_factory(d, c.factory, self._faiss_metric)
+        nlist = c.nlist or max(1, min(int(round(math.sqrt(n_train))), 65536))
+        if n_train < nlist:
+            raise IndexTrainingError(
+                f"{c.kind} index with nlist={nlist} needs at least {nlist} vectors to train, got {n_train}; "
+                f"lower nlist or add more vectors in the first call to add()"
+            )
+        quantizer = faiss.IndexFlatL2(d) if c.metric == "l2" else faiss.IndexFlatIP(d)
+        if c.kind == "ivf":
+            index = faiss.IndexIVFFlat(quantizer, d, nlist, self._faiss_metric)
+        elif c.kind == "pq":
+            m = c.pq_m or max(1, d // 8)
+            if d % m:
+                raise InvalidInputError(f"pq_m={m} must divide the dimension {d}")
+            if n_train < 2**c.pq_nbits:
+                raise IndexTrainingError(
+                    f"pq index with pq_nbits={c.pq_nbits} needs at least {2**c.pq_nbits} vectors to train, got {n_train}"
+                )
+            index = faiss.IndexIVFPQ(quantizer, d, nlist, m, c.pq_nbits, self._faiss_metric)
+        else:
+            raise InvalidInputError(f"unknown index kind {c.kind!r}")
+        index.nprobe = c.nprobe or min(nlist, max(8, nlist // 8))
+        index._embedrank_quantizer = quantizer  # keep the quantizer alive with the index
+        return index
+
+    def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+        x = self._prepare(vectors, "vectors")
+        ids = self._register(ids, x.shape[0])
+        if self._index is None:
+            self._index = self._build(n_train=x.shape[0])
+        if not self._index.is_trained:
+            self._index.train(x)
+        self._index.add(x)
+        self._commit(ids)
+
+    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Change search-time parameters (IVF ``nprobe``, HNSW ``efSearch``) without rebuilding."""
+        import faiss
+
+        if nprobe is not None:
+            faiss.extract_index_ivf(self._index).nprobe = nprobe
+        if ef_search is not None:
+            faiss.downcast_index(self._index).hnsw.efSearch = ef_search
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        """Top ``k`` per query: scores ``(Q, k')`` (higher is better) and the matching ids."""
+        q = self._prepare(queries, "queries")
+        if self._index is None or len(self) == 0:
+            return np.zeros((q.shape[0], 0), dtype=np.float32), [[] for _ in range(q.shape[0])]
+        k = min(k, len(self))
+        scores, positions = self._index.search(q, k)  # (Q, k), (Q, k)
+        if self.config.metric == "l2":
+            scores = -scores
+        return self._results(scores, positions)
+
+    @property
+    def bytes_per_vector(self) -> float:
+        """Serialized index size divided by the number of vectors."""
+        import faiss
+
+        return float(faiss.serialize_index(self._index).nbytes) / max(1, len(self))
+
+    def save(self, directory: str | Path) -> Path:
+        import faiss
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        if self._index is not None:
+            faiss.write_index(self._index, str(out / "index.faiss"))
+        self._write_meta(out)
+        return out
+
+
+def build_index(
+    dimension: int, config: IndexConfig | None = None, *, model_id: str | None = None, **overrides: Any
+) -> NumpyIndex | FaissIndex:
+    """Make an empty index: ``build_index(384, kind="hnsw", metric="cosine", model_id=...)``."""
+    cfg = dataclasses.replace(config or IndexConfig(), **overrides)
+    cls = NumpyIndex if cfg.kind == "numpy" else FaissIndex
+    return cls(dimension, cfg, model_id=model_id)
+
+
+def load_index(
+    directory: str | Path, *, model_id: str | None = None, dimension: int | None = None
+) -> NumpyIndex | FaissIndex:
+    """Load an index saved with ``save``; refuse it if ``model_id``/``dimension`` differ from the saved ones."""
+    root = Path(directory)
+    meta_path = root / _META
+    if not meta_path.is_file():
+        raise IndexMismatchError(f"{root} is not an embedrank index directory (no {_META})")
+    meta = json.loads(meta_path.read_text())
+    cfg = IndexConfig(**meta["config"])
+    index = build_index(meta["dimension"], cfg, model_id=meta["model_id"])
+    index.check_compatible(model_id=model_id, dimension=dimension)
+    ids = json.loads((root / "ids.json").read_text())
+    if isinstance(index, NumpyIndex):
+        index._vectors = np.load(root / "vectors.npy")
+    elif (root / "index.faiss").is_file():
+        import faiss
+
+        index._index = faiss.read_index(str(root / "index.faiss"))
+    index._commit(ids)
+    if len(index) != meta["count"]:
+        raise IndexMismatchError(f"{root}: metadata says {meta['count']} vectors, ids.json has {len(index)}")
+    return index
