@@ -24,7 +24,7 @@ def reciprocal_rank_fusion(runs: Sequence[Run], k: int = 60) -> Run:
     """RRF (Cormack et al., 2009): ``score(d) = sum_r 1 / (k + rank_r(d))`` with ranks from 1.
 
     >>> reciprocal_rank_fusion([{"q": {"a": 3.0, "b": 1.0}}, {"q": {"b": 9.0}}], k=1)
-    {'q': {'a': 0.5, 'b': 1.0}}
+    {'q': {'a': 0.5, 'b': 0.8333333333333333}}
     """
     if not runs:
         raise InvalidInputError("reciprocal_rank_fusion needs at least one run")

@@ -34,7 +34,7 @@ class IndexConfig:
     kind: IndexKind = "flat"
     metric: Metric = "cosine"
     nlist: int | None = None  # ivf/pq: number of clusters; default ~ sqrt(N)
-    nprobe: int | None = None  # ivf/pq: clusters searched; default max(8, nlist // 8)
+    nprobe: int | None = None  # ivf/pq: clusters searched; default max(16, nlist // 3)
     hnsw_m: int = 32
     ef_construction: int = 200
     ef_search: int = 128
@@ -218,8 +218,8 @@ class FaissIndex(_BaseIndex):
             index = faiss.IndexIVFPQ(quantizer, d, nlist, m, c.pq_nbits, self._faiss_metric)
         else:
             raise InvalidInputError(f"unknown index kind {c.kind!r}")
-        index.nprobe = c.nprobe or min(nlist, max(8, nlist // 8))
-        index._embedrank_quantizer = quantizer  # keep the quantizer alive with the index
+        index.nprobe = c.nprobe or min(nlist, max(16, nlist // 3))
+        self._quantizer = quantizer  # keep the quantizer alive as long as the index
         return index
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:

@@ -57,3 +57,25 @@ def data_dir() -> Path:
     if not (SHARED_DATA / "scifact" / "corpus.jsonl").is_file():
         pytest.skip(f"shared data not found at {SHARED_DATA}; set EMBEDRANK_DATA")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def scifact(data_dir):
+    from embedrank.data import load_beir
+
+    return load_beir(data_dir / "scifact")
+
+
+@pytest.fixture(scope="session")
+def scifact_dense(scifact, encoder):
+    """SciFact corpus and test-query embeddings, through the on-disk embedding cache (computed once per machine)."""
+    from embedrank.cache import EmbeddingCache
+    from embedrank.data import doc_text
+    from embedrank.pipeline import embed_corpus
+
+    ids = list(scifact.corpus)
+    vectors, _ = embed_corpus(
+        encoder, ids, [doc_text(scifact.corpus[d]) for d in ids], batch_size=64, cache=EmbeddingCache()
+    )
+    queries = encoder.encode(list(scifact.queries.values()))
+    return scifact, vectors, queries

@@ -1,0 +1,100 @@
+"""Index backends against the exact numpy oracle; save/load, metadata checks, training errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedrank.errors import IndexMismatchError, IndexTrainingError, InvalidInputError
+from embedrank.index import FaissIndex, IndexConfig, NumpyIndex, build_index, load_index
+
+
+def _random(n, d=32, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "dot", "l2"])
+def test_flat_equals_numpy_oracle_random(metric):
+    x, q = _random(500), _random(20, seed=1)
+    ids = [f"doc{i}" for i in range(500)]
+    exact = build_index(32, kind="numpy", metric=metric)
+    flat = build_index(32, kind="flat", metric=metric)
+    for index in (exact, flat):
+        index.add(ids[:300], x[:300])  # incremental adds
+        index.add(ids[300:], x[300:])
+    s1, i1 = exact.search(q, 10)
+    s2, i2 = flat.search(q, 10)
+    assert i1 == i2
+    np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-4)
+
+
+def test_save_load_roundtrip_and_metadata_checks(tmp_path):
+    x = _random(300)
+    ids = [str(i) for i in range(300)]
+    for kind in ("numpy", "flat", "hnsw", "ivf", "pq"):
+        index = build_index(32, kind=kind, metric="cosine", model_id="m1", nlist=8 if kind in ("ivf", "pq") else None,
+                            pq_nbits=4)
+        index.add(ids, x)
+        before = index.search(x[:5], 5)
+        path = index.save(tmp_path / kind)
+        loaded = load_index(path, model_id="m1", dimension=32)
+        assert len(loaded) == 300 and loaded.config.kind == kind
+        after = loaded.search(x[:5], 5)
+        assert before[1] == after[1]
+        np.testing.assert_allclose(before[0], after[0], rtol=1e-5, atol=1e-5)
+        with pytest.raises(IndexMismatchError, match="'m1'"):
+            load_index(path, model_id="other-model")
+        with pytest.raises(IndexMismatchError, match="384"):
+            load_index(path, dimension=384)
+        with pytest.raises(IndexMismatchError, match="dimension 16"):
+            loaded.search(_random(2, d=16), 3)
+    with pytest.raises(IndexMismatchError, match="not an embedrank index"):
+        load_index(tmp_path)
+
+
+def test_training_needs_enough_vectors():
+    with pytest.raises(IndexTrainingError, match="nlist=64"):
+        build_index(32, kind="ivf", nlist=64).add([str(i) for i in range(10)], _random(10))
+    with pytest.raises(IndexTrainingError, match="256"):
+        build_index(32, kind="pq", nlist=4).add([str(i) for i in range(100)], _random(100))
+
+
+def test_bad_ids():
+    index = build_index(32, kind="flat")
+    index.add(["a", "b"], _random(2))
+    with pytest.raises(InvalidInputError, match="duplicate"):
+        index.add(["a"], _random(1))
+    with pytest.raises(InvalidInputError, match="3 ids for 2"):
+        index.add(["x", "y", "z"], _random(2))
+
+
+def test_factory_and_protocol():
+    index = build_index(32, kind="factory", factory="IVF4,Flat", metric="dot")
+    index.add([str(i) for i in range(200)], _random(200))
+    assert isinstance(index, FaissIndex) and len(index) == 200
+    assert index.search(_random(1), 3)[0].shape == (1, 3)
+    from embedrank.index import VectorIndex
+
+    assert isinstance(NumpyIndex(8), VectorIndex) and isinstance(index, VectorIndex)
+    assert IndexConfig().kind == "flat"
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_real_embeddings_flat_equals_oracle_and_ann_recall(scifact_dense):
+    ds, doc_vectors, query_vectors = scifact_dense
+    ids = list(ds.corpus)
+    exact = build_index(384, kind="numpy")
+    exact.add(ids, doc_vectors)
+    _, truth = exact.search(query_vectors, 10)
+    flat = build_index(384, kind="flat")
+    flat.add(ids, doc_vectors)
+    s_flat, got = flat.search(query_vectors, 10)
+    assert got == truth
+    np.testing.assert_allclose(s_flat, exact.search(query_vectors, 10)[0], atol=1e-5)
+    for kind in ("ivf", "hnsw"):
+        ann = build_index(384, kind=kind)
+        ann.add(ids, doc_vectors)
+        _, approx = ann.search(query_vectors, 10)
+        recall = np.mean([len(set(a) & set(t)) / 10 for a, t in zip(approx, truth, strict=True)])
+        assert recall >= 0.95, f"{kind} recall@10 vs exact = {recall:.3f}"
