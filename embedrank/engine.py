@@ -1,0 +1,350 @@
+"""An asyncio micro-batcher between many concurrent callers and one model.
+
+Each call (a "job") gets its own future. Its items (texts, or query/document pairs) join one queue.
+A batcher task takes pending items longest first and closes a batch when the next item would push the
+padded cost (longest sequence x batch size, estimated from characters) over ``max_batch_tokens``, when
+``max_batch_size`` is reached, or when nothing else arrives within ``max_wait_ms``. The forward pass runs
+in one worker thread, so the event loop keeps accepting work while the model computes. Items of jobs
+whose caller has gone (cancelled future) are dropped before compute. A full queue raises
+:class:`~embedrank.errors.OverloadedError`.
+
+The engine knows nothing of HTTP; it takes a backend with ``run_batch(items) -> list[ItemResult]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from embedrank.cross_encoder import CrossEncoder
+from embedrank.encoder import Encoder
+from embedrank.similarity import truncate_dims
+from embedrank.errors import InputTooLongError, InvalidInputError, NotReadyError, OverloadedError
+
+Item = TypeVar("Item")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ItemResult:
+    """Model output for one item: a vector ``(D,)`` or a score, its token count and truncation flag."""
+
+    value: Any
+    tokens: int
+    truncated: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """Results of one job in its input order."""
+
+    values: list[Any]
+    token_counts: list[int]
+    truncated: list[bool]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.token_counts)
+
+    @property
+    def truncated_count(self) -> int:
+        return sum(self.truncated)
+
+
+class Backend(Protocol[Item]):  # type: ignore[misc]
+    max_seq_length: int
+
+    def run_batch(self, items: Sequence[Item]) -> list[ItemResult]: ...
+
+    def item_chars(self, item: Item) -> int: ...
+
+
+class EmbeddingBackend:
+    """Runs batches of texts through an :class:`Encoder`; each value is a float32 vector ``(D,)``."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.encoder = encoder
+        self.max_seq_length = encoder.max_seq_length
+
+    def item_chars(self, item: str) -> int:
+        return len(item)
+
+    def run_batch(self, items: Sequence[str]) -> list[ItemResult]:
+        batch = self.encoder.tokenize(list(items))
+        vectors = self.encoder.embed_tokenized(batch)  # (B, D)
+        return [ItemResult(vectors[i], batch.token_counts[i], batch.truncated[i]) for i in range(len(items))]
+
+
+class CrossEncoderBackend:
+    """Runs batches of (query, document) pairs through a :class:`CrossEncoder`; values are float scores."""
+
+    def __init__(self, cross_encoder: CrossEncoder) -> None:
+        self.cross_encoder = cross_encoder
+        self.max_seq_length = cross_encoder.max_seq_length
+
+    def item_chars(self, item: tuple[str, str]) -> int:
+        return len(item[0]) + len(item[1])
+
+    def run_batch(self, items: Sequence[tuple[str, str]]) -> list[ItemResult]:
+        batch = self.cross_encoder.tokenize([q for q, _ in items], [d for _, d in items])
+        scores = self.cross_encoder.forward(batch.features)  # (B,) or (B, L)
+        return [ItemResult(float(np.asarray(scores[i]).ravel()[0]), batch.token_counts[i], batch.truncated[i])
+                for i in range(len(items))]
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    items: list[Any]
+    future: asyncio.Future[JobResult]
+    truncate: bool
+    results: list[ItemResult | None]
+    remaining: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    max_batch_tokens: int = 16384  # padded tokens per forward pass
+    max_batch_size: int = 128
+    max_wait_ms: float = 1.0
+    max_queue_items: int = 8192
+    chars_per_token: float = 4.0  # estimate used to sort and pack before tokenizing
+
+
+@dataclasses.dataclass
+class EngineStats:
+    batches: int = 0
+    items: int = 0
+    tokens: int = 0
+    dropped: int = 0
+
+
+class BatchEngine(Generic[Item]):
+    """Cross-request micro-batching for one backend. Create and use it inside a running event loop."""
+
+    def __init__(
+        self,
+        backend: Backend[Item],
+        config: EngineConfig | None = None,
+        *,
+        on_batch: Callable[[int, int, int], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.config = config or EngineConfig()
+        self.on_batch = on_batch  # (items, padded_token_estimate, real_tokens) after each batch
+        self.stats = EngineStats()
+        self._pending: collections.deque[tuple[_Job, int]] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedrank-forward")
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._inflight_jobs = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="embedrank-batcher")
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Refuse new jobs, finish the ones in flight (up to ``timeout`` seconds), then stop."""
+        self._closing = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            pass
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    # -- submission --------------------------------------------------------------------------------
+    async def submit(self, items: Sequence[Item], *, truncate: bool = True) -> JobResult:
+        """Queue ``items`` as one job and wait for all their results (in input order)."""
+        if self._closing:
+            raise NotReadyError("the service is shutting down; retry on another instance")
+        if len(self._pending) + len(items) > self.config.max_queue_items:
+            raise OverloadedError(
+                f"engine queue is full ({len(self._pending)} items waiting, limit {self.config.max_queue_items}); "
+                f"retry shortly",
+                retry_after=1.0,
+            )
+        future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
+        job = _Job(items=list(items), future=future, truncate=truncate, results=[None] * len(items),
+                   remaining=len(items))
+        self._pending.extend((job, i) for i in range(len(items)))
+        self._inflight_jobs += 1
+        self._idle.clear()
+        self._wakeup.set()
+        try:
+            return await future
+        finally:
+            self._inflight_jobs -= 1
+            if self._inflight_jobs == 0:
+                self._idle.set()
+
+    # -- batching ----------------------------------------------------------------------------------
+    def _estimate_tokens(self, item: Item) -> int:
+        est = math.ceil(self.backend.item_chars(item) / self.config.chars_per_token) + 2
+        return min(est, self.backend.max_seq_length)
+
+    def _take_batch(self) -> list[tuple[_Job, int]]:
+        """Pop live items, longest first, until the padded-token budget or the size cap is reached."""
+        live = [(job, i) for job, i in self._pending if not job.future.done()]
+        self.stats.dropped += len(self._pending) - len(live)
+        live.sort(key=lambda ji: -self.backend.item_chars(ji[0].items[ji[1]]))
+        batch: list[tuple[_Job, int]] = []
+        longest = 0
+        for job, i in live:
+            est = self._estimate_tokens(job.items[i])
+            longest_if = max(longest, est)
+            if batch and (longest_if * (len(batch) + 1) > self.config.max_batch_tokens
+                          or len(batch) >= self.config.max_batch_size):
+                break
+            batch.append((job, i))
+            longest = longest_if
+        taken = {id(ji) for ji in batch}
+        self._pending = collections.deque(ji for ji in live if id(ji) not in taken)
+        return batch
+
+    def _budget_full(self) -> bool:
+        return len(self._pending) >= self.config.max_batch_size
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            await asyncio.sleep(0)  # let requests that already arrived enqueue
+            if self.config.max_wait_ms > 0 and not self._budget_full():
+                deadline = loop.time() + self.config.max_wait_ms / 1000
+                while not self._budget_full() and (remaining := deadline - loop.time()) > 0:
+                    self._wakeup.clear()
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), remaining)
+                    except TimeoutError:
+                        break
+            batch = self._take_batch()
+            if not batch:
+                continue
+            items = [job.items[i] for job, i in batch]
+            try:
+                results = await loop.run_in_executor(self._executor, self.backend.run_batch, items)
+            except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
+                for job in {id(j): j for j, _ in batch}.values():
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                continue
+            tokens = 0
+            for (job, i), result in zip(batch, results, strict=True):
+                tokens += result.tokens
+                if job.future.done():
+                    continue
+                job.results[i] = result
+                job.remaining -= 1
+                if result.truncated and not job.truncate:
+                    job.future.set_exception(InputTooLongError(
+                        f"input {i} is longer than the model's maximum of {self.backend.max_seq_length} tokens "
+                        f"and truncate is false"
+                    ))
+                elif job.remaining == 0:
+                    done = [r for r in job.results if r is not None]
+                    job.future.set_result(JobResult(
+                        values=[r.value for r in done], token_counts=[r.tokens for r in done],
+                        truncated=[r.truncated for r in done],
+                    ))
+            self.stats.batches += 1
+            self.stats.items += len(batch)
+            self.stats.tokens += tokens
+            if self.on_batch is not None:
+                padded = max(self._estimate_tokens(x) for x in items) * len(items)
+                self.on_batch(len(batch), padded, tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedOutput:
+    embeddings: np.ndarray  # (N, D) float32, input order
+    token_counts: list[int]
+    truncated: list[bool]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.token_counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class RerankOutput:
+    scores: np.ndarray  # (N,) float32, input order
+    total_tokens: int
+    truncated: int
+
+
+class AsyncEncoder:
+    """Embeddings and bi-encoder (cosine) reranking through a :class:`BatchEngine`."""
+
+    kind = "embedding"
+    scorer = "bi-encoder"
+
+    def __init__(self, encoder: Encoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
+        self.encoder = encoder
+        self.engine: BatchEngine[str] = BatchEngine(EmbeddingBackend(encoder), config, **engine_kwargs)
+
+    @property
+    def dimension(self) -> int:
+        return self.encoder.dimension
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.encoder.max_seq_length
+
+    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None, truncate: bool = True) -> EmbedOutput:
+        """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order."""
+        if dimensions is not None and not 1 <= dimensions <= self.dimension:
+            raise InvalidInputError(f"dimensions must be between 1 and {self.dimension}, got {dimensions}")
+        job = await self.engine.submit(texts, truncate=truncate)
+        vectors = np.stack(job.values).astype(np.float32, copy=False)  # (N, D)
+        if dimensions is not None and dimensions != self.dimension:
+            vectors = truncate_dims(torch.from_numpy(vectors), dimensions, renormalize=self.encoder.normalize).numpy()
+        return EmbedOutput(np.ascontiguousarray(vectors), job.token_counts, job.truncated)
+
+    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> RerankOutput:
+        """Cosine between the query embedding and each document embedding."""
+        out = await self.embed([query, *documents], truncate=truncate)
+        q, docs = out.embeddings[0], out.embeddings[1:]
+        norms = np.maximum(np.linalg.norm(docs, axis=1) * np.linalg.norm(q), 1e-12)
+        return RerankOutput((docs @ q / norms).astype(np.float32), out.total_tokens, sum(out.truncated))
+
+
+class AsyncCrossEncoder:
+    """Cross-encoder reranking through a :class:`BatchEngine`; pairs from many requests share batches."""
+
+    kind = "cross-encoder"
+    scorer = "cross-encoder"
+    dimension = None
+
+    def __init__(self, cross_encoder: CrossEncoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
+        self.cross_encoder = cross_encoder
+        self.engine: BatchEngine[tuple[str, str]] = BatchEngine(CrossEncoderBackend(cross_encoder), config, **engine_kwargs)
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.cross_encoder.max_seq_length
+
+    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> RerankOutput:
+        job = await self.engine.submit([(query, d) for d in documents], truncate=truncate)
+        return RerankOutput(np.asarray(job.values, dtype=np.float32), job.total_tokens, job.truncated_count)

@@ -1,0 +1,214 @@
+"""Litestar app factory. ``litestar run`` (see ``.env``) or ``uvicorn --factory service.app:create_app``.
+
+Nothing happens at import time. :func:`create_app` reads settings and resolves the configured models;
+the lifespan loads their weights in a worker thread (``/health`` answers 503 until then), starts one
+batching engine per model, and on shutdown drains the requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+import sys
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig, ResponseSpec
+from litestar.openapi.spec import Components, Example, SecurityScheme
+from litestar.params import Body
+
+from embedrank.errors import NotReadyError
+from service import api
+from service.auth import BearerAuthMiddleware
+from service.errors import APIError, handle_exception
+from service.models import ModelPool
+from service.observability import Metrics, MetricsMiddleware
+from service.schemas import (
+    EMBEDDINGS_EXAMPLE_REQUEST,
+    EMBEDDINGS_EXAMPLE_RESPONSE,
+    RERANK_EXAMPLE_REQUEST,
+    RERANK_EXAMPLE_RESPONSE,
+    EmbeddingList,
+    EmbeddingsRequest,
+    ErrorResponse,
+    Health,
+    ModelList,
+    RerankRequest,
+    RerankResponse,
+)
+from service.settings import Settings
+
+logger = logging.getLogger("embedrank.service")
+
+
+@dataclasses.dataclass
+class Runtime:
+    """What the lifespan owns: the models, their engines, and the service state."""
+
+    settings: Settings
+    pool: ModelPool
+    metrics: Metrics
+    status: str = "loading"  # loading -> ok -> draining; or failed
+    detail: str | None = None
+    load_task: asyncio.Task[None] | None = None
+
+    def ready_pool(self) -> ModelPool:
+        if self.status != "ok":
+            raise NotReadyError(f"service is {self.status}" + (f": {self.detail}" if self.detail else ""))
+        return self.pool
+
+
+def _runtime(state: State) -> Runtime:
+    return state.runtime  # type: ignore[no-any-return]
+
+
+def _pool(state: State) -> ModelPool:
+    return _runtime(state).ready_pool()
+
+
+ERRORS = {
+    status: ResponseSpec(data_container=ErrorResponse, description=desc)
+    for status, desc in {
+        400: "Invalid request (bad JSON, wrong type, missing field, empty input, limit exceeded, wrong model kind)",
+        401: "Missing, malformed or wrong API key (WWW-Authenticate: Bearer)",
+        404: "Unknown model (code model_not_found)",
+        413: "Body larger than max_body_bytes",
+        415: "Content-Type is not application/json",
+        429: "Engine queue full; honour Retry-After",
+        503: "Models loading or service draining; honour Retry-After",
+    }.items()
+}
+
+
+def _json_body(request: Request[Any, Any, Any]) -> None:
+    """415 unless the body is declared as JSON (SPEC 5: Content-Type: application/json)."""
+    if request.method == "POST":
+        content_type = request.headers.get("content-type", "")
+        if content_type.split(";", 1)[0].strip().lower() != "application/json":
+            raise APIError(415, f"Content-Type must be application/json, got {content_type or 'none'!r}",
+                           code="unsupported_media_type")
+
+
+def _with_truncation(body: Any, truncated: int) -> Response[Any]:
+    return Response(content=body, headers={api.TRUNCATED_HEADER: str(truncated)}, media_type=MediaType.JSON)
+
+
+@post(
+    "/v1/embeddings",
+    summary="Create embeddings",
+    description="SPEC 4.1 (OpenAI-compatible). Response header X-Truncated-Inputs counts inputs cut at max tokens.",
+    responses={200: ResponseSpec(EmbeddingList, examples=[Example(value=EMBEDDINGS_EXAMPLE_RESPONSE)]), **ERRORS},
+    status_code=200,
+
+)
+async def embeddings(
+    data: Annotated[EmbeddingsRequest, Body(examples=[Example(summary="Two texts", value=EMBEDDINGS_EXAMPLE_REQUEST)])],
+    pool: ModelPool,
+    settings: Settings,
+) -> Response[EmbeddingList]:
+    return _with_truncation(*await api.create_embeddings(data, pool, settings.limits))
+
+
+@post(
+    "/v1/rerank",
+    summary="Rerank documents",
+    description="SPEC 4.2 (Cohere/Jina-compatible). Results sorted by relevance_score, ties by index.",
+    responses={200: ResponseSpec(RerankResponse, examples=[Example(value=RERANK_EXAMPLE_RESPONSE)]), **ERRORS},
+    status_code=200,
+
+)
+async def rerank(
+    data: Annotated[RerankRequest, Body(examples=[Example(summary="Query and two documents", value=RERANK_EXAMPLE_REQUEST)])],
+    pool: ModelPool,
+    settings: Settings,
+) -> Response[RerankResponse]:
+    return _with_truncation(*await api.rerank(data, pool, settings.limits))
+
+
+@get("/v1/models", summary="List loaded models", responses={401: ERRORS[401], 503: ERRORS[503]})
+async def models(pool: ModelPool) -> ModelList:
+    return api.list_models(pool)
+
+
+@get("/health", summary="Readiness (no key needed)", responses={503: ResponseSpec(Health, description="Loading, draining or failed")},
+)
+async def health(state: State) -> Response[Health]:
+    rt = _runtime(state)
+    return Response(Health(status=rt.status, detail=rt.detail), status_code=200 if rt.status == "ok" else 503)  # type: ignore[arg-type]
+
+
+@get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
+async def metrics(state: State) -> bytes:
+    return _runtime(state).metrics.render()
+
+
+async def _load(runtime: Runtime) -> None:
+    try:
+        loaded = await asyncio.to_thread(runtime.pool.load)
+        runtime.pool.start_engines(loaded, runtime.settings.engine, runtime.metrics)
+        runtime.status = "ok"
+        logger.info("models ready: %s", ", ".join(runtime.pool.models))
+    except Exception as exc:  # keep serving /health with the reason
+        runtime.status, runtime.detail = "failed", f"{type(exc).__name__}: {exc}"
+        logger.exception("model loading failed")
+
+
+def create_app(settings: Settings | None = None, *, wait_for_models: bool = False) -> Litestar:
+    """Build the app. ``wait_for_models=True`` loads models before serving (used by tests)."""
+    settings = settings or Settings.from_env()
+    keys = settings.api_keys
+    generated = None
+    if not keys and not settings.no_auth:
+        generated = secrets.token_urlsafe(32)
+        keys = (generated,)
+    runtime = Runtime(settings=settings, pool=ModelPool(settings.models), metrics=Metrics())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        if generated:
+            print(f"embedrank: no API key configured (EMBEDRANK_API_KEYS); generated one for this run:\n"
+                  f"    Authorization: Bearer {generated}", file=sys.stderr, flush=True)
+        if settings.no_auth:
+            logger.warning("EMBEDRANK_NO_AUTH is set: the service runs WITHOUT authentication")
+            print("embedrank: WARNING: running without authentication (EMBEDRANK_NO_AUTH=1)", file=sys.stderr, flush=True)
+        runtime.load_task = asyncio.get_running_loop().create_task(_load(runtime))
+        if wait_for_models:
+            await runtime.load_task
+        try:
+            yield
+        finally:
+            runtime.status = "draining"
+            runtime.load_task.cancel()
+            await runtime.pool.drain(settings.drain_seconds)
+
+    middleware: list[Any] = [MetricsMiddleware(runtime.metrics)]
+    if not settings.no_auth:
+        middleware.append(BearerAuthMiddleware(keys))
+    return Litestar(
+        route_handlers=[embeddings, rerank, models, health, metrics],
+        lifespan=[lifespan],
+        state=State({"runtime": runtime}),
+        dependencies={
+            "pool": Provide(_pool, sync_to_thread=False),
+            "settings": Provide(lambda: settings, sync_to_thread=False, use_cache=True),
+        },
+        middleware=middleware,
+        before_request=_json_body,
+        exception_handlers={Exception: handle_exception},
+        request_max_body_size=settings.limits.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="embedrank",
+            version="0.1.0",
+            description="Embeddings and reranking (SPEC: ../shared/SPEC.md). Every route but /health needs "
+                        "'Authorization: Bearer <key>'. Errors use the OpenAI body {error: {message, type, param, code}}.",
+            components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
+            security=[{"bearer": []}],
+        ),
+        debug=False,
+    )

@@ -1,0 +1,133 @@
+"""Every error leaves the service here, as the OpenAI error body::
+
+    {"error": {"message": str, "type": str, "param": str | null, "code": str | null}}
+
+Deterministic client mistakes are 4xx (never 5xx or 429, which the OpenAI SDK retries).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from litestar import MediaType, Request, Response
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotAuthorizedException,
+    NotFoundException,
+    SerializationException,
+    ValidationException,
+)
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from embedrank.errors import (
+    EmbedrankError,
+    InputTooLongError,
+    InvalidInputError,
+    ModelKindError,
+    ModelNotFoundError,
+    NotReadyError,
+    OverloadedError,
+)
+
+logger = logging.getLogger("embedrank.service")
+
+
+class APIError(Exception):
+    """An error with its HTTP status and OpenAI-style fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _from_core(exc: EmbedrankError) -> APIError:
+    if isinstance(exc, ModelNotFoundError):
+        return APIError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, ModelKindError):
+        return APIError(400, str(exc), param="model", code="model_wrong_kind")
+    if isinstance(exc, InputTooLongError):
+        return APIError(400, str(exc), param="input", code="input_too_long")
+    if isinstance(exc, InvalidInputError):
+        return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, OverloadedError):
+        return APIError(429, str(exc), type="server_overloaded", code="queue_full",
+                        headers={"Retry-After": str(max(1, round(exc.retry_after)))})
+    if isinstance(exc, NotReadyError):
+        return APIError(503, str(exc), type="service_unavailable", code="not_ready", headers={"Retry-After": "5"})
+    return APIError(500, "internal error", type="server_error", code="internal_error")
+
+
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+
+
+def _from_validation(exc: ValidationException) -> APIError:
+    """Turn Litestar/msgspec validation messages into one clear sentence naming the field."""
+    details = exc.extra if isinstance(exc.extra, list) else []
+    raw = "; ".join(str(d.get("message", d)) if isinstance(d, dict) else str(d) for d in details) or exc.detail
+    match = _PATH.search(raw)
+    key = next((d.get("key") for d in details if isinstance(d, dict) and d.get("key")), None)
+    param = (match.group(1) if match else key) or None
+    if param and param.startswith("input") and re.search(r"got `(int|array)`", raw):
+        return invalid("input must be a string or an array of strings; token-id arrays are not supported, send text",
+                       param="input", code="invalid_type")
+    if "Object missing required field" in raw:
+        field = re.search(r"field `([^`]+)`", raw)
+        name = field.group(1) if field else param
+        return invalid(f"missing required field '{name}'", param=name, code="missing_field")
+    return invalid(f"invalid request body: {raw}", param=param, code="invalid_type")
+
+
+def to_api_error(exc: Exception) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EmbedrankError):
+        return _from_core(exc)
+    if isinstance(exc, ValidationException):
+        return _from_validation(exc)
+    if isinstance(exc, SerializationException):
+        return invalid(f"request body is not valid JSON: {exc.detail}", code="invalid_json")
+    if isinstance(exc, NotAuthorizedException):
+        return APIError(401, exc.detail, type="authentication_error", code="invalid_api_key",
+                        headers={"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, MethodNotAllowedException):
+        allow = dict(exc.headers or {}).get("Allow", "")
+        return APIError(405, f"method not allowed on this route; allowed: {allow or 'see /schema'}",
+                        code="method_not_allowed", headers=dict(exc.headers or {}))
+    if isinstance(exc, NotFoundException):
+        return APIError(404, "no such route", code="not_found")
+    if isinstance(exc, HTTPException) and exc.status_code < 500:
+        code = {413: "body_too_large", 415: "unsupported_media_type"}.get(exc.status_code, "invalid_request")
+        if exc.status_code == 400 and "JSON" in str(exc.detail):
+            return invalid(f"request body is not valid JSON: {exc.detail}", code="invalid_json")
+        return APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
+    return APIError(500, "internal error; see the server log", type="server_error", code="internal_error")
+
+
+def error_response(error: APIError) -> Response[Any]:
+    body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+    return Response(content=body, status_code=error.status, headers=error.headers, media_type=MediaType.JSON)
+
+
+def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """The one place exceptions become HTTP responses."""
+    error = to_api_error(exc)
+    if error.status >= HTTP_500_INTERNAL_SERVER_ERROR and error.status != 503:
+        logger.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(error)

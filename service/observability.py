@@ -1,0 +1,73 @@
+"""Prometheus metrics: requests by route and status, latency, batch sizes, queue depth, tokens."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from litestar.middleware import ASGIMiddleware
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+KNOWN_ROUTES = frozenset({"/v1/embeddings", "/v1/rerank", "/v1/models", "/health", "/metrics"})
+
+
+class Metrics:
+    """One registry per app, so several apps (tests) never share counters."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("embedrank_requests_total", "HTTP requests", ["route", "method", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("embedrank_request_seconds", "HTTP request latency in seconds", ["route", "status"],
+                                 registry=self.registry,
+                                 buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.batch_size = Histogram("embedrank_batch_size", "Items per forward pass", ["model"], registry=self.registry,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.batch_padded_tokens = Histogram("embedrank_batch_padded_tokens", "Estimated padded tokens per forward pass",
+                                             ["model"], registry=self.registry,
+                                             buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768))
+        self.tokens = Counter("embedrank_tokens_total", "Tokens processed by the models", ["model"],
+                              registry=self.registry)
+        self.queue_depth = Gauge("embedrank_queue_depth", "Items waiting in the engine queue", ["model"],
+                                 registry=self.registry)
+        self.truncated = Counter("embedrank_truncated_inputs_total", "Inputs truncated at the model's max tokens",
+                                 ["model"], registry=self.registry)
+
+    def batch_observer(self, model: str) -> Callable[[int, int, int], None]:
+        def observe(items: int, padded: int, tokens: int) -> None:
+            self.batch_size.labels(model).observe(items)
+            self.batch_padded_tokens.labels(model).observe(padded)
+            self.tokens.labels(model).inc(tokens)
+
+        return observe
+
+    def track_queue(self, model: str, depth: Callable[[], int]) -> None:
+        self.queue_depth.labels(model).set_function(depth)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware(ASGIMiddleware):
+    scopes = ("http",)  # type: ignore[assignment]
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await next_app(scope, receive, send_wrapper)
+        finally:
+            route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
+            self.metrics.requests.labels(route, scope.get("method", ""), str(status)).inc()
+            self.metrics.latency.labels(route, str(status)).observe(time.perf_counter() - start)

@@ -1,0 +1,133 @@
+"""Request and response bodies (msgspec Structs). Litestar builds the OpenAPI schema from these."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+
+class EmbeddingsRequest(Struct, kw_only=True):
+    """SPEC 4.1, plus the OpenAI fields ``encoding_format``, ``dimensions`` and ``user``."""
+
+    model: Annotated[str, Meta(description="Model identifier of an embedding model", examples=["sentence-transformers/all-MiniLM-L6-v2"])]
+    input: Annotated[str | list[str], Meta(description="A single text, or a list of texts")]
+    encoding_format: Annotated[
+        Literal["float", "base64"],
+        Meta(description="`float` (default) or `base64` (little-endian float32, as the OpenAI SDK sends)"),
+    ] = "float"
+    dimensions: Annotated[int | None, Meta(description="Truncate vectors to this many dimensions, then renormalize")] = None
+    user: Annotated[str | None, Meta(description="Accepted for OpenAI compatibility; ignored")] = None
+    truncate: Annotated[
+        bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
+    ] = True
+
+
+class Embedding(Struct, kw_only=True):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Annotated[list[float] | str, Meta(description="The vector; a base64 string when encoding_format=base64")]
+
+
+class EmbeddingUsage(Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class RerankDocument(Struct, kw_only=True):
+    text: str
+
+
+class RerankRequest(Struct, kw_only=True):
+    """SPEC 4.2. Documents may be ``{"text": ...}`` objects or plain strings (Cohere v2, Jina, vLLM)."""
+
+    model: Annotated[str, Meta(description="Model identifier of a reranking model")]
+    query: Annotated[str, Meta(description="The search query")]
+    documents: Annotated[list[RerankDocument | str], Meta(description='Candidates: {"text": ...} objects or strings')]
+    top_n: Annotated[int | None, Meta(description="Number of top results to return (default: all)")] = None
+    return_documents: Annotated[bool, Meta(description="Include each document's text in the results")] = False
+    truncate: Annotated[bool, Meta(description="Truncate over-long pairs (default). false: reject with 400")] = True
+
+
+class RerankResult(Struct, kw_only=True):
+    index: int
+    relevance_score: float
+    document: RerankDocument | UnsetType = UNSET
+
+
+class RerankUsage(Struct, kw_only=True):
+    total_tokens: int
+
+
+class RerankResponse(Struct, kw_only=True):
+    id: Annotated[str, Meta(description='"rerank-" followed by a random uuid hex')]
+    results: Annotated[list[RerankResult], Meta(description="Sorted by relevance_score, highest first; ties by index")]
+    model: str
+    usage: RerankUsage
+
+
+class ModelCard(Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "embedrank"
+    capabilities: list[Literal["embeddings", "rerank"]]
+    scorer: Annotated[Literal["cross-encoder", "bi-encoder"], Meta(description="How /v1/rerank scores with this model")]
+    dimension: int | None
+    max_tokens: int
+    aliases: list[str] = msgspec.field(default_factory=list)
+
+
+class ModelList(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(Struct, kw_only=True):
+    status: Literal["ok", "loading", "draining", "failed"]
+    detail: str | None = None
+
+
+class ErrorDetail(Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(Struct, kw_only=True):
+    error: ErrorDetail
+
+
+EMBEDDINGS_EXAMPLE_REQUEST = {"model": "sentence-transformers/all-MiniLM-L6-v2", "input": ["first text", "second text"]}
+EMBEDDINGS_EXAMPLE_RESPONSE = {
+    "object": "list",
+    "data": [{"object": "embedding", "index": 0, "embedding": [0.0123, -0.0456, 0.0789]},
+             {"object": "embedding", "index": 1, "embedding": [0.0321, 0.0654, -0.0987]}],
+    "model": "sentence-transformers/all-MiniLM-L6-v2",
+    "usage": {"prompt_tokens": 8, "total_tokens": 8},
+}
+RERANK_EXAMPLE_REQUEST = {
+    "model": "sentence-transformers/all-MiniLM-L6-v2",
+    "query": "What causes the seasons?",
+    "documents": [{"text": "The tilt of Earth's axis causes the seasons."}, {"text": "Bananas are rich in potassium."}],
+    "top_n": 2,
+    "return_documents": True,
+}
+RERANK_EXAMPLE_RESPONSE = {
+    "id": "rerank-3f2b9c1e8d0a4f6b9e7c5a1d2b3c4d5e",
+    "results": [
+        {"index": 0, "relevance_score": 0.71, "document": {"text": "The tilt of Earth's axis causes the seasons."}},
+        {"index": 1, "relevance_score": 0.02, "document": {"text": "Bananas are rich in potassium."}},
+    ],
+    "model": "sentence-transformers/all-MiniLM-L6-v2",
+    "usage": {"total_tokens": 31},
+}

@@ -1,0 +1,124 @@
+"""Service settings from environment variables, or from a TOML file named by ``EMBEDRANK_CONFIG``.
+
+Environment variables (all optional):
+
+- ``EMBEDRANK_MODELS``: comma-separated ``id`` or ``id=path_or_hub_id`` entries. The first embedding
+  model also serves ``/v1/rerank`` as a bi-encoder scorer unless a cross-encoder is configured.
+  Default: the packaged ``sentence-transformers/all-MiniLM-L6-v2``.
+- ``EMBEDRANK_API_KEYS`` (comma-separated) and/or ``EMBEDRANK_API_KEYS_FILE`` (one key per line).
+- ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
+- Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
+  ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
+- Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (16384),
+  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (1.0), ``EMBEDRANK_DRAIN_SECONDS`` (30).
+
+The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
+``id``, optional ``path`` and optional ``aliases``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+from embedrank.engine import EngineConfig
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL
+
+
+class SettingsError(ValueError):
+    """A setting is malformed; raised at startup with the variable's name."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelEntry:
+    id: str
+    path: str | None = None  # local path or hub id; defaults to id
+    aliases: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Limits:
+    max_inputs: int = 2048
+    max_documents: int = 1000
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_text_chars: int = 100_000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    models: tuple[ModelEntry, ...] = (ModelEntry(id=DEFAULT_EMBEDDING_MODEL, aliases=("all-MiniLM-L6-v2",)),)
+    api_keys: tuple[str, ...] = ()
+    no_auth: bool = False
+    limits: Limits = Limits()
+    engine: EngineConfig = EngineConfig()
+    drain_seconds: float = 30.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = dict(os.environ if environ is None else environ)
+        data: dict = {}
+        if env.get("EMBEDRANK_CONFIG"):
+            path = Path(env["EMBEDRANK_CONFIG"]).expanduser()
+            try:
+                data = tomllib.loads(path.read_text())
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise SettingsError(f"EMBEDRANK_CONFIG={path}: {exc}") from exc
+
+        def get(name: str, default):
+            key = f"EMBEDRANK_{name.upper()}"
+            raw = env.get(key, data.get(name))
+            if raw is None or raw == "":
+                return default
+            try:
+                if isinstance(default, bool):
+                    return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+                return type(default)(raw)
+            except (TypeError, ValueError) as exc:
+                raise SettingsError(f"{key} must be a {type(default).__name__}, got {raw!r}") from exc
+
+        models: list[ModelEntry] = []
+        if env.get("EMBEDRANK_MODELS"):
+            for part in env["EMBEDRANK_MODELS"].split(","):
+                if part.strip():
+                    model_id, _, path = part.strip().partition("=")
+                    models.append(ModelEntry(id=model_id.strip(), path=path.strip() or None))
+        else:
+            for entry in data.get("models", []):
+                models.append(ModelEntry(id=entry["id"], path=entry.get("path"), aliases=tuple(entry.get("aliases", ()))))
+        keys = [k.strip() for k in env.get("EMBEDRANK_API_KEYS", "").split(",") if k.strip()]
+        keys += [str(k) for k in data.get("api_keys", [])]
+        keys_file = env.get("EMBEDRANK_API_KEYS_FILE") or data.get("api_keys_file")
+        if keys_file:
+            try:
+                keys += [ln.strip() for ln in Path(keys_file).expanduser().read_text().splitlines()
+                         if ln.strip() and not ln.startswith("#")]
+            except OSError as exc:
+                raise SettingsError(f"EMBEDRANK_API_KEYS_FILE={keys_file}: {exc}") from exc
+        base = cls()
+        limits = Limits(**{f.name: get(f.name, getattr(base.limits, f.name)) for f in dataclasses.fields(Limits)})
+        engine = EngineConfig(
+            max_batch_tokens=get("max_batch_tokens", base.engine.max_batch_tokens),
+            max_batch_size=get("max_batch_size", base.engine.max_batch_size),
+            max_wait_ms=get("batch_wait_ms", base.engine.max_wait_ms),
+            max_queue_items=get("max_queue", base.engine.max_queue_items),
+        )
+        settings = cls(
+            models=tuple(models) or base.models,
+            api_keys=tuple(dict.fromkeys(keys)),
+            no_auth=get("no_auth", False),
+            limits=limits,
+            engine=engine,
+            drain_seconds=get("drain_seconds", base.drain_seconds),
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for name in ("max_inputs", "max_documents", "max_body_bytes", "max_text_chars"):
+            if getattr(self.limits, name) < 1:
+                raise SettingsError(f"limit {name} must be >= 1")
+        if self.engine.max_queue_items < 1 or self.engine.max_batch_tokens < 1 or self.engine.max_batch_size < 1:
+            raise SettingsError("engine queue, batch tokens and batch size must be >= 1")
