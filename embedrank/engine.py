@@ -106,6 +106,7 @@ class _Job:
     truncate: bool
     results: list[ItemResult | None]
     remaining: int
+    seq: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,6 +145,7 @@ class BatchEngine(Generic[Item]):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedrank-forward")
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._seq = 0
         self._inflight_jobs = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -177,6 +179,11 @@ class BatchEngine(Generic[Item]):
         """Queue ``items`` as one job and wait for all their results (in input order)."""
         if self._closing:
             raise NotReadyError("the service is shutting down; retry on another instance")
+        if len(items) > self.config.max_queue_items:
+            raise InvalidInputError(
+                f"{len(items)} items in one request exceed the engine queue capacity of {self.config.max_queue_items}; "
+                f"split the request"
+            )
         if len(self._pending) + len(items) > self.config.max_queue_items:
             raise OverloadedError(
                 f"engine queue is full ({len(self._pending)} items waiting, limit {self.config.max_queue_items}); "
@@ -184,8 +191,9 @@ class BatchEngine(Generic[Item]):
                 retry_after=1.0,
             )
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
+        self._seq += 1
         job = _Job(items=list(items), future=future, truncate=truncate, results=[None] * len(items),
-                   remaining=len(items))
+                   remaining=len(items), seq=self._seq)
         self._pending.extend((job, i) for i in range(len(items)))
         self._inflight_jobs += 1
         self._idle.clear()
@@ -203,22 +211,31 @@ class BatchEngine(Generic[Item]):
         return min(est, self.backend.max_seq_length)
 
     def _take_batch(self) -> list[tuple[_Job, int]]:
-        """Pop live items, longest first, until the padded-token budget or the size cap is reached."""
-        live = [(job, i) for job, i in self._pending if not job.future.done()]
+        """Pop the next batch of live items.
+
+        The oldest waiting job's items go first (so no job starves), then the rest longest first, until
+        the padded-token budget (longest estimate x batch size) or the size cap is reached.
+        """
+        live = [ji for ji in self._pending if not ji[0].future.done()]
         self.stats.dropped += len(self._pending) - len(live)
-        live.sort(key=lambda ji: -self.backend.item_chars(ji[0].items[ji[1]]))
-        batch: list[tuple[_Job, int]] = []
+        if not live:
+            self._pending.clear()
+            return []
+        head = live[0][0]
+        live.sort(key=lambda ji: (ji[0] is not head, -self.backend.item_chars(ji[0].items[ji[1]])))
         longest = 0
+        size = 0
         for job, i in live:
-            est = self._estimate_tokens(job.items[i])
-            longest_if = max(longest, est)
-            if batch and (longest_if * (len(batch) + 1) > self.config.max_batch_tokens
-                          or len(batch) >= self.config.max_batch_size):
+            longest_if = max(longest, self._estimate_tokens(job.items[i]))
+            if size and (longest_if * (size + 1) > self.config.max_batch_tokens or size >= self.config.max_batch_size):
                 break
-            batch.append((job, i))
+            size += 1
             longest = longest_if
-        taken = {id(ji) for ji in batch}
-        self._pending = collections.deque(ji for ji in live if id(ji) not in taken)
+        batch = live[:size]
+        rest = live[size:]
+        rest.sort(key=lambda ji: ji[0].seq)  # back to arrival order
+        self._pending = collections.deque(rest)
+        batch.sort(key=lambda ji: -self.backend.item_chars(ji[0].items[ji[1]]))
         return batch
 
     def _budget_full(self) -> bool:

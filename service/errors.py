@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
+
+import msgspec
 from typing import Any
 
 from litestar import MediaType, Request, Response
@@ -94,7 +96,7 @@ def _from_validation(exc: ValidationException) -> APIError:
     return invalid(f"invalid request body: {raw}", param=param, code="invalid_type")
 
 
-def to_api_error(exc: Exception) -> APIError:
+def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, EmbedrankError):
@@ -107,14 +109,14 @@ def to_api_error(exc: Exception) -> APIError:
         return APIError(401, exc.detail, type="authentication_error", code="invalid_api_key",
                         headers={"WWW-Authenticate": "Bearer"})
     if isinstance(exc, MethodNotAllowedException):
-        allow = dict(exc.headers or {}).get("Allow", "")
-        return APIError(405, f"method not allowed on this route; allowed: {allow or 'see /schema'}",
-                        code="method_not_allowed", headers=dict(exc.headers or {}))
+        return APIError(405, f"method not allowed on this route; allowed: {allowed_methods or 'see /schema'}",
+                        code="method_not_allowed", headers={"Allow": allowed_methods} if allowed_methods else {})
     if isinstance(exc, NotFoundException):
         return APIError(404, "no such route", code="not_found")
     if isinstance(exc, HTTPException) and exc.status_code < 500:
         code = {413: "body_too_large", 415: "unsupported_media_type"}.get(exc.status_code, "invalid_request")
-        if exc.status_code == 400 and "JSON" in str(exc.detail):
+        cause = exc.__cause__.__cause__ if isinstance(exc.__cause__, SerializationException) else exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, msgspec.DecodeError) and not isinstance(cause, msgspec.ValidationError):
             return invalid(f"request body is not valid JSON: {exc.detail}", code="invalid_json")
         return APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
     return APIError(500, "internal error; see the server log", type="server_error", code="internal_error")
@@ -127,7 +129,11 @@ def error_response(error: APIError) -> Response[Any]:
 
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """The one place exceptions become HTTP responses."""
-    error = to_api_error(exc)
+    allowed = ""
+    if isinstance(exc, MethodNotAllowedException):
+        methods = {m for r in request.app.routes if r.path == request.url.path for m in getattr(r, "methods", ())}
+        allowed = ", ".join(sorted(methods - {"OPTIONS", "HEAD"}))
+    error = to_api_error(exc, allowed)
     if error.status >= HTTP_500_INTERNAL_SERVER_ERROR and error.status != 503:
         logger.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(error)
