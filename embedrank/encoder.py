@@ -10,13 +10,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from embedrank.errors import InvalidInputError, ModelKindError
+from embedrank.errors import InputTooLongError, InvalidInputError, ModelKindError
 from embedrank.pooling import PoolingMode, pool
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.similarity import l2_normalize, truncate_dims
-from embedrank.tokens import Tokenized, check_texts, length_order, tokenize
+from embedrank.tokens import Tokenized, check_texts, collate, encode_rows, tokenize
 
 PROGRESS_THRESHOLD = 1024  # inputs; above this, encode shows a progress bar unless told otherwise
+TOKENIZE_CHUNK = 8192  # texts tokenized at once before length-sorted batching
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +107,10 @@ class Encoder:
     # -- the three steps -------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], *, truncate: bool = True) -> Tokenized:
         """Step 1: texts -> padded features ``(B, T)`` with token counts and truncation flags."""
-        if self.spec.do_lower_case:
-            texts = [t.lower() for t in texts]
-        return tokenize(self.tokenizer, texts, max_length=self.max_seq_length, truncate=truncate)
+        return tokenize(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length, truncate=truncate)
+
+    def _prepare(self, texts: Sequence[str]) -> list[str]:
+        return [t.lower() for t in texts] if self.spec.do_lower_case else list(texts)
 
     @torch.inference_mode()
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -162,19 +164,30 @@ class Encoder:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
         if dimensions is not None:
             truncate_dims(torch.zeros(1, self.dimension), dimensions)  # validate before any work
-        order = length_order(items)
         out = np.empty((len(items), dimensions or self.dimension), dtype=np.float32)
         counts = [0] * len(items)
         truncated = [False] * len(items)
         show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
-        starts = range(0, len(items), batch_size)
-        for start in tqdm(starts, desc="Encoding", unit="batch", disable=not show):
-            idx = order[start : start + batch_size]
-            batch = self.tokenize([items[i] for i in idx], truncate=truncate)
-            out[idx] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions)
-            for j, i in enumerate(idx):
-                counts[i] = batch.token_counts[j]
-                truncated[i] = batch.truncated[j]
+        with tqdm(total=len(items), desc="Encoding", unit="text", disable=not show) as bar:
+            # Tokenize a chunk at once, then batch by exact token length (less padding than sorting by characters).
+            for chunk_start in range(0, len(items), TOKENIZE_CHUNK):
+                chunk = items[chunk_start : chunk_start + TOKENIZE_CHUNK]
+                rows, cut = encode_rows(self.tokenizer, self._prepare(chunk), max_length=self.max_seq_length)
+                if not truncate and any(cut):
+                    raise InputTooLongError(
+                        f"input {chunk_start + cut.index(True)} is longer than the model's maximum of "
+                        f"{self.max_seq_length} tokens and truncation was disabled"
+                    )
+                order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
+                for start in range(0, len(order), batch_size):
+                    idx = order[start : start + batch_size]
+                    batch = collate(self.tokenizer, [rows[i] for i in idx], [cut[i] for i in idx])
+                    positions = [chunk_start + i for i in idx]
+                    out[positions] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions)
+                    for j, pos in enumerate(positions):
+                        counts[pos] = batch.token_counts[j]
+                        truncated[pos] = batch.truncated[j]
+                    bar.update(len(idx))
         return Encoded(embeddings=out, token_counts=counts, truncated=truncated)
 
     def encode(

@@ -302,3 +302,15 @@ def load_index(
     if len(index) != meta["count"]:
         raise IndexMismatchError(f"{root}: metadata says {meta['count']} vectors, ids.json has {len(index)}")
     return index
+
+
+def recall_at_k(approx: list[list[str]], exact: list[list[str]]) -> float:
+    """Mean fraction of the exact top-k ids that the approximate search also returned.
+
+    >>> recall_at_k([["a", "b"], ["c", "x"]], [["a", "b"], ["c", "d"]])
+    0.75
+    """
+    if len(approx) != len(exact):
+        raise InvalidInputError(f"{len(approx)} approximate result lists vs {len(exact)} exact ones")
+    per_query = [len(set(a) & set(e)) / len(e) for a, e in zip(approx, exact, strict=True) if e]
+    return float(sum(per_query) / len(per_query)) if per_query else 0.0

@@ -55,6 +55,65 @@ def check_texts(texts: Any, name: str = "texts") -> list[str]:
     return items
 
 
+def encode_rows(
+    tokenizer: Any,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None = None,
+    *,
+    max_length: int,
+) -> tuple[list[dict[str, list[int]]], list[bool]]:
+    """Tokenize without padding, truncating at ``max_length`` the way sentence-transformers does.
+
+    Returns one dict of token lists per input and a flag per input telling whether it was cut.
+    Single texts on a fast tokenizer get the flag from the same pass (overflow mapping); otherwise
+    only the rows that come out exactly ``max_length`` long are tokenized again to tell.
+    """
+    texts = list(texts)
+    if pairs is None and getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(texts, truncation=True, max_length=max_length, return_overflowing_tokens=True,
+                        return_attention_mask=True)
+        mapping = enc["overflow_to_sample_mapping"]
+        keys = [k for k in enc if k != "overflow_to_sample_mapping"]
+        rows: list[dict[str, list[int]]] = [{}] * len(texts)
+        truncated = [False] * len(texts)
+        seen = [False] * len(texts)
+        for row, sample in enumerate(mapping):
+            if seen[sample]:
+                truncated[sample] = True
+            else:
+                seen[sample] = True
+                rows[sample] = {k: enc[k][row] for k in keys}
+        return rows, truncated
+    args: tuple[Any, ...] = (texts,) if pairs is None else (texts, list(pairs))
+    enc = tokenizer(*args, truncation="longest_first", max_length=max_length, return_attention_mask=True)
+    keys = list(enc)
+    rows = [{k: enc[k][i] for k in keys} for i in range(len(texts))]
+    truncated = [False] * len(texts)
+    full_rows = [i for i, r in enumerate(rows) if len(r["input_ids"]) >= max_length]
+    if full_rows:
+        sub = [[args[k][i] for i in full_rows] for k in range(len(args))]
+        full = tokenizer(*sub, truncation=False, padding=False, verbose=False)["input_ids"]
+        for row, ids in zip(full_rows, full, strict=True):
+            truncated[row] = len(ids) > max_length
+    return rows, truncated
+
+
+def collate(tokenizer: Any, rows: Sequence[dict[str, list[int]]], truncated: Sequence[bool]) -> Tokenized:
+    """Pad rows from :func:`encode_rows` to the longest one; ``(B, T)`` tensors."""
+    features = tokenizer.pad(list(rows), padding=True, return_tensors="pt")
+    counts = [len(r["input_ids"]) for r in rows]
+    return Tokenized(features=dict(features), token_counts=counts, truncated=list(truncated))
+
+
+def check_truncation(tokenized: Tokenized, max_length: int, truncate: bool) -> None:
+    """Raise :class:`InputTooLongError` when truncation is off and some input was cut."""
+    if not truncate and any(tokenized.truncated):
+        first = tokenized.truncated.index(True)
+        raise InputTooLongError(
+            f"input {first} is longer than the model's maximum of {max_length} tokens and truncation was disabled"
+        )
+
+
 def tokenize(
     tokenizer: Any,
     texts: Sequence[str],
@@ -63,34 +122,18 @@ def tokenize(
     max_length: int,
     truncate: bool = True,
 ) -> Tokenized:
-    """Tokenize ``texts`` (or ``(texts[i], pairs[i])`` pairs) the way sentence-transformers does.
+    """Tokenize ``texts`` (or ``(texts[i], pairs[i])`` pairs) into one padded batch.
 
-    Padding is to the longest input, truncation is ``longest_first`` at ``max_length``. Only the rows
-    that come out exactly ``max_length`` long are tokenized again without truncation, to tell whether
-    they were cut, so the common case costs one pass.
+    Padding is to the longest input, truncation is ``longest_first`` at ``max_length``, as in
+    sentence-transformers.
 
     Raises:
         InputTooLongError: ``truncate=False`` and some input is longer than ``max_length``.
     """
-    args: tuple[Any, ...] = (list(texts),) if pairs is None else (list(texts), list(pairs))
-    features = tokenizer(
-        *args, padding=True, truncation="longest_first", max_length=max_length, return_tensors="pt"
-    )
-    counts = features["attention_mask"].sum(dim=1).tolist()
-    truncated = [False] * len(counts)
-    full_rows = [i for i, c in enumerate(counts) if c >= max_length]
-    if full_rows:
-        sub = [[args[k][i] for i in full_rows] for k in range(len(args))]
-        full = tokenizer(*sub, truncation=False, padding=False, verbose=False)["input_ids"]
-        for row, ids in zip(full_rows, full, strict=True):
-            truncated[row] = len(ids) > max_length
-    if not truncate and any(truncated):
-        first = truncated.index(True)
-        raise InputTooLongError(
-            f"input {first} is longer than the model's maximum of {max_length} tokens "
-            f"and truncation was disabled"
-        )
-    return Tokenized(features=dict(features), token_counts=[int(c) for c in counts], truncated=truncated)
+    rows, truncated = encode_rows(tokenizer, texts, pairs, max_length=max_length)
+    batch = collate(tokenizer, rows, truncated)
+    check_truncation(batch, max_length, truncate)
+    return batch
 
 
 def length_order(texts: Sequence[str]) -> list[int]:

@@ -1,0 +1,61 @@
+"""Start the service as a subprocess on a free loopback port and wait until it is ready.
+
+Used by the tests, the speed benchmark and the service notebook; a user runs ``litestar run`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_server(
+    env: dict[str, str] | None = None, *, port: int | None = None, timeout: float = 120.0, log_path: str | None = None
+) -> Iterator[str]:
+    """``litestar run`` from the repo root; yields the base URL once ``/health`` is 200, stops it on exit."""
+    port = port or free_port()
+    litestar = Path(sys.executable).with_name("litestar")
+    cmd = [str(litestar) if litestar.exists() else sys.executable, *([] if litestar.exists() else ["-m", "litestar"]),
+           "run", "--host", "127.0.0.1", "--port", str(port)]
+    log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {proc.returncode}; see {log_path or 'its log'}")
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server not ready after {timeout}s")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
