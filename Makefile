@@ -23,7 +23,7 @@ setup: $(VENV)/.installed
 run: setup  ## the main job on the embedded defaults: a BEIR evaluation of the packaged model on the demo collection
 	$(PY) eval/run.py
 
-test: setup  ## the whole default suite (doctests, parity, service, data-backed metrics, notebooks)
+test: setup lint typecheck  ## lint, type check, then the whole default suite (doctests, parity, service, data, notebooks)
 	$(PY) -m pytest
 
 test-fast: setup

@@ -48,7 +48,9 @@ class BM25Retriever:
             )
             for row, i in enumerate(searchable):
                 run[qids[i]] = {
-                    self.ids[int(d)]: float(s) for d, s in zip(docs[row], scores[row], strict=True) if np.isfinite(s) and s > 0
+                    self.ids[int(d)]: float(s)
+                    for d, s in zip(docs[row], scores[row], strict=True)
+                    if np.isfinite(s) and s > 0
                 }
         return run
 

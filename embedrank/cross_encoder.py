@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.ranking import RankedResult, rank_scores
-from embedrank.registry import ModelSpec, resolve
+from embedrank.registry import ModelSpec, quiet_loading, resolve
 from embedrank.tokens import Tokenized, check_texts, length_order, tokenize
 
 _ACTIVATIONS = {
@@ -76,8 +76,9 @@ class CrossEncoder:
                 f"*ForSequenceClassification architecture); load it with Encoder.from_pretrained, or rerank "
                 f"with it through BiEncoderScorer"
             )
-        tokenizer = AutoTokenizer.from_pretrained(spec.path)
-        model = AutoModelForSequenceClassification.from_pretrained(spec.path)
+        with quiet_loading():
+            tokenizer = AutoTokenizer.from_pretrained(spec.path)
+            model = AutoModelForSequenceClassification.from_pretrained(spec.path)
         return cls(spec, model, tokenizer, device=device, max_seq_length=max_seq_length)
 
     @property
@@ -86,7 +87,7 @@ class CrossEncoder:
 
     @property
     def num_labels(self) -> int:
-        return int(self.model.config.num_labels)
+        return int(self.model.config.num_labels)  # type: ignore[union-attr, arg-type]
 
     def __repr__(self) -> str:
         return f"CrossEncoder({self.model_id!r}, num_labels={self.num_labels}, activation={self.activation})"
@@ -169,6 +170,9 @@ class CrossEncoder:
 def ranked_frame(results: list[RankedResult], documents: Sequence[str]) -> pd.DataFrame:
     """Turn ranked results into the DataFrame notebooks show."""
     return pd.DataFrame(
-        {"index": [r.index for r in results], "score": [r.score for r in results],
-         "text": [documents[r.index] for r in results]}
+        {
+            "index": [r.index for r in results],
+            "score": [r.score for r in results],
+            "text": [documents[r.index] for r in results],
+        }
     )

@@ -103,8 +103,10 @@ def load_beir(path: str | os.PathLike[str], split: str = "test", *, data_dir: st
     root = resolve_dataset(path, data_dir)
     qrels_path = root / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
-        raise DataNotFoundError(f"{root} has no qrels/{split}.tsv (splits present: "
-                                f"{sorted(p.stem for p in (root / 'qrels').glob('*.tsv'))})")
+        raise DataNotFoundError(
+            f"{root} has no qrels/{split}.tsv (splits present: "
+            f"{sorted(p.stem for p in (root / 'qrels').glob('*.tsv'))})"
+        )
     corpus: Corpus = {
         str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""}
         for row in _read_jsonl(root / "corpus.jsonl")
@@ -112,9 +114,18 @@ def load_beir(path: str | os.PathLike[str], split: str = "test", *, data_dir: st
     all_queries = {str(row["_id"]): row["text"] for row in _read_jsonl(root / "queries.jsonl")}
     datasets.disable_progress_bars()
     qrels_rows = datasets.load_dataset(
-        "csv", data_files=str(qrels_path), delimiter="\t", split="train", keep_in_memory=True,
-        features=datasets.Features({"query-id": datasets.Value("string"), "corpus-id": datasets.Value("string"),
-                                    "score": datasets.Value("int64")}),
+        "csv",
+        data_files=str(qrels_path),
+        delimiter="\t",
+        split="train",
+        keep_in_memory=True,
+        features=datasets.Features(
+            {
+                "query-id": datasets.Value("string"),
+                "corpus-id": datasets.Value("string"),
+                "score": datasets.Value("int64"),
+            }
+        ),
     )
     qrels: Qrels = {}
     for row in qrels_rows:
@@ -144,11 +155,20 @@ def write_trec_run(run: Run, path: str | os.PathLike[str], tag: str = "embedrank
 
 
 DEMO_CORPUS: Corpus = {
-    "d1": {"title": "Photosynthesis", "text": "Plants convert sunlight, water and carbon dioxide into glucose and oxygen."},
+    "d1": {
+        "title": "Photosynthesis",
+        "text": "Plants convert sunlight, water and carbon dioxide into glucose and oxygen.",
+    },
     "d2": {"title": "Seasons", "text": "Earth's seasons are caused by the tilt of its axis relative to its orbit."},
     "d3": {"title": "Tides", "text": "Ocean tides result mainly from the gravitational pull of the Moon."},
-    "d4": {"title": "Vaccines", "text": "Vaccines train the immune system to recognise a pathogen without causing disease."},
-    "d5": {"title": "Antibiotics", "text": "Antibiotics kill bacteria but have no effect on viruses such as influenza."},
+    "d4": {
+        "title": "Vaccines",
+        "text": "Vaccines train the immune system to recognise a pathogen without causing disease.",
+    },
+    "d5": {
+        "title": "Antibiotics",
+        "text": "Antibiotics kill bacteria but have no effect on viruses such as influenza.",
+    },
     "d6": {"title": "Plate tectonics", "text": "Earthquakes occur where tectonic plates grind against each other."},
     "d7": {"title": "Black holes", "text": "A black hole's gravity is so strong that not even light escapes it."},
     "d8": {"title": "DNA", "text": "DNA carries genetic instructions as sequences of four nucleotide bases."},
@@ -166,7 +186,12 @@ DEMO_QUERIES: Queries = {
     "q6": "how does the body control blood sugar",
 }
 DEMO_QRELS: Qrels = {
-    "q1": {"d2": 1}, "q2": {"d3": 1}, "q3": {"d5": 2, "d4": 1}, "q4": {"d1": 1}, "q5": {"d6": 1}, "q6": {"d11": 1},
+    "q1": {"d2": 1},
+    "q2": {"d3": 1},
+    "q3": {"d5": 2, "d4": 1},
+    "q4": {"d1": 1},
+    "q5": {"d6": 1},
+    "q6": {"d11": 1},
 }
 
 

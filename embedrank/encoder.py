@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InputTooLongError, InvalidInputError, ModelKindError
 from embedrank.pooling import PoolingMode, pool
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
 from embedrank.similarity import l2_normalize, truncate_dims
 from embedrank.tokens import Tokenized, check_texts, collate, encode_rows, tokenize
 
@@ -83,8 +83,9 @@ class Encoder:
                 f"model {model_id!r} is a {spec.kind} (sequence classification head), not an embedding "
                 f"model; load it with CrossEncoder.from_pretrained"
             )
-        tokenizer = AutoTokenizer.from_pretrained(spec.path)
-        model = AutoModel.from_pretrained(spec.path, dtype=torch_dtype) if torch_dtype else AutoModel.from_pretrained(spec.path)
+        with quiet_loading():
+            tokenizer = AutoTokenizer.from_pretrained(spec.path)
+            model = AutoModel.from_pretrained(spec.path, **({"dtype": torch_dtype} if torch_dtype else {}))
         return cls(
             spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length
         )
@@ -96,7 +97,7 @@ class Encoder:
 
     @property
     def dimension(self) -> int:
-        return int(self.spec.dimension or self.model.config.hidden_size)
+        return int(self.spec.dimension or self.model.config.hidden_size)  # type: ignore[union-attr, arg-type]
 
     def __repr__(self) -> str:
         return (

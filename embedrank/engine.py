@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -26,8 +27,8 @@ import torch
 
 from embedrank.cross_encoder import CrossEncoder
 from embedrank.encoder import Encoder
-from embedrank.similarity import truncate_dims
 from embedrank.errors import InputTooLongError, InvalidInputError, NotReadyError, OverloadedError
+from embedrank.similarity import truncate_dims
 
 Item = TypeVar("Item")
 
@@ -95,8 +96,10 @@ class CrossEncoderBackend:
     def run_batch(self, items: Sequence[tuple[str, str]]) -> list[ItemResult]:
         batch = self.cross_encoder.tokenize([q for q, _ in items], [d for _, d in items])
         scores = self.cross_encoder.forward(batch.features)  # (B,) or (B, L)
-        return [ItemResult(float(np.asarray(scores[i]).ravel()[0]), batch.token_counts[i], batch.truncated[i])
-                for i in range(len(items))]
+        return [
+            ItemResult(float(np.asarray(scores[i]).ravel()[0]), batch.token_counts[i], batch.truncated[i])
+            for i in range(len(items))
+        ]
 
 
 @dataclasses.dataclass(eq=False)
@@ -158,16 +161,12 @@ class BatchEngine(Generic[Item]):
     async def drain(self, timeout: float = 30.0) -> None:
         """Refuse new jobs, finish the ones in flight (up to ``timeout`` seconds), then stop."""
         self._closing = True
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            pass
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     @property
@@ -192,8 +191,14 @@ class BatchEngine(Generic[Item]):
             )
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
         self._seq += 1
-        job = _Job(items=list(items), future=future, truncate=truncate, results=[None] * len(items),
-                   remaining=len(items), seq=self._seq)
+        job = _Job(
+            items=list(items),
+            future=future,
+            truncate=truncate,
+            results=[None] * len(items),
+            remaining=len(items),
+            seq=self._seq,
+        )
         self._pending.extend((job, i) for i in range(len(items)))
         self._inflight_jobs += 1
         self._idle.clear()
@@ -275,16 +280,21 @@ class BatchEngine(Generic[Item]):
                 job.results[i] = result
                 job.remaining -= 1
                 if result.truncated and not job.truncate:
-                    job.future.set_exception(InputTooLongError(
-                        f"input {i} is longer than the model's maximum of {self.backend.max_seq_length} tokens "
-                        f"and truncate is false"
-                    ))
+                    job.future.set_exception(
+                        InputTooLongError(
+                            f"input {i} is longer than the model's maximum of {self.backend.max_seq_length} tokens "
+                            f"and truncate is false"
+                        )
+                    )
                 elif job.remaining == 0:
                     done = [r for r in job.results if r is not None]
-                    job.future.set_result(JobResult(
-                        values=[r.value for r in done], token_counts=[r.tokens for r in done],
-                        truncated=[r.truncated for r in done],
-                    ))
+                    job.future.set_result(
+                        JobResult(
+                            values=[r.value for r in done],
+                            token_counts=[r.tokens for r in done],
+                            truncated=[r.truncated for r in done],
+                        )
+                    )
             self.stats.batches += 1
             self.stats.items += len(batch)
             self.stats.tokens += tokens
@@ -356,7 +366,9 @@ class AsyncCrossEncoder:
 
     def __init__(self, cross_encoder: CrossEncoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.cross_encoder = cross_encoder
-        self.engine: BatchEngine[tuple[str, str]] = BatchEngine(CrossEncoderBackend(cross_encoder), config, **engine_kwargs)
+        self.engine: BatchEngine[tuple[str, str]] = BatchEngine(
+            CrossEncoderBackend(cross_encoder), config, **engine_kwargs
+        )
 
     @property
     def max_seq_length(self) -> int:

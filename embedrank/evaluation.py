@@ -15,7 +15,14 @@ from embedrank.data import BeirDataset, load_beir, load_trec_run
 from embedrank.encoder import Encoder
 from embedrank.index import IndexConfig
 from embedrank.metrics import DEFAULT_K, evaluate_per_query
-from embedrank.pipeline import BM25FirstStage, DenseRetriever, FirstStage, HybridRetriever, PrecomputedRun, RetrieveRerank
+from embedrank.pipeline import (
+    BM25FirstStage,
+    DenseRetriever,
+    FirstStage,
+    HybridRetriever,
+    PrecomputedRun,
+    RetrieveRerank,
+)
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.scorers import load_reranker
 from embedrank.types import Run
@@ -84,22 +91,23 @@ def subset(ds: BeirDataset, max_queries: int | None) -> BeirDataset:
     if max_queries is None or max_queries >= len(ds.queries):
         return ds
     keep = list(ds.queries)[:max_queries]
-    return dataclasses.replace(
-        ds, queries={q: ds.queries[q] for q in keep}, qrels={q: dict(ds.qrels[q]) for q in keep}
-    )
+    return dataclasses.replace(ds, queries={q: ds.queries[q] for q in keep}, qrels={q: dict(ds.qrels[q]) for q in keep})
 
 
 def _bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
     shipped = ds.first_stage_runs
     if shipped and not cfg.fresh_bm25:
-        notes.append(f"BM25: using the collection's published run {shipped[0].name} (pass --fresh-bm25 to compute BM25)")
+        notes.append(
+            f"BM25: using the collection's published run {shipped[0].name} (pass --fresh-bm25 to compute BM25)"
+        )
         return PrecomputedRun(load_trec_run(shipped[0]), name=f"bm25[{shipped[0].name}]")
     notes.append("BM25: computed with bm25s (k1=0.9, b=0.4, Lucene IDF, English stemming)")
     return BM25FirstStage(ds.corpus)
 
 
-def run_benchmark(dataset: str | Path | BeirDataset, config: BenchmarkConfig | None = None, *,
-                  data_dir: str | None = None) -> BenchmarkResult:
+def run_benchmark(
+    dataset: str | Path | BeirDataset, config: BenchmarkConfig | None = None, *, data_dir: str | None = None
+) -> BenchmarkResult:
     """Run one (dataset, retriever, reranker) configuration and score it with pytrec_eval."""
     cfg = config or BenchmarkConfig()
     notes: list[str] = []
@@ -114,8 +122,12 @@ def run_benchmark(dataset: str | Path | BeirDataset, config: BenchmarkConfig | N
         t0 = time.perf_counter()
         cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else None
         retriever = DenseRetriever.from_corpus(
-            cached_encoder(cfg.model), ds.corpus, index=IndexConfig(kind=cfg.index), batch_size=cfg.batch_size,
-            cache=cache, show_progress=cfg.show_progress,
+            cached_encoder(cfg.model),
+            ds.corpus,
+            index=IndexConfig(kind=cfg.index),
+            batch_size=cfg.batch_size,
+            cache=cache,
+            show_progress=cfg.show_progress,
         )
         timings["index_s"] = time.perf_counter() - t0
         notes.append(f"embedding cache: {retriever.cache_path}" if retriever.cache_path else "embedding cache: off")
@@ -127,7 +139,9 @@ def run_benchmark(dataset: str | Path | BeirDataset, config: BenchmarkConfig | N
     elif cfg.retriever == "bm25":
         first = _bm25_stage(ds, cfg, notes)
     elif cfg.retriever == "hybrid":
-        first = HybridRetriever(dense(), _bm25_stage(ds, cfg, notes), method=cfg.hybrid_method, weight=cfg.hybrid_weight)
+        first = HybridRetriever(
+            dense(), _bm25_stage(ds, cfg, notes), method=cfg.hybrid_method, weight=cfg.hybrid_weight
+        )
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
     reranker = cached_reranker(cfg.reranker) if cfg.reranker else None
@@ -142,8 +156,15 @@ def run_benchmark(dataset: str | Path | BeirDataset, config: BenchmarkConfig | N
     if relevance_level > 1:
         notes.append(f"graded qrels: recall/MRR/MAP/P count relevance >= {relevance_level} (TREC DL); nDCG uses grades")
     return BenchmarkResult(
-        dataset=ds.name, config=cfg, first_stage=first.name, metrics=per_query.mean().to_dict(),
-        per_query=per_query, first_stage_per_query=first_pq, timings=timings, run=result.run, notes=notes,
+        dataset=ds.name,
+        config=cfg,
+        first_stage=first.name,
+        metrics=per_query.mean().to_dict(),
+        per_query=per_query,
+        first_stage_per_query=first_pq,
+        timings=timings,
+        run=result.run,
+        notes=notes,
     )
 
 
@@ -151,8 +172,12 @@ def results_table(results: list[BenchmarkResult], columns: tuple[str, ...] = HEA
     """One row per run with the headline metrics and timings; for printing and notebooks."""
     rows = []
     for r in results:
-        row = {"dataset": r.dataset, "retriever": r.first_stage, "reranker": r.config.reranker or "-",
-               "queries": len(r.per_query)}
+        row = {
+            "dataset": r.dataset,
+            "retriever": r.first_stage,
+            "reranker": r.config.reranker or "-",
+            "queries": len(r.per_query),
+        }
         row.update({c: round(r.metrics.get(c, float("nan")), 4) for c in columns})
         row.update({k: round(v, 2) for k, v in r.timings.items()})
         rows.append(row)

@@ -39,7 +39,7 @@ class IndexConfig:
     ef_construction: int = 200
     ef_search: int = 128
     pq_m: int | None = None  # pq: sub-quantizers; default dim // 8
-    pq_nbits: int = 8
+    pq_nbits: int | None = None  # pq: bits per code; default 8, fewer when there are < 39 * 256 vectors
     factory: str | None = None
 
 
@@ -190,7 +190,7 @@ class FaissIndex(_BaseIndex):
         if c.kind == "flat":
             return faiss.IndexFlatL2(d) if c.metric == "l2" else faiss.IndexFlatIP(d)
         if c.kind == "hnsw":
-            index = faiss.IndexHNSWFlat(d, c.hnsw_m, self._faiss_metric)
+            index: Any = faiss.IndexHNSWFlat(d, c.hnsw_m, self._faiss_metric)
             index.hnsw.efConstruction = c.ef_construction
             index.hnsw.efSearch = c.ef_search
             return index
@@ -198,29 +198,32 @@ class FaissIndex(_BaseIndex):
             if not c.factory:
                 raise InvalidInputError("kind='factory' needs a FAISS factory string, e.g. 'IVF64,Flat'")
             return faiss.index_factory(d, c.factory, self._faiss_metric)
-        nlist = c.nlist or max(1, min(int(round(math.sqrt(n_train))), 65536))
+        nlist = c.nlist or max(1, min(round(math.sqrt(n_train)), 65536))
         if n_train < nlist:
             raise IndexTrainingError(
                 f"{c.kind} index with nlist={nlist} needs at least {nlist} vectors to train, got {n_train}; "
                 f"lower nlist or add more vectors in the first call to add()"
             )
         quantizer = faiss.IndexFlatL2(d) if c.metric == "l2" else faiss.IndexFlatIP(d)
+        ivf: Any
         if c.kind == "ivf":
-            index = faiss.IndexIVFFlat(quantizer, d, nlist, self._faiss_metric)
+            ivf = faiss.IndexIVFFlat(quantizer, d, nlist, self._faiss_metric)
         elif c.kind == "pq":
             m = c.pq_m or max(1, d // 8)
             if d % m:
                 raise InvalidInputError(f"pq_m={m} must divide the dimension {d}")
-            if n_train < 2**c.pq_nbits:
+            # FAISS wants >= 39 training points per centroid; pick the largest code size the data supports.
+            nbits = c.pq_nbits or max(4, min(8, int(math.log2(max(n_train, 1) / 39))))
+            if n_train < 2**nbits:
                 raise IndexTrainingError(
-                    f"pq index with pq_nbits={c.pq_nbits} needs at least {2**c.pq_nbits} vectors to train, got {n_train}"
+                    f"pq index with pq_nbits={nbits} needs at least {2**nbits} vectors to train, got {n_train}"
                 )
-            index = faiss.IndexIVFPQ(quantizer, d, nlist, m, c.pq_nbits, self._faiss_metric)
+            ivf = faiss.IndexIVFPQ(quantizer, d, nlist, m, nbits, self._faiss_metric)
         else:
             raise InvalidInputError(f"unknown index kind {c.kind!r}")
-        index.nprobe = c.nprobe or min(nlist, max(16, nlist // 3))
+        ivf.nprobe = c.nprobe or min(nlist, max(16, nlist // 3))
         self._quantizer = quantizer  # keep the quantizer alive as long as the index
-        return index
+        return ivf
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         x = self._prepare(vectors, "vectors")
@@ -239,7 +242,8 @@ class FaissIndex(_BaseIndex):
         if nprobe is not None:
             faiss.extract_index_ivf(self._index).nprobe = nprobe
         if ef_search is not None:
-            faiss.downcast_index(self._index).hnsw.efSearch = ef_search
+            hnsw: Any = faiss.downcast_index(self._index)
+            hnsw.hnsw.efSearch = ef_search
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         """Top ``k`` per query: scores ``(Q, k')`` (higher is better) and the matching ids."""

@@ -32,7 +32,9 @@ class FirstStage(Protocol):
 
 def encoder_cache_key(encoder: Encoder) -> str:
     """What makes two encoders' corpus embeddings interchangeable."""
-    return f"{encoder.model_id}|{encoder.spec.path}|{encoder.pooling.value}|{encoder.normalize}|{encoder.max_seq_length}"
+    return (
+        f"{encoder.model_id}|{encoder.spec.path}|{encoder.pooling.value}|{encoder.normalize}|{encoder.max_seq_length}"
+    )
 
 
 def embed_corpus(
@@ -79,7 +81,11 @@ class DenseRetriever:
     ) -> DenseRetriever:
         ids = list(corpus)
         vectors, cache_path = embed_corpus(
-            encoder, ids, [doc_text(corpus[d]) for d in ids], batch_size=batch_size, cache=cache,
+            encoder,
+            ids,
+            [doc_text(corpus[d]) for d in ids],
+            batch_size=batch_size,
+            cache=cache,
             show_progress=show_progress,
         )
         idx = build_index(encoder.dimension, index, model_id=encoder.model_id)
@@ -133,7 +139,13 @@ class HybridRetriever:
         depth: int = 1000,
     ) -> None:
         self.first, self.second = first, second
-        self.method, self.weight, self.normalization, self.rrf_k, self.depth = method, weight, normalization, rrf_k, depth
+        self.method, self.weight, self.normalization, self.rrf_k, self.depth = (
+            method,
+            weight,
+            normalization,
+            rrf_k,
+            depth,
+        )
         self.name = f"hybrid({first.name}+{second.name},{method})"
 
     def retrieve(self, queries: Queries, k: int) -> Run:
@@ -154,14 +166,21 @@ class PipelineResult:
     first_stage_run: Run
     timings: dict[str, float]
 
-    def to_frame(self, queries: Queries | None = None, corpus: Corpus | None = None, k: int | None = None) -> pd.DataFrame:
+    def to_frame(
+        self, queries: Queries | None = None, corpus: Corpus | None = None, k: int | None = None
+    ) -> pd.DataFrame:
         """One row per (query, document): rank, score, first-stage rank, and texts when given."""
         rows = []
         for qid, docs in self.run.items():
             first_rank = {d: r for r, d in enumerate(ranked_ids(self.first_stage_run.get(qid, {})), start=1)}
             for rank, doc_id in enumerate(ranked_ids(docs)[:k], start=1):
-                row = {"query_id": qid, "rank": rank, "doc_id": doc_id, "score": docs[doc_id],
-                       "first_stage_rank": first_rank.get(doc_id)}
+                row = {
+                    "query_id": qid,
+                    "rank": rank,
+                    "doc_id": doc_id,
+                    "score": docs[doc_id],
+                    "first_stage_rank": first_rank.get(doc_id),
+                }
                 if queries is not None:
                     row["query"] = queries.get(qid)
                 if corpus is not None:

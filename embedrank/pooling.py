@@ -102,9 +102,7 @@ _POOLERS = {
 }
 
 
-def pool(
-    token_embeddings: torch.Tensor, attention_mask: torch.Tensor, mode: PoolingMode | str
-) -> torch.Tensor:
+def pool(token_embeddings: torch.Tensor, attention_mask: torch.Tensor, mode: PoolingMode | str) -> torch.Tensor:
     """Dispatch to the pooling function named by ``mode``; ``(B, T, H), (B, T) -> (B, H)``.
 
     >>> pool(torch.ones(1, 2, 3), torch.ones(1, 2), "mean").shape

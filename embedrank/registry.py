@@ -13,10 +13,12 @@ sentence-transformers files (``modules.json``, ``1_Pooling/config.json``,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -133,9 +135,7 @@ def _pooling_from_config(cfg: dict[str, Any]) -> PoolingMode:
         name = str(cfg["pooling_mode"]).replace("_tokens", "").replace("_token", "")
         modes = [PoolingMode(name)]
     if len(modes) != 1:
-        raise UnsupportedModelError(
-            f"pooling config {cfg} combines {len(modes)} modes; embedrank supports exactly one"
-        )
+        raise UnsupportedModelError(f"pooling config {cfg} combines {len(modes)} modes; embedrank supports exactly one")
     return modes[0]
 
 
@@ -198,6 +198,20 @@ def describe(model_id: str, path: str, source: Literal["package", "local", "hub"
         dimension=int(dimension) if dimension else None,
         do_lower_case=bool(st_config.get("do_lower_case", False)) if isinstance(st_config, dict) else False,
     )
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Hide transformers' per-load progress bars while embedrank loads weights, then restore the setting."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def resolve(model_id: str) -> ModelSpec:

@@ -70,8 +70,9 @@ def encode_rows(
     """
     texts = list(texts)
     if pairs is None and getattr(tokenizer, "is_fast", False):
-        enc = tokenizer(texts, truncation=True, max_length=max_length, return_overflowing_tokens=True,
-                        return_attention_mask=True)
+        enc = tokenizer(
+            texts, truncation=True, max_length=max_length, return_overflowing_tokens=True, return_attention_mask=True
+        )
         mapping = enc["overflow_to_sample_mapping"]
         keys = [k for k in enc if k != "overflow_to_sample_mapping"]
         rows: list[dict[str, list[int]]] = [{}] * len(texts)

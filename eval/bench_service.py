@@ -22,8 +22,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "bench-key"
-WORDS = ("retrieval dense sparse ranking passage query vector embedding model transformer index search "
-         "relevance document corpus neural encoder training evaluation benchmark latency throughput").split()
+WORDS = (
+    "retrieval dense sparse ranking passage query vector embedding model transformer index search "
+    "relevance document corpus neural encoder training evaluation benchmark latency throughput"
+).split()
 
 
 def make_texts(n: int, words: int, seed: int) -> list[str]:
@@ -35,13 +37,13 @@ def make_texts(n: int, words: int, seed: int) -> list[str]:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 async def drive(base: str, texts: list[str], per_request: int, clients: int, requests: int) -> dict:
     import aiohttp
 
-    batches = [texts[(i * per_request) % len(texts):][:per_request] for i in range(requests)]
+    batches = [texts[(i * per_request) % len(texts) :][:per_request] for i in range(requests)]
     batches = [b if len(b) == per_request else texts[:per_request] for b in batches]
     latencies: list[float] = []
     tokens = 0
@@ -65,14 +67,22 @@ async def drive(base: str, texts: list[str], per_request: int, clients: int, req
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
         # warm-up
-        await asyncio.gather(*(session.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": texts[:per_request]})
-                               for _ in range(clients)))
+        await asyncio.gather(
+            *(
+                session.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": texts[:per_request]})
+                for _ in range(clients)
+            )
+        )
         t0 = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(clients)))
         elapsed = time.perf_counter() - t0
-    return {"inputs_s": requests * per_request / elapsed, "tokens_s": tokens / elapsed,
-            "p50_ms": 1000 * percentile(latencies, 50), "p95_ms": 1000 * percentile(latencies, 95),
-            "p99_ms": 1000 * percentile(latencies, 99)}
+    return {
+        "inputs_s": requests * per_request / elapsed,
+        "tokens_s": tokens / elapsed,
+        "p50_ms": 1000 * percentile(latencies, 50),
+        "p95_ms": 1000 * percentile(latencies, 95),
+        "p99_ms": 1000 * percentile(latencies, 99),
+    }
 
 
 def run_client(base: str, texts: list[str], per_request: int, clients: int, requests: int) -> dict:
@@ -125,31 +135,39 @@ def main() -> None:
         st.encode([t], batch_size=32)
         single.append(time.perf_counter() - t0)
     in_process_p50 = statistics.median(single)
-    del st
 
     print(f"inputs: queries ~{q_tokens:.0f} tokens, passages ~{p_tokens:.0f} tokens")
-    print(f"in-process SentenceTransformer.encode(batch_size=32): queries {baseline['query']:.0f}/s, "
-          f"passages {baseline['passage']:.0f}/s; single query p50 {1000 * in_process_p50:.2f} ms")
+    print(
+        f"in-process SentenceTransformer.encode(batch_size=32): queries {baseline['query']:.0f}/s, "
+        f"passages {baseline['passage']:.0f}/s; single query p50 {1000 * in_process_p50:.2f} ms"
+    )
     rows = []
     env = {"EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1"}
     with running_server(env) as base:
         lat = run_client(base, queries, 1, 1, 200)
-        print(f"single short text over HTTP (1 client): p50 {lat['p50_ms']:.2f} ms -> "
-              f"{lat['p50_ms'] / (1000 * in_process_p50):.2f}x in-process latency (goal <= 1.5x)")
+        print(
+            f"single short text over HTTP (1 client): p50 {lat['p50_ms']:.2f} ms -> "
+            f"{lat['p50_ms'] / (1000 * in_process_p50):.2f}x in-process latency (goal <= 1.5x)"
+        )
         for kind, texts, per_request in (("query", queries, 1), ("passage", passages, 16)):
             for clients in args.clients:
                 requests = max(clients * 4, int(args.seconds_per_case * baseline[kind] / per_request))
                 r = run_client(base, texts, per_request, clients, requests)
                 ratio = r["inputs_s"] / baseline[kind]
                 rows.append((kind, per_request, clients, r, ratio))
-                print(f"{per_request:>2} {kind:<7}/req  {clients:>2} clients: {r['inputs_s']:7.0f} inputs/s "
-                      f"{r['tokens_s']:8.0f} tokens/s  p50 {r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f} ms  "
-                      f"p99 {r['p99_ms']:7.1f} ms  ratio to in-process {ratio:.2f}x", flush=True)
+                print(
+                    f"{per_request:>2} {kind:<7}/req  {clients:>2} clients: {r['inputs_s']:7.0f} inputs/s "
+                    f"{r['tokens_s']:8.0f} tokens/s  p50 {r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f} ms  "
+                    f"p99 {r['p99_ms']:7.1f} ms  ratio to in-process {ratio:.2f}x",
+                    flush=True,
+                )
     goals = {("query", 32): 0.8, ("passage", 32): 1.0}
     for kind, _, clients, _, ratio in rows:
         if (kind, clients) in goals:
-            print(f"goal at 32 clients, {kind}: >= {goals[(kind, clients)]}x -> {ratio:.2f}x "
-                  f"{'met' if ratio >= goals[(kind, clients)] else 'NOT met'}")
+            print(
+                f"goal at 32 clients, {kind}: >= {goals[(kind, clients)]}x -> {ratio:.2f}x "
+                f"{'met' if ratio >= goals[(kind, clients)] else 'NOT met'}"
+            )
 
 
 if __name__ == "__main__":

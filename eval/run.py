@@ -31,11 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("datasets", nargs="*", help="dataset names (in --data-dir) or paths; none = demo collection")
     p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
-    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense", help="first stage (default: dense)")
+    p.add_argument(
+        "--retriever", choices=["dense", "bm25", "hybrid"], default="dense", help="first stage (default: dense)"
+    )
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="embedding model id or path")
-    p.add_argument("--reranker", metavar="ID", help="cross-encoder id/path, or an embedding model (bi-encoder scorer); kind is detected")
-    p.add_argument("--k-retrieve", type=int, default=100, help="first-stage depth passed to the reranker (default: 100)")
-    p.add_argument("--index", choices=["flat", "ivf", "hnsw", "pq"], default="flat", help="FAISS index (default: flat, exact)")
+    p.add_argument(
+        "--reranker",
+        metavar="ID",
+        help="cross-encoder id/path, or an embedding model (bi-encoder scorer); kind is detected",
+    )
+    p.add_argument(
+        "--k-retrieve", type=int, default=100, help="first-stage depth passed to the reranker (default: 100)"
+    )
+    p.add_argument(
+        "--index", choices=["flat", "ivf", "hnsw", "pq"], default="flat", help="FAISS index (default: flat, exact)"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument("--max-queries", type=int, help="evaluate only the first N judged queries (quick runs)")
     p.add_argument("--fresh-bm25", action="store_true", help="compute BM25 even when the collection ships a BM25 run")
@@ -52,16 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import pandas as pd
 
-    from embedrank.data import write_demo_collection
-    from embedrank.data import write_trec_run
+    from embedrank.data import write_demo_collection, write_trec_run
     from embedrank.errors import EmbedrankError
     from embedrank.evaluation import BenchmarkConfig, results_table, run_benchmark
 
     cfg = BenchmarkConfig(
-        retriever=args.retriever, model=args.model, reranker=args.reranker, k_retrieve=args.k_retrieve,
-        index=args.index, batch_size=args.batch_size, max_queries=args.max_queries, use_cache=not args.no_cache,
-        cache_dir=args.cache_dir, fresh_bm25=args.fresh_bm25, hybrid_weight=args.hybrid_weight,
-        hybrid_method=args.hybrid_method, show_progress=None,
+        retriever=args.retriever,
+        model=args.model,
+        reranker=args.reranker,
+        k_retrieve=args.k_retrieve,
+        index=args.index,
+        batch_size=args.batch_size,
+        max_queries=args.max_queries,
+        use_cache=not args.no_cache,
+        cache_dir=args.cache_dir,
+        fresh_bm25=args.fresh_bm25,
+        hybrid_weight=args.hybrid_weight,
+        hybrid_method=args.hybrid_method,
+        show_progress=None,
     )
     demo = not args.datasets
     tmp = tempfile.TemporaryDirectory() if demo else None

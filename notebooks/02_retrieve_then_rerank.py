@@ -68,7 +68,7 @@ side_by_side
 # %%
 rel = frame[frame.relevant == "✓"]
 fig, ax = plt.subplots(figsize=(7, 4.5))
-for i, row in enumerate(rel.itertuples()):
+for row in rel.itertuples():
     ax.annotate("", xy=(1, row.rank), xytext=(0, row.first_stage_rank),
                 arrowprops={"arrowstyle": "->", "color": "tab:green" if row.rank < row.first_stage_rank else "tab:red"})
 ax.scatter([0] * len(rel), rel.first_stage_rank, label="BM25 rank", zorder=3)

@@ -29,7 +29,6 @@
 import os
 
 import matplotlib.pyplot as plt
-import pandas as pd
 
 from embedrank import DataNotFoundError
 from embedrank.data import resolve_dataset

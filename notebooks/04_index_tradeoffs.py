@@ -25,9 +25,8 @@ import time
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from embedrank import Encoder
+from embedrank import DataNotFoundError, Encoder
 from embedrank.cache import EmbeddingCache
-from embedrank import DataNotFoundError
 from embedrank.data import doc_text, load_beir
 from embedrank.index import build_index, recall_at_k
 from embedrank.pipeline import embed_corpus

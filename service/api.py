@@ -34,7 +34,8 @@ def _check_texts(texts: list[str], param: str, limits: Limits) -> None:
         if len(text) > limits.max_text_chars:
             raise invalid(
                 f"{param}[{i}] has {len(text)} characters; the limit is max_text_chars={limits.max_text_chars}",
-                param=param, code="text_too_long",
+                param=param,
+                code="text_too_long",
             )
 
 
@@ -49,15 +50,21 @@ async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Lim
     served = pool.get(req.model, "embeddings")
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
-        raise invalid("input is empty; send a string or a non-empty array of strings", param="input", code="empty_input")
+        raise invalid(
+            "input is empty; send a string or a non-empty array of strings", param="input", code="empty_input"
+        )
     if len(texts) > limits.max_inputs:
-        raise invalid(f"input has {len(texts)} items; the limit is max_inputs={limits.max_inputs} per request",
-                      param="input", code="too_many_inputs")
+        raise invalid(
+            f"input has {len(texts)} items; the limit is max_inputs={limits.max_inputs} per request",
+            param="input",
+            code="too_many_inputs",
+        )
     _check_texts(texts, "input", limits)
     dim = served.spec.dimension or 0
     if req.dimensions is not None and not 1 <= req.dimensions <= dim:
-        raise invalid(f"dimensions must be between 1 and {dim} for model '{req.model}', got {req.dimensions}",
-                      param="dimensions")
+        raise invalid(
+            f"dimensions must be between 1 and {dim} for model '{req.model}', got {req.dimensions}", param="dimensions"
+        )
     out = await served.runner.embed(texts, dimensions=req.dimensions, truncate=req.truncate)  # type: ignore[union-attr]
     data = [Embedding(index=i, embedding=_encode_vector(v, req.encoding_format)) for i, v in enumerate(out.embeddings)]
     usage = EmbeddingUsage(prompt_tokens=out.total_tokens, total_tokens=out.total_tokens)
@@ -72,8 +79,11 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
     if not req.documents:
         raise invalid("documents is empty; send at least one document", param="documents", code="empty_documents")
     if len(req.documents) > limits.max_documents:
-        raise invalid(f"documents has {len(req.documents)} items; the limit is max_documents={limits.max_documents}",
-                      param="documents", code="too_many_documents")
+        raise invalid(
+            f"documents has {len(req.documents)} items; the limit is max_documents={limits.max_documents}",
+            param="documents",
+            code="too_many_documents",
+        )
     if req.top_n is not None and req.top_n < 1:
         raise invalid(f"top_n must be >= 1, got {req.top_n}", param="top_n")
     texts = [d if isinstance(d, str) else d.text for d in req.documents]
@@ -82,20 +92,34 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
     out = await served.runner.rerank(req.query, texts, truncate=req.truncate)  # type: ignore[union-attr]
     ranked = rank_scores(out.scores, req.top_n)
     results = [
-        RerankResult(index=r.index, relevance_score=r.score,
-                     document=RerankDocument(text=texts[r.index]) if req.return_documents else UNSET)
+        RerankResult(
+            index=r.index,
+            relevance_score=r.score,
+            document=RerankDocument(text=texts[r.index]) if req.return_documents else UNSET,
+        )
         for r in ranked
     ]
-    body = RerankResponse(id=f"rerank-{uuid.uuid4().hex}", results=results, model=req.model,
-                          usage=RerankUsage(total_tokens=out.total_tokens))
+    body = RerankResponse(
+        id=f"rerank-{uuid.uuid4().hex}",
+        results=results,
+        model=req.model,
+        usage=RerankUsage(total_tokens=out.total_tokens),
+    )
     return body, out.truncated
 
 
 def list_models(pool: ModelPool) -> ModelList:
-    return ModelList(data=[
-        ModelCard(id=model_id, created=served.created, capabilities=served.capabilities,  # type: ignore[arg-type]
-                  scorer="bi-encoder" if served.spec.kind == "embedding" else "cross-encoder",
-                  dimension=served.spec.dimension, max_tokens=served.spec.max_seq_length,
-                  aliases=list(served.entry.aliases))
-        for model_id, served in pool.models.items()
-    ])
+    return ModelList(
+        data=[
+            ModelCard(
+                id=model_id,
+                created=served.created,
+                capabilities=served.capabilities,  # type: ignore[arg-type]
+                scorer="bi-encoder" if served.spec.kind == "embedding" else "cross-encoder",
+                dimension=served.spec.dimension,
+                max_tokens=served.spec.max_seq_length,
+                aliases=list(served.entry.aliases),
+            )
+            for model_id, served in pool.models.items()
+        ]
+    )

@@ -91,8 +91,11 @@ def _json_body(request: Request[Any, Any, Any]) -> None:
     if request.method == "POST":
         content_type = request.headers.get("content-type", "")
         if content_type.split(";", 1)[0].strip().lower() != "application/json":
-            raise APIError(415, f"Content-Type must be application/json, got {content_type or 'none'!r}",
-                           code="unsupported_media_type")
+            raise APIError(
+                415,
+                f"Content-Type must be application/json, got {content_type or 'none'!r}",
+                code="unsupported_media_type",
+            )
 
 
 def _with_truncation(body: Any, truncated: int) -> Response[Any]:
@@ -105,7 +108,6 @@ def _with_truncation(body: Any, truncated: int) -> Response[Any]:
     description="SPEC 4.1 (OpenAI-compatible). Response header X-Truncated-Inputs counts inputs cut at max tokens.",
     responses={200: ResponseSpec(EmbeddingList, examples=[Example(value=EMBEDDINGS_EXAMPLE_RESPONSE)]), **ERRORS},
     status_code=200,
-
 )
 async def embeddings(
     data: Annotated[EmbeddingsRequest, Body(examples=[Example(summary="Two texts", value=EMBEDDINGS_EXAMPLE_REQUEST)])],
@@ -121,10 +123,11 @@ async def embeddings(
     description="SPEC 4.2 (Cohere/Jina-compatible). Results sorted by relevance_score, ties by index.",
     responses={200: ResponseSpec(RerankResponse, examples=[Example(value=RERANK_EXAMPLE_RESPONSE)]), **ERRORS},
     status_code=200,
-
 )
 async def rerank(
-    data: Annotated[RerankRequest, Body(examples=[Example(summary="Query and two documents", value=RERANK_EXAMPLE_REQUEST)])],
+    data: Annotated[
+        RerankRequest, Body(examples=[Example(summary="Query and two documents", value=RERANK_EXAMPLE_REQUEST)])
+    ],
     pool: ModelPool,
     settings: Settings,
 ) -> Response[RerankResponse]:
@@ -136,7 +139,10 @@ async def models(pool: ModelPool) -> ModelList:
     return api.list_models(pool)
 
 
-@get("/health", summary="Readiness (no key needed)", responses={503: ResponseSpec(Health, description="Loading, draining or failed")},
+@get(
+    "/health",
+    summary="Readiness (no key needed)",
+    responses={503: ResponseSpec(Health, description="Loading, draining or failed")},
 )
 async def health(state: State) -> Response[Health]:
     rt = _runtime(state)
@@ -172,11 +178,17 @@ def create_app(settings: Settings | None = None, *, wait_for_models: bool = Fals
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         if generated:
-            print(f"embedrank: no API key configured (EMBEDRANK_API_KEYS); generated one for this run:\n"
-                  f"    Authorization: Bearer {generated}", file=sys.stderr, flush=True)
+            print(
+                f"embedrank: no API key configured (EMBEDRANK_API_KEYS); generated one for this run:\n"
+                f"    Authorization: Bearer {generated}",
+                file=sys.stderr,
+                flush=True,
+            )
         if settings.no_auth:
             logger.warning("EMBEDRANK_NO_AUTH is set: the service runs WITHOUT authentication")
-            print("embedrank: WARNING: running without authentication (EMBEDRANK_NO_AUTH=1)", file=sys.stderr, flush=True)
+            print(
+                "embedrank: WARNING: running without authentication (EMBEDRANK_NO_AUTH=1)", file=sys.stderr, flush=True
+            )
         runtime.load_task = asyncio.get_running_loop().create_task(_load(runtime))
         if wait_for_models:
             await runtime.load_task
@@ -206,7 +218,7 @@ def create_app(settings: Settings | None = None, *, wait_for_models: bool = Fals
             title="embedrank",
             version="0.1.0",
             description="Embeddings and reranking (SPEC: ../shared/SPEC.md). Every route but /health needs "
-                        "'Authorization: Bearer <key>'. Errors use the OpenAI body {error: {message, type, param, code}}.",
+            "'Authorization: Bearer <key>'. Errors use the OpenAI body {error: {message, type, param, code}}.",
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
             security=[{"bearer": []}],
         ),

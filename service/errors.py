@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import re
-
-import msgspec
 from typing import Any
 
+import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import (
     HTTPException,
@@ -69,8 +68,13 @@ def _from_core(exc: EmbedrankError) -> APIError:
     if isinstance(exc, InvalidInputError):
         return APIError(400, str(exc), code="invalid_value")
     if isinstance(exc, OverloadedError):
-        return APIError(429, str(exc), type="server_overloaded", code="queue_full",
-                        headers={"Retry-After": str(max(1, round(exc.retry_after)))})
+        return APIError(
+            429,
+            str(exc),
+            type="server_overloaded",
+            code="queue_full",
+            headers={"Retry-After": str(max(1, round(exc.retry_after)))},
+        )
     if isinstance(exc, NotReadyError):
         return APIError(503, str(exc), type="service_unavailable", code="not_ready", headers={"Retry-After": "5"})
     return APIError(500, "internal error", type="server_error", code="internal_error")
@@ -87,8 +91,11 @@ def _from_validation(exc: ValidationException) -> APIError:
     key = next((d.get("key") for d in details if isinstance(d, dict) and d.get("key")), None)
     param = (match.group(1) if match else key) or None
     if param and param.startswith("input") and re.search(r"got `(int|array)`", raw):
-        return invalid("input must be a string or an array of strings; token-id arrays are not supported, send text",
-                       param="input", code="invalid_type")
+        return invalid(
+            "input must be a string or an array of strings; token-id arrays are not supported, send text",
+            param="input",
+            code="invalid_type",
+        )
     if "Object missing required field" in raw:
         field = re.search(r"field `([^`]+)`", raw)
         name = field.group(1) if field else param
@@ -106,17 +113,26 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
     if isinstance(exc, SerializationException):
         return invalid(f"request body is not valid JSON: {exc.detail}", code="invalid_json")
     if isinstance(exc, NotAuthorizedException):
-        return APIError(401, exc.detail, type="authentication_error", code="invalid_api_key",
-                        headers={"WWW-Authenticate": "Bearer"})
+        return APIError(
+            401, exc.detail, type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+        )
     if isinstance(exc, MethodNotAllowedException):
-        return APIError(405, f"method not allowed on this route; allowed: {allowed_methods or 'see /schema'}",
-                        code="method_not_allowed", headers={"Allow": allowed_methods} if allowed_methods else {})
+        return APIError(
+            405,
+            f"method not allowed on this route; allowed: {allowed_methods or 'see /schema'}",
+            code="method_not_allowed",
+            headers={"Allow": allowed_methods} if allowed_methods else {},
+        )
     if isinstance(exc, NotFoundException):
         return APIError(404, "no such route", code="not_found")
     if isinstance(exc, HTTPException) and exc.status_code < 500:
         code = {413: "body_too_large", 415: "unsupported_media_type"}.get(exc.status_code, "invalid_request")
         cause = exc.__cause__.__cause__ if isinstance(exc.__cause__, SerializationException) else exc.__cause__
-        if exc.status_code == 400 and isinstance(cause, msgspec.DecodeError) and not isinstance(cause, msgspec.ValidationError):
+        if (
+            exc.status_code == 400
+            and isinstance(cause, msgspec.DecodeError)
+            and not isinstance(cause, msgspec.ValidationError)
+        ):
             return invalid(f"request body is not valid JSON: {exc.detail}", code="invalid_json")
         return APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
     return APIError(500, "internal error; see the server log", type="server_error", code="internal_error")

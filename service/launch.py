@@ -32,8 +32,15 @@ def running_server(
     """``litestar run`` from the repo root; yields the base URL once ``/health`` is 200, stops it on exit."""
     port = port or free_port()
     litestar = Path(sys.executable).with_name("litestar")
-    cmd = [str(litestar) if litestar.exists() else sys.executable, *([] if litestar.exists() else ["-m", "litestar"]),
-           "run", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        str(litestar) if litestar.exists() else sys.executable,
+        *([] if litestar.exists() else ["-m", "litestar"]),
+        "run",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

@@ -10,7 +10,7 @@ from embedrank.cross_encoder import CrossEncoder
 from embedrank.encoder import Encoder
 from embedrank.engine import AsyncCrossEncoder, AsyncEncoder, EngineConfig
 from embedrank.errors import ModelKindError, ModelNotFoundError
-from embedrank.registry import ModelSpec, resolve
+from embedrank.registry import ModelSpec, quiet_loading, resolve
 from service.observability import Metrics
 from service.settings import ModelEntry
 
@@ -62,9 +62,7 @@ class ModelPool:
     def get(self, model_id: str, capability: str) -> ServedModel:
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
         if served is None:
-            raise ModelNotFoundError(
-                f"model '{model_id}' is not served here; available: {sorted(self.models)}"
-            )
+            raise ModelNotFoundError(f"model '{model_id}' is not served here; available: {sorted(self.models)}")
         if capability not in served.capabilities:
             raise ModelKindError(
                 f"model '{model_id}' is a {served.spec.kind} model and cannot serve {capability}; "
@@ -82,4 +80,5 @@ def _load_parts(path: str, kind: str) -> tuple[Any, Any]:
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
     model_cls = AutoModel if kind == "embedding" else AutoModelForSequenceClassification
-    return model_cls.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    with quiet_loading():
+        return model_cls.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -17,22 +17,42 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("embedrank_requests_total", "HTTP requests", ["route", "method", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("embedrank_request_seconds", "HTTP request latency in seconds", ["route", "status"],
-                                 registry=self.registry,
-                                 buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-        self.batch_size = Histogram("embedrank_batch_size", "Items per forward pass", ["model"], registry=self.registry,
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-        self.batch_padded_tokens = Histogram("embedrank_batch_padded_tokens", "Estimated padded tokens per forward pass",
-                                             ["model"], registry=self.registry,
-                                             buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768))
-        self.tokens = Counter("embedrank_tokens_total", "Tokens processed by the models", ["model"],
-                              registry=self.registry)
-        self.queue_depth = Gauge("embedrank_queue_depth", "Items waiting in the engine queue", ["model"],
-                                 registry=self.registry)
-        self.truncated = Counter("embedrank_truncated_inputs_total", "Inputs truncated at the model's max tokens",
-                                 ["model"], registry=self.registry)
+        self.requests = Counter(
+            "embedrank_requests_total", "HTTP requests", ["route", "method", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "embedrank_request_seconds",
+            "HTTP request latency in seconds",
+            ["route", "status"],
+            registry=self.registry,
+            buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.batch_size = Histogram(
+            "embedrank_batch_size",
+            "Items per forward pass",
+            ["model"],
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        self.batch_padded_tokens = Histogram(
+            "embedrank_batch_padded_tokens",
+            "Estimated padded tokens per forward pass",
+            ["model"],
+            registry=self.registry,
+            buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768),
+        )
+        self.tokens = Counter(
+            "embedrank_tokens_total", "Tokens processed by the models", ["model"], registry=self.registry
+        )
+        self.queue_depth = Gauge(
+            "embedrank_queue_depth", "Items waiting in the engine queue", ["model"], registry=self.registry
+        )
+        self.truncated = Counter(
+            "embedrank_truncated_inputs_total",
+            "Inputs truncated at the model's max tokens",
+            ["model"],
+            registry=self.registry,
+        )
 
     def batch_observer(self, model: str) -> Callable[[int, int, int], None]:
         def observe(items: int, padded: int, tokens: int) -> None:

@@ -11,13 +11,18 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 class EmbeddingsRequest(Struct, kw_only=True):
     """SPEC 4.1, plus the OpenAI fields ``encoding_format``, ``dimensions`` and ``user``."""
 
-    model: Annotated[str, Meta(description="Model identifier of an embedding model", examples=["sentence-transformers/all-MiniLM-L6-v2"])]
+    model: Annotated[
+        str,
+        Meta(description="Model identifier of an embedding model", examples=["sentence-transformers/all-MiniLM-L6-v2"]),
+    ]
     input: Annotated[str | list[str], Meta(description="A single text, or a list of texts")]
     encoding_format: Annotated[
         Literal["float", "base64"],
         Meta(description="`float` (default) or `base64` (little-endian float32, as the OpenAI SDK sends)"),
     ] = "float"
-    dimensions: Annotated[int | None, Meta(description="Truncate vectors to this many dimensions, then renormalize")] = None
+    dimensions: Annotated[
+        int | None, Meta(description="Truncate vectors to this many dimensions, then renormalize")
+    ] = None
     user: Annotated[str | None, Meta(description="Accepted for OpenAI compatibility; ignored")] = None
     truncate: Annotated[
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
@@ -110,8 +115,10 @@ class ErrorResponse(Struct, kw_only=True):
 EMBEDDINGS_EXAMPLE_REQUEST = {"model": "sentence-transformers/all-MiniLM-L6-v2", "input": ["first text", "second text"]}
 EMBEDDINGS_EXAMPLE_RESPONSE = {
     "object": "list",
-    "data": [{"object": "embedding", "index": 0, "embedding": [0.0123, -0.0456, 0.0789]},
-             {"object": "embedding", "index": 1, "embedding": [0.0321, 0.0654, -0.0987]}],
+    "data": [
+        {"object": "embedding", "index": 0, "embedding": [0.0123, -0.0456, 0.0789]},
+        {"object": "embedding", "index": 1, "embedding": [0.0321, 0.0654, -0.0987]},
+    ],
     "model": "sentence-transformers/all-MiniLM-L6-v2",
     "usage": {"prompt_tokens": 8, "total_tokens": 8},
 }

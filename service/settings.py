@@ -52,8 +52,8 @@ class Settings:
     models: tuple[ModelEntry, ...] = (ModelEntry(id=DEFAULT_EMBEDDING_MODEL, aliases=("all-MiniLM-L6-v2",)),)
     api_keys: tuple[str, ...] = ()
     no_auth: bool = False
-    limits: Limits = Limits()
-    engine: EngineConfig = EngineConfig()
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     drain_seconds: float = 30.0
 
     @classmethod
@@ -87,14 +87,19 @@ class Settings:
                     models.append(ModelEntry(id=model_id.strip(), path=path.strip() or None))
         else:
             for entry in data.get("models", []):
-                models.append(ModelEntry(id=entry["id"], path=entry.get("path"), aliases=tuple(entry.get("aliases", ()))))
+                models.append(
+                    ModelEntry(id=entry["id"], path=entry.get("path"), aliases=tuple(entry.get("aliases", ())))
+                )
         keys = [k.strip() for k in env.get("EMBEDRANK_API_KEYS", "").split(",") if k.strip()]
         keys += [str(k) for k in data.get("api_keys", [])]
         keys_file = env.get("EMBEDRANK_API_KEYS_FILE") or data.get("api_keys_file")
         if keys_file:
             try:
-                keys += [ln.strip() for ln in Path(keys_file).expanduser().read_text().splitlines()
-                         if ln.strip() and not ln.startswith("#")]
+                keys += [
+                    ln.strip()
+                    for ln in Path(keys_file).expanduser().read_text().splitlines()
+                    if ln.strip() and not ln.startswith("#")
+                ]
             except OSError as exc:
                 raise SettingsError(f"EMBEDRANK_API_KEYS_FILE={keys_file}: {exc}") from exc
         base = cls()

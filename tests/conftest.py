@@ -8,9 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 SHARED_DATA = Path(os.environ.get("EMBEDRANK_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

@@ -67,8 +67,15 @@ def _run_cli(*args, cwd):
 
 @pytest.mark.slow
 def test_cli_demo_writes_json_and_run(tmp_path):
-    out = _run_cli("--json-out", str(tmp_path / "r.json"), "--run-dir", str(tmp_path / "runs"),
-                   "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
+    out = _run_cli(
+        "--json-out",
+        str(tmp_path / "r.json"),
+        "--run-dir",
+        str(tmp_path / "runs"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert "ndcg@10" in out.stdout and "python eval/run.py scifact" in out.stdout
     payload = json.loads((tmp_path / "r.json").read_text())

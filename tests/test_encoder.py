@@ -101,10 +101,10 @@ def test_unknown_model_id_names_what_was_tried():
 
 def test_path_that_is_not_a_model(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(NotAModelError, match="config.json"):
+    with pytest.raises(NotAModelError, match=r"config\.json"):
         Encoder.from_pretrained(str(tmp_path))
 
 
 def test_cross_encoder_loaded_as_encoder(cross_encoder_dir):
-    with pytest.raises(ModelKindError, match="CrossEncoder.from_pretrained"):
+    with pytest.raises(ModelKindError, match=r"CrossEncoder\.from_pretrained"):
         Encoder.from_pretrained(cross_encoder_dir)

@@ -32,8 +32,9 @@ def test_save_load_roundtrip_and_metadata_checks(tmp_path):
     x = _random(300)
     ids = [str(i) for i in range(300)]
     for kind in ("numpy", "flat", "hnsw", "ivf", "pq"):
-        index = build_index(32, kind=kind, metric="cosine", model_id="m1", nlist=8 if kind in ("ivf", "pq") else None,
-                            pq_nbits=4)
+        index = build_index(
+            32, kind=kind, metric="cosine", model_id="m1", nlist=8 if kind in ("ivf", "pq") else None, pq_nbits=4
+        )
         index.add(ids, x)
         before = index.search(x[:5], 5)
         path = index.save(tmp_path / kind)
@@ -56,7 +57,10 @@ def test_training_needs_enough_vectors():
     with pytest.raises(IndexTrainingError, match="nlist=64"):
         build_index(32, kind="ivf", nlist=64).add([str(i) for i in range(10)], _random(10))
     with pytest.raises(IndexTrainingError, match="256"):
-        build_index(32, kind="pq", nlist=4).add([str(i) for i in range(100)], _random(100))
+        build_index(32, kind="pq", nlist=4, pq_nbits=8).add([str(i) for i in range(100)], _random(100))
+    auto = build_index(32, kind="pq", nlist=4)  # code size chosen from the data: 16 centroids for 100 vectors
+    auto.add([str(i) for i in range(100)], _random(100))
+    assert len(auto) == 100
 
 
 def test_bad_ids():

@@ -15,7 +15,11 @@ pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 
 def test_all_five_notebooks_exist():
     assert [p.stem for p in NOTEBOOKS] == [
-        "01_quickstart", "02_retrieve_then_rerank", "03_evaluation", "04_index_tradeoffs", "05_service",
+        "01_quickstart",
+        "02_retrieve_then_rerank",
+        "03_evaluation",
+        "04_index_tradeoffs",
+        "05_service",
     ]
     for nb in NOTEBOOKS:
         assert nb.with_suffix(".py").is_file(), f"{nb.name} has no jupytext-paired .py"
@@ -30,7 +34,9 @@ def test_notebook_runs(path, tmp_path, data_dir):
     env_before = dict(os.environ)
     os.environ.update({"EMBEDRANK_NOTEBOOK_QUICK": "1", "EMBEDRANK_DATA": str(data_dir), "MPLBACKEND": "Agg"})
     try:
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+        NotebookClient(
+            nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        ).execute()
     finally:
         os.environ.clear()
         os.environ.update(env_before)

@@ -102,8 +102,12 @@ def test_truncation_is_reported_or_refused(client):
 
 
 # -- SPEC 4.2 ------------------------------------------------------------------------------------
-DOCS = ["Bananas are yellow.", "The tilt of Earth's axis causes the seasons.", "Seasons change through the year.",
-        "Bananas are yellow."]
+DOCS = [
+    "Bananas are yellow.",
+    "The tilt of Earth's axis causes the seasons.",
+    "Seasons change through the year.",
+    "Bananas are yellow.",
+]
 
 
 def _rerank(client, **body):
@@ -148,8 +152,13 @@ def test_models_health_metrics(client):
     assert card["scorer"] == "bi-encoder" and card["dimension"] == 384 and card["max_tokens"] == 256
     assert client.get("/health", headers={"Authorization": ""}).json()["status"] == "ok"
     text = client.get("/metrics").text
-    for name in ("embedrank_requests_total", "embedrank_request_seconds", "embedrank_batch_size",
-                 "embedrank_queue_depth", "embedrank_tokens_total"):
+    for name in (
+        "embedrank_requests_total",
+        "embedrank_request_seconds",
+        "embedrank_batch_size",
+        "embedrank_queue_depth",
+        "embedrank_tokens_total",
+    ):
         assert name in text
     assert 'route="/v1/embeddings"' in text
 
@@ -184,7 +193,12 @@ def test_openapi_describes_routes_examples_and_errors(client):
 )
 def test_embeddings_400s(client, body, code, param):
     err = _assert_error(client.post("/v1/embeddings", json=body), 400, code, param)
-    if body.get("input") and isinstance(body["input"], list) and body["input"] and not isinstance(body["input"][0], str):
+    if (
+        body.get("input")
+        and isinstance(body["input"], list)
+        and body["input"]
+        and not isinstance(body["input"][0], str)
+    ):
         assert "text" in err["message"]
 
 
@@ -203,19 +217,30 @@ def test_rerank_400s(client, body, code, param):
 
 
 def test_malformed_json_wrong_method_media_type_unknown_model(client):
-    _assert_error(client.post("/v1/embeddings", content=b'{"model": ', headers={"Content-Type": "application/json"}),
-                  400, "invalid_json")
+    _assert_error(
+        client.post("/v1/embeddings", content=b'{"model": ', headers={"Content-Type": "application/json"}),
+        400,
+        "invalid_json",
+    )
     err = _assert_error(client.get("/v1/embeddings"), 405, "method_not_allowed")
     assert "POST" in err["message"]
     _assert_error(client.post("/v1/embeddings", content=b"{}", headers={"Content-Type": "text/plain"}), 415)
     _assert_error(client.post("/v1/embeddings", content=b"{}", headers={"Content-Type": ""}), 415)
-    err = _assert_error(client.post("/v1/embeddings", json={"model": "nope", "input": "x"}), 404, "model_not_found",
-                        "model")
+    err = _assert_error(
+        client.post("/v1/embeddings", json={"model": "nope", "input": "x"}), 404, "model_not_found", "model"
+    )
     assert "nope" in err["message"]
-    _assert_error(client.post("/v1/rerank", json={"model": "nope", "query": "q", "documents": ["a"]}), 404,
-                  "model_not_found")
-    assert client.post("/v1/embeddings", content=b'{"model": "%s", "input": "x"}' % MODEL.encode(),
-                       headers={"Content-Type": "application/json; charset=utf-8"}).status_code == 200
+    _assert_error(
+        client.post("/v1/rerank", json={"model": "nope", "query": "q", "documents": ["a"]}), 404, "model_not_found"
+    )
+    assert (
+        client.post(
+            "/v1/embeddings",
+            content=b'{"model": "%s", "input": "x"}' % MODEL.encode(),
+            headers={"Content-Type": "application/json; charset=utf-8"},
+        ).status_code
+        == 200
+    )
 
 
 def test_limits():
@@ -224,13 +249,18 @@ def test_limits():
         c.headers.update(AUTH)
         err = _assert_error(c.post("/v1/embeddings", json={"model": MODEL, "input": ["a"] * 4}), 400, "too_many_inputs")
         assert "max_inputs=3" in err["message"]
-        err = _assert_error(c.post("/v1/rerank", json={"model": MODEL, "query": "q", "documents": ["a"] * 3}), 400,
-                            "too_many_documents")
+        err = _assert_error(
+            c.post("/v1/rerank", json={"model": MODEL, "query": "q", "documents": ["a"] * 3}), 400, "too_many_documents"
+        )
         assert "max_documents=2" in err["message"]
         err = _assert_error(c.post("/v1/embeddings", json={"model": MODEL, "input": "x" * 51}), 400, "text_too_long")
         assert "max_text_chars=50" in err["message"]
-        _assert_error(c.post("/v1/rerank", json={"model": MODEL, "query": "q" * 51, "documents": ["a"]}), 400,
-                      "text_too_long", "query")
+        _assert_error(
+            c.post("/v1/rerank", json={"model": MODEL, "query": "q" * 51, "documents": ["a"]}),
+            400,
+            "text_too_long",
+            "query",
+        )
         _assert_error(c.post("/v1/embeddings", json={"model": MODEL, "input": ["y" * 40] * 3 + ["z" * 2000]}), 413)
 
 
@@ -288,13 +318,18 @@ def test_loading_is_503_then_ready(monkeypatch):
 
 
 # -- auth ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer ", "Basic abc", "Token test-key-123", "Bearer wrong",
-                                    "Bearer test-key-1234"])
+@pytest.mark.parametrize(
+    "header", [None, "", "Bearer", "Bearer ", "Basic abc", "Token test-key-123", "Bearer wrong", "Bearer test-key-1234"]
+)
 def test_auth_failures(client, header):
     headers = {"Authorization": header} if header is not None else {}
     with TestClient(client.app) as anon:
-        for method, path in (("post", "/v1/embeddings"), ("post", "/v1/rerank"), ("get", "/v1/models"),
-                             ("get", "/metrics")):
+        for method, path in (
+            ("post", "/v1/embeddings"),
+            ("post", "/v1/rerank"),
+            ("get", "/v1/models"),
+            ("get", "/metrics"),
+        ):
             resp = getattr(anon, method)(path, headers=headers, **({"json": {}} if method == "post" else {}))
             _assert_error(resp, 401, "invalid_api_key")
             assert resp.headers["www-authenticate"] == "Bearer"
@@ -305,8 +340,9 @@ def test_auth_failures(client, header):
 def test_keys_from_env_and_file(tmp_path):
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text("# comment\nfile-key\n")
-    settings = Settings.from_env({"EMBEDRANK_API_KEYS": "k-a, k-b", "EMBEDRANK_API_KEYS_FILE": str(keys_file),
-                                  "EMBEDRANK_MAX_INPUTS": "7"})
+    settings = Settings.from_env(
+        {"EMBEDRANK_API_KEYS": "k-a, k-b", "EMBEDRANK_API_KEYS_FILE": str(keys_file), "EMBEDRANK_MAX_INPUTS": "7"}
+    )
     assert settings.api_keys == ("k-a", "k-b", "file-key") and settings.limits.max_inputs == 7
     with TestClient(create_app(settings, wait_for_models=True)) as c:
         for key in ("k-a", "k-b", "file-key"):
@@ -330,8 +366,9 @@ def test_configured_cross_encoder_serves_true_scores(cross_encoder_dir):
     settings = dataclasses.replace(BASE, models=(ModelEntry(id=MODEL), ModelEntry(id="my-ce", path=cross_encoder_dir)))
     with TestClient(create_app(settings, wait_for_models=True)) as c:
         c.headers.update(AUTH)
-        body = c.post("/v1/rerank", json={"model": "my-ce", "query": "what causes the seasons",
-                                          "documents": DOCS}).json()
+        body = c.post(
+            "/v1/rerank", json={"model": "my-ce", "query": "what causes the seasons", "documents": DOCS}
+        ).json()
         ref = CrossEncoder.from_pretrained(cross_encoder_dir).score("what causes the seasons", DOCS)
         for r in body["results"]:
             assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-5)
@@ -356,11 +393,13 @@ def test_200_mixed_requests_from_32_concurrent_clients(encoder):
     async def main():
         sem = asyncio.Semaphore(32)
         async with AsyncTestClient(app) as c:
+
             async def one(kind, texts):
                 async with sem:
                     if kind == "rerank":
-                        return await c.post("/v1/rerank", json={"model": MODEL, "query": texts[0],
-                                                                "documents": texts[1:]}, headers=AUTH)
+                        return await c.post(
+                            "/v1/rerank", json={"model": MODEL, "query": texts[0], "documents": texts[1:]}, headers=AUTH
+                        )
                     return await c.post("/v1/embeddings", json={"model": MODEL, "input": texts}, headers=AUTH)
 
             return await asyncio.gather(*(one(k, t) for k, t in requests))
