@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import secrets
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any
 
 from litestar import Litestar, MediaType, Request, Response, get, post
@@ -98,8 +98,27 @@ def _json_body(request: Request[Any, Any, Any]) -> None:
             )
 
 
-def _with_truncation(body: Any, truncated: int) -> Response[Any]:
+async def _respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int]]) -> Response[Any]:
+    """Run ``work`` unless the client goes away first; then its queued items are dropped before compute."""
+    job = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not job.done():
+        job.cancel()
+        raise APIError(499, "client closed the request", code="client_closed_request")
+    body, truncated = job.result()
     return Response(content=body, headers={api.TRUNCATED_HEADER: str(truncated)}, media_type=MediaType.JSON)
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    """Return when the ASGI server reports that the client disconnected (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 @post(
@@ -111,10 +130,11 @@ def _with_truncation(body: Any, truncated: int) -> Response[Any]:
 )
 async def embeddings(
     data: Annotated[EmbeddingsRequest, Body(examples=[Example(summary="Two texts", value=EMBEDDINGS_EXAMPLE_REQUEST)])],
+    request: Request[Any, Any, Any],
     pool: ModelPool,
     settings: Settings,
 ) -> Response[EmbeddingList]:
-    return _with_truncation(*await api.create_embeddings(data, pool, settings.limits))
+    return await _respond(request, api.create_embeddings(data, pool, settings.limits))
 
 
 @post(
@@ -128,10 +148,11 @@ async def rerank(
     data: Annotated[
         RerankRequest, Body(examples=[Example(summary="Query and two documents", value=RERANK_EXAMPLE_REQUEST)])
     ],
+    request: Request[Any, Any, Any],
     pool: ModelPool,
     settings: Settings,
 ) -> Response[RerankResponse]:
-    return _with_truncation(*await api.rerank(data, pool, settings.limits))
+    return await _respond(request, api.rerank(data, pool, settings.limits))
 
 
 @get("/v1/models", summary="List loaded models", responses={401: ERRORS[401], 503: ERRORS[503]})

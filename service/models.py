@@ -57,7 +57,8 @@ class ModelPool:
             runner_cls = AsyncEncoder if isinstance(core, Encoder) else AsyncCrossEncoder
             served.runner = runner_cls(core, config, on_batch=metrics.batch_observer(model_id))
             served.runner.engine.start()
-            metrics.track_queue(model_id, lambda e=served.runner.engine: e.queue_depth)
+            engine = served.runner.engine
+            metrics.track_engine(model_id, lambda e=engine: e.queue_depth, lambda e=engine: e.stats.dropped)
 
     def get(self, model_id: str, capability: str) -> ServedModel:
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))

@@ -47,9 +47,9 @@ class Metrics:
         self.queue_depth = Gauge(
             "embedrank_queue_depth", "Items waiting in the engine queue", ["model"], registry=self.registry
         )
-        self.truncated = Counter(
-            "embedrank_truncated_inputs_total",
-            "Inputs truncated at the model's max tokens",
+        self.dropped = Gauge(
+            "embedrank_dropped_items",
+            "Queued items dropped because their client went away",
             ["model"],
             registry=self.registry,
         )
@@ -62,8 +62,9 @@ class Metrics:
 
         return observe
 
-    def track_queue(self, model: str, depth: Callable[[], int]) -> None:
+    def track_engine(self, model: str, depth: Callable[[], int], dropped: Callable[[], int]) -> None:
         self.queue_depth.labels(model).set_function(depth)
+        self.dropped.labels(model).set_function(dropped)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

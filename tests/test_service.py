@@ -145,6 +145,7 @@ def test_rerank_top_n_documents_and_plain_strings(client):
 
 
 def test_models_health_metrics(client):
+    assert _embed(client, input="count me").status_code == 200
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
     card = models["data"][0]
@@ -158,6 +159,7 @@ def test_models_health_metrics(client):
         "embedrank_batch_size",
         "embedrank_queue_depth",
         "embedrank_tokens_total",
+        "embedrank_dropped_items",
     ):
         assert name in text
     assert 'route="/v1/embeddings"' in text
@@ -417,3 +419,31 @@ def test_200_mixed_requests_from_32_concurrent_clients(encoder):
             got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
             assert [d["index"] for d in body["data"]] == list(range(len(texts)))
             assert np.abs(got - encoder.encode(texts)).max() < 1e-5
+
+
+def test_client_gone_cancels_the_job():
+    from service.app import _respond
+    from service.errors import APIError
+
+    cancelled = asyncio.Event()
+
+    class GoneRequest:
+        async def receive(self):
+            return {"type": "http.disconnect"}
+
+    async def work():
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return None, 0
+
+    async def main():
+        with pytest.raises(APIError) as info:
+            await _respond(GoneRequest(), work())
+        assert info.value.status == 499
+        await asyncio.sleep(0)
+        assert cancelled.is_set()
+
+    asyncio.run(main())
