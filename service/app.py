@@ -86,7 +86,7 @@ ERRORS = {
 }
 
 
-def _json_body(request: Request[Any, Any, Any]) -> None:
+async def _json_body(request: Request[Any, Any, Any]) -> None:
     """415 unless the body is declared as JSON (SPEC 5: Content-Type: application/json)."""
     if request.method == "POST":
         content_type = request.headers.get("content-type", "")
@@ -198,6 +198,8 @@ def create_app(settings: Settings | None = None, *, wait_for_models: bool = Fals
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        if not settings.access_log:  # one log line per request costs ~10% of the event loop at high rates
+            logging.getLogger("uvicorn.access").disabled = True
         if generated:
             print(
                 f"embedrank: no API key configured (EMBEDRANK_API_KEYS); generated one for this run:\n"

@@ -7,6 +7,8 @@ Environment variables (all optional):
   Default: the packaged ``sentence-transformers/all-MiniLM-L6-v2``.
 - ``EMBEDRANK_API_KEYS`` (comma-separated) and/or ``EMBEDRANK_API_KEYS_FILE`` (one key per line).
 - ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
+- ``EMBEDRANK_ACCESS_LOG=1``: keep the ASGI server's per-request access log (off by default; ``/metrics``
+  counts requests by route and status).
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
 - Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (16384),
@@ -55,6 +57,7 @@ class Settings:
     limits: Limits = dataclasses.field(default_factory=Limits)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     drain_seconds: float = 30.0
+    access_log: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -117,6 +120,7 @@ class Settings:
             limits=limits,
             engine=engine,
             drain_seconds=get("drain_seconds", base.drain_seconds),
+            access_log=get("access_log", False),
         )
         settings.validate()
         return settings
