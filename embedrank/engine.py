@@ -4,8 +4,9 @@ Each call (a "job") gets its own future. Its items (texts, or query/document pai
 A batcher task takes pending items first come, first served, and closes a batch when the next item would push the
 padded cost (longest sequence x batch size, estimated from characters) over ``max_batch_tokens``, when
 ``max_batch_size`` is reached, or when the queue holds about as many items as recent batches had (waiting at most ``max_wait_ms``;
-a lone request never waits). The forward pass runs
-in one worker thread, so the event loop keeps accepting work while the model computes. Items of jobs
+a lone request never waits). Forward passes run
+in a worker thread (``workers`` > 1 runs several at once and splits the torch threads between them), so
+the event loop keeps accepting work while the model computes. Items of jobs
 whose caller has gone (cancelled future) are dropped before compute. A full queue raises
 :class:`~embedrank.errors.OverloadedError`.
 
@@ -114,11 +115,14 @@ class _Job:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    max_batch_tokens: int = 16384  # padded tokens per forward pass
+    max_batch_tokens: int = 8192  # padded tokens per forward pass (about 32 x 256, cache-friendly on CPU)
     max_batch_size: int = 128
     max_wait_ms: float = 5.0  # upper bound of the adaptive wait; a lone request does not wait
     max_queue_items: int = 8192
     chars_per_token: float = 4.0  # estimate used to sort and pack before tokenizing
+    workers: int | None = None  # forward passes that may run at once (default 1: on few cores, concurrent
+    # OpenMP teams spin against each other and lose throughput; measured in eval/bench_service.py)
+    threads: int | None = None  # torch threads shared by the running forward passes; default torch's
 
 
 @dataclasses.dataclass
@@ -145,7 +149,13 @@ class BatchEngine(Generic[Item]):
         self.stats = EngineStats()
         self._pending: collections.deque[tuple[_Job, int]] = collections.deque()
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedrank-forward")
+        self._threads = self.config.threads or torch.get_num_threads()
+        self._workers = self.config.workers or 1
+        self._executor = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="embedrank-forward")
+        self._slots = asyncio.Semaphore(self._workers)
+        self._running: set[asyncio.Task[None]] = set()
+        self._active = 0
+        self._computing = 0
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._inflight_items = 0
@@ -245,66 +255,88 @@ class BatchEngine(Generic[Item]):
             if not self._pending:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+            await self._slots.acquire()  # a worker is free
             await asyncio.sleep(0)  # let requests that already arrived enqueue
-            # Adaptive wait: under concurrent load (many items recently in flight), wait at most max_wait_ms
-            # until about that many are queued, so callers whose answers just went out can rejoin this
-            # batch instead of splitting the load into alternating half batches. A lone caller never waits.
-            target = min(
-                int(self._peak_inflight * 0.9),
-                self.config.max_batch_size,
-                self.config.max_batch_tokens // self._estimate_tokens(self._pending[0][0].items[self._pending[0][1]])
-                if self._pending
-                else 1,
-            )
-            if self.config.max_wait_ms > 0 and len(self._pending) < target:
-                deadline = loop.time() + self.config.max_wait_ms / 1000
-                while len(self._pending) < target and (remaining := deadline - loop.time()) > 0:
-                    self._wakeup.clear()
-                    try:
-                        await asyncio.wait_for(self._wakeup.wait(), remaining)
-                    except TimeoutError:
-                        break
+            await self._adaptive_wait(loop)
             batch = self._take_batch()
             if not batch:
+                self._slots.release()
                 continue
-            items = [job.items[i] for job, i in batch]
+            self._computing += len(batch)
+            task = loop.create_task(self._run(loop, batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _adaptive_wait(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Under concurrent load, wait at most ``max_wait_ms`` until about as many items are queued as
+        recently were in flight (minus those being computed), so callers whose answers just went out
+        rejoin this batch instead of splitting the load into small batches. A lone caller never waits."""
+        if self.config.max_wait_ms <= 0 or not self._pending:
+            return
+        head_job, head_i = self._pending[0]
+        target = min(
+            int((self._peak_inflight - self._computing) * 0.9),
+            self.config.max_batch_size,
+            self.config.max_batch_tokens // self._estimate_tokens(head_job.items[head_i]),
+        )
+        deadline = loop.time() + self.config.max_wait_ms / 1000
+        while len(self._pending) < target and (remaining := deadline - loop.time()) > 0:
+            self._wakeup.clear()
             try:
-                results = await loop.run_in_executor(self._executor, self.backend.run_batch, items)
-            except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
-                for job in {id(j): j for j, _ in batch}.values():
-                    if not job.future.done():
-                        job.future.set_exception(exc)
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                break
+
+    def _forward(self, items: list[Item], threads: int) -> list[ItemResult]:
+        """Worker-thread body: split the cores between the batches that run at the same time."""
+        torch.set_num_threads(threads)  # per OS thread; each worker sets its own
+        return self.backend.run_batch(items)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Job, int]]) -> None:
+        items = [job.items[i] for job, i in batch]
+        self._active += 1
+        threads = max(1, self._threads // self._active)
+        try:
+            results = await loop.run_in_executor(self._executor, self._forward, items, threads)
+        except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
+            for job in {id(j): j for j, _ in batch}.values():
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        finally:
+            self._active -= 1
+            self._computing -= len(batch)
+            self._slots.release()
+        tokens = 0
+        for (job, i), result in zip(batch, results, strict=True):
+            tokens += result.tokens
+            if job.future.done():
                 continue
-            tokens = 0
-            for (job, i), result in zip(batch, results, strict=True):
-                tokens += result.tokens
-                if job.future.done():
-                    continue
-                job.results[i] = result
-                job.remaining -= 1
-                if result.truncated and not job.truncate:
-                    job.future.set_exception(
-                        InputTooLongError(
-                            f"input {i} is longer than the model's maximum of {self.backend.max_seq_length} tokens "
-                            f"and truncate is false"
-                        )
+            job.results[i] = result
+            job.remaining -= 1
+            if result.truncated and not job.truncate:
+                job.future.set_exception(
+                    InputTooLongError(
+                        f"input {i} is longer than the model's maximum of {self.backend.max_seq_length} tokens "
+                        f"and truncate is false"
                     )
-                elif job.remaining == 0:
-                    done = [r for r in job.results if r is not None]
-                    job.future.set_result(
-                        JobResult(
-                            values=[r.value for r in done],
-                            token_counts=[r.tokens for r in done],
-                            truncated=[r.truncated for r in done],
-                        )
+                )
+            elif job.remaining == 0:
+                done = [r for r in job.results if r is not None]
+                job.future.set_result(
+                    JobResult(
+                        values=[r.value for r in done],
+                        token_counts=[r.tokens for r in done],
+                        truncated=[r.truncated for r in done],
                     )
-            self.stats.batches += 1
-            self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
-            self.stats.items += len(batch)
-            self.stats.tokens += tokens
-            if self.on_batch is not None:
-                padded = max(self._estimate_tokens(x) for x in items) * len(items)
-                self.on_batch(len(batch), padded, tokens)
+                )
+        self.stats.batches += 1
+        self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
+        self.stats.items += len(batch)
+        self.stats.tokens += tokens
+        if self.on_batch is not None:
+            padded = max(self._estimate_tokens(x) for x in items) * len(items)
+            self.on_batch(len(batch), padded, tokens)
 
 
 @dataclasses.dataclass(frozen=True)

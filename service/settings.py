@@ -11,7 +11,7 @@ Environment variables (all optional):
   counts requests by route and status).
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
-- Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (16384),
+- Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (8192),
   ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (1.0), ``EMBEDRANK_DRAIN_SECONDS`` (30).
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with

@@ -68,7 +68,7 @@ def test_cancelled_jobs_are_dropped_before_compute():
     async def main():
         backend = FakeBackend()
         backend.gate.clear()  # hold the worker so the queue builds up
-        engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0))
+        engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0, workers=1))
         engine.start()
         first = asyncio.ensure_future(engine.submit(["first"]))
         await asyncio.sleep(0.05)
@@ -91,7 +91,7 @@ def test_full_queue_raises_overload_and_oversized_job_is_invalid():
     async def main():
         backend = FakeBackend()
         backend.gate.clear()
-        engine = BatchEngine(backend, EngineConfig(max_queue_items=3, max_batch_size=1, max_wait_ms=0))
+        engine = BatchEngine(backend, EngineConfig(max_queue_items=3, max_batch_size=1, max_wait_ms=0, workers=1))
         engine.start()
         running = asyncio.ensure_future(engine.submit(["a"]))
         await asyncio.sleep(0.05)
