@@ -24,12 +24,6 @@ class Tokenized:
     token_counts: list[int]
     truncated: list[bool]
 
-    @property
-    def padded_tokens(self) -> int:
-        """Cost of the batch in padded tokens, ``B * T``."""
-        ids = self.features["input_ids"]
-        return int(ids.shape[0] * ids.shape[1])
-
 
 def check_texts(texts: Any, name: str = "texts") -> list[str]:
     """Validate a list of input strings and return it as a list.
