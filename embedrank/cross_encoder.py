@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.ranking import RankedResult, rank_scores
 from embedrank.registry import ModelSpec, quiet_loading, resolve
-from embedrank.tokens import Tokenized, check_texts, length_order, tokenize
+from embedrank.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_order, tokenize
 
 _ACTIVATIONS = {
     "Sigmoid": torch.sigmoid,
@@ -127,7 +127,7 @@ class CrossEncoder:
         scores: np.ndarray | None = None
         counts = [0] * len(items)
         truncated = [False] * len(items)
-        show = len(items) >= 1024 if show_progress is None else show_progress
+        show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
         for start in tqdm(range(0, len(items), batch_size), desc="Scoring", unit="batch", disable=not show):
             idx = order[start : start + batch_size]
             batch = self.tokenize([items[i][0] for i in idx], [items[i][1] for i in idx], truncate=truncate)

@@ -10,13 +10,20 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from embedrank.errors import InputTooLongError, InvalidInputError, ModelKindError
+from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.pooling import PoolingMode, pool
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
 from embedrank.similarity import l2_normalize, truncate_dims
-from embedrank.tokens import Tokenized, check_texts, collate, encode_rows, tokenize
+from embedrank.tokens import (
+    PROGRESS_THRESHOLD,
+    Tokenized,
+    check_texts,
+    check_truncation,
+    collate,
+    encode_rows,
+    tokenize,
+)
 
-PROGRESS_THRESHOLD = 1024  # inputs; above this, encode shows a progress bar unless told otherwise
 TOKENIZE_CHUNK = 8192  # texts tokenized at once before length-sorted batching
 
 
@@ -174,11 +181,7 @@ class Encoder:
             for chunk_start in range(0, len(items), TOKENIZE_CHUNK):
                 chunk = items[chunk_start : chunk_start + TOKENIZE_CHUNK]
                 rows, cut = encode_rows(self.tokenizer, self._prepare(chunk), max_length=self.max_seq_length)
-                if not truncate and any(cut):
-                    raise InputTooLongError(
-                        f"input {chunk_start + cut.index(True)} is longer than the model's maximum of "
-                        f"{self.max_seq_length} tokens and truncation was disabled"
-                    )
+                check_truncation(cut, self.max_seq_length, truncate, offset=chunk_start)
                 order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
                 for start in range(0, len(order), batch_size):
                     idx = order[start : start + batch_size]

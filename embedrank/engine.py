@@ -29,8 +29,9 @@ import torch
 
 from embedrank.cross_encoder import CrossEncoder
 from embedrank.encoder import Encoder
-from embedrank.errors import InputTooLongError, InvalidInputError, NotReadyError, OverloadedError
+from embedrank.errors import InvalidInputError, NotReadyError, OverloadedError
 from embedrank.similarity import truncate_dims
+from embedrank.tokens import too_long_error
 
 Item = TypeVar("Item")
 
@@ -315,12 +316,7 @@ class BatchEngine(Generic[Item]):
             job.results[i] = result
             job.remaining -= 1
             if result.truncated and not job.truncate:
-                job.future.set_exception(
-                    InputTooLongError(
-                        f"input {i} is longer than the model's maximum of {self.backend.max_seq_length} tokens "
-                        f"and truncate is false"
-                    )
-                )
+                job.future.set_exception(too_long_error(i, self.backend.max_seq_length))
             elif job.remaining == 0:
                 done = [r for r in job.results if r is not None]
                 job.future.set_result(

@@ -10,6 +10,8 @@ import torch
 
 from embedrank.errors import InputTooLongError, InvalidInputError
 
+PROGRESS_THRESHOLD = 1024  # inputs; above this, encode and score show a progress bar unless told otherwise
+
 
 @dataclasses.dataclass(frozen=True)
 class Tokenized:
@@ -100,13 +102,17 @@ def collate(tokenizer: Any, rows: Sequence[dict[str, list[int]]], truncated: Seq
     return Tokenized(features=dict(features), token_counts=counts, truncated=list(truncated))
 
 
-def check_truncation(tokenized: Tokenized, max_length: int, truncate: bool) -> None:
-    """Raise :class:`InputTooLongError` when truncation is off and some input was cut."""
-    if not truncate and any(tokenized.truncated):
-        first = tokenized.truncated.index(True)
-        raise InputTooLongError(
-            f"input {first} is longer than the model's maximum of {max_length} tokens and truncation was disabled"
-        )
+def too_long_error(index: int, max_length: int) -> InputTooLongError:
+    """The error for input ``index`` being cut at ``max_length`` when truncation was not allowed."""
+    return InputTooLongError(
+        f"input {index} is longer than the model's maximum of {max_length} tokens and truncation was disabled"
+    )
+
+
+def check_truncation(truncated: Sequence[bool], max_length: int, truncate: bool, *, offset: int = 0) -> None:
+    """Raise :func:`too_long_error` for the first cut input when truncation is off; ``offset`` shifts indices."""
+    if not truncate and any(truncated):
+        raise too_long_error(offset + list(truncated).index(True), max_length)
 
 
 def tokenize(
@@ -127,7 +133,7 @@ def tokenize(
     """
     rows, truncated = encode_rows(tokenizer, texts, pairs, max_length=max_length)
     batch = collate(tokenizer, rows, truncated)
-    check_truncation(batch, max_length, truncate)
+    check_truncation(batch.truncated, max_length, truncate)
     return batch
 
 
