@@ -23,6 +23,7 @@ from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, Example, SecurityScheme
 from litestar.params import Body
 
+from embedrank.allocator import tune_malloc
 from embedrank.errors import NotReadyError
 from service import api
 from service.auth import BearerAuthMiddleware
@@ -131,10 +132,10 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
 async def embeddings(
     data: Annotated[EmbeddingsRequest, Body(examples=[Example(summary="Two texts", value=EMBEDDINGS_EXAMPLE_REQUEST)])],
     request: Request[Any, Any, Any],
-    pool: ModelPool,
-    settings: Settings,
+    state: State,
 ) -> Response[EmbeddingList]:
-    return await _respond(request, api.create_embeddings(data, pool, settings.limits))
+    rt = _runtime(state)
+    return await _respond(request, api.create_embeddings(data, rt.ready_pool(), rt.settings.limits))
 
 
 @post(
@@ -149,10 +150,10 @@ async def rerank(
         RerankRequest, Body(examples=[Example(summary="Query and two documents", value=RERANK_EXAMPLE_REQUEST)])
     ],
     request: Request[Any, Any, Any],
-    pool: ModelPool,
-    settings: Settings,
+    state: State,
 ) -> Response[RerankResponse]:
-    return await _respond(request, api.rerank(data, pool, settings.limits))
+    rt = _runtime(state)
+    return await _respond(request, api.rerank(data, rt.ready_pool(), rt.settings.limits))
 
 
 @get("/v1/models", summary="List loaded models", responses={401: ERRORS[401], 503: ERRORS[503]})
@@ -195,6 +196,8 @@ def create_app(settings: Settings | None = None, *, wait_for_models: bool = Fals
         generated = secrets.token_urlsafe(32)
         keys = (generated,)
     runtime = Runtime(settings=settings, pool=ModelPool(settings.models), metrics=Metrics())
+    if settings.tune_malloc:  # before the loading and forward threads exist
+        tune_malloc()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -229,10 +232,9 @@ def create_app(settings: Settings | None = None, *, wait_for_models: bool = Fals
         route_handlers=[embeddings, rerank, models, health, metrics],
         lifespan=[lifespan],
         state=State({"runtime": runtime}),
-        dependencies={
-            "pool": Provide(_pool, sync_to_thread=False),
-            "settings": Provide(lambda: settings, sync_to_thread=False, use_cache=True),
-        },
+        # one dependency at most per handler: Litestar resolves several at once in an anyio task group,
+        # which cost ~15% of the event loop per request in eval/bench_service.py
+        dependencies={"pool": Provide(_pool, sync_to_thread=False)},
         middleware=middleware,
         before_request=_json_body,
         exception_handlers={Exception: handle_exception},

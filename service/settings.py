@@ -9,10 +9,12 @@ Environment variables (all optional):
 - ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
 - ``EMBEDRANK_ACCESS_LOG=1``: keep the ASGI server's per-request access log (off by default; ``/metrics``
   counts requests by route and status).
+- ``EMBEDRANK_TUNE_MALLOC=0``: keep glibc's default allocator settings (by default the service calls
+  :func:`embedrank.allocator.tune_malloc` so activation memory is reused, not page-faulted per layer).
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
 - Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (8192),
-  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (1.0), ``EMBEDRANK_DRAIN_SECONDS`` (30).
+  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (5.0), ``EMBEDRANK_DRAIN_SECONDS`` (30).
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
 ``id``, optional ``path`` and optional ``aliases``.
@@ -58,6 +60,7 @@ class Settings:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     drain_seconds: float = 30.0
     access_log: bool = False
+    tune_malloc: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -121,6 +124,7 @@ class Settings:
             engine=engine,
             drain_seconds=get("drain_seconds", base.drain_seconds),
             access_log=get("access_log", False),
+            tune_malloc=get("tune_malloc", base.tune_malloc),
         )
         settings.validate()
         return settings
