@@ -138,6 +138,7 @@ def _client_entry(base, texts, per_request, clients, requests):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--kinds", nargs="+", choices=["query", "passage"], default=["query", "passage"])
     p.add_argument("--seconds-per-case", type=float, default=8.0, help="approximate load duration per case")
     p.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra environment for the server")
     args = p.parse_args()
@@ -185,6 +186,8 @@ def main() -> None:
             f"{lat['p50_ms']:.2f} ms -> {lat['p50_ms'] / (1000 * in_process_p50):.2f}x in-process latency (goal <= 1.5x)"
         )
         for kind, texts, per_request in (("query", queries, 1), ("passage", passages, 16)):
+            if kind not in args.kinds:
+                continue
             before = in_process(texts, args.seconds_per_case)
             for clients in args.clients:
                 requests = max(clients * 4, int(args.seconds_per_case * before / per_request))
