@@ -100,17 +100,32 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
 
 
 async def _respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int]]) -> Response[Any]:
-    """Run ``work`` unless the client goes away first; then its queued items are dropped before compute."""
-    job = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
+    """Run ``work`` unless the client goes away first; then its queued items are dropped before compute.
+
+    ``work`` runs in the handler's own task (no extra task per request); a watcher cancels it when the
+    ASGI server reports a disconnect.
+    """
+    handler = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _disconnected(request)
+        gone = True
+        if handler is not None:
+            handler.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+        body, truncated = await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        if handler is not None:
+            handler.uncancel()
+        raise APIError(499, "client closed the request", code="client_closed_request") from None
     finally:
-        gone.cancel()
-    if not job.done():
-        job.cancel()
-        raise APIError(499, "client closed the request", code="client_closed_request")
-    body, truncated = job.result()
+        watcher.cancel()
     return Response(content=body, headers={api.TRUNCATED_HEADER: str(truncated)}, media_type=MediaType.JSON)
 
 
