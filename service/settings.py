@@ -119,11 +119,11 @@ class Settings:
         settings = cls(
             models=tuple(models) or base.models,
             api_keys=tuple(dict.fromkeys(keys)),
-            no_auth=get("no_auth", False),
+            no_auth=get("no_auth", base.no_auth),
             limits=limits,
             engine=engine,
             drain_seconds=get("drain_seconds", base.drain_seconds),
-            access_log=get("access_log", False),
+            access_log=get("access_log", base.access_log),
             tune_malloc=get("tune_malloc", base.tune_malloc),
         )
         settings.validate()
