@@ -20,6 +20,7 @@ import collections
 import contextlib
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, Protocol, TypeVar
@@ -132,6 +133,17 @@ class EngineStats:
     items: int = 0
     tokens: int = 0
     dropped: int = 0
+    seconds: float = 0.0  # in the worker threads: tokenizing, forward passes, pooling
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchReport:
+    """One finished batch: its items, estimated padded tokens, real tokens and compute seconds."""
+
+    items: int
+    padded_tokens: int
+    tokens: int
+    seconds: float
 
 
 class BatchEngine(Generic[Item]):
@@ -142,11 +154,11 @@ class BatchEngine(Generic[Item]):
         backend: Backend[Item],
         config: EngineConfig | None = None,
         *,
-        on_batch: Callable[[int, int, int], None] | None = None,
+        on_batch: Callable[[BatchReport], None] | None = None,
     ) -> None:
         self.backend = backend
         self.config = config or EngineConfig()
-        self.on_batch = on_batch  # (items, padded_token_estimate, real_tokens) after each batch
+        self.on_batch = on_batch  # called after each forward pass
         self.stats = EngineStats()
         self._pending: collections.deque[tuple[_Job, int]] = collections.deque()
         self._wakeup = asyncio.Event()
@@ -288,17 +300,22 @@ class BatchEngine(Generic[Item]):
             except TimeoutError:
                 break
 
-    def _forward(self, items: list[Item], threads: int) -> list[ItemResult]:
-        """Worker-thread body: split the cores between the batches that run at the same time."""
-        torch.set_num_threads(threads)  # per OS thread; each worker sets its own
-        return self.backend.run_batch(items)
+    def _forward(self, items: list[Item], threads: int) -> tuple[list[ItemResult], float]:
+        """Worker-thread body: split the cores between the batches that run at the same time.
+
+        Returns the results and the seconds spent (tokenizing, forward pass, pooling).
+        """
+        start = time.perf_counter()
+        if torch.get_num_threads() != threads:  # per OS thread; each worker sets its own
+            torch.set_num_threads(threads)
+        return self.backend.run_batch(items), time.perf_counter() - start
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Job, int]]) -> None:
         items = [job.items[i] for job, i in batch]
         self._active += 1
         threads = max(1, self._threads // self._active)
         try:
-            results = await loop.run_in_executor(self._executor, self._forward, items, threads)
+            results, seconds = await loop.run_in_executor(self._executor, self._forward, items, threads)
         except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
             for job in {id(j): j for j, _ in batch}.values():
                 if not job.future.done():
@@ -330,9 +347,10 @@ class BatchEngine(Generic[Item]):
         self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
         self.stats.items += len(batch)
         self.stats.tokens += tokens
+        self.stats.seconds += seconds
         if self.on_batch is not None:
             padded = max(self._estimate_tokens(x) for x in items) * len(items)
-            self.on_batch(len(batch), padded, tokens)
+            self.on_batch(BatchReport(items=len(batch), padded_tokens=padded, tokens=tokens, seconds=seconds))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,17 +97,43 @@ async def drive(base: str, texts: list[str], per_request: int, clients: int, req
     tasks = [asyncio.ensure_future(client()) for _ in range(clients)]
     for _ in range(clients):  # start the clock only once every warm-up request has been answered
         await warm.acquire()
+    engine_start = engine_totals(base)
     t0 = time.perf_counter()
     ready.set()
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - t0
+    engine_end = engine_totals(base)
+    batches = max(1.0, engine_end["batches"] - engine_start["batches"])
     return {
+        "busy": (engine_end["seconds"] - engine_start["seconds"]) / elapsed,
+        "mean_batch": (engine_end["items"] - engine_start["items"]) / batches,
         "inputs_s": requests * per_request / elapsed,
         "tokens_s": tokens / elapsed,
         "p50_ms": 1000 * percentile(latencies, 50),
         "p95_ms": 1000 * percentile(latencies, 95),
         "p99_ms": 1000 * percentile(latencies, 99),
     }
+
+
+def engine_totals(base: str) -> dict[str, float]:
+    """Sums over all models from the server's /metrics: forward seconds, batches and items."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    req = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        text = resp.read().decode()
+    totals = {"seconds": 0.0, "batches": 0.0, "items": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "embedrank_batch_seconds_sum":
+                totals["seconds"] += sample.value
+            elif sample.name == "embedrank_batch_size_count":
+                totals["batches"] += sample.value
+            elif sample.name == "embedrank_batch_size_sum":
+                totals["items"] += sample.value
+    return totals
 
 
 def run_client(base: str, texts: list[str], per_request: int, clients: int, requests: int) -> dict:
@@ -198,7 +224,7 @@ def main() -> None:
                 print(
                     f"{per_request:>2} {kind:<7}/req  {clients:>2} clients: {r['inputs_s']:7.1f} inputs/s "
                     f"{r['tokens_s']:8.0f} tokens/s  p50 {r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f} ms  "
-                    f"p99 {r['p99_ms']:7.1f} ms | in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x",
+                    f"p99 {r['p99_ms']:7.1f} ms | batch {r['mean_batch']:5.1f} busy {r['busy']:4.0%} | in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x",
                     flush=True,
                 )
                 before = after

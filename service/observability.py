@@ -9,6 +9,8 @@ from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from embedrank.engine import BatchReport
+
 KNOWN_ROUTES = frozenset({"/v1/embeddings", "/v1/rerank", "/v1/models", "/health", "/metrics"})
 
 
@@ -41,6 +43,13 @@ class Metrics:
             registry=self.registry,
             buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768),
         )
+        self.batch_seconds = Histogram(
+            "embedrank_batch_seconds",
+            "Compute time per batch (tokenize, forward pass, pooling) in the worker thread",
+            ["model"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
         self.tokens = Counter(
             "embedrank_tokens_total", "Tokens processed by the models", ["model"], registry=self.registry
         )
@@ -54,11 +63,19 @@ class Metrics:
             registry=self.registry,
         )
 
-    def batch_observer(self, model: str) -> Callable[[int, int, int], None]:
-        def observe(items: int, padded: int, tokens: int) -> None:
-            self.batch_size.labels(model).observe(items)
-            self.batch_padded_tokens.labels(model).observe(padded)
-            self.tokens.labels(model).inc(tokens)
+    def batch_observer(self, model: str) -> Callable[[BatchReport], None]:
+        size, padded, tokens = (
+            self.batch_size.labels(model),
+            self.batch_padded_tokens.labels(model),
+            self.tokens.labels(model),
+        )
+        seconds = self.batch_seconds.labels(model)
+
+        def observe(report: BatchReport) -> None:
+            size.observe(report.items)
+            padded.observe(report.padded_tokens)
+            tokens.inc(report.tokens)
+            seconds.observe(report.seconds)
 
         return observe
 
