@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from embedrank import packed
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.ranking import RankedResult, rank_scores
 from embedrank.registry import ModelSpec, quiet_loading, resolve
@@ -51,6 +52,7 @@ class CrossEncoder:
         *,
         device: str | torch.device = "cpu",
         max_seq_length: int | None = None,
+        padding_free: bool | None = None,
     ) -> None:
         self.spec = spec
         self.model = model.to(device).eval()
@@ -58,6 +60,9 @@ class CrossEncoder:
         self.device = torch.device(device)
         self.max_seq_length = max_seq_length or spec.max_seq_length
         self.activation = default_activation(model.config)
+        # skip padding tokens in BERT classifiers (embedrank.packed); None = wherever it applies
+        able = packed.supports_classifier(self.model) and getattr(tokenizer, "padding_side", "right") == "right"
+        self.padding_free = able if padding_free is None else (padding_free and able)
 
     @classmethod
     def from_pretrained(cls, model_id: str, *, device: str = "cpu", max_seq_length: int | None = None) -> CrossEncoder:
@@ -100,7 +105,12 @@ class CrossEncoder:
     def forward(self, features: dict[str, torch.Tensor], *, apply_activation: bool = True) -> np.ndarray:
         """Features -> scores: ``(B,)`` for one label, ``(B, L)`` otherwise."""
         inputs = {k: v.to(self.device) for k, v in features.items()}
-        logits = self.model(**inputs).logits  # (B, L)
+        if self.padding_free:
+            logits = packed.packed_classifier_logits(
+                self.model, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
+            )
+        else:
+            logits = self.model(**inputs).logits  # (B, L)
         if apply_activation:
             logits = _ACTIVATIONS[self.activation](logits)
         if logits.shape[-1] == 1:

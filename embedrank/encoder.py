@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from embedrank import packed
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.pooling import PoolingMode, pool
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
@@ -56,6 +57,7 @@ class Encoder:
         pooling: PoolingMode | str | None = None,
         normalize: bool | None = None,
         max_seq_length: int | None = None,
+        padding_free: bool | None = None,
     ) -> None:
         self.spec = spec
         self.model = model.to(device).eval()
@@ -64,6 +66,9 @@ class Encoder:
         self.pooling = PoolingMode(pooling) if pooling is not None else (spec.pooling or PoolingMode.MEAN)
         self.normalize = spec.normalize if normalize is None else normalize
         self.max_seq_length = max_seq_length or spec.max_seq_length
+        # skip padding tokens in BERT encoders (embedrank.packed); None = wherever it applies
+        able = packed.supports(self.model) and getattr(tokenizer, "padding_side", "right") == "right"
+        self.padding_free = able if padding_free is None else (padding_free and able)
 
     @classmethod
     def from_pretrained(
@@ -124,6 +129,10 @@ class Encoder:
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Step 2: features -> token embeddings ``(B, T, H)``."""
         inputs = {k: v.to(self.device) for k, v in features.items()}
+        if self.padding_free:
+            return packed.packed_forward(
+                self.model, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
+            )
         return self.model(**inputs).last_hidden_state
 
     @torch.inference_mode()

@@ -20,9 +20,9 @@ import collections
 import contextlib
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -119,7 +119,7 @@ class _Job:
 class EngineConfig:
     max_batch_tokens: int = 8192  # padded tokens per forward pass (about 32 x 256, cache-friendly on CPU)
     max_batch_size: int = 128
-    max_wait_ms: float = 5.0  # upper bound of the adaptive wait; a lone request does not wait
+    max_wait_ms: float = 20.0  # upper bound of the adaptive wait; a lone request does not wait
     max_queue_items: int = 8192
     chars_per_token: float = 4.0  # estimate used to sort and pack before tokenizing
     workers: int | None = None  # forward passes that may run at once (default 1: on few cores, concurrent
@@ -147,7 +147,11 @@ class BatchReport:
 
 
 class BatchEngine(Generic[Item]):
-    """Cross-request micro-batching for one backend. Create and use it inside a running event loop."""
+    """Cross-request micro-batching for one backend. Create and start it inside a running event loop.
+
+    The event loop only queues items and hands results back; the forward threads pull their next batch
+    themselves the moment they finish one, so no event-loop turn sits between two forward passes.
+    """
 
     def __init__(
         self,
@@ -158,84 +162,95 @@ class BatchEngine(Generic[Item]):
     ) -> None:
         self.backend = backend
         self.config = config or EngineConfig()
-        self.on_batch = on_batch  # called after each forward pass
+        self.on_batch = on_batch  # called on the event loop after each forward pass
         self.stats = EngineStats()
+        self._cond = threading.Condition()  # guards _pending, _computing, _peak_inflight, _stopping
         self._pending: collections.deque[tuple[_Job, int]] = collections.deque()
-        self._wakeup = asyncio.Event()
-        self._threads = self.config.threads or torch.get_num_threads()
-        self._workers = self.config.workers or 1
-        self._executor = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="embedrank-forward")
-        self._slots = asyncio.Semaphore(self._workers)
-        self._running: set[asyncio.Task[None]] = set()
-        self._active = 0
-        self._computing = 0
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
-        self._inflight_items = 0
+        self._computing = 0  # items in forward passes right now
         self._peak_inflight = 0.0  # decaying maximum of items in flight
+        self._stopping = False
+        self._closing = False  # refuse new jobs (drain started)
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inflight_items = 0
         self._inflight_jobs = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="embedrank-batcher")
+        """Start the forward threads; results are delivered on the running event loop."""
+        if self._threads:
+            return
+        self._loop = asyncio.get_running_loop()
+        workers = self.config.workers or 1
+        threads = max(1, (self.config.threads or torch.get_num_threads()) // workers)
+        for k in range(workers):
+            thread = threading.Thread(target=self._work, args=(threads,), name=f"embedrank-forward-{k}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     async def drain(self, timeout: float = 30.0) -> None:
-        """Refuse new jobs, finish the ones in flight (up to ``timeout`` seconds), then stop."""
+        """Refuse new jobs, finish the ones in flight (up to ``timeout`` seconds), then stop.
+
+        Jobs still queued after ``timeout`` fail with :class:`~embedrank.errors.NotReadyError`.
+        """
         self._closing = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._cond:
+            self._stopping = True
+            left, self._pending = self._pending, collections.deque()
+            self._cond.notify_all()
+        for job in {id(job): job for job, _ in left}.values():
+            if not job.future.done():
+                job.future.set_exception(NotReadyError("the service shut down before this request was computed"))
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join, timeout)
 
     @property
     def queue_depth(self) -> int:
         return len(self._pending)
 
-    # -- submission --------------------------------------------------------------------------------
+    # -- submission (event loop) -------------------------------------------------------------------
     async def submit(self, items: Sequence[Item], *, truncate: bool = True) -> JobResult:
         """Queue ``items`` as one job and wait for all their results (in input order)."""
         if self._closing:
             raise NotReadyError("the service is shutting down; retry on another instance")
+        if not self._threads:
+            raise NotReadyError("the batching engine has not been started")
         if len(items) > self.config.max_queue_items:
             raise InvalidInputError(
                 f"{len(items)} items in one request exceed the engine queue capacity of {self.config.max_queue_items}; "
                 f"split the request"
             )
-        if len(self._pending) + len(items) > self.config.max_queue_items:
-            raise OverloadedError(
-                f"engine queue is full ({len(self._pending)} items waiting, limit {self.config.max_queue_items}); "
-                f"retry shortly",
-                retry_after=1.0,
-            )
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
         job = _Job(
-            items=list(items),
-            future=future,
-            truncate=truncate,
-            results=[None] * len(items),
-            remaining=len(items),
+            items=list(items), future=future, truncate=truncate, results=[None] * len(items), remaining=len(items)
         )
-        self._pending.extend((job, i) for i in range(len(items)))
+        with self._cond:
+            if len(self._pending) + len(items) > self.config.max_queue_items:
+                raise OverloadedError(
+                    f"engine queue is full ({len(self._pending)} items waiting, limit {self.config.max_queue_items}); "
+                    f"retry shortly",
+                    retry_after=1.0,
+                )
+            self._pending.extend((job, i) for i in range(len(items)))
+            self._inflight_items += len(items)
+            self._peak_inflight = max(self._peak_inflight, float(self._inflight_items))
+            self._cond.notify()
         self._inflight_jobs += 1
-        self._inflight_items += len(items)
-        self._peak_inflight = max(self._peak_inflight, float(self._inflight_items))
         self._idle.clear()
-        self._wakeup.set()
         try:
             return await future
         finally:
             self._inflight_jobs -= 1
-            self._inflight_items -= len(items)
+            with self._cond:
+                self._inflight_items -= len(items)
             if self._inflight_jobs == 0:
                 self._idle.set()
 
-    # -- batching ----------------------------------------------------------------------------------
+    # -- batching (forward threads, under self._cond) ----------------------------------------------
     def _estimate_tokens(self, item: Item) -> int:
         est = math.ceil(self.backend.item_chars(item) / self.config.chars_per_token) + 2
         return min(est, self.backend.max_seq_length)
@@ -262,29 +277,13 @@ class BatchEngine(Generic[Item]):
         batch.sort(key=lambda ji: -self.backend.item_chars(ji[0].items[ji[1]]))
         return batch
 
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._pending:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            await self._slots.acquire()  # a worker is free
-            await asyncio.sleep(0)  # let requests that already arrived enqueue
-            await self._adaptive_wait(loop)
-            batch = self._take_batch()
-            if not batch:
-                self._slots.release()
-                continue
-            self._computing += len(batch)
-            task = loop.create_task(self._run(loop, batch))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-
-    async def _adaptive_wait(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Under concurrent load, wait at most ``max_wait_ms`` until about as many items are queued as
-        recently were in flight (minus those being computed), so callers whose answers just went out
-        rejoin this batch instead of splitting the load into small batches. A lone caller never waits."""
-        if self.config.max_wait_ms <= 0 or not self._pending:
+    def _wait_for_company(self) -> None:
+        """Under concurrent load, wait until about as many items are queued as recently were in flight
+        (minus those being computed), so callers whose answers just went out rejoin this batch instead of
+        splitting the load into small batches: each forward pass streams all the weights once (~8 ms for
+        MiniLM on 2 cores), so small batches waste it. The wait ends after ``max_wait_ms``, or sooner
+        when no item arrived for half of it. A lone caller never waits."""
+        if self.config.max_wait_ms <= 0:
             return
         head_job, head_i = self._pending[0]
         target = min(
@@ -292,41 +291,60 @@ class BatchEngine(Generic[Item]):
             self.config.max_batch_size,
             self.config.max_batch_tokens // self._estimate_tokens(head_job.items[head_i]),
         )
-        deadline = loop.time() + self.config.max_wait_ms / 1000
-        while len(self._pending) < target and (remaining := deadline - loop.time()) > 0:
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
+        gap = self.config.max_wait_ms / 2000
+        deadline = time.monotonic() + self.config.max_wait_ms / 1000
+        while self._pending and len(self._pending) < target and not self._stopping:
+            remaining = min(deadline - time.monotonic(), gap)
+            if remaining <= 0:
+                break
+            queued = len(self._pending)
+            self._cond.wait(remaining)
+            if len(self._pending) <= queued:  # nothing arrived: the rest of the load is not coming back soon
                 break
 
-    def _forward(self, items: list[Item], threads: int) -> tuple[list[ItemResult], float]:
-        """Worker-thread body: split the cores between the batches that run at the same time.
+    def _next_batch(self) -> list[tuple[_Job, int]] | None:
+        """Block until a batch is ready; ``None`` once the engine stops."""
+        with self._cond:
+            while True:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return None
+                self._wait_for_company()
+                batch = self._take_batch()
+                if batch:
+                    self._computing += len(batch)
+                    return batch
 
-        Returns the results and the seconds spent (tokenizing, forward pass, pooling).
-        """
-        start = time.perf_counter()
-        if torch.get_num_threads() != threads:  # per OS thread; each worker sets its own
+    def _work(self, threads: int) -> None:
+        """Forward-thread body: pull a batch, run it, hand the outcome to the event loop, repeat."""
+        if torch.get_num_threads() != threads:  # per OS thread
             torch.set_num_threads(threads)
-        return self.backend.run_batch(items), time.perf_counter() - start
+        assert self._loop is not None
+        while (batch := self._next_batch()) is not None:
+            start = time.perf_counter()
+            outcome: list[ItemResult] | Exception
+            try:
+                outcome = self.backend.run_batch([job.items[i] for job, i in batch])
+            except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
+                outcome = exc
+            seconds = time.perf_counter() - start
+            with self._cond:
+                self._computing -= len(batch)
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, batch, outcome, seconds)
+            except RuntimeError:  # the event loop is closed: nobody is waiting any more
+                return
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Job, int]]) -> None:
-        items = [job.items[i] for job, i in batch]
-        self._active += 1
-        threads = max(1, self._threads // self._active)
-        try:
-            results, seconds = await loop.run_in_executor(self._executor, self._forward, items, threads)
-        except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
+    # -- results (event loop) ----------------------------------------------------------------------
+    def _deliver(self, batch: list[tuple[_Job, int]], outcome: list[ItemResult] | Exception, seconds: float) -> None:
+        if isinstance(outcome, Exception):
             for job in {id(j): j for j, _ in batch}.values():
                 if not job.future.done():
-                    job.future.set_exception(exc)
+                    job.future.set_exception(outcome)
             return
-        finally:
-            self._active -= 1
-            self._computing -= len(batch)
-            self._slots.release()
         tokens = 0
-        for (job, i), result in zip(batch, results, strict=True):
+        for (job, i), result in zip(batch, outcome, strict=True):
             tokens += result.tokens
             if job.future.done():
                 continue
@@ -343,13 +361,14 @@ class BatchEngine(Generic[Item]):
                         truncated=[r.truncated for r in done],
                     )
                 )
+        with self._cond:
+            self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
         self.stats.batches += 1
-        self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
         self.stats.items += len(batch)
         self.stats.tokens += tokens
         self.stats.seconds += seconds
         if self.on_batch is not None:
-            padded = max(self._estimate_tokens(x) for x in items) * len(items)
+            padded = max(self._estimate_tokens(job.items[i]) for job, i in batch) * len(batch)
             self.on_batch(BatchReport(items=len(batch), padded_tokens=padded, tokens=tokens, seconds=seconds))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import secrets
 import sys
@@ -195,6 +196,9 @@ async def _load(runtime: Runtime) -> None:
     try:
         loaded = await asyncio.to_thread(runtime.pool.load)
         runtime.pool.start_engines(loaded, runtime.settings.engine, runtime.metrics)
+        # The ~450k objects of torch, transformers and the app live as long as the process. Moving them out
+        # of the collector's generations keeps each full collection from stalling the loop for ~240 ms.
+        gc.freeze()
         runtime.status = "ok"
         logger.info("models ready: %s", ", ".join(runtime.pool.models))
     except Exception as exc:  # keep serving /health with the reason

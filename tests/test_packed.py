@@ -1,0 +1,73 @@
+"""The padding-free forward pass (embedrank.packed) against the model's own padded forward and sentence-transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from embedrank import CrossEncoder, Encoder
+from embedrank.packed import packed_forward, supports, supports_classifier
+
+pytestmark = pytest.mark.slow
+
+# Lengths from 3 to 256 tokens (the last is truncated), so one padded batch is mostly padding.
+TEXTS = [
+    "A short query.",
+    "",
+    "Ünïcödé: naïve café, 日本語のテキスト, Ελληνικά, русский текст, emoji 🚀🔥",
+    "Retrieval-augmented generation " * 120,
+    "What is the boiling point of water at sea level?",
+    "The mitochondria is the powerhouse of the cell. " * 8,
+]
+
+
+def test_packed_forward_equals_padded_forward(encoder):
+    batch = encoder.tokenize(TEXTS)
+    mask = batch.features["attention_mask"].bool()
+    assert not mask.all()  # the batch is padded, so the packed path runs
+    with torch.inference_mode():
+        ref = encoder.model(**batch.features).last_hidden_state
+        ours = packed_forward(encoder.model, **batch.features)
+    assert ours.shape == ref.shape
+    assert (ours[mask] - ref[mask]).abs().max() < 1e-5
+    assert ours[~mask].abs().max() == 0  # padding positions are zero, not garbage
+
+
+def test_padded_batch_embeddings_match_sentence_transformers(encoder, st_model):
+    assert encoder.padding_free
+    ours = encoder.embed_tokenized(encoder.tokenize(TEXTS))  # one padded batch, as the service engine runs it
+    ref = st_model.encode(TEXTS, normalize_embeddings=True, batch_size=len(TEXTS))
+    assert np.abs(ours - ref).max() < 1e-5
+
+
+def test_cross_encoder_pairs_with_token_types_match(cross_encoder_dir):
+    from sentence_transformers import CrossEncoder as STCrossEncoder
+
+    packed_ce = CrossEncoder.from_pretrained(cross_encoder_dir)
+    assert packed_ce.padding_free
+    plain = CrossEncoder.from_pretrained(cross_encoder_dir)
+    plain.padding_free = False
+    query = "what causes the seasons on earth"
+    batch = packed_ce.tokenize([query] * len(TEXTS), TEXTS)
+    assert int(batch.features["token_type_ids"].max()) == 1
+    ours = packed_ce.forward(batch.features)
+    assert np.abs(ours - plain.forward(batch.features)).max() < 1e-5
+    ref = STCrossEncoder(cross_encoder_dir, device="cpu").predict([(query, t) for t in TEXTS], batch_size=len(TEXTS))
+    assert np.abs(ours - ref).max() < 1e-5
+
+
+def test_only_plain_bert_encoders_qualify(encoder, model_path):
+    from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+
+    tiny = RobertaModel(RobertaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37))
+    assert not supports(tiny.eval())
+    assert not supports_classifier(encoder.model)  # an encoder has no classification head
+    encoder.model.train()
+    try:
+        assert not supports(encoder.model)  # dropout would be skipped
+    finally:
+        encoder.model.eval()
+    left = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    assert not Encoder(encoder.spec, encoder.model, left).padding_free  # packing assumes right padding
+    assert not Encoder(encoder.spec, encoder.model, encoder.tokenizer, padding_free=False).padding_free
