@@ -1,14 +1,15 @@
 """An asyncio micro-batcher between many concurrent callers and one model.
 
 Each call (a "job") gets its own future. Its items (texts, or query/document pairs) join one queue.
-A batcher task takes pending items first come, first served, and closes a batch when the next item would push the
-padded cost (longest sequence x batch size, estimated from characters) over ``max_batch_tokens``, when
-``max_batch_size`` is reached, or when the queue holds about as many items as recent batches had (waiting at most ``max_wait_ms``;
-a lone request never waits). Forward passes run
-in a worker thread (``workers`` > 1 runs several at once and splits the torch threads between them), so
-the event loop keeps accepting work while the model computes. Items of jobs
-whose caller has gone (cancelled future) are dropped before compute. A full queue raises
-:class:`~embedrank.errors.OverloadedError`.
+Forward threads pull from that queue themselves, first come, first served, the moment they finish a
+batch (no event-loop turn sits between two forward passes). A batch closes when the next item would push
+the padded cost (longest sequence x batch size, estimated from characters) over ``max_batch_tokens``,
+when ``max_batch_size`` is reached, or when the queue holds about as many items as were recently in
+flight. That last wait lasts at most ``max_wait_ms``, ends sooner when arrivals stop, and never happens
+for a lone caller. ``workers`` > 1 runs several forward threads and splits the torch threads between
+them. The event loop only queues items and resolves futures, so it keeps accepting requests while the
+model computes. Items of jobs whose caller has gone (cancelled future) are dropped before compute. A
+full queue raises :class:`~embedrank.errors.OverloadedError`.
 
 The engine knows nothing of HTTP; it takes a backend with ``run_batch(items) -> list[ItemResult]``.
 """
@@ -122,9 +123,9 @@ class EngineConfig:
     max_wait_ms: float = 20.0  # upper bound of the adaptive wait; a lone request does not wait
     max_queue_items: int = 8192
     chars_per_token: float = 4.0  # estimate used to sort and pack before tokenizing
-    workers: int | None = None  # forward passes that may run at once (default 1: on few cores, concurrent
-    # OpenMP teams spin against each other and lose throughput; measured in eval/bench_service.py)
-    threads: int | None = None  # torch threads shared by the running forward passes; default torch's
+    workers: int | None = None  # forward threads (default 1: on few cores, concurrent OpenMP teams
+    # spin against each other and lose throughput; measured in eval/bench_service.py)
+    threads: int | None = None  # torch threads, split evenly between the workers; default torch's
 
 
 @dataclasses.dataclass

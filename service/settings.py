@@ -14,7 +14,9 @@ Environment variables (all optional):
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
 - Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (8192),
-  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (5.0), ``EMBEDRANK_DRAIN_SECONDS`` (30).
+  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_DRAIN_SECONDS`` (30), ``EMBEDRANK_BATCH_WAIT_MS`` (20.0:
+  the most a batch waits for concurrent callers to rejoin, ended early when arrivals stop; a lone request
+  never waits).
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
 ``id``, optional ``path`` and optional ``aliases``.

@@ -140,3 +140,63 @@ def test_backend_failure_fails_the_batch_not_the_engine():
         await engine.drain(1)
 
     asyncio.run(main())
+
+
+def test_forward_thread_pulls_batches_while_the_event_loop_is_busy():
+    async def main():
+        backend = FakeBackend()
+        backend.gate.clear()
+        engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0))
+        engine.start()
+        job = asyncio.ensure_future(engine.submit(["a", "b", "c"]))  # three one-item batches
+        await asyncio.sleep(0.01)
+        backend.gate.set()
+        time.sleep(0.3)  # block the event loop: the forward thread must not need it between batches
+        assert len(backend.batches) == 3
+        assert (await job).values == ["a", "b", "c"]
+        await engine.drain(1)
+
+    asyncio.run(main())
+
+
+def test_lone_caller_never_waits_and_the_wait_ends_when_arrivals_stop():
+    async def main():
+        backend = FakeBackend()
+        engine = BatchEngine(backend, EngineConfig(max_wait_ms=400))
+        engine.start()
+        t0 = time.perf_counter()
+        await engine.submit(["alone"])
+        assert time.perf_counter() - t0 < 0.15  # no concurrency seen yet: no wait at all
+        backend.gate.clear()
+        burst = [asyncio.ensure_future(engine.submit([f"x{i}"])) for i in range(20)]
+        await asyncio.sleep(0.05)
+        backend.gate.set()
+        await asyncio.gather(*burst)  # the engine now expects ~20 callers
+        t0 = time.perf_counter()
+        await engine.submit(["straggler"])
+        # it waits for company, but gives up after half of max_wait_ms without arrivals, not the full 400 ms
+        assert 0.15 < time.perf_counter() - t0 < 0.35
+        await engine.drain(1)
+
+    asyncio.run(main())
+
+
+def test_drain_fails_jobs_that_could_not_be_computed_in_time():
+    async def main():
+        backend = FakeBackend()
+        backend.gate.clear()
+        engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0))
+        with pytest.raises(NotReadyError, match="not been started"):
+            await engine.submit(["early"])
+        engine.start()
+        running = asyncio.ensure_future(engine.submit(["running"]))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(engine.submit(["queued"]))
+        await asyncio.sleep(0)
+        await engine.drain(0.1)
+        with pytest.raises(NotReadyError, match="shut down"):
+            await queued
+        backend.gate.set()
+        assert (await running).values == ["gninnur"]
+
+    asyncio.run(main())

@@ -157,12 +157,15 @@ def test_models_health_metrics(client):
         "embedrank_requests_total",
         "embedrank_request_seconds",
         "embedrank_batch_size",
+        "embedrank_batch_seconds",
         "embedrank_queue_depth",
         "embedrank_tokens_total",
         "embedrank_dropped_items",
     ):
         assert name in text
     assert 'route="/v1/embeddings"' in text
+    seconds = [line for line in text.splitlines() if line.startswith("embedrank_batch_seconds_sum")]
+    assert seconds and float(seconds[0].rsplit(" ", 1)[1]) > 0  # the batches computed above took time
 
 
 def test_openapi_describes_routes_examples_and_errors(client):
