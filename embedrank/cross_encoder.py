@@ -14,7 +14,7 @@ from embedrank import packed
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.ranking import RankedResult, rank_scores
 from embedrank.registry import ModelSpec, quiet_loading, resolve
-from embedrank.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_order, tokenize
+from embedrank.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, tokenize
 
 _ACTIVATIONS = {
     "Sigmoid": torch.sigmoid,
@@ -133,21 +133,30 @@ class CrossEncoder:
         for i, p in enumerate(items):
             if not (isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(x, str) for x in p)):
                 raise InvalidInputError(f"pairs[{i}] must be a (query, document) pair of strings")
-        order = length_order([q + d for q, d in items])
+        if batch_size < 1:
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
         scores: np.ndarray | None = None
         counts = [0] * len(items)
         truncated = [False] * len(items)
         show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
-        for start in tqdm(range(0, len(items), batch_size), desc="Scoring", unit="batch", disable=not show):
-            idx = order[start : start + batch_size]
-            batch = self.tokenize([items[i][0] for i in idx], [items[i][1] for i in idx], truncate=truncate)
-            out = self.forward(batch.features, apply_activation=apply_activation)
-            if scores is None:
-                scores = np.empty((len(items), *out.shape[1:]), dtype=np.float32)
-            scores[idx] = out
-            for j, i in enumerate(idx):
-                counts[i] = batch.token_counts[j]
-                truncated[i] = batch.truncated[j]
+        batches = length_batches(
+            self.tokenizer,
+            [q for q, _ in items],
+            [d for _, d in items],
+            max_length=self.max_seq_length,
+            batch_size=batch_size,
+            truncate=truncate,
+        )
+        with tqdm(total=len(items), desc="Scoring", unit="pair", disable=not show) as bar:
+            for positions, batch in batches:
+                out = self.forward(batch.features, apply_activation=apply_activation)
+                if scores is None:
+                    scores = np.empty((len(items), *out.shape[1:]), dtype=np.float32)
+                scores[positions] = out
+                for j, pos in enumerate(positions):
+                    counts[pos] = batch.token_counts[j]
+                    truncated[pos] = batch.truncated[j]
+                bar.update(len(positions))
         assert scores is not None
         return scores, counts, truncated
 

@@ -15,17 +15,7 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.pooling import PoolingMode, pool
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
 from embedrank.similarity import l2_normalize, truncate_dims
-from embedrank.tokens import (
-    PROGRESS_THRESHOLD,
-    Tokenized,
-    check_texts,
-    check_truncation,
-    collate,
-    encode_rows,
-    tokenize,
-)
-
-TOKENIZE_CHUNK = 8192  # texts tokenized at once before length-sorted batching
+from embedrank.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, tokenize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,22 +175,20 @@ class Encoder:
         counts = [0] * len(items)
         truncated = [False] * len(items)
         show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
+        batches = length_batches(
+            self.tokenizer,
+            self._prepare(items),
+            max_length=self.max_seq_length,
+            batch_size=batch_size,
+            truncate=truncate,
+        )
         with tqdm(total=len(items), desc="Encoding", unit="text", disable=not show) as bar:
-            # Tokenize a chunk at once, then batch by exact token length (less padding than sorting by characters).
-            for chunk_start in range(0, len(items), TOKENIZE_CHUNK):
-                chunk = items[chunk_start : chunk_start + TOKENIZE_CHUNK]
-                rows, cut = encode_rows(self.tokenizer, self._prepare(chunk), max_length=self.max_seq_length)
-                check_truncation(cut, self.max_seq_length, truncate, offset=chunk_start)
-                order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
-                for start in range(0, len(order), batch_size):
-                    idx = order[start : start + batch_size]
-                    batch = collate(self.tokenizer, [rows[i] for i in idx], [cut[i] for i in idx])
-                    positions = [chunk_start + i for i in idx]
-                    out[positions] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions)
-                    for j, pos in enumerate(positions):
-                        counts[pos] = batch.token_counts[j]
-                        truncated[pos] = batch.truncated[j]
-                    bar.update(len(idx))
+            for positions, batch in batches:
+                out[positions] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions)
+                for j, pos in enumerate(positions):
+                    counts[pos] = batch.token_counts[j]
+                    truncated[pos] = batch.truncated[j]
+                bar.update(len(positions))
         return Encoded(embeddings=out, token_counts=counts, truncated=truncated)
 
     def encode(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -137,10 +137,37 @@ def tokenize(
     return batch
 
 
-def length_order(texts: Sequence[str]) -> list[int]:
-    """Indices that sort ``texts`` longest first (stable), as sentence-transformers batches them.
+TOKENIZE_CHUNK = 8192  # inputs tokenized at once before length-sorted batching
 
-    >>> length_order(["a", "abc", "ab", "xyz"])
-    [1, 3, 2, 0]
+
+def length_batches(
+    tokenizer: Any,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None = None,
+    *,
+    max_length: int,
+    batch_size: int,
+    truncate: bool = True,
+) -> Iterator[tuple[list[int], Tokenized]]:
+    """Tokenize ``texts`` (or ``(texts[i], pairs[i])`` pairs) a chunk at a time, once, and yield padded
+    batches of inputs with the closest token lengths, longest first, with their input positions.
+
+    Sorting by exact token length pads less than sorting by characters, as sentence-transformers does.
+
+    Raises:
+        InputTooLongError: ``truncate=False`` and some input is longer than ``max_length``; the index is
+            the input's position in ``texts``.
     """
-    return sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    for chunk_start in range(0, len(texts), TOKENIZE_CHUNK):
+        chunk_end = chunk_start + TOKENIZE_CHUNK
+        rows, cut = encode_rows(
+            tokenizer,
+            texts[chunk_start:chunk_end],
+            None if pairs is None else pairs[chunk_start:chunk_end],
+            max_length=max_length,
+        )
+        check_truncation(cut, max_length, truncate, offset=chunk_start)
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            yield [chunk_start + i for i in idx], collate(tokenizer, [rows[i] for i in idx], [cut[i] for i in idx])

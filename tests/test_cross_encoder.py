@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from embedrank import BiEncoderScorer, CrossEncoder, InvalidInputError, ModelKindError, load_reranker
+from embedrank.errors import InputTooLongError
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +59,9 @@ def test_token_stats(cross_encoder):
     _, counts, truncated = cross_encoder.score_pairs_with_stats([(QUERY, d) for d in DOCS])
     assert truncated == [False, False, True, False, False, False]
     assert counts[2] == cross_encoder.max_seq_length
+    # batches are formed by token length, but errors name the pair's position in the input
+    with pytest.raises(InputTooLongError, match="input 2 "):
+        cross_encoder.score_pairs_with_stats([(QUERY, d) for d in DOCS], batch_size=2, truncate=False)
 
 
 def test_errors(cross_encoder, model_path):
@@ -67,6 +71,8 @@ def test_errors(cross_encoder, model_path):
         CrossEncoder.from_pretrained(model_path)
     with pytest.raises(InvalidInputError):
         cross_encoder.rank(QUERY, DOCS, top_k=0)
+    with pytest.raises(InvalidInputError, match="batch_size"):
+        cross_encoder.score(QUERY, DOCS, batch_size=0)
 
 
 def test_load_reranker_detects_kind(cross_encoder_dir):
