@@ -27,10 +27,11 @@ from litestar.params import Body
 from embedrank.allocator import tune_malloc
 from embedrank.errors import NotReadyError
 from service import api
-from service.auth import BearerAuthMiddleware
+from service.auth import BearerAuth
 from service.errors import APIError, handle_exception
+from service.middleware import RequestMiddleware
 from service.models import ModelPool
-from service.observability import Metrics, MetricsMiddleware
+from service.observability import Metrics
 from service.schemas import (
     EMBEDDINGS_EXAMPLE_REQUEST,
     EMBEDDINGS_EXAMPLE_RESPONSE,
@@ -244,9 +245,7 @@ def create_app(settings: Settings | None = None, *, wait_for_models: bool = Fals
             runtime.load_task.cancel()
             await runtime.pool.drain(settings.drain_seconds)
 
-    middleware: list[Any] = [MetricsMiddleware(runtime.metrics)]
-    if not settings.no_auth:
-        middleware.append(BearerAuthMiddleware(keys))
+    middleware = [RequestMiddleware(runtime.metrics, None if settings.no_auth else BearerAuth(keys))]
     return Litestar(
         route_handlers=[embeddings, rerank, models, health, metrics],
         lifespan=[lifespan],

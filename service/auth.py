@@ -6,8 +6,7 @@ import hmac
 from collections.abc import Iterable
 
 from litestar.exceptions import NotAuthorizedException
-from litestar.middleware import ASGIMiddleware
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import Scope
 
 OPEN_PATHS = frozenset({"/health"})
 
@@ -32,18 +31,15 @@ def check_bearer(header: str | None, keys: Iterable[bytes]) -> None:
         raise NotAuthorizedException("invalid API key")
 
 
-class BearerAuthMiddleware(ASGIMiddleware):
-    scopes = ("http",)  # type: ignore[assignment]
+class BearerAuth:
+    """The configured keys, checked against a request's ``Authorization`` header (not on ``/health``)."""
 
     def __init__(self, keys: Iterable[str]) -> None:
         self.keys = tuple(k.encode() for k in keys)
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
-        if scope["path"] not in OPEN_PATHS:
-            header = None
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    header = value.decode("latin-1")
-                    break
-            check_bearer(header, self.keys)
-        await next_app(scope, receive, send)
+    def check(self, scope: Scope) -> None:
+        """Raise :class:`NotAuthorizedException` unless the request may pass."""
+        if scope["path"] in OPEN_PATHS:
+            return
+        header = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), None)
+        check_bearer(header, self.keys)

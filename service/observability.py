@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from typing import Any
 
-from litestar.middleware import ASGIMiddleware
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from embedrank.engine import BatchReport
@@ -53,6 +51,7 @@ class Metrics:
         self.tokens = Counter(
             "embedrank_tokens_total", "Tokens processed by the models", ["model"], registry=self.registry
         )
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.queue_depth = Gauge(
             "embedrank_queue_depth", "Items waiting in the engine queue", ["model"], registry=self.registry
         )
@@ -62,6 +61,17 @@ class Metrics:
             ["model"],
             registry=self.registry,
         )
+
+    def observe_request(self, path: str, method: str, status: int, seconds: float) -> None:
+        """Count one HTTP request and its latency; unknown paths are counted as route ``other``."""
+        key = (path if path in KNOWN_ROUTES else "other", method, status)
+        children = self._request_children.get(key)
+        if children is None:  # label lookups take a lock; do them once per (route, method, status)
+            route, _, _ = key
+            children = (self.requests.labels(route, method, str(status)), self.latency.labels(route, str(status)))
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def batch_observer(self, model: str) -> Callable[[BatchReport], None]:
         size, padded, tokens = (
@@ -85,27 +95,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class MetricsMiddleware(ASGIMiddleware):
-    scopes = ("http",)  # type: ignore[assignment]
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
-        start = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await next_app(scope, receive, send_wrapper)
-        finally:
-            route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
-            self.metrics.requests.labels(route, scope.get("method", ""), str(status)).inc()
-            self.metrics.latency.labels(route, str(status)).observe(time.perf_counter() - start)

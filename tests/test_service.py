@@ -340,6 +340,10 @@ def test_auth_failures(client, header):
             assert resp.headers["www-authenticate"] == "Bearer"
             assert KEY not in resp.text
         assert anon.get("/health", headers=headers).status_code == 200
+    # /metrics counts refused requests as what they got: 401, never 500
+    text = client.get("/metrics").text
+    assert 'route="/v1/models",status="401"' in text
+    assert 'route="/v1/models",status="500"' not in text  # (the internal-error test's 500 is on another route)
 
 
 def test_keys_from_env_and_file(tmp_path):

@@ -1,0 +1,45 @@
+"""The service's one per-request ASGI layer: bearer auth (SPEC 5), then request count and latency.
+
+One layer instead of one per concern: each Litestar middleware layer adds calls on every request, and
+the event loop's time per request is what limits small requests on few cores (eval/bench_service.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from litestar.middleware import ASGIMiddleware
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.auth import BearerAuth
+from service.errors import to_api_error
+from service.observability import Metrics
+
+
+class RequestMiddleware(ASGIMiddleware):
+    scopes = ("http",)  # type: ignore[assignment]
+
+    def __init__(self, metrics: Metrics, auth: BearerAuth | None) -> None:
+        self.metrics = metrics
+        self.auth = auth  # None only when the operator switched auth off (EMBEDRANK_NO_AUTH)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        start = time.perf_counter()
+        status = 0
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self.auth is not None:
+                self.auth.check(scope)
+            await next_app(scope, receive, send_wrapper)
+        except Exception as exc:
+            if not status:  # the app's exception handler answers outside this layer, with this status
+                status = to_api_error(exc).status
+            raise
+        finally:
+            self.metrics.observe_request(scope["path"], scope["method"], status or 500, time.perf_counter() - start)
