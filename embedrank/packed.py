@@ -19,6 +19,11 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+# Packing costs a few copies per layer: with 1-2% padding it ran ~5% slower than the padded forward
+# (32 x 200 tokens, 2 cores), with 26% padding (mixed-length queries) 15-50% faster. Below this share of
+# padding the model's own forward runs.
+MIN_PADDING_SHARE = 0.10
+
 
 def supports(model: Any) -> bool:
     """True when ``model`` is a BERT encoder this module reproduces exactly (absolute positions, no
@@ -56,7 +61,7 @@ def packed_forward(
     """
     batch, length = input_ids.shape
     mask = attention_mask.bool()
-    if bool(mask.all()):  # nothing to skip
+    if int(mask.sum()) > (1 - MIN_PADDING_SHARE) * batch * length:  # too little to skip
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
     index = mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of real tokens

@@ -71,3 +71,17 @@ def test_only_plain_bert_encoders_qualify(encoder, model_path):
     left = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     assert not Encoder(encoder.spec, encoder.model, left).padding_free  # packing assumes right padding
     assert not Encoder(encoder.spec, encoder.model, encoder.tokenizer, padding_free=False).padding_free
+
+
+def test_little_padding_runs_the_models_own_forward(encoder, monkeypatch):
+    calls = []
+    forward = encoder.model.forward
+    monkeypatch.setattr(encoder.model, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    ids = torch.randint(1000, 2000, (4, 40))
+    mask = torch.ones(4, 40, dtype=torch.long)
+    mask[0, -2:] = 0  # 1% padding: packing would cost more than it saves
+    packed_forward(encoder.model, ids, mask)
+    assert calls == [1]
+    mask[:, 20:] = 0  # half padding: the packed path runs, not the model's forward
+    packed_forward(encoder.model, ids, mask)
+    assert calls == [1]
