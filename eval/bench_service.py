@@ -6,7 +6,9 @@ concurrent clients (one keep-alive connection each, from a separate process, lea
 Each request carries 1 short query (~14 tokens) or 16 passages (~200 tokens). For each case it prints
 inputs/s, tokens/s and p50/p95/p99 latency, and the ratio to in-process
 ``SentenceTransformer.encode(batch_size=32)`` throughput on the same inputs, measured in the same run.
-It also compares the latency of a single short text over HTTP with in-process encoding of one text.
+It also compares the latency of a single short text over HTTP with in-process encoding of one text, and
+reads the server's ``/metrics`` around each timed window: ``batch`` is the mean number of items per forward
+pass, ``busy`` the share of the window the forward thread spent computing.
 """
 
 from __future__ import annotations
