@@ -8,8 +8,9 @@ real tokens only, packed as ``(N, H)``; only attention, which mixes tokens, runs
 matches the model's ordinary forward pass up to float rounding (checked against sentence-transformers in
 ``tests/test_packed.py``).
 
-Only plain ``BertModel`` encoders qualify (MiniLM, BGE, E5, GTE and most sentence-transformers models);
-:func:`supports` says no for anything else, and callers then use the model's own ``forward``.
+Plain BERT and RoBERTa/XLM-RoBERTa encoders qualify (MiniLM, BGE, E5, GTE, bge-m3, multilingual-e5 and
+most sentence-transformers models), and their sequence classifiers (cross-encoders); :func:`supports`
+says no for anything else, and callers then use the model's own ``forward``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,20 @@ from torch.nn import functional as F
 MIN_PADDING_SHARE = 0.10
 
 
+ENCODERS = frozenset({"BertModel", "RobertaModel", "XLMRobertaModel"})
+CLASSIFIERS = {  # sequence classifier -> attribute holding its encoder
+    "BertForSequenceClassification": "bert",
+    "RobertaForSequenceClassification": "roberta",
+    "XLMRobertaForSequenceClassification": "roberta",
+}
+
+
 def supports(model: Any) -> bool:
-    """True when ``model`` is a BERT encoder this module reproduces exactly (absolute positions, no
-    decoder or cross-attention, no chunked feed-forward, eval mode)."""
+    """True when ``model`` is a BERT or RoBERTa encoder this module reproduces exactly (absolute
+    positions, no decoder or cross-attention, no chunked feed-forward, eval mode)."""
     config = getattr(model, "config", None)
     return (
-        type(model).__name__ == "BertModel"
+        type(model).__name__ in ENCODERS
         and config is not None
         and getattr(config, "position_embedding_type", "absolute") == "absolute"
         and not getattr(config, "is_decoder", False)
@@ -65,10 +74,13 @@ def packed_forward(
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
     index = mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of real tokens
-    positions = torch.arange(length, device=input_ids.device).repeat(batch)[index]
+    emb = model.embeddings
+    if hasattr(emb, "create_position_ids_from_input_ids"):  # RoBERTa: positions start after padding_idx
+        positions = emb.create_position_ids_from_input_ids(input_ids, emb.padding_idx).reshape(-1)[index]
+    else:
+        positions = torch.arange(length, device=input_ids.device).repeat(batch)[index]
     types = token_type_ids.reshape(-1)[index] if token_type_ids is not None else torch.zeros_like(positions)
 
-    emb = model.embeddings
     hidden = emb.word_embeddings(input_ids.reshape(-1)[index])
     hidden = hidden + emb.token_type_embeddings(types)
     hidden = hidden + emb.position_embeddings(positions)
@@ -91,8 +103,9 @@ def packed_forward(
 
 
 def supports_classifier(model: Any) -> bool:
-    """True for a ``BertForSequenceClassification`` cross-encoder whose encoder :func:`supports`."""
-    return type(model).__name__ == "BertForSequenceClassification" and supports(model.bert)
+    """True for a BERT or RoBERTa sequence classifier (cross-encoder) whose encoder :func:`supports`."""
+    attribute = CLASSIFIERS.get(type(model).__name__)
+    return attribute is not None and supports(getattr(model, attribute, None))
 
 
 @torch.inference_mode()
@@ -102,9 +115,11 @@ def packed_classifier_logits(
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Logits ``(B, L)`` of a BERT sequence classifier: :func:`packed_forward`, then its pooler
-    (``[CLS]`` -> dense -> tanh) and classifier, as ``BertForSequenceClassification.forward`` does."""
-    bert = model.bert
-    hidden = packed_forward(bert, input_ids, attention_mask, token_type_ids)
-    pooled = bert.pooler(hidden) if bert.pooler is not None else hidden[:, 0]
-    return model.classifier(model.dropout(pooled))
+    """Logits ``(B, L)`` of a sequence classifier: :func:`packed_forward`, then the model's own head, as its
+    ``forward`` does (BERT: pooler on ``[CLS]``, dropout, classifier; RoBERTa: classification head on ``<s>``)."""
+    encoder = getattr(model, CLASSIFIERS[type(model).__name__])
+    hidden = packed_forward(encoder, input_ids, attention_mask, token_type_ids)
+    if CLASSIFIERS[type(model).__name__] == "bert":
+        pooled = encoder.pooler(hidden) if encoder.pooler is not None else hidden[:, 0]
+        return model.classifier(model.dropout(pooled))
+    return model.classifier(hidden)
