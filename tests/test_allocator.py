@@ -34,9 +34,10 @@ def test_tuned_malloc_reuses_freed_activation_memory() -> None:
     _, default_faults = _faults("default")
     tuned, tuned_faults = _faults("tune")
     assert tuned == "True"
-    # glibc's default hands the 40 MB block back with munmap, so every layer faults it in again
-    # (10 x 10k small pages, or fewer faults when numpy gets transparent huge pages)
-    assert default_faults > 1_000
+    # glibc's default hands the 40 MB block back with munmap, so every layer faults it in again: 10 x ~10k
+    # faults with 4 KiB pages, down to 10 x ~20 when numpy's madvise gets transparent huge pages (a clean CI
+    # clone measured 210), so the floor is 10 faults per layer. Tuned, the block is reused: 0 faults here.
+    assert default_faults >= 100
     assert tuned_faults * 10 < default_faults
 
 
