@@ -60,9 +60,8 @@ class CrossEncoder:
         self.device = torch.device(device)
         self.max_seq_length = max_seq_length or spec.max_seq_length
         self.activation = default_activation(model.config)
-        # skip padding tokens in BERT classifiers (embedrank.packed); None = wherever it applies
-        able = packed.supports_classifier(self.model) and getattr(tokenizer, "padding_side", "right") == "right"
-        self.padding_free = able if padding_free is None else (padding_free and able)
+        # skip padding tokens in BERT/RoBERTa classifiers (embedrank.packed); None = wherever it applies
+        self.padding_free = packed.enabled(packed.supports_classifier(self.model), tokenizer, padding_free)
 
     @classmethod
     def from_pretrained(cls, model_id: str, *, device: str = "cpu", max_seq_length: int | None = None) -> CrossEncoder:

@@ -56,9 +56,8 @@ class Encoder:
         self.pooling = PoolingMode(pooling) if pooling is not None else (spec.pooling or PoolingMode.MEAN)
         self.normalize = spec.normalize if normalize is None else normalize
         self.max_seq_length = max_seq_length or spec.max_seq_length
-        # skip padding tokens in BERT encoders (embedrank.packed); None = wherever it applies
-        able = packed.supports(self.model) and getattr(tokenizer, "padding_side", "right") == "right"
-        self.padding_free = able if padding_free is None else (padding_free and able)
+        # skip padding tokens in BERT/RoBERTa encoders (embedrank.packed); None = wherever it applies
+        self.padding_free = packed.enabled(packed.supports(self.model), tokenizer, padding_free)
 
     @classmethod
     def from_pretrained(

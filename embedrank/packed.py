@@ -49,6 +49,13 @@ def supports(model: Any) -> bool:
     )
 
 
+def enabled(supported: bool, tokenizer: Any, requested: bool | None) -> bool:
+    """Whether a model runs padding-free: ``supported`` (by :func:`supports` or :func:`supports_classifier`)
+    with a right-padding tokenizer; ``requested=None`` means wherever it applies, False turns it off."""
+    able = supported and getattr(tokenizer, "padding_side", "right") == "right"
+    return able if requested is None else (requested and able)
+
+
 def _scatter(packed: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
     """``(N, C)`` real-token rows -> ``(rows, C)`` with zeros elsewhere."""
     out = packed.new_zeros(rows, packed.shape[1])
@@ -63,7 +70,7 @@ def packed_forward(
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Last hidden state ``(B, T, H)`` of a BERT encoder, computed on real tokens only.
+    """Last hidden state ``(B, T, H)`` of a BERT or RoBERTa encoder, computed on real tokens only.
 
     ``input_ids``, ``attention_mask`` and ``token_type_ids`` are ``(B, T)``; the mask is 1 for real tokens,
     which must come first in each row (right padding). Padding positions of the result are zero.
