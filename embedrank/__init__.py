@@ -1,12 +1,21 @@
 """embedrank: text embeddings and reranking for retrieval research and RAG services.
 
+Layers, each importing only those above it in this list:
+
+- :mod:`embedrank.errors`, :mod:`embedrank.types`: exceptions, the BEIR dict types and ``ModelOutput``;
+- :mod:`embedrank.math`: pure functions (pooling, similarity, ranking, fusion, metrics);
+- :mod:`embedrank.models`: model resolution, tokenization, encoder, cross-encoder, rerankers;
+- :mod:`embedrank.retrieval`: BEIR data, embedding cache, indexes, BM25, retrieve-then-rerank;
+- :mod:`embedrank.evaluation`: the benchmark runner behind ``eval/run.py``;
+- :mod:`embedrank.serving`: the batching engine and async model runners (no HTTP; ``service/`` adds that).
+
+Everything a notebook needs is importable from here; these names are the stable API.
+
 >>> import embedrank
->>> sorted(embedrank.__all__)[:3]
-['BiEncoderScorer', 'CrossEncoder', 'CrossEncoderScorer']
+>>> {"Encoder", "RetrieveRerank", "evaluate"} <= set(embedrank.__all__)
+True
 """
 
-from embedrank.cross_encoder import CrossEncoder
-from embedrank.encoder import Encoded, Encoder
 from embedrank.errors import (
     DataNotFoundError,
     EmbedrankError,
@@ -19,39 +28,89 @@ from embedrank.errors import (
     NotAModelError,
     UnsupportedModelError,
 )
-from embedrank.pooling import PoolingMode, pool
-from embedrank.ranking import rank_scores
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
-from embedrank.scorers import BiEncoderScorer, CrossEncoderScorer, Reranker, load_reranker
-from embedrank.similarity import l2_normalize, similarity, truncate_dims
+from embedrank.evaluation.benchmark import BenchmarkConfig, BenchmarkResult, results_table, run_benchmark
+from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
+from embedrank.math.metrics import evaluate, evaluate_per_query
+from embedrank.math.pooling import PoolingMode, pool
+from embedrank.math.ranking import rank_scores, ranked_ids, top_k
+from embedrank.math.similarity import cosine_scores, l2_normalize, similarity, truncate_dims
+from embedrank.models.cross_encoder import CrossEncoder
+from embedrank.models.encoder import Encoder
+from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
+from embedrank.models.scorers import BiEncoderScorer, CrossEncoderScorer, Reranker, load_reranker
+from embedrank.retrieval.bm25 import BM25Retriever
+from embedrank.retrieval.cache import EmbeddingCache
+from embedrank.retrieval.data import BeirDataset, doc_text, load_beir, load_trec_run, write_trec_run
+from embedrank.retrieval.index import IndexConfig, build_index, load_index, recall_at_k
+from embedrank.retrieval.pipeline import (
+    DenseRetriever,
+    HybridRetriever,
+    PipelineResult,
+    PrecomputedRun,
+    RetrieveRerank,
+    embed_corpus,
+)
+from embedrank.types import Corpus, ModelOutput, Qrels, Queries, Run
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
+    "BM25Retriever",
+    "BeirDataset",
+    "BenchmarkConfig",
+    "BenchmarkResult",
     "BiEncoderScorer",
+    "Corpus",
     "CrossEncoder",
     "CrossEncoderScorer",
     "DataNotFoundError",
+    "DenseRetriever",
+    "EmbeddingCache",
     "EmbedrankError",
-    "Encoded",
     "Encoder",
+    "HybridRetriever",
+    "IndexConfig",
     "IndexMismatchError",
     "IndexTrainingError",
     "InputTooLongError",
     "InvalidInputError",
     "ModelKindError",
     "ModelNotFoundError",
+    "ModelOutput",
     "ModelSpec",
     "NotAModelError",
+    "PipelineResult",
     "PoolingMode",
+    "PrecomputedRun",
+    "Qrels",
+    "Queries",
     "Reranker",
+    "RetrieveRerank",
+    "Run",
     "UnsupportedModelError",
+    "build_index",
+    "cosine_scores",
+    "doc_text",
+    "embed_corpus",
+    "evaluate",
+    "evaluate_per_query",
     "l2_normalize",
+    "load_beir",
+    "load_index",
     "load_reranker",
+    "load_trec_run",
     "pool",
     "rank_scores",
+    "ranked_ids",
+    "recall_at_k",
+    "reciprocal_rank_fusion",
     "resolve",
+    "results_table",
+    "run_benchmark",
+    "score_fusion",
     "similarity",
+    "top_k",
     "truncate_dims",
+    "write_trec_run",
 ]

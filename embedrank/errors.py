@@ -24,11 +24,26 @@ class UnsupportedModelError(EmbedrankError):
 
 
 class InvalidInputError(EmbedrankError, ValueError):
-    """The caller passed input that cannot be processed (empty list, wrong type, bad option)."""
+    """The caller passed input that cannot be processed (empty list, wrong type, bad option).
+
+    ``param`` names the argument or request field at fault (``"dimensions"``, ``"documents"``), when known;
+    the service reports it as the error's ``param``.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InputTooLongError(InvalidInputError):
-    """An input exceeds the model's maximum length and truncation was not allowed."""
+    """An input exceeds the model's maximum length and truncation was not allowed.
+
+    ``param`` and ``index`` name the input (``documents`` and 2 for ``documents[2]``).
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, index: int | None = None) -> None:
+        super().__init__(message, param=param)
+        self.index = index
 
 
 class DataNotFoundError(EmbedrankError, FileNotFoundError):

@@ -1,8 +1,11 @@
-"""Named types for the BEIR dict format, shared by data loading, retrieval and metrics."""
+"""Named types shared by every layer: the BEIR dict format and the one model-output type."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TypeAlias
+
+import numpy as np
 
 Corpus: TypeAlias = dict[str, dict[str, str]]
 """``{doc_id: {"title": str, "text": str}}``"""
@@ -15,3 +18,39 @@ Qrels: TypeAlias = dict[str, dict[str, int]]
 
 Run: TypeAlias = dict[str, dict[str, float]]
 """``{query_id: {doc_id: score}}``; higher is better."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOutput:
+    """What a model gives back for ``N`` inputs, in input order: the values, and what it saw of each input.
+
+    ``values`` is ``(N, D)`` float32 for embeddings, ``(N,)`` (or ``(N, L)`` for several labels) for scores;
+    ``token_counts[i]`` is the number of tokens the model processed for input ``i`` (after truncation,
+    special tokens included) and ``truncated[i]`` says whether input ``i`` was cut at the maximum length.
+
+    >>> out = ModelOutput(np.zeros((2, 3), dtype=np.float32), [4, 7], [False, True])
+    >>> (out.total_tokens, out.truncated_count, out.embeddings.shape)
+    (11, 1, (2, 3))
+    """
+
+    values: np.ndarray
+    token_counts: list[int]
+    truncated: list[bool]
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """``values``, named for an encoder's output ``(N, D)``."""
+        return self.values
+
+    @property
+    def scores(self) -> np.ndarray:
+        """``values``, named for a scorer's output ``(N,)``."""
+        return self.values
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.token_counts)
+
+    @property
+    def truncated_count(self) -> int:
+        return sum(self.truncated)

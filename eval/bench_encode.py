@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def bench_texts(n: int) -> tuple[list[str], str]:
-    from embedrank.data import default_data_dir, doc_text, load_beir
+    from embedrank.retrieval.data import default_data_dir, doc_text, load_beir
 
     root = default_data_dir()
     if root is not None and (root / "scifact" / "corpus.jsonl").is_file():

@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import pandas as pd
 
-    from embedrank.data import write_demo_collection, write_trec_run
     from embedrank.errors import EmbedrankError
-    from embedrank.evaluation import BenchmarkConfig, results_table, run_benchmark
+    from embedrank.evaluation.benchmark import BenchmarkConfig, results_table, run_benchmark
+    from embedrank.retrieval.data import write_demo_collection, write_trec_run
 
     cfg = BenchmarkConfig(
         retriever=args.retriever,

@@ -64,7 +64,7 @@ fig.tight_layout()
 # An exact index (the numpy oracle backend) over the sentences; each sentence's nearest other sentence.
 
 # %%
-from embedrank.index import build_index
+from embedrank.retrieval.index import build_index
 
 index = build_index(encoder.dimension, kind="numpy", model_id=encoder.model_id)
 index.add([str(i) for i in range(len(sentences))], vectors)

@@ -26,9 +26,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from embedrank import DataNotFoundError, load_reranker
-from embedrank.data import load_beir
-from embedrank.metrics import evaluate_per_query
-from embedrank.pipeline import BM25FirstStage, RetrieveRerank
+from embedrank.math.metrics import evaluate_per_query
+from embedrank.retrieval.data import load_beir
+from embedrank.retrieval.pipeline import BM25FirstStage, RetrieveRerank
 
 QUICK = os.environ.get("EMBEDRANK_NOTEBOOK_QUICK") == "1"
 RERANKER = os.environ.get("EMBEDRANK_RERANKER", "sentence-transformers/all-MiniLM-L6-v2")

@@ -31,8 +31,8 @@ import os
 import matplotlib.pyplot as plt
 
 from embedrank import DataNotFoundError
-from embedrank.data import resolve_dataset
-from embedrank.evaluation import BenchmarkConfig, results_table, run_benchmark
+from embedrank.evaluation.benchmark import BenchmarkConfig, results_table, run_benchmark
+from embedrank.retrieval.data import resolve_dataset
 
 QUICK = os.environ.get("EMBEDRANK_NOTEBOOK_QUICK") == "1"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

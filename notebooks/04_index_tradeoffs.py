@@ -26,10 +26,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from embedrank import DataNotFoundError, Encoder
-from embedrank.cache import EmbeddingCache
-from embedrank.data import doc_text, load_beir
-from embedrank.index import build_index, recall_at_k
-from embedrank.pipeline import embed_corpus
+from embedrank.retrieval.cache import EmbeddingCache
+from embedrank.retrieval.data import doc_text, load_beir
+from embedrank.retrieval.index import build_index, recall_at_k
+from embedrank.retrieval.pipeline import embed_corpus
 
 QUICK = os.environ.get("EMBEDRANK_NOTEBOOK_QUICK") == "1"
 try:

@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 from msgspec import UNSET
 
-from embedrank.ranking import rank_scores
+from embedrank.math.ranking import rank_scores
 from service.errors import invalid
 from service.models import ModelPool
 from service.schemas import (
@@ -60,15 +60,10 @@ async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Lim
             code="too_many_inputs",
         )
     _check_texts(texts, "input", limits)
-    dim = served.spec.dimension or 0
-    if req.dimensions is not None and not 1 <= req.dimensions <= dim:
-        raise invalid(
-            f"dimensions must be between 1 and {dim} for model '{req.model}', got {req.dimensions}", param="dimensions"
-        )
     out = await served.runner.embed(texts, dimensions=req.dimensions, truncate=req.truncate)  # type: ignore[union-attr]
     data = [Embedding(index=i, embedding=_encode_vector(v, req.encoding_format)) for i, v in enumerate(out.embeddings)]
     usage = EmbeddingUsage(prompt_tokens=out.total_tokens, total_tokens=out.total_tokens)
-    return EmbeddingList(data=data, model=req.model, usage=usage), sum(out.truncated)
+    return EmbeddingList(data=data, model=req.model, usage=usage), out.truncated_count
 
 
 async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[RerankResponse, int]:
@@ -105,7 +100,7 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
         model=req.model,
         usage=RerankUsage(total_tokens=out.total_tokens),
     )
-    return body, out.truncated
+    return body, out.truncated_count
 
 
 def list_models(pool: ModelPool) -> ModelList:

@@ -14,7 +14,7 @@ import gc
 import logging
 import secrets
 import sys
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Annotated, Any
 
 from litestar import Litestar, MediaType, Request, Response, get, post
@@ -24,8 +24,8 @@ from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, Example, SecurityScheme
 from litestar.params import Body
 
-from embedrank.allocator import tune_malloc
 from embedrank.errors import NotReadyError
+from embedrank.serving.allocator import tune_malloc
 from service import api
 from service.auth import BearerAuth
 from service.errors import APIError, handle_exception
@@ -174,7 +174,7 @@ async def rerank(
 
 
 @get("/v1/models", summary="List loaded models", responses={401: ERRORS[401], 503: ERRORS[503]})
-async def models(pool: ModelPool) -> ModelList:
+async def models_route(pool: ModelPool) -> ModelList:
     return api.list_models(pool)
 
 
@@ -207,15 +207,22 @@ async def _load(runtime: Runtime) -> None:
         logger.exception("model loading failed")
 
 
-def create_app(settings: Settings | None = None, *, wait_for_models: bool = False) -> Litestar:
-    """Build the app. ``wait_for_models=True`` loads models before serving (used by tests)."""
+def create_app(
+    settings: Settings | None = None, *, wait_for_models: bool = False, models: Mapping[str, Any] | None = None
+) -> Litestar:
+    """Build the app from ``settings`` (default: the environment, see :mod:`service.settings`).
+
+    ``wait_for_models=True`` loads the models before serving. ``models`` maps ids to already-built models
+    (e.g. ``{"fake": FakeEncoder()}`` from :mod:`embedrank.models.fake`) to serve instead of loading the
+    configured ones; the fast HTTP tests use it.
+    """
     settings = settings or Settings.from_env()
     keys = settings.api_keys
     generated = None
     if not keys and not settings.no_auth:
         generated = secrets.token_urlsafe(32)
         keys = (generated,)
-    runtime = Runtime(settings=settings, pool=ModelPool(settings.models), metrics=Metrics())
+    runtime = Runtime(settings=settings, pool=ModelPool(settings.models, preloaded=models), metrics=Metrics())
     if settings.tune_malloc:  # before the loading and forward threads exist
         tune_malloc()
 
@@ -247,7 +254,7 @@ def create_app(settings: Settings | None = None, *, wait_for_models: bool = Fals
 
     middleware = [RequestMiddleware(runtime.metrics, None if settings.no_auth else BearerAuth(keys))]
     return Litestar(
-        route_handlers=[embeddings, rerank, models, health, metrics],
+        route_handlers=[embeddings, rerank, models_route, health, metrics],
         lifespan=[lifespan],
         state=State({"runtime": runtime}),
         # one dependency at most per handler: Litestar resolves several at once in an anyio task group,

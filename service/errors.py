@@ -64,9 +64,9 @@ def _from_core(exc: EmbedrankError) -> APIError:
     if isinstance(exc, ModelKindError):
         return APIError(400, str(exc), param="model", code="model_wrong_kind")
     if isinstance(exc, InputTooLongError):
-        return APIError(400, str(exc), param="input", code="input_too_long")
+        return APIError(400, str(exc), param=exc.param, code="input_too_long")
     if isinstance(exc, InvalidInputError):
-        return APIError(400, str(exc), code="invalid_value")
+        return APIError(400, str(exc), param=exc.param, code="invalid_value")
     if isinstance(exc, OverloadedError):
         return APIError(
             429,

@@ -42,4 +42,6 @@ class RequestMiddleware(ASGIMiddleware):
                 status = to_api_error(exc).status
             raise
         finally:
-            self.metrics.observe_request(scope["path"], scope["method"], status or 500, time.perf_counter() - start)
+            self.metrics.observe_request(
+                scope["path"], str(scope.get("method", "GET")), status or 500, time.perf_counter() - start
+            )

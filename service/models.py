@@ -1,16 +1,24 @@
-"""The models the service serves: resolution at startup, loading in the background, lookup by id."""
+"""The models the service serves: resolution at startup, loading in the background, lookup by id.
+
+Weights load through the core (``Encoder.from_spec`` / ``CrossEncoder.from_spec``), which checks the
+model's kind. Tests and demos can hand ``create_app`` already-built models instead (``models=``), such
+as the weightless fakes of :mod:`embedrank.models.fake`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
-from embedrank.cross_encoder import CrossEncoder
-from embedrank.encoder import Encoder
-from embedrank.engine import AsyncCrossEncoder, AsyncEncoder, EngineConfig
 from embedrank.errors import ModelKindError, ModelNotFoundError
-from embedrank.registry import ModelSpec, quiet_loading, resolve
+from embedrank.models.cross_encoder import CrossEncoder
+from embedrank.models.encoder import Encoder
+from embedrank.models.registry import ModelSpec, resolve
+from embedrank.serving.engine import EngineConfig
+from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from service.observability import Metrics
 from service.settings import ModelEntry
 
@@ -28,37 +36,43 @@ class ServedModel:
 
 
 class ModelPool:
-    """Resolves every configured model at construction (fast, fails loudly), loads weights in :meth:`load`."""
+    """Resolves every configured model at construction (fast, fails loudly), loads weights in :meth:`load`.
 
-    def __init__(self, entries: tuple[ModelEntry, ...]) -> None:
+    ``preloaded`` maps model ids to models that are already built (anything with a ``spec`` and the
+    runner interface); then nothing is resolved or loaded, and ``entries`` only contribute aliases.
+    """
+
+    def __init__(self, entries: tuple[ModelEntry, ...], preloaded: Mapping[str, Any] | None = None) -> None:
         self.models: dict[str, ServedModel] = {}
         self.aliases: dict[str, str] = {}
+        self._preloaded = dict(preloaded) if preloaded is not None else None
+        if self._preloaded is not None:
+            by_id = {e.id: e for e in entries}
+            entries = tuple(by_id.get(model_id, ModelEntry(id=model_id)) for model_id in self._preloaded)
         for entry in entries:
-            spec = resolve(entry.path or entry.id)
+            spec = self._preloaded[entry.id].spec if self._preloaded is not None else resolve(entry.path or entry.id)
             self.models[entry.id] = ServedModel(entry=entry, spec=spec)
             for alias in entry.aliases:
                 self.aliases.setdefault(alias, entry.id)
 
     def load(self) -> dict[str, Any]:
-        """Load the weights (blocking; call from a worker thread). Returns the loaded cores by id."""
-        loaded: dict[str, Any] = {}
-        for model_id, served in self.models.items():
-            path = served.spec.path
-            if served.spec.kind == "embedding":
-                loaded[model_id] = Encoder(served.spec, *_load_parts(path, "embedding"))
-            else:
-                loaded[model_id] = CrossEncoder(served.spec, *_load_parts(path, "cross-encoder"))
-        return loaded
+        """Load the weights (blocking; call from a worker thread). Returns the loaded models by id."""
+        if self._preloaded is not None:
+            return dict(self._preloaded)
+        return {
+            model_id: (Encoder if served.spec.kind == "embedding" else CrossEncoder).from_spec(served.spec)
+            for model_id, served in self.models.items()
+        }
 
     def start_engines(self, loaded: dict[str, Any], config: EngineConfig, metrics: Metrics) -> None:
         """Wrap each loaded model in its batching engine; must run inside the event loop."""
         for model_id, core in loaded.items():
             served = self.models[model_id]
-            runner_cls = AsyncEncoder if isinstance(core, Encoder) else AsyncCrossEncoder
+            runner_cls = AsyncEncoder if served.spec.kind == "embedding" else AsyncCrossEncoder
             served.runner = runner_cls(core, config, on_batch=metrics.batch_observer(model_id))
             served.runner.engine.start()
             engine = served.runner.engine
-            metrics.track_engine(model_id, lambda e=engine: e.queue_depth, lambda e=engine: e.stats.dropped)
+            metrics.track_engine(model_id, partial(getattr, engine, "queue_depth"), partial(getattr, engine, "dropped"))
 
     def get(self, model_id: str, capability: str) -> ServedModel:
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
@@ -75,11 +89,3 @@ class ModelPool:
         for served in self.models.values():
             if served.runner is not None:
                 await served.runner.engine.drain(timeout)
-
-
-def _load_parts(path: str, kind: str) -> tuple[Any, Any]:
-    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
-
-    model_cls = AutoModel if kind == "embedding" else AutoModelForSequenceClassification
-    with quiet_loading():
-        return model_cls.from_pretrained(path), AutoTokenizer.from_pretrained(path)

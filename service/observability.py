@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from embedrank.engine import BatchReport
+from embedrank.serving.engine import BatchReport
 
 KNOWN_ROUTES = frozenset({"/v1/embeddings", "/v1/rerank", "/v1/models", "/health", "/metrics"})
 

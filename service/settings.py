@@ -30,8 +30,8 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from embedrank.engine import EngineConfig
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL
+from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL
+from embedrank.serving.engine import EngineConfig
 
 
 class SettingsError(ValueError):
@@ -91,8 +91,8 @@ class Settings:
         if env.get("EMBEDRANK_MODELS"):
             for part in env["EMBEDRANK_MODELS"].split(","):
                 if part.strip():
-                    model_id, _, path = part.strip().partition("=")
-                    models.append(ModelEntry(id=model_id.strip(), path=path.strip() or None))
+                    model_id, _, model_path = part.strip().partition("=")
+                    models.append(ModelEntry(id=model_id.strip(), path=model_path.strip() or None))
         else:
             for entry in data.get("models", []):
                 models.append(

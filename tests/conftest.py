@@ -61,7 +61,7 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def scifact(data_dir):
-    from embedrank.data import load_beir
+    from embedrank.retrieval.data import load_beir
 
     return load_beir(data_dir / "scifact")
 
@@ -69,9 +69,9 @@ def scifact(data_dir):
 @pytest.fixture(scope="session")
 def scifact_dense(scifact, encoder):
     """SciFact corpus and test-query embeddings, through the on-disk embedding cache (computed once per machine)."""
-    from embedrank.cache import EmbeddingCache
-    from embedrank.data import doc_text
-    from embedrank.pipeline import embed_corpus
+    from embedrank.retrieval.cache import EmbeddingCache
+    from embedrank.retrieval.data import doc_text
+    from embedrank.retrieval.pipeline import embed_corpus
 
     ids = list(scifact.corpus)
     vectors, _ = embed_corpus(

@@ -1,4 +1,4 @@
-"""embedrank.allocator: freed activation-sized blocks are reused instead of page-faulted in again."""
+"""embedrank.serving.allocator: freed activation-sized blocks are reused instead of page-faulted in again."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 PROBE = """
 import resource, sys
 import numpy as np
-from embedrank.allocator import tune_malloc
+from embedrank.serving.allocator import tune_malloc
 tuned = tune_malloc() if sys.argv[1] == "tune" else None
 def one_layer():  # a 40 MB activation, written (as a forward pass does), then freed
     a = np.empty(10 * 1024 * 1024, dtype=np.float32)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from embedrank.evaluation import BenchmarkConfig, run_benchmark
+from embedrank.evaluation.benchmark import BenchmarkConfig, run_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 DL19 = "trec-dl19-passage-bm25top100"

@@ -1,50 +1,72 @@
-"""The micro-batcher with a deterministic fake backend: batching across jobs, order, cancellation, overload."""
+"""The micro-batcher with a deterministic fake backend: batching across jobs, order, cancellation, overload,
+and the runners' checks before the queue. Threads are ordered with events and an injected clock, never
+with sleeps or wall-clock windows."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
+import numpy as np
 import pytest
 
-from embedrank.engine import BatchEngine, EngineConfig, ItemResult
 from embedrank.errors import InputTooLongError, InvalidInputError, NotReadyError, OverloadedError
+from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
+from embedrank.serving.engine import BatchEngine, EngineConfig
+from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
+from embedrank.types import ModelOutput
+
+WAIT = 10.0  # seconds an event may take before the test fails; never reached when the engine is right
 
 
 class FakeBackend:
-    """Value = text reversed; tokens = len(text); 'truncated' when longer than max_seq_length chars."""
+    """Value = text reversed; tokens = len(text) capped at 50; 'truncated' when longer than 50 chars.
+
+    ``gate`` holds every batch until set; ``entered`` is set once a batch has started.
+    """
 
     max_seq_length = 50
 
-    def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
+    def __init__(self) -> None:
         self.batches: list[list[str]] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()
+        self.three_done = threading.Event()
 
     def item_chars(self, item: str) -> int:
         return len(item)
 
     def run_batch(self, items):
-        self.gate.wait(5)
-        time.sleep(self.delay)
+        self.entered.set()
+        assert self.gate.wait(WAIT)
         self.batches.append(list(items))
-        return [ItemResult(t[::-1], min(len(t), 50), len(t) > 50) for t in items]
+        if len(self.batches) == 3:
+            self.three_done.set()
+        return ModelOutput(np.array([t[::-1] for t in items]), [min(len(t), 50) for t in items], [len(t) > 50 for t in items])
+
+
+async def _entered(backend: FakeBackend) -> None:
+    assert await asyncio.to_thread(backend.entered.wait, WAIT)
 
 
 def test_batches_across_concurrent_jobs_and_keeps_order():
     async def main():
-        backend = FakeBackend(delay=0.01)
-        engine = BatchEngine(backend, EngineConfig(max_batch_size=64, max_wait_ms=5))
+        backend = FakeBackend()
+        backend.gate.clear()  # the first batch holds the worker while every other job queues
+        engine = BatchEngine(backend, EngineConfig(max_batch_size=128, max_wait_ms=0))
         engine.start()
         jobs = [[f"job{j}-item{i}" + "x" * (i * 3 % 7) for i in range(1 + j % 4)] for j in range(40)]
-        results = await asyncio.gather(*(engine.submit(items) for items in jobs))
+        first = asyncio.ensure_future(engine.submit(jobs[0]))
+        await _entered(backend)
+        rest = [asyncio.ensure_future(engine.submit(items)) for items in jobs[1:]]
+        await asyncio.sleep(0)  # every submit has queued its items
+        backend.gate.set()
+        results = [await first, *await asyncio.gather(*rest)]
         for items, res in zip(jobs, results, strict=True):
-            assert res.values == [t[::-1] for t in items]
+            assert res.values.tolist() == [t[::-1] for t in items]
             assert res.token_counts == [len(t) for t in items]
-        assert len(backend.batches) < len(jobs)  # requests shared forward passes
-        assert max(len(b) for b in backend.batches) > 4
+        assert len(backend.batches) == 2  # the 39 queued jobs (99 items) shared one forward pass
         for b in backend.batches:  # each batch is sorted longest first
             assert [len(x) for x in b] == sorted((len(x) for x in b), reverse=True)
         await engine.drain(1)
@@ -55,7 +77,7 @@ def test_batches_across_concurrent_jobs_and_keeps_order():
 def test_token_budget_closes_batches():
     async def main():
         backend = FakeBackend()
-        engine = BatchEngine(backend, EngineConfig(max_batch_tokens=40, max_wait_ms=5, chars_per_token=1))
+        engine = BatchEngine(backend, EngineConfig(max_batch_tokens=40, max_wait_ms=0, chars_per_token=1))
         engine.start()
         await engine.submit(["a" * 18] * 6)  # est. 20 tokens each -> two per batch
         assert [len(b) for b in backend.batches] == [2, 2, 2]
@@ -71,17 +93,17 @@ def test_cancelled_jobs_are_dropped_before_compute():
         engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0, workers=1))
         engine.start()
         first = asyncio.ensure_future(engine.submit(["first"]))
-        await asyncio.sleep(0.05)
+        await _entered(backend)
         doomed = asyncio.ensure_future(engine.submit(["gone-1", "gone-2"]))
         kept = asyncio.ensure_future(engine.submit(["kept"]))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
         doomed.cancel()
         backend.gate.set()
-        assert (await first).values == ["tsrif"]
-        assert (await kept).values == ["tpek"]
+        assert (await first).values.tolist() == ["tsrif"]
+        assert (await kept).values.tolist() == ["tpek"]
         computed = [x for b in backend.batches for x in b]
         assert "gone-1" not in computed and "gone-2" not in computed
-        assert engine.stats.dropped == 2
+        assert engine.dropped == 2
         await engine.drain(1)
 
     asyncio.run(main())
@@ -94,7 +116,7 @@ def test_full_queue_raises_overload_and_oversized_job_is_invalid():
         engine = BatchEngine(backend, EngineConfig(max_queue_items=3, max_batch_size=1, max_wait_ms=0, workers=1))
         engine.start()
         running = asyncio.ensure_future(engine.submit(["a"]))
-        await asyncio.sleep(0.05)
+        await _entered(backend)
         waiting = asyncio.ensure_future(engine.submit(["b", "c"]))
         await asyncio.sleep(0)
         with pytest.raises(OverloadedError, match="limit 3"):
@@ -106,20 +128,6 @@ def test_full_queue_raises_overload_and_oversized_job_is_invalid():
         await engine.drain(1)
         with pytest.raises(NotReadyError):
             await engine.submit(["late"])
-
-    asyncio.run(main())
-
-
-def test_truncate_false_fails_only_that_job():
-    async def main():
-        engine = BatchEngine(FakeBackend(), EngineConfig(max_wait_ms=5))
-        engine.start()
-        strict = engine.submit(["y" * 60], truncate=False)
-        lenient = engine.submit(["y" * 60], truncate=True)
-        res = await asyncio.gather(strict, lenient, return_exceptions=True)
-        assert isinstance(res[0], InputTooLongError)
-        assert res[1].truncated == [True]
-        await engine.drain(1)
 
     asyncio.run(main())
 
@@ -136,46 +144,59 @@ def test_backend_failure_fails_the_batch_not_the_engine():
         engine.start()
         with pytest.raises(RuntimeError, match="kaput"):
             await engine.submit(["boom"])
-        assert (await engine.submit(["ok"])).values == ["ko"]
+        assert (await engine.submit(["ok"])).values.tolist() == ["ko"]
         await engine.drain(1)
 
     asyncio.run(main())
 
 
-def test_forward_thread_pulls_batches_while_the_event_loop_is_busy():
+def test_forward_thread_pulls_batches_while_the_event_loop_is_blocked():
     async def main():
         backend = FakeBackend()
         backend.gate.clear()
         engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0))
         engine.start()
         job = asyncio.ensure_future(engine.submit(["a", "b", "c"]))  # three one-item batches
-        await asyncio.sleep(0.01)
+        await _entered(backend)
         backend.gate.set()
-        time.sleep(0.3)  # block the event loop: the forward thread must not need it between batches
-        assert len(backend.batches) == 3
-        assert (await job).values == ["a", "b", "c"]
+        # block the event loop until all three batches ran: the forward thread must not need it in between
+        assert backend.three_done.wait(WAIT)
+        assert (await job).values.tolist() == ["a", "b", "c"]
         await engine.drain(1)
 
     asyncio.run(main())
 
 
+class FakeClockEngine(BatchEngine):
+    """Records each timed wait and moves a fake clock past it instead of sleeping."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+        super().__init__(*args, clock=lambda: self.now, **kwargs)
+
+    def _timed_wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+
 def test_lone_caller_never_waits_and_the_wait_ends_when_arrivals_stop():
     async def main():
         backend = FakeBackend()
-        engine = BatchEngine(backend, EngineConfig(max_wait_ms=400))
+        engine = FakeClockEngine(backend, EngineConfig(max_wait_ms=400))
         engine.start()
-        t0 = time.perf_counter()
         await engine.submit(["alone"])
-        assert time.perf_counter() - t0 < 0.15  # no concurrency seen yet: no wait at all
+        assert engine.waits == []  # no concurrency seen yet: no wait at all
         backend.gate.clear()
+        backend.entered.clear()
         burst = [asyncio.ensure_future(engine.submit([f"x{i}"])) for i in range(20)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)
         backend.gate.set()
         await asyncio.gather(*burst)  # the engine now expects ~20 callers
-        t0 = time.perf_counter()
+        engine.waits.clear()
         await engine.submit(["straggler"])
-        # it waits for company, but gives up after half of max_wait_ms without arrivals, not the full 400 ms
-        assert 0.15 < time.perf_counter() - t0 < 0.35
+        # it waits for company once, for half of max_wait_ms, and gives up when nobody came: not 400 ms
+        assert engine.waits == [pytest.approx(0.2)]
         await engine.drain(1)
 
     asyncio.run(main())
@@ -190,13 +211,78 @@ def test_drain_fails_jobs_that_could_not_be_computed_in_time():
             await engine.submit(["early"])
         engine.start()
         running = asyncio.ensure_future(engine.submit(["running"]))
-        await asyncio.sleep(0.05)
+        await _entered(backend)
         queued = asyncio.ensure_future(engine.submit(["queued"]))
         await asyncio.sleep(0)
-        await engine.drain(0.1)
+        await engine.drain(0)
         with pytest.raises(NotReadyError, match="shut down"):
             await queued
         backend.gate.set()
-        assert (await running).values == ["gninnur"]
+        assert (await running).values.tolist() == ["gninnur"]
+
+    asyncio.run(main())
+
+
+class CountingEncoder(FakeEncoder):
+    def __init__(self) -> None:
+        super().__init__(max_seq_length=8)
+        self.batches = 0
+
+    def encode_batch(self, texts):
+        self.batches += 1
+        return super().encode_batch(texts)
+
+
+def test_truncate_false_is_refused_before_the_queue_naming_field_and_index():
+    long = "w " * 20
+
+    async def main():
+        encoder = CountingEncoder()
+        runner = AsyncEncoder(encoder, EngineConfig(max_wait_ms=0))
+        runner.engine.start()
+        with pytest.raises(InputTooLongError) as info:
+            await runner.embed(["ok", "fine", long], truncate=False)
+        assert (info.value.param, info.value.index) == ("input", 2) and "input[2]" in str(info.value)
+        with pytest.raises(InputTooLongError) as info:
+            await runner.rerank("q", ["ok", long], truncate=False)
+        assert (info.value.param, info.value.index) == ("documents", 1) and "documents[1]" in str(info.value)
+        with pytest.raises(InputTooLongError) as info:
+            await runner.rerank(long, ["ok"], truncate=False)
+        assert (info.value.param, info.value.index) == ("query", 0)
+        assert encoder.batches == 0  # nothing reached the model
+        lenient = await runner.embed(["ok", long])
+        assert lenient.truncated == [False, True] and lenient.token_counts == [3, 8]
+        with pytest.raises(InvalidInputError) as info:
+            await runner.embed(["ok"], dimensions=0)
+        assert info.value.param == "dimensions"
+
+        scorer = AsyncCrossEncoder(FakeCrossEncoder(max_seq_length=10), EngineConfig(max_wait_ms=0))
+        scorer.engine.start()
+        with pytest.raises(InputTooLongError) as info:
+            await scorer.rerank("q", ["a", "b", long], truncate=False)
+        assert (info.value.param, info.value.index) == ("documents", 2)
+        out = await scorer.rerank("red apple", ["an apple", long])
+        assert out.values.tolist() == [0.5, 0.0] and out.truncated == [False, True]
+        await runner.engine.drain(1)
+        await scorer.engine.drain(1)
+
+    asyncio.run(main())
+
+
+def test_bi_encoder_rerank_is_the_cosine_of_the_encoder_vectors():
+    async def main():
+        encoder = FakeEncoder()
+        runner = AsyncEncoder(encoder, EngineConfig(max_wait_ms=0))
+        runner.engine.start()
+        docs = ["red apple pie", "blue sky", "apple"]
+        out = await runner.rerank("apple", docs)
+        vectors = encoder.encode(["apple", *docs])
+        np.testing.assert_allclose(out.values, vectors[1:] @ vectors[0], atol=1e-6)
+        assert out.token_counts == encoder.count_tokens(["apple", *docs])
+        short = await runner.embed(docs, dimensions=8)
+        full = vectors[1:, :8]
+        expected = full / np.maximum(np.linalg.norm(full, axis=1, keepdims=True), 1e-12)
+        np.testing.assert_allclose(short.values, expected, atol=1e-6)
+        await runner.engine.drain(1)
 
     asyncio.run(main())

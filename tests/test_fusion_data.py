@@ -6,9 +6,16 @@ import copy
 
 import pytest
 
-from embedrank.data import DEMO_QRELS, load_beir, load_trec_run, resolve_dataset, write_demo_collection, write_trec_run
 from embedrank.errors import DataNotFoundError, InvalidInputError
-from embedrank.fusion import reciprocal_rank_fusion, score_fusion, top_k
+from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion, top_k
+from embedrank.retrieval.data import (
+    DEMO_QRELS,
+    load_beir,
+    load_trec_run,
+    resolve_dataset,
+    write_demo_collection,
+    write_trec_run,
+)
 
 
 def test_fusion_does_not_mutate_and_is_deterministic():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from embedrank.errors import IndexMismatchError, IndexTrainingError, InvalidInputError
-from embedrank.index import FaissIndex, IndexConfig, NumpyIndex, build_index, load_index, recall_at_k
+from embedrank.retrieval.index import FaissIndex, IndexConfig, NumpyIndex, build_index, load_index, recall_at_k
 
 
 def _random(n, d=32, seed=0):
@@ -77,7 +77,7 @@ def test_factory_and_protocol():
     index.add([str(i) for i in range(200)], _random(200))
     assert isinstance(index, FaissIndex) and len(index) == 200
     assert index.search(_random(1), 3)[0].shape == (1, 3)
-    from embedrank.index import VectorIndex
+    from embedrank.retrieval.index import VectorIndex
 
     assert isinstance(NumpyIndex(8), VectorIndex) and isinstance(index, VectorIndex)
     assert IndexConfig().kind == "flat"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from embedrank.metrics import evaluate, evaluate_per_query
+from embedrank.math.metrics import evaluate, evaluate_per_query
 
 
 def test_binary_hand_computed():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from embedrank.errors import InvalidInputError
-from embedrank.pooling import PoolingMode, pool
-from embedrank.similarity import l2_normalize, similarity, truncate_dims
+from embedrank.math.pooling import PoolingMode, pool
+from embedrank.math.similarity import l2_normalize, similarity, truncate_dims
 
 # Two sequences, T=3, H=2. Row 0 has one padding position holding huge values that must never leak.
 X = torch.tensor(

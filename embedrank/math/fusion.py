@@ -8,20 +8,13 @@ from typing import Literal
 import numpy as np
 
 from embedrank.errors import InvalidInputError
+from embedrank.math.ranking import ranked_ids
 from embedrank.types import Run
 
 
-def ranked_ids(docs: dict[str, float]) -> list[str]:
-    """Doc ids by score descending, ties by doc id ascending.
-
-    >>> ranked_ids({"b": 1.0, "a": 1.0, "c": 2.0})
-    ['c', 'a', 'b']
-    """
-    return [d for d, _ in sorted(docs.items(), key=lambda kv: (-kv[1], kv[0]))]
-
-
 def reciprocal_rank_fusion(runs: Sequence[Run], k: int = 60) -> Run:
-    """RRF (Cormack et al., 2009): ``score(d) = sum_r 1 / (k + rank_r(d))`` with ranks from 1.
+    """RRF (Cormack et al., 2009): ``score(d) = sum_r 1 / (k + rank_r(d))`` with ranks from 1 in
+    trec_eval order (:func:`~embedrank.math.ranking.ranked_ids`).
 
     >>> reciprocal_rank_fusion([{"q": {"a": 3.0, "b": 1.0}}, {"q": {"b": 9.0}}], k=1)
     {'q': {'a': 0.5, 'b': 0.8333333333333333}}
@@ -78,8 +71,3 @@ def score_fusion(
             d: weight * a.get(d, floor_a) + (1.0 - weight) * b.get(d, floor_b) for d in sorted(set(a) | set(b))
         }
     return fused
-
-
-def top_k(run: Run, k: int) -> Run:
-    """Keep the ``k`` best documents per query (ties by doc id)."""
-    return {qid: {d: docs[d] for d in ranked_ids(docs)[:k]} for qid, docs in run.items()}

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embedrank.types import Run
+from embedrank.retrieval.data import doc_text
+from embedrank.types import Corpus, Queries, Run
 
 
 class BM25Retriever:
@@ -28,7 +29,13 @@ class BM25Retriever:
         self._retriever.index(tokens, show_progress=False)
         self.k1, self.b = k1, b
 
-    def retrieve(self, queries: dict[str, str], k: int) -> Run:
+    @classmethod
+    def from_corpus(cls, corpus: Corpus, *, k1: float = 0.9, b: float = 0.4) -> BM25Retriever:
+        """BM25 over a BEIR corpus; a document's text is ``title + " " + text``."""
+        ids = list(corpus)
+        return cls(ids, [doc_text(corpus[d]) for d in ids], k1=k1, b=b)
+
+    def retrieve(self, queries: Queries, k: int) -> Run:
         """Top ``k`` documents per query as a BEIR run."""
         import bm25s
 

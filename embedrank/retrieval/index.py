@@ -21,10 +21,13 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from embedrank.errors import IndexMismatchError, IndexTrainingError, InvalidInputError
+from embedrank.math.similarity import l2_normalize
 
 Metric = Literal["cosine", "dot", "l2"]
 IndexKind = Literal["numpy", "flat", "ivf", "hnsw", "pq", "factory"]
 _META = "embedrank_index.json"
+SearchResult = tuple[list[np.ndarray], list[list[str]]]
+"""``(scores, ids)``: per query, a ``(k',)`` float32 array of scores, best first, and the matching doc ids."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,7 +58,9 @@ class VectorIndex(Protocol):
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None: ...
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]: ...
+    def search(self, queries: np.ndarray, k: int) -> SearchResult: ...
+
+    def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None: ...
 
     def save(self, directory: str | Path) -> Path: ...
 
@@ -65,10 +70,6 @@ def _as_matrix(vectors: np.ndarray, dimension: int, what: str) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != dimension:
         raise IndexMismatchError(f"{what} have dimension {x.shape[-1]}, but the index holds dimension {dimension}")
     return x
-
-
-def _normalized(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 class _BaseIndex:
@@ -84,12 +85,15 @@ class _BaseIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._id_set
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.config.kind}, metric={self.config.metric}, dim={self.dimension}, n={len(self)})"
 
     def _prepare(self, vectors: np.ndarray, what: str) -> np.ndarray:
         x = _as_matrix(vectors, self.dimension, what)
-        return _normalized(x) if self.config.metric == "cosine" else x
+        return l2_normalize(x) if self.config.metric == "cosine" else x
 
     def _register(self, ids: Sequence[str], n: int) -> list[str]:
         ids = [str(i) for i in ids]
@@ -114,9 +118,19 @@ class _BaseIndex:
                 f"vectors from different spaces. Rebuild the index or use the same model."
             )
 
-    def _results(self, scores: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, list[list[str]]]:
-        ids = [[self.ids[p] for p in row if p >= 0] for row in positions]
-        return scores.astype(np.float32), ids
+    def _results(self, scores: np.ndarray, positions: np.ndarray) -> SearchResult:
+        """Per query, the scores and ids of the hits. FAISS marks missing hits (an IVF search that probed
+        fewer than ``k`` vectors, an HNSW walk that found fewer) with position -1; they are left out of both
+        the scores and the ids, so a row may be shorter than ``k``."""
+        found = positions >= 0  # (Q, k)
+        row_scores = [row[keep].astype(np.float32) for row, keep in zip(scores, found, strict=True)]
+        row_ids = [[self.ids[int(p)] for p in row[keep]] for row, keep in zip(positions, found, strict=True)]
+        return row_scores, row_ids
+
+    def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None:
+        """The stored vectors ``(N, D)`` of ``ids`` as searched (normalized for cosine), or None when this
+        index does not keep them exactly (IVF-PQ and other compressed codes)."""
+        raise NotImplementedError
 
     def _meta(self) -> dict[str, Any]:
         return {
@@ -147,8 +161,9 @@ class NumpyIndex(_BaseIndex):
         self._vectors = np.vstack([self._vectors, x])
         self._commit(ids)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        """Top ``k`` per query: scores ``(Q, k')`` and ids; ties break by insertion order."""
+    def search(self, queries: np.ndarray, k: int) -> SearchResult:
+        """Top ``k`` per query: scores (one ``(k',)`` array per query, ``k' = min(k, len(self))``) and ids;
+        ties break by insertion order."""
         q = self._prepare(queries, "queries")  # (Q, D)
         if self.config.metric == "l2":
             scores = -((q[:, None, :] - self._vectors[None, :, :]) ** 2).sum(-1)  # (Q, N)
@@ -157,6 +172,10 @@ class NumpyIndex(_BaseIndex):
         k = min(k, len(self))
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (Q, k)
         return self._results(np.take_along_axis(scores, order, axis=1), order)
+
+    def reconstruct(self, ids: Sequence[str]) -> np.ndarray:
+        position = {doc_id: i for i, doc_id in enumerate(self.ids)}
+        return self._vectors[[position[d] for d in ids]]
 
     def save(self, directory: str | Path) -> Path:
         out = Path(directory)
@@ -245,16 +264,30 @@ class FaissIndex(_BaseIndex):
             hnsw: Any = faiss.downcast_index(self._index)
             hnsw.hnsw.efSearch = ef_search
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        """Top ``k`` per query: scores ``(Q, k')`` (higher is better) and the matching ids."""
+    def search(self, queries: np.ndarray, k: int) -> SearchResult:
+        """Top ``k`` per query: scores (one ``(k',)`` array per query, higher is better) and ids. Approximate
+        kinds may return fewer than ``min(k, len(self))`` hits (a small ``nprobe``, an HNSW walk that stops
+        early)."""
         q = self._prepare(queries, "queries")
         if self._index is None or len(self) == 0:
-            return np.zeros((q.shape[0], 0), dtype=np.float32), [[] for _ in range(q.shape[0])]
+            return [np.zeros(0, dtype=np.float32) for _ in range(q.shape[0])], [[] for _ in range(q.shape[0])]
         k = min(k, len(self))
         scores, positions = self._index.search(q, k)  # (Q, k), (Q, k)
         if self.config.metric == "l2":
             scores = -scores
         return self._results(scores, positions)
+
+    def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None:
+        import faiss
+
+        if self._index is None or self.config.kind not in ("flat", "hnsw", "ivf"):
+            return None  # PQ codes and factory strings may be lossy
+        position = {doc_id: i for i, doc_id in enumerate(self.ids)}
+        keys = np.array([position[d] for d in ids], dtype=np.int64)
+        ivf = faiss.try_extract_index_ivf(self._index)
+        if ivf is not None:
+            ivf.make_direct_map()  # positions -> inverted-list entries; idempotent
+        return np.asarray(self._index.reconstruct_batch(keys), dtype=np.float32)
 
     @property
     def bytes_per_vector(self) -> float:
@@ -308,7 +341,7 @@ def load_index(
     return index
 
 
-def recall_at_k(approx: list[list[str]], exact: list[list[str]]) -> float:
+def recall_at_k(approx: Sequence[Sequence[str]], exact: Sequence[Sequence[str]]) -> float:
     """Mean fraction of the exact top-k ids that the approximate search also returned.
 
     >>> recall_at_k([["a", "b"], ["c", "x"]], [["a", "b"], ["c", "d"]])

@@ -1,6 +1,6 @@
 """Rerankers: anything that scores (query, document) pairs.
 
-Two implementations: :class:`embedrank.cross_encoder.CrossEncoder` (true joint scoring) and
+Two implementations: :class:`embedrank.models.cross_encoder.CrossEncoder` (true joint scoring) and
 :class:`BiEncoderScorer` (cosine of an embedding model), which is the offline default.
 """
 
@@ -11,11 +11,12 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from embedrank.cross_encoder import CrossEncoder
-from embedrank.encoder import Encoder
 from embedrank.errors import InvalidInputError
-from embedrank.registry import resolve
-from embedrank.tokens import check_texts
+from embedrank.math.similarity import cosine_scores
+from embedrank.models.cross_encoder import CrossEncoder
+from embedrank.models.encoder import Encoder
+from embedrank.models.registry import resolve
+from embedrank.models.tokens import check_texts
 
 ScorerKind = Literal["cross-encoder", "bi-encoder"]
 
@@ -47,7 +48,11 @@ class CrossEncoderScorer:
 
 
 class BiEncoderScorer:
-    """Reranks by cosine similarity between the query embedding and each document embedding."""
+    """Reranks by cosine similarity between the query embedding and each document embedding.
+
+    When the documents' vectors are already at hand (an index built with the same encoder holds them),
+    :meth:`score_vectors` scores them without encoding the documents again.
+    """
 
     kind: ScorerKind = "bi-encoder"
 
@@ -58,15 +63,23 @@ class BiEncoderScorer:
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         if not isinstance(query, str):
-            raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
+            raise InvalidInputError(f"query must be a string, got {type(query).__name__}", param="query")
         docs = check_texts(documents, "documents")
-        vectors = self.encoder.encode([query, *docs], batch_size=self.batch_size, normalize=True)
-        return (vectors[1:] @ vectors[0]).astype(np.float32)  # (N, D) @ (D,) -> (N,)
+        vectors = self.encoder.encode([query, *docs], batch_size=self.batch_size, show_progress=False)  # (1 + N, D)
+        return cosine_scores(vectors[0], vectors[1:])
+
+    def score_vectors(self, query_vector: np.ndarray, document_vectors: np.ndarray) -> np.ndarray:
+        """Cosine of a query vector ``(D,)`` with stored document vectors ``(N, D)`` from the same encoder."""
+        return cosine_scores(query_vector, document_vectors)
 
 
 def load_reranker(model_id: str, *, batch_size: int = 32, device: str = "cpu") -> CrossEncoderScorer | BiEncoderScorer:
-    """Load a reranker; the kind (cross-encoder or bi-encoder scorer) comes from the model's own files."""
+    """Load a reranker; the kind (cross-encoder or bi-encoder scorer) comes from the model's own files.
+
+    A bi-encoder scorer cannot change the order of a dense first stage built on the same model (both rank
+    by the same cosine); :class:`~embedrank.retrieval.pipeline.RetrieveRerank` warns when it sees that.
+    """
     spec = resolve(model_id)
     if spec.kind == "cross-encoder":
-        return CrossEncoderScorer(CrossEncoder.from_pretrained(model_id, device=device), batch_size=batch_size)
-    return BiEncoderScorer(Encoder.from_pretrained(model_id, device=device), batch_size=batch_size)
+        return CrossEncoderScorer(CrossEncoder.from_spec(spec, device=device), batch_size=batch_size)
+    return BiEncoderScorer(Encoder.from_spec(spec, device=device), batch_size=batch_size)

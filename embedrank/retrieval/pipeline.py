@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
-from embedrank.bm25 import BM25Retriever
-from embedrank.cache import EmbeddingCache, corpus_key
-from embedrank.data import doc_text
-from embedrank.encoder import Encoder
 from embedrank.errors import InvalidInputError
-from embedrank.fusion import ranked_ids, reciprocal_rank_fusion, score_fusion, top_k
-from embedrank.index import FaissIndex, IndexConfig, NumpyIndex, build_index
-from embedrank.scorers import Reranker
+from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
+from embedrank.math.ranking import ranked_ids, top_k
+from embedrank.models.encoder import Encoder
+from embedrank.models.scorers import BiEncoderScorer, Reranker
+from embedrank.models.tokens import PROGRESS_THRESHOLD
+from embedrank.retrieval.cache import EmbeddingCache, corpus_key
+from embedrank.retrieval.data import doc_text
+from embedrank.retrieval.index import FaissIndex, IndexConfig, NumpyIndex, build_index
 from embedrank.types import Corpus, Queries, Run
 
 
@@ -31,10 +34,24 @@ class FirstStage(Protocol):
 
 
 def encoder_cache_key(encoder: Encoder) -> str:
-    """What makes two encoders' corpus embeddings interchangeable."""
+    """What makes two encoders' vectors interchangeable (model, weights path, pooling, normalization, length)."""
     return (
         f"{encoder.model_id}|{encoder.spec.path}|{encoder.pooling.value}|{encoder.normalize}|{encoder.max_seq_length}"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusEmbeddings:
+    """Corpus vectors ``(N, D)`` and where they came from: ``cache`` is ``"hit"`` (read from ``path``),
+    ``"miss"`` (computed, then stored at ``path``) or ``"off"``."""
+
+    vectors: np.ndarray
+    cache: Literal["hit", "miss", "off"]
+    path: str | None = None
+
+    def describe(self) -> str:
+        """One line for logs, e.g. ``embedding cache: hit (/root/.cache/embedrank/embeddings/ab12.npy)``."""
+        return f"embedding cache: {self.cache}" + (f" ({self.path})" if self.path else "")
 
 
 def embed_corpus(
@@ -45,17 +62,17 @@ def embed_corpus(
     batch_size: int = 64,
     cache: EmbeddingCache | None = None,
     show_progress: bool | None = None,
-) -> tuple[np.ndarray, str | None]:
-    """Corpus embeddings ``(N, D)``, read from ``cache`` when present; returns the cache path used (or None)."""
+) -> CorpusEmbeddings:
+    """Corpus embeddings ``(N, D)``, read from ``cache`` when it holds them, else computed (and stored)."""
     if cache is None:
-        return encoder.encode(texts, batch_size=batch_size, show_progress=show_progress), None
+        return CorpusEmbeddings(encoder.encode(texts, batch_size=batch_size, show_progress=show_progress), "off")
     key = corpus_key(encoder_cache_key(encoder), ids, texts)
     hit = cache.load(key, len(ids))
     if hit is not None:
-        return hit, str(cache.path(key))
+        return CorpusEmbeddings(hit, "hit", str(cache.path(key)))
     vectors = encoder.encode(texts, batch_size=batch_size, show_progress=show_progress)
     path = cache.store(key, vectors, {"model_id": encoder.model_id, "documents": len(ids)})
-    return vectors, str(path)
+    return CorpusEmbeddings(vectors, "miss", str(path))
 
 
 class DenseRetriever:
@@ -66,7 +83,7 @@ class DenseRetriever:
     def __init__(self, encoder: Encoder, index: NumpyIndex | FaissIndex, *, batch_size: int = 64) -> None:
         index.check_compatible(model_id=encoder.model_id, dimension=encoder.dimension)
         self.encoder, self.index, self.batch_size = encoder, index, batch_size
-        self.cache_path: str | None = None
+        self.corpus_embeddings: CorpusEmbeddings | None = None
 
     @classmethod
     def from_corpus(
@@ -76,22 +93,29 @@ class DenseRetriever:
         *,
         index: IndexConfig | None = None,
         batch_size: int = 64,
-        cache: EmbeddingCache | None = None,
+        cache: EmbeddingCache | bool = True,
         show_progress: bool | None = None,
     ) -> DenseRetriever:
+        """Embed ``corpus`` (title + text) and index it.
+
+        The vectors go through the on-disk embedding cache (``$EMBEDRANK_CACHE``, else
+        ``~/.cache/embedrank``) unless ``cache=False``: building the same corpus with the same model again
+        reads them back instead of encoding. ``corpus_embeddings.cache`` says which happened.
+        """
         ids = list(corpus)
-        vectors, cache_path = embed_corpus(
+        store = EmbeddingCache() if cache is True else (cache or None)
+        embedded = embed_corpus(
             encoder,
             ids,
             [doc_text(corpus[d]) for d in ids],
             batch_size=batch_size,
-            cache=cache,
+            cache=store,
             show_progress=show_progress,
         )
         idx = build_index(encoder.dimension, index, model_id=encoder.model_id)
-        idx.add(ids, vectors)
+        idx.add(ids, embedded.vectors)
         retriever = cls(encoder, idx, batch_size=batch_size)
-        retriever.cache_path = cache_path
+        retriever.corpus_embeddings = embedded
         return retriever
 
     def retrieve(self, queries: Queries, k: int) -> Run:
@@ -99,19 +123,6 @@ class DenseRetriever:
         vectors = self.encoder.encode([queries[q] for q in qids], batch_size=self.batch_size)
         scores, ids = self.index.search(vectors, k)
         return {qid: dict(zip(ids[i], map(float, scores[i]), strict=True)) for i, qid in enumerate(qids)}
-
-
-class BM25FirstStage:
-    """BM25 over a BEIR corpus (document text = title + text)."""
-
-    name = "bm25"
-
-    def __init__(self, corpus: Corpus, **params: float) -> None:
-        ids = list(corpus)
-        self.bm25 = BM25Retriever(ids, [doc_text(corpus[d]) for d in ids], **params)
-
-    def retrieve(self, queries: Queries, k: int) -> Run:
-        return self.bm25.retrieve(queries, k)
 
 
 class PrecomputedRun:
@@ -158,6 +169,14 @@ class HybridRetriever:
         return top_k(fused, k)
 
 
+def _stages(stage: FirstStage) -> Iterator[FirstStage]:
+    """``stage`` and, for a hybrid, the stages it fuses."""
+    yield stage
+    if isinstance(stage, HybridRetriever):
+        yield from _stages(stage.first)
+        yield from _stages(stage.second)
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineResult:
     """Final run, the first-stage run it came from, and seconds per stage."""
@@ -190,7 +209,14 @@ class PipelineResult:
 
 
 class RetrieveRerank:
-    """First stage for ``k_retrieve`` candidates, then an optional reranker; keeps ``top_k`` per query."""
+    """First stage for ``k_retrieve`` candidates, then an optional reranker; keeps ``top_k`` per query.
+
+    A bi-encoder reranker whose encoder matches a dense first stage's (same model and settings) takes the
+    candidates' vectors from that stage's index instead of encoding the documents again
+    (``vectors_from_index`` says whether it does). When the first stage is *only* that dense retriever, the
+    reranker scores with the very cosine that ranked the candidates, so it cannot change the order; that
+    case warns.
+    """
 
     def __init__(
         self,
@@ -202,32 +228,70 @@ class RetrieveRerank:
         top_k: int | None = None,
     ) -> None:
         if k_retrieve < 1:
-            raise InvalidInputError(f"k_retrieve must be >= 1, got {k_retrieve}")
+            raise InvalidInputError(f"k_retrieve must be >= 1, got {k_retrieve}", param="k_retrieve")
         if top_k is not None and top_k < 1:
-            raise InvalidInputError(f"top_k must be >= 1, got {top_k}")
+            raise InvalidInputError(f"top_k must be >= 1, got {top_k}", param="top_k")
         self.first_stage, self.corpus, self.reranker = first_stage, corpus, reranker
         self.k_retrieve, self.top_k = k_retrieve, top_k
+        self._vector_source = self._find_vector_source()
+        if isinstance(first_stage, DenseRetriever) and first_stage is self._vector_source:
+            warnings.warn(
+                f"the bi-encoder reranker {reranker.model_id!r} is the dense first stage's own model: it scores "  # type: ignore[union-attr]
+                f"with the same cosine that ranked the candidates, so the order cannot change. Rerank a BM25 or "
+                f"hybrid first stage, or use a cross-encoder.",
+                UserWarning,
+                stacklevel=2,
+            )
 
-    def run(self, queries: Queries, *, show_progress: bool = False) -> PipelineResult:
-        from tqdm.auto import tqdm
+    def _find_vector_source(self) -> DenseRetriever | None:
+        if not isinstance(self.reranker, BiEncoderScorer):
+            return None
+        key = encoder_cache_key(self.reranker.encoder)
+        for stage in _stages(self.first_stage):
+            if isinstance(stage, DenseRetriever) and encoder_cache_key(stage.encoder) == key:
+                return stage
+        return None
 
+    @property
+    def vectors_from_index(self) -> bool:
+        """Whether the reranker reads the candidates' vectors from a dense first stage's index."""
+        return self._vector_source is not None
+
+    def _rerank_one(self, query: str, query_vector: np.ndarray | None, doc_ids: list[str]) -> np.ndarray:
+        assert self.reranker is not None
+        if query_vector is not None and self._vector_source is not None:
+            index = self._vector_source.index
+            if all(d in index for d in doc_ids):
+                stored = index.reconstruct(doc_ids)
+                if stored is not None:
+                    return self.reranker.score_vectors(query_vector, stored)  # type: ignore[attr-defined]
+        return self.reranker.score(query, [doc_text(self.corpus[d]) for d in doc_ids])
+
+    def run(self, queries: Queries, *, show_progress: bool | None = None) -> PipelineResult:
+        """Retrieve and rerank; a progress bar shows while reranking more than
+        :data:`~embedrank.models.tokens.PROGRESS_THRESHOLD` candidates unless ``show_progress=False``."""
         timings: dict[str, float] = {}
-        start = time.perf_counter()
+        started = time.perf_counter()
         first = self.first_stage.retrieve(queries, self.k_retrieve)
-        timings["first_stage_s"] = time.perf_counter() - start
+        timings["first_stage_s"] = time.perf_counter() - started
         final: Run = first
         if self.reranker is not None:
             start = time.perf_counter()
+            qids = list(first)
+            query_vectors: Sequence[np.ndarray | None] = [None] * len(qids)
+            if self._vector_source is not None:
+                query_vectors = list(self._vector_source.encoder.encode([queries[q] for q in qids]))
+            candidates = sum(len(first[q]) for q in qids)
+            show = candidates > PROGRESS_THRESHOLD if show_progress is None else show_progress
             final = {}
-            for qid in tqdm(list(first), desc="Reranking", unit="query", disable=not show_progress):
+            for qid, vector in tqdm(
+                zip(qids, query_vectors, strict=True), total=len(qids), desc="Reranking", unit="query", disable=not show
+            ):
                 doc_ids = ranked_ids(first[qid])
-                if not doc_ids:
-                    final[qid] = {}
-                    continue
-                scores = self.reranker.score(queries[qid], [doc_text(self.corpus[d]) for d in doc_ids])
+                scores = self._rerank_one(queries[qid], vector, doc_ids) if doc_ids else np.zeros(0)
                 final[qid] = {d: float(s) for d, s in zip(doc_ids, scores, strict=True)}
             timings["rerank_s"] = time.perf_counter() - start
         if self.top_k is not None:
             final = top_k(final, self.top_k)
-        timings["total_s"] = sum(timings.values())
+        timings["total_s"] = time.perf_counter() - started
         return PipelineResult(run=final, first_stage_run=first, timings=timings)

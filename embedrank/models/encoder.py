@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -10,25 +9,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from embedrank import packed
 from embedrank.errors import InvalidInputError, ModelKindError
-from embedrank.pooling import PoolingMode, pool
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
-from embedrank.similarity import l2_normalize, truncate_dims
-from embedrank.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, tokenize
-
-
-@dataclasses.dataclass(frozen=True)
-class Encoded:
-    """Embeddings ``(N, D)`` float32 in input order, with per-input token counts and truncation flags."""
-
-    embeddings: np.ndarray
-    token_counts: list[int]
-    truncated: list[bool]
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.token_counts)
+from embedrank.math.pooling import PoolingMode, pool
+from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
+from embedrank.models import packed
+from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
+from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
+from embedrank.types import ModelOutput
 
 
 class Encoder:
@@ -56,7 +43,7 @@ class Encoder:
         self.pooling = PoolingMode(pooling) if pooling is not None else (spec.pooling or PoolingMode.MEAN)
         self.normalize = spec.normalize if normalize is None else normalize
         self.max_seq_length = max_seq_length or spec.max_seq_length
-        # skip padding tokens in BERT/RoBERTa encoders (embedrank.packed); None = wherever it applies
+        # skip padding tokens in BERT/RoBERTa encoders (embedrank.models.packed); None = wherever it applies
         self.padding_free = packed.enabled(packed.supports(self.model), tokenizer, padding_free)
 
     @classmethod
@@ -70,18 +57,42 @@ class Encoder:
         max_seq_length: int | None = None,
         torch_dtype: torch.dtype | None = None,
     ) -> Encoder:
-        """Load an embedding model by id, local path or hub id (see :mod:`embedrank.registry`).
+        """Load an embedding model by id, local path or hub id (see :mod:`embedrank.models.registry`).
 
         Raises:
             ModelNotFoundError, NotAModelError: the id does not lead to a model.
             ModelKindError: the model is a cross-encoder.
         """
+        return cls.from_spec(
+            resolve(model_id),
+            device=device,
+            pooling=pooling,
+            normalize=normalize,
+            max_seq_length=max_seq_length,
+            torch_dtype=torch_dtype,
+        )
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: ModelSpec,
+        *,
+        device: str = "cpu",
+        pooling: PoolingMode | str | None = None,
+        normalize: bool | None = None,
+        max_seq_length: int | None = None,
+        torch_dtype: torch.dtype | None = None,
+    ) -> Encoder:
+        """Load the weights of an already resolved model (:func:`~embedrank.models.registry.resolve`).
+
+        Raises:
+            ModelKindError: the model is a cross-encoder.
+        """
         from transformers import AutoModel, AutoTokenizer
 
-        spec = resolve(model_id)
         if spec.kind != "embedding":
             raise ModelKindError(
-                f"model {model_id!r} is a {spec.kind} (sequence classification head), not an embedding "
+                f"model {spec.model_id!r} is a {spec.kind} (sequence classification head), not an embedding "
                 f"model; load it with CrossEncoder.from_pretrained"
             )
         with quiet_loading():
@@ -114,6 +125,10 @@ class Encoder:
     def _prepare(self, texts: Sequence[str]) -> list[str]:
         return [t.lower() for t in texts] if self.spec.do_lower_case else list(texts)
 
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Untruncated token count of each text (special tokens included), to refuse over-long input before compute."""
+        return token_lengths(self.tokenizer, self._prepare(texts))
+
     @torch.inference_mode()
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Step 2: features -> token embeddings ``(B, T, H)``."""
@@ -138,11 +153,11 @@ class Encoder:
         Returns float32 numpy ``(B, D)``.
         """
         pooled = pool(token_embeddings, attention_mask.to(token_embeddings.device), self.pooling)
+        vectors = pooled.float().cpu().numpy()  # (B, H)
         do_norm = self.normalize if normalize is None else normalize
         if do_norm:
-            pooled = l2_normalize(pooled)
-        pooled = truncate_dims(pooled, dimensions, renormalize=do_norm)
-        return pooled.float().cpu().numpy()
+            vectors = l2_normalize(vectors)
+        return truncate_dims(vectors, dimensions, renormalize=do_norm)
 
     def embed_tokenized(
         self, batch: Tokenized, *, normalize: bool | None = None, dimensions: int | None = None
@@ -163,13 +178,13 @@ class Encoder:
         normalize: bool | None = None,
         dimensions: int | None = None,
         truncate: bool = True,
-    ) -> Encoded:
-        """Encode texts, longest first in batches, and return them in input order with statistics."""
+    ) -> ModelOutput:
+        """Encode texts, longest first in batches; embeddings ``(N, D)`` in input order with token counts
+        and truncation flags (:class:`~embedrank.types.ModelOutput`)."""
         items = check_texts(texts)
         if batch_size < 1:
-            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
-        if dimensions is not None:
-            truncate_dims(torch.zeros(1, self.dimension), dimensions)  # validate before any work
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+        check_dimensions(dimensions, self.dimension)  # before any work
         out = np.empty((len(items), dimensions or self.dimension), dtype=np.float32)
         counts = [0] * len(items)
         truncated = [False] * len(items)
@@ -188,7 +203,7 @@ class Encoder:
                     counts[pos] = batch.token_counts[j]
                     truncated[pos] = batch.truncated[j]
                 bar.update(len(positions))
-        return Encoded(embeddings=out, token_counts=counts, truncated=truncated)
+        return ModelOutput(out, counts, truncated)
 
     def encode(
         self,

@@ -102,10 +102,15 @@ def collate(tokenizer: Any, rows: Sequence[dict[str, list[int]]], truncated: Seq
     return Tokenized(features=dict(features), token_counts=counts, truncated=list(truncated))
 
 
-def too_long_error(index: int, max_length: int) -> InputTooLongError:
-    """The error for input ``index`` being cut at ``max_length`` when truncation was not allowed."""
+def too_long_error(
+    index: int, max_length: int, *, param: str = "input", tokens: int | None = None
+) -> InputTooLongError:
+    """The error for ``param[index]`` being longer than ``max_length`` tokens when truncation was not allowed."""
+    size = f" ({tokens} tokens)" if tokens is not None else ""
     return InputTooLongError(
-        f"input {index} is longer than the model's maximum of {max_length} tokens and truncation was disabled"
+        f"{param}[{index}] is longer{size} than the model's maximum of {max_length} tokens and truncation was disabled",
+        param=param,
+        index=index,
     )
 
 
@@ -113,6 +118,27 @@ def check_truncation(truncated: Sequence[bool], max_length: int, truncate: bool,
     """Raise :func:`too_long_error` for the first cut input when truncation is off; ``offset`` shifts indices."""
     if not truncate and any(truncated):
         raise too_long_error(offset + list(truncated).index(True), max_length)
+
+
+def token_lengths(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[int]:
+    """Untruncated token count of each input (or pair), special tokens included; for checks before any compute.
+
+    >>> fake = lambda *a, **k: {"input_ids": [[0] * (len(t.split()) + 2) for t in a[0]]}
+    >>> token_lengths(fake, ["one two", "three"])
+    [4, 3]
+    """
+    args: tuple[Any, ...] = (list(texts),) if pairs is None else (list(texts), list(pairs))
+    enc = tokenizer(*args, truncation=False, padding=False, verbose=False)
+    return [len(ids) for ids in enc["input_ids"]]
+
+
+def first_too_long(lengths: Sequence[int], max_length: int) -> int | None:
+    """Index of the first length over ``max_length``, or None.
+
+    >>> first_too_long([3, 300, 400], 256)
+    1
+    """
+    return next((i for i, n in enumerate(lengths) if n > max_length), None)
 
 
 def tokenize(

@@ -11,7 +11,9 @@ them. The event loop only queues items and resolves futures, so it keeps accepti
 model computes. Items of jobs whose caller has gone (cancelled future) are dropped before compute. A
 full queue raises :class:`~embedrank.errors.OverloadedError`.
 
-The engine knows nothing of HTTP; it takes a backend with ``run_batch(items) -> list[ItemResult]``.
+The engine knows nothing of HTTP or of models: it takes a :class:`Backend` whose ``run_batch(items)``
+returns a :class:`~embedrank.types.ModelOutput`, and answers each job with one in the job's input order.
+The model runners that use it are in :mod:`embedrank.serving.runners`.
 """
 
 from __future__ import annotations
@@ -29,91 +31,34 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 import torch
 
-from embedrank.cross_encoder import CrossEncoder
-from embedrank.encoder import Encoder
 from embedrank.errors import InvalidInputError, NotReadyError, OverloadedError
-from embedrank.similarity import truncate_dims
-from embedrank.tokens import too_long_error
+from embedrank.types import ModelOutput
 
 Item = TypeVar("Item")
+Item_contra = TypeVar("Item_contra", contravariant=True)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ItemResult:
-    """Model output for one item: a vector ``(D,)`` or a score, its token count and truncation flag."""
+class Backend(Protocol[Item_contra]):
+    """One model as the engine sees it: a batch of items in, a :class:`~embedrank.types.ModelOutput` out."""
 
-    value: Any
-    tokens: int
-    truncated: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class JobResult:
-    """Results of one job in its input order."""
-
-    values: list[Any]
-    token_counts: list[int]
-    truncated: list[bool]
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.token_counts)
-
-    @property
-    def truncated_count(self) -> int:
-        return sum(self.truncated)
-
-
-class Backend(Protocol[Item]):  # type: ignore[misc]
     max_seq_length: int
 
-    def run_batch(self, items: Sequence[Item]) -> list[ItemResult]: ...
+    def run_batch(self, items: Sequence[Item_contra]) -> ModelOutput: ...
 
-    def item_chars(self, item: Item) -> int: ...
-
-
-class EmbeddingBackend:
-    """Runs batches of texts through an :class:`Encoder`; each value is a float32 vector ``(D,)``."""
-
-    def __init__(self, encoder: Encoder) -> None:
-        self.encoder = encoder
-        self.max_seq_length = encoder.max_seq_length
-
-    def item_chars(self, item: str) -> int:
-        return len(item)
-
-    def run_batch(self, items: Sequence[str]) -> list[ItemResult]:
-        batch = self.encoder.tokenize(list(items))
-        vectors = self.encoder.embed_tokenized(batch)  # (B, D)
-        return [ItemResult(vectors[i], batch.token_counts[i], batch.truncated[i]) for i in range(len(items))]
-
-
-class CrossEncoderBackend:
-    """Runs batches of (query, document) pairs through a :class:`CrossEncoder`; values are float scores."""
-
-    def __init__(self, cross_encoder: CrossEncoder) -> None:
-        self.cross_encoder = cross_encoder
-        self.max_seq_length = cross_encoder.max_seq_length
-
-    def item_chars(self, item: tuple[str, str]) -> int:
-        return len(item[0]) + len(item[1])
-
-    def run_batch(self, items: Sequence[tuple[str, str]]) -> list[ItemResult]:
-        batch = self.cross_encoder.tokenize([q for q, _ in items], [d for _, d in items])
-        scores = self.cross_encoder.forward(batch.features)  # (B,) or (B, L)
-        return [
-            ItemResult(float(np.asarray(scores[i]).ravel()[0]), batch.token_counts[i], batch.truncated[i])
-            for i in range(len(items))
-        ]
+    def item_chars(self, item: Item_contra) -> int: ...
 
 
 @dataclasses.dataclass(eq=False)
 class _Job:
     items: list[Any]
-    future: asyncio.Future[JobResult]
-    truncate: bool
-    results: list[ItemResult | None]
+    future: asyncio.Future[ModelOutput]
+    values: list[Any]
+    token_counts: list[int]
+    truncated: list[bool]
     remaining: int
+
+    def output(self) -> ModelOutput:
+        return ModelOutput(np.stack([np.asarray(v) for v in self.values]), self.token_counts, self.truncated)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,15 +71,6 @@ class EngineConfig:
     workers: int | None = None  # forward threads (default 1: on few cores, concurrent OpenMP teams
     # spin against each other and lose throughput; measured in eval/bench_service.py)
     threads: int | None = None  # torch threads, split evenly between the workers; default torch's
-
-
-@dataclasses.dataclass
-class EngineStats:
-    batches: int = 0
-    items: int = 0
-    tokens: int = 0
-    dropped: int = 0
-    seconds: float = 0.0  # in the worker threads: tokenizing, forward passes, pooling
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -160,11 +96,13 @@ class BatchEngine(Generic[Item]):
         config: EngineConfig | None = None,
         *,
         on_batch: Callable[[BatchReport], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.config = config or EngineConfig()
         self.on_batch = on_batch  # called on the event loop after each forward pass
-        self.stats = EngineStats()
+        self.clock = clock  # what the adaptive wait measures time with (tests inject a fake one)
+        self.dropped = 0  # queued items skipped because their caller had gone
         self._cond = threading.Condition()  # guards _pending, _computing, _peak_inflight, _stopping
         self._pending: collections.deque[tuple[_Job, int]] = collections.deque()
         self._computing = 0  # items in forward passes right now
@@ -214,8 +152,12 @@ class BatchEngine(Generic[Item]):
         return len(self._pending)
 
     # -- submission (event loop) -------------------------------------------------------------------
-    async def submit(self, items: Sequence[Item], *, truncate: bool = True) -> JobResult:
-        """Queue ``items`` as one job and wait for all their results (in input order)."""
+    async def submit(self, items: Sequence[Item]) -> ModelOutput:
+        """Queue ``items`` as one job and wait for all their results (in input order).
+
+        Over-long inputs are the caller's to refuse before submitting (the runners do, when truncation is
+        off); here they are truncated and flagged.
+        """
         if self._closing:
             raise NotReadyError("the service is shutting down; retry on another instance")
         if not self._threads:
@@ -225,10 +167,9 @@ class BatchEngine(Generic[Item]):
                 f"{len(items)} items in one request exceed the engine queue capacity of {self.config.max_queue_items}; "
                 f"split the request"
             )
-        future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
-        job = _Job(
-            items=list(items), future=future, truncate=truncate, results=[None] * len(items), remaining=len(items)
-        )
+        future: asyncio.Future[ModelOutput] = asyncio.get_running_loop().create_future()
+        n = len(items)
+        job = _Job(list(items), future, values=[None] * n, token_counts=[0] * n, truncated=[False] * n, remaining=n)
         with self._cond:
             if len(self._pending) + len(items) > self.config.max_queue_items:
                 raise OverloadedError(
@@ -264,7 +205,7 @@ class BatchEngine(Generic[Item]):
         or the size cap is reached. Inside the batch, items are sorted longest first.
         """
         live = [ji for ji in self._pending if not ji[0].future.done()]
-        self.stats.dropped += len(self._pending) - len(live)
+        self.dropped += len(self._pending) - len(live)
         longest = 0
         size = 0
         for job, i in live:
@@ -293,15 +234,19 @@ class BatchEngine(Generic[Item]):
             self.config.max_batch_tokens // self._estimate_tokens(head_job.items[head_i]),
         )
         gap = self.config.max_wait_ms / 2000
-        deadline = time.monotonic() + self.config.max_wait_ms / 1000
+        deadline = self.clock() + self.config.max_wait_ms / 1000
         while self._pending and len(self._pending) < target and not self._stopping:
-            remaining = min(deadline - time.monotonic(), gap)
+            remaining = min(deadline - self.clock(), gap)
             if remaining <= 0:
                 break
             queued = len(self._pending)
-            self._cond.wait(remaining)
+            self._timed_wait(remaining)
             if len(self._pending) <= queued:  # nothing arrived: the rest of the load is not coming back soon
                 break
+
+    def _timed_wait(self, seconds: float) -> None:
+        """Wait on the queue's condition for at most ``seconds`` (under ``self._cond``)."""
+        self._cond.wait(seconds)
 
     def _next_batch(self) -> list[tuple[_Job, int]] | None:
         """Block until a batch is ready; ``None`` once the engine stops."""
@@ -324,7 +269,7 @@ class BatchEngine(Generic[Item]):
         assert self._loop is not None
         while (batch := self._next_batch()) is not None:
             start = time.perf_counter()
-            outcome: list[ItemResult] | Exception
+            outcome: ModelOutput | Exception
             try:
                 outcome = self.backend.run_batch([job.items[i] for job, i in batch])
             except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
@@ -338,112 +283,25 @@ class BatchEngine(Generic[Item]):
                 return
 
     # -- results (event loop) ----------------------------------------------------------------------
-    def _deliver(self, batch: list[tuple[_Job, int]], outcome: list[ItemResult] | Exception, seconds: float) -> None:
+    def _deliver(self, batch: list[tuple[_Job, int]], outcome: ModelOutput | Exception, seconds: float) -> None:
         if isinstance(outcome, Exception):
             for job in {id(j): j for j, _ in batch}.values():
                 if not job.future.done():
                     job.future.set_exception(outcome)
             return
-        tokens = 0
-        for (job, i), result in zip(batch, outcome, strict=True):
-            tokens += result.tokens
+        for row, (job, i) in enumerate(batch):
             if job.future.done():
                 continue
-            job.results[i] = result
+            job.values[i] = outcome.values[row]
+            job.token_counts[i] = outcome.token_counts[row]
+            job.truncated[i] = outcome.truncated[row]
             job.remaining -= 1
-            if result.truncated and not job.truncate:
-                job.future.set_exception(too_long_error(i, self.backend.max_seq_length))
-            elif job.remaining == 0:
-                done = [r for r in job.results if r is not None]
-                job.future.set_result(
-                    JobResult(
-                        values=[r.value for r in done],
-                        token_counts=[r.tokens for r in done],
-                        truncated=[r.truncated for r in done],
-                    )
-                )
+            if job.remaining == 0:
+                job.future.set_result(job.output())
         with self._cond:
             self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
-        self.stats.batches += 1
-        self.stats.items += len(batch)
-        self.stats.tokens += tokens
-        self.stats.seconds += seconds
         if self.on_batch is not None:
             padded = max(self._estimate_tokens(job.items[i]) for job, i in batch) * len(batch)
-            self.on_batch(BatchReport(items=len(batch), padded_tokens=padded, tokens=tokens, seconds=seconds))
-
-
-@dataclasses.dataclass(frozen=True)
-class EmbedOutput:
-    embeddings: np.ndarray  # (N, D) float32, input order
-    token_counts: list[int]
-    truncated: list[bool]
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.token_counts)
-
-
-@dataclasses.dataclass(frozen=True)
-class RerankOutput:
-    scores: np.ndarray  # (N,) float32, input order
-    total_tokens: int
-    truncated: int
-
-
-class AsyncEncoder:
-    """Embeddings and bi-encoder (cosine) reranking through a :class:`BatchEngine`."""
-
-    kind = "embedding"
-    scorer = "bi-encoder"
-
-    def __init__(self, encoder: Encoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
-        self.encoder = encoder
-        self.engine: BatchEngine[str] = BatchEngine(EmbeddingBackend(encoder), config, **engine_kwargs)
-
-    @property
-    def dimension(self) -> int:
-        return self.encoder.dimension
-
-    @property
-    def max_seq_length(self) -> int:
-        return self.encoder.max_seq_length
-
-    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None, truncate: bool = True) -> EmbedOutput:
-        """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order."""
-        if dimensions is not None and not 1 <= dimensions <= self.dimension:
-            raise InvalidInputError(f"dimensions must be between 1 and {self.dimension}, got {dimensions}")
-        job = await self.engine.submit(texts, truncate=truncate)
-        vectors = np.stack(job.values).astype(np.float32, copy=False)  # (N, D)
-        if dimensions is not None and dimensions != self.dimension:
-            vectors = truncate_dims(torch.from_numpy(vectors), dimensions, renormalize=self.encoder.normalize).numpy()
-        return EmbedOutput(np.ascontiguousarray(vectors), job.token_counts, job.truncated)
-
-    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> RerankOutput:
-        """Cosine between the query embedding and each document embedding."""
-        out = await self.embed([query, *documents], truncate=truncate)
-        q, docs = out.embeddings[0], out.embeddings[1:]
-        norms = np.maximum(np.linalg.norm(docs, axis=1) * np.linalg.norm(q), 1e-12)
-        return RerankOutput((docs @ q / norms).astype(np.float32), out.total_tokens, sum(out.truncated))
-
-
-class AsyncCrossEncoder:
-    """Cross-encoder reranking through a :class:`BatchEngine`; pairs from many requests share batches."""
-
-    kind = "cross-encoder"
-    scorer = "cross-encoder"
-    dimension = None
-
-    def __init__(self, cross_encoder: CrossEncoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
-        self.cross_encoder = cross_encoder
-        self.engine: BatchEngine[tuple[str, str]] = BatchEngine(
-            CrossEncoderBackend(cross_encoder), config, **engine_kwargs
-        )
-
-    @property
-    def max_seq_length(self) -> int:
-        return self.cross_encoder.max_seq_length
-
-    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> RerankOutput:
-        job = await self.engine.submit([(query, d) for d in documents], truncate=truncate)
-        return RerankOutput(np.asarray(job.values, dtype=np.float32), job.total_tokens, job.truncated_count)
+            self.on_batch(
+                BatchReport(items=len(batch), padded_tokens=padded, tokens=outcome.total_tokens, seconds=seconds)
+            )

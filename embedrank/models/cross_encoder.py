@@ -10,11 +10,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from embedrank import packed
 from embedrank.errors import InvalidInputError, ModelKindError
-from embedrank.ranking import RankedResult, rank_scores
-from embedrank.registry import ModelSpec, quiet_loading, resolve
-from embedrank.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, tokenize
+from embedrank.math.ranking import RankedResult, rank_scores
+from embedrank.models import packed
+from embedrank.models.registry import ModelSpec, quiet_loading, resolve
+from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
+from embedrank.types import ModelOutput
 
 _ACTIVATIONS = {
     "Sigmoid": torch.sigmoid,
@@ -60,7 +61,7 @@ class CrossEncoder:
         self.device = torch.device(device)
         self.max_seq_length = max_seq_length or spec.max_seq_length
         self.activation = default_activation(model.config)
-        # skip padding tokens in BERT/RoBERTa classifiers (embedrank.packed); None = wherever it applies
+        # skip padding tokens in BERT/RoBERTa classifiers (embedrank.models.packed); None = wherever it applies
         self.padding_free = packed.enabled(packed.supports_classifier(self.model), tokenizer, padding_free)
 
     @classmethod
@@ -71,12 +72,20 @@ class CrossEncoder:
             ModelNotFoundError, NotAModelError: the id does not lead to a model.
             ModelKindError: the model has no sequence-classification head (an embedding model).
         """
+        return cls.from_spec(resolve(model_id), device=device, max_seq_length=max_seq_length)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, *, device: str = "cpu", max_seq_length: int | None = None) -> CrossEncoder:
+        """Load the weights of an already resolved model (:func:`~embedrank.models.registry.resolve`).
+
+        Raises:
+            ModelKindError: the model has no sequence-classification head.
+        """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        spec = resolve(model_id)
         if spec.kind != "cross-encoder":
             raise ModelKindError(
-                f"model {model_id!r} is an embedding model, not a cross-encoder (its config.json names no "
+                f"model {spec.model_id!r} is an embedding model, not a cross-encoder (its config.json names no "
                 f"*ForSequenceClassification architecture); load it with Encoder.from_pretrained, or rerank "
                 f"with it through BiEncoderScorer"
             )
@@ -99,6 +108,15 @@ class CrossEncoder:
     def tokenize(self, queries: Sequence[str], documents: Sequence[str], *, truncate: bool = True) -> Tokenized:
         """Pairs -> padded features ``(B, T)``; truncation is ``longest_first`` at ``max_seq_length``."""
         return tokenize(self.tokenizer, queries, documents, max_length=self.max_seq_length, truncate=truncate)
+
+    def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
+        """Untruncated token count of each (query, document) pair, to refuse over-long input before compute."""
+        return token_lengths(self.tokenizer, queries, documents)
+
+    def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput:
+        """Tokenize and score one batch of pairs in input order; what the serving engine runs per forward pass."""
+        batch = self.tokenize([q for q, _ in pairs], [d for _, d in pairs])
+        return ModelOutput(self.forward(batch.features), batch.token_counts, batch.truncated)
 
     @torch.inference_mode()
     def forward(self, features: dict[str, torch.Tensor], *, apply_activation: bool = True) -> np.ndarray:
@@ -124,8 +142,9 @@ class CrossEncoder:
         apply_activation: bool = True,
         show_progress: bool | None = None,
         truncate: bool = True,
-    ) -> tuple[np.ndarray, list[int], list[bool]]:
-        """Scores in input order, plus per-pair token counts and truncation flags."""
+    ) -> ModelOutput:
+        """Scores ``(N,)`` (``(N, L)`` for several labels) in input order, with per-pair token counts and
+        truncation flags."""
         items = list(pairs)
         if not items:
             raise InvalidInputError("pairs is empty; pass at least one (query, document) pair")
@@ -133,7 +152,7 @@ class CrossEncoder:
             if not (isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(x, str) for x in p)):
                 raise InvalidInputError(f"pairs[{i}] must be a (query, document) pair of strings")
         if batch_size < 1:
-            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
         scores: np.ndarray | None = None
         counts = [0] * len(items)
         truncated = [False] * len(items)
@@ -157,13 +176,13 @@ class CrossEncoder:
                     truncated[pos] = batch.truncated[j]
                 bar.update(len(positions))
         assert scores is not None
-        return scores, counts, truncated
+        return ModelOutput(scores, counts, truncated)
 
     def score_pairs(
         self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32, apply_activation: bool = True
     ) -> np.ndarray:
         """Score (query, document) pairs; sigmoid for one label unless ``apply_activation=False``."""
-        return self.score_pairs_with_stats(pairs, batch_size=batch_size, apply_activation=apply_activation)[0]
+        return self.score_pairs_with_stats(pairs, batch_size=batch_size, apply_activation=apply_activation).values
 
     def score(
         self, query: str, documents: Sequence[str], *, batch_size: int = 32, apply_activation: bool = True

@@ -56,7 +56,7 @@ def default_data_dir() -> Path | None:
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env).expanduser()
-    guess = Path(__file__).resolve().parents[2] / "shared" / "data"
+    guess = Path(__file__).resolve().parents[3] / "shared" / "data"
     return guess if guess.is_dir() else None
 
 

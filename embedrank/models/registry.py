@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from embedrank.errors import ModelNotFoundError, NotAModelError, UnsupportedModelError
-from embedrank.pooling import PoolingMode
+from embedrank.math.pooling import PoolingMode
 
 ModelKind = Literal["embedding", "cross-encoder"]
 
@@ -54,7 +54,7 @@ class ModelSpec:
 
     model_id: str
     path: str
-    source: Literal["package", "local", "hub"]
+    source: Literal["package", "local", "hub", "fake"]
     kind: ModelKind
     pooling: PoolingMode | None
     normalize: bool

@@ -10,21 +10,21 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from embedrank.cache import EmbeddingCache
-from embedrank.data import BeirDataset, load_beir, load_trec_run
-from embedrank.encoder import Encoder
-from embedrank.index import IndexConfig
-from embedrank.metrics import DEFAULT_K, evaluate_per_query
-from embedrank.pipeline import (
-    BM25FirstStage,
+from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
+from embedrank.models.encoder import Encoder
+from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL
+from embedrank.models.scorers import load_reranker
+from embedrank.retrieval.bm25 import BM25Retriever
+from embedrank.retrieval.cache import EmbeddingCache
+from embedrank.retrieval.data import BeirDataset, load_beir, load_trec_run
+from embedrank.retrieval.index import IndexConfig
+from embedrank.retrieval.pipeline import (
     DenseRetriever,
     FirstStage,
     HybridRetriever,
     PrecomputedRun,
     RetrieveRerank,
 )
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL
-from embedrank.scorers import load_reranker
 from embedrank.types import Run
 
 RetrieverName = Literal["dense", "bm25", "hybrid"]
@@ -102,7 +102,7 @@ def _bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> Firs
         )
         return PrecomputedRun(load_trec_run(shipped[0]), name=f"bm25[{shipped[0].name}]")
     notes.append("BM25: computed with bm25s (k1=0.9, b=0.4, Lucene IDF, English stemming)")
-    return BM25FirstStage(ds.corpus)
+    return BM25Retriever.from_corpus(ds.corpus)
 
 
 def run_benchmark(
@@ -120,7 +120,7 @@ def run_benchmark(
 
     def dense() -> DenseRetriever:
         t0 = time.perf_counter()
-        cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else None
+        cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else False
         retriever = DenseRetriever.from_corpus(
             cached_encoder(cfg.model),
             ds.corpus,
@@ -130,7 +130,8 @@ def run_benchmark(
             show_progress=cfg.show_progress,
         )
         timings["index_s"] = time.perf_counter() - t0
-        notes.append(f"embedding cache: {retriever.cache_path}" if retriever.cache_path else "embedding cache: off")
+        assert retriever.corpus_embeddings is not None
+        notes.append(retriever.corpus_embeddings.describe())
         return retriever
 
     first: FirstStage
@@ -148,11 +149,17 @@ def run_benchmark(
     if reranker is not None:
         notes.append(f"reranker: {cfg.reranker} as a {reranker.kind} scorer")
     pipeline = RetrieveRerank(first, ds.corpus, reranker=reranker, k_retrieve=cfg.k_retrieve)
-    result = pipeline.run(ds.queries, show_progress=bool(cfg.show_progress))
-    timings.update(result.timings)
+    if pipeline.vectors_from_index:
+        notes.append("reranker: candidates' vectors read from the dense index (same model), not re-encoded")
+    result = pipeline.run(ds.queries, show_progress=cfg.show_progress)
+    timings.update({k: v for k, v in result.timings.items() if k != "total_s"})
     k_values = sorted(set(DEFAULT_K) | {cfg.k_retrieve})
-    per_query = evaluate_per_query(ds.qrels, result.run, k_values, relevance_level=relevance_level)
-    first_pq = evaluate_per_query(ds.qrels, result.first_stage_run, k_values, relevance_level=relevance_level)
+    # every judged query counts, a query the run lost scores 0 (trec_eval -c)
+    per_query = evaluate_per_query(ds.qrels, result.run, k_values, relevance_level=relevance_level, queries="qrels")
+    first_pq = evaluate_per_query(
+        ds.qrels, result.first_stage_run, k_values, relevance_level=relevance_level, queries="qrels"
+    )
+    timings["total_s"] = time.perf_counter() - start  # load, index, retrieval and reranking
     if relevance_level > 1:
         notes.append(f"graded qrels: recall/MRR/MAP/P count relevance >= {relevance_level} (TREC DL); nDCG uses grades")
     return BenchmarkResult(

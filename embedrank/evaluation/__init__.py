@@ -1,0 +1,1 @@
+"""Evaluation: BEIR-style benchmark runs (the logic behind ``eval/run.py``)."""

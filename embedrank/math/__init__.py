@@ -1,0 +1,1 @@
+"""Pure functions: pooling, normalization and similarity, ranking, fusion, retrieval metrics."""

@@ -1,0 +1,130 @@
+"""Deterministic stand-ins for an encoder and a cross-encoder: no weights, no torch, microseconds per text.
+
+They have the interface the serving layer uses (``encode_batch``/``score_batch``, ``count_tokens``,
+``spec``, ``max_seq_length``), so the whole HTTP service can be tested and demonstrated without loading
+a model (as Infinity's dummy engine does). Tokens are lowercase words and punctuation marks, plus two
+special tokens per text (three per pair), and inputs are cut at ``max_seq_length`` tokens, so token counts
+and truncation flags behave as a real model's do.
+
+- :class:`FakeEncoder`: each word adds a signed unit to a hashed position (feature hashing), then the
+  vector is L2-normalized. Texts sharing words get a positive cosine.
+- :class:`FakeCrossEncoder`: the share of query words that occur in the document, in ``[0, 1]``.
+
+>>> enc = FakeEncoder(dimension=8, max_seq_length=4)
+>>> out = enc.encode_batch(["a b", "a b c d e"])
+>>> out.token_counts, out.truncated, out.values.shape
+([4, 4], [False, True], (2, 8))
+>>> FakeCrossEncoder().score_batch([("red apple", "an apple"), ("red apple", "pear")]).values.tolist()
+[0.5, 0.0]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from embedrank.math.pooling import PoolingMode
+from embedrank.math.similarity import l2_normalize
+from embedrank.models.registry import ModelSpec
+from embedrank.types import ModelOutput
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def words(text: str) -> list[str]:
+    """The fake tokenizer: lowercase words and single punctuation marks.
+
+    >>> words("Hello, World!")
+    ['hello', ',', 'world', '!']
+    """
+    return _TOKEN.findall(text.lower())
+
+
+def _slot(word: str, dimension: int) -> tuple[int, float]:
+    digest = hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    value = int.from_bytes(digest, "little")
+    return value % dimension, 1.0 if (value >> 63) & 1 else -1.0
+
+
+class FakeEncoder:
+    """A bag-of-words feature-hashing encoder with a real model's interface and token accounting."""
+
+    def __init__(
+        self, model_id: str = "fake-encoder", *, dimension: int = 32, max_seq_length: int = 32, normalize: bool = True
+    ) -> None:
+        self.spec = ModelSpec(
+            model_id=model_id,
+            path=f"<fake:{model_id}>",
+            source="fake",
+            kind="embedding",
+            pooling=PoolingMode.MEAN,
+            normalize=normalize,
+            max_seq_length=max_seq_length,
+            dimension=dimension,
+        )
+        self.model_id, self.dimension, self.max_seq_length, self.normalize = (
+            model_id,
+            dimension,
+            max_seq_length,
+            normalize,
+        )
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(words(t)) + 2 for t in texts]
+
+    def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)  # (N, D)
+        counts, truncated = [], []
+        for i, text in enumerate(texts):
+            tokens = words(text)
+            kept = tokens[: self.max_seq_length - 2]
+            for word in kept:
+                slot, sign = _slot(word, self.dimension)
+                out[i, slot] += sign
+            counts.append(len(kept) + 2)
+            truncated.append(len(kept) < len(tokens))
+        return ModelOutput(l2_normalize(out) if self.normalize else out, counts, truncated)
+
+    def encode(self, texts: Sequence[str], **_: object) -> np.ndarray:
+        return self.encode_batch(list(texts)).values
+
+
+class FakeCrossEncoder:
+    """Scores a pair by the share of query words found in the document, with a cross-encoder's accounting."""
+
+    def __init__(self, model_id: str = "fake-cross-encoder", *, max_seq_length: int = 64) -> None:
+        self.spec = ModelSpec(
+            model_id=model_id,
+            path=f"<fake:{model_id}>",
+            source="fake",
+            kind="cross-encoder",
+            pooling=None,
+            normalize=False,
+            max_seq_length=max_seq_length,
+            dimension=None,
+            num_labels=1,
+        )
+        self.model_id, self.max_seq_length = model_id, max_seq_length
+
+    def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
+        return [len(words(q)) + len(words(d)) + 3 for q, d in zip(queries, documents, strict=True)]
+
+    def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput:
+        scores, counts, truncated = [], [], []
+        for query, document in pairs:
+            q, d = words(query), words(document)
+            full = len(q) + len(d) + 3
+            budget = self.max_seq_length - 3
+            while len(q) + len(d) > budget:  # longest_first, as Hugging Face tokenizers truncate pairs
+                if len(d) >= len(q):
+                    d = d[:-1]
+                else:
+                    q = q[:-1]
+            seen = set(d)
+            scores.append(sum(w in seen for w in q) / len(q) if q else 0.0)
+            counts.append(len(q) + len(d) + 3)
+            truncated.append(counts[-1] < full)
+        return ModelOutput(np.asarray(scores, dtype=np.float32), counts, truncated)

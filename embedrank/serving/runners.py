@@ -1,0 +1,164 @@
+"""Model runners: an encoder or a cross-encoder behind a :class:`~embedrank.serving.engine.BatchEngine`.
+
+:class:`AsyncEncoder` serves embeddings and bi-encoder (cosine) reranking, :class:`AsyncCrossEncoder`
+cross-encoder reranking. Both answer with a :class:`~embedrank.types.ModelOutput` in input order.
+With ``truncate=False`` they count tokens (in a worker thread) and refuse an over-long input before it
+is queued, naming the request field and position (``input[3]``, ``query``, ``documents[2]``).
+
+Any model with the methods the backends call works: :class:`~embedrank.models.encoder.Encoder` and
+:class:`~embedrank.models.cross_encoder.CrossEncoder`, or the weightless fakes in
+:mod:`embedrank.models.fake` that the HTTP tests use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from embedrank.math.similarity import check_dimensions, cosine_scores, truncate_dims
+from embedrank.models.registry import ModelSpec
+from embedrank.models.tokens import first_too_long, too_long_error
+from embedrank.serving.engine import BatchEngine, EngineConfig
+from embedrank.types import ModelOutput
+
+
+class EmbeddingModel(Protocol):
+    spec: ModelSpec
+    model_id: str
+    dimension: int
+    max_seq_length: int
+    normalize: bool
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> ModelOutput: ...
+
+
+class PairScorer(Protocol):
+    spec: ModelSpec
+    model_id: str
+    max_seq_length: int
+
+    def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]: ...
+
+    def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput: ...
+
+
+class EmbeddingBackend:
+    """Batches of texts through an encoder; each value is a float32 vector ``(D,)``."""
+
+    def __init__(self, encoder: EmbeddingModel) -> None:
+        self.encoder = encoder
+        self.max_seq_length = encoder.max_seq_length
+
+    def item_chars(self, item: str) -> int:
+        return len(item)
+
+    def run_batch(self, items: Sequence[str]) -> ModelOutput:
+        return self.encoder.encode_batch(list(items))
+
+
+class CrossEncoderBackend:
+    """Batches of (query, document) pairs through a cross-encoder; each value is a score."""
+
+    def __init__(self, cross_encoder: PairScorer) -> None:
+        self.cross_encoder = cross_encoder
+        self.max_seq_length = cross_encoder.max_seq_length
+
+    def item_chars(self, item: tuple[str, str]) -> int:
+        return len(item[0]) + len(item[1])
+
+    def run_batch(self, items: Sequence[tuple[str, str]]) -> ModelOutput:
+        out = self.cross_encoder.score_batch(list(items))
+        scores = out.values.reshape(len(items), -1)[:, 0]  # (B,): the first label of multi-label heads
+        return ModelOutput(scores, out.token_counts, out.truncated)
+
+
+def _field(index: int, fields: Sequence[tuple[str, int]]) -> tuple[str, int]:
+    """Map a position in the submitted items to (request field, index in that field).
+
+    >>> _field(0, [("query", 1), ("documents", 3)]), _field(2, [("query", 1), ("documents", 3)])
+    (('query', 0), ('documents', 1))
+    """
+    for name, size in fields:
+        if index < size:
+            return name, index
+        index -= size
+    raise IndexError(index)
+
+
+class AsyncEncoder:
+    """Embeddings and bi-encoder (cosine) reranking through a :class:`BatchEngine`."""
+
+    kind = "embedding"
+    scorer = "bi-encoder"
+
+    def __init__(self, encoder: EmbeddingModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
+        self.encoder = encoder
+        self.engine: BatchEngine[str] = BatchEngine(EmbeddingBackend(encoder), config, **engine_kwargs)
+
+    @property
+    def dimension(self) -> int:
+        return self.encoder.dimension
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.encoder.max_seq_length
+
+    async def _refuse_too_long(self, texts: Sequence[str], fields: Sequence[tuple[str, int]]) -> None:
+        lengths = await asyncio.to_thread(self.encoder.count_tokens, list(texts))
+        at = first_too_long(lengths, self.max_seq_length)
+        if at is not None:
+            name, index = _field(at, fields)
+            raise too_long_error(index, self.max_seq_length, param=name, tokens=lengths[at])
+
+    async def embed(
+        self, texts: Sequence[str], *, dimensions: int | None = None, truncate: bool = True, param: str = "input"
+    ) -> ModelOutput:
+        """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order."""
+        check_dimensions(dimensions, self.dimension)
+        if not truncate:
+            await self._refuse_too_long(texts, [(param, len(texts))])
+        out = await self.engine.submit(texts)
+        vectors = truncate_dims(out.values, dimensions, renormalize=self.encoder.normalize)
+        return ModelOutput(np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated)
+
+    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> ModelOutput:
+        """Cosine between the query embedding and each document embedding; token counts cover the query
+        (first) and every document."""
+        texts = [query, *documents]
+        if not truncate:
+            await self._refuse_too_long(texts, [("query", 1), ("documents", len(documents))])
+        out = await self.engine.submit(texts)
+        return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
+
+
+class AsyncCrossEncoder:
+    """Cross-encoder reranking through a :class:`BatchEngine`; pairs from many requests share batches."""
+
+    kind = "cross-encoder"
+    scorer = "cross-encoder"
+    dimension = None
+
+    def __init__(self, cross_encoder: PairScorer, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
+        self.cross_encoder = cross_encoder
+        self.engine: BatchEngine[tuple[str, str]] = BatchEngine(
+            CrossEncoderBackend(cross_encoder), config, **engine_kwargs
+        )
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.cross_encoder.max_seq_length
+
+    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> ModelOutput:
+        """Scores ``(N,)`` of each (query, document) pair in input order."""
+        if not truncate:
+            lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, [query] * len(documents), documents)
+            at = first_too_long(lengths, self.max_seq_length)
+            if at is not None:
+                raise too_long_error(at, self.max_seq_length, param="documents", tokens=lengths[at])
+        out = await self.engine.submit([(query, d) for d in documents])
+        return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
