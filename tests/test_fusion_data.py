@@ -7,7 +7,10 @@ import copy
 import pytest
 
 from embedrank.errors import DataNotFoundError, InvalidInputError
-from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion, top_k
+from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
+from embedrank.math.metrics import evaluate
+from embedrank.math.ranking import ranked_ids, top_k
+from embedrank.retrieval.pipeline import PipelineResult
 from embedrank.retrieval.data import (
     DEMO_QRELS,
     load_beir,
@@ -23,11 +26,11 @@ def test_fusion_does_not_mutate_and_is_deterministic():
     b = {"q": {"y": 0.2, "w": 0.9}}
     snapshot = copy.deepcopy((a, b))
     rrf = reciprocal_rank_fusion([a, b], k=60)
-    assert rrf["q"]["y"] == pytest.approx(1 / 62 + 1 / 62)
+    assert rrf["q"]["y"] == pytest.approx(1 / 63 + 1 / 62)  # tied with z in a, ranked after it (trec_eval order)
     fused = score_fusion(a, b, weight=0.7, normalization="zscore")
     assert set(fused["q"]) == {"w", "x", "y", "z"}
     assert (a, b) == snapshot
-    assert list(top_k({"q": {"b": 1.0, "a": 1.0, "c": 0.5}}, 2)["q"]) == ["a", "b"]
+    assert list(top_k({"q": {"b": 1.0, "a": 1.0, "c": 0.5}}, 2)["q"]) == ["b", "a"]
     with pytest.raises(InvalidInputError):
         score_fusion(a, b, weight=1.5)
 
@@ -54,3 +57,25 @@ def test_missing_split(tmp_path):
     root = write_demo_collection(tmp_path)
     with pytest.raises(DataNotFoundError, match="train"):
         load_beir(root, split="train")
+
+
+def test_ties_break_the_trec_eval_way_everywhere(tmp_path):
+    """One order for tied documents in fusion, top_k, run files, pipeline frames and metrics: doc id descending."""
+    import pytrec_eval
+
+    run = {"q": {"d1": 1.0, "d2": 1.0, "d3": 1.0, "d0": 2.0}}
+    assert ranked_ids(run["q"]) == ["d0", "d3", "d2", "d1"]
+    assert list(top_k(run, 2)["q"]) == ["d0", "d3"]
+    # RRF gives the tied documents distinct ranks in that order, so d3 outranks d1
+    rrf = reciprocal_rank_fusion([run], k=1)["q"]
+    assert rrf["d3"] > rrf["d2"] > rrf["d1"]
+    write_trec_run(run, tmp_path / "r.trec")
+    lines = [ln.split() for ln in (tmp_path / "r.trec").read_text().splitlines()]
+    assert [(ln[2], ln[3]) for ln in lines] == [("d0", "1"), ("d3", "2"), ("d2", "3"), ("d1", "4")]
+    frame = PipelineResult(run=run, first_stage_run=run, timings={}).to_frame()
+    assert frame["doc_id"].tolist() == ["d0", "d3", "d2", "d1"]
+    # the metric sees the same order as trec_eval itself: d1 (the only relevant one) at rank 4
+    qrels = {"q": {"d1": 1}}
+    assert evaluate(qrels, run, ["mrr@10"])["mrr@10"] == pytest.approx(0.25)
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(run)["q"]["recip_rank"]
+    assert ref == pytest.approx(0.25)

@@ -7,6 +7,7 @@ import pytest
 
 from embedrank.errors import IndexMismatchError, IndexTrainingError, InvalidInputError
 from embedrank.retrieval.index import FaissIndex, IndexConfig, NumpyIndex, build_index, load_index, recall_at_k
+from embedrank.retrieval.pipeline import DenseRetriever
 
 
 def _random(n, d=32, seed=0):
@@ -76,7 +77,7 @@ def test_factory_and_protocol():
     index = build_index(32, kind="factory", factory="IVF4,Flat", metric="dot")
     index.add([str(i) for i in range(200)], _random(200))
     assert isinstance(index, FaissIndex) and len(index) == 200
-    assert index.search(_random(1), 3)[0].shape == (1, 3)
+    assert [row.shape for row in index.search(_random(1), 3)[0]] == [(3,)]
     from embedrank.retrieval.index import VectorIndex
 
     assert isinstance(NumpyIndex(8), VectorIndex) and isinstance(index, VectorIndex)
@@ -102,3 +103,76 @@ def test_real_embeddings_flat_equals_oracle_and_ann_recall(scifact_dense):
         _, approx = ann.search(query_vectors, 10)
         recall = recall_at_k(approx, truth)
         assert recall >= 0.95, f"{kind} recall@10 vs exact = {recall:.3f}"
+
+
+# Every kind, with settings that make the approximate ones return short rows (an IVF probe that reaches fewer
+# than k vectors, k larger than the corpus), against the exact numpy oracle.
+KINDS = {
+    "flat": {},
+    "ivf": {"nlist": 20, "nprobe": 1},
+    "pq": {"nlist": 20, "nprobe": 1, "pq_m": 8, "pq_nbits": 4},
+    "hnsw": {"hnsw_m": 4, "ef_search": 4},
+    "factory": {"factory": "IVF20,Flat"},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("k", [5, 100, 1000])
+def test_every_kind_against_the_oracle_including_short_rows(kind, k):
+    x, q = _random(400, seed=2), _random(12, seed=3)
+    ids = [f"d{i}" for i in range(400)]
+    exact = build_index(32, kind="numpy")
+    exact.add(ids, x)
+    ann = build_index(32, kind=kind, **KINDS[kind])
+    ann.add(ids, x)
+    if kind == "factory":
+        ann.set_search_params(nprobe=1)
+    scores, got = ann.search(q, k)
+    ref_scores, ref_ids = exact.search(q, len(ids))
+    assert len(scores) == len(got) == 12
+    short = 0
+    for row_scores, row_ids, true_scores, true_ids in zip(scores, got, ref_scores, ref_ids, strict=True):
+        assert len(row_scores) == len(row_ids) <= min(k, 400)
+        assert len(set(row_ids)) == len(row_ids)  # no id twice, no padding id
+        assert np.all(np.diff(row_scores) <= 1e-6)  # best first
+        truth = dict(zip(true_ids, true_scores, strict=True))
+        if kind != "pq":  # PQ scores are approximate by design; the others score exactly
+            np.testing.assert_allclose(row_scores, [truth[d] for d in row_ids], atol=1e-5)
+        short += len(row_ids) < min(k, 400)
+    if kind in ("ivf", "pq", "factory") and k >= 100:
+        assert short > 0  # nprobe=1 reaches one of 20 lists: the case that used to break
+    if kind in ("ivf", "factory"):  # probing every list is exact search
+        ann.set_search_params(nprobe=20)
+        full_scores, full_ids = ann.search(q, k)
+        assert full_ids == [row[: min(k, 400)] for row in ref_ids]
+
+
+class _FakeEncoder:
+    """Just enough of an Encoder for DenseRetriever: fixed query vectors."""
+
+    model_id = "fake"
+    dimension = 32
+
+    def encode(self, texts, batch_size=32):
+        return _random(len(texts), seed=3)
+
+
+def test_dense_retriever_accepts_short_rows():
+    index = build_index(32, kind="ivf", nlist=20, nprobe=1)
+    index.add([f"d{i}" for i in range(400)], _random(400, seed=2))
+    run = DenseRetriever(_FakeEncoder(), index).retrieve({f"q{i}": "x" for i in range(12)}, 100)
+    assert all(0 < len(docs) <= 100 for docs in run.values())
+    assert any(len(docs) < 100 for docs in run.values())
+
+
+@pytest.mark.parametrize("kind", ["numpy", "flat", "hnsw", "ivf"])
+def test_reconstruct_returns_the_searched_vectors(kind):
+    x = _random(300)
+    index = build_index(32, kind=kind, nlist=8 if kind == "ivf" else None)
+    index.add([str(i) for i in range(300)], x)
+    got = index.reconstruct(["7", "3", "299"])
+    expected = x[[7, 3, 299]] / np.linalg.norm(x[[7, 3, 299]], axis=1, keepdims=True)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    pq = build_index(32, kind="pq", nlist=4)
+    pq.add([str(i) for i in range(300)], x)
+    assert pq.reconstruct(["1"]) is None  # lossy codes are not the stored vectors

@@ -59,15 +59,24 @@ def test_pooling_matches_sentence_transformers(mode, st_kwargs):
     torch.testing.assert_close(pool(emb, mask, mode), ref, rtol=0, atol=1e-6)
 
 
-def test_normalize_and_truncate():
-    x = torch.tensor([[3.0, 4.0, 12.0]])
-    torch.testing.assert_close(l2_normalize(x).norm(dim=1), torch.tensor([1.0]))
-    t = truncate_dims(l2_normalize(x), 2)
-    torch.testing.assert_close(t, torch.tensor([[0.6, 0.8]]))
-    with pytest.raises(InvalidInputError, match="between 1 and 3"):
-        truncate_dims(x, 4)
-    with pytest.raises(InvalidInputError):
-        truncate_dims(x, 0)
+def test_normalize_and_truncate_match_torch():
+    import numpy as np
+
+    x = torch.randn(16, 24, generator=torch.Generator().manual_seed(3))
+    x[3] = 0.0  # an all-zero row stays zero, as in torch
+    ref = torch.nn.functional.normalize(x, p=2.0, dim=-1)
+    np.testing.assert_allclose(l2_normalize(x.numpy()), ref.numpy(), rtol=0, atol=1e-7)
+    # Matryoshka: the first d components of the normalized vector, renormalized (sentence-transformers' truncate_dim)
+    t = truncate_dims(l2_normalize(x.numpy()), 8)
+    np.testing.assert_allclose(t, torch.nn.functional.normalize(ref[:, :8], dim=-1).numpy(), atol=1e-7)
+    np.testing.assert_allclose(truncate_dims(np.array([[3.0, 4.0, 12.0]]), 2), [[0.6, 0.8]], atol=1e-7)
+    assert truncate_dims(x.numpy(), None).shape == (16, 24)
+    with pytest.raises(InvalidInputError, match="between 1 and 24") as info:
+        truncate_dims(x.numpy(), 25)
+    assert info.value.param == "dimensions"
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(InvalidInputError):
+            truncate_dims(x.numpy(), bad)
 
 
 def test_similarity_matches_sentence_transformers():

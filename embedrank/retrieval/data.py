@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from embedrank.errors import DataNotFoundError
+from embedrank.math.ranking import ranked_ids
 from embedrank.types import Corpus, Qrels, Queries, Run
 
 DATA_ENV = "EMBEDRANK_DATA"
@@ -146,12 +147,11 @@ def load_trec_run(path: str | os.PathLike[str]) -> Run:
 
 
 def write_trec_run(run: Run, path: str | os.PathLike[str], tag: str = "embedrank") -> None:
-    """Write a TREC run file, ranks following score descending with ties by doc id."""
+    """Write a TREC run file; ranks follow trec_eval's order (score descending, ties by doc id descending)."""
     with open(path, "w", encoding="utf-8") as f:
         for qid in sorted(run):
-            ranked = sorted(run[qid].items(), key=lambda kv: (-kv[1], kv[0]))
-            for rank, (doc_id, score) in enumerate(ranked, start=1):
-                f.write(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
+            for rank, doc_id in enumerate(ranked_ids(run[qid]), start=1):
+                f.write(f"{qid} Q0 {doc_id} {rank} {run[qid][doc_id]:.6f} {tag}\n")
 
 
 DEMO_CORPUS: Corpus = {
