@@ -43,7 +43,9 @@ class FakeBackend:
         self.batches.append(list(items))
         if len(self.batches) == 3:
             self.three_done.set()
-        return ModelOutput(np.array([t[::-1] for t in items]), [min(len(t), 50) for t in items], [len(t) > 50 for t in items])
+        return ModelOutput(
+            np.array([t[::-1] for t in items]), [min(len(t), 50) for t in items], [len(t) > 50 for t in items]
+        )
 
 
 async def _entered(backend: FakeBackend) -> None:

@@ -10,7 +10,6 @@ from embedrank.errors import DataNotFoundError, InvalidInputError
 from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
 from embedrank.math.metrics import evaluate
 from embedrank.math.ranking import ranked_ids, top_k
-from embedrank.retrieval.pipeline import PipelineResult
 from embedrank.retrieval.data import (
     DEMO_QRELS,
     load_beir,
@@ -19,6 +18,7 @@ from embedrank.retrieval.data import (
     write_demo_collection,
     write_trec_run,
 )
+from embedrank.retrieval.pipeline import PipelineResult
 
 
 def test_fusion_does_not_mutate_and_is_deterministic():

@@ -10,7 +10,6 @@ import pytest
 import pytrec_eval
 
 from embedrank.errors import InvalidInputError
-
 from embedrank.math.metrics import evaluate, evaluate_per_query
 
 
@@ -62,7 +61,11 @@ def test_subset_of_queries_scores_that_subset():
     """The defect: a run over 2 of 3 judged queries was averaged over all 3."""
     qrels = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"c": 1}}
     run = {"q1": {"a": 1.0}, "q2": {"b": 1.0}}
-    assert evaluate(qrels, run, ["ndcg@10", "recall@100", "mrr@10"]) == {"ndcg@10": 1.0, "recall@100": 1.0, "mrr@10": 1.0}
+    assert evaluate(qrels, run, ["ndcg@10", "recall@100", "mrr@10"]) == {
+        "ndcg@10": 1.0,
+        "recall@100": 1.0,
+        "mrr@10": 1.0,
+    }
 
 
 def test_measures_pick_the_keys():
@@ -89,7 +92,9 @@ def test_ties_break_like_trec_eval():
     ref = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(run)["q"]["recip_rank"]
     assert m["mrr@10"] == pytest.approx(ref) == pytest.approx(0.5)
     assert m["mrr@1"] == 0.0
-    assert evaluate(qrels, run) == evaluate(qrels, dict(reversed(run["q"].items())) and {"q": dict(reversed(run["q"].items()))})
+    assert evaluate(qrels, run) == evaluate(
+        qrels, dict(reversed(run["q"].items())) and {"q": dict(reversed(run["q"].items()))}
+    )
 
 
 @pytest.mark.slow  # ranx compiles its metrics with numba on first use (~40 s)
@@ -110,7 +115,9 @@ def test_matches_ranx_on_random_runs():
     for k in (1, 5, 10, 100):
         for ours_name, ranx_name in names.items():
             metric = f"{ranx_name}@{k}"
-            ranx_qrels = RanxQrels({q: {d: r for d, r in rels.items() if r > 0} or {"__none__": 0} for q, rels in qrels.items()})
+            ranx_qrels = RanxQrels(
+                {q: {d: r for d, r in rels.items() if r > 0} or {"__none__": 0} for q, rels in qrels.items()}
+            )
             ref = ranx_evaluate(ranx_qrels, RanxRun(run), metric, return_mean=False)
             np.testing.assert_allclose(ours[f"{ours_name}@{k}"].to_numpy(), ref, atol=1e-9, err_msg=metric)
 

@@ -168,6 +168,11 @@ class Encoder:
             token_embeddings, batch.features["attention_mask"], normalize=normalize, dimensions=dimensions
         )
 
+    def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
+        """All three steps on one batch, in input order; what the serving engine runs per forward pass."""
+        batch = self.tokenize(texts)
+        return ModelOutput(self.embed_tokenized(batch), batch.token_counts, batch.truncated)
+
     # -- convenience -----------------------------------------------------------------------------
     def encode_with_stats(
         self,

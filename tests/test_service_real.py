@@ -1,0 +1,85 @@
+"""The service on the real packaged model: parity with the in-process Encoder, BiEncoderScorer and
+CrossEncoder, real token counts, and real model loading. One app per module; routes and errors in general
+are covered on fake models in ``test_service.py``."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+
+import numpy as np
+import pytest
+from litestar.testing import TestClient
+
+from embedrank import BiEncoderScorer, CrossEncoder
+from service.app import create_app
+from service.settings import ModelEntry, Settings
+
+pytestmark = pytest.mark.slow
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+KEY = "test-key-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+BASE = Settings(api_keys=(KEY,), models=(ModelEntry(id=MODEL, aliases=("all-MiniLM-L6-v2",)),))
+DOCS = [
+    "Bananas are yellow.",
+    "The tilt of Earth's axis causes the seasons.",
+    "Seasons change through the year.",
+    "Bananas are yellow.",
+]
+
+
+@pytest.fixture(scope="module")
+def client(cross_encoder_dir):
+    settings = dataclasses.replace(BASE, models=(*BASE.models, ModelEntry(id="my-ce", path=cross_encoder_dir)))
+    with TestClient(create_app(settings, wait_for_models=True)) as c:
+        c.headers.update(AUTH)
+        yield c
+
+
+def test_embeddings_equal_the_encoder(client, encoder):
+    texts = ["short", "a much longer text about retrieval " * 5, "", "Ünïcödé 日本語", "mid length text here"]
+    body = client.post("/v1/embeddings", json={"model": MODEL, "input": texts}).json()
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    ref = encoder.encode_with_stats(texts)
+    assert np.abs(got - ref.embeddings).max() < 1e-5
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] == ref.total_tokens
+    b64 = client.post("/v1/embeddings", json={"model": MODEL, "input": texts, "encoding_format": "base64"}).json()
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in b64["data"]])
+    np.testing.assert_array_equal(decoded, got)
+    short = client.post("/v1/embeddings", json={"model": MODEL, "input": texts, "dimensions": 64}).json()
+    np.testing.assert_allclose([d["embedding"] for d in short["data"]], encoder.encode(texts, dimensions=64), atol=1e-6)
+
+
+def test_real_truncation_counts(client):
+    long = "retrieval " * 400
+    resp = client.post("/v1/embeddings", json={"model": MODEL, "input": ["ok", long, long]})
+    assert resp.status_code == 200 and resp.headers["x-truncated-inputs"] == "2"
+    assert resp.json()["usage"]["total_tokens"] == 256 * 2 + 3
+    resp = client.post("/v1/embeddings", json={"model": MODEL, "input": ["ok", long], "truncate": False})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "input"
+    assert "input[1]" in resp.json()["error"]["message"]
+
+
+def test_bi_encoder_rerank_equals_the_scorer(client, encoder):
+    body = client.post(
+        "/v1/rerank", json={"model": MODEL, "query": "what causes the seasons", "documents": DOCS}
+    ).json()
+    ref = BiEncoderScorer(encoder).score("what causes the seasons", DOCS)
+    assert body["results"][0]["index"] == 1
+    for r in body["results"]:
+        assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-5)
+
+
+def test_configured_cross_encoder_serves_true_scores(client, cross_encoder_dir):
+    body = client.post(
+        "/v1/rerank", json={"model": "my-ce", "query": "what causes the seasons", "documents": DOCS}
+    ).json()
+    ref = CrossEncoder.from_pretrained(cross_encoder_dir).score("what causes the seasons", DOCS)
+    for r in body["results"]:
+        assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-5)
+    assert [r["index"] for r in body["results"]] == sorted(range(4), key=lambda i: (-ref[i], i))
+    cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert cards["my-ce"]["scorer"] == "cross-encoder" and cards[MODEL]["dimension"] == 384
+    resp = client.post("/v1/embeddings", json={"model": "my-ce", "input": "x"})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "model_wrong_kind"
