@@ -67,15 +67,26 @@ def scifact(data_dir):
 
 
 @pytest.fixture(scope="session")
-def scifact_dense(scifact, encoder):
-    """SciFact corpus and test-query embeddings, through the on-disk embedding cache (computed once per machine)."""
-    from embedrank.retrieval.cache import EmbeddingCache
+def scifact_dense(request, scifact, encoder):
+    """SciFact corpus and test-query embeddings, through the on-disk embedding cache (computed once per machine).
+
+    A cold cache means ~4-5 minutes of encoding on 2 cores; the terminal says so before it starts, and the
+    progress bar shows with ``pytest -s``.
+    """
+    from embedrank.retrieval.cache import EmbeddingCache, corpus_key
     from embedrank.retrieval.data import doc_text
-    from embedrank.retrieval.pipeline import embed_corpus
+    from embedrank.retrieval.pipeline import embed_corpus, encoder_cache_key
 
     ids = list(scifact.corpus)
-    vectors, _ = embed_corpus(
-        encoder, ids, [doc_text(scifact.corpus[d]) for d in ids], batch_size=64, cache=EmbeddingCache()
-    )
+    texts = [doc_text(scifact.corpus[d]) for d in ids]
+    cache = EmbeddingCache()
+    if cache.load(corpus_key(encoder_cache_key(encoder), ids, texts), len(ids)) is None:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"\n[embedrank] embedding the SciFact corpus ({len(ids):,} documents) into the cache at "
+                f"{cache.directory}: about 4-5 minutes on 2 cores, once per machine (progress: pytest -s)"
+            )
+    vectors = embed_corpus(encoder, ids, texts, batch_size=64, cache=cache, show_progress=True).vectors
     queries = encoder.encode(list(scifact.queries.values()))
     return scifact, vectors, queries

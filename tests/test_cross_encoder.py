@@ -56,11 +56,14 @@ def test_rank_top_k_and_ties(cross_encoder, monkeypatch):
 
 
 def test_token_stats(cross_encoder):
-    _, counts, truncated = cross_encoder.score_pairs_with_stats([(QUERY, d) for d in DOCS])
-    assert truncated == [False, False, True, False, False, False]
-    assert counts[2] == cross_encoder.max_seq_length
+    out = cross_encoder.score_pairs_with_stats([(QUERY, d) for d in DOCS])
+    assert out.truncated == [False, False, True, False, False, False]
+    assert out.token_counts[2] == cross_encoder.max_seq_length
+    assert out.scores.shape == (6,)
+    full = cross_encoder.count_tokens([QUERY] * len(DOCS), DOCS)
+    assert [min(n, cross_encoder.max_seq_length) for n in full] == out.token_counts
     # batches are formed by token length, but errors name the pair's position in the input
-    with pytest.raises(InputTooLongError, match="input 2 "):
+    with pytest.raises(InputTooLongError, match=r"pairs\[2\] "):
         cross_encoder.score_pairs_with_stats([(QUERY, d) for d in DOCS], batch_size=2, truncate=False)
 
 

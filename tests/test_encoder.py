@@ -52,8 +52,9 @@ def test_token_counts_and_truncation(encoder):
     assert out.truncated == [n > 256 for n in full]
     assert out.truncated[3] and not any(out.truncated[:3])
     assert out.token_counts[1] == 2  # [CLS] [SEP]
-    with pytest.raises(InputTooLongError, match="256"):
+    with pytest.raises(InputTooLongError, match=r"texts\[3\] .*256") as info:
         encoder.encode_with_stats(MIXED, truncate=False)
+    assert (info.value.param, info.value.index) == ("texts", 3)
 
 
 def test_exactly_max_length_is_not_truncated(encoder):
@@ -108,3 +109,19 @@ def test_path_that_is_not_a_model(tmp_path):
 def test_cross_encoder_loaded_as_encoder(cross_encoder_dir):
     with pytest.raises(ModelKindError, match=r"CrossEncoder\.from_pretrained"):
         Encoder.from_pretrained(cross_encoder_dir)
+
+
+def test_count_tokens_and_encode_batch_agree_with_encode(encoder):
+    out = encoder.encode_batch(MIXED)
+    assert out.token_counts == [min(n, 256) for n in encoder.count_tokens(MIXED)]
+    assert np.abs(out.embeddings - encoder.encode(MIXED)).max() < 1e-5
+
+
+def test_models_satisfy_the_runner_protocols(encoder, cross_encoder_dir):
+    from embedrank import CrossEncoder
+    from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
+    from embedrank.serving.runners import EmbeddingModel, PairScorer
+
+    assert isinstance(encoder, EmbeddingModel) and isinstance(FakeEncoder(), EmbeddingModel)
+    assert isinstance(CrossEncoder.from_pretrained(cross_encoder_dir), PairScorer)
+    assert isinstance(FakeCrossEncoder(), PairScorer)

@@ -164,6 +164,7 @@ class CrossEncoder:
             max_length=self.max_seq_length,
             batch_size=batch_size,
             truncate=truncate,
+            param="pairs",
         )
         with tqdm(total=len(items), desc="Scoring", unit="pair", disable=not show) as bar:
             for positions, batch in batches:

@@ -114,10 +114,12 @@ def too_long_error(
     )
 
 
-def check_truncation(truncated: Sequence[bool], max_length: int, truncate: bool, *, offset: int = 0) -> None:
-    """Raise :func:`too_long_error` for the first cut input when truncation is off; ``offset`` shifts indices."""
+def check_truncation(
+    truncated: Sequence[bool], max_length: int, truncate: bool, *, offset: int = 0, param: str = "input"
+) -> None:
+    """Raise :func:`too_long_error` for the first cut input (``param[offset + i]``) when truncation is off."""
     if not truncate and any(truncated):
-        raise too_long_error(offset + list(truncated).index(True), max_length)
+        raise too_long_error(offset + list(truncated).index(True), max_length, param=param)
 
 
 def token_lengths(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[int]:
@@ -174,6 +176,7 @@ def length_batches(
     max_length: int,
     batch_size: int,
     truncate: bool = True,
+    param: str = "texts",
 ) -> Iterator[tuple[list[int], Tokenized]]:
     """Tokenize ``texts`` (or ``(texts[i], pairs[i])`` pairs) a chunk at a time, once, and yield padded
     batches of inputs with the closest token lengths, longest first, with their input positions.
@@ -181,8 +184,8 @@ def length_batches(
     Sorting by exact token length pads less than sorting by characters, as sentence-transformers does.
 
     Raises:
-        InputTooLongError: ``truncate=False`` and some input is longer than ``max_length``; the index is
-            the input's position in ``texts``.
+        InputTooLongError: ``truncate=False`` and some input is longer than ``max_length``; the error
+            names it as ``param[i]`` with ``i`` its position in ``texts``.
     """
     for chunk_start in range(0, len(texts), TOKENIZE_CHUNK):
         chunk_end = chunk_start + TOKENIZE_CHUNK
@@ -192,7 +195,7 @@ def length_batches(
             None if pairs is None else pairs[chunk_start:chunk_end],
             max_length=max_length,
         )
-        check_truncation(cut, max_length, truncate, offset=chunk_start)
+        check_truncation(cut, max_length, truncate, offset=chunk_start, param=param)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.types import ModelOutput
 
 
+@runtime_checkable
 class EmbeddingModel(Protocol):
     spec: ModelSpec
     model_id: str
@@ -37,6 +38,7 @@ class EmbeddingModel(Protocol):
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput: ...
 
 
+@runtime_checkable
 class PairScorer(Protocol):
     spec: ModelSpec
     model_id: str
