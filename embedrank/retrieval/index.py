@@ -127,6 +127,11 @@ class _BaseIndex:
         row_ids = [[self.ids[int(p)] for p in row[keep]] for row, keep in zip(positions, found, strict=True)]
         return row_scores, row_ids
 
+    @property
+    def can_reconstruct(self) -> bool:
+        """Whether :meth:`reconstruct` gives the stored vectors exactly."""
+        return True
+
     def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None:
         """The stored vectors ``(N, D)`` of ``ids`` as searched (normalized for cosine), or None when this
         index does not keep them exactly (IVF-PQ and other compressed codes)."""
@@ -277,11 +282,15 @@ class FaissIndex(_BaseIndex):
             scores = -scores
         return self._results(scores, positions)
 
+    @property
+    def can_reconstruct(self) -> bool:
+        return self._index is not None and self.config.kind in ("flat", "hnsw", "ivf")  # PQ/factory: lossy codes
+
     def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None:
         import faiss
 
-        if self._index is None or self.config.kind not in ("flat", "hnsw", "ivf"):
-            return None  # PQ codes and factory strings may be lossy
+        if not self.can_reconstruct:
+            return None
         position = {doc_id: i for i, doc_id in enumerate(self.ids)}
         keys = np.array([position[d] for d in ids], dtype=np.int64)
         ivf = faiss.try_extract_index_ivf(self._index)

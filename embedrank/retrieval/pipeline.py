@@ -234,7 +234,11 @@ class RetrieveRerank:
         self.first_stage, self.corpus, self.reranker = first_stage, corpus, reranker
         self.k_retrieve, self.top_k = k_retrieve, top_k
         self._vector_source = self._find_vector_source()
-        if isinstance(first_stage, DenseRetriever) and first_stage is self._vector_source:
+        if (
+            isinstance(self.reranker, BiEncoderScorer)
+            and isinstance(first_stage, DenseRetriever)
+            and encoder_cache_key(first_stage.encoder) == encoder_cache_key(self.reranker.encoder)
+        ):
             warnings.warn(
                 f"the bi-encoder reranker {reranker.model_id!r} is the dense first stage's own model: it scores "  # type: ignore[union-attr]
                 f"with the same cosine that ranked the candidates, so the order cannot change. Rerank a BM25 or "
@@ -248,7 +252,11 @@ class RetrieveRerank:
             return None
         key = encoder_cache_key(self.reranker.encoder)
         for stage in _stages(self.first_stage):
-            if isinstance(stage, DenseRetriever) and encoder_cache_key(stage.encoder) == key:
+            if (
+                isinstance(stage, DenseRetriever)
+                and encoder_cache_key(stage.encoder) == key
+                and stage.index.can_reconstruct
+            ):
                 return stage
         return None
 
@@ -261,7 +269,7 @@ class RetrieveRerank:
         assert self.reranker is not None
         if query_vector is not None and self._vector_source is not None:
             index = self._vector_source.index
-            if all(d in index for d in doc_ids):
+            if all(d in index for d in doc_ids):  # a hybrid's BM25 side may bring documents the index lacks
                 stored = index.reconstruct(doc_ids)
                 if stored is not None:
                     return self.reranker.score_vectors(query_vector, stored)  # type: ignore[attr-defined]
