@@ -84,7 +84,11 @@ def test_cli_demo_writes_json_and_run(tmp_path):
     assert set(run["metrics"]) >= {"ndcg@10", "recall@100", "mrr@10"}
     assert run["metrics"]["ndcg@10"] > 0.8
     assert (tmp_path / "runs" / "demo.dense.trec").read_text().count(" Q0 ") > 0
-    assert "embedding cache:" in out.stdout
+    assert "embedding cache: miss (" in out.stdout
+    timings = run["timings"]
+    assert timings["total_s"] >= timings["load_s"] + timings["index_s"] + timings["first_stage_s"] - 0.01
+    again = _run_cli("--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
+    assert again.returncode == 0 and "embedding cache: hit (" in again.stdout
 
 
 def test_cli_missing_dataset_is_a_clear_error(tmp_path):
