@@ -27,9 +27,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(
-    env: dict[str, str] | None = None, *, port: int | None = None, timeout: float = 120.0, log_path: str | None = None
+    env: dict[str, str] | None = None,
+    *,
+    port: int | None = None,
+    timeout: float = 120.0,
+    log_path: str | None = None,
+    inherit_env: bool = True,
 ) -> Iterator[str]:
-    """``litestar run`` from the repo root; yields the base URL once ``/health`` is 200, stops it on exit."""
+    """``litestar run`` from the repo root (Litestar finds ``app.py`` there); yields the base URL once
+    ``/health`` is 200 and stops the server on exit. ``env`` adds to this process's environment, or replaces
+    it with ``inherit_env=False``."""
     port = port or free_port()
     litestar = Path(sys.executable).with_name("litestar")
     cmd = [
@@ -42,7 +49,8 @@ def running_server(
         str(port),
     ]
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    child_env = {**os.environ, **(env or {})} if inherit_env else dict(env or {})
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout

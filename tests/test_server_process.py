@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import openai
 import pytest
 
-from service.launch import running_server
+from service.launch import REPO, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +53,34 @@ def test_openai_client_errors_are_not_retried(base_url):
     bad = openai.OpenAI(base_url=f"{base_url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.embeddings.create(model=MODEL, input="x")
+
+
+def test_litestar_run_from_the_repo_root_with_litestar_installed_elsewhere(tmp_path):
+    """`litestar run` finds the app by its own autodiscovery (app.py), not through a .env that python-dotenv
+    looks for upwards from Litestar's installed files: here Litestar is imported from a directory outside
+    the repo (a symlink on PYTHONPATH), as from a virtualenv, conda or system Python elsewhere."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+    import litestar
+
+    outside = tmp_path / "site-packages"
+    outside.mkdir()
+    (outside / "litestar").symlink_to(Path(litestar.__file__).parent)
+    env = {k: v for k, v in os.environ.items() if k != "LITESTAR_APP"}
+    env.update({"PYTHONPATH": str(outside), "EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1"})
+    where = subprocess.run(
+        [sys.executable, "-c", "import litestar; print(litestar.__file__)"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert where.startswith(str(outside)), where  # Litestar really comes from outside the repo
+    assert not (REPO / ".env").exists()
+    with running_server(env, inherit_env=False, log_path=str(tmp_path / "server.log")) as url:
+        assert httpx.get(f"{url}/health").status_code == 200
+        models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()
+        assert models["data"][0]["id"] == MODEL
