@@ -40,7 +40,7 @@ from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolv
 from embedrank.models.scorers import BiEncoderScorer, CrossEncoderScorer, Reranker, load_reranker
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
-from embedrank.retrieval.data import BeirDataset, doc_text, load_beir, load_trec_run, write_trec_run
+from embedrank.retrieval.data import BeirDataset, doc_text, load_beir, load_trec_run, resolve_dataset, write_trec_run
 from embedrank.retrieval.index import IndexConfig, build_index, load_index, recall_at_k
 from embedrank.retrieval.pipeline import (
     DenseRetriever,
@@ -106,6 +106,7 @@ __all__ = [
     "recall_at_k",
     "reciprocal_rank_fusion",
     "resolve",
+    "resolve_dataset",
     "results_table",
     "run_benchmark",
     "score_fusion",

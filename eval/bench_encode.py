@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Encode throughput: embedrank's Encoder vs SentenceTransformer.encode on the same texts, one run.
 
-Texts: the first 1,000 SciFact test-split queries... and documents (title + text) from $EMBEDRANK_DATA,
-or synthetic texts of mixed length when the data is absent. Both sides use batch_size=32, the same
-thread count, and alternate runs; the best of ``--repeats`` runs per side is reported.
+Texts (``--n``, default 2,000): the SciFact train-split queries (up to half of them: 809), then documents
+(title + text) to make up the rest, from the data directory ($EMBEDRANK_DATA or ../shared/data); synthetic
+texts of mixed length when the data is absent. Both sides use ``--batch-size`` (32), the same thread count,
+and alternate runs (A B A B); the best of ``--repeats`` runs per side is reported, with the largest
+difference between the two sides' vectors.
 """
 
 from __future__ import annotations

@@ -64,13 +64,13 @@ fig.tight_layout()
 # An exact index (the numpy oracle backend) over the sentences; each sentence's nearest other sentence.
 
 # %%
-from embedrank.retrieval.index import build_index
+from embedrank import build_index
 
 index = build_index(encoder.dimension, kind="numpy", model_id=encoder.model_id)
 index.add([str(i) for i in range(len(sentences))], vectors)
 scores, ids = index.search(vectors, k=2)
 pd.DataFrame({"text": sentences, "nearest neighbour": [sentences[int(row[1])] for row in ids],
-              "cosine": scores[:, 1].round(3)})
+              "cosine": [round(float(row[1]), 3) for row in scores]})
 
 # %% [markdown]
 # ## Pooling and normalization

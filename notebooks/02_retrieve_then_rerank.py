@@ -25,10 +25,7 @@ import os
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from embedrank import DataNotFoundError, load_reranker
-from embedrank.math.metrics import evaluate_per_query
-from embedrank.retrieval.data import load_beir
-from embedrank.retrieval.pipeline import BM25FirstStage, RetrieveRerank
+from embedrank import BM25Retriever, DataNotFoundError, RetrieveRerank, evaluate_per_query, load_beir, load_reranker
 
 QUICK = os.environ.get("EMBEDRANK_NOTEBOOK_QUICK") == "1"
 RERANKER = os.environ.get("EMBEDRANK_RERANKER", "sentence-transformers/all-MiniLM-L6-v2")
@@ -42,7 +39,7 @@ print(f"{len(ds.corpus)} documents, {len(ds.queries)} test queries; using the fi
 # %%
 queries = dict(list(ds.queries.items())[:N_QUERIES])
 reranker = load_reranker(RERANKER)
-pipeline = RetrieveRerank(BM25FirstStage(ds.corpus), ds.corpus, reranker=reranker, k_retrieve=K_RETRIEVE)
+pipeline = RetrieveRerank(BM25Retriever.from_corpus(ds.corpus), ds.corpus, reranker=reranker, k_retrieve=K_RETRIEVE)
 result = pipeline.run(queries)
 print(f"reranker: {reranker.model_id} ({reranker.kind}); timings (s):",
       {k: round(v, 2) for k, v in result.timings.items()})

@@ -30,9 +30,7 @@ import os
 
 import matplotlib.pyplot as plt
 
-from embedrank import DataNotFoundError
-from embedrank.evaluation.benchmark import BenchmarkConfig, results_table, run_benchmark
-from embedrank.retrieval.data import resolve_dataset
+from embedrank import BenchmarkConfig, DataNotFoundError, resolve_dataset, results_table, run_benchmark
 
 QUICK = os.environ.get("EMBEDRANK_NOTEBOOK_QUICK") == "1"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

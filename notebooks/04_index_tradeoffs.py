@@ -25,11 +25,16 @@ import time
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from embedrank import DataNotFoundError, Encoder
-from embedrank.retrieval.cache import EmbeddingCache
-from embedrank.retrieval.data import doc_text, load_beir
-from embedrank.retrieval.index import build_index, recall_at_k
-from embedrank.retrieval.pipeline import embed_corpus
+from embedrank import (
+    DataNotFoundError,
+    EmbeddingCache,
+    Encoder,
+    build_index,
+    doc_text,
+    embed_corpus,
+    load_beir,
+    recall_at_k,
+)
 
 QUICK = os.environ.get("EMBEDRANK_NOTEBOOK_QUICK") == "1"
 try:
@@ -39,9 +44,10 @@ except DataNotFoundError as exc:
 
 encoder = Encoder.from_pretrained()
 ids = list(ds.corpus)
-doc_vectors, cache_path = embed_corpus(encoder, ids, [doc_text(ds.corpus[d]) for d in ids], cache=EmbeddingCache())
+embedded = embed_corpus(encoder, ids, [doc_text(ds.corpus[d]) for d in ids], cache=EmbeddingCache())
+doc_vectors = embedded.vectors
 query_vectors = encoder.encode(list(ds.queries.values()))
-print(f"{len(ids)} documents, {len(query_vectors)} queries, dim {encoder.dimension}; cache: {cache_path}")
+print(f"{len(ids)} documents, {len(query_vectors)} queries, dim {encoder.dimension}; {embedded.describe()}")
 
 # %%
 exact = build_index(encoder.dimension, kind="flat")

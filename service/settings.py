@@ -2,9 +2,9 @@
 
 Environment variables (all optional):
 
-- ``EMBEDRANK_MODELS``: comma-separated ``id`` or ``id=path_or_hub_id`` entries. The first embedding
-  model also serves ``/v1/rerank`` as a bi-encoder scorer unless a cross-encoder is configured.
-  Default: the packaged ``sentence-transformers/all-MiniLM-L6-v2``.
+- ``EMBEDRANK_MODELS``: comma-separated ``id`` or ``id=path_or_hub_id`` entries. Every embedding model
+  serves ``/v1/embeddings`` and, as a bi-encoder (cosine) scorer, ``/v1/rerank``; a cross-encoder serves
+  ``/v1/rerank`` only, with its own scores. Default: the packaged ``sentence-transformers/all-MiniLM-L6-v2``.
 - ``EMBEDRANK_API_KEYS`` (comma-separated) and/or ``EMBEDRANK_API_KEYS_FILE`` (one key per line).
 - ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
 - ``EMBEDRANK_ACCESS_LOG=1``: keep the ASGI server's per-request access log (off by default; ``/metrics``

@@ -1,10 +1,13 @@
 """Vector indexes behind one protocol: exact numpy (the test oracle) and FAISS backends.
 
 Backends (``kind``): ``numpy`` (exact, pure numpy), ``flat`` (FAISS ``IndexFlatIP``/``IndexFlatL2``),
-``ivf`` (IVF-Flat: ``nlist``, ``nprobe``), ``hnsw`` (``M``, ``ef_search``), ``pq`` (IVF-PQ), and
-``factory`` (any FAISS factory string). Indexes keep string document ids, grow with :meth:`add`, train
-IVF/PQ automatically on the first add, and save to / load from a directory together with metadata
-(model id, dimension, metric, normalization, count) that is checked on load and on search.
+``ivf`` (IVF-Flat: ``nlist``, ``nprobe``), ``hnsw`` (``hnsw_m``, ``ef_construction``, ``ef_search``),
+``pq`` (IVF-PQ: ``pq_m``, ``pq_nbits``), and ``factory`` (any FAISS factory string). Indexes keep string
+document ids, grow with :meth:`add`, train IVF/PQ automatically on the first add, and save to / load from
+a directory together with metadata (model id, dimension, metric, normalization, count). The model id and
+dimension are checked by :func:`load_index` and when a ``DenseRetriever`` is built on the index; every
+search checks the queries' dimension. Searches may return fewer than ``k`` hits per query (approximate
+kinds), never padding.
 
 Scores are "higher is better": inner product for ``cosine`` and ``dot``, negative squared L2 for ``l2``.
 """
@@ -37,7 +40,7 @@ class IndexConfig:
     kind: IndexKind = "flat"
     metric: Metric = "cosine"
     nlist: int | None = None  # ivf/pq: number of clusters; default ~ sqrt(N)
-    nprobe: int | None = None  # ivf/pq: clusters searched; default max(16, nlist // 3)
+    nprobe: int | None = None  # ivf/pq: clusters searched; default min(nlist, max(16, nlist // 3))
     hnsw_m: int = 32
     ef_construction: int = 200
     ef_search: int = 128
