@@ -65,14 +65,14 @@ class CrossEncoder:
         self.padding_free = packed.enabled(packed.supports_classifier(self.model), tokenizer, padding_free)
 
     @classmethod
-    def from_pretrained(cls, model_id: str, *, device: str = "cpu", max_seq_length: int | None = None) -> CrossEncoder:
-        """Load a cross-encoder by local path or hub id.
+    def from_pretrained(cls, model_id: str, **options: Any) -> CrossEncoder:
+        """Load a cross-encoder by local path or hub id; ``options`` are those of :meth:`from_spec`.
 
         Raises:
             ModelNotFoundError, NotAModelError: the id does not lead to a model.
             ModelKindError: the model has no sequence-classification head (an embedding model).
         """
-        return cls.from_spec(resolve(model_id), device=device, max_seq_length=max_seq_length)
+        return cls.from_spec(resolve(model_id), **options)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, *, device: str = "cpu", max_seq_length: int | None = None) -> CrossEncoder:

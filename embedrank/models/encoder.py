@@ -47,30 +47,15 @@ class Encoder:
         self.padding_free = packed.enabled(packed.supports(self.model), tokenizer, padding_free)
 
     @classmethod
-    def from_pretrained(
-        cls,
-        model_id: str = DEFAULT_EMBEDDING_MODEL,
-        *,
-        device: str = "cpu",
-        pooling: PoolingMode | str | None = None,
-        normalize: bool | None = None,
-        max_seq_length: int | None = None,
-        torch_dtype: torch.dtype | None = None,
-    ) -> Encoder:
-        """Load an embedding model by id, local path or hub id (see :mod:`embedrank.models.registry`).
+    def from_pretrained(cls, model_id: str = DEFAULT_EMBEDDING_MODEL, **options: Any) -> Encoder:
+        """Load an embedding model by id, local path or hub id (see :mod:`embedrank.models.registry`);
+        ``options`` are those of :meth:`from_spec`.
 
         Raises:
             ModelNotFoundError, NotAModelError: the id does not lead to a model.
             ModelKindError: the model is a cross-encoder.
         """
-        return cls.from_spec(
-            resolve(model_id),
-            device=device,
-            pooling=pooling,
-            normalize=normalize,
-            max_seq_length=max_seq_length,
-            torch_dtype=torch_dtype,
-        )
+        return cls.from_spec(resolve(model_id), **options)
 
     @classmethod
     def from_spec(
