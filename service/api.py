@@ -67,7 +67,7 @@ async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Lim
 
 
 async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[RerankResponse, int]:
-    """SPEC 4.2. Returns the body and the number of documents that were truncated."""
+    """SPEC 4.2. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
     served = pool.get(req.model, "rerank")
     if not req.query.strip():
         raise invalid("query is empty", param="query", code="empty_query")

@@ -1,4 +1,5 @@
-"""Litestar app factory. ``litestar run`` (see ``.env``) or ``uvicorn --factory service.app:create_app``.
+"""Litestar app factory. ``litestar run`` from the repo root (found through ``app.py``) or
+``uvicorn --factory service.app:create_app``.
 
 Nothing happens at import time. :func:`create_app` reads settings and resolves the configured models;
 the lifespan loads their weights in a worker thread (``/health`` answers 503 until then), starts one
