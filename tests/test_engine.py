@@ -288,3 +288,23 @@ def test_bi_encoder_rerank_is_the_cosine_of_the_encoder_vectors():
         await runner.engine.drain(1)
 
     asyncio.run(main())
+
+
+def test_a_new_request_waits_only_for_the_batch_in_flight():
+    async def main():
+        backend = FakeBackend()
+        backend.gate.clear()
+        engine = BatchEngine(backend, EngineConfig(max_batch_tokens=200, max_wait_ms=0))  # 4 long items per batch
+        engine.start()
+        bulk = asyncio.ensure_future(engine.submit([f"{i:02d}" + "p" * 400 for i in range(20)]))
+        await _entered(backend)  # the first bulk batch is computing
+        small = asyncio.ensure_future(engine.submit(["hi"]))
+        await asyncio.sleep(0)
+        backend.gate.set()
+        assert (await small).values.tolist() == ["ih"]
+        await bulk
+        assert [len(b) for b in backend.batches] == [4, 1, 4, 4, 4, 4]
+        assert backend.batches[1] == ["hi"]  # right after the batch in flight, on its own
+        await engine.drain(1)
+
+    asyncio.run(main())

@@ -1,8 +1,10 @@
 """An asyncio micro-batcher between many concurrent callers and one model.
 
-Each call (a "job") gets its own future. Its items (texts, or query/document pairs) join one queue.
-Forward threads pull from that queue themselves, first come, first served, the moment they finish a
-batch (no event-loop turn sits between two forward passes). A batch closes when the next item would push
+Each call (a "job") gets its own future. Its items (texts, or query/document pairs) join a fair queue
+(:mod:`embedrank.serving.scheduler`: a new request is served next, so a 1-text request waits for at most
+the batch in flight even behind a 1,024-passage one; a job passed over too often gets its turn; an
+optional ``priority`` goes first). Forward threads pull their next batch themselves the moment they finish
+one (no event-loop turn sits between two forward passes). A batch closes when the next item would push
 the padded cost (longest sequence x batch size, estimated from characters) over ``max_batch_tokens``,
 when ``max_batch_size`` is reached, or when the queue holds about as many items as were recently in
 flight. That last wait lasts at most ``max_wait_ms``, ends sooner when arrivals stop, and never happens
@@ -19,7 +21,6 @@ The model runners that use it are in :mod:`embedrank.serving.runners`.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import math
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from embedrank.errors import InvalidInputError, NotReadyError, OverloadedError
+from embedrank.serving.scheduler import FairQueue, QueuedJob
 from embedrank.types import ModelOutput
 
 Item = TypeVar("Item")
@@ -48,14 +50,14 @@ class Backend(Protocol[Item_contra]):
     def item_chars(self, item: Item_contra) -> int: ...
 
 
-@dataclasses.dataclass(eq=False)
-class _Job:
+@dataclasses.dataclass(eq=False, kw_only=True)
+class _Job(QueuedJob):
     items: list[Any]
     future: asyncio.Future[ModelOutput]
     values: list[Any]
     token_counts: list[int]
     truncated: list[bool]
-    remaining: int
+    remaining: int  # items whose results have not arrived
 
     def output(self) -> ModelOutput:
         return ModelOutput(np.stack([np.asarray(v) for v in self.values]), self.token_counts, self.truncated)
@@ -63,7 +65,8 @@ class _Job:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    max_batch_tokens: int = 8192  # padded tokens per forward pass (about 32 x 256, cache-friendly on CPU)
+    max_batch_tokens: int = 4096  # padded tokens per forward pass (16 x 256): bounds how long a new request
+    # waits for the batch in flight (~0.7 s for MiniLM on 2 cores) at no cost in throughput (eval/bench_fairness.py)
     max_batch_size: int = 128
     max_wait_ms: float = 20.0  # upper bound of the adaptive wait; a lone request does not wait
     max_queue_items: int = 8192
@@ -103,8 +106,8 @@ class BatchEngine(Generic[Item]):
         self.on_batch = on_batch  # called on the event loop after each forward pass
         self.clock = clock  # what the adaptive wait measures time with (tests inject a fake one)
         self.dropped = 0  # queued items skipped because their caller had gone
-        self._cond = threading.Condition()  # guards _pending, _computing, _peak_inflight, _stopping
-        self._pending: collections.deque[tuple[_Job, int]] = collections.deque()
+        self._cond = threading.Condition()  # guards _queue, _computing, _peak_inflight, _stopping
+        self._queue = FairQueue()
         self._computing = 0  # items in forward passes right now
         self._peak_inflight = 0.0  # decaying maximum of items in flight
         self._stopping = False
@@ -139,9 +142,10 @@ class BatchEngine(Generic[Item]):
             await asyncio.wait_for(self._idle.wait(), timeout)
         with self._cond:
             self._stopping = True
-            left, self._pending = self._pending, collections.deque()
+            left = self._queue.clear()
             self._cond.notify_all()
-        for job in {id(job): job for job, _ in left}.values():
+        for job in left:
+            assert isinstance(job, _Job)
             if not job.future.done():
                 job.future.set_exception(NotReadyError("the service shut down before this request was computed"))
         for thread in self._threads:
@@ -149,14 +153,16 @@ class BatchEngine(Generic[Item]):
 
     @property
     def queue_depth(self) -> int:
-        return len(self._pending)
+        """Items waiting to be scheduled."""
+        return self._queue.queued
 
     # -- submission (event loop) -------------------------------------------------------------------
-    async def submit(self, items: Sequence[Item]) -> ModelOutput:
+    async def submit(self, items: Sequence[Item], *, priority: int = 0) -> ModelOutput:
         """Queue ``items`` as one job and wait for all their results (in input order).
 
-        Over-long inputs are the caller's to refuse before submitting (the runners do, when truncation is
-        off); here they are truncated and flagged.
+        Jobs with a lower ``priority`` are scheduled first (default 0; negative is more urgent). Over-long
+        inputs are the caller's to refuse before submitting (the runners do, when truncation is off);
+        here they are truncated and flagged.
         """
         if self._closing:
             raise NotReadyError("the service is shutting down; retry on another instance")
@@ -169,15 +175,24 @@ class BatchEngine(Generic[Item]):
             )
         future: asyncio.Future[ModelOutput] = asyncio.get_running_loop().create_future()
         n = len(items)
-        job = _Job(list(items), future, values=[None] * n, token_counts=[0] * n, truncated=[False] * n, remaining=n)
+        job = _Job(
+            est=[self._estimate_tokens(item) for item in items],
+            priority=priority,
+            items=list(items),
+            future=future,
+            values=[None] * n,
+            token_counts=[0] * n,
+            truncated=[False] * n,
+            remaining=n,
+        )
         with self._cond:
-            if len(self._pending) + len(items) > self.config.max_queue_items:
+            if self._queue.queued + n > self.config.max_queue_items:
                 raise OverloadedError(
-                    f"engine queue is full ({len(self._pending)} items waiting, limit {self.config.max_queue_items}); "
+                    f"engine queue is full ({self._queue.queued} items waiting, limit {self.config.max_queue_items}); "
                     f"retry shortly",
                     retry_after=1.0,
                 )
-            self._pending.extend((job, i) for i in range(len(items)))
+            self._queue.push(job)
             self._inflight_items += len(items)
             self._peak_inflight = max(self._peak_inflight, float(self._inflight_items))
             self._cond.notify()
@@ -198,26 +213,12 @@ class BatchEngine(Generic[Item]):
         return min(est, self.backend.max_seq_length)
 
     def _take_batch(self) -> list[tuple[_Job, int]]:
-        """Pop the next batch of live items.
-
-        Jobs are served first come, first served (no request starves, tail latency stays bounded); the
-        batch closes when the padded cost (longest estimate x batch size) would pass ``max_batch_tokens``
-        or the size cap is reached. Inside the batch, items are sorted longest first.
-        """
-        live = [ji for ji in self._pending if not ji[0].future.done()]
-        self.dropped += len(self._pending) - len(live)
-        longest = 0
-        size = 0
-        for job, i in live:
-            longest_if = max(longest, self._estimate_tokens(job.items[i]))
-            if size and (longest_if * (size + 1) > self.config.max_batch_tokens or size >= self.config.max_batch_size):
-                break
-            size += 1
-            longest = longest_if
-        batch = live[:size]
-        self._pending = collections.deque(live[size:])
-        batch.sort(key=lambda ji: -self.backend.item_chars(ji[0].items[ji[1]]))
-        return batch
+        """Pop the next batch of live items (:class:`~embedrank.serving.scheduler.FairQueue`), longest first."""
+        self.dropped += self._queue.drop(lambda job: job.future.done())  # type: ignore[attr-defined]
+        batch = self._queue.take(max_tokens=self.config.max_batch_tokens, max_size=self.config.max_batch_size)
+        jobs: list[tuple[_Job, int]] = batch  # type: ignore[assignment]
+        jobs.sort(key=lambda ji: -self.backend.item_chars(ji[0].items[ji[1]]))
+        return jobs
 
     def _wait_for_company(self) -> None:
         """Under concurrent load, wait until about as many items are queued as recently were in flight
@@ -227,21 +228,20 @@ class BatchEngine(Generic[Item]):
         when no item arrived for half of it. A lone caller never waits."""
         if self.config.max_wait_ms <= 0:
             return
-        head_job, head_i = self._pending[0]
         target = min(
             int((self._peak_inflight - self._computing) * 0.9),
             self.config.max_batch_size,
-            self.config.max_batch_tokens // self._estimate_tokens(head_job.items[head_i]),
+            self.config.max_batch_tokens // max(1, self._queue.head_estimate()),
         )
         gap = self.config.max_wait_ms / 2000
         deadline = self.clock() + self.config.max_wait_ms / 1000
-        while self._pending and len(self._pending) < target and not self._stopping:
+        while self._queue.queued and self._queue.queued < target and not self._stopping:
             remaining = min(deadline - self.clock(), gap)
             if remaining <= 0:
                 break
-            queued = len(self._pending)
+            queued = self._queue.queued
             self._timed_wait(remaining)
-            if len(self._pending) <= queued:  # nothing arrived: the rest of the load is not coming back soon
+            if self._queue.queued <= queued:  # nothing arrived: the rest of the load is not coming back soon
                 break
 
     def _timed_wait(self, seconds: float) -> None:
@@ -252,7 +252,7 @@ class BatchEngine(Generic[Item]):
         """Block until a batch is ready; ``None`` once the engine stops."""
         with self._cond:
             while True:
-                while not self._pending and not self._stopping:
+                while not self._queue.queued and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     return None
@@ -301,7 +301,7 @@ class BatchEngine(Generic[Item]):
         with self._cond:
             self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
         if self.on_batch is not None:
-            padded = max(self._estimate_tokens(job.items[i]) for job, i in batch) * len(batch)
+            padded = max(job.est[i] for job, i in batch) * len(batch)
             self.on_batch(
                 BatchReport(items=len(batch), padded_tokens=padded, tokens=outcome.total_tokens, seconds=seconds)
             )

@@ -1,0 +1,129 @@
+"""Which queued items go into the next forward pass: fair between requests, with full batches.
+
+First come, first served across items lets one bulk request (1,024 passages) hold every later request
+behind it for its whole duration. Here each batch starts from a *head* job and is filled from the others:
+
+1. **Head**: the job with the best ``priority`` (lower first, as vLLM), then the least service received
+   so far (estimated tokens already scheduled), then the earliest. A new request has received nothing,
+   so it goes next: a short request waits for at most the batch in flight. This is least-attained-service
+   scheduling, which approximates processor sharing without knowing job sizes in advance.
+2. **Starvation guard**: a job passed over for ``starve_after`` batches in a row becomes the head, so a
+   bulk job keeps advancing under a stream of small ones (it gets at least one batch in
+   ``starve_after + 1``).
+3. **Fill**: the head's items go in first, then items of the other jobs in the same order, while the
+   padded cost (longest estimate x size) stays within the budget and the size cap. A fill item may be at
+   most ``fill_ratio`` times as long as the head's longest item, so a short request's batch is not made
+   slow by long passages, while batches of similar items stay full.
+
+Inside a job, items are scheduled in input order. The queue is not thread-safe; the engine calls it
+under its lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+
+
+@dataclasses.dataclass(eq=False, kw_only=True)
+class QueuedJob:
+    """Scheduling state of one request: estimated tokens per item and how far it got."""
+
+    est: list[int]  # estimated tokens of each item, in input order
+    priority: int = 0  # lower is served first
+    seq: int = 0  # arrival order, set by FairQueue.push
+    next: int = 0  # first item not yet scheduled
+    served: int = 0  # estimated tokens scheduled so far
+    skipped: int = 0  # batches formed in a row without any of this job's items
+
+    @property
+    def waiting(self) -> int:
+        return len(self.est) - self.next
+
+
+class FairQueue:
+    """Jobs with unscheduled items, and the batch-forming policy of the module docstring.
+
+    >>> q = FairQueue()
+    >>> bulk, small = QueuedJob(est=[200] * 6), QueuedJob(est=[10])
+    >>> q.push(bulk)
+    >>> [i for _, i in q.take(max_tokens=400, max_size=8)]  # the bulk job alone: 2 x 200 fills the budget
+    [0, 1]
+    >>> q.push(small)  # arrives while that batch computes
+    >>> [(job is small, i) for job, i in q.take(max_tokens=400, max_size=8)]  # served next, on its own
+    [(True, 0)]
+    >>> [i for _, i in q.take(max_tokens=400, max_size=8)], q.queued
+    ([2, 3], 2)
+    """
+
+    def __init__(self, *, starve_after: int = 4, fill_ratio: float = 2.0) -> None:
+        self.starve_after = starve_after
+        self.fill_ratio = fill_ratio
+        self.jobs: list[QueuedJob] = []
+        self.queued = 0  # unscheduled items over all jobs
+        self._arrivals = itertools.count()
+
+    def push(self, job: QueuedJob) -> None:
+        job.seq = next(self._arrivals)
+        self.jobs.append(job)
+        self.queued += job.waiting
+
+    def drop(self, gone: Callable[[QueuedJob], bool]) -> int:
+        """Forget the jobs for which ``gone(job)`` is true (their caller left); returns their unscheduled items."""
+        dropped = sum(j.waiting for j in self.jobs if gone(j))
+        if dropped or any(gone(j) for j in self.jobs):
+            self.jobs = [j for j in self.jobs if not gone(j)]
+            self.queued -= dropped
+        return dropped
+
+    def clear(self) -> list[QueuedJob]:
+        jobs, self.jobs, self.queued = self.jobs, [], 0
+        return jobs
+
+    def order(self) -> list[QueuedJob]:
+        """Jobs in the order the next batch considers them (priority, service received, arrival)."""
+        return sorted(self.jobs, key=lambda j: (j.priority, j.served, j.seq))
+
+    def head_estimate(self) -> int:
+        """Estimated tokens of the next item the head job would contribute (0 when empty)."""
+        order = self.order()
+        return order[0].est[order[0].next] if order else 0
+
+    def take(self, *, max_tokens: int, max_size: int) -> list[tuple[QueuedJob, int]]:
+        """Pop the next batch: ``(job, item index)`` pairs, at least one when anything is queued."""
+        if not self.jobs:
+            return []
+        order = self.order()
+        starving = [j for j in order if j.skipped >= self.starve_after]
+        head = min(starving, key=lambda j: j.seq) if starving else order[0]
+        batch: list[tuple[QueuedJob, int]] = []
+        longest = 0
+
+        def add(job: QueuedJob, cap: float | None) -> bool:
+            """Add ``job``'s items while they fit; False once the batch is full."""
+            nonlocal longest
+            while job.next < len(job.est):
+                est = job.est[job.next]
+                if cap is not None and est > cap:
+                    return True  # too long to ride along; the job waits for its own turn
+                widest = max(longest, est)
+                if batch and (widest * (len(batch) + 1) > max_tokens or len(batch) >= max_size):
+                    return False
+                batch.append((job, job.next))
+                job.next += 1
+                job.served += est
+                longest = widest
+            return True
+
+        if add(head, None):
+            cap = self.fill_ratio * longest
+            for job in order:
+                if job is not head and not add(job, cap):
+                    break
+        taken = {id(job) for job, _ in batch}
+        for job in self.jobs:
+            job.skipped = 0 if id(job) in taken else job.skipped + 1
+        self.jobs = [j for j in self.jobs if j.waiting]
+        self.queued -= len(batch)
+        return batch

@@ -1,0 +1,66 @@
+"""The fair batch-forming policy, on the pure queue (no threads): a new request goes next, long items do
+not ride with short heads, a bulk job is never starved, priority goes first, cancelled jobs are dropped."""
+
+from __future__ import annotations
+
+from embedrank.serving.scheduler import FairQueue, QueuedJob
+
+BUDGET = {"max_tokens": 1000, "max_size": 64}
+
+
+def ids(batch, names):
+    return [(names[id(job)], i) for job, i in batch]
+
+
+def test_new_request_goes_next_and_is_not_slowed_by_long_items():
+    q = FairQueue()
+    bulk, small = QueuedJob(est=[250] * 20), QueuedJob(est=[12, 14])
+    names = {id(bulk): "bulk", id(small): "small"}
+    q.push(bulk)
+    assert ids(q.take(**BUDGET), names) == [("bulk", i) for i in range(4)]  # 4 x 250 fills the budget
+    q.push(small)
+    assert ids(q.take(**BUDGET), names) == [("small", 0), ("small", 1)]  # alone: passages would slow it
+    assert ids(q.take(**BUDGET), names) == [("bulk", i) for i in range(4, 8)]
+    assert q.queued == 12
+
+
+def test_short_items_ride_along_with_a_long_head():
+    q = FairQueue()
+    bulk, small = QueuedJob(est=[250] * 3), QueuedJob(est=[12])
+    q.push(bulk)
+    q.push(small)
+    q.take(max_tokens=250, max_size=64)  # bulk's first item; the small job was then passed over once
+    bulk.served = 0  # make the bulk job the head again (as after a starvation turn)
+    batch = q.take(**BUDGET)
+    assert [job is small for job, _ in batch].count(True) == 1  # the short one filled the long head's batch
+
+
+def test_bulk_job_advances_under_a_stream_of_small_ones():
+    q = FairQueue(starve_after=4)
+    bulk = QueuedJob(est=[250] * 100)
+    q.push(bulk)
+    served = []
+    for _ in range(30):
+        q.push(QueuedJob(est=[10]))  # a new small request before every batch
+        batch = q.take(**BUDGET)
+        served.append(any(job is bulk for job, _ in batch))
+    assert sum(served) >= 30 // 5  # at least one batch in starve_after + 1
+    assert not any(served[i] and served[i + 1] for i in range(len(served) - 1))  # and small ones still go first
+
+
+def test_priority_goes_first_then_least_service_then_arrival():
+    q = FairQueue()
+    a, b, urgent = QueuedJob(est=[10]), QueuedJob(est=[10]), QueuedJob(est=[10], priority=-1)
+    for job in (a, b, urgent):
+        q.push(job)
+    assert q.order() == [urgent, a, b]
+    assert q.take(max_tokens=10, max_size=1)[0][0] is urgent
+
+
+def test_dropped_jobs_free_their_items():
+    q = FairQueue()
+    gone, kept = QueuedJob(est=[5] * 3), QueuedJob(est=[5])
+    q.push(gone)
+    q.push(kept)
+    assert q.drop(lambda job: job is gone) == 3 and q.queued == 1
+    assert [job for job, _ in q.take(**BUDGET)] == [kept] and q.take(**BUDGET) == []
