@@ -18,7 +18,8 @@ import sys
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Annotated, Any
 
-from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar import Litestar, MediaType, Request, Response, get, head, post
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
@@ -29,6 +30,7 @@ from embedrank.errors import NotReadyError
 from embedrank.serving.allocator import tune_malloc
 from service import api
 from service.auth import BearerAuth
+from service.decoding import decode_strict, shorten
 from service.errors import APIError, handle_exception
 from service.middleware import RequestMiddleware
 from service.models import ModelPool
@@ -90,16 +92,24 @@ ERRORS = {
 }
 
 
+BODIES: dict[str, type] = {"/v1/embeddings": EmbeddingsRequest, "/v1/rerank": RerankRequest}
+
+
 async def _json_body(request: Request[Any, Any, Any]) -> None:
-    """415 unless the body is declared as JSON (SPEC 5: Content-Type: application/json)."""
+    """415 unless the body is declared as JSON (SPEC 5: Content-Type: application/json); then the body is
+    decoded strictly against the route's schema (:mod:`service.decoding`), so a wrong type is a 400 that
+    names the field rather than a silent coercion."""
     if request.method == "POST":
         content_type = request.headers.get("content-type", "")
         if content_type.split(";", 1)[0].strip().lower() != "application/json":
             raise APIError(
                 415,
-                f"Content-Type must be application/json, got {content_type or 'none'!r}",
+                f"Content-Type must be application/json, got {shorten(content_type or 'none')!r}",
                 code="unsupported_media_type",
             )
+        schema = BODIES.get(request.url.path)
+        if schema is not None:
+            decode_strict(await request.body(), schema, content_type)
 
 
 async def _respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int]]) -> Response[Any]:
@@ -189,7 +199,17 @@ async def health(state: State) -> Response[Health]:
     return Response(Health(status=rt.status, detail=rt.detail), status_code=200 if rt.status == "ok" else 503)  # type: ignore[arg-type]
 
 
-@get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
+@head("/health", summary="Readiness, status code only (no key needed)")
+async def health_head(state: State) -> Response[None]:
+    return Response(None, status_code=200 if _runtime(state).status == "ok" else 503)
+
+
+@get(
+    "/metrics",
+    summary="Prometheus metrics",
+    media_type="text/plain; version=0.0.4",
+    responses={401: ERRORS[401]},
+)
 async def metrics(state: State) -> bytes:
     return _runtime(state).metrics.render()
 
@@ -206,6 +226,25 @@ async def _load(runtime: Runtime) -> None:
     except Exception as exc:  # keep serving /health with the reason
         runtime.status, runtime.detail = "failed", f"{type(exc).__name__}: {exc}"
         logger.exception("model loading failed")
+
+
+def _complete_openapi(app: Litestar) -> None:
+    """Make the published schema say what the server enforces where Litestar's generator cannot: the limits
+    msgspec checks inside unions (non-empty texts and lists, ``dimensions``/``top_n`` >= 1), and that
+    ``/health`` needs no key."""
+    schemas = app.openapi_schema.components.schemas or {}
+    embeddings_input = schemas["EmbeddingsRequest"].properties["input"]  # type: ignore[index]
+    text, texts = embeddings_input.one_of  # type: ignore[union-attr, misc]
+    text.min_length = 1  # type: ignore[union-attr]
+    texts.min_items = 1  # type: ignore[union-attr]
+    texts.items.min_length = 1  # type: ignore[union-attr]
+    for name, field in (("EmbeddingsRequest", "dimensions"), ("RerankRequest", "top_n")):
+        number = schemas[name].properties[field].one_of[0]  # type: ignore[index, union-attr]
+        number.minimum = 1  # type: ignore[union-attr]
+    health = (app.openapi_schema.paths or {})["/health"]
+    for operation in (health.get, health.head):
+        if operation is not None:
+            operation.security = []  # open: overrides the document-wide bearer requirement
 
 
 def create_app(
@@ -254,8 +293,8 @@ def create_app(
             await runtime.pool.drain(settings.drain_seconds)
 
     middleware = [RequestMiddleware(runtime.metrics, None if settings.no_auth else BearerAuth(keys))]
-    return Litestar(
-        route_handlers=[embeddings, rerank, models_route, health, metrics],
+    app = Litestar(
+        route_handlers=[embeddings, rerank, models_route, health, health_head, metrics],
         lifespan=[lifespan],
         state=State({"runtime": runtime}),
         # one dependency at most per handler: Litestar resolves several at once in an anyio task group,
@@ -265,6 +304,13 @@ def create_app(
         before_request=_json_body,
         exception_handlers={Exception: handle_exception},
         request_max_body_size=settings.limits.max_body_bytes,
+        cors_config=CORSConfig(
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "HEAD", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+        if settings.cors_origins
+        else None,
         openapi_config=OpenAPIConfig(
             title="embedrank",
             version="0.1.0",
@@ -275,3 +321,5 @@ def create_app(
         ),
         debug=False,
     )
+    _complete_openapi(app)
+    return app

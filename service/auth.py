@@ -8,20 +8,21 @@ from collections.abc import Iterable
 from litestar.exceptions import NotAuthorizedException
 from litestar.types import Scope
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health"})  # and CORS preflights (OPTIONS), which never carry credentials
 
 
 def check_bearer(header: str | None, keys: Iterable[bytes]) -> None:
     """Raise :class:`NotAuthorizedException` unless ``header`` is ``Bearer <one of keys>``.
 
-    Every configured key is compared with ``hmac.compare_digest``; the key itself never appears in
-    messages or logs.
+    The scheme name is case-insensitive (RFC 7235); scheme and key are separated by exactly one space and
+    the key holds no whitespace (RFC 6750's ``Bearer SP b64token``), so ``Bearer  key`` is malformed, not
+    quietly trimmed. Every configured key is compared with ``hmac.compare_digest``; the key itself never
+    appears in messages or logs.
     """
     if not header:
         raise NotAuthorizedException("missing Authorization header; send 'Authorization: Bearer <API key>'")
     scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
         raise NotAuthorizedException("malformed Authorization header; expected 'Bearer <API key>'")
     given = token.encode()
     matched = False
@@ -39,7 +40,7 @@ class BearerAuth:
 
     def check(self, scope: Scope) -> None:
         """Raise :class:`NotAuthorizedException` unless the request may pass."""
-        if scope["path"] in OPEN_PATHS:
+        if scope["path"] in OPEN_PATHS or scope.get("method") == "OPTIONS":
             return
         header = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), None)
         check_bearer(header, self.keys)

@@ -15,6 +15,7 @@ import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import (
     HTTPException,
+    InternalServerException,
     MethodNotAllowedException,
     NotAuthorizedException,
     NotFoundException,
@@ -80,27 +81,57 @@ def _from_core(exc: EmbedrankError) -> APIError:
     return APIError(500, "internal error", type="server_error", code="internal_error")
 
 
-_PATH = re.compile(r"at `\$\.?([^`]*)`")
+_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean", "null": "null"}
+_TYPE_NAMES.update({"array": "an array", "object": "an object"})
+
+
+def validation_error(message: str) -> APIError:
+    """One clear 400 from a msgspec validation message such as ``Expected `int`, got `str` - at `$.top_n```.
+
+    >>> e = validation_error("Expected `int | null`, got `str` - at `$.dimensions`")
+    >>> (e.param, e.code, e.message)
+    ('dimensions', 'invalid_type', 'dimensions must be an integer or null, got a string')
+    >>> validation_error("Expected `array` of length >= 1 - at `$.documents`").code
+    'empty_documents'
+    """
+    match = _PATH.search(message)
+    path = match.group(1) if match else None
+    detail = message[: match.start()] if match else message
+    field = re.match(r"[A-Za-z_]+", path).group(0) if path else None  # type: ignore[union-attr]
+    missing = re.search(r"Object missing required field `([^`]+)`", detail)
+    if missing:
+        name = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        return invalid(f"missing required field '{name}'", param=name, code="missing_field")
+    if "length >= 1" in detail and field in ("input", "documents", "query"):
+        what = f"{field} is empty" if path == field else f"{path} is an empty string"
+        return invalid(f"{what}; send non-empty text", param=field, code=f"empty_{field}")
+    bound = re.search(r"Expected `\w+` (?:of length )?([<>]=?) ([\d.]+)", detail)
+    if bound:
+        return invalid(f"{path} must be {bound.group(1)} {bound.group(2)}", param=field, code="invalid_value")
+    expected = re.search(r"Expected `([^`]+)`, got `(\w+)`", detail)
+    if expected:
+        want = " or ".join(_TYPE_NAMES.get(t.strip(), f"`{t.strip()}`") for t in expected.group(1).split("|"))
+        if path == "input":
+            want = "a string or an array of strings"
+        got = _TYPE_NAMES.get(expected.group(2), expected.group(2))
+        if field == "input" and path != "input" and expected.group(2) in ("int", "array"):
+            return invalid(
+                "input must be a string or an array of strings; token-id arrays are not supported, send text",
+                param="input",
+                code="invalid_type",
+            )
+        return invalid(f"{path} must be {want}, got {got}", param=field, code="invalid_type")
+    if "Invalid enum value" in detail or "Invalid value" in detail:
+        return invalid(f"{path}: {detail.strip()}", param=field, code="invalid_type")
+    return invalid(f"invalid request body: {message}", param=field, code="invalid_type")
 
 
 def _from_validation(exc: ValidationException) -> APIError:
-    """Turn Litestar/msgspec validation messages into one clear sentence naming the field."""
+    """Litestar's own validation errors (a backstop: bodies are decoded strictly first, service.decoding)."""
     details = exc.extra if isinstance(exc.extra, list) else []
-    raw = "; ".join(str(d.get("message", d)) if isinstance(d, dict) else str(d) for d in details) or exc.detail
-    match = _PATH.search(raw)
-    key = next((d.get("key") for d in details if isinstance(d, dict) and d.get("key")), None)
-    param = (match.group(1) if match else key) or None
-    if param and param.startswith("input") and re.search(r"got `(int|array)`", raw):
-        return invalid(
-            "input must be a string or an array of strings; token-id arrays are not supported, send text",
-            param="input",
-            code="invalid_type",
-        )
-    if "Object missing required field" in raw:
-        field = re.search(r"field `([^`]+)`", raw)
-        name = field.group(1) if field else param
-        return invalid(f"missing required field '{name}'", param=name, code="missing_field")
-    return invalid(f"invalid request body: {raw}", param=param, code="invalid_type")
+    messages = [str(d.get("message", d)) if isinstance(d, dict) else str(d) for d in details] or [str(exc.detail)]
+    return validation_error(messages[0])
 
 
 def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
@@ -125,6 +156,8 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
         )
     if isinstance(exc, NotFoundException):
         return APIError(404, "no such route", code="not_found")
+    if isinstance(exc, InternalServerException) and exc.detail == "client disconnected prematurely":
+        return APIError(499, "client closed the connection before sending the whole body", code="client_closed_request")
     if isinstance(exc, HTTPException) and exc.status_code < 500:
         code = {413: "body_too_large", 415: "unsupported_media_type"}.get(exc.status_code, "invalid_request")
         cause = exc.__cause__.__cause__ if isinstance(exc.__cause__, SerializationException) else exc.__cause__
@@ -152,4 +185,6 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     error = to_api_error(exc, allowed)
     if error.status >= HTTP_500_INTERNAL_SERVER_ERROR and error.status != 503:
         logger.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    elif error.status == 499:
+        logger.info("%s %s: %s", request.method, request.url.path, error.message)
     return error_response(error)

@@ -19,6 +19,7 @@ from embedrank.models.encoder import Encoder
 from embedrank.models.registry import ModelSpec, resolve
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
+from service.decoding import shorten
 from service.observability import Metrics
 from service.settings import ModelEntry
 
@@ -77,10 +78,12 @@ class ModelPool:
     def get(self, model_id: str, capability: str) -> ServedModel:
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
         if served is None:
-            raise ModelNotFoundError(f"model '{model_id}' is not served here; available: {sorted(self.models)}")
+            raise ModelNotFoundError(
+                f"model {shorten(model_id)!r} is not served here; available: {sorted(self.models)}"
+            )
         if capability not in served.capabilities:
             raise ModelKindError(
-                f"model '{model_id}' is a {served.spec.kind} model and cannot serve {capability}; "
+                f"model {shorten(model_id)!r} is a {served.spec.kind} model and cannot serve {capability}; "
                 f"use one of {sorted(m for m, s in self.models.items() if capability in s.capabilities)}"
             )
         return served

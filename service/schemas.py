@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+NonEmptyText = Annotated[str, Meta(min_length=1)]
+
 
 class EmbeddingsRequest(Struct, kw_only=True):
     """SPEC 4.1, plus the OpenAI fields ``encoding_format``, ``dimensions`` and ``user``."""
@@ -15,13 +17,17 @@ class EmbeddingsRequest(Struct, kw_only=True):
         str,
         Meta(description="Model identifier of an embedding model", examples=["sentence-transformers/all-MiniLM-L6-v2"]),
     ]
-    input: Annotated[str | list[str], Meta(description="A single text, or a list of texts")]
+    input: Annotated[
+        NonEmptyText | Annotated[list[NonEmptyText], Meta(min_length=1)],
+        Meta(description="A single text, or a non-empty list of texts; no text may be empty"),
+    ]
     encoding_format: Annotated[
         Literal["float", "base64"],
         Meta(description="`float` (default) or `base64` (little-endian float32, as the OpenAI SDK sends)"),
     ] = "float"
     dimensions: Annotated[
-        int | None, Meta(description="Truncate vectors to this many dimensions, then renormalize")
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(description="Truncate vectors to this many dimensions (at most the model's), then renormalize"),
     ] = None
     user: Annotated[str | None, Meta(description="Accepted for OpenAI compatibility; ignored")] = None
     truncate: Annotated[
@@ -55,9 +61,13 @@ class RerankRequest(Struct, kw_only=True):
     """SPEC 4.2. Documents may be ``{"text": ...}`` objects or plain strings (Cohere v2, Jina, vLLM)."""
 
     model: Annotated[str, Meta(description="Model identifier of a reranking model")]
-    query: Annotated[str, Meta(description="The search query")]
-    documents: Annotated[list[RerankDocument | str], Meta(description='Candidates: {"text": ...} objects or strings')]
-    top_n: Annotated[int | None, Meta(description="Number of top results to return (default: all)")] = None
+    query: Annotated[str, Meta(min_length=1, description="The search query")]
+    documents: Annotated[
+        list[RerankDocument | str], Meta(min_length=1, description='Candidates: {"text": ...} objects or strings')
+    ]
+    top_n: Annotated[
+        Annotated[int, Meta(ge=1)] | None, Meta(description="Number of top results to return (default: all)")
+    ] = None
     return_documents: Annotated[bool, Meta(description="Include each document's text in the results")] = False
     truncate: Annotated[bool, Meta(description="Truncate over-long pairs (default). false: reject with 400")] = True
 

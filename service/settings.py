@@ -7,6 +7,8 @@ Environment variables (all optional):
   ``/v1/rerank`` only, with its own scores. Default: the packaged ``sentence-transformers/all-MiniLM-L6-v2``.
 - ``EMBEDRANK_API_KEYS`` (comma-separated) and/or ``EMBEDRANK_API_KEYS_FILE`` (one key per line).
 - ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
+- ``EMBEDRANK_CORS_ORIGINS``: comma-separated origins (``https://app.example.com``, or ``*``) allowed to
+  call the API from a browser; CORS is off when unset.
 - ``EMBEDRANK_ACCESS_LOG=1``: keep the ASGI server's per-request access log (off by default; ``/metrics``
   counts requests by route and status).
 - ``EMBEDRANK_TUNE_MALLOC=0``: keep glibc's default allocator settings (by default the service calls
@@ -63,6 +65,7 @@ class Settings:
     drain_seconds: float = 30.0
     access_log: bool = False
     tune_malloc: bool = True
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -127,6 +130,7 @@ class Settings:
             drain_seconds=get("drain_seconds", base.drain_seconds),
             access_log=get("access_log", base.access_log),
             tune_malloc=get("tune_malloc", base.tune_malloc),
+            cors_origins=tuple(o.strip() for o in str(get("cors_origins", "")).split(",") if o.strip()),
         )
         settings.validate()
         return settings

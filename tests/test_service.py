@@ -86,7 +86,7 @@ def test_embeddings_single_string(client):
 
 
 def test_embeddings_list_order_values_and_usage(client):
-    texts = ["short", "a much longer text about retrieval", "", "Ünïcödé 日本語", "mid length text"]
+    texts = ["short", "a much longer text about retrieval", " ", "Ünïcödé 日本語", "mid length text"]
     body = _embed(client, input=texts).json()
     assert [d["index"] for d in body["data"]] == list(range(len(texts)))
     got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
@@ -476,3 +476,151 @@ def test_client_gone_cancels_the_job():
         assert cancelled.is_set()
 
     asyncio.run(main())
+
+
+# -- hostile and loosely typed bodies: every client mistake is a 4xx that names the field ----------------
+@pytest.mark.parametrize(
+    ("body", "headers", "code", "param"),
+    [
+        (b'{"model":"fake-encoder","input":"abc\xff\xfe"}', {}, "invalid_json", None),
+        ('{"model":"fake-encoder","input":"caf\xe9"}'.encode("latin-1"), {"charset": "latin-1"}, "invalid_json", None),
+        (b'{"model":"fake-encoder","input":' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, "invalid_json", None),
+        (
+            b'{"model":"fake-encoder","input":"x","extra":' + b'{"a":' * 99_999 + b"1" + b"}" * 100_000,
+            {},
+            "invalid_json",
+            None,
+        ),
+        (b'{"model":"fake-encoder","input":"x","dimensions":"10"}', {}, "invalid_type", "dimensions"),
+        (b'{"model":"fake-encoder","input":"x","dimensions":10.0}', {}, "invalid_type", "dimensions"),
+        (b'{"model":"fake-encoder","input":"x","dimensions":"1e1"}', {}, "invalid_type", "dimensions"),
+        (b'{"model":"fake-encoder","input":"x","truncate":0}', {}, "invalid_type", "truncate"),
+        (b'{"model":"fake-encoder","input":"x","truncate":"false"}', {}, "invalid_type", "truncate"),
+        (b'{"model":"fake-encoder","input":42}', {}, "invalid_type", "input"),
+        (b'{"model":"fake-encoder","input":""}', {}, "empty_input", "input"),
+        (b'{"model":"fake-encoder","input":["a",""]}', {}, "empty_input", "input"),
+        (b'{"model":"fake-encoder","input":"x","dimensions":0}', {}, "invalid_value", "dimensions"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_hostile_and_loose_embeddings_bodies(client, body, headers, code, param):
+    content_type = "application/json" + (f"; charset={headers['charset']}" if headers else "")
+    resp = client.post("/v1/embeddings", content=body, headers={"Content-Type": content_type})
+    err = _assert_error(resp, 400, code, param)
+    if param:
+        assert param in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"top_n": "2"}, "top_n"), ({"return_documents": 1}, "return_documents"), ({"top_n": 0}, "top_n")],
+)
+def test_rerank_fields_are_not_coerced(client, extra, param):
+    _assert_error(_rerank(client, documents=["a", "b"], **extra), 400, None, param)
+
+
+def test_input_42_says_what_was_wrong(client):
+    err = _assert_error(_embed(client, input=42), 400, "invalid_type", "input")
+    assert err["message"] == "input must be a string or an array of strings, got an integer"
+
+
+def test_schema_states_the_limits_the_server_enforces(client):
+    schemas = client.get("/schema/openapi.json").json()["components"]["schemas"]
+    emb, rr = schemas["EmbeddingsRequest"]["properties"], schemas["RerankRequest"]["properties"]
+    text = str(emb["input"])
+    assert "'minLength': 1" in text and "'minItems': 1" in text
+    assert "'minimum': 1" in str(emb["dimensions"]) and "'minimum': 1" in str(rr["top_n"])
+    assert rr["query"]["minLength"] == 1 and rr["documents"]["minItems"] == 1
+    paths = client.get("/schema/openapi.json").json()["paths"]
+    assert paths["/health"]["get"]["security"] == []  # documented as open, as it is
+    assert "401" in paths["/metrics"]["get"]["responses"]
+
+
+def test_head_health_and_long_model_names(client):
+    assert client.head("/health").status_code == 200
+    err = _assert_error(client.post("/v1/embeddings", json={"model": "m" * 100_000, "input": "x"}), 404)
+    assert len(err["message"]) < 400 and "100000 characters" in err["message"]
+
+
+def test_client_gone_mid_body_is_499_not_500():
+    app = make_app()
+
+    async def main():
+        async with AsyncTestClient(app) as c:
+            sent = []
+            messages = [
+                {"type": "http.request", "body": b'{"model": "fake', "more_body": True},
+                {"type": "http.disconnect"},
+            ]
+
+            async def receive():
+                return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {
+                "type": "http",
+                "asgi": {"version": "3.0"},
+                "http_version": "1.1",
+                "method": "POST",
+                "scheme": "http",
+                "path": "/v1/embeddings",
+                "raw_path": b"/v1/embeddings",
+                "query_string": b"",
+                "root_path": "",
+                "headers": [(b"content-type", b"application/json"), (b"authorization", f"Bearer {KEY}".encode())],
+                "client": ("127.0.0.1", 1234),
+                "server": ("testserver", 80),
+                "state": {},
+            }
+            await app(scope, receive, send)
+            assert sent[0]["status"] == 499
+            return (await c.get("/metrics", headers=AUTH)).text
+
+    text = asyncio.run(main())
+    assert 'route="/v1/embeddings",status="499"' in text and 'status="500"' not in text
+
+
+# -- security ----------------------------------------------------------------------------------------
+def _route_table(app):
+    for route in app.routes:
+        path = re.sub(r"\{[^}]+\}", "x", route.path)
+        for method in sorted(getattr(route, "methods", ())):
+            yield method, path
+
+
+def test_every_route_but_health_needs_the_key():
+    app = make_app()
+    table = sorted(set(_route_table(app)))
+    assert ("POST", "/v1/embeddings") in table and ("GET", "/schema/openapi.json") in table
+    with TestClient(app) as c:
+        for method, path in table:
+            if method == "OPTIONS":
+                continue  # CORS preflights carry no credentials
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer  {KEY}"}):
+                resp = c.request(method, path, headers=headers)
+                if path == "/health":
+                    assert resp.status_code == 200, (method, path)
+                else:
+                    assert resp.status_code == 401, (method, path, headers, resp.status_code)
+        assert c.get("/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200  # RFC 7235
+
+
+def test_cors_is_off_by_default_and_configurable():
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    with TestClient(make_app()) as c:
+        resp = c.options("/v1/embeddings", headers=preflight)
+        assert "access-control-allow-origin" not in resp.headers
+    settings = Settings.from_env({"EMBEDRANK_API_KEYS": KEY, "EMBEDRANK_CORS_ORIGINS": "https://app.example"})
+    with TestClient(make_app(settings)) as c:
+        resp = c.options(
+            "/v1/embeddings", headers={**preflight, "Access-Control-Request-Headers": "authorization,content-type"}
+        )
+        assert resp.headers["access-control-allow-origin"] == "https://app.example"
+        resp = c.post(
+            "/v1/embeddings", json={"model": MODEL, "input": "x"}, headers={**AUTH, "Origin": "https://app.example"}
+        )
+        assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == "https://app.example"
+        other = c.options("/v1/embeddings", headers={**preflight, "Origin": "https://evil.example"})
+        assert other.headers.get("access-control-allow-origin") != "https://evil.example"

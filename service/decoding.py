@@ -1,0 +1,71 @@
+"""Strict decoding of request bodies against the published schema, before Litestar's own conversion.
+
+Litestar converts ``data`` leniently (``"dimensions": "10"`` becomes 10, ``"truncate": 0`` becomes false).
+Clients of a JSON API expect the schema to be the contract, so every POST body is first decoded here with
+``msgspec`` in strict mode; a body that passes decodes to the same values in Litestar afterwards.
+
+Every client mistake becomes a 400 in the error shape, never a 500:
+
+- a body that is not UTF-8 (RFC 8259), or declares another charset: ``invalid_json``;
+- nesting deeper than :data:`MAX_DEPTH`: ``invalid_json``, refused by a linear scan before the decoder
+  recurses (the decoder's own recursion limit is the backstop);
+- malformed JSON: ``invalid_json``; a missing field: ``missing_field``; a wrong type: ``invalid_type``;
+  a value out of range (empty input, ``top_n < 1``): ``invalid_value`` or ``empty_*``. Each names the
+  field in ``param`` and in the message.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+import msgspec
+
+from service.errors import invalid, validation_error
+
+T = TypeVar("T")
+
+MAX_DEPTH = 32  # a valid request nests 4 levels at most ({"documents": [{"text": ...}]})
+_TOO_DEEP = re.compile(rb"(?:[\[{]\s*){%d}" % (MAX_DEPTH + 1))
+
+
+def charset_of(content_type: str) -> str | None:
+    """The ``charset`` parameter of a Content-Type header, lower-cased.
+
+    >>> charset_of("application/json; charset=Latin-1"), charset_of("application/json")
+    ('latin-1', None)
+    """
+    for part in content_type.split(";")[1:]:
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
+
+
+def decode_strict(raw: bytes, schema: type[T], content_type: str = "application/json") -> T:
+    """Decode ``raw`` into ``schema`` without coercing types; raise :class:`APIError` (400) on any mistake."""
+    charset = charset_of(content_type)
+    if charset not in (None, "utf-8", "utf8"):
+        raise invalid(f"JSON bodies must be UTF-8 (RFC 8259); charset={charset} is not supported", code="invalid_json")
+    if _TOO_DEEP.search(raw):
+        raise invalid(f"request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
+    try:
+        return msgspec.json.decode(raw, type=schema, strict=True)
+    except UnicodeDecodeError as exc:
+        raise invalid(f"request body is not valid UTF-8 (byte {exc.start})", code="invalid_json") from None
+    except RecursionError:
+        raise invalid("request body nests too deeply", code="invalid_json") from None
+    except msgspec.ValidationError as exc:
+        raise validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def shorten(value: Any, limit: int = 100) -> str:
+    """``value`` as text, cut to ``limit`` characters with a note of the full length (for echoing input).
+
+    >>> shorten("x" * 150, 10)
+    'xxxxxxxxxx… (150 characters)'
+    """
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
