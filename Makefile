@@ -8,7 +8,7 @@ export EMBEDRANK_DATA
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-service eval serve notebooks clean
+.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-service bench-fairness eval serve notebooks clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,13 +36,16 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-bench: bench-encode bench-service
+bench: bench-encode bench-service bench-fairness
 
 bench-encode: setup
 	$(PY) eval/bench_encode.py
 
 bench-service: setup
 	$(PY) eval/bench_service.py
+
+bench-fairness: setup
+	$(PY) eval/bench_fairness.py
 
 eval: setup  ## the reference benchmarks on ../shared/data
 	$(PY) eval/run.py scifact --retriever dense

@@ -60,7 +60,7 @@ async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Lim
             code="too_many_inputs",
         )
     _check_texts(texts, "input", limits)
-    out = await served.runner.embed(texts, dimensions=req.dimensions, truncate=req.truncate)  # type: ignore[union-attr]
+    out = await served.runner.embed(texts, dimensions=req.dimensions, truncate=req.truncate, priority=req.priority)  # type: ignore[union-attr]
     data = [Embedding(index=i, embedding=_encode_vector(v, req.encoding_format)) for i, v in enumerate(out.embeddings)]
     usage = EmbeddingUsage(prompt_tokens=out.total_tokens, total_tokens=out.total_tokens)
     return EmbeddingList(data=data, model=req.model, usage=usage), out.truncated_count
@@ -84,7 +84,7 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
     texts = [d if isinstance(d, str) else d.text for d in req.documents]
     _check_texts([req.query], "query", limits)
     _check_texts(texts, "documents", limits)
-    out = await served.runner.rerank(req.query, texts, truncate=req.truncate)  # type: ignore[union-attr]
+    out = await served.runner.rerank(req.query, texts, truncate=req.truncate, priority=req.priority)  # type: ignore[union-attr]
     ranked = rank_scores(out.scores, req.top_n)
     results = [
         RerankResult(

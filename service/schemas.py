@@ -33,6 +33,9 @@ class EmbeddingsRequest(Struct, kw_only=True):
     truncate: Annotated[
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
     ] = True
+    priority: Annotated[
+        int, Meta(description="Scheduling priority, as vLLM: lower is served first (default 0; negative is urgent)")
+    ] = 0
 
 
 class Embedding(Struct, kw_only=True):
@@ -70,6 +73,9 @@ class RerankRequest(Struct, kw_only=True):
     ] = None
     return_documents: Annotated[bool, Meta(description="Include each document's text in the results")] = False
     truncate: Annotated[bool, Meta(description="Truncate over-long pairs (default). false: reject with 400")] = True
+    priority: Annotated[
+        int, Meta(description="Scheduling priority, as vLLM: lower is served first (default 0; negative is urgent)")
+    ] = 0
 
 
 class RerankResult(Struct, kw_only=True):

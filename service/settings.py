@@ -15,7 +15,7 @@ Environment variables (all optional):
   :func:`embedrank.allocator.tune_malloc` so activation memory is reused, not page-faulted per layer).
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
-- Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (8192),
+- Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (4096),
   ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_DRAIN_SECONDS`` (30), ``EMBEDRANK_BATCH_WAIT_MS`` (20.0:
   the most a batch waits for concurrent callers to rejoin, ended early when arrivals stop; a lone request
   never waits).

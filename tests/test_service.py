@@ -624,3 +624,19 @@ def test_cors_is_off_by_default_and_configurable():
         assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == "https://app.example"
         other = c.options("/v1/embeddings", headers={**preflight, "Origin": "https://evil.example"})
         assert other.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+def test_priority_is_accepted_and_typed(client):
+    assert _embed(client, input="x", priority=-5).status_code == 200
+    assert _rerank(client, documents=["a"], priority=3).status_code == 200
+    _assert_error(_embed(client, input="x", priority="high"), 400, "invalid_type", "priority")
+
+
+def test_engine_serves_a_lower_priority_value_first():
+    from embedrank.serving.scheduler import FairQueue, QueuedJob
+
+    q = FairQueue()
+    normal, urgent = QueuedJob(est=[10] * 3), QueuedJob(est=[10], priority=-1)
+    q.push(normal)
+    q.push(urgent)
+    assert q.take(max_tokens=10, max_size=1)[0][0] is urgent

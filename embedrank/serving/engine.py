@@ -66,7 +66,8 @@ class _Job(QueuedJob):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     max_batch_tokens: int = 4096  # padded tokens per forward pass (16 x 256): bounds how long a new request
-    # waits for the batch in flight (~0.7 s for MiniLM on 2 cores) at no cost in throughput (eval/bench_fairness.py)
+    # waits for the batch in flight (~0.7 s for MiniLM on 2 cores, eval/bench_fairness.py); passage throughput
+    # measured the same as with 8192 (eval/bench_service.py, A B A B)
     max_batch_size: int = 128
     max_wait_ms: float = 20.0  # upper bound of the adaptive wait; a lone request does not wait
     max_queue_items: int = 8192

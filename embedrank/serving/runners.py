@@ -118,23 +118,32 @@ class AsyncEncoder:
             raise too_long_error(index, self.max_seq_length, param=name, tokens=lengths[at])
 
     async def embed(
-        self, texts: Sequence[str], *, dimensions: int | None = None, truncate: bool = True, param: str = "input"
+        self,
+        texts: Sequence[str],
+        *,
+        dimensions: int | None = None,
+        truncate: bool = True,
+        priority: int = 0,
+        param: str = "input",
     ) -> ModelOutput:
-        """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order."""
+        """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order; a lower
+        ``priority`` is scheduled first."""
         check_dimensions(dimensions, self.dimension)
         if not truncate:
             await self._refuse_too_long(texts, [(param, len(texts))])
-        out = await self.engine.submit(texts)
+        out = await self.engine.submit(texts, priority=priority)
         vectors = truncate_dims(out.values, dimensions, renormalize=self.encoder.normalize)
         return ModelOutput(np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated)
 
-    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> ModelOutput:
+    async def rerank(
+        self, query: str, documents: Sequence[str], *, truncate: bool = True, priority: int = 0
+    ) -> ModelOutput:
         """Cosine between the query embedding and each document embedding; token counts cover the query
         (first) and every document."""
         texts = [query, *documents]
         if not truncate:
             await self._refuse_too_long(texts, [("query", 1), ("documents", len(documents))])
-        out = await self.engine.submit(texts)
+        out = await self.engine.submit(texts, priority=priority)
         return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
 
 
@@ -155,12 +164,14 @@ class AsyncCrossEncoder:
     def max_seq_length(self) -> int:
         return self.cross_encoder.max_seq_length
 
-    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> ModelOutput:
+    async def rerank(
+        self, query: str, documents: Sequence[str], *, truncate: bool = True, priority: int = 0
+    ) -> ModelOutput:
         """Scores ``(N,)`` of each (query, document) pair in input order."""
         if not truncate:
             lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, [query] * len(documents), documents)
             at = first_too_long(lengths, self.max_seq_length)
             if at is not None:
                 raise too_long_error(at, self.max_seq_length, param="documents", tokens=lengths[at])
-        out = await self.engine.submit([(query, d) for d in documents])
+        out = await self.engine.submit([(query, d) for d in documents], priority=priority)
         return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
