@@ -16,6 +16,7 @@ import logging
 import secrets
 import sys
 from collections.abc import AsyncIterator, Coroutine, Mapping
+from functools import partial
 from typing import Annotated, Any
 
 from litestar import Litestar, MediaType, Request, Response, get, head, post
@@ -28,7 +29,7 @@ from litestar.params import Body
 
 from embedrank.errors import NotReadyError
 from embedrank.serving.allocator import tune_malloc
-from service import api
+from service import api, shutdown
 from service.auth import BearerAuth
 from service.decoding import decode_strict, shorten
 from service.errors import APIError, handle_exception
@@ -109,7 +110,17 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
             )
         schema = BODIES.get(request.url.path)
         if schema is not None:
-            decode_strict(await request.body(), schema, content_type)
+            timeout = _runtime(request.app.state).settings.body_timeout_seconds
+            try:
+                body = await asyncio.wait_for(request.body(), timeout)
+            except TimeoutError:
+                raise APIError(
+                    408,
+                    f"the request body did not arrive within {timeout:g} s",
+                    code="request_timeout",
+                    headers={"Connection": "close"},
+                ) from None
+            decode_strict(body, schema, content_type)
 
 
 async def _respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int]]) -> Response[Any]:
@@ -282,6 +293,7 @@ def create_app(
             print(
                 "embedrank: WARNING: running without authentication (EMBEDRANK_NO_AUTH=1)", file=sys.stderr, flush=True
             )
+        shutdown.install(partial(setattr, runtime, "status", "draining"), drain, settings.drain_seconds)
         runtime.load_task = asyncio.get_running_loop().create_task(_load(runtime))
         if wait_for_models:
             await runtime.load_task
@@ -292,7 +304,15 @@ def create_app(
             runtime.load_task.cancel()
             await runtime.pool.drain(settings.drain_seconds)
 
-    middleware = [RequestMiddleware(runtime.metrics, None if settings.no_auth else BearerAuth(keys))]
+    inflight = shutdown.InFlight()
+
+    async def drain(timeout: float) -> None:
+        """Wait for the requests in flight (bodies still arriving included), then finish the engines' work."""
+        start = asyncio.get_running_loop().time()
+        await inflight.wait_idle(timeout)
+        await runtime.pool.drain(max(0.0, timeout - (asyncio.get_running_loop().time() - start)))
+
+    middleware = [RequestMiddleware(runtime.metrics, None if settings.no_auth else BearerAuth(keys), inflight)]
     app = Litestar(
         route_handlers=[embeddings, rerank, models_route, health, health_head, metrics],
         lifespan=[lifespan],

@@ -14,14 +14,16 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from service.auth import BearerAuth
 from service.errors import to_api_error
 from service.observability import Metrics
+from service.shutdown import InFlight
 
 
 class RequestMiddleware(ASGIMiddleware):
     scopes = ("http",)  # type: ignore[assignment]
 
-    def __init__(self, metrics: Metrics, auth: BearerAuth | None) -> None:
+    def __init__(self, metrics: Metrics, auth: BearerAuth | None, inflight: InFlight | None = None) -> None:
         self.metrics = metrics
         self.auth = auth  # None only when the operator switched auth off (EMBEDRANK_NO_AUTH)
+        self.inflight = inflight or InFlight()  # what a SIGTERM drain waits for
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         start = time.perf_counter()
@@ -33,6 +35,7 @@ class RequestMiddleware(ASGIMiddleware):
                 status = message["status"]
             await send(message)
 
+        self.inflight.enter()
         try:
             if self.auth is not None:
                 self.auth.check(scope)
@@ -42,6 +45,7 @@ class RequestMiddleware(ASGIMiddleware):
                 status = to_api_error(exc).status
             raise
         finally:
+            self.inflight.exit()
             self.metrics.observe_request(
                 scope["path"], str(scope.get("method", "GET")), status or 500, time.perf_counter() - start
             )

@@ -16,6 +16,7 @@ from typing import Any
 from embedrank.errors import ModelKindError, ModelNotFoundError
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
+from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.models.registry import ModelSpec, resolve
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
@@ -40,28 +41,30 @@ class ModelPool:
     """Resolves every configured model at construction (fast, fails loudly), loads weights in :meth:`load`.
 
     ``preloaded`` maps model ids to models that are already built (anything with a ``spec`` and the
-    runner interface); then nothing is resolved or loaded, and ``entries`` only contribute aliases.
+    runner interface); then nothing is resolved or loaded, and ``entries`` only contribute aliases. An
+    entry whose path is ``fake:encoder`` or ``fake:cross-encoder`` gets a weightless fake model.
     """
 
     def __init__(self, entries: tuple[ModelEntry, ...], preloaded: Mapping[str, Any] | None = None) -> None:
         self.models: dict[str, ServedModel] = {}
         self.aliases: dict[str, str] = {}
-        self._preloaded = dict(preloaded) if preloaded is not None else None
-        if self._preloaded is not None:
+        self._built = dict(preloaded or {})  # models that need no loading: preloaded ones and fakes
+        if preloaded is not None:
             by_id = {e.id: e for e in entries}
-            entries = tuple(by_id.get(model_id, ModelEntry(id=model_id)) for model_id in self._preloaded)
+            entries = tuple(by_id.get(model_id, ModelEntry(id=model_id)) for model_id in preloaded)
         for entry in entries:
-            spec = self._preloaded[entry.id].spec if self._preloaded is not None else resolve(entry.path or entry.id)
+            if entry.id not in self._built and (entry.path or "").startswith("fake:"):
+                self._built[entry.id] = fake_model(entry.id, entry.path or "")
+            spec = self._built[entry.id].spec if entry.id in self._built else resolve(entry.path or entry.id)
             self.models[entry.id] = ServedModel(entry=entry, spec=spec)
             for alias in entry.aliases:
                 self.aliases.setdefault(alias, entry.id)
 
     def load(self) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread). Returns the loaded models by id."""
-        if self._preloaded is not None:
-            return dict(self._preloaded)
         return {
-            model_id: (Encoder if served.spec.kind == "embedding" else CrossEncoder).from_spec(served.spec)
+            model_id: self._built.get(model_id)
+            or (Encoder if served.spec.kind == "embedding" else CrossEncoder).from_spec(served.spec)
             for model_id, served in self.models.items()
         }
 
@@ -92,3 +95,12 @@ class ModelPool:
         for served in self.models.values():
             if served.runner is not None:
                 await served.runner.engine.drain(timeout)
+
+
+def fake_model(model_id: str, path: str) -> FakeEncoder | FakeCrossEncoder:
+    """The weightless model a ``fake:encoder`` or ``fake:cross-encoder`` path names."""
+    if path == "fake:encoder":
+        return FakeEncoder(model_id)
+    if path == "fake:cross-encoder":
+        return FakeCrossEncoder(model_id)
+    raise ModelNotFoundError(f"unknown fake model {path!r}; use fake:encoder or fake:cross-encoder")

@@ -15,10 +15,16 @@ Environment variables (all optional):
   :func:`embedrank.allocator.tune_malloc` so activation memory is reused, not page-faulted per layer).
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
+- ``EMBEDRANK_DRAIN_SECONDS`` (30): on SIGTERM, ``/health`` and new requests answer 503 at once, the work
+  in flight gets this long, then every connection is closed and the process exits 0.
+  ``EMBEDRANK_BODY_TIMEOUT_SECONDS`` (30): a request body that takes longer to arrive is answered 408.
 - Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (4096),
-  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_DRAIN_SECONDS`` (30), ``EMBEDRANK_BATCH_WAIT_MS`` (20.0:
+  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (20.0:
   the most a batch waits for concurrent callers to rejoin, ended early when arrivals stop; a lone request
   never waits).
+
+A model path ``fake:encoder`` or ``fake:cross-encoder`` serves a weightless fake model
+(:mod:`embedrank.models.fake`), for trying the API or testing a client without loading weights.
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
 ``id``, optional ``path`` and optional ``aliases``.
@@ -62,7 +68,8 @@ class Settings:
     no_auth: bool = False
     limits: Limits = dataclasses.field(default_factory=Limits)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
-    drain_seconds: float = 30.0
+    drain_seconds: float = 30.0  # SIGTERM: at most this long for the work in flight, then exit 0
+    body_timeout_seconds: float = 30.0  # a request body that takes longer to arrive gets 408
     access_log: bool = False
     tune_malloc: bool = True
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
@@ -128,6 +135,7 @@ class Settings:
             limits=limits,
             engine=engine,
             drain_seconds=get("drain_seconds", base.drain_seconds),
+            body_timeout_seconds=get("body_timeout_seconds", base.body_timeout_seconds),
             access_log=get("access_log", base.access_log),
             tune_malloc=get("tune_malloc", base.tune_malloc),
             cors_origins=tuple(o.strip() for o in str(get("cors_origins", "")).split(",") if o.strip()),
@@ -139,5 +147,7 @@ class Settings:
         for name in ("max_inputs", "max_documents", "max_body_bytes", "max_text_chars"):
             if getattr(self.limits, name) < 1:
                 raise SettingsError(f"limit {name} must be >= 1")
+        if self.drain_seconds < 0 or self.body_timeout_seconds <= 0:
+            raise SettingsError("drain_seconds must be >= 0 and body_timeout_seconds > 0")
         if self.engine.max_queue_items < 1 or self.engine.max_batch_tokens < 1 or self.engine.max_batch_size < 1:
             raise SettingsError("engine queue, batch tokens and batch size must be >= 1")
