@@ -28,7 +28,7 @@ from litestar.openapi.spec import Components, Example, SecurityScheme
 from litestar.params import Body
 
 from embedrank.errors import NotReadyError
-from embedrank.serving.allocator import tune_malloc
+from embedrank.serving.allocator import trim_heap, tune_malloc
 from service import api, shutdown
 from service.auth import BearerAuth
 from service.decoding import decode_strict, shorten
@@ -228,7 +228,8 @@ async def metrics(state: State) -> bytes:
 async def _load(runtime: Runtime) -> None:
     try:
         loaded = await asyncio.to_thread(runtime.pool.load)
-        runtime.pool.start_engines(loaded, runtime.settings.engine, runtime.metrics)
+        on_idle = trim_heap if runtime.settings.tune_malloc else None  # give the kept peak heap back when quiet
+        runtime.pool.start_engines(loaded, runtime.settings.engine, runtime.metrics, on_idle)
         # The ~450k objects of torch, transformers and the app live as long as the process. Moving them out
         # of the collector's generations keeps each full collection from stalling the loop for ~240 ms.
         gc.freeze()

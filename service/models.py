@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -68,12 +68,19 @@ class ModelPool:
             for model_id, served in self.models.items()
         }
 
-    def start_engines(self, loaded: dict[str, Any], config: EngineConfig, metrics: Metrics) -> None:
-        """Wrap each loaded model in its batching engine; must run inside the event loop."""
+    def start_engines(
+        self,
+        loaded: dict[str, Any],
+        config: EngineConfig,
+        metrics: Metrics,
+        on_idle: Callable[[], object] | None = None,
+    ) -> None:
+        """Wrap each loaded model in its batching engine; must run inside the event loop. ``on_idle`` runs
+        in a forward thread after ``config.idle_seconds`` without work (the service returns heap memory)."""
         for model_id, core in loaded.items():
             served = self.models[model_id]
             runner_cls = AsyncEncoder if served.spec.kind == "embedding" else AsyncCrossEncoder
-            served.runner = runner_cls(core, config, on_batch=metrics.batch_observer(model_id))
+            served.runner = runner_cls(core, config, on_batch=metrics.batch_observer(model_id), on_idle=on_idle)
             served.runner.engine.start()
             engine = served.runner.engine
             metrics.track_engine(model_id, partial(getattr, engine, "queue_depth"), partial(getattr, engine, "dropped"))

@@ -12,7 +12,8 @@ Environment variables (all optional):
 - ``EMBEDRANK_ACCESS_LOG=1``: keep the ASGI server's per-request access log (off by default; ``/metrics``
   counts requests by route and status).
 - ``EMBEDRANK_TUNE_MALLOC=0``: keep glibc's default allocator settings (by default the service calls
-  :func:`embedrank.allocator.tune_malloc` so activation memory is reused, not page-faulted per layer).
+  :func:`embedrank.serving.allocator.tune_malloc` so activation memory is reused, not page-faulted per
+  layer, and gives it back with ``malloc_trim`` after ``EMBEDRANK_IDLE_SECONDS`` (30) without work).
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
 - ``EMBEDRANK_DRAIN_SECONDS`` (30): on SIGTERM, ``/health`` and new requests answer 503 at once, the work
@@ -127,6 +128,7 @@ class Settings:
             max_batch_size=get("max_batch_size", base.engine.max_batch_size),
             max_wait_ms=get("batch_wait_ms", base.engine.max_wait_ms),
             max_queue_items=get("max_queue", base.engine.max_queue_items),
+            idle_seconds=get("idle_seconds", base.engine.idle_seconds),
         )
         settings = cls(
             models=tuple(models) or base.models,

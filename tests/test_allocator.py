@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 PROBE = """
@@ -46,3 +47,65 @@ def test_service_setting_switches_tuning_off() -> None:
 
     assert Settings.from_env({}).tune_malloc is True
     assert Settings.from_env({"EMBEDRANK_TUNE_MALLOC": "0"}).tune_malloc is False
+
+
+TRIM_PROBE = """
+import numpy as np
+from embedrank.serving.allocator import trim_heap, tune_malloc
+def rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+tune_malloc()
+base = rss_mb()
+blocks = [np.ones(1024 * 1024, dtype=np.float32) for _ in range(100)]  # 400 MB of 4 MB heap blocks
+del blocks
+kept = rss_mb()
+released = trim_heap()
+print(round(base), round(kept), round(rss_mb()), released)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim is Linux-only")
+def test_trim_gives_the_kept_peak_back() -> None:
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, check=True).stdout.split()
+    base, kept, after, released = int(out[0]), int(out[1]), int(out[2]), out[3]
+    assert kept - base > 300  # tuned malloc keeps the freed 400 MB (the price of no page faults)
+    assert released == "True" and after - base < 100  # after the trim the process is back near its base
+
+
+def test_engine_calls_on_idle_once_per_quiet_period() -> None:
+    import asyncio
+    import threading
+
+    from embedrank.serving.engine import BatchEngine, EngineConfig
+    from embedrank.types import ModelOutput
+
+    class Echo:
+        max_seq_length = 8
+
+        def item_chars(self, item):
+            return len(item)
+
+        def run_batch(self, items):
+            return ModelOutput(np.array(list(items)), [1] * len(items), [False] * len(items))
+
+    idle = threading.Event()
+    calls = []
+
+    def on_idle():
+        calls.append(1)
+        idle.set()
+
+    async def main():
+        engine = BatchEngine(Echo(), EngineConfig(max_wait_ms=0, idle_seconds=0.01), on_idle=on_idle)
+        engine.start()
+        assert not idle.is_set()  # no work yet: nothing to give back
+        await engine.submit(["a"])
+        assert await asyncio.to_thread(idle.wait, 10)
+        idle.clear()
+        await engine.submit(["b"])  # a new busy period, then quiet again: one more call
+        assert await asyncio.to_thread(idle.wait, 10)
+        await engine.drain(1)
+
+    asyncio.run(main())
+    assert len(calls) == 2

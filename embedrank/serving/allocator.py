@@ -61,3 +61,22 @@ def tune_malloc(*, arena_max: int = 1) -> bool:
     if not ok:
         logger.warning("mallopt refused a setting; the allocator keeps its defaults")
     return ok
+
+
+def trim_heap() -> bool:
+    """Give the heap's free memory back to the OS (glibc ``malloc_trim(0)``).
+
+    With :func:`tune_malloc` the process keeps its peak heap between batches, which is what makes busy
+    periods fast; after a quiet period the engine calls this (``on_idle``) so an idle server shrinks back.
+    Returns True when memory was released, False when there was none or off glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        malloc_trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    return bool(malloc_trim(0))

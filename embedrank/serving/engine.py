@@ -75,6 +75,7 @@ class EngineConfig:
     workers: int | None = None  # forward threads (default 1: on few cores, concurrent OpenMP teams
     # spin against each other and lose throughput; measured in eval/bench_service.py)
     threads: int | None = None  # torch threads, split evenly between the workers; default torch's
+    idle_seconds: float = 30.0  # after this long without work, a forward thread calls on_idle once
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,11 +101,14 @@ class BatchEngine(Generic[Item]):
         config: EngineConfig | None = None,
         *,
         on_batch: Callable[[BatchReport], None] | None = None,
+        on_idle: Callable[[], object] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.config = config or EngineConfig()
         self.on_batch = on_batch  # called on the event loop after each forward pass
+        self.on_idle = on_idle  # called in a forward thread once work stopped for config.idle_seconds
+        self._busy_since_idle = False
         self.clock = clock  # what the adaptive wait measures time with (tests inject a fake one)
         self.dropped = 0  # queued items skipped because their caller had gone
         self._cond = threading.Condition()  # guards _queue, _computing, _peak_inflight, _stopping
@@ -250,16 +254,22 @@ class BatchEngine(Generic[Item]):
         self._cond.wait(seconds)
 
     def _next_batch(self) -> list[tuple[_Job, int]] | None:
-        """Block until a batch is ready; ``None`` once the engine stops."""
+        """Block until a batch is ready; ``None`` once the engine stops, ``[]`` after ``idle_seconds``
+        without work (once per quiet period, only when ``on_idle`` is set)."""
         with self._cond:
             while True:
                 while not self._queue.queued and not self._stopping:
-                    self._cond.wait()
+                    if self.on_idle is None or not self._busy_since_idle:
+                        self._cond.wait()
+                    elif not self._cond.wait(self.config.idle_seconds) and not self._queue.queued:
+                        self._busy_since_idle = False
+                        return []  # quiet for idle_seconds: the caller runs on_idle
                 if self._stopping:
                     return None
                 self._wait_for_company()
                 batch = self._take_batch()
                 if batch:
+                    self._busy_since_idle = True
                     self._computing += len(batch)
                     return batch
 
@@ -269,6 +279,10 @@ class BatchEngine(Generic[Item]):
             torch.set_num_threads(threads)
         assert self._loop is not None
         while (batch := self._next_batch()) is not None:
+            if not batch:
+                if self.on_idle is not None:
+                    self.on_idle()
+                continue
             start = time.perf_counter()
             outcome: ModelOutput | Exception
             try:
