@@ -19,6 +19,12 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
+class ServerURL(str):
+    """The base URL of a started server, with its process id (for reading its memory from ``/proc``)."""
+
+    pid: int
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -33,7 +39,7 @@ def running_server(
     timeout: float = 120.0,
     log_path: str | None = None,
     inherit_env: bool = True,
-) -> Iterator[str]:
+) -> Iterator[ServerURL]:
     """``litestar run`` from the repo root (Litestar finds ``app.py`` there); yields the base URL once
     ``/health`` is 200 and stops the server on exit. ``env`` adds to this process's environment, or replaces
     it with ``inherit_env=False``."""
@@ -51,7 +57,8 @@ def running_server(
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
     child_env = {**os.environ, **(env or {})} if inherit_env else dict(env or {})
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    base = ServerURL(f"http://127.0.0.1:{port}")
+    base.pid = proc.pid
     try:
         deadline = time.monotonic() + timeout
         while True:
