@@ -25,14 +25,21 @@ def test_new_request_goes_next_and_is_not_slowed_by_long_items():
 
 
 def test_short_items_ride_along_with_a_long_head():
-    q = FairQueue()
+    q = FairQueue(starve_after=4)
     bulk, small = QueuedJob(est=[250] * 3), QueuedJob(est=[12])
     q.push(bulk)
+    bulk.skipped = 4  # passed over 4 batches in a row: its turn, though the small job has less work left
     q.push(small)
-    q.take(max_tokens=250, max_size=64)  # bulk's first item; the small job was then passed over once
-    bulk.served = 0  # make the bulk job the head again (as after a starvation turn)
     batch = q.take(**BUDGET)
-    assert [job is small for job, _ in batch].count(True) == 1  # the short one filled the long head's batch
+    assert [job is small for job, _ in batch] == [False, False, False, True]  # the short one filled the rest
+
+
+def test_shortest_remaining_work_goes_first_among_new_jobs():
+    q = FairQueue()
+    jobs = [QueuedJob(est=[200] * 16), QueuedJob(est=[200] * 40), QueuedJob(est=[12])]
+    for job in jobs:
+        q.push(job)
+    assert q.order() == [jobs[2], jobs[0], jobs[1]]  # a 1-text request before two bulk ones that came first
 
 
 def test_bulk_job_advances_under_a_stream_of_small_ones():
@@ -48,7 +55,7 @@ def test_bulk_job_advances_under_a_stream_of_small_ones():
     assert not any(served[i] and served[i + 1] for i in range(len(served) - 1))  # and small ones still go first
 
 
-def test_priority_goes_first_then_least_service_then_arrival():
+def test_priority_goes_first_then_least_work_left_then_arrival():
     q = FairQueue()
     a, b, urgent = QueuedJob(est=[10]), QueuedJob(est=[10]), QueuedJob(est=[10], priority=-1)
     for job in (a, b, urgent):

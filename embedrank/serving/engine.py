@@ -1,8 +1,8 @@
 """An asyncio micro-batcher between many concurrent callers and one model.
 
 Each call (a "job") gets its own future. Its items (texts, or query/document pairs) join a fair queue
-(:mod:`embedrank.serving.scheduler`: a new request is served next, so a 1-text request waits for at most
-the batch in flight even behind a 1,024-passage one; a job passed over too often gets its turn; an
+(:mod:`embedrank.serving.scheduler`: the job with the least work left is served next, so a 1-text request
+waits for at most the batch in flight even behind a 1,024-passage one; a job passed over too often gets its turn; an
 optional ``priority`` goes first). Forward threads pull their next batch themselves the moment they finish
 one (no event-loop turn sits between two forward passes). A batch closes when the next item would push
 the padded cost (longest sequence x batch size, estimated from characters) over ``max_batch_tokens``,
