@@ -26,12 +26,16 @@ def test_new_request_goes_next_and_is_not_slowed_by_long_items():
 
 def test_short_items_ride_along_with_a_long_head():
     q = FairQueue(starve_after=4)
-    bulk, small = QueuedJob(est=[250] * 3), QueuedJob(est=[12])
+    bulk = QueuedJob(est=[250] * 3)
     q.push(bulk)
-    bulk.skipped = 4  # passed over 4 batches in a row: its turn, though the small job has less work left
+    for _ in range(4):  # four small requests in a row go first; the bulk job is passed over 4 times
+        small = QueuedJob(est=[12])
+        q.push(small)
+        assert [job for job, _ in q.take(**BUDGET)] == [small]
+    small = QueuedJob(est=[12])
     q.push(small)
-    batch = q.take(**BUDGET)
-    assert [job is small for job, _ in batch] == [False, False, False, True]  # the short one filled the rest
+    batch = q.take(**BUDGET)  # the bulk job's rescue turn: it heads the batch, the short one fills the rest
+    assert [job is small for job, _ in batch] == [False, False, False, True]
 
 
 def test_shortest_remaining_work_goes_first_among_new_jobs():

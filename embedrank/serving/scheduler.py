@@ -9,9 +9,10 @@ behind it for its whole duration. Here each batch starts from a *head* job and i
    the batch in flight, even under many concurrent bulk requests. (Least *attained* service was tried
    first: it serves every new job's first batch in arrival order, so under 64 mixed clients a 1-text
    request waited behind ~40 first batches, p50 35 s in ``eval/bench_load.py``.)
-2. **Starvation guard**: a job passed over for ``starve_after`` batches in a row becomes the head, so a
-   bulk job keeps advancing under a stream of small ones (it gets at least one batch in
-   ``starve_after + 1``).
+2. **Starvation guard**: at most once every ``starve_after + 1`` batches, the oldest job that was passed
+   over for ``starve_after`` batches in a row becomes the head, so bulk jobs keep advancing under a
+   stream of small ones while small ones still get most batches. (Making *every* starving job the head
+   degenerates to first come, first served under saturation, when all bulk jobs starve at once.)
 3. **Fill**: the head's items go in first, then items of the other jobs in the same order, while the
    padded cost (longest estimate x size) stays within the budget and the size cap. A fill item may be at
    most ``fill_ratio`` times as long as the head's longest item, so a short request's batch is not made
@@ -71,6 +72,7 @@ class FairQueue:
         self.jobs: list[QueuedJob] = []
         self.queued = 0  # unscheduled items over all jobs
         self._arrivals = itertools.count()
+        self._since_rescue = 0  # batches since a starving job was last made the head
 
     def push(self, job: QueuedJob) -> None:
         job.seq = next(self._arrivals)
@@ -105,7 +107,12 @@ class FairQueue:
             return []
         order = self.order()
         starving = [j for j in order if j.skipped >= self.starve_after]
-        head = min(starving, key=lambda j: j.seq) if starving else order[0]
+        self._since_rescue += 1
+        if starving and self._since_rescue > self.starve_after:
+            head = min(starving, key=lambda j: (j.priority, j.seq))
+            self._since_rescue = 0
+        else:
+            head = order[0]
         batch: list[tuple[QueuedJob, int]] = []
         longest = 0
 
