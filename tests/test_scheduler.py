@@ -75,3 +75,12 @@ def test_dropped_jobs_free_their_items():
     q.push(kept)
     assert q.drop(lambda job: job is gone) == 3 and q.queued == 1
     assert [job for job, _ in q.take(**BUDGET)] == [kept] and q.take(**BUDGET) == []
+
+
+def test_short_requests_of_different_lengths_share_a_batch():
+    q = FairQueue()
+    jobs = [QueuedJob(est=[n]) for n in (8, 30, 60, 100)]  # queries of various lengths
+    for job in jobs:
+        q.push(job)
+    q.push(QueuedJob(est=[250] * 4))  # and passages, which must not ride along
+    assert sorted(job.est[0] for job, _ in q.take(**BUDGET)) == [8, 30, 60, 100]

@@ -112,7 +112,7 @@ class BatchEngine(Generic[Item]):
         self.clock = clock  # what the adaptive wait measures time with (tests inject a fake one)
         self.dropped = 0  # queued items skipped because their caller had gone
         self._cond = threading.Condition()  # guards _queue, _computing, _peak_inflight, _stopping
-        self._queue = FairQueue()
+        self._queue = FairQueue(short_tokens=backend.max_seq_length // 2)  # up to half the max length is short
         self._computing = 0  # items in forward passes right now
         self._peak_inflight = 0.0  # decaying maximum of items in flight
         self._stopping = False

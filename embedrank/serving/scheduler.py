@@ -15,8 +15,10 @@ behind it for its whole duration. Here each batch starts from a *head* job and i
    degenerates to first come, first served under saturation, when all bulk jobs starve at once.)
 3. **Fill**: the head's items go in first, then items of the other jobs in the same order, while the
    padded cost (longest estimate x size) stays within the budget and the size cap. A fill item may be at
-   most ``fill_ratio`` times as long as the head's longest item, so a short request's batch is not made
-   slow by long passages, while batches of similar items stay full.
+   most ``fill_ratio`` times as long as the head's longest item (and always up to ``short_tokens``), so a
+   short request's batch is not made slow by long passages, while short requests of somewhat different
+   lengths still share one forward pass (the head is the shortest job, and a cap of twice *its* length
+   alone split queries into many small batches, each paying a forward pass).
 
 Inside a job, items are scheduled in input order. The queue is not thread-safe; the engine calls it
 under its lock.
@@ -66,9 +68,10 @@ class FairQueue:
     ([2, 3], 2)
     """
 
-    def __init__(self, *, starve_after: int = 4, fill_ratio: float = 2.0) -> None:
+    def __init__(self, *, starve_after: int = 4, fill_ratio: float = 2.0, short_tokens: int = 128) -> None:
         self.starve_after = starve_after
         self.fill_ratio = fill_ratio
+        self.short_tokens = short_tokens
         self.jobs: list[QueuedJob] = []
         self.queued = 0  # unscheduled items over all jobs
         self._arrivals = itertools.count()
@@ -133,7 +136,7 @@ class FairQueue:
             return True
 
         if add(head, None):
-            cap = self.fill_ratio * longest
+            cap = max(self.fill_ratio * longest, self.short_tokens)
             for job in order:
                 if job is not head and not add(job, cap):
                     break
