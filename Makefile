@@ -8,7 +8,7 @@ export EMBEDRANK_DATA
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-service bench-fairness eval serve notebooks clean
+.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-service bench-fairness bench-load eval serve notebooks clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ bench-service: setup
 
 bench-fairness: setup
 	$(PY) eval/bench_fairness.py
+
+bench-load: setup
+	$(PY) eval/bench_load.py
 
 eval: setup  ## the reference benchmarks on ../shared/data
 	$(PY) eval/run.py scifact --retriever dense
