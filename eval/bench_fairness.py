@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from latency import percentile  # eval/latency.py, next to this script
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "bench-fairness-key"
 
@@ -79,11 +81,6 @@ async def shared(base: str, passages: list[str], queries: list[str], interval: f
         return bulk_s, list(await asyncio.gather(*smalls))
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bulk", type=int, default=1024, help="passages in the bulk request (default 1024)")
@@ -106,11 +103,11 @@ def main() -> int:
             b, small = asyncio.run(shared(base, passages, queries, args.interval_ms / 1000))
             alone_s.append(a)
             shared_s.append(b)
-            p50s.append(pct(small, 50))
-            p99s.append(pct(small, 99))
+            p50s.append(percentile(small, 50))
+            p99s.append(percentile(small, 99))
             print(
                 f"round {r}: bulk alone {a:6.1f} s | shared {b:6.1f} s ({b / a - 1:+.1%}) | {len(small)} small requests: "
-                f"p50 {pct(small, 50):.3f} s  p95 {pct(small, 95):.3f} s  p99 {pct(small, 99):.3f} s  max {max(small):.3f} s",
+                f"p50 {percentile(small, 50):.3f} s  p95 {percentile(small, 95):.3f} s  p99 {percentile(small, 99):.3f} s  max {max(small):.3f} s",
                 flush=True,
             )
     growth = statistics.median(shared_s) / statistics.median(alone_s) - 1

@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from latency import percentile  # eval/latency.py, next to this script
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "bench-load-key"
 IDLE_SECONDS = 5
@@ -111,11 +113,6 @@ async def client(base, queries, passages, ref, deadline, tally, seed):
                     tally.wrong.append(kind)
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else float("nan")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=64)
@@ -151,7 +148,7 @@ def main() -> int:
     print(f"wrong {len(tally.wrong)} {sorted(set(tally.wrong))}, lost {len(tally.lost)} {sorted(set(tally.lost))[:3]}")
     for kind, values in sorted(tally.latency.items()):
         print(
-            f"  {kind:8s} n={len(values):5d}  p50 {pct(values, 50):7.3f} s  p95 {pct(values, 95):7.3f} s  p99 {pct(values, 99):7.3f} s"
+            f"  {kind:8s} n={len(values):5d}  p50 {percentile(values, 50):7.3f} s  p95 {percentile(values, 95):7.3f} s  p99 {percentile(values, 99):7.3f} s"
         )
     print(
         f"server RSS: before {before:.0f} MB, peak {peak:.0f} MB, after the load {after:.0f} MB, "

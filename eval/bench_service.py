@@ -22,6 +22,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from latency import percentile  # eval/latency.py, next to this script
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "bench-key"
 WORDS = (
@@ -35,11 +37,6 @@ def make_texts(n: int, words: int, seed: int) -> list[str]:
 
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(words)) + f" {i}" for i in range(n)]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 async def drive(base: str, texts: list[str], per_request: int, clients: int, requests: int) -> dict:

@@ -130,9 +130,6 @@ def evaluate(
     >>> evaluate({"q1": {"a": 1}, "q2": {"b": 1}}, {"q1": {"a": 2.0}}, ["ndcg@10"], queries="qrels")
     {'ndcg@10': 0.5}
     """
-    if measures is not None:
-        names, ks = parse_measures(measures)
-        means = evaluate_per_query(qrels, run, ks, relevance_level=relevance_level, queries=queries).mean()
-        return {name: float(means[name]) for name in names}
-    frame = evaluate_per_query(qrels, run, k_values, relevance_level=relevance_level, queries=queries)
-    return {name: float(v) for name, v in frame.mean().items()}
+    names, ks = parse_measures(measures) if measures is not None else (None, k_values)
+    means = evaluate_per_query(qrels, run, ks, relevance_level=relevance_level, queries=queries).mean()
+    return {name: float(means[name]) for name in (names or means.index)}

@@ -83,13 +83,13 @@ class _BaseIndex:
         self.config = config
         self.model_id = model_id
         self.ids: list[str] = []
-        self._id_set: set[str] = set()
+        self._positions: dict[str, int] = {}  # doc id -> row in the index (insertion order)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __contains__(self, doc_id: object) -> bool:
-        return doc_id in self._id_set
+        return doc_id in self._positions
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.config.kind}, metric={self.config.metric}, dim={self.dimension}, n={len(self)})"
@@ -102,14 +102,18 @@ class _BaseIndex:
         ids = [str(i) for i in ids]
         if len(ids) != n:
             raise InvalidInputError(f"got {len(ids)} ids for {n} vectors")
-        dupes = [i for i in ids if i in self._id_set]
+        dupes = [i for i in ids if i in self._positions]
         if dupes or len(set(ids)) != len(ids):
             raise InvalidInputError(f"duplicate document ids, e.g. {(dupes or ids)[0]!r}")
         return ids
 
     def _commit(self, ids: list[str]) -> None:
+        self._positions.update((doc_id, len(self.ids) + i) for i, doc_id in enumerate(ids))
         self.ids.extend(ids)
-        self._id_set.update(ids)
+
+    def _rows(self, ids: Sequence[str]) -> list[int]:
+        """Index rows of ``ids`` (KeyError for an id the index does not hold)."""
+        return [self._positions[d] for d in ids]
 
     def check_compatible(self, *, model_id: str | None = None, dimension: int | None = None) -> None:
         """Refuse a model or dimension other than the one the index was built with."""
@@ -182,8 +186,7 @@ class NumpyIndex(_BaseIndex):
         return self._results(np.take_along_axis(scores, order, axis=1), order)
 
     def reconstruct(self, ids: Sequence[str]) -> np.ndarray:
-        position = {doc_id: i for i, doc_id in enumerate(self.ids)}
-        return self._vectors[[position[d] for d in ids]]
+        return self._vectors[self._rows(ids)]
 
     def save(self, directory: str | Path) -> Path:
         out = Path(directory)
@@ -294,8 +297,7 @@ class FaissIndex(_BaseIndex):
 
         if not self.can_reconstruct:
             return None
-        position = {doc_id: i for i, doc_id in enumerate(self.ids)}
-        keys = np.array([position[d] for d in ids], dtype=np.int64)
+        keys = np.array(self._rows(ids), dtype=np.int64)
         ivf = faiss.try_extract_index_ivf(self._index)
         if ivf is not None:
             ivf.make_direct_map()  # positions -> inverted-list entries; idempotent

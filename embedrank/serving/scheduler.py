@@ -85,10 +85,15 @@ class FairQueue:
 
     def drop(self, gone: Callable[[QueuedJob], bool]) -> int:
         """Forget the jobs for which ``gone(job)`` is true (their caller left); returns their unscheduled items."""
-        dropped = sum(j.waiting for j in self.jobs if gone(j))
-        if dropped or any(gone(j) for j in self.jobs):
-            self.jobs = [j for j in self.jobs if not gone(j)]
-            self.queued -= dropped
+        kept: list[QueuedJob] = []
+        dropped = 0
+        for job in self.jobs:
+            if gone(job):
+                dropped += job.waiting
+            else:
+                kept.append(job)
+        self.jobs = kept
+        self.queued -= dropped
         return dropped
 
     def clear(self) -> list[QueuedJob]:
