@@ -92,6 +92,15 @@ def _field(index: int, fields: Sequence[tuple[str, int]]) -> tuple[str, int]:
     raise IndexError(index)
 
 
+def refuse_too_long(lengths: Sequence[int], max_length: int, fields: Sequence[tuple[str, int]]) -> None:
+    """Raise :func:`~embedrank.models.tokens.too_long_error` for the first of ``lengths`` over ``max_length``,
+    naming it by request field (``fields`` as for :func:`_field`)."""
+    at = first_too_long(lengths, max_length)
+    if at is not None:
+        name, index = _field(at, fields)
+        raise too_long_error(index, max_length, param=name, tokens=lengths[at])
+
+
 class AsyncEncoder:
     """Embeddings and bi-encoder (cosine) reranking through a :class:`BatchEngine`."""
 
@@ -112,10 +121,7 @@ class AsyncEncoder:
 
     async def _refuse_too_long(self, texts: Sequence[str], fields: Sequence[tuple[str, int]]) -> None:
         lengths = await asyncio.to_thread(self.encoder.count_tokens, list(texts))
-        at = first_too_long(lengths, self.max_seq_length)
-        if at is not None:
-            name, index = _field(at, fields)
-            raise too_long_error(index, self.max_seq_length, param=name, tokens=lengths[at])
+        refuse_too_long(lengths, self.max_seq_length, fields)
 
     async def embed(
         self,
@@ -170,8 +176,6 @@ class AsyncCrossEncoder:
         """Scores ``(N,)`` of each (query, document) pair in input order."""
         if not truncate:
             lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, [query] * len(documents), documents)
-            at = first_too_long(lengths, self.max_seq_length)
-            if at is not None:
-                raise too_long_error(at, self.max_seq_length, param="documents", tokens=lengths[at])
+            refuse_too_long(lengths, self.max_seq_length, [("documents", len(documents))])
         out = await self.engine.submit([(query, d) for d in documents], priority=priority)
         return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
