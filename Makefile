@@ -8,7 +8,7 @@ export EMBEDRANK_DATA
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-service bench-fairness bench-load eval serve notebooks clean
+.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-service bench-fairness bench-load fuzz eval serve notebooks clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ bench-fairness: setup
 
 bench-load: setup
 	$(PY) eval/bench_load.py
+
+fuzz: setup  ## schemathesis --checks all, 1,000 fuzzing cases per operation (the suite runs 100)
+	$(PY) eval/fuzz_api.py
 
 eval: setup  ## the reference benchmarks on ../shared/data
 	$(PY) eval/run.py scifact --retriever dense

@@ -70,7 +70,7 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
     """SPEC 4.2. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
     served = pool.get(req.model, "rerank")
     if not req.query.strip():
-        raise invalid("query is empty", param="query", code="empty_query")
+        raise invalid("query is empty or only whitespace", param="query", code="empty_query")
     if not req.documents:
         raise invalid("documents is empty; send at least one document", param="documents", code="empty_documents")
     if len(req.documents) > limits.max_documents:

@@ -24,7 +24,7 @@ from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
-from litestar.openapi.spec import Components, Example, SecurityScheme
+from litestar.openapi.spec import Components, Example, OpenAPIType, SecurityScheme
 from litestar.params import Body
 
 from embedrank.errors import NotReadyError
@@ -39,6 +39,7 @@ from service.observability import Metrics
 from service.schemas import (
     EMBEDDINGS_EXAMPLE_REQUEST,
     EMBEDDINGS_EXAMPLE_RESPONSE,
+    INT32_MAX,
     RERANK_EXAMPLE_REQUEST,
     RERANK_EXAMPLE_RESPONSE,
     EmbeddingList,
@@ -49,7 +50,7 @@ from service.schemas import (
     RerankRequest,
     RerankResponse,
 )
-from service.settings import Settings
+from service.settings import Limits, Settings
 
 logger = logging.getLogger("embedrank.service")
 
@@ -84,10 +85,11 @@ ERRORS = {
     for status, desc in {
         400: "Invalid request (bad JSON, wrong type, missing field, empty input, limit exceeded, wrong model kind)",
         401: "Missing, malformed or wrong API key (WWW-Authenticate: Bearer)",
+        408: "The request body did not arrive within body_timeout_seconds",
         404: "Unknown model (code model_not_found)",
         413: "Body larger than max_body_bytes",
         415: "Content-Type is not application/json",
-        429: "Engine queue full; honour Retry-After",
+        429: "Overloaded (estimated wait over max_queue_seconds, or queue full); honour Retry-After",
         503: "Models loading or service draining; honour Retry-After",
     }.items()
 }
@@ -210,7 +212,11 @@ async def health(state: State) -> Response[Health]:
     return Response(Health(status=rt.status, detail=rt.detail), status_code=200 if rt.status == "ok" else 503)  # type: ignore[arg-type]
 
 
-@head("/health", summary="Readiness, status code only (no key needed)")
+@head(
+    "/health",
+    summary="Readiness, status code only (no key needed)",
+    responses={503: ResponseSpec(None, description="Loading, draining or failed")},
+)
 async def health_head(state: State) -> Response[None]:
     return Response(None, status_code=200 if _runtime(state).status == "ok" else 503)
 
@@ -240,19 +246,42 @@ async def _load(runtime: Runtime) -> None:
         logger.exception("model loading failed")
 
 
-def _complete_openapi(app: Litestar) -> None:
-    """Make the published schema say what the server enforces where Litestar's generator cannot: the limits
-    msgspec checks inside unions (non-empty texts and lists, ``dimensions``/``top_n`` >= 1), and that
-    ``/health`` needs no key."""
+def _complete_openapi(app: Litestar, limits: Limits, pool: ModelPool) -> None:
+    """Make the published schema say what the server enforces where Litestar's generator cannot, so that a
+    request the schema calls valid is accepted and one it calls invalid is refused:
+
+    - the bounds msgspec checks inside unions (non-empty texts and lists, ``dimensions``/``top_n`` >= 1)
+      and that a query is not only whitespace;
+    - the configured limits (``max_inputs``, ``max_documents``, ``max_text_chars``);
+    - the served models: ``model`` is an ``enum`` of the ids and aliases that serve the route (those of
+      ``/v1/models``), and ``dimensions`` is at most the largest served embedding dimension;
+    - ``/health`` needs no key.
+    """
     schemas = app.openapi_schema.components.schemas or {}
-    embeddings_input = schemas["EmbeddingsRequest"].properties["input"]  # type: ignore[index]
-    text, texts = embeddings_input.one_of  # type: ignore[union-attr, misc]
-    text.min_length = 1  # type: ignore[union-attr]
-    texts.min_items = 1  # type: ignore[union-attr]
-    texts.items.min_length = 1  # type: ignore[union-attr]
-    for name, field in (("EmbeddingsRequest", "dimensions"), ("RerankRequest", "top_n")):
-        number = schemas[name].properties[field].one_of[0]  # type: ignore[index, union-attr]
-        number.minimum = 1  # type: ignore[union-attr]
+    embeddings, reranking = schemas["EmbeddingsRequest"], schemas["RerankRequest"]
+    text, texts = embeddings.properties["input"].one_of  # type: ignore[index, union-attr, misc]
+    text.min_length = texts.items.min_length = 1  # type: ignore[union-attr]
+    text.max_length = texts.items.max_length = limits.max_text_chars  # type: ignore[union-attr]
+    texts.min_items, texts.max_items = 1, limits.max_inputs  # type: ignore[union-attr]
+    query = reranking.properties["query"]  # type: ignore[index]
+    query.max_length, query.pattern = limits.max_text_chars, r"\S"  # type: ignore[union-attr]  # not only whitespace
+    documents = reranking.properties["documents"]  # type: ignore[index]
+    documents.max_items = limits.max_documents  # type: ignore[union-attr]
+    for item in documents.items.one_of:  # type: ignore[union-attr]
+        if getattr(item, "type", None) == OpenAPIType.STRING:  # the other is a reference to RerankDocument
+            item.max_length = limits.max_text_chars  # type: ignore[union-attr]
+    schemas["RerankDocument"].properties["text"].max_length = limits.max_text_chars  # type: ignore[index, union-attr]
+    for body, field in ((embeddings, "dimensions"), (reranking, "top_n")):
+        number = body.properties[field].one_of[0]  # type: ignore[index, union-attr]
+        number.minimum, number.maximum = 1, INT32_MAX  # type: ignore[union-attr]
+    dims = [s.spec.dimension for s in pool.models.values() if "embeddings" in s.capabilities and s.spec.dimension]
+    if dims:
+        embeddings.properties["dimensions"].one_of[0].maximum = max(dims)  # type: ignore[index, union-attr]
+    for body, capability in ((embeddings, "embeddings"), (reranking, "rerank")):
+        names = [m for m, s in pool.models.items() if capability in s.capabilities]
+        names += [a for a, m in pool.aliases.items() if capability in pool.models[m].capabilities]
+        body.properties["model"].enum = names  # type: ignore[index, union-attr]
+        body.properties["model"].examples = names[:1]  # type: ignore[index, union-attr]
     health = (app.openapi_schema.paths or {})["/health"]
     for operation in (health.get, health.head):
         if operation is not None:
@@ -342,5 +371,5 @@ def create_app(
         ),
         debug=False,
     )
-    _complete_openapi(app)
+    _complete_openapi(app, settings.limits, runtime.pool)
     return app

@@ -9,7 +9,9 @@ Every client mistake becomes a 400 in the error shape, never a 500:
 - a body that is not UTF-8 (RFC 8259), or declares another charset: ``invalid_json``;
 - nesting deeper than :data:`MAX_DEPTH`: ``invalid_json``, refused by a linear scan before the decoder
   recurses (the decoder's own recursion limit is the backstop);
-- malformed JSON: ``invalid_json``; a missing field: ``missing_field``; a wrong type: ``invalid_type``;
+- malformed JSON: ``invalid_json``; a missing field: ``missing_field``; a wrong type: ``invalid_type``
+  (``"10"`` for an integer, ``0`` for a boolean; a number with a zero fraction such as ``10.0`` *is* an
+  integer, as JSON Schema defines it, so it is accepted as 10);
   a value out of range (empty input, ``top_n < 1``): ``invalid_value`` or ``empty_*``. Each names the
   field in ``param`` and in the message.
 """
@@ -50,7 +52,7 @@ def decode_strict(raw: bytes, schema: type[T], content_type: str = "application/
     if _TOO_DEEP.search(raw):
         raise invalid(f"request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
     try:
-        return msgspec.json.decode(raw, type=schema, strict=True)
+        return msgspec.convert(_integral_floats_as_ints(msgspec.json.decode(raw)), schema, strict=True)
     except UnicodeDecodeError as exc:
         raise invalid(f"request body is not valid UTF-8 (byte {exc.start})", code="invalid_json") from None
     except RecursionError:
@@ -59,6 +61,23 @@ def decode_strict(raw: bytes, schema: type[T], content_type: str = "application/
         raise validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise invalid(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    """``value`` with every float that has a zero fraction replaced by its int: JSON Schema's ``integer``
+    is "any number with a zero fractional part", so ``10.0`` is a valid ``dimensions``, while msgspec's
+    strict mode would refuse it. Other floats stay floats (and an integer field then refuses them).
+
+    >>> _integral_floats_as_ints({"a": [10.0, 2.5, "10"], "b": 1e20})
+    {'a': [10, 2.5, '10'], 'b': 100000000000000000000}
+    """
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral_floats_as_ints(v) for k, v in value.items()}
+    return value
 
 
 def shorten(value: Any, limit: int = 100) -> str:

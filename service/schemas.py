@@ -8,6 +8,15 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 NonEmptyText = Annotated[str, Meta(min_length=1)]
+INT32_MAX = 2**31 - 1
+Priority = Annotated[
+    int,
+    Meta(
+        ge=-INT32_MAX - 1,
+        le=INT32_MAX,
+        description="Scheduling priority, as vLLM: lower is served first (default 0; negative is urgent)",
+    ),
+]
 
 
 class EmbeddingsRequest(Struct, kw_only=True):
@@ -26,16 +35,14 @@ class EmbeddingsRequest(Struct, kw_only=True):
         Meta(description="`float` (default) or `base64` (little-endian float32, as the OpenAI SDK sends)"),
     ] = "float"
     dimensions: Annotated[
-        Annotated[int, Meta(ge=1)] | None,
+        Annotated[int, Meta(ge=1, le=INT32_MAX)] | None,
         Meta(description="Truncate vectors to this many dimensions (at most the model's), then renormalize"),
     ] = None
     user: Annotated[str | None, Meta(description="Accepted for OpenAI compatibility; ignored")] = None
     truncate: Annotated[
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
     ] = True
-    priority: Annotated[
-        int, Meta(description="Scheduling priority, as vLLM: lower is served first (default 0; negative is urgent)")
-    ] = 0
+    priority: Priority = 0
 
 
 class Embedding(Struct, kw_only=True):
@@ -69,13 +76,12 @@ class RerankRequest(Struct, kw_only=True):
         list[RerankDocument | str], Meta(min_length=1, description='Candidates: {"text": ...} objects or strings')
     ]
     top_n: Annotated[
-        Annotated[int, Meta(ge=1)] | None, Meta(description="Number of top results to return (default: all)")
+        Annotated[int, Meta(ge=1, le=INT32_MAX)] | None,
+        Meta(description="Number of top results to return (default: all; more than the documents: all)"),
     ] = None
     return_documents: Annotated[bool, Meta(description="Include each document's text in the results")] = False
     truncate: Annotated[bool, Meta(description="Truncate over-long pairs (default). false: reject with 400")] = True
-    priority: Annotated[
-        int, Meta(description="Scheduling priority, as vLLM: lower is served first (default 0; negative is urgent)")
-    ] = 0
+    priority: Priority = 0
 
 
 class RerankResult(Struct, kw_only=True):

@@ -19,7 +19,10 @@ Environment variables (all optional):
 - ``EMBEDRANK_DRAIN_SECONDS`` (30): on SIGTERM, ``/health`` and new requests answer 503 at once, the work
   in flight gets this long, then every connection is closed and the process exits 0.
   ``EMBEDRANK_BODY_TIMEOUT_SECONDS`` (30): a request body that takes longer to arrive is answered 408.
-- Engine: ``EMBEDRANK_MAX_QUEUE`` (8192 items), ``EMBEDRANK_MAX_BATCH_TOKENS`` (4096),
+- Overload: a request whose estimated wait for its first forward pass (the work scheduled before it, at
+  the measured speed) exceeds ``EMBEDRANK_MAX_QUEUE_SECONDS`` (30) is answered 429 with ``Retry-After``;
+  so is one that would take the queue past ``EMBEDRANK_MAX_QUEUE`` (8192 items).
+- Engine: ``EMBEDRANK_MAX_BATCH_TOKENS`` (4096),
   ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (20.0:
   the most a batch waits for concurrent callers to rejoin, ended early when arrivals stop; a lone request
   never waits).
@@ -128,6 +131,7 @@ class Settings:
             max_batch_size=get("max_batch_size", base.engine.max_batch_size),
             max_wait_ms=get("batch_wait_ms", base.engine.max_wait_ms),
             max_queue_items=get("max_queue", base.engine.max_queue_items),
+            max_queue_seconds=get("max_queue_seconds", base.engine.max_queue_seconds),
             idle_seconds=get("idle_seconds", base.engine.idle_seconds),
         )
         settings = cls(
@@ -151,5 +155,7 @@ class Settings:
                 raise SettingsError(f"limit {name} must be >= 1")
         if self.drain_seconds < 0 or self.body_timeout_seconds <= 0:
             raise SettingsError("drain_seconds must be >= 0 and body_timeout_seconds > 0")
+        if self.engine.max_queue_seconds <= 0:
+            raise SettingsError("max_queue_seconds must be > 0")
         if self.engine.max_queue_items < 1 or self.engine.max_batch_tokens < 1 or self.engine.max_batch_size < 1:
             raise SettingsError("engine queue, batch tokens and batch size must be >= 1")

@@ -134,6 +134,45 @@ def test_full_queue_raises_overload_and_oversized_job_is_invalid():
     asyncio.run(main())
 
 
+def test_overload_is_judged_by_each_jobs_estimated_wait():
+    """429 when the work scheduled before a job (at the measured speed) exceeds max_queue_seconds: a bulk
+    job behind another bulk job is refused with the time to wait; a small job or an urgent one is not."""
+
+    class Timed(FakeBackend):
+        def run_batch(self, items):  # every forward pass takes exactly 1 s of the injected clock
+            out = super().run_batch(items)
+            now[0] += 1.0
+            return out
+
+    now = [0.0]
+
+    async def main():
+        backend = Timed()
+        config = EngineConfig(max_batch_size=1, max_wait_ms=0, max_queue_seconds=30)
+        engine = BatchEngine(backend, config, clock=lambda: now[0])
+        engine.start()
+        text = "x" * 36  # estimated 36 / 4 + 2 = 11 tokens
+        await engine.submit([text])
+        assert engine.token_rate == pytest.approx(11.0)  # 11 estimated tokens per second
+        backend.gate.clear()
+        backend.entered.clear()
+        running = asyncio.ensure_future(engine.submit([text]))  # in flight: 1 s
+        await _entered(backend)
+        first_bulk = asyncio.ensure_future(engine.submit([text] * 40))  # waits 1 s: admitted
+        await asyncio.sleep(0)
+        with pytest.raises(OverloadedError, match="about 41 s") as info:  # 1 s + 40 s of the first bulk
+            await engine.submit([text] * 40)
+        assert info.value.retry_after == pytest.approx(11.0)  # 41 s - 30 s
+        small = asyncio.ensure_future(engine.submit([text]))  # goes before the bulk job: admitted
+        urgent = asyncio.ensure_future(engine.submit([text] * 40, priority=-1))  # before everything
+        await asyncio.sleep(0)
+        backend.gate.set()
+        await asyncio.gather(running, first_bulk, small, urgent)
+        await engine.drain(1)
+
+    asyncio.run(main())
+
+
 def test_backend_failure_fails_the_batch_not_the_engine():
     class Boom(FakeBackend):
         def run_batch(self, items):

@@ -492,7 +492,7 @@ def test_client_gone_cancels_the_job():
             None,
         ),
         (b'{"model":"fake-encoder","input":"x","dimensions":"10"}', {}, "invalid_type", "dimensions"),
-        (b'{"model":"fake-encoder","input":"x","dimensions":10.0}', {}, "invalid_type", "dimensions"),
+        (b'{"model":"fake-encoder","input":"x","dimensions":10.5}', {}, "invalid_type", "dimensions"),
         (b'{"model":"fake-encoder","input":"x","dimensions":"1e1"}', {}, "invalid_type", "dimensions"),
         (b'{"model":"fake-encoder","input":"x","truncate":0}', {}, "invalid_type", "truncate"),
         (b'{"model":"fake-encoder","input":"x","truncate":"false"}', {}, "invalid_type", "truncate"),
@@ -534,6 +534,30 @@ def test_schema_states_the_limits_the_server_enforces(client):
     paths = client.get("/schema/openapi.json").json()["paths"]
     assert paths["/health"]["get"]["security"] == []  # documented as open, as it is
     assert "401" in paths["/metrics"]["get"]["responses"]
+    assert "408" in paths["/v1/embeddings"]["post"]["responses"]
+
+
+def test_schema_names_the_served_models_and_limits(client):
+    """``model`` is an enum of the ids and aliases ``/v1/models`` lists for the route; limits are bounds."""
+    schemas = client.get("/schema/openapi.json").json()["components"]["schemas"]
+    emb, rr = schemas["EmbeddingsRequest"]["properties"], schemas["RerankRequest"]["properties"]
+    cards = client.get("/v1/models").json()["data"]
+    served = {
+        cap: {name for m in cards if cap in m["capabilities"] for name in [m["id"], *m["aliases"]]}
+        for cap in ("embeddings", "rerank")
+    }
+    assert set(emb["model"]["enum"]) == served["embeddings"] and set(rr["model"]["enum"]) == served["rerank"]
+    assert emb["dimensions"]["oneOf"][0]["maximum"] == max(m["dimension"] for m in cards if m["dimension"])
+    texts = emb["input"]["oneOf"][1]
+    assert texts["maxItems"] == 2048 and texts["items"]["maxLength"] == 100_000
+    assert rr["documents"]["maxItems"] == 1000 and rr["query"]["maxLength"] == 100_000
+
+
+def test_integral_numbers_are_integers_as_json_schema_says(client):
+    """JSON Schema's integer is any number with a zero fraction: 10.0 is 10, 10.5 and "10" are refused."""
+    resp = _embed(client, input="x", dimensions=10.0)
+    assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 10
+    assert _rerank(client, documents=["a", "b", "c"], top_n=2.0).json()["results"].__len__() == 2
 
 
 def test_head_health_and_long_model_names(client):

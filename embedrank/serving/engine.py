@@ -71,6 +71,8 @@ class EngineConfig:
     max_batch_size: int = 128
     max_wait_ms: float = 20.0  # upper bound of the adaptive wait; a lone request does not wait
     max_queue_items: int = 8192
+    max_queue_seconds: float = 30.0  # a job whose estimated wait for its first batch is longer is refused
+    # (OverloadedError, Retry-After: when that wait would be short enough); its own compute time does not count
     chars_per_token: float = 4.0  # estimate used to sort and pack before tokenizing
     workers: int | None = None  # forward threads (default 1: on few cores, concurrent OpenMP teams
     # spin against each other and lose throughput; measured in eval/bench_service.py)
@@ -109,11 +111,13 @@ class BatchEngine(Generic[Item]):
         self.on_batch = on_batch  # called on the event loop after each forward pass
         self.on_idle = on_idle  # called in a forward thread once work stopped for config.idle_seconds
         self._busy_since_idle = False
-        self.clock = clock  # what the adaptive wait measures time with (tests inject a fake one)
+        self.clock = clock  # what the adaptive wait and batch times are measured with (tests inject a fake one)
         self.dropped = 0  # queued items skipped because their caller had gone
         self._cond = threading.Condition()  # guards _queue, _computing, _peak_inflight, _stopping
         self._queue = FairQueue(short_tokens=backend.max_seq_length // 2)  # up to half the max length is short
         self._computing = 0  # items in forward passes right now
+        self._computing_tokens = 0  # their estimated tokens
+        self.token_rate = 0.0  # estimated tokens computed per second (moving average; 0 until measured)
         self._peak_inflight = 0.0  # decaying maximum of items in flight
         self._stopping = False
         self._closing = False  # refuse new jobs (drain started)
@@ -197,6 +201,7 @@ class BatchEngine(Generic[Item]):
                     f"retry shortly",
                     retry_after=1.0,
                 )
+            self._admit_by_wait(priority, sum(job.est))
             self._queue.push(job)
             self._inflight_items += len(items)
             self._peak_inflight = max(self._peak_inflight, float(self._inflight_items))
@@ -211,6 +216,27 @@ class BatchEngine(Generic[Item]):
                 self._inflight_items -= len(items)
             if self._inflight_jobs == 0:
                 self._idle.set()
+
+    def estimated_wait(self, priority: int, work: int) -> float:
+        """Seconds until a new job of ``priority`` and ``work`` estimated tokens would get its first batch:
+        the batch in flight plus the queued work scheduled before it (:meth:`FairQueue.work_ahead`), at
+        the measured rate. 0 until a batch has been measured. Call under ``self._cond``."""
+        if self.token_rate <= 0:
+            return 0.0
+        return (self._computing_tokens + self._queue.work_ahead(priority, work)) / self.token_rate
+
+    def _admit_by_wait(self, priority: int, work: int) -> None:
+        """Refuse a job that would wait longer than ``max_queue_seconds`` for its first batch, with the
+        time after which it would not (under ``self._cond``). A small job is refused only when the work
+        ahead of *it* is too long; a bulk job queued behind other bulk work is refused first."""
+        wait = self.estimated_wait(priority, work)
+        limit = self.config.max_queue_seconds
+        if wait > limit:
+            raise OverloadedError(
+                f"the engine is overloaded: this request would wait about {wait:.0f} s for its first batch "
+                f"(limit {limit:g} s); retry later",
+                retry_after=min(60.0, max(1.0, wait - limit)),
+            )
 
     # -- batching (forward threads, under self._cond) ----------------------------------------------
     def _estimate_tokens(self, item: Item) -> int:
@@ -271,6 +297,7 @@ class BatchEngine(Generic[Item]):
                 if batch:
                     self._busy_since_idle = True
                     self._computing += len(batch)
+                    self._computing_tokens += sum(job.est[i] for job, i in batch)
                     return batch
 
     def _work(self, threads: int) -> None:
@@ -283,15 +310,20 @@ class BatchEngine(Generic[Item]):
                 if self.on_idle is not None:
                     self.on_idle()
                 continue
-            start = time.perf_counter()
+            start = self.clock()
             outcome: ModelOutput | Exception
             try:
                 outcome = self.backend.run_batch([job.items[i] for job, i in batch])
             except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
                 outcome = exc
-            seconds = time.perf_counter() - start
+            seconds = self.clock() - start
+            tokens = sum(job.est[i] for job, i in batch)
             with self._cond:
                 self._computing -= len(batch)
+                self._computing_tokens -= tokens
+                if seconds > 0 and not isinstance(outcome, Exception):
+                    rate = tokens / seconds
+                    self.token_rate = rate if self.token_rate <= 0 else 0.7 * self.token_rate + 0.3 * rate
             try:
                 self._loop.call_soon_threadsafe(self._deliver, batch, outcome, seconds)
             except RuntimeError:  # the event loop is closed: nobody is waiting any more

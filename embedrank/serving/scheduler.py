@@ -104,6 +104,21 @@ class FairQueue:
         """Jobs in the order the next batch considers them (priority, work left, arrival)."""
         return sorted(self.jobs, key=lambda j: (j.priority, j.work_left, j.seq))
 
+    def work_ahead(self, priority: int, work: int) -> int:
+        """Estimated tokens scheduled before a new job of ``priority`` and ``work`` tokens would finish
+        waiting: the work left of every job that heads batches before it (a better priority, or the same
+        with no more work left). Jobs with more work left wait behind it, so they do not count.
+
+        >>> q = FairQueue()
+        >>> for est in ([100] * 10, [50] * 2, [10]):
+        ...     q.push(QueuedJob(est=est))
+        >>> q.work_ahead(0, 10), q.work_ahead(0, 100), q.work_ahead(0, 5000), q.work_ahead(-1, 5000)
+        (10, 110, 1110, 0)
+        """
+        return sum(
+            j.work_left for j in self.jobs if j.priority < priority or (j.priority == priority and j.work_left <= work)
+        )
+
     def head_estimate(self) -> int:
         """Estimated tokens of the next item the head job would contribute (0 when empty)."""
         order = self.order()

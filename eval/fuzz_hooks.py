@@ -1,0 +1,57 @@
+"""Schemathesis hooks for ``eval/fuzz_api.py`` (loaded through ``SCHEMATHESIS_HOOKS=fuzz_hooks``).
+
+- Every call is counted by operation, phase and generation mode, and the counts are written as JSON to
+  ``$EMBEDRANK_FUZZ_COUNTS`` when the run ends, so the harness can show how many cases each endpoint got.
+- One kind of rejection is exempt from ``positive_data_acceptance``, and only that one: a text longer than
+  the model's token limit sent with ``"truncate": false`` is refused with 400 ``input_too_long``. A token
+  limit cannot be written in JSON Schema (it depends on the tokenizer), so the schema cannot call such a
+  request invalid; the server must refuse it rather than cut the text silently. The case is still sent and
+  every other check (no 5xx, documented status, content type, response schema) still applies to it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import threading
+from typing import Any
+
+import schemathesis
+from schemathesis.openapi.checks import RejectedPositiveData
+
+_counts: collections.Counter[str] = collections.Counter()
+_lock = threading.Lock()
+
+
+@schemathesis.hook
+def after_call(context: Any, case: Any, response: Any) -> None:
+    meta = case.meta
+    phase = meta.phase.name.value if meta is not None else "explicit"
+    mode = meta.generation.mode.value if meta is not None else "positive"
+    with _lock:
+        _counts[f"{case.operation.label}|{phase}|{mode}"] += 1
+
+
+@schemathesis.hook
+def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
+    """Keep every failure except a 400 ``input_too_long`` to a request that asked not to truncate."""
+    if isinstance(failure, RejectedPositiveData) and response.status_code == 400:
+        body = case.body if isinstance(case.body, dict) else {}
+        try:
+            code = response.json()["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            return True
+        return not (code == "input_too_long" and body.get("truncate") is False)
+    return True
+
+
+def _write_counts() -> None:
+    path = os.environ.get("EMBEDRANK_FUZZ_COUNTS")
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(_counts), f, indent=1, sort_keys=True)
+
+
+atexit.register(_write_counts)
