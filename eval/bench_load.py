@@ -6,7 +6,8 @@ for ``--seconds`` (60), each on its own keep-alive connection, sending at random
 query, embeddings of 16 passages, or a rerank of a query against 10-50 passages (SciFact texts). Every
 200 answer is compared with in-process results of the same model (vectors to 1e-4, rerank scores and
 order); a 429 must carry ``Retry-After`` (the client waits that long and goes on). It prints requests
-sent and answered by status, wrong, lost (no answer at all), latency p50/p95/p99 per kind, and the
+sent and answered by status, wrong, lost (no answer at all), latency p50/p95/p99 of the 200 answers and
+the number of 429 answers per kind, and the
 server's resident memory: before, peak, right after the load, and after ``EMBEDRANK_IDLE_SECONDS``
 without work (the engine then gives its kept heap back).
 
@@ -61,6 +62,7 @@ class Tally:
         self.wrong: list[str] = []
         self.lost: list[str] = []
         self.latency: dict[str, list[float]] = collections.defaultdict(list)
+        self.refused: collections.Counter[str] = collections.Counter()  # 429 answers per kind
         self.no_retry_after = 0
 
 
@@ -88,9 +90,11 @@ async def client(base, queries, passages, ref, deadline, tally, seed):
             except httpx.HTTPError as exc:
                 tally.lost.append(f"{kind}: {type(exc).__name__}")
                 continue
-            tally.latency[kind].append(time.perf_counter() - start)
             tally.status[resp.status_code] += 1
+            if resp.status_code == 200:
+                tally.latency[kind].append(time.perf_counter() - start)
             if resp.status_code == 429:
+                tally.refused[kind] += 1
                 if "retry-after" not in resp.headers:
                     tally.no_retry_after += 1
                 await asyncio.sleep(float(resp.headers.get("retry-after", 1)))
@@ -148,7 +152,8 @@ def main() -> int:
     print(f"wrong {len(tally.wrong)} {sorted(set(tally.wrong))}, lost {len(tally.lost)} {sorted(set(tally.lost))[:3]}")
     for kind, values in sorted(tally.latency.items()):
         print(
-            f"  {kind:8s} n={len(values):5d}  p50 {percentile(values, 50):7.3f} s  p95 {percentile(values, 95):7.3f} s  p99 {percentile(values, 99):7.3f} s"
+            f"  {kind:8s} 200: {len(values):4d}  p50 {percentile(values, 50):7.3f} s  p95 {percentile(values, 95):7.3f} s"
+            f"  p99 {percentile(values, 99):7.3f} s   429: {tally.refused[kind]}"
         )
     print(
         f"server RSS: before {before:.0f} MB, peak {peak:.0f} MB, after the load {after:.0f} MB, "

@@ -31,6 +31,7 @@ from embedrank.errors import NotReadyError
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from service import api, shutdown
 from service.auth import BearerAuth
+from service.connections import HeaderDeadline, asgi_server
 from service.decoding import decode_strict, shorten
 from service.errors import APIError, handle_exception
 from service.middleware import RequestMiddleware
@@ -323,13 +324,19 @@ def create_app(
             print(
                 "embedrank: WARNING: running without authentication (EMBEDRANK_NO_AUTH=1)", file=sys.stderr, flush=True
             )
+        server = asgi_server()  # before install() puts its handler in front of the server's
+        deadline = HeaderDeadline(server, settings.header_timeout_seconds) if server is not None else None
         shutdown.install(partial(setattr, runtime, "status", "draining"), drain, settings.drain_seconds)
         runtime.load_task = asyncio.get_running_loop().create_task(_load(runtime))
+        if deadline is not None:
+            deadline.start()
         if wait_for_models:
             await runtime.load_task
         try:
             yield
         finally:
+            if deadline is not None:
+                await deadline.stop()
             runtime.status = "draining"
             runtime.load_task.cancel()
             await runtime.pool.drain(settings.drain_seconds)

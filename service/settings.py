@@ -19,6 +19,8 @@ Environment variables (all optional):
 - ``EMBEDRANK_DRAIN_SECONDS`` (30): on SIGTERM, ``/health`` and new requests answer 503 at once, the work
   in flight gets this long, then every connection is closed and the process exits 0.
   ``EMBEDRANK_BODY_TIMEOUT_SECONDS`` (30): a request body that takes longer to arrive is answered 408.
+  ``EMBEDRANK_HEADER_TIMEOUT_SECONDS`` (20): a connection that waits longer than this for a request's
+  headers (slowloris, or one opened and never used) gets 408 and is closed (:mod:`service.connections`).
 - Overload: a request whose estimated wait for its first forward pass (the work scheduled before it, at
   the measured speed) exceeds ``EMBEDRANK_MAX_QUEUE_SECONDS`` (30) is answered 429 with ``Retry-After``;
   so is one that would take the queue past ``EMBEDRANK_MAX_QUEUE`` (8192 items).
@@ -74,6 +76,7 @@ class Settings:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     drain_seconds: float = 30.0  # SIGTERM: at most this long for the work in flight, then exit 0
     body_timeout_seconds: float = 30.0  # a request body that takes longer to arrive gets 408
+    header_timeout_seconds: float = 20.0  # a connection waiting longer for request headers: 408, closed
     access_log: bool = False
     tune_malloc: bool = True
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
@@ -142,6 +145,7 @@ class Settings:
             engine=engine,
             drain_seconds=get("drain_seconds", base.drain_seconds),
             body_timeout_seconds=get("body_timeout_seconds", base.body_timeout_seconds),
+            header_timeout_seconds=get("header_timeout_seconds", base.header_timeout_seconds),
             access_log=get("access_log", base.access_log),
             tune_malloc=get("tune_malloc", base.tune_malloc),
             cors_origins=tuple(o.strip() for o in str(get("cors_origins", "")).split(",") if o.strip()),
@@ -153,8 +157,8 @@ class Settings:
         for name in ("max_inputs", "max_documents", "max_body_bytes", "max_text_chars"):
             if getattr(self.limits, name) < 1:
                 raise SettingsError(f"limit {name} must be >= 1")
-        if self.drain_seconds < 0 or self.body_timeout_seconds <= 0:
-            raise SettingsError("drain_seconds must be >= 0 and body_timeout_seconds > 0")
+        if self.drain_seconds < 0 or self.body_timeout_seconds <= 0 or self.header_timeout_seconds <= 0:
+            raise SettingsError("drain_seconds must be >= 0, body_timeout_seconds and header_timeout_seconds > 0")
         if self.engine.max_queue_seconds <= 0:
             raise SettingsError("max_queue_seconds must be > 0")
         if self.engine.max_queue_items < 1 or self.engine.max_batch_tokens < 1 or self.engine.max_batch_size < 1:
