@@ -2,7 +2,7 @@
 """Fuzz the service over its own OpenAPI schema with schemathesis, every check on.
 
 Starts ``litestar run`` on a free loopback port (by default with the weightless fake models, one embedding
-model and one cross-encoder, so that thousands of cases take seconds; ``--real`` serves the packaged
+model with e5-style query/passage prompts and one cross-encoder, so that thousands of cases take seconds; ``--real`` serves the packaged
 MiniLM instead) and runs ``schemathesis run --checks all`` against ``/schema/openapi.json``: the examples,
 coverage (boundary values of every field) and fuzzing phases, positive and negative data, with a key.
 
@@ -37,7 +37,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from service.launch import running_server  # noqa: E402
 
 KEY = "fuzz-key"
-FAKE_MODELS = "fake-embedder=fake:encoder,fake-reranker=fake:cross-encoder"
+FAKE_MODELS = "fake-embedder=fake:encoder-with-prompts,fake-reranker=fake:cross-encoder"
 
 
 def per_operation(counts: dict[str, int]) -> dict[str, collections.Counter[str]]:

@@ -9,6 +9,7 @@ import numpy as np
 from msgspec import UNSET
 
 from embedrank.math.ranking import rank_scores
+from embedrank.models.prompts import request_prompt
 from service.errors import invalid
 from service.models import ModelPool
 from service.schemas import (
@@ -23,6 +24,9 @@ from service.schemas import (
     RerankResponse,
     RerankResult,
     RerankUsage,
+    TokenCount,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from service.settings import Limits
 
@@ -39,16 +43,9 @@ def _check_texts(texts: list[str], param: str, limits: Limits) -> None:
             )
 
 
-def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    if encoding_format == "base64":
-        return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
-    return vector.tolist()
-
-
-async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Limits) -> tuple[EmbeddingList, int]:
-    """SPEC 4.1. Returns the body and the number of inputs that were truncated."""
-    served = pool.get(req.model, "embeddings")
-    texts = [req.input] if isinstance(req.input, str) else req.input
+def _checked_inputs(value: str | list[str], limits: Limits) -> list[str]:
+    """``input`` as a list, within the limits (the decoder already refused empty texts and lists)."""
+    texts = [value] if isinstance(value, str) else value
     if not texts:
         raise invalid(
             "input is empty; send a string or a non-empty array of strings", param="input", code="empty_input"
@@ -60,10 +57,52 @@ async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Lim
             code="too_many_inputs",
         )
     _check_texts(texts, "input", limits)
-    out = await served.runner.embed(texts, dimensions=req.dimensions, truncate=req.truncate, priority=req.priority)  # type: ignore[union-attr]
+    return texts
+
+
+def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Limits) -> tuple[EmbeddingList, int]:
+    """SPEC 4.1. Returns the body and the number of inputs that were truncated."""
+    served = pool.get(req.model, "embeddings")
+    texts = _checked_inputs(req.input, limits)
+    spec = served.spec
+    prompt = request_prompt(
+        spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
+    )
+    out = await served.runner.embed(  # type: ignore[union-attr]
+        texts, dimensions=req.dimensions, truncate=req.truncate, priority=req.priority, prompt=prompt
+    )
     data = [Embedding(index=i, embedding=_encode_vector(v, req.encoding_format)) for i, v in enumerate(out.embeddings)]
     usage = EmbeddingUsage(prompt_tokens=out.total_tokens, total_tokens=out.total_tokens)
     return EmbeddingList(data=data, model=req.model, usage=usage), out.truncated_count
+
+
+async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> TokenizeResponse:
+    """Token counts of each input as ``/v1/embeddings`` would process it (same prompt selection)."""
+    served = pool.get(req.model, "embeddings")
+    texts = _checked_inputs(req.input, limits)
+    spec = served.spec
+    prompt = request_prompt(
+        spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
+    )
+    counts, tokens = await served.runner.count(texts, prompt=prompt, return_tokens=req.return_tokens)  # type: ignore[union-attr]
+    limit = spec.max_seq_length
+    data = [
+        TokenCount(
+            index=i,
+            count=min(n, limit),
+            untruncated_count=n,
+            truncated=n > limit,
+            tokens=tokens[i] if tokens is not None else UNSET,
+        )
+        for i, n in enumerate(counts)
+    ]
+    return TokenizeResponse(model=req.model, max_tokens=limit, data=data)
 
 
 async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[RerankResponse, int]:
@@ -114,6 +153,7 @@ def list_models(pool: ModelPool) -> ModelList:
                 dimension=served.spec.dimension,
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.entry.aliases),
+                prompts=dict(served.spec.prompts),
             )
             for model_id, served in pool.models.items()
         ]

@@ -24,7 +24,7 @@ from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
-from litestar.openapi.spec import Components, Example, OpenAPIType, SecurityScheme
+from litestar.openapi.spec import Components, Example, SecurityScheme
 from litestar.params import Body
 
 from embedrank.errors import NotReadyError
@@ -37,10 +37,10 @@ from service.errors import APIError, handle_exception
 from service.middleware import RequestMiddleware
 from service.models import ModelPool
 from service.observability import Metrics
+from service.openapi import complete_openapi
 from service.schemas import (
     EMBEDDINGS_EXAMPLE_REQUEST,
     EMBEDDINGS_EXAMPLE_RESPONSE,
-    INT32_MAX,
     RERANK_EXAMPLE_REQUEST,
     RERANK_EXAMPLE_RESPONSE,
     EmbeddingList,
@@ -50,8 +50,10 @@ from service.schemas import (
     ModelList,
     RerankRequest,
     RerankResponse,
+    TokenizeRequest,
+    TokenizeResponse,
 )
-from service.settings import Limits, Settings
+from service.settings import Settings
 
 logger = logging.getLogger("embedrank.service")
 
@@ -96,7 +98,11 @@ ERRORS = {
 }
 
 
-BODIES: dict[str, type] = {"/v1/embeddings": EmbeddingsRequest, "/v1/rerank": RerankRequest}
+BODIES: dict[str, type] = {
+    "/v1/embeddings": EmbeddingsRequest,
+    "/v1/rerank": RerankRequest,
+    "/v1/tokenize": TokenizeRequest,
+}
 
 
 async def _json_body(request: Request[Any, Any, Any]) -> None:
@@ -198,6 +204,32 @@ async def rerank(
     return await _respond(request, api.rerank(data, rt.ready_pool(), rt.settings.limits))
 
 
+@post(
+    "/v1/tokenize",
+    summary="Count tokens",
+    description="Token counts of each input as /v1/embeddings would process it (same prompt selection); "
+    "the tokens themselves with return_tokens. As TEI's and vLLM's tokenize.",
+    responses={200: ResponseSpec(TokenizeResponse), **ERRORS},
+    status_code=200,
+)
+async def tokenize(
+    data: Annotated[
+        TokenizeRequest,
+        Body(
+            examples=[
+                Example(
+                    summary="Two texts",
+                    value={"model": "sentence-transformers/all-MiniLM-L6-v2", "input": ["first text", "second"]},
+                )
+            ]
+        ),
+    ],
+    state: State,
+) -> TokenizeResponse:
+    rt = _runtime(state)
+    return await api.tokenize(data, rt.ready_pool(), rt.settings.limits)
+
+
 @get("/v1/models", summary="List loaded models", responses={401: ERRORS[401], 503: ERRORS[503]})
 async def models_route(pool: ModelPool) -> ModelList:
     return api.list_models(pool)
@@ -245,48 +277,6 @@ async def _load(runtime: Runtime) -> None:
     except Exception as exc:  # keep serving /health with the reason
         runtime.status, runtime.detail = "failed", f"{type(exc).__name__}: {exc}"
         logger.exception("model loading failed")
-
-
-def _complete_openapi(app: Litestar, limits: Limits, pool: ModelPool) -> None:
-    """Make the published schema say what the server enforces where Litestar's generator cannot, so that a
-    request the schema calls valid is accepted and one it calls invalid is refused:
-
-    - the bounds msgspec checks inside unions (non-empty texts and lists, ``dimensions``/``top_n`` >= 1)
-      and that a query is not only whitespace;
-    - the configured limits (``max_inputs``, ``max_documents``, ``max_text_chars``);
-    - the served models: ``model`` is an ``enum`` of the ids and aliases that serve the route (those of
-      ``/v1/models``), and ``dimensions`` is at most the largest served embedding dimension;
-    - ``/health`` needs no key.
-    """
-    schemas = app.openapi_schema.components.schemas or {}
-    embeddings, reranking = schemas["EmbeddingsRequest"], schemas["RerankRequest"]
-    text, texts = embeddings.properties["input"].one_of  # type: ignore[index, union-attr, misc]
-    text.min_length = texts.items.min_length = 1  # type: ignore[union-attr]
-    text.max_length = texts.items.max_length = limits.max_text_chars  # type: ignore[union-attr]
-    texts.min_items, texts.max_items = 1, limits.max_inputs  # type: ignore[union-attr]
-    query = reranking.properties["query"]  # type: ignore[index]
-    query.max_length, query.pattern = limits.max_text_chars, r"\S"  # type: ignore[union-attr]  # not only whitespace
-    documents = reranking.properties["documents"]  # type: ignore[index]
-    documents.max_items = limits.max_documents  # type: ignore[union-attr]
-    for item in documents.items.one_of:  # type: ignore[union-attr]
-        if getattr(item, "type", None) == OpenAPIType.STRING:  # the other is a reference to RerankDocument
-            item.max_length = limits.max_text_chars  # type: ignore[union-attr]
-    schemas["RerankDocument"].properties["text"].max_length = limits.max_text_chars  # type: ignore[index, union-attr]
-    for body, field in ((embeddings, "dimensions"), (reranking, "top_n")):
-        number = body.properties[field].one_of[0]  # type: ignore[index, union-attr]
-        number.minimum, number.maximum = 1, INT32_MAX  # type: ignore[union-attr]
-    dims = [s.spec.dimension for s in pool.models.values() if "embeddings" in s.capabilities and s.spec.dimension]
-    if dims:
-        embeddings.properties["dimensions"].one_of[0].maximum = max(dims)  # type: ignore[index, union-attr]
-    for body, capability in ((embeddings, "embeddings"), (reranking, "rerank")):
-        names = [m for m, s in pool.models.items() if capability in s.capabilities]
-        names += [a for a, m in pool.aliases.items() if capability in pool.models[m].capabilities]
-        body.properties["model"].enum = names  # type: ignore[index, union-attr]
-        body.properties["model"].examples = names[:1]  # type: ignore[index, union-attr]
-    health = (app.openapi_schema.paths or {})["/health"]
-    for operation in (health.get, health.head):
-        if operation is not None:
-            operation.security = []  # open: overrides the document-wide bearer requirement
 
 
 def create_app(
@@ -351,7 +341,7 @@ def create_app(
 
     middleware = [RequestMiddleware(runtime.metrics, None if settings.no_auth else BearerAuth(keys), inflight)]
     app = Litestar(
-        route_handlers=[embeddings, rerank, models_route, health, health_head, metrics],
+        route_handlers=[embeddings, rerank, tokenize, models_route, health, health_head, metrics],
         lifespan=[lifespan],
         state=State({"runtime": runtime}),
         # one dependency at most per handler: Litestar resolves several at once in an anyio task group,
@@ -378,5 +368,5 @@ def create_app(
         ),
         debug=False,
     )
-    _complete_openapi(app, settings.limits, runtime.pool)
+    complete_openapi(app, settings.limits, runtime.pool)
     return app

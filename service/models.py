@@ -104,10 +104,18 @@ class ModelPool:
                 await served.runner.engine.drain(timeout)
 
 
+FAKE_PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5-style, for fake:encoder-with-prompts
+
+
 def fake_model(model_id: str, path: str) -> FakeEncoder | FakeCrossEncoder:
-    """The weightless model a ``fake:encoder`` or ``fake:cross-encoder`` path names."""
+    """The weightless model a ``fake:encoder``, ``fake:encoder-with-prompts`` (e5-style query and passage
+    prompts, to try ``input_type``) or ``fake:cross-encoder`` path names."""
     if path == "fake:encoder":
         return FakeEncoder(model_id)
+    if path == "fake:encoder-with-prompts":
+        return FakeEncoder(model_id, prompts=FAKE_PROMPTS)
     if path == "fake:cross-encoder":
         return FakeCrossEncoder(model_id)
-    raise ModelNotFoundError(f"unknown fake model {path!r}; use fake:encoder or fake:cross-encoder")
+    raise ModelNotFoundError(
+        f"unknown fake model {path!r}; use fake:encoder, fake:encoder-with-prompts or fake:cross-encoder"
+    )

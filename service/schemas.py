@@ -39,10 +39,58 @@ class EmbeddingsRequest(Struct, kw_only=True):
         Meta(description="Truncate vectors to this many dimensions (at most the model's), then renormalize"),
     ] = None
     user: Annotated[str | None, Meta(description="Accepted for OpenAI compatibility; ignored")] = None
+    input_type: Annotated[
+        Literal["query", "document", "search_query", "search_document", "classification", "clustering"] | None,
+        Meta(
+            description="What the texts are, as Cohere's input_type: selects the model's query or document prompt "
+            "(e.g. e5's 'query: ' / 'passage: '); no prompt when the model has none for it",
+            examples=["search_query"],
+        ),
+    ] = None
+    prompt_name: Annotated[
+        str | None,
+        Meta(
+            description="One of the model's prompts by name (GET /v1/models lists them); an unknown name is a 400",
+            examples=["query"],
+        ),
+    ] = None
     truncate: Annotated[
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
     ] = True
     priority: Priority = 0
+
+
+class TokenizeRequest(Struct, kw_only=True):
+    """Token counts as ``/v1/embeddings`` would see the same input (TEI's and vLLM's ``tokenize``)."""
+
+    model: Annotated[str, Meta(description="Model identifier of an embedding model")]
+    input: Annotated[
+        NonEmptyText | Annotated[list[NonEmptyText], Meta(min_length=1)],
+        Meta(description="A single text, or a non-empty list of texts; no text may be empty"),
+    ]
+    return_tokens: Annotated[bool, Meta(description="Also return the tokens the model sees")] = False
+    input_type: Annotated[
+        Literal["query", "document", "search_query", "search_document", "classification", "clustering"] | None,
+        Meta(description="As in /v1/embeddings: the prompt it selects is counted", examples=["search_query"]),
+    ] = None
+    prompt_name: Annotated[
+        str | None, Meta(description="As in /v1/embeddings: the named prompt is counted", examples=["query"])
+    ] = None
+
+
+class TokenCount(Struct, kw_only=True):
+    index: int
+    count: Annotated[int, Meta(description="Tokens the model processes (at most max_tokens), as usage reports")]
+    untruncated_count: Annotated[int, Meta(description="All tokens of the text, prompt and special tokens included")]
+    truncated: Annotated[bool, Meta(description="untruncated_count > max_tokens: /v1/embeddings cuts this text")]
+    tokens: list[str] | UnsetType = UNSET
+
+
+class TokenizeResponse(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    model: str
+    max_tokens: int
+    data: list[TokenCount]
 
 
 class Embedding(Struct, kw_only=True):
@@ -111,6 +159,9 @@ class ModelCard(Struct, kw_only=True):
     dimension: int | None
     max_tokens: int
     aliases: list[str] = msgspec.field(default_factory=list)
+    prompts: Annotated[
+        dict[str, str], Meta(description="The model's named prompts (input_type and prompt_name select them)")
+    ] = msgspec.field(default_factory=dict)
 
 
 class ModelList(Struct, kw_only=True):

@@ -29,7 +29,7 @@ Environment variables (all optional):
   the most a batch waits for concurrent callers to rejoin, ended early when arrivals stop; a lone request
   never waits).
 
-A model path ``fake:encoder`` or ``fake:cross-encoder`` serves a weightless fake model
+A model path ``fake:encoder``, ``fake:encoder-with-prompts`` or ``fake:cross-encoder`` serves a weightless fake model
 (:mod:`embedrank.models.fake`), for trying the API or testing a client without loading weights.
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with

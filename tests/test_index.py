@@ -153,7 +153,7 @@ class _FakeEncoder:
     model_id = "fake"
     dimension = 32
 
-    def encode(self, texts, batch_size=32):
+    def encode_query(self, texts, batch_size=32):
         return _random(len(texts), seed=3)
 
 

@@ -13,6 +13,7 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models import packed
+from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
 from embedrank.types import ModelOutput
@@ -110,9 +111,40 @@ class Encoder:
     def _prepare(self, texts: Sequence[str]) -> list[str]:
         return [t.lower() for t in texts] if self.spec.do_lower_case else list(texts)
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Untruncated token count of each text (special tokens included), to refuse over-long input before compute."""
-        return token_lengths(self.tokenizer, self._prepare(texts))
+    def count_tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
+    ) -> list[int]:
+        """Untruncated token count of each text as the model sees it (prompt and special tokens included);
+        the service uses it to refuse over-long input before compute."""
+        return token_lengths(self.tokenizer, self._prepare(self.apply_prompt(texts, prompt_name, prompt)))
+
+    def tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
+    ) -> list[list[str]]:
+        """The tokens the model sees for each text (prompt and special tokens included; cut at
+        ``max_seq_length`` unless ``truncate=False``), as the tokenizer spells them."""
+        prepared = self._prepare(self.apply_prompt(check_texts(texts), prompt_name, prompt))
+        enc = self.tokenizer(
+            prepared, truncation=truncate, max_length=self.max_seq_length if truncate else None, verbose=False
+        )
+        return [self.tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]]
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The model's named prompts (``config_sentence_transformers.json``), e.g. ``{"query": "query: "}``."""
+        return dict(self.spec.prompts)
+
+    def apply_prompt(
+        self, texts: Sequence[str], prompt_name: str | None = None, prompt: str | None = None
+    ) -> list[str]:
+        """``texts`` with the selected prompt before each (:func:`~embedrank.models.prompts.select_prompt`:
+        ``prompt``, the prompt named ``prompt_name``, else the model's default prompt, else none).
+
+        Raises:
+            InvalidInputError: ``prompt_name`` is not one of the model's prompts (the message lists them).
+        """
+        text = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
+        return with_prompt(texts, text)
 
     @torch.inference_mode()
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -168,10 +200,12 @@ class Encoder:
         normalize: bool | None = None,
         dimensions: int | None = None,
         truncate: bool = True,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> ModelOutput:
         """Encode texts, longest first in batches; embeddings ``(N, D)`` in input order with token counts
-        and truncation flags (:class:`~embedrank.types.ModelOutput`)."""
-        items = check_texts(texts)
+        (prompt included) and truncation flags (:class:`~embedrank.types.ModelOutput`)."""
+        items = self.apply_prompt(check_texts(texts), prompt_name, prompt)
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
         check_dimensions(dimensions, self.dimension)  # before any work
@@ -203,12 +237,47 @@ class Encoder:
         show_progress: bool | None = None,
         normalize: bool | None = None,
         dimensions: int | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Encode texts to float32 numpy ``(N, D)`` in input order.
 
         ``normalize`` overrides the model's own setting; ``dimensions`` truncates (Matryoshka-style)
-        and renormalizes. A progress bar shows for long inputs unless ``show_progress=False``.
+        and renormalizes. ``prompt_name`` (one of :attr:`prompts`) or ``prompt`` (any text) is put before
+        each text, as sentence-transformers does; without either, the model's default prompt applies, if
+        it has one. A progress bar shows for long inputs unless ``show_progress=False``.
         """
         return self.encode_with_stats(
-            texts, batch_size=batch_size, show_progress=show_progress, normalize=normalize, dimensions=dimensions
+            texts,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            normalize=normalize,
+            dimensions=dimensions,
+            prompt_name=prompt_name,
+            prompt=prompt,
         ).embeddings
+
+    @property
+    def query_prompt(self) -> str:
+        """The text :meth:`encode_query` puts before each query (``""`` when the model has none)."""
+        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, QUERY_NAMES)
+
+    @property
+    def document_prompt(self) -> str:
+        """The text :meth:`encode_document` puts before each document (``""`` when the model has none)."""
+        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, DOCUMENT_NAMES)
+
+    def encode_query(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> np.ndarray:
+        """:meth:`encode` with the model's query prompt (``"query"``; else its default prompt) unless
+        ``prompt_name`` says otherwise, as sentence-transformers' ``encode_query``."""
+        if prompt_name is not None:
+            return self.encode(texts, prompt_name=prompt_name, **options)
+        return self.encode(texts, prompt=self.query_prompt, **options)
+
+    def encode_document(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> np.ndarray:
+        """:meth:`encode` with the model's document prompt (the first of ``"document"``, ``"passage"``,
+        ``"corpus"`` it has; else its default prompt) unless ``prompt_name`` says otherwise, as
+        sentence-transformers' ``encode_document``."""
+        if prompt_name is not None:
+            return self.encode(texts, prompt_name=prompt_name, **options)
+        return self.encode(texts, prompt=self.document_prompt, **options)

@@ -28,6 +28,7 @@ import numpy as np
 
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
+from embedrank.models.prompts import select_prompt, with_prompt
 from embedrank.models.registry import ModelSpec
 from embedrank.types import ModelOutput
 
@@ -53,7 +54,13 @@ class FakeEncoder:
     """A bag-of-words feature-hashing encoder with a real model's interface and token accounting."""
 
     def __init__(
-        self, model_id: str = "fake-encoder", *, dimension: int = 32, max_seq_length: int = 32, normalize: bool = True
+        self,
+        model_id: str = "fake-encoder",
+        *,
+        dimension: int = 32,
+        max_seq_length: int = 32,
+        normalize: bool = True,
+        prompts: dict[str, str] | None = None,
     ) -> None:
         self.spec = ModelSpec(
             model_id=model_id,
@@ -64,6 +71,7 @@ class FakeEncoder:
             normalize=normalize,
             max_seq_length=max_seq_length,
             dimension=dimension,
+            prompts=dict(prompts or {}),
         )
         self.model_id, self.dimension, self.max_seq_length, self.normalize = (
             model_id,
@@ -72,8 +80,20 @@ class FakeEncoder:
             normalize,
         )
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        return [len(words(t)) + 2 for t in texts]
+    def count_tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
+    ) -> list[int]:
+        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
+        return [len(words(t)) + 2 for t in with_prompt(texts, chosen)]
+
+    def tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
+    ) -> list[list[str]]:
+        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
+        out = [["[CLS]", *words(t), "[SEP]"] for t in with_prompt(texts, chosen)]
+        return [
+            [*t[: self.max_seq_length - 1], "[SEP]"] if truncate and len(t) > self.max_seq_length else t for t in out
+        ]
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)  # (N, D)

@@ -62,6 +62,9 @@ class ModelSpec:
     dimension: int | None
     num_labels: int | None = None
     do_lower_case: bool = False
+    # sentence-transformers' prompts (config_sentence_transformers.json): name -> text put before the input
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
+    default_prompt_name: str | None = None  # applied when a call names no prompt
 
 
 def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
@@ -187,6 +190,7 @@ def describe(model_id: str, path: str, source: Literal["package", "local", "hub"
             elif kind == "Normalize":
                 normalize = True
     max_len = st_config.get("max_seq_length") if isinstance(st_config, dict) else None
+    prompts, default_prompt = _prompts(root, model_id)
     return ModelSpec(
         model_id=model_id,
         path=str(root),
@@ -197,7 +201,27 @@ def describe(model_id: str, path: str, source: Literal["package", "local", "hub"
         max_seq_length=int(max_len) if max_len else default_len,
         dimension=int(dimension) if dimension else None,
         do_lower_case=bool(st_config.get("do_lower_case", False)) if isinstance(st_config, dict) else False,
+        prompts=prompts,
+        default_prompt_name=default_prompt,
     )
+
+
+def _prompts(root: Path, model_id: str) -> tuple[dict[str, str], str | None]:
+    """``prompts`` and ``default_prompt_name`` from ``config_sentence_transformers.json`` (both optional)."""
+    cfg = _read_json(root / "config_sentence_transformers.json") or {}
+    if not isinstance(cfg, dict):
+        return {}, None
+    prompts = cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise UnsupportedModelError(
+            f"model {model_id!r}: prompts in config_sentence_transformers.json must map names to strings"
+        )
+    default = cfg.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise UnsupportedModelError(
+            f"model {model_id!r}: default_prompt_name {default!r} is not one of its prompts {sorted(prompts)}"
+        )
+    return dict(prompts), default
 
 
 @contextlib.contextmanager

@@ -65,7 +65,9 @@ class BiEncoderScorer:
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}", param="query")
         docs = check_texts(documents, "documents")
-        vectors = self.encoder.encode([query, *docs], batch_size=self.batch_size, show_progress=False)  # (1 + N, D)
+        # one pass for query and documents, each with its own prompt (none for most models)
+        texts = [self.encoder.query_prompt + query, *(self.encoder.document_prompt + d for d in docs)]
+        vectors = self.encoder.encode(texts, batch_size=self.batch_size, show_progress=False, prompt="")  # (1 + N, D)
         return cosine_scores(vectors[0], vectors[1:])
 
     def score_vectors(self, query_vector: np.ndarray, document_vectors: np.ndarray) -> np.ndarray:

@@ -34,10 +34,10 @@ class FirstStage(Protocol):
 
 
 def encoder_cache_key(encoder: Encoder) -> str:
-    """What makes two encoders' vectors interchangeable (model, weights path, pooling, normalization, length)."""
-    return (
-        f"{encoder.model_id}|{encoder.spec.path}|{encoder.pooling.value}|{encoder.normalize}|{encoder.max_seq_length}"
-    )
+    """What makes two encoders' document vectors interchangeable (model, weights path, pooling,
+    normalization, length, and the document prompt when the model has one)."""
+    key = f"{encoder.model_id}|{encoder.spec.path}|{encoder.pooling.value}|{encoder.normalize}|{encoder.max_seq_length}"
+    return key + (f"|prompt={encoder.document_prompt!r}" if encoder.document_prompt else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +65,14 @@ def embed_corpus(
 ) -> CorpusEmbeddings:
     """Corpus embeddings ``(N, D)``, read from ``cache`` when it holds them, else computed (and stored)."""
     if cache is None:
-        return CorpusEmbeddings(encoder.encode(texts, batch_size=batch_size, show_progress=show_progress), "off")
+        return CorpusEmbeddings(
+            encoder.encode_document(texts, batch_size=batch_size, show_progress=show_progress), "off"
+        )
     key = corpus_key(encoder_cache_key(encoder), ids, texts)
     hit = cache.load(key, len(ids))
     if hit is not None:
         return CorpusEmbeddings(hit, "hit", str(cache.path(key)))
-    vectors = encoder.encode(texts, batch_size=batch_size, show_progress=show_progress)
+    vectors = encoder.encode_document(texts, batch_size=batch_size, show_progress=show_progress)
     path = cache.store(key, vectors, {"model_id": encoder.model_id, "documents": len(ids)})
     return CorpusEmbeddings(vectors, "miss", str(path))
 
@@ -120,7 +122,7 @@ class DenseRetriever:
 
     def retrieve(self, queries: Queries, k: int) -> Run:
         qids = list(queries)
-        vectors = self.encoder.encode([queries[q] for q in qids], batch_size=self.batch_size)
+        vectors = self.encoder.encode_query([queries[q] for q in qids], batch_size=self.batch_size)
         scores, ids = self.index.search(vectors, k)
         return {qid: dict(zip(ids[i], map(float, scores[i]), strict=True)) for i, qid in enumerate(qids)}
 
@@ -288,7 +290,7 @@ class RetrieveRerank:
             qids = list(first)
             query_vectors: Sequence[np.ndarray | None] = [None] * len(qids)
             if self._vector_source is not None:
-                query_vectors = list(self._vector_source.encoder.encode([queries[q] for q in qids]))
+                query_vectors = list(self._vector_source.encoder.encode_query([queries[q] for q in qids]))
             candidates = sum(len(first[q]) for q in qids)
             show = candidates > PROGRESS_THRESHOLD if show_progress is None else show_progress
             final = {}

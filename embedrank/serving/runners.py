@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from embedrank.math.similarity import check_dimensions, cosine_scores, truncate_dims
+from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
 from embedrank.models.registry import ModelSpec
 from embedrank.models.tokens import first_too_long, too_long_error
 from embedrank.serving.engine import BatchEngine, EngineConfig
@@ -33,7 +35,13 @@ class EmbeddingModel(Protocol):
     max_seq_length: int
     normalize: bool
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
+    def count_tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
+    ) -> list[int]: ...
+
+    def tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
+    ) -> list[list[str]]: ...
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput: ...
 
@@ -120,7 +128,7 @@ class AsyncEncoder:
         return self.encoder.max_seq_length
 
     async def _refuse_too_long(self, texts: Sequence[str], fields: Sequence[tuple[str, int]]) -> None:
-        lengths = await asyncio.to_thread(self.encoder.count_tokens, list(texts))
+        lengths = await asyncio.to_thread(partial(self.encoder.count_tokens, list(texts), prompt=""))
         refuse_too_long(lengths, self.max_seq_length, fields)
 
     async def embed(
@@ -131,22 +139,39 @@ class AsyncEncoder:
         truncate: bool = True,
         priority: int = 0,
         param: str = "input",
+        prompt: str = "",
     ) -> ModelOutput:
         """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order; a lower
-        ``priority`` is scheduled first."""
+        ``priority`` is scheduled first. ``prompt`` goes before every text (the model sees and counts it)."""
         check_dimensions(dimensions, self.dimension)
+        texts = with_prompt(texts, prompt)
         if not truncate:
             await self._refuse_too_long(texts, [(param, len(texts))])
         out = await self.engine.submit(texts, priority=priority)
         vectors = truncate_dims(out.values, dimensions, renormalize=self.encoder.normalize)
         return ModelOutput(np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated)
 
+    async def count(
+        self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False
+    ) -> tuple[list[int], list[list[str]] | None]:
+        """Untruncated token counts of ``prompt + text`` (what :meth:`embed` would see before truncation),
+        and on request the tokens the model sees (cut at the max length), in a worker thread."""
+        texts = with_prompt(texts, prompt)
+        counts = await asyncio.to_thread(partial(self.encoder.count_tokens, texts, prompt=""))
+        tokens = await asyncio.to_thread(partial(self.encoder.tokens, texts, prompt="")) if return_tokens else None
+        return counts, tokens
+
     async def rerank(
         self, query: str, documents: Sequence[str], *, truncate: bool = True, priority: int = 0
     ) -> ModelOutput:
-        """Cosine between the query embedding and each document embedding; token counts cover the query
-        (first) and every document."""
-        texts = [query, *documents]
+        """Cosine between the query embedding and each document embedding, each with the model's query or
+        document prompt if it has one; token counts cover the query (first) and every document."""
+        spec = self.encoder.spec
+        query_prompt = role_prompt(spec.prompts, spec.default_prompt_name, QUERY_NAMES)
+        texts = [
+            query_prompt + query,
+            *with_prompt(documents, role_prompt(spec.prompts, spec.default_prompt_name, DOCUMENT_NAMES)),
+        ]
         if not truncate:
             await self._refuse_too_long(texts, [("query", 1), ("documents", len(documents))])
         out = await self.engine.submit(texts, priority=priority)
