@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.ranking import RankedResult, rank_scores
 from embedrank.models import packed
+from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.registry import ModelSpec, quiet_loading, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
 from embedrank.types import ModelOutput
@@ -185,21 +186,63 @@ class CrossEncoder:
         """Score (query, document) pairs; sigmoid for one label unless ``apply_activation=False``."""
         return self.score_pairs_with_stats(pairs, batch_size=batch_size, apply_activation=apply_activation).values
 
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
+        enc = self.tokenizer(
+            list(texts), add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False
+        )
+        return [[(int(a), int(b)) for a, b in spans] for spans in enc["offset_mapping"]]
+
+    def chunk_window(self, query: str) -> int:
+        """Document tokens that fit one forward pass next to ``query`` (at least 16; a longer query is then
+        truncated with the pair, longest first)."""
+        special = self.tokenizer.num_special_tokens_to_add(pair=True)
+        return max(16, self.max_seq_length - special - len(self.token_offsets([query])[0]))
+
     def score(
-        self, query: str, documents: Sequence[str], *, batch_size: int = 32, apply_activation: bool = True
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        batch_size: int = 32,
+        apply_activation: bool = True,
+        chunking: Chunking | None = None,
     ) -> np.ndarray:
-        """Score each document against ``query``; ``(N,)`` float32 in input order."""
+        """Score each document against ``query``; ``(N,)`` float32 in input order.
+
+        By default a document longer than the model's window is truncated, as sentence-transformers does.
+        With ``chunking`` (:class:`~embedrank.models.chunking.Chunking`), it is split into overlapping
+        windows that fit next to the query, every window is scored (all documents' windows share batches),
+        and the window scores are aggregated (``max`` by default).
+        """
         docs = check_texts(documents, "documents")
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
-        return self.score_pairs([(query, d) for d in docs], batch_size=batch_size, apply_activation=apply_activation)
+        if chunking is None:
+            return self.score_pairs(
+                [(query, d) for d in docs], batch_size=batch_size, apply_activation=apply_activation
+            )
+        if self.num_labels != 1:
+            raise ModelKindError(f"chunked scoring needs a single-label model; {self.model_id!r} has {self.num_labels}")
+        scores, _ = score_chunked(
+            docs,
+            lambda texts: self.score_pairs(
+                [(query, t) for t in texts], batch_size=batch_size, apply_activation=apply_activation
+            ),
+            offsets=self.token_offsets,
+            window=self.chunk_window(query),
+            chunking=chunking,
+        )
+        return scores
 
-    def rank(self, query: str, documents: Sequence[str], top_k: int | None = None) -> pd.DataFrame:
-        """Documents sorted by score, highest first, ties broken by input index.
+    def rank(
+        self, query: str, documents: Sequence[str], top_k: int | None = None, *, chunking: Chunking | None = None
+    ) -> pd.DataFrame:
+        """Documents sorted by score, highest first, ties broken by input index (``chunking`` as in :meth:`score`).
 
         Returns a DataFrame with columns ``index``, ``score``, ``text``.
         """
-        scores = self.score(query, documents)
+        scores = self.score(query, documents, chunking=chunking)
         if scores.ndim != 1:
             raise ModelKindError(f"rank needs a single-label model; {self.model_id!r} has {self.num_labels} labels")
         return ranked_frame(rank_scores(scores, top_k), documents)

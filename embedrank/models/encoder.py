@@ -129,6 +129,19 @@ class Encoder:
         )
         return [self.tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]]
 
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
+        enc = self.tokenizer(
+            self._prepare(texts), add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False
+        )
+        return [[(int(a), int(b)) for a, b in spans] for spans in enc["offset_mapping"]]
+
+    def chunk_window(self) -> int:
+        """Document tokens that fit one forward pass: the max length minus special tokens and the document prompt."""
+        prompt = self.document_prompt
+        used = len(self.token_offsets([prompt])[0]) if prompt else 0
+        return max(1, self.max_seq_length - self.tokenizer.num_special_tokens_to_add(pair=False) - used)
+
     @property
     def prompts(self) -> dict[str, str]:
         """The model's named prompts (``config_sentence_transformers.json``), e.g. ``{"query": "query: "}``."""

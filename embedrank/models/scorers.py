@@ -13,6 +13,7 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.similarity import cosine_scores
+from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.registry import resolve
@@ -38,13 +39,14 @@ class CrossEncoderScorer:
 
     kind: ScorerKind = "cross-encoder"
 
-    def __init__(self, cross_encoder: CrossEncoder, *, batch_size: int = 32) -> None:
+    def __init__(self, cross_encoder: CrossEncoder, *, batch_size: int = 32, chunking: Chunking | None = None) -> None:
         self.cross_encoder = cross_encoder
         self.model_id = cross_encoder.model_id
         self.batch_size = batch_size
+        self.chunking = chunking  # None: long documents are truncated
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
-        return self.cross_encoder.score(query, documents, batch_size=self.batch_size)
+        return self.cross_encoder.score(query, documents, batch_size=self.batch_size, chunking=self.chunking)
 
 
 class BiEncoderScorer:
@@ -56,16 +58,29 @@ class BiEncoderScorer:
 
     kind: ScorerKind = "bi-encoder"
 
-    def __init__(self, encoder: Encoder, *, batch_size: int = 32) -> None:
+    def __init__(self, encoder: Encoder, *, batch_size: int = 32, chunking: Chunking | None = None) -> None:
         self.encoder = encoder
         self.model_id = encoder.model_id
         self.batch_size = batch_size
+        self.chunking = chunking  # None: long documents are truncated; else windows, aggregated
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}", param="query")
         docs = check_texts(documents, "documents")
-        # one pass for query and documents, each with its own prompt (none for most models)
+        if self.chunking is None:
+            return self._cosines(query, docs)
+        scores, _ = score_chunked(
+            docs,
+            lambda windows: self._cosines(query, windows),
+            offsets=self.encoder.token_offsets,
+            window=self.encoder.chunk_window(),
+            chunking=self.chunking,
+        )
+        return scores
+
+    def _cosines(self, query: str, docs: Sequence[str]) -> np.ndarray:
+        """One pass for query and documents, each with its own prompt (none for most models)."""
         texts = [self.encoder.query_prompt + query, *(self.encoder.document_prompt + d for d in docs)]
         vectors = self.encoder.encode(texts, batch_size=self.batch_size, show_progress=False, prompt="")  # (1 + N, D)
         return cosine_scores(vectors[0], vectors[1:])
@@ -75,13 +90,16 @@ class BiEncoderScorer:
         return cosine_scores(query_vector, document_vectors)
 
 
-def load_reranker(model_id: str, *, batch_size: int = 32, device: str = "cpu") -> CrossEncoderScorer | BiEncoderScorer:
+def load_reranker(
+    model_id: str, *, batch_size: int = 32, device: str = "cpu", chunking: Chunking | None = None
+) -> CrossEncoderScorer | BiEncoderScorer:
     """Load a reranker; the kind (cross-encoder or bi-encoder scorer) comes from the model's own files.
+    With ``chunking``, long documents are scored window by window (:mod:`embedrank.models.chunking`).
 
     A bi-encoder scorer cannot change the order of a dense first stage built on the same model (both rank
     by the same cosine); :class:`~embedrank.retrieval.pipeline.RetrieveRerank` warns when it sees that.
     """
     spec = resolve(model_id)
     if spec.kind == "cross-encoder":
-        return CrossEncoderScorer(CrossEncoder.from_spec(spec, device=device), batch_size=batch_size)
-    return BiEncoderScorer(Encoder.from_spec(spec, device=device), batch_size=batch_size)
+        return CrossEncoderScorer(CrossEncoder.from_spec(spec, device=device), batch_size=batch_size, chunking=chunking)
+    return BiEncoderScorer(Encoder.from_spec(spec, device=device), batch_size=batch_size, chunking=chunking)

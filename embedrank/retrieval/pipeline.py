@@ -250,8 +250,8 @@ class RetrieveRerank:
             )
 
     def _find_vector_source(self) -> DenseRetriever | None:
-        if not isinstance(self.reranker, BiEncoderScorer):
-            return None
+        if not isinstance(self.reranker, BiEncoderScorer) or self.reranker.chunking is not None:
+            return None  # a chunking scorer encodes windows, not the stored whole-document vectors
         key = encoder_cache_key(self.reranker.encoder)
         for stage in _stages(self.first_stage):
             if (

@@ -1,0 +1,138 @@
+"""Long documents split into token windows, so that a reranker sees all of a document, not its first
+``max_seq_length`` tokens.
+
+A document that fits one window is left as it is (its score is what it was without chunking). A longer
+one is cut into windows of ``window`` tokens that overlap by ``overlap`` tokens; each window is the
+document's own text between the first and last character of its tokens (from the tokenizer's offsets),
+so the model tokenizes it back to the same tokens. Each window is scored like a document, and
+:func:`~embedrank.math.chunks.aggregate_window_scores` turns window scores into document scores.
+
+``max_tokens`` (Cohere v2's ``max_tokens_per_doc``) and ``max_chunks`` (Cohere v1's ``max_chunks_per_doc``)
+bound the work per document; text past either bound is not scored, and :attr:`Windows.cut` says which
+documents lost text that way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re  # noqa: F401 - used by the doctests
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from embedrank.errors import InvalidInputError
+from embedrank.math.chunks import AGGREGATIONS, Aggregation, aggregate_window_scores
+
+Offsets = list[tuple[int, int]]  # (start, end) character span of each token, special tokens excluded
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Chunking:
+    """How to split long documents (see the module docstring). ``window=None``: the model's max length
+    minus what the query and special tokens take."""
+
+    overlap: int = 32
+    aggregate: Aggregation = "max"
+    max_chunks: int | None = None
+    max_tokens: int | None = None
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_chunks", "max_tokens", "window"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}", param=name)
+        if not isinstance(self.overlap, int) or self.overlap < 0:
+            raise InvalidInputError(f"overlap must be an integer >= 0, got {self.overlap!r}", param="overlap")
+        if self.aggregate not in AGGREGATIONS:
+            raise InvalidInputError(
+                f"aggregate must be one of {list(AGGREGATIONS)}, got {self.aggregate!r}", param="aggregate"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+    """The windows of a list of documents, in document order.
+
+    ``texts``: ``W`` window texts; ``owners``: ``(W,)`` the document of each; ``chunked``: documents split
+    into more than one window; ``cut``: per document, whether text past ``max_tokens`` or ``max_chunks``
+    was left out.
+    """
+
+    texts: list[str]
+    owners: np.ndarray
+    chunked: int
+    cut: list[bool]
+
+
+def window_starts(n_tokens: int, window: int, overlap: int) -> list[int]:
+    """First token of each window over ``n_tokens`` tokens: windows of ``window`` tokens, each starting
+    ``window - overlap`` after the previous (at least 1), the last one ending at the last token.
+
+    >>> window_starts(10, 4, 1), window_starts(4, 4, 1), window_starts(5, 4, 0)
+    ([0, 3, 6], [0], [0, 4])
+    """
+    step = max(1, window - overlap)
+    starts = [0]
+    while starts[-1] + window < n_tokens:
+        starts.append(starts[-1] + step)
+    return starts
+
+
+def split_windows(
+    documents: Sequence[str],
+    offsets: Callable[[Sequence[str]], list[Offsets]],
+    *,
+    window: int,
+    chunking: Chunking,
+) -> Windows:
+    """Split each document into windows of at most ``window`` tokens (see the module docstring).
+
+    ``offsets(texts)`` gives each text's token character spans, special tokens excluded (a fast
+    tokenizer's ``return_offsets_mapping``, or the fakes' words).
+
+    >>> words = lambda texts: [[(m.start(), m.end()) for m in re.finditer(r"\\S+", t)] for t in texts]
+    >>> w = split_windows(["a b c d e f", "short"], words, window=4, chunking=Chunking(overlap=2))
+    >>> w.texts, w.owners.tolist(), w.chunked, w.cut
+    (['a b c d', 'c d e f', 'short'], [0, 0, 1], 1, [False, False])
+    >>> split_windows(["a b c d e f"], words, window=2, chunking=Chunking(overlap=0, max_chunks=2)).texts
+    ['a b', 'c d']
+    """
+    if window < 1:
+        raise InvalidInputError(f"the window must hold at least one token, got {window}", param="window")
+    texts: list[str] = []
+    owners: list[int] = []
+    chunked = 0
+    cut: list[bool] = []
+    for doc_index, (doc, spans) in enumerate(zip(documents, offsets(documents), strict=True)):
+        spans = [s for s in spans if s[1] > s[0]]  # drop empty spans some tokenizers give
+        kept = len(spans) if chunking.max_tokens is None else min(len(spans), chunking.max_tokens)
+        starts = window_starts(kept, window, min(chunking.overlap, window - 1))
+        if chunking.max_chunks is not None and len(starts) > chunking.max_chunks:
+            starts = starts[: chunking.max_chunks]
+        last_end = min(starts[-1] + window, kept)
+        cut.append(last_end < len(spans))
+        if len(starts) == 1 and not cut[-1]:
+            texts.append(doc)  # fits one window: unchanged
+        else:
+            chunked += len(starts) > 1
+            for start in starts:
+                end = min(start + window, kept)
+                texts.append(doc[spans[start][0] : spans[end - 1][1]] if end > start else doc)
+        owners.extend([doc_index] * (len(texts) - len(owners)))
+    return Windows(texts=texts, owners=np.asarray(owners, dtype=np.int64), chunked=chunked, cut=cut)
+
+
+def score_chunked(
+    documents: Sequence[str],
+    score: Callable[[list[str]], np.ndarray],
+    *,
+    offsets: Callable[[Sequence[str]], list[Offsets]],
+    window: int,
+    chunking: Chunking,
+) -> tuple[np.ndarray, Windows]:
+    """Score every window of every document in one call of ``score(texts) -> (W,)``, then aggregate:
+    ``(N,)`` float32 document scores, and the windows."""
+    windows = split_windows(documents, offsets, window=chunking.window or window, chunking=chunking)
+    window_scores = np.asarray(score(windows.texts), dtype=np.float32)
+    return aggregate_window_scores(window_scores, windows.owners, len(documents), chunking.aggregate), windows

@@ -1,0 +1,103 @@
+"""Long documents chunked for reranking: the windows, the aggregation (against a plain loop), and the
+evidence that a relevant sentence past token 256 is found with chunking and missed without."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from embedrank.errors import InvalidInputError
+from embedrank.math.chunks import aggregate_window_scores
+from embedrank.models.chunking import Chunking, split_windows
+from embedrank.models.scorers import BiEncoderScorer
+
+FILLER = [
+    "The community garden opens at eight every Saturday morning.",
+    "Volunteers bring tomatoes, basil and fresh bread to share.",
+    "Children paint the wooden fences in bright colours each spring.",
+    "The local council repaired the old greenhouse roof last year.",
+]
+ANSWER = "Liquid nitrogen boils at minus 196 degrees Celsius at normal atmospheric pressure."
+QUERY = "At what temperature does liquid nitrogen boil?"
+OTHERS = ["Nitrogen makes up most of the air we breathe.", "Helium is used to fill party balloons."]
+
+
+def words(texts):
+    return [[(m.start(), m.end()) for m in re.finditer(r"\S+", t)] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def long_document(encoder):
+    """Filler past the model's 256 tokens, then the only sentence that answers the query."""
+    text, i = "", 0
+    while encoder.count_tokens([text])[0] < encoder.max_seq_length + 2:
+        text, i = text + FILLER[i % len(FILLER)] + " ", i + 1
+    return text + ANSWER
+
+
+@pytest.mark.parametrize("how", ["max", "mean", "first"])
+def test_aggregation_equals_a_plain_loop(how):
+    rng = np.random.default_rng(0)
+    owners = np.sort(rng.integers(0, 20, size=200))
+    owners[:20] = np.arange(20)  # every document owns a window
+    owners.sort()
+    scores = rng.normal(size=200)
+    got = aggregate_window_scores(scores, owners, 20, how)
+    per_doc = [scores[owners == d] for d in range(20)]
+    expected = {
+        "max": [s.max() for s in per_doc],
+        "mean": [s.mean() for s in per_doc],
+        "first": [s[0] for s in per_doc],
+    }
+    np.testing.assert_allclose(got, expected[how], rtol=1e-6)
+
+
+def test_windows_overlap_cover_the_text_and_respect_the_bounds():
+    doc = " ".join(f"w{i}" for i in range(10))
+    w = split_windows([doc], words, window=4, chunking=Chunking(overlap=1))
+    assert w.texts == ["w0 w1 w2 w3", "w3 w4 w5 w6", "w6 w7 w8 w9"] and w.chunked == 1 and w.cut == [False]
+    capped = split_windows([doc], words, window=4, chunking=Chunking(overlap=1, max_chunks=2))
+    assert capped.texts == ["w0 w1 w2 w3", "w3 w4 w5 w6"] and capped.cut == [True]
+    short = split_windows([doc], words, window=4, chunking=Chunking(overlap=0, max_tokens=6))
+    assert short.texts == ["w0 w1 w2 w3", "w4 w5"] and short.cut == [True]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_chunks", 0), ("max_tokens", -1), ("overlap", -1), ("aggregate", "median"), ("window", 0)]
+)
+def test_bad_chunking_settings_name_the_field(field, value):
+    with pytest.raises(InvalidInputError) as info:
+        Chunking(**{field: value})
+    assert info.value.param == field
+
+
+def test_relevant_sentence_after_token_256_is_found_only_with_chunking(encoder, long_document):
+    assert encoder.count_tokens([long_document])[0] > encoder.max_seq_length
+    docs = [long_document, *OTHERS]
+    truncated = BiEncoderScorer(encoder).score(QUERY, docs)
+    chunked = BiEncoderScorer(encoder, chunking=Chunking()).score(QUERY, docs)
+    assert int(np.argmax(chunked)) == 0  # the long document ranks first with chunking...
+    assert int(np.argmin(truncated)) == 0  # ...and last without: its first 256 tokens are about a garden
+    np.testing.assert_allclose(chunked[1:], truncated[1:], atol=1e-6)  # short documents are scored as before
+    first = BiEncoderScorer(encoder, chunking=Chunking(aggregate="first")).score(QUERY, docs)
+    np.testing.assert_allclose(first, truncated, atol=1e-5)  # "first" is what truncation scores
+
+
+def test_chunked_cross_encoder_equals_sentence_transformers_on_the_windows(cross_encoder_dir, long_document):
+    from sentence_transformers import CrossEncoder as STCrossEncoder
+
+    from embedrank import CrossEncoder
+
+    ours = CrossEncoder.from_pretrained(cross_encoder_dir, max_seq_length=128)  # the config allows 512
+    ref_model = STCrossEncoder(cross_encoder_dir, device="cpu")
+    docs = [long_document, *OTHERS]
+    chunking = Chunking(overlap=16)
+    windows = split_windows(docs, ours.token_offsets, window=ours.chunk_window(QUERY), chunking=chunking)
+    assert windows.chunked == 1 and len(windows.texts) >= 4
+    ref_windows = ref_model.predict([(QUERY, t) for t in windows.texts])
+    expected = aggregate_window_scores(ref_windows, windows.owners, len(docs), "max")
+    np.testing.assert_allclose(ours.score(QUERY, docs, chunking=chunking), expected, atol=1e-5)
+    ranked = ours.rank(QUERY, docs, chunking=chunking)
+    assert ranked["score"].tolist() == sorted(expected.tolist(), reverse=True)
