@@ -36,6 +36,7 @@ class ModelOutput:
     values: np.ndarray
     token_counts: list[int]
     truncated: list[bool]
+    chunked: int = 0  # documents scored as several windows (chunked reranking)
 
     @property
     def embeddings(self) -> np.ndarray:

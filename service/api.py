@@ -9,6 +9,7 @@ import numpy as np
 from msgspec import UNSET
 
 from embedrank.math.ranking import rank_scores
+from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import request_prompt
 from service.errors import invalid
 from service.models import ModelPool
@@ -123,7 +124,15 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
     texts = [d if isinstance(d, str) else d.text for d in req.documents]
     _check_texts([req.query], "query", limits)
     _check_texts(texts, "documents", limits)
-    out = await served.runner.rerank(req.query, texts, truncate=req.truncate, priority=req.priority)  # type: ignore[union-attr]
+    chunking = Chunking(
+        overlap=req.chunk_overlap,
+        aggregate=req.chunk_aggregation,
+        max_chunks=req.max_chunks_per_doc,
+        max_tokens=req.max_tokens_per_doc,
+    )
+    out = await served.runner.rerank(  # type: ignore[union-attr]
+        req.query, texts, truncate=req.truncate, priority=req.priority, chunking=chunking
+    )
     ranked = rank_scores(out.scores, req.top_n)
     results = [
         RerankResult(
@@ -137,7 +146,7 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
         id=f"rerank-{uuid.uuid4().hex}",
         results=results,
         model=req.model,
-        usage=RerankUsage(total_tokens=out.total_tokens),
+        usage=RerankUsage(total_tokens=out.total_tokens, chunked_documents=out.chunked),
     )
     return body, out.truncated_count
 

@@ -43,7 +43,7 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool) -> None:
         if getattr(item, "type", None) == OpenAPIType.STRING:  # the other is a reference to RerankDocument
             item.max_length = limits.max_text_chars  # type: ignore[union-attr]
     schemas["RerankDocument"].properties["text"].max_length = limits.max_text_chars  # type: ignore[index, union-attr]
-    for body, field in ((embeddings, "dimensions"), (reranking, "top_n")):
+    for body, field in ((embeddings, "dimensions"), (reranking, "top_n"), (reranking, "max_chunks_per_doc")):
         number = body.properties[field].one_of[0]  # type: ignore[index, union-attr]
         number.minimum, number.maximum = 1, INT32_MAX  # type: ignore[union-attr]
     dims = [s.spec.dimension for s in pool.models.values() if "embeddings" in s.capabilities and s.spec.dimension]

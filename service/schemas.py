@@ -128,7 +128,37 @@ class RerankRequest(Struct, kw_only=True):
         Meta(description="Number of top results to return (default: all; more than the documents: all)"),
     ] = None
     return_documents: Annotated[bool, Meta(description="Include each document's text in the results")] = False
-    truncate: Annotated[bool, Meta(description="Truncate over-long pairs (default). false: reject with 400")] = True
+    truncate: Annotated[
+        bool,
+        Meta(
+            description="Cut what the chunking limits leave out, and an over-long query (default). false: reject "
+            "with 400 instead"
+        ),
+    ] = True
+    max_chunks_per_doc: Annotated[
+        Annotated[int, Meta(ge=1, le=INT32_MAX)] | None,
+        Meta(
+            description="Cohere v1: a document longer than the model's window is scored as up to this many "
+            "overlapping windows (default: as many as max_tokens_per_doc needs); 1 scores the first window only",
+            examples=[10],
+        ),
+    ] = None
+    max_tokens_per_doc: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=INT32_MAX,
+            description="Cohere v2: at most this many tokens of each document are scored (default 4096)",
+            examples=[4096],
+        ),
+    ] = 4096
+    chunk_overlap: Annotated[
+        int, Meta(ge=0, le=INT32_MAX, description="Tokens shared by consecutive windows (default 32)", examples=[32])
+    ] = 32
+    chunk_aggregation: Annotated[
+        Literal["max", "mean", "first"],
+        Meta(description="A chunked document's score: its best window (default), the mean, or the first window"),
+    ] = "max"
     priority: Priority = 0
 
 
@@ -139,7 +169,8 @@ class RerankResult(Struct, kw_only=True):
 
 
 class RerankUsage(Struct, kw_only=True):
-    total_tokens: int
+    total_tokens: Annotated[int, Meta(description="Tokens processed: the query and every window of every document")]
+    chunked_documents: Annotated[int, Meta(description="Documents longer than one window, scored as several")] = 0
 
 
 class RerankResponse(Struct, kw_only=True):

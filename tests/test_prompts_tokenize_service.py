@@ -140,3 +140,50 @@ def test_tokenize_bad_requests(client, body, status, param):
 def test_tokenize_needs_a_key(client):
     resp = client.post("/v1/tokenize", json={"model": "plain", "input": "x"}, headers={"Authorization": "Bearer no"})
     assert resp.status_code == 401
+
+
+# -- chunked reranking (/v1/rerank) -------------------------------------------------------------------
+LONG = "the garden opens early . " * 8 + "liquid nitrogen boils at minus 196 degrees"  # answer past 16 tokens
+
+
+@pytest.mark.parametrize("model", ["plain", "ce"])
+def test_rerank_chunks_long_documents_by_default(client, model):
+    query = "when does liquid nitrogen boil"
+    docs = [LONG, "helium fills balloons"]
+    chunked = client.post("/v1/rerank", json={"model": model, "query": query, "documents": docs})
+    first = client.post("/v1/rerank", json={"model": model, "query": query, "documents": docs, "max_chunks_per_doc": 1})
+    assert chunked.status_code == first.status_code == 200, chunked.text
+    assert chunked.json()["results"][0]["index"] == 0 and chunked.json()["usage"]["chunked_documents"] == 1
+    assert chunked.headers["x-truncated-inputs"] == "0" and first.headers["x-truncated-inputs"] == "1"
+    scores = {r["index"]: r["relevance_score"] for r in first.json()["results"]}
+    assert scores[0] < chunked.json()["results"][0]["relevance_score"]  # the first window misses the answer
+    assert first.json()["usage"]["chunked_documents"] == 0
+
+
+def test_chunk_aggregation_and_token_bound(client):
+    base = {"model": "ce", "query": "when does liquid nitrogen boil", "documents": [LONG]}
+    score = {
+        how: client.post("/v1/rerank", json={**base, "chunk_aggregation": how}).json()["results"][0]["relevance_score"]
+        for how in ("max", "mean", "first")
+    }
+    assert score["first"] < score["mean"] < score["max"]
+    bounded = client.post("/v1/rerank", json={**base, "max_tokens_per_doc": 10})
+    assert bounded.headers["x-truncated-inputs"] == "1"  # text past 10 tokens left out, and said so
+    refused = client.post("/v1/rerank", json={**base, "max_tokens_per_doc": 10, "truncate": False})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "documents"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_chunks_per_doc", 0),
+        ("max_chunks_per_doc", "2"),
+        ("max_tokens_per_doc", 0),
+        ("chunk_overlap", -1),
+        ("chunk_aggregation", "median"),
+    ],
+)
+def test_bad_chunking_fields_are_400_naming_the_field(client, field, value):
+    resp = client.post("/v1/rerank", json={"model": "ce", "query": "q", "documents": ["d"], field: value})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == field

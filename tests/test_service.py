@@ -18,6 +18,8 @@ import pytest
 from litestar.testing import AsyncTestClient, TestClient
 
 from embedrank.errors import OverloadedError
+from embedrank.math.chunks import aggregate_window_scores
+from embedrank.models.chunking import Chunking, split_windows
 from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.serving.engine import EngineConfig
 from service.app import create_app
@@ -162,7 +164,8 @@ def test_rerank_top_n_documents_and_plain_strings(client):
 
 def test_rerank_truncate_false_names_the_field_and_index(client):
     long = "season " * 40
-    err = _assert_error(_rerank(client, documents=["ok", "fine", long], truncate=False), 400, "input_too_long")
+    one = {"max_chunks_per_doc": 1}  # the first window only: what truncation scored
+    err = _assert_error(_rerank(client, documents=["ok", "fine", long], truncate=False, **one), 400, "input_too_long")
     assert err["param"] == "documents" and "documents[2]" in err["message"]
     err = _assert_error(
         client.post("/v1/rerank", json={"model": MODEL, "query": long, "documents": ["a"], "truncate": False}),
@@ -170,14 +173,17 @@ def test_rerank_truncate_false_names_the_field_and_index(client):
         "input_too_long",
         "query",
     )
-    err = _assert_error(_rerank(client, model=CE, documents=["ok", long], truncate=False), 400, "input_too_long")
+    err = _assert_error(_rerank(client, model=CE, documents=["ok", long], truncate=False, **one), 400, "input_too_long")
     assert err["param"] == "documents" and "documents[1]" in err["message"]
-    resp = _rerank(client, documents=["ok", long])
+    resp = _rerank(client, documents=["ok", long], **one)
     assert resp.status_code == 200 and resp.headers["x-truncated-inputs"] == "1"
+    chunked = _rerank(client, documents=["ok", long], truncate=False)  # chunked by default: nothing left out
+    assert chunked.status_code == 200 and chunked.headers["x-truncated-inputs"] == "0"
+    assert chunked.json()["usage"]["chunked_documents"] == 1
 
 
 def test_cross_encoder_serves_its_scores_and_refuses_embeddings(client):
-    body = _rerank(client, model=CE, documents=DOCS).json()
+    body = _rerank(client, model=CE, documents=DOCS, max_chunks_per_doc=1).json()
     ref = FakeCrossEncoder(max_seq_length=16).score_batch([("what causes the seasons", d) for d in DOCS]).values
     assert {r["index"]: r["relevance_score"] for r in body["results"]} == pytest.approx(dict(enumerate(ref.tolist())))
     assert [r["index"] for r in body["results"]] == sorted(range(4), key=lambda i: (-ref[i], i))
@@ -425,7 +431,12 @@ def test_200_mixed_requests_from_32_concurrent_clients():
             async def one(kind, texts):
                 async with sem:
                     if kind in ("rerank", "ce"):
-                        body = {"model": CE if kind == "ce" else MODEL, "query": texts[0], "documents": texts[1:]}
+                        body = {
+                            "model": CE if kind == "ce" else MODEL,
+                            "query": texts[0],
+                            "documents": texts[1:],
+                            "max_chunks_per_doc": 1,  # compared with whole-document scoring below
+                        }
                         return await c.post("/v1/rerank", json=body, headers=AUTH)
                     return await c.post("/v1/embeddings", json={"model": MODEL, "input": texts}, headers=AUTH)
 
@@ -438,8 +449,11 @@ def test_200_mixed_requests_from_32_concurrent_clients():
         if kind == "rerank":
             vectors = ENCODER.encode(texts)
             ref = vectors[1:] @ vectors[0]
-        elif kind == "ce":
-            ref = scorer.score_batch([(texts[0], d) for d in texts[1:]]).values
+        elif kind == "ce":  # the first window of each document, sized to fit next to the query
+            one = Chunking(max_chunks=1)
+            windows = split_windows(texts[1:], scorer.token_offsets, window=scorer.chunk_window(texts[0]), chunking=one)
+            window_scores = scorer.score_batch([(texts[0], t) for t in windows.texts]).values
+            ref = aggregate_window_scores(window_scores, windows.owners, len(texts) - 1)
         else:
             got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
             assert [d["index"] for d in body["data"]] == list(range(len(texts)))

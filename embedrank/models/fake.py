@@ -44,6 +44,15 @@ def words(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
+def word_offsets(texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+    """Character spans of the fake tokenizer's tokens (for chunking).
+
+    >>> word_offsets(["Hi, you"])
+    [[(0, 2), (2, 3), (4, 7)]]
+    """
+    return [[(m.start(), m.end()) for m in _TOKEN.finditer(t)] for t in texts]
+
+
 def _slot(word: str, dimension: int) -> tuple[int, float]:
     digest = hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     value = int.from_bytes(digest, "little")
@@ -95,6 +104,15 @@ class FakeEncoder:
             [*t[: self.max_seq_length - 1], "[SEP]"] if truncate and len(t) > self.max_seq_length else t for t in out
         ]
 
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        return word_offsets(texts)
+
+    def chunk_window(self) -> int:
+        prompt = select_prompt(
+            self.spec.prompts, None, prompt_name="passage" if "passage" in self.spec.prompts else None
+        )
+        return max(1, self.max_seq_length - 2 - len(words(prompt)))
+
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)  # (N, D)
         counts, truncated = [], []
@@ -131,6 +149,12 @@ class FakeCrossEncoder:
 
     def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
         return [len(words(q)) + len(words(d)) + 3 for q, d in zip(queries, documents, strict=True)]
+
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        return word_offsets(texts)
+
+    def chunk_window(self, query: str) -> int:
+        return max(4, self.max_seq_length - 3 - len(words(query)))
 
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput:
         scores, counts, truncated = [], [], []

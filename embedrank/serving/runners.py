@@ -19,7 +19,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from embedrank.errors import InputTooLongError
+from embedrank.math.chunks import aggregate_window_scores
 from embedrank.math.similarity import check_dimensions, cosine_scores, truncate_dims
+from embedrank.models.chunking import Chunking, Windows, split_windows
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
 from embedrank.models.registry import ModelSpec
 from embedrank.models.tokens import first_too_long, too_long_error
@@ -45,6 +48,10 @@ class EmbeddingModel(Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput: ...
 
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
+
+    def chunk_window(self) -> int: ...
+
 
 @runtime_checkable
 class PairScorer(Protocol):
@@ -55,6 +62,10 @@ class PairScorer(Protocol):
     def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]: ...
 
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput: ...
+
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
+
+    def chunk_window(self, query: str) -> int: ...
 
 
 class EmbeddingBackend:
@@ -162,20 +173,46 @@ class AsyncEncoder:
         return counts, tokens
 
     async def rerank(
-        self, query: str, documents: Sequence[str], *, truncate: bool = True, priority: int = 0
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = True,
+        priority: int = 0,
+        chunking: Chunking | None = None,
     ) -> ModelOutput:
         """Cosine between the query embedding and each document embedding, each with the model's query or
-        document prompt if it has one; token counts cover the query (first) and every document."""
+        document prompt if it has one; token counts cover the query (first) and every document (window).
+
+        With ``chunking``, long documents are split into windows (:mod:`embedrank.models.chunking`), all
+        windows go through the engine as one job, and each document gets the aggregate of its windows'
+        scores; ``truncated`` then flags the documents whose text past the chunking bounds was left out."""
         spec = self.encoder.spec
-        query_prompt = role_prompt(spec.prompts, spec.default_prompt_name, QUERY_NAMES)
-        texts = [
-            query_prompt + query,
-            *with_prompt(documents, role_prompt(spec.prompts, spec.default_prompt_name, DOCUMENT_NAMES)),
-        ]
+        query_text = role_prompt(spec.prompts, spec.default_prompt_name, QUERY_NAMES) + query
+        document_prompt = role_prompt(spec.prompts, spec.default_prompt_name, DOCUMENT_NAMES)
+        if chunking is None:
+            texts = [query_text, *with_prompt(documents, document_prompt)]
+            if not truncate:
+                await self._refuse_too_long(texts, [("query", 1), ("documents", len(documents))])
+            out = await self.engine.submit(texts, priority=priority)
+            return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
+        windows = await asyncio.to_thread(
+            partial(
+                split_windows,
+                documents,
+                self.encoder.token_offsets,
+                window=chunking.window or self.encoder.chunk_window(),
+                chunking=chunking,
+            )
+        )
         if not truncate:
-            await self._refuse_too_long(texts, [("query", 1), ("documents", len(documents))])
-        out = await self.engine.submit(texts, priority=priority)
-        return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
+            await self._refuse_too_long([query_text], [("query", 1)])
+            refuse_cut(windows.cut)
+        out = await self.engine.submit([query_text, *with_prompt(windows.texts, document_prompt)], priority=priority)
+        cosines = cosine_scores(out.values[0], out.values[1:])
+        scores = aggregate_window_scores(cosines, windows.owners, len(documents), chunking.aggregate)
+        flags = _document_flags(out.truncated[:1], out.truncated[1:], windows)
+        return ModelOutput(scores, out.token_counts, flags, windows.chunked)
 
 
 class AsyncCrossEncoder:
@@ -196,11 +233,60 @@ class AsyncCrossEncoder:
         return self.cross_encoder.max_seq_length
 
     async def rerank(
-        self, query: str, documents: Sequence[str], *, truncate: bool = True, priority: int = 0
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = True,
+        priority: int = 0,
+        chunking: Chunking | None = None,
     ) -> ModelOutput:
-        """Scores ``(N,)`` of each (query, document) pair in input order."""
+        """Scores ``(N,)`` of each (query, document) pair in input order; with ``chunking``, each document's
+        windows (sized to fit next to the query) are scored as pairs and aggregated, as :class:`AsyncEncoder`."""
+        if chunking is None:
+            if not truncate:
+                lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, [query] * len(documents), documents)
+                refuse_too_long(lengths, self.max_seq_length, [("documents", len(documents))])
+            out = await self.engine.submit([(query, d) for d in documents], priority=priority)
+            return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
+        window = (
+            chunking.window
+            if chunking.window is not None
+            else await asyncio.to_thread(self.cross_encoder.chunk_window, query)
+        )
+        windows = await asyncio.to_thread(
+            partial(split_windows, documents, self.cross_encoder.token_offsets, window=window, chunking=chunking)
+        )
         if not truncate:
-            lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, [query] * len(documents), documents)
-            refuse_too_long(lengths, self.max_seq_length, [("documents", len(documents))])
-        out = await self.engine.submit([(query, d) for d in documents], priority=priority)
-        return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
+            refuse_cut(windows.cut)
+            queries = [query] * len(windows.texts)
+            lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, queries, windows.texts)
+            at = first_too_long(lengths, self.max_seq_length)
+            if at is not None:  # the query leaves too little room next to a window
+                raise too_long_error(
+                    int(windows.owners[at]), self.max_seq_length, param="documents", tokens=lengths[at]
+                )
+        out = await self.engine.submit([(query, t) for t in windows.texts], priority=priority)
+        scores = aggregate_window_scores(out.values, windows.owners, len(documents), chunking.aggregate)
+        return ModelOutput(scores, out.token_counts, _document_flags([], out.truncated, windows), windows.chunked)
+
+
+def refuse_cut(cut: Sequence[bool]) -> None:
+    """With truncation off, a document whose text the chunking bounds would leave out is refused."""
+    for index, was_cut in enumerate(cut):
+        if was_cut:
+            raise InputTooLongError(
+                f"documents[{index}] is longer than max_tokens_per_doc / max_chunks_per_doc allow and truncation "
+                f"was disabled; raise those limits or allow truncation",
+                param="documents",
+                index=index,
+            )
+
+
+def _document_flags(query: Sequence[bool], windows_truncated: Sequence[bool], windows: Windows) -> list[bool]:
+    """Truncation flags per input: the query's (if any), then each document's: cut by the chunking bounds,
+    or one of its windows cut at the max length."""
+    flags = list(windows.cut)
+    for owner, was_truncated in zip(windows.owners.tolist(), windows_truncated, strict=True):
+        flags[owner] = flags[owner] or was_truncated
+    return [*query, *flags]
