@@ -34,6 +34,7 @@ from embedrank.math.metrics import evaluate, evaluate_per_query
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.ranking import rank_scores, ranked_ids, top_k
 from embedrank.math.similarity import cosine_scores, l2_normalize, similarity, truncate_dims
+from embedrank.models.chunking import Chunking
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
@@ -61,6 +62,7 @@ __all__ = [
     "BenchmarkConfig",
     "BenchmarkResult",
     "BiEncoderScorer",
+    "Chunking",
     "Corpus",
     "CrossEncoder",
     "CrossEncoderScorer",

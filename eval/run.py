@@ -43,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--k-retrieve", type=int, default=100, help="first-stage depth passed to the reranker (default: 100)"
     )
+    p.add_argument("--rerank-max-seq-length", type=int, help="the reranker's window in tokens (default: the model's)")
+    p.add_argument(
+        "--chunk", action="store_true", help="rerank long documents window by window instead of truncating them"
+    )
+    p.add_argument("--chunk-overlap", type=int, default=32, help="tokens shared by consecutive windows (default: 32)")
+    p.add_argument(
+        "--chunk-aggregation", choices=["max", "mean", "first"], default="max", help="document score from its windows"
+    )
     p.add_argument(
         "--index", choices=["flat", "ivf", "hnsw", "pq"], default="flat", help="FAISS index (default: flat, exact)"
     )
@@ -64,12 +72,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedrank.errors import EmbedrankError
     from embedrank.evaluation.benchmark import BenchmarkConfig, results_table, run_benchmark
+    from embedrank.models.chunking import Chunking
     from embedrank.retrieval.data import write_demo_collection, write_trec_run
 
     cfg = BenchmarkConfig(
         retriever=args.retriever,
         model=args.model,
         reranker=args.reranker,
+        rerank_max_seq_length=args.rerank_max_seq_length,
+        chunking=Chunking(overlap=args.chunk_overlap, aggregate=args.chunk_aggregation) if args.chunk else None,
         k_retrieve=args.k_retrieve,
         index=args.index,
         batch_size=args.batch_size,
@@ -93,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{result.dataset}] {note}")
             run_dir = Path(args.run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
-            tag = f"{result.dataset}.{args.retriever}{'.rerank' if args.reranker else ''}"
+            tag = f"{result.dataset}.{args.retriever}{'.rerank' if args.reranker else ''}{'.chunked' if args.chunk else ''}"
             write_trec_run(result.run, run_dir / f"{tag}.trec")
             print(f"[{result.dataset}] TREC run written to {run_dir / (tag + '.trec')}")
     except EmbedrankError as exc:

@@ -83,3 +83,24 @@ def test_configured_cross_encoder_serves_true_scores(client, cross_encoder_dir):
     assert cards["my-ce"]["scorer"] == "cross-encoder" and cards[MODEL]["dimension"] == 384
     resp = client.post("/v1/embeddings", json={"model": "my-ce", "input": "x"})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "model_wrong_kind"
+
+
+def test_tokenize_counts_equal_embeddings_usage_on_the_real_model(client, encoder):
+    texts = ["ok", "retrieval " * 400, "Ünïcödé 日本語"]
+    tok = client.post("/v1/tokenize", json={"model": MODEL, "input": texts, "return_tokens": True}).json()
+    usage = client.post("/v1/embeddings", json={"model": MODEL, "input": texts}).json()["usage"]
+    assert sum(d["count"] for d in tok["data"]) == usage["prompt_tokens"]
+    assert [d["untruncated_count"] for d in tok["data"]] == encoder.count_tokens(texts)
+    assert [d["truncated"] for d in tok["data"]] == [False, True, False]
+    assert tok["data"][0]["tokens"] == ["[CLS]", "ok", "[SEP]"] and len(tok["data"][1]["tokens"]) == 256
+
+
+def test_chunked_rerank_equals_the_chunking_scorer(client, encoder):
+    from embedrank.models.chunking import Chunking
+
+    docs = ["retrieval " * 300 + "the tilt of the earth axis causes the seasons", *DOCS]
+    body = client.post("/v1/rerank", json={"model": MODEL, "query": "what causes the seasons", "documents": docs})
+    assert body.status_code == 200 and body.json()["usage"]["chunked_documents"] == 1
+    ref = BiEncoderScorer(encoder, chunking=Chunking()).score("what causes the seasons", docs)
+    for r in body.json()["results"]:
+        assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-5)

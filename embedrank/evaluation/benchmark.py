@@ -11,6 +11,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
+from embedrank.models.chunking import Chunking
 from embedrank.models.encoder import Encoder
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.models.scorers import load_reranker
@@ -36,6 +37,8 @@ class BenchmarkConfig:
     retriever: RetrieverName = "dense"
     model: str = DEFAULT_EMBEDDING_MODEL
     reranker: str | None = None
+    rerank_max_seq_length: int | None = None  # the reranker's window (default: the model's)
+    chunking: Chunking | None = None  # None: the reranker truncates long documents
     k_retrieve: int = 100
     index: Literal["flat", "ivf", "hnsw", "pq"] = "flat"
     batch_size: int = 64
@@ -67,6 +70,8 @@ class BenchmarkResult:
             "first_stage": self.first_stage,
             "model": self.config.model if self.config.retriever != "bm25" else None,
             "reranker": self.config.reranker,
+            "rerank_max_seq_length": self.config.rerank_max_seq_length,
+            "chunking": dataclasses.asdict(self.config.chunking) if self.config.chunking else None,
             "k_retrieve": self.config.k_retrieve,
             "index": self.config.index if self.config.retriever != "bm25" else None,
             "queries": len(self.per_query),
@@ -82,8 +87,8 @@ def cached_encoder(model_id: str) -> Encoder:
 
 
 @functools.lru_cache(maxsize=4)
-def cached_reranker(model_id: str):
-    return load_reranker(model_id)
+def cached_reranker(model_id: str, max_seq_length: int | None = None):
+    return load_reranker(model_id, max_seq_length=max_seq_length)
 
 
 def subset(ds: BeirDataset, max_queries: int | None) -> BeirDataset:
@@ -145,9 +150,16 @@ def run_benchmark(
         )
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
-    reranker = cached_reranker(cfg.reranker) if cfg.reranker else None
+    reranker = cached_reranker(cfg.reranker, cfg.rerank_max_seq_length) if cfg.reranker else None
     if reranker is not None:
-        notes.append(f"reranker: {cfg.reranker} as a {reranker.kind} scorer")
+        reranker = reranker.with_chunking(cfg.chunking)
+        window = f", max_seq_length {cfg.rerank_max_seq_length}" if cfg.rerank_max_seq_length else ""
+        how = (
+            f"chunked ({cfg.chunking.aggregate} over windows, overlap {cfg.chunking.overlap})"
+            if cfg.chunking
+            else "truncated"
+        )
+        notes.append(f"reranker: {cfg.reranker} as a {reranker.kind} scorer{window}; long documents {how}")
     pipeline = RetrieveRerank(first, ds.corpus, reranker=reranker, k_retrieve=cfg.k_retrieve)
     if pipeline.vectors_from_index:
         notes.append("reranker: candidates' vectors read from the dense index (same model), not re-encoded")

@@ -48,6 +48,10 @@ class CrossEncoderScorer:
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         return self.cross_encoder.score(query, documents, batch_size=self.batch_size, chunking=self.chunking)
 
+    def with_chunking(self, chunking: Chunking | None) -> CrossEncoderScorer:
+        """The same model, scoring with ``chunking`` (None: truncation)."""
+        return CrossEncoderScorer(self.cross_encoder, batch_size=self.batch_size, chunking=chunking)
+
 
 class BiEncoderScorer:
     """Reranks by cosine similarity between the query embedding and each document embedding.
@@ -79,6 +83,10 @@ class BiEncoderScorer:
         )
         return scores
 
+    def with_chunking(self, chunking: Chunking | None) -> BiEncoderScorer:
+        """The same model, scoring with ``chunking`` (None: truncation)."""
+        return BiEncoderScorer(self.encoder, batch_size=self.batch_size, chunking=chunking)
+
     def _cosines(self, query: str, docs: Sequence[str]) -> np.ndarray:
         """One pass for query and documents, each with its own prompt (none for most models)."""
         texts = [self.encoder.query_prompt + query, *(self.encoder.document_prompt + d for d in docs)]
@@ -91,15 +99,23 @@ class BiEncoderScorer:
 
 
 def load_reranker(
-    model_id: str, *, batch_size: int = 32, device: str = "cpu", chunking: Chunking | None = None
+    model_id: str,
+    *,
+    batch_size: int = 32,
+    device: str = "cpu",
+    chunking: Chunking | None = None,
+    max_seq_length: int | None = None,
 ) -> CrossEncoderScorer | BiEncoderScorer:
     """Load a reranker; the kind (cross-encoder or bi-encoder scorer) comes from the model's own files.
-    With ``chunking``, long documents are scored window by window (:mod:`embedrank.models.chunking`).
+    With ``chunking``, long documents are scored window by window (:mod:`embedrank.models.chunking`);
+    ``max_seq_length`` overrides the model's own window.
 
     A bi-encoder scorer cannot change the order of a dense first stage built on the same model (both rank
     by the same cosine); :class:`~embedrank.retrieval.pipeline.RetrieveRerank` warns when it sees that.
     """
     spec = resolve(model_id)
     if spec.kind == "cross-encoder":
-        return CrossEncoderScorer(CrossEncoder.from_spec(spec, device=device), batch_size=batch_size, chunking=chunking)
-    return BiEncoderScorer(Encoder.from_spec(spec, device=device), batch_size=batch_size, chunking=chunking)
+        model = CrossEncoder.from_spec(spec, device=device, max_seq_length=max_seq_length)
+        return CrossEncoderScorer(model, batch_size=batch_size, chunking=chunking)
+    encoder = Encoder.from_spec(spec, device=device, max_seq_length=max_seq_length)
+    return BiEncoderScorer(encoder, batch_size=batch_size, chunking=chunking)
