@@ -8,12 +8,15 @@ import uuid
 import numpy as np
 from msgspec import UNSET
 
+from embedrank.math.quantization import quantize
 from embedrank.math.ranking import rank_scores
 from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import request_prompt
+from embedrank.serving.runners import AsyncEncoder
 from service.errors import invalid
 from service.models import ModelPool
 from service.schemas import (
+    CompactEmbeddings,
     Embedding,
     EmbeddingList,
     EmbeddingsRequest,
@@ -62,9 +65,21 @@ def _checked_inputs(value: str | list[str], limits: Limits) -> list[str]:
 
 
 def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    """A float32 vector as numbers or base64 of little-endian float32; an int8/uint8 one as integers or
+    base64 of its bytes."""
     if encoding_format == "base64":
-        return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+        raw = vector.astype("<f4", copy=False) if vector.dtype.kind == "f" else vector
+        return base64.b64encode(raw.tobytes()).decode("ascii")
     return vector.tolist()
+
+
+async def _compact(
+    vectors: np.ndarray, types: list[str], runner: AsyncEncoder, dimensions: int | None
+) -> dict[str, np.ndarray]:
+    """``vectors`` ``(N, D)`` in each of ``types`` (:func:`~embedrank.math.quantization.quantize`), int8/uint8
+    with the model's calibration ranges."""
+    ranges = await runner.quantization_ranges(dimensions) if {"int8", "uint8"} & set(types) else None
+    return {t: quantize(vectors, t, ranges) for t in dict.fromkeys(types)}
 
 
 async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Limits) -> tuple[EmbeddingList, int]:
@@ -75,11 +90,32 @@ async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Lim
     prompt = request_prompt(
         spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
     )
-    out = await served.runner.embed(  # type: ignore[union-attr]
-        texts, dimensions=req.dimensions, truncate=req.truncate, priority=req.priority, prompt=prompt
+    runner: AsyncEncoder = served.runner  # type: ignore[assignment]
+    out = await runner.embed(
+        texts,
+        dimensions=req.dimensions,
+        truncate=req.truncate,
+        priority=req.priority,
+        prompt=prompt,
+        chunking=Chunking(overlap=req.chunk_overlap) if req.chunking else None,
     )
-    data = [Embedding(index=i, embedding=_encode_vector(v, req.encoding_format)) for i, v in enumerate(out.embeddings)]
-    usage = EmbeddingUsage(prompt_tokens=out.total_tokens, total_tokens=out.total_tokens)
+    compact = await _compact(out.embeddings, req.embedding_types or [], runner, req.dimensions)
+    fmt = req.encoding_format
+    data = [
+        Embedding(
+            index=i,
+            embedding=_encode_vector(v, fmt),
+            embeddings=CompactEmbeddings(**{t: _encode_vector(c[i], fmt) for t, c in compact.items()})
+            if compact
+            else UNSET,
+        )
+        for i, v in enumerate(out.embeddings)
+    ]
+    usage = EmbeddingUsage(
+        prompt_tokens=out.total_tokens,
+        total_tokens=out.total_tokens,
+        chunked_inputs=out.chunked if req.chunking else UNSET,
+    )
     return EmbeddingList(data=data, model=req.model, usage=usage), out.truncated_count
 
 

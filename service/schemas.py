@@ -19,6 +19,16 @@ Priority = Annotated[
 ]
 
 
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
+Compact = Annotated[
+    list[float] | str,
+    Meta(
+        description="The vector in this type (integers for every type but float); with encoding_format=base64, "
+        "a base64 string of its bytes (little-endian float32, int8, or uint8)"
+    ),
+]
+
+
 class EmbeddingsRequest(Struct, kw_only=True):
     """SPEC 4.1, plus the OpenAI fields ``encoding_format``, ``dimensions`` and ``user``."""
 
@@ -57,6 +67,27 @@ class EmbeddingsRequest(Struct, kw_only=True):
     truncate: Annotated[
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
     ] = True
+    embedding_types: Annotated[
+        Annotated[list[EmbeddingType], Meta(min_length=1, max_length=16)] | None,
+        Meta(
+            description="Cohere's compact vectors: each data object also gets `embeddings` with one vector per "
+            "type listed (`int8`/`uint8`: calibrated 8-bit buckets; `binary`/`ubinary`: sign bits packed 8 per "
+            "byte, as sentence-transformers' quantize_embeddings). `embedding` stays the float vector",
+            examples=[["int8", "ubinary"]],
+        ),
+    ] = None
+    chunking: Annotated[
+        bool,
+        Meta(
+            description="Embed a text longer than the model's max tokens window by window and return the "
+            "token-weighted mean of the windows, renormalized (vLLM's chunked processing); default false: truncate",
+            examples=[True],
+        ),
+    ] = False
+    chunk_overlap: Annotated[
+        int,
+        Meta(ge=0, le=INT32_MAX, description="With chunking: tokens shared by consecutive windows", examples=[32]),
+    ] = 32
     priority: Priority = 0
 
 
@@ -93,15 +124,31 @@ class TokenizeResponse(Struct, kw_only=True):
     data: list[TokenCount]
 
 
+class CompactEmbeddings(Struct, kw_only=True, omit_defaults=True):
+    """One vector per requested ``embedding_types`` entry (Cohere's ``embeddings`` object)."""
+
+    float: Compact | UnsetType = UNSET
+    int8: Compact | UnsetType = UNSET
+    uint8: Compact | UnsetType = UNSET
+    binary: Compact | UnsetType = UNSET
+    ubinary: Compact | UnsetType = UNSET
+
+
 class Embedding(Struct, kw_only=True):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: Annotated[list[float] | str, Meta(description="The vector; a base64 string when encoding_format=base64")]
+    embeddings: Annotated[
+        CompactEmbeddings | UnsetType, Meta(description="With embedding_types: the vector in each type asked for")
+    ] = UNSET
 
 
 class EmbeddingUsage(Struct, kw_only=True):
     prompt_tokens: int
     total_tokens: int
+    chunked_inputs: Annotated[
+        int | UnsetType, Meta(description="With chunking: the inputs longer than one window, embedded as several")
+    ] = UNSET
 
 
 class EmbeddingList(Struct, kw_only=True):

@@ -48,3 +48,35 @@ def aggregate_window_scores(
     else:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {how!r}")
     return out.astype(np.float32)
+
+
+def mean_window_vectors(
+    vectors: np.ndarray, owners: np.ndarray, n_documents: int, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Each document's weighted mean of its windows' vectors (not renormalized).
+
+    Args:
+        vectors: ``(W, D)`` one vector per window.
+        owners: ``(W,)`` int, the document of each window; every document owns at least one.
+        n_documents: ``N``.
+        weights: ``(W,)`` non-negative, e.g. each window's token count (vLLM's chunked embeddings weight
+            windows by length); None weighs windows equally.
+
+    Returns:
+        ``(N, D)`` float32.
+
+    >>> v = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]])
+    >>> mean_window_vectors(v, np.array([0, 0, 1]), 2, np.array([3, 1, 5])).tolist()
+    [[0.75, 0.25], [2.0, 2.0]]
+    """
+    vectors = np.asarray(vectors, dtype=np.float64)
+    owners = np.asarray(owners, dtype=np.int64)
+    w = np.ones(len(owners)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if vectors.ndim != 2 or owners.shape != (vectors.shape[0],) or w.shape != owners.shape:
+        raise ValueError(f"vectors {vectors.shape}, owners {owners.shape}, weights {w.shape} do not match")
+    totals = np.bincount(owners, weights=w, minlength=n_documents)
+    if len(totals) != n_documents or (np.bincount(owners, minlength=n_documents) == 0).any():
+        raise ValueError("every document must own at least one window, and owners must be < n_documents")
+    sums = np.zeros((n_documents, vectors.shape[1]))
+    np.add.at(sums, owners, vectors * w[:, None])
+    return (sums / np.where(totals > 0, totals, 1)[:, None]).astype(np.float32)

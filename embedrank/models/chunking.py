@@ -7,6 +7,9 @@ document's own text between the first and last character of its tokens (from the
 so the model tokenizes it back to the same tokens. Each window is scored like a document, and
 :func:`~embedrank.math.chunks.aggregate_window_scores` turns window scores into document scores.
 
+For embeddings (opt-in), every window is embedded and :func:`pool_windows` returns each text's mean of
+its window vectors, weighted by the windows' token counts and renormalized (vLLM's chunked processing).
+
 ``max_tokens`` (Cohere v2's ``max_tokens_per_doc``) and ``max_chunks`` (Cohere v1's ``max_chunks_per_doc``)
 bound the work per document; text past either bound is not scored, and :attr:`Windows.cut` says which
 documents lost text that way.
@@ -21,7 +24,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from embedrank.errors import InvalidInputError
-from embedrank.math.chunks import AGGREGATIONS, Aggregation, aggregate_window_scores
+from embedrank.math.chunks import AGGREGATIONS, Aggregation, aggregate_window_scores, mean_window_vectors
+from embedrank.math.similarity import l2_normalize
+from embedrank.types import ModelOutput
 
 Offsets = list[tuple[int, int]]  # (start, end) character span of each token, special tokens excluded
 
@@ -136,3 +141,23 @@ def score_chunked(
     windows = split_windows(documents, offsets, window=chunking.window or window, chunking=chunking)
     window_scores = np.asarray(score(windows.texts), dtype=np.float32)
     return aggregate_window_scores(window_scores, windows.owners, len(documents), chunking.aggregate), windows
+
+
+def pool_windows(out: ModelOutput, windows: Windows, *, normalize: bool) -> ModelOutput:
+    """Per text: the token-weighted mean of its window vectors (``out.values`` ``(W, D)``), renormalized
+    when ``normalize``; token counts summed over the windows; ``truncated`` when text was left out (the
+    chunking bounds, or a window cut at the max length)."""
+    n = len(windows.cut)
+    weights = np.asarray(out.token_counts, dtype=np.float64)
+    vectors = mean_window_vectors(out.values, windows.owners, n, weights)  # (N, D)
+    counts = np.bincount(windows.owners, weights=weights, minlength=n).astype(np.int64).tolist()
+    flags = document_flags(windows, out.truncated)
+    return ModelOutput(l2_normalize(vectors) if normalize else vectors, counts, flags, windows.chunked)
+
+
+def document_flags(windows: Windows, windows_truncated: Sequence[bool]) -> list[bool]:
+    """Per document: whether text was left out, by the chunking bounds or by a window cut at the max length."""
+    flags = list(windows.cut)
+    for owner, was_truncated in zip(windows.owners.tolist(), windows_truncated, strict=True):
+        flags[owner] = flags[owner] or was_truncated
+    return flags

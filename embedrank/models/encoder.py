@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,8 +14,11 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
+from embedrank.math.quantization import check_precision, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models import packed
+from embedrank.models.calibration import Calibration, vocabulary_texts
+from embedrank.models.chunking import Chunking, pool_windows, split_windows
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
@@ -46,6 +52,7 @@ class Encoder:
         self.max_seq_length = max_seq_length or spec.max_seq_length
         # skip padding tokens in BERT/RoBERTa encoders (embedrank.models.packed); None = wherever it applies
         self.padding_free = packed.enabled(packed.supports(self.model), tokenizer, padding_free)
+        self._calibration: Calibration | None = None
 
     @classmethod
     def from_pretrained(cls, model_id: str = DEFAULT_EMBEDDING_MODEL, **options: Any) -> Encoder:
@@ -136,9 +143,10 @@ class Encoder:
         )
         return [[(int(a), int(b)) for a, b in spans] for spans in enc["offset_mapping"]]
 
-    def chunk_window(self) -> int:
-        """Document tokens that fit one forward pass: the max length minus special tokens and the document prompt."""
-        prompt = self.document_prompt
+    def chunk_window(self, prompt: str | None = None) -> int:
+        """Text tokens that fit one forward pass: the max length minus special tokens and ``prompt`` (None:
+        the document prompt)."""
+        prompt = self.document_prompt if prompt is None else prompt
         used = len(self.token_offsets([prompt])[0]) if prompt else 0
         return max(1, self.max_seq_length - self.tokenizer.num_special_tokens_to_add(pair=False) - used)
 
@@ -215,13 +223,38 @@ class Encoder:
         truncate: bool = True,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        chunking: Chunking | None = None,
     ) -> ModelOutput:
         """Encode texts, longest first in batches; embeddings ``(N, D)`` in input order with token counts
-        (prompt included) and truncation flags (:class:`~embedrank.types.ModelOutput`)."""
-        items = self.apply_prompt(check_texts(texts), prompt_name, prompt)
+        (prompt included) and truncation flags (:class:`~embedrank.types.ModelOutput`).
+
+        With ``chunking``, a text longer than one forward pass is split into windows (each with the
+        prompt) and its embedding is the token-weighted mean of theirs, renormalized
+        (:func:`~embedrank.models.chunking.pool_windows`); ``truncated`` then flags text left out by the
+        chunking bounds, and ``chunked`` counts the texts split."""
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
         check_dimensions(dimensions, self.dimension)  # before any work
+        if chunking is not None:
+            chosen = select_prompt(
+                self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt
+            )
+            texts = check_texts(texts)
+            window = chunking.window or self.chunk_window(chosen)
+            windows = split_windows(texts, self.token_offsets, window=window, chunking=chunking)
+            out = self.encode_with_stats(
+                windows.texts,
+                batch_size=batch_size,
+                show_progress=show_progress,
+                normalize=normalize,
+                truncate=truncate,
+                prompt=chosen,
+            )
+            do_norm = self.normalize if normalize is None else normalize
+            pooled = pool_windows(out, windows, normalize=do_norm)
+            vectors = truncate_dims(pooled.values, dimensions, renormalize=do_norm)
+            return dataclasses.replace(pooled, values=vectors)
+        items = self.apply_prompt(check_texts(texts), prompt_name, prompt)
         out = np.empty((len(items), dimensions or self.dimension), dtype=np.float32)
         counts = [0] * len(items)
         truncated = [False] * len(items)
@@ -252,15 +285,26 @@ class Encoder:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        chunking: Chunking | None = None,
+        precision: str = "float32",
+        ranges: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Encode texts to float32 numpy ``(N, D)`` in input order.
+        """Encode texts to numpy ``(N, D)`` in input order: float32, or compact vectors with ``precision``.
 
         ``normalize`` overrides the model's own setting; ``dimensions`` truncates (Matryoshka-style)
         and renormalizes. ``prompt_name`` (one of :attr:`prompts`) or ``prompt`` (any text) is put before
         each text, as sentence-transformers does; without either, the model's default prompt applies, if
-        it has one. A progress bar shows for long inputs unless ``show_progress=False``.
+        it has one. ``chunking`` embeds long texts window by window (see :meth:`encode_with_stats`).
+        ``precision`` is ``float32`` (or ``float``), ``int8``, ``uint8``, ``binary`` or ``ubinary``, with
+        sentence-transformers' ``quantize_embeddings`` semantics (:mod:`embedrank.math.quantization`);
+        int8/uint8 use ``ranges`` ``(2, D)`` if given, else :meth:`quantization_ranges`. A progress bar
+        shows for long inputs unless ``show_progress=False``.
         """
-        return self.encode_with_stats(
+        try:
+            precision = check_precision(precision)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc), param="precision") from None
+        vectors = self.encode_with_stats(
             texts,
             batch_size=batch_size,
             show_progress=show_progress,
@@ -268,7 +312,31 @@ class Encoder:
             dimensions=dimensions,
             prompt_name=prompt_name,
             prompt=prompt,
+            chunking=chunking,
         ).embeddings
+        if precision in ("int8", "uint8") and ranges is None:
+            ranges = self.quantization_ranges(dimensions, normalize=normalize)
+        return quantize(vectors, precision, ranges)
+
+    # -- calibration for int8/uint8 --------------------------------------------------------------
+    @property
+    def calibration(self) -> Calibration:
+        """The calibration texts for int8/uint8 ranges (:mod:`embedrank.models.calibration`); by default
+        1,000 seeded pseudo-sentences from the model's vocabulary. Set it with :meth:`calibrate`."""
+        if self._calibration is None:
+            self._calibration = Calibration(vocabulary_texts(self.tokenizer.get_vocab()))
+        return self._calibration
+
+    def calibrate(self, texts: Sequence[str] | str | Path) -> None:
+        """Use ``texts`` (or the texts of a ``.txt``/``.jsonl`` file) to set int8/uint8 ranges; a sample
+        of the corpus you will search is the best choice."""
+        self._calibration = Calibration.from_file(texts) if isinstance(texts, (str, Path)) else Calibration(texts)
+
+    def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
+        """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the calibration embeddings (computed once)."""
+        do_norm = self.normalize if normalize is None else normalize
+        encode = partial(self.encode, batch_size=64, show_progress=False, prompt="", normalize=do_norm)
+        return self.calibration.ranges(encode, dimensions=dimensions, normalize=do_norm)
 
     @property
     def query_prompt(self) -> str:

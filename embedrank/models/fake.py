@@ -21,6 +21,7 @@ and truncation flags behave as a real model's do.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Sequence
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
+from embedrank.models.calibration import Calibration, vocabulary_texts
 from embedrank.models.prompts import select_prompt, with_prompt
 from embedrank.models.registry import ModelSpec
 from embedrank.types import ModelOutput
@@ -88,6 +90,7 @@ class FakeEncoder:
             max_seq_length,
             normalize,
         )
+        self._calibration: Calibration | None = None
 
     def count_tokens(
         self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
@@ -107,11 +110,19 @@ class FakeEncoder:
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         return word_offsets(texts)
 
-    def chunk_window(self) -> int:
-        prompt = select_prompt(
-            self.spec.prompts, None, prompt_name="passage" if "passage" in self.spec.prompts else None
-        )
+    def chunk_window(self, prompt: str | None = None) -> int:
+        if prompt is None:
+            prompt = select_prompt(
+                self.spec.prompts, None, prompt_name="passage" if "passage" in self.spec.prompts else None
+            )
         return max(1, self.max_seq_length - 2 - len(words(prompt)))
+
+    def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
+        """int8 ranges from 1,000 pseudo-sentences over a 512-word vocabulary (as a real encoder's default)."""
+        if self._calibration is None:
+            vocabulary = ["".join(w) for w in itertools.product("abcdefgh", repeat=3)]
+            self._calibration = Calibration(vocabulary_texts(vocabulary))
+        return self._calibration.ranges(self.encode, dimensions=dimensions, normalize=self.normalize)
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)  # (N, D)

@@ -13,6 +13,7 @@ Any model with the methods the backends call works: :class:`~embedrank.models.en
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
@@ -22,7 +23,7 @@ import numpy as np
 from embedrank.errors import InputTooLongError
 from embedrank.math.chunks import aggregate_window_scores
 from embedrank.math.similarity import check_dimensions, cosine_scores, truncate_dims
-from embedrank.models.chunking import Chunking, Windows, split_windows
+from embedrank.models.chunking import Chunking, Windows, document_flags, pool_windows, split_windows
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
 from embedrank.models.registry import ModelSpec
 from embedrank.models.tokens import first_too_long, too_long_error
@@ -50,7 +51,9 @@ class EmbeddingModel(Protocol):
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
 
-    def chunk_window(self) -> int: ...
+    def chunk_window(self, prompt: str | None = None) -> int: ...
+
+    def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray: ...
 
 
 @runtime_checkable
@@ -151,16 +154,38 @@ class AsyncEncoder:
         priority: int = 0,
         param: str = "input",
         prompt: str = "",
+        chunking: Chunking | None = None,
     ) -> ModelOutput:
         """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order; a lower
-        ``priority`` is scheduled first. ``prompt`` goes before every text (the model sees and counts it)."""
+        ``priority`` is scheduled first. ``prompt`` goes before every text (the model sees and counts it).
+        With ``chunking``, long texts are embedded window by window and pooled, as ``Encoder.encode_with_stats``."""
         check_dimensions(dimensions, self.dimension)
-        texts = with_prompt(texts, prompt)
-        if not truncate:
-            await self._refuse_too_long(texts, [(param, len(texts))])
-        out = await self.engine.submit(texts, priority=priority)
+        if chunking is not None:
+            out = await self._embed_chunked(texts, prompt, chunking, truncate=truncate, priority=priority)
+        else:
+            texts = with_prompt(texts, prompt)
+            if not truncate:
+                await self._refuse_too_long(texts, [(param, len(texts))])
+            out = await self.engine.submit(texts, priority=priority)
         vectors = truncate_dims(out.values, dimensions, renormalize=self.encoder.normalize)
-        return ModelOutput(np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated)
+        return dataclasses.replace(out, values=np.ascontiguousarray(vectors, dtype=np.float32))
+
+    async def _embed_chunked(
+        self, texts: Sequence[str], prompt: str, chunking: Chunking, *, truncate: bool, priority: int
+    ) -> ModelOutput:
+        window = chunking.window or await asyncio.to_thread(self.encoder.chunk_window, prompt)
+        windows = await asyncio.to_thread(
+            partial(split_windows, texts, self.encoder.token_offsets, window=window, chunking=chunking)
+        )
+        if not truncate:
+            refuse_cut(windows.cut, param="input")
+        out = await self.engine.submit(with_prompt(windows.texts, prompt), priority=priority)
+        return pool_windows(out, windows, normalize=self.encoder.normalize)
+
+    async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
+        """int8/uint8 ranges ``(2, dimensions or D)`` from the model's calibration (computed once, in a
+        worker thread, outside the batching engine)."""
+        return await asyncio.to_thread(self.encoder.quantization_ranges, dimensions)
 
     async def count(
         self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False
@@ -271,22 +296,19 @@ class AsyncCrossEncoder:
         return ModelOutput(scores, out.token_counts, _document_flags([], out.truncated, windows), windows.chunked)
 
 
-def refuse_cut(cut: Sequence[bool]) -> None:
-    """With truncation off, a document whose text the chunking bounds would leave out is refused."""
+def refuse_cut(cut: Sequence[bool], param: str = "documents") -> None:
+    """With truncation off, a text whose end the chunking bounds would leave out is refused."""
+    bounds = "max_tokens_per_doc / max_chunks_per_doc" if param == "documents" else "max_chunks"
     for index, was_cut in enumerate(cut):
         if was_cut:
             raise InputTooLongError(
-                f"documents[{index}] is longer than max_tokens_per_doc / max_chunks_per_doc allow and truncation "
-                f"was disabled; raise those limits or allow truncation",
-                param="documents",
+                f"{param}[{index}] is longer than {bounds} allow and truncation was disabled; "
+                f"raise those limits or allow truncation",
+                param=param,
                 index=index,
             )
 
 
 def _document_flags(query: Sequence[bool], windows_truncated: Sequence[bool], windows: Windows) -> list[bool]:
-    """Truncation flags per input: the query's (if any), then each document's: cut by the chunking bounds,
-    or one of its windows cut at the max length."""
-    flags = list(windows.cut)
-    for owner, was_truncated in zip(windows.owners.tolist(), windows_truncated, strict=True):
-        flags[owner] = flags[owner] or was_truncated
-    return [*query, *flags]
+    """Truncation flags per input: the query's (if any), then each document's (:func:`document_flags`)."""
+    return [*query, *document_flags(windows, windows_truncated)]
