@@ -19,7 +19,7 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     """Make the published schema say what the server enforces where Litestar's generator cannot, so that a
     request the schema calls valid is accepted and one it calls invalid is refused:
 
-    - the bounds msgspec checks inside unions (non-empty texts and lists, ``dimensions``/``top_n`` >= 1)
+    - the bounds msgspec checks inside unions (non-empty texts and lists, ``dimensions``/``top_n`` >= 1, 1 to 16 ``embedding_types``)
       and that a query is not only whitespace;
     - the configured limits (``max_inputs``, ``max_documents``, ``max_text_chars``);
     - the served models: ``model`` is an ``enum`` of the ids and aliases that serve the route (those of
@@ -46,6 +46,8 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     for body, field in ((embeddings, "dimensions"), (reranking, "top_n"), (reranking, "max_chunks_per_doc")):
         number = body.properties[field].one_of[0]  # type: ignore[index, union-attr]
         number.minimum, number.maximum = 1, INT32_MAX  # type: ignore[union-attr]
+    types = embeddings.properties["embedding_types"].one_of[0]  # type: ignore[index, union-attr]
+    types.min_items, types.max_items = 1, 16  # type: ignore[union-attr]
     dims = [s.spec.dimension for s in pool.models.values() if "embeddings" in s.capabilities and s.spec.dimension]
     if dims:
         embeddings.properties["dimensions"].one_of[0].maximum = max(dims)  # type: ignore[index, union-attr]
