@@ -242,7 +242,7 @@ class Encoder:
             texts = check_texts(texts)
             window = chunking.window or self.chunk_window(chosen)
             windows = split_windows(texts, self.token_offsets, window=window, chunking=chunking)
-            out = self.encode_with_stats(
+            parts = self.encode_with_stats(
                 windows.texts,
                 batch_size=batch_size,
                 show_progress=show_progress,
@@ -251,7 +251,7 @@ class Encoder:
                 prompt=chosen,
             )
             do_norm = self.normalize if normalize is None else normalize
-            pooled = pool_windows(out, windows, normalize=do_norm)
+            pooled = pool_windows(parts, windows, normalize=do_norm)
             vectors = truncate_dims(pooled.values, dimensions, renormalize=do_norm)
             return dataclasses.replace(pooled, values=vectors)
         items = self.apply_prompt(check_texts(texts), prompt_name, prompt)

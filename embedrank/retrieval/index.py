@@ -2,7 +2,9 @@
 
 Backends (``kind``): ``numpy`` (exact, pure numpy), ``flat`` (FAISS ``IndexFlatIP``/``IndexFlatL2``),
 ``ivf`` (IVF-Flat: ``nlist``, ``nprobe``), ``hnsw`` (``hnsw_m``, ``ef_construction``, ``ef_search``),
-``pq`` (IVF-PQ: ``pq_m``, ``pq_nbits``), and ``factory`` (any FAISS factory string). Indexes keep string
+``pq`` (IVF-PQ: ``pq_m``, ``pq_nbits``), ``sq8`` (FAISS 8-bit scalar quantizer: per-dimension ranges
+trained on the first add, 4x smaller than float32), ``binary`` (sign bits, Hamming search, rescored:
+:mod:`embedrank.retrieval.binary_index`), and ``factory`` (any FAISS factory string). Indexes keep string
 document ids, grow with :meth:`add`, train IVF/PQ automatically on the first add, and save to / load from
 a directory together with metadata (model id, dimension, metric, normalization, count). The model id and
 dimension are checked by :func:`load_index` and when a ``DenseRetriever`` is built on the index; every
@@ -19,15 +21,18 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
 from embedrank.errors import IndexMismatchError, IndexTrainingError, InvalidInputError
 from embedrank.math.similarity import l2_normalize
 
+if TYPE_CHECKING:
+    from embedrank.retrieval.binary_index import BinaryIndex
+
 Metric = Literal["cosine", "dot", "l2"]
-IndexKind = Literal["numpy", "flat", "ivf", "hnsw", "pq", "factory"]
+IndexKind = Literal["numpy", "flat", "ivf", "hnsw", "pq", "sq8", "binary", "factory"]
 _META = "embedrank_index.json"
 SearchResult = tuple[list[np.ndarray], list[list[str]]]
 """``(scores, ids)``: per query, a ``(k',)`` float32 array of scores, best first, and the matching doc ids."""
@@ -47,6 +52,8 @@ class IndexConfig:
     pq_m: int | None = None  # pq: sub-quantizers; default dim // 8
     pq_nbits: int | None = None  # pq: bits per code; default 8, fewer when there are < 39 * 256 vectors
     factory: str | None = None
+    rescore: str = "int8"  # binary: rescore candidates with int8 codes, the sign bits ("bits"), or "none"
+    rescore_multiplier: int = 4  # binary: Hamming candidates per result kept
 
 
 @runtime_checkable
@@ -224,6 +231,8 @@ class FaissIndex(_BaseIndex):
             index.hnsw.efConstruction = c.ef_construction
             index.hnsw.efSearch = c.ef_search
             return index
+        if c.kind == "sq8":
+            return faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_8bit, self._faiss_metric)
         if c.kind == "factory":
             if not c.factory:
                 raise InvalidInputError("kind='factory' needs a FAISS factory string, e.g. 'IVF64,Flat'")
@@ -305,7 +314,7 @@ class FaissIndex(_BaseIndex):
 
     @property
     def bytes_per_vector(self) -> float:
-        """Serialized index size divided by the number of vectors."""
+        """Serialized index size divided by the number of vectors (ids not counted)."""
         import faiss
 
         return float(faiss.serialize_index(self._index).nbytes) / max(1, len(self))
@@ -321,18 +330,21 @@ class FaissIndex(_BaseIndex):
         return out
 
 
+AnyIndex: TypeAlias = "NumpyIndex | FaissIndex | BinaryIndex"
+
+
 def build_index(
     dimension: int, config: IndexConfig | None = None, *, model_id: str | None = None, **overrides: Any
-) -> NumpyIndex | FaissIndex:
+) -> AnyIndex:
     """Make an empty index: ``build_index(384, kind="hnsw", metric="cosine", model_id=...)``."""
+    from embedrank.retrieval.binary_index import BinaryIndex
+
     cfg = dataclasses.replace(config or IndexConfig(), **overrides)
-    cls = NumpyIndex if cfg.kind == "numpy" else FaissIndex
-    return cls(dimension, cfg, model_id=model_id)
+    cls = {"numpy": NumpyIndex, "binary": BinaryIndex}.get(cfg.kind, FaissIndex)
+    return cls(dimension, cfg, model_id=model_id)  # type: ignore[return-value]
 
 
-def load_index(
-    directory: str | Path, *, model_id: str | None = None, dimension: int | None = None
-) -> NumpyIndex | FaissIndex:
+def load_index(directory: str | Path, *, model_id: str | None = None, dimension: int | None = None) -> AnyIndex:
     """Load an index saved with ``save``; refuse it if ``model_id``/``dimension`` differ from the saved ones."""
     root = Path(directory)
     meta_path = root / _META
@@ -345,6 +357,8 @@ def load_index(
     ids = json.loads((root / "ids.json").read_text())
     if isinstance(index, NumpyIndex):
         index._vectors = np.load(root / "vectors.npy")
+    elif not isinstance(index, FaissIndex):
+        index._load(root)
     elif (root / "index.faiss").is_file():
         import faiss
 

@@ -20,7 +20,7 @@ from embedrank.models.scorers import BiEncoderScorer, Reranker
 from embedrank.models.tokens import PROGRESS_THRESHOLD
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
 from embedrank.retrieval.data import doc_text
-from embedrank.retrieval.index import FaissIndex, IndexConfig, NumpyIndex, build_index
+from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index
 from embedrank.types import Corpus, Queries, Run
 
 
@@ -82,7 +82,7 @@ class DenseRetriever:
 
     name = "dense"
 
-    def __init__(self, encoder: Encoder, index: NumpyIndex | FaissIndex, *, batch_size: int = 64) -> None:
+    def __init__(self, encoder: Encoder, index: AnyIndex, *, batch_size: int = 64) -> None:
         index.check_compatible(model_id=encoder.model_id, dimension=encoder.dimension)
         self.encoder, self.index, self.batch_size = encoder, index, batch_size
         self.corpus_embeddings: CorpusEmbeddings | None = None

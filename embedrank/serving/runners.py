@@ -173,7 +173,9 @@ class AsyncEncoder:
     async def _embed_chunked(
         self, texts: Sequence[str], prompt: str, chunking: Chunking, *, truncate: bool, priority: int
     ) -> ModelOutput:
-        window = chunking.window or await asyncio.to_thread(self.encoder.chunk_window, prompt)
+        window = chunking.window
+        if window is None:
+            window = await asyncio.to_thread(self.encoder.chunk_window, prompt)
         windows = await asyncio.to_thread(
             partial(split_windows, texts, self.encoder.token_offsets, window=window, chunking=chunking)
         )
