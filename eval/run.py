@@ -17,6 +17,7 @@ EPILOG = """examples:
   python eval/run.py                                   # demo collection, seconds
   python eval/run.py scifact                           # dense MiniLM on SciFact (needs the data)
   python eval/run.py scifact --retriever hybrid
+  python eval/run.py scifact --index binary --rescore int8   # compact index: 48 + 384 bytes per vector
   python eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
   python eval/run.py scifact nfcorpus-preprocessed-partial --max-queries 50 --json-out runs/quick.json
 
@@ -52,8 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk-aggregation", choices=["max", "mean", "first"], default="max", help="document score from its windows"
     )
     p.add_argument(
-        "--index", choices=["flat", "ivf", "hnsw", "pq"], default="flat", help="FAISS index (default: flat, exact)"
+        "--index",
+        choices=["flat", "ivf", "hnsw", "pq", "sq8", "binary"],
+        default="flat",
+        help="FAISS index (default: flat, exact float32; sq8: 8-bit scalar; binary: sign bits, rescored)",
     )
+    p.add_argument(
+        "--rescore",
+        choices=["int8", "bits", "none"],
+        default="int8",
+        help="--index binary: rescore the Hamming candidates with int8 codes (default), the bits, or not at all",
+    )
+    p.add_argument("--rescore-multiplier", type=int, default=4, help="--index binary: candidates per result (4)")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument("--max-queries", type=int, help="evaluate only the first N judged queries (quick runs)")
     p.add_argument("--fresh-bm25", action="store_true", help="compute BM25 even when the collection ships a BM25 run")
@@ -83,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         chunking=Chunking(overlap=args.chunk_overlap, aggregate=args.chunk_aggregation) if args.chunk else None,
         k_retrieve=args.k_retrieve,
         index=args.index,
+        rescore=args.rescore,
+        rescore_multiplier=args.rescore_multiplier,
         batch_size=args.batch_size,
         max_queries=args.max_queries,
         use_cache=not args.no_cache,

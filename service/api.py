@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Sequence
 
 import numpy as np
 from msgspec import UNSET
@@ -74,7 +75,7 @@ def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | st
 
 
 async def _compact(
-    vectors: np.ndarray, types: list[str], runner: AsyncEncoder, dimensions: int | None
+    vectors: np.ndarray, types: Sequence[str], runner: AsyncEncoder, dimensions: int | None
 ) -> dict[str, np.ndarray]:
     """``vectors`` ``(N, D)`` in each of ``types`` (:func:`~embedrank.math.quantization.quantize`), int8/uint8
     with the model's calibration ranges."""

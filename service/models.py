@@ -11,6 +11,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from embedrank.errors import ModelKindError, ModelNotFoundError
@@ -22,7 +23,7 @@ from embedrank.serving.engine import EngineConfig
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from service.decoding import shorten
 from service.observability import Metrics
-from service.settings import ModelEntry
+from service.settings import ModelEntry, SettingsError
 
 
 @dataclasses.dataclass
@@ -56,17 +57,27 @@ class ModelPool:
             if entry.id not in self._built and (entry.path or "").startswith("fake:"):
                 self._built[entry.id] = fake_model(entry.id, entry.path or "")
             spec = self._built[entry.id].spec if entry.id in self._built else resolve(entry.path or entry.id)
+            if entry.calibration is not None and (spec.kind != "embedding" or not Path(entry.calibration).is_file()):
+                raise SettingsError(
+                    f"model {entry.id!r}: calibration {entry.calibration!r} must be an existing .txt or .jsonl "
+                    f"file, for an embedding model"
+                )
             self.models[entry.id] = ServedModel(entry=entry, spec=spec)
             for alias in entry.aliases:
                 self.aliases.setdefault(alias, entry.id)
 
     def load(self) -> dict[str, Any]:
-        """Load the weights (blocking; call from a worker thread). Returns the loaded models by id."""
-        return {
+        """Load the weights (blocking; call from a worker thread), and give each embedding model the
+        calibration texts its entry names. Returns the loaded models by id."""
+        loaded: dict[str, Any] = {
             model_id: self._built.get(model_id)
             or (Encoder if served.spec.kind == "embedding" else CrossEncoder).from_spec(served.spec)
             for model_id, served in self.models.items()
         }
+        for model_id, served in self.models.items():
+            if served.entry.calibration:  # only embedding models (checked at construction)
+                loaded[model_id].calibrate(served.entry.calibration)
+        return loaded
 
     def start_engines(
         self,

@@ -33,7 +33,9 @@ A model path ``fake:encoder``, ``fake:encoder-with-prompts`` or ``fake:cross-enc
 (:mod:`embedrank.models.fake`), for trying the API or testing a client without loading weights.
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
-``id``, optional ``path`` and optional ``aliases``.
+``id``, optional ``path``, optional ``aliases`` and optional ``calibration``: a ``.txt`` (one text per
+line) or BEIR ``.jsonl`` file whose embeddings set the model's int8/uint8 ranges for ``embedding_types``
+(default: :mod:`embedrank.models.calibration`'s seeded vocabulary sentences).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class ModelEntry:
     id: str
     path: str | None = None  # local path or hub id; defaults to id
     aliases: tuple[str, ...] = ()
+    calibration: str | None = None  # int8/uint8 calibration texts (.txt or .jsonl); None: the default
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,7 +116,12 @@ class Settings:
         else:
             for entry in data.get("models", []):
                 models.append(
-                    ModelEntry(id=entry["id"], path=entry.get("path"), aliases=tuple(entry.get("aliases", ())))
+                    ModelEntry(
+                        id=entry["id"],
+                        path=entry.get("path"),
+                        aliases=tuple(entry.get("aliases", ())),
+                        calibration=entry.get("calibration"),
+                    )
                 )
         keys = [k.strip() for k in env.get("EMBEDRANK_API_KEYS", "").split(",") if k.strip()]
         keys += [str(k) for k in data.get("api_keys", [])]

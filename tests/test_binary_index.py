@@ -100,5 +100,5 @@ def test_bad_configurations_and_edge_cases():
     with pytest.raises(InvalidInputError, match=">= 2 vectors"):
         index.add(["a"], np.ones((1, 12)))
     index.add(["a", "b", "c"], np.eye(12)[:3] - 0.01)
-    scores, found = index.search(np.eye(12)[:1], 5)
+    _scores, found = index.search(np.eye(12)[:1], 5)
     assert found[0][0] == "a" and len(found[0]) == 3 and not index.can_reconstruct

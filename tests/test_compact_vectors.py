@@ -197,3 +197,29 @@ def FAKE_core_chunked(texts, *, overlap):
 
     windows = split_windows(texts, FAKE.token_offsets, window=FAKE.chunk_window(""), chunking=Chunking(overlap=overlap))
     return pool_windows(FAKE.encode_batch(windows.texts), windows, normalize=True)
+
+
+def test_a_model_entry_can_name_its_calibration_file(tmp_path):
+    from service.settings import ModelEntry, SettingsError
+
+    texts = tmp_path / "calibration.txt"
+    texts.write_text("apples and pears\nthe tilt of the earth\nbananas are yellow\nseasons change\n")
+    entry = ModelEntry(id="cal", path="fake:encoder", calibration=str(texts))
+    settings = Settings(api_keys=(KEY,), models=(entry,), tune_malloc=False)
+    with TestClient(create_app(settings, wait_for_models=True)) as c:
+        body = {"model": "cal", "input": TEXTS, "embedding_types": ["uint8"]}
+        resp = c.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 200, resp.text
+    reference = FakeEncoder("cal")
+    reference.calibrate(str(texts))
+    expected = quantize(reference.encode(TEXTS), "uint8", reference.quantization_ranges())
+    assert [d["embeddings"]["uint8"] for d in resp.json()["data"]] == expected.tolist()
+    assert (
+        expected.tolist() != quantize(reference.encode(TEXTS), "uint8", FakeEncoder("d").quantization_ranges()).tolist()
+    )
+    for bad in (
+        ModelEntry(id="x", path="fake:encoder", calibration=str(tmp_path / "missing.txt")),
+        ModelEntry(id="y", path="fake:cross-encoder", calibration=str(texts)),
+    ):
+        with pytest.raises(SettingsError, match="calibration"):
+            create_app(Settings(api_keys=(KEY,), models=(bad,), tune_malloc=False))

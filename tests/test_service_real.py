@@ -104,3 +104,28 @@ def test_chunked_rerank_equals_the_chunking_scorer(client, encoder):
     ref = BiEncoderScorer(encoder, chunking=Chunking()).score("what causes the seasons", docs)
     for r in body.json()["results"]:
         assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-5)
+
+
+def test_compact_vectors_and_chunked_embeddings_equal_the_encoder(client, encoder):
+    texts = ["the tilt of the earth causes seasons", "bananas are rich in potassium " * 80]
+    body = {"model": MODEL, "input": texts, "embedding_types": ["int8", "ubinary"], "chunking": True}
+    resp = client.post("/v1/embeddings", json=body)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()["data"]
+    from embedrank import Chunking
+
+    chunked = encoder.encode_with_stats(texts, chunking=Chunking())
+    got = np.array([d["embedding"] for d in data], dtype=np.float32)
+    assert np.abs(got - chunked.embeddings).max() < 1e-5
+    assert resp.json()["usage"] == {
+        "prompt_tokens": chunked.total_tokens,
+        "total_tokens": chunked.total_tokens,
+        "chunked_inputs": 1,
+    }
+    # the service's model and the fixture's share the default (seeded) calibration: same ranges
+    int8 = np.array([d["embeddings"]["int8"] for d in data], dtype=np.int16)
+    ranges = encoder.quantization_ranges()
+    from embedrank.math.quantization import quantize
+
+    assert np.abs(int8 - quantize(chunked.embeddings, "int8", ranges).astype(np.int16)).max() <= 1
+    assert [d["embeddings"]["ubinary"] for d in data] == quantize(chunked.embeddings, "ubinary").tolist()

@@ -40,7 +40,9 @@ class BenchmarkConfig:
     rerank_max_seq_length: int | None = None  # the reranker's window (default: the model's)
     chunking: Chunking | None = None  # None: the reranker truncates long documents
     k_retrieve: int = 100
-    index: Literal["flat", "ivf", "hnsw", "pq"] = "flat"
+    index: Literal["flat", "ivf", "hnsw", "pq", "sq8", "binary"] = "flat"
+    rescore: Literal["int8", "bits", "none"] = "int8"  # binary index: how candidates are rescored
+    rescore_multiplier: int = 4  # binary index: Hamming candidates per result kept
     batch_size: int = 64
     max_queries: int | None = None
     use_cache: bool = True
@@ -62,6 +64,7 @@ class BenchmarkResult:
     timings: dict[str, float]
     run: Run
     notes: list[str]
+    index_bytes_per_vector: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,9 +77,13 @@ class BenchmarkResult:
             "chunking": dataclasses.asdict(self.config.chunking) if self.config.chunking else None,
             "k_retrieve": self.config.k_retrieve,
             "index": self.config.index if self.config.retriever != "bm25" else None,
+            "rescore": f"{self.config.rescore} x{self.config.rescore_multiplier}"
+            if self.config.index == "binary"
+            else None,
             "queries": len(self.per_query),
             "metrics": {k: round(v, 6) for k, v in self.metrics.items()},
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "index_bytes_per_vector": self.index_bytes_per_vector,
             "notes": self.notes,
         }
 
@@ -117,6 +124,7 @@ def run_benchmark(
     cfg = config or BenchmarkConfig()
     notes: list[str] = []
     timings: dict[str, float] = {}
+    sizes: list[float] = []  # bytes per vector of the dense index, when it can tell
     start = time.perf_counter()
     ds = dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, data_dir=data_dir)
     ds = subset(ds, cfg.max_queries)
@@ -129,7 +137,7 @@ def run_benchmark(
         retriever = DenseRetriever.from_corpus(
             cached_encoder(cfg.model),
             ds.corpus,
-            index=IndexConfig(kind=cfg.index),
+            index=IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier),
             batch_size=cfg.batch_size,
             cache=cache,
             show_progress=cfg.show_progress,
@@ -137,6 +145,14 @@ def run_benchmark(
         timings["index_s"] = time.perf_counter() - t0
         assert retriever.corpus_embeddings is not None
         notes.append(retriever.corpus_embeddings.describe())
+        size = getattr(retriever.index, "bytes_per_vector", None)
+        if size is not None:
+            sizes.append(size)
+            rescored = f", rescored by {cfg.rescore} x{cfg.rescore_multiplier}" if cfg.index == "binary" else ""
+            notes.append(
+                f"index: {cfg.index}{rescored}, {size:.0f} bytes per vector "
+                f"({size * len(retriever.index) / 2**20:.2f} MiB for {len(retriever.index)} documents)"
+            )
         return retriever
 
     first: FirstStage
@@ -184,6 +200,7 @@ def run_benchmark(
         timings=timings,
         run=result.run,
         notes=notes,
+        index_bytes_per_vector=sizes[0] if sizes else None,
     )
 
 
@@ -198,6 +215,8 @@ def results_table(results: list[BenchmarkResult], columns: tuple[str, ...] = HEA
             "queries": len(r.per_query),
         }
         row.update({c: round(r.metrics.get(c, float("nan")), 4) for c in columns})
+        if r.index_bytes_per_vector is not None:
+            row["bytes/vector"] = round(r.index_bytes_per_vector)
         row.update({k: round(v, 2) for k, v in r.timings.items()})
         rows.append(row)
     return pd.DataFrame(rows)

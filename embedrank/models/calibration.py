@@ -4,7 +4,7 @@ sentence-transformers computes int8 ranges from "calibration embeddings" and war
 from the vectors being quantized (a vector's code would then depend on its batch). A model gets its
 calibration texts from, in order:
 
-1. :meth:`Calibration.from_file`: a file the user (or the service's model entry, ``calibration``) names:
+1. :meth:`Calibration.of`: texts, or a file the user (or the service's model entry, ``calibration``) names:
    one text per line (``.txt``), or a BEIR-style ``.jsonl`` whose records have ``text`` (and optionally
    ``title``). A sample of the user's own corpus is the best choice.
 2. The documented default, :func:`vocabulary_texts`: 1,000 pseudo-sentences of 8 to 64 words drawn with a
@@ -77,8 +77,9 @@ class Calibration:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_file(cls, path: str | Path) -> Calibration:
-        return cls(read_texts(path))
+    def of(cls, texts: Sequence[str] | str | Path) -> Calibration:
+        """From a list of texts, or the path of a ``.txt``/``.jsonl`` file (:func:`read_texts`)."""
+        return cls(read_texts(texts) if isinstance(texts, (str, Path)) else texts)
 
     def embeddings(self, encode: Callable[[list[str]], np.ndarray]) -> np.ndarray:
         """The calibration embeddings, computed with ``encode`` on first use."""

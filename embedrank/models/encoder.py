@@ -330,7 +330,7 @@ class Encoder:
     def calibrate(self, texts: Sequence[str] | str | Path) -> None:
         """Use ``texts`` (or the texts of a ``.txt``/``.jsonl`` file) to set int8/uint8 ranges; a sample
         of the corpus you will search is the best choice."""
-        self._calibration = Calibration.from_file(texts) if isinstance(texts, (str, Path)) else Calibration(texts)
+        self._calibration = Calibration.of(texts)
 
     def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
         """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the calibration embeddings (computed once)."""

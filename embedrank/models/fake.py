@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -116,6 +117,9 @@ class FakeEncoder:
                 self.spec.prompts, None, prompt_name="passage" if "passage" in self.spec.prompts else None
             )
         return max(1, self.max_seq_length - 2 - len(words(prompt)))
+
+    def calibrate(self, texts: Sequence[str] | str | Path) -> None:
+        self._calibration = Calibration.of(texts)
 
     def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
         """int8 ranges from 1,000 pseudo-sentences over a 512-word vocabulary (as a real encoder's default)."""
