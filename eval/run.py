@@ -8,6 +8,7 @@ seconds, then prints how to run the real benchmarks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -19,7 +20,12 @@ EPILOG = """examples:
   python eval/run.py scifact --retriever hybrid
   python eval/run.py scifact --index binary --rescore int8   # compact index: 48 + 384 bytes per vector
   python eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
+  python eval/run.py scifact nfcorpus-preprocessed-partial cranfield --retriever dense bm25 hybrid --json-out runs/all.json
+  python eval/run.py scifact --compare runs/scifact/bm25.trec runs/scifact/hybrid.trec   # no recomputation
   python eval/run.py scifact nfcorpus-preprocessed-partial --max-queries 50 --json-out runs/quick.json
+
+systems are named by first stage, and "first>reranker" (the reranker's short name) when reranked; run
+files are runs/<dataset>/<system>.trec with ">" written "__".
 
 datasets are resolved in --data-dir, else $EMBEDRANK_DATA, else ../shared/data; a path to a BEIR
 directory (corpus.jsonl, queries.jsonl, qrels/test.tsv) works too.
@@ -33,13 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("datasets", nargs="*", help="dataset names (in --data-dir) or paths; none = demo collection")
     p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
     p.add_argument(
-        "--retriever", choices=["dense", "bm25", "hybrid"], default="dense", help="first stage (default: dense)"
+        "--retriever",
+        nargs="+",
+        choices=["dense", "bm25", "hybrid"],
+        default=["dense"],
+        help="first stages; several run side by side (default: dense)",
     )
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="embedding model id or path")
     p.add_argument(
         "--reranker",
+        nargs="+",
         metavar="ID",
-        help="cross-encoder id/path, or an embedding model (bi-encoder scorer); kind is detected",
+        help="cross-encoder ids/paths, or embedding models (bi-encoder scorer); kind is detected. Each reranks "
+        "every first stage; the first stages alone are reported too",
     )
     p.add_argument(
         "--k-retrieve", type=int, default=100, help="first-stage depth passed to the reranker (default: 100)"
@@ -72,9 +84,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hybrid-weight", type=float, default=0.5, help="dense weight in score fusion (default: 0.5)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the corpus embedding cache")
     p.add_argument("--cache-dir", help="embedding cache directory (default: $EMBEDRANK_CACHE or ~/.cache/embedrank)")
-    p.add_argument("--json-out", metavar="FILE", help="write results as JSON")
-    p.add_argument("--run-dir", metavar="DIR", default="runs", help="where TREC run files go (default: runs/)")
+    p.add_argument(
+        "--metrics",
+        nargs="+",
+        default=["ndcg@10", "recall@100", "mrr@10"],
+        help="metrics of the tables and the significance tests (default: ndcg@10 recall@100 mrr@10)",
+    )
+    p.add_argument("--baseline", metavar="SYSTEM", help="system the others are tested against (default: the first)")
+    p.add_argument("--permutations", type=int, default=10_000, help="randomization test permutations (10000)")
+    p.add_argument("--seed", type=int, default=0, help="randomization test seed (default: 0)")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="RUN_FILE",
+        help="compare existing TREC run files on the one dataset given, without computing anything",
+    )
+    p.add_argument("--json-out", metavar="FILE", help="write results as JSON (per-query scores and comparisons)")
+    p.add_argument(
+        "--run-dir", metavar="DIR", default="runs", help="TREC run files go to DIR/<dataset>/<system>.trec (runs/)"
+    )
     return p
+
+
+def _systems_json(runs, results) -> list[dict]:
+    """One JSON entry per system: the run's configuration and timings when it is a run's own system (a
+    first stage alone is listed with ``derived_from``), its mean metrics and ``per_query`` scores."""
+    own = {(r.dataset, r.system): r for r in results}
+    derived = {(s.dataset, s.system): r.system for r in results for s in r.systems()[:-1]}
+    out = []
+    for s in runs:
+        entry = own[(s.dataset, s.system)].to_json() if (s.dataset, s.system) in own else {"dataset": s.dataset}
+        entry["system"] = s.system
+        if (s.dataset, s.system) not in own and (s.dataset, s.system) in derived:
+            entry["derived_from"] = derived[(s.dataset, s.system)]
+        entry["metrics"] = {m: round(float(v), 6) for m, v in s.per_query.mean().items()}
+        entry["per_query"] = s.per_query_json()
+        out.append(entry)
+    return out
+
+
+def _print_comparison(runs, comparisons, metrics, baseline) -> None:
+    import pandas as pd
+
+    from embedrank.evaluation.compare import MARK, metric_table
+
+    for metric in metrics:
+        print(f"\n{metric}  ({MARK}: differs from {baseline}, randomization test, Holm-corrected p < 0.05)")
+        print(metric_table(runs, metric, comparisons).to_string())
+    rows = [
+        {
+            "metric": c.metric,
+            "dataset": c.dataset,
+            "system": c.system,
+            "delta": round(c.delta, 4),
+            "win/tie/loss": f"{c.wins}/{c.ties}/{c.losses}",
+            "t-test p": c.t_test_p,
+            "randomization p": c.randomization_p,
+            "Holm p": c.p_holm,
+            "significant": MARK if c.significant else "",
+        }
+        for c in comparisons
+    ]
+    if rows:
+        print(f"\nagainst {baseline}:")
+        with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
+            print(pd.DataFrame(rows).to_string(index=False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,13 +157,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedrank.errors import EmbedrankError
     from embedrank.evaluation.benchmark import BenchmarkConfig, results_table, run_benchmark
+    from embedrank.evaluation.compare import compare_systems, run_file_name, system_from_run_file
     from embedrank.models.chunking import Chunking
-    from embedrank.retrieval.data import write_demo_collection, write_trec_run
+    from embedrank.retrieval.data import load_beir, write_demo_collection, write_trec_run
 
-    cfg = BenchmarkConfig(
-        retriever=args.retriever,
+    base = BenchmarkConfig(
         model=args.model,
-        reranker=args.reranker,
         rerank_max_seq_length=args.rerank_max_seq_length,
         chunking=Chunking(overlap=args.chunk_overlap, aggregate=args.chunk_aggregation) if args.chunk else None,
         k_retrieve=args.k_retrieve,
@@ -105,42 +178,86 @@ def main(argv: list[str] | None = None) -> int:
         hybrid_method=args.hybrid_method,
         show_progress=None,
     )
+    from embedrank.errors import InvalidInputError
+    from embedrank.math.metrics import DEFAULT_K, parse_measures
+
+    try:
+        _, ks = parse_measures(args.metrics)
+        if not set(ks) <= set(DEFAULT_K) | {args.k_retrieve}:
+            raise InvalidInputError(f"--metrics cut-offs must be among {sorted(set(DEFAULT_K) | {args.k_retrieve})}")
+    except EmbedrankError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     demo = not args.datasets
+    if args.compare and len(args.datasets) != 1:
+        print("error: --compare needs exactly one dataset, whose qrels score the run files", file=sys.stderr)
+        return 2
     tmp = tempfile.TemporaryDirectory() if demo else None
     datasets = [str(write_demo_collection(tmp.name))] if tmp else args.datasets
-    results = []
+    results, runs = [], []
+    run_dir = Path(args.run_dir)
     try:
-        for name in datasets:
-            result = run_benchmark(name, cfg, data_dir=args.data_dir)
-            results.append(result)
-            for note in result.notes:
-                print(f"[{result.dataset}] {note}")
-            run_dir = Path(args.run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            tag = f"{result.dataset}.{args.retriever}{'.rerank' if args.reranker else ''}{'.chunked' if args.chunk else ''}"
-            write_trec_run(result.run, run_dir / f"{tag}.trec")
-            print(f"[{result.dataset}] TREC run written to {run_dir / (tag + '.trec')}")
+        if args.compare:
+            ds = load_beir(datasets[0], data_dir=args.data_dir)
+            level = 2 if ds.name.startswith("trec-dl") else 1
+            runs = [system_from_run_file(f, ds, relevance_level=level) for f in args.compare]
+            runs = [dataclasses.replace(r, per_query=r.per_query[args.metrics]) for r in runs]
+        for name in datasets if not args.compare else []:
+            for retriever in args.retriever:
+                for reranker in args.reranker or [None]:
+                    cfg = dataclasses.replace(base, retriever=retriever, reranker=reranker)
+                    result = run_benchmark(name, cfg, data_dir=args.data_dir)
+                    results.append(result)
+                    for note in result.notes:
+                        print(f"[{result.dataset}] {note}")
+                    for system in result.systems(args.metrics):
+                        if any((r.dataset, r.system) == (system.dataset, system.system) for r in runs):
+                            continue  # a first stage already run for another reranker
+                        runs.append(system)
+                        path = run_dir / run_file_name(system.dataset, system.system)
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        write_trec_run(system.run or {}, path)
+                        print(f"[{system.dataset}] {system.system}: TREC run written to {path}")
+        systems = list(dict.fromkeys(r.system for r in runs))
+        baseline = args.baseline or systems[0]
+        comparisons = (
+            compare_systems(
+                runs, baseline=baseline, metrics=args.metrics, permutations=args.permutations, seed=args.seed
+            )
+            if len(systems) > 1
+            else []
+        )
     except EmbedrankError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
         if tmp:
             tmp.cleanup()
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(results_table(results).to_string(index=False))
+    if results:
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            print(results_table(results).to_string(index=False))
+    if len(systems) > 1:
+        _print_comparison(runs, comparisons, args.metrics, baseline)
     if args.json_out:
+        payload = {
+            "runs": _systems_json(runs, results),
+            "baseline": baseline if len(systems) > 1 else None,
+            "permutations": args.permutations,
+            "seed": args.seed,
+            "comparisons": [c.to_json() for c in comparisons],
+        }
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps({"runs": [r.to_json() for r in results]}, indent=2))
+        Path(args.json_out).write_text(json.dumps(payload, indent=2))
         print(f"JSON written to {args.json_out}")
     if demo:
         print(
             "\nThat was the built-in demo collection. Real benchmarks (BEIR layout, see README):\n"
             "  python eval/run.py scifact --data-dir ../shared/data\n"
-            "  python eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2\n"
+            "  python eval/run.py scifact nfcorpus-preprocessed-partial cranfield --retriever dense bm25 hybrid\n"
             "  python eval/run.py --help"
         )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -83,7 +83,7 @@ def test_cli_demo_writes_json_and_run(tmp_path):
     assert set(run) >= {"dataset", "retriever", "model", "reranker", "metrics", "timings"}
     assert set(run["metrics"]) >= {"ndcg@10", "recall@100", "mrr@10"}
     assert run["metrics"]["ndcg@10"] > 0.8
-    assert (tmp_path / "runs" / "demo.dense.trec").read_text().count(" Q0 ") > 0
+    assert (tmp_path / "runs" / "demo" / "dense.trec").read_text().count(" Q0 ") > 0
     assert "embedding cache: miss (" in out.stdout
     timings = run["timings"]
     assert timings["total_s"] >= timings["load_s"] + timings["index_s"] + timings["first_stage_s"] - 0.01

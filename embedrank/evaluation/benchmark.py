@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
 
+from embedrank.evaluation.compare import SystemRun
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
 from embedrank.models.chunking import Chunking
 from embedrank.models.encoder import Encoder
@@ -65,10 +67,28 @@ class BenchmarkResult:
     run: Run
     notes: list[str]
     index_bytes_per_vector: float | None = None
+    first_stage_run: Run | None = None
+
+    @property
+    def system(self) -> str:
+        """The system's name: the retriever, then ``>`` and the reranker's short name when there is one."""
+        if not self.config.reranker:
+            return self.config.retriever
+        return f"{self.config.retriever}>{Path(self.config.reranker.rstrip('/')).name.lower()}"
+
+    def systems(self, metrics: Sequence[str] | None = None) -> list[SystemRun]:
+        """The reranked system and, when there is a reranker, its first stage alone (``metrics``: columns kept)."""
+        keep = list(metrics) if metrics else list(self.per_query.columns)
+        out = [SystemRun(self.dataset, self.system, self.per_query[keep], self.run)]
+        if self.config.reranker:
+            first = self.first_stage_per_query[keep]
+            out.insert(0, SystemRun(self.dataset, self.config.retriever, first, self.first_stage_run))
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
             "dataset": self.dataset,
+            "system": self.system,
             "retriever": self.config.retriever,
             "first_stage": self.first_stage,
             "model": self.config.model if self.config.retriever != "bm25" else None,
@@ -201,6 +221,7 @@ def run_benchmark(
         run=result.run,
         notes=notes,
         index_bytes_per_vector=sizes[0] if sizes else None,
+        first_stage_run=result.first_stage_run,
     )
 
 

@@ -153,7 +153,7 @@ def metric_table(
     significant = {(c.dataset, c.system) for c in comparisons if c.metric == metric and c.significant}
     datasets = list(dict.fromkeys(r.dataset for r in runs))
     systems = list(dict.fromkeys(r.system for r in runs))
-    values = pd.DataFrame(index=pd.Index(systems, name=metric), columns=datasets, dtype=float)
+    values = pd.DataFrame(index=pd.Index(systems, name="system"), columns=datasets, dtype=float)
     for r in runs:
         values.loc[r.system, r.dataset] = float(r.per_query[metric].mean())
     values["mean"] = values[datasets].mean(axis=1, skipna=False)
