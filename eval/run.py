@@ -82,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh-bm25", action="store_true", help="compute BM25 even when the collection ships a BM25 run")
     p.add_argument("--hybrid-method", choices=["score", "rrf"], default="score", help="fusion for --retriever hybrid")
     p.add_argument("--hybrid-weight", type=float, default=0.5, help="dense weight in score fusion (default: 0.5)")
+    p.add_argument(
+        "--hybrid-normalization", choices=["minmax", "zscore"], default="minmax", help="score fusion normalization"
+    )
+    p.add_argument(
+        "--fusion-cv",
+        type=int,
+        default=0,
+        metavar="FOLDS",
+        help="also fuse dense and bm25 (both in --retriever) with the weight (RRF: k) chosen by FOLDS-fold "
+        "cross-validation over queries, as system hybrid-cv",
+    )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the corpus embedding cache")
     p.add_argument("--cache-dir", help="embedding cache directory (default: $EMBEDRANK_CACHE or ~/.cache/embedrank)")
     p.add_argument(
@@ -151,6 +162,44 @@ def _print_comparison(runs, comparisons, metrics, baseline) -> None:
             print(pd.DataFrame(rows).to_string(index=False))
 
 
+def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> list:
+    """System ``hybrid-cv`` on each dataset that has both ``dense`` and ``bm25`` runs: their fusion with
+    the weight chosen by cross-validation (:func:`~embedrank.evaluation.fusion_cv.cross_validate_fusion`)."""
+    from embedrank.errors import InvalidInputError
+    from embedrank.evaluation.compare import SystemRun, run_file_name
+    from embedrank.evaluation.fusion_cv import cross_validate_fusion
+    from embedrank.math.metrics import evaluate_per_query, parse_measures
+    from embedrank.retrieval.data import load_beir, write_trec_run
+
+    by_key = {(r.dataset, r.system): r for r in runs}
+    out = []
+    for dataset in dict.fromkeys(r.dataset for r in runs):
+        dense, bm25 = by_key.get((dataset, "dense")), by_key.get((dataset, "bm25"))
+        if dense is None or bm25 is None:
+            raise InvalidInputError("--fusion-cv needs both dense and bm25 in --retriever")
+        qrels = load_beir(sources.get(dataset, dataset), data_dir=args.data_dir).qrels
+        level = 2 if dataset.startswith("trec-dl") else 1
+        cv = cross_validate_fusion(
+            dense.run or {},
+            bm25.run or {},
+            qrels,
+            method=args.hybrid_method,
+            normalization=args.hybrid_normalization,
+            fixed=args.hybrid_weight if args.hybrid_method == "score" else None,
+            folds=args.fusion_cv,
+            seed=args.seed,
+            relevance_level=level,
+        )
+        print(f"[{dataset}] hybrid-cv: {cv.summary()}")
+        _, ks = parse_measures(args.metrics)
+        per_query = evaluate_per_query(qrels, cv.run, ks, relevance_level=level, queries="qrels")[args.metrics]
+        out.append(SystemRun(dataset, "hybrid-cv", per_query, cv.run))
+        path = run_dir / run_file_name(dataset, "hybrid-cv")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_trec_run(cv.run, path)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import pandas as pd
@@ -176,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh_bm25=args.fresh_bm25,
         hybrid_weight=args.hybrid_weight,
         hybrid_method=args.hybrid_method,
+        hybrid_normalization=args.hybrid_normalization,
         show_progress=None,
     )
     from embedrank.errors import InvalidInputError
@@ -195,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory() if demo else None
     datasets = [str(write_demo_collection(tmp.name))] if tmp else args.datasets
     results, runs = [], []
+    sources: dict[str, str] = {}  # dataset name -> the argument that named it
     run_dir = Path(args.run_dir)
     try:
         if args.compare:
@@ -208,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                     cfg = dataclasses.replace(base, retriever=retriever, reranker=reranker)
                     result = run_benchmark(name, cfg, data_dir=args.data_dir)
                     results.append(result)
+                    sources[result.dataset] = name
                     for note in result.notes:
                         print(f"[{result.dataset}] {note}")
                     for system in result.systems(args.metrics):
@@ -218,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                         path.parent.mkdir(parents=True, exist_ok=True)
                         write_trec_run(system.run or {}, path)
                         print(f"[{system.dataset}] {system.system}: TREC run written to {path}")
+        if args.fusion_cv:
+            runs += _fusion_cv_systems(runs, args, run_dir, sources)
         systems = list(dict.fromkeys(r.system for r in runs))
         baseline = args.baseline or systems[0]
         comparisons = (

@@ -52,6 +52,7 @@ class BenchmarkConfig:
     fresh_bm25: bool = False
     hybrid_weight: float = 0.5
     hybrid_method: Literal["score", "rrf"] = "score"
+    hybrid_normalization: Literal["minmax", "zscore"] = "minmax"
     show_progress: bool | None = None
 
 
@@ -182,7 +183,11 @@ def run_benchmark(
         first = _bm25_stage(ds, cfg, notes)
     elif cfg.retriever == "hybrid":
         first = HybridRetriever(
-            dense(), _bm25_stage(ds, cfg, notes), method=cfg.hybrid_method, weight=cfg.hybrid_weight
+            dense(),
+            _bm25_stage(ds, cfg, notes),
+            method=cfg.hybrid_method,
+            weight=cfg.hybrid_weight,
+            normalization=cfg.hybrid_normalization,
         )
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
