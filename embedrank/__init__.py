@@ -28,7 +28,15 @@ from embedrank.errors import (
     NotAModelError,
     UnsupportedModelError,
 )
-from embedrank.evaluation.benchmark import BenchmarkConfig, BenchmarkResult, results_table, run_benchmark
+from embedrank.evaluation.benchmark import (
+    BenchmarkConfig,
+    BenchmarkResult,
+    results_table,
+    run_benchmark,
+    unique_systems,
+)
+from embedrank.evaluation.compare import SystemRun, biggest_differences, compare_systems, metric_table
+from embedrank.evaluation.fusion_cv import cross_validate_fusion
 from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
 from embedrank.math.metrics import evaluate, evaluate_per_query
 from embedrank.math.pooling import PoolingMode, pool
@@ -90,9 +98,13 @@ __all__ = [
     "Reranker",
     "RetrieveRerank",
     "Run",
+    "SystemRun",
     "UnsupportedModelError",
+    "biggest_differences",
     "build_index",
+    "compare_systems",
     "cosine_scores",
+    "cross_validate_fusion",
     "doc_text",
     "embed_corpus",
     "evaluate",
@@ -102,6 +114,7 @@ __all__ = [
     "load_index",
     "load_reranker",
     "load_trec_run",
+    "metric_table",
     "pool",
     "rank_scores",
     "ranked_ids",
@@ -115,5 +128,6 @@ __all__ = [
     "similarity",
     "top_k",
     "truncate_dims",
+    "unique_systems",
     "write_trec_run",
 ]

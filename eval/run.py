@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from embedrank.errors import EmbedrankError
-    from embedrank.evaluation.benchmark import BenchmarkConfig, results_table, run_benchmark
+    from embedrank.evaluation.benchmark import BenchmarkConfig, results_table, run_benchmark, unique_systems
     from embedrank.evaluation.compare import compare_systems, run_file_name, system_from_run_file
     from embedrank.models.chunking import Chunking
     from embedrank.retrieval.data import load_beir, write_demo_collection, write_trec_run
@@ -262,14 +262,12 @@ def main(argv: list[str] | None = None) -> int:
                     sources[result.dataset] = name
                     for note in result.notes:
                         print(f"[{result.dataset}] {note}")
-                    for system in result.systems(args.metrics):
-                        if any((r.dataset, r.system) == (system.dataset, system.system) for r in runs):
-                            continue  # a first stage already run for another reranker
-                        runs.append(system)
-                        path = run_dir / run_file_name(system.dataset, system.system)
-                        path.parent.mkdir(parents=True, exist_ok=True)
-                        write_trec_run(system.run or {}, path)
-                        print(f"[{system.dataset}] {system.system}: TREC run written to {path}")
+        for system in unique_systems(results, args.metrics):
+            runs.append(system)
+            path = run_dir / run_file_name(system.dataset, system.system)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_trec_run(system.run or {}, path)
+            print(f"[{system.dataset}] {system.system}: TREC run written to {path}")
         if args.fusion_cv:
             runs += _fusion_cv_systems(runs, args, run_dir, sources)
         systems = list(dict.fromkeys(r.system for r in runs))

@@ -246,3 +246,16 @@ def results_table(results: list[BenchmarkResult], columns: tuple[str, ...] = HEA
         row.update({k: round(v, 2) for k, v in r.timings.items()})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def unique_systems(results: Sequence[BenchmarkResult], metrics: Sequence[str] | None = None) -> list[SystemRun]:
+    """Every system of ``results`` once per collection, in order: a first stage that several reranked runs
+    share (or that also ran alone) is kept the first time it appears."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for result in results:
+        for system in result.systems(metrics):
+            if (system.dataset, system.system) not in seen:
+                seen.add((system.dataset, system.system))
+                out.append(system)
+    return out
