@@ -42,7 +42,7 @@ def vocabulary_texts(
     alphabetic words of ``vocabulary``.
 
     >>> vocabulary_texts(["apple", "##s", "pear", "a", "plum"], n=2, min_words=2, max_words=3)
-    ['plum apple pear', 'plum apple plum']
+    ['pear apple apple', 'apple apple apple']
     """
     words = sorted({w for w in vocabulary if _WORD.fullmatch(w)})
     if not words:

@@ -6,6 +6,7 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -37,7 +38,16 @@ def encoder_cache_key(encoder: Encoder) -> str:
     """What makes two encoders' document vectors interchangeable (model, weights path, pooling,
     normalization, length, and the document prompt when the model has one)."""
     key = f"{encoder.model_id}|{encoder.spec.path}|{encoder.pooling.value}|{encoder.normalize}|{encoder.max_seq_length}"
+    if encoder.spec.source in ("local", "hub"):  # weights that can change in place (a model trained again)
+        key += f"|weights={weights_fingerprint(encoder.spec.path)}"
     return key + (f"|prompt={encoder.document_prompt!r}" if encoder.document_prompt else "")
+
+
+def weights_fingerprint(path: str) -> str:
+    """Name, size and modification time of the weight files under ``path``: changes when a model is
+    trained or saved again at the same place."""
+    files = sorted(p for pattern in ("*.safetensors", "*.bin") for p in Path(path).glob(pattern))
+    return ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
 
 
 @dataclasses.dataclass(frozen=True)

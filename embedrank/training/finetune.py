@@ -1,0 +1,234 @@
+"""Fine-tune a bi-encoder on a collection's training judgments with sentence-transformers' trainer.
+
+The recipe (:func:`finetune`):
+
+1. (query, relevant document) pairs from the training split's qrels; a seeded ``validation_fraction`` of
+   the training *queries* (with all their pairs) is held out, never trained on.
+2. Hard negatives for each pair, mined from the collection's corpus with the model being trained
+   (``sentence_transformers.util.mine_hard_negatives``): the highest-ranked documents that are not judged
+   relevant to that query, skipping the top ``skip_top`` and any whose similarity comes within
+   ``relative_margin`` of the positive's (likely unjudged positives). Embeddings are cached on disk.
+3. ``MultipleNegativesRankingLoss`` (in-batch negatives plus the mined ones; the cached variant with
+   ``mini_batch_size`` when ``cached_loss``), batches without duplicate texts.
+4. Validation nDCG@10 on the held-out queries (``InformationRetrievalEvaluator``, over their judged
+   documents plus ``validation_distractors`` other corpus documents), evaluated every ``eval_steps``;
+   early stopping after ``patience`` evaluations without improvement, and the best checkpoint is kept.
+5. The best model is saved in sentence-transformers' format: ``Encoder.from_pretrained(output)``,
+   ``eval/run.py --model output`` and the service load it as any local model. ``embedrank_training.json``
+   next to it records the configuration and the validation history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedrank.errors import InvalidInputError
+from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, resolve
+from embedrank.retrieval.cache import default_cache_dir
+from embedrank.retrieval.data import BeirDataset, doc_text, load_beir
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinetuneConfig:
+    model: str = DEFAULT_EMBEDDING_MODEL
+    epochs: float = 3.0
+    max_steps: int = -1  # > 0: stop after this many steps (quick runs, tests)
+    batch_size: int = 64
+    learning_rate: float = 3e-5
+    warmup_ratio: float = 0.1
+    negatives: int = 1  # hard negatives per pair
+    skip_top: int = 3  # ranks skipped before negatives are taken (the very top is often relevant)
+    relative_margin: float = 0.05  # a negative must score below (1 - margin) x the positive's similarity
+    cached_loss: bool = False  # CachedMultipleNegativesRankingLoss: large batches in small memory
+    mini_batch_size: int = 16
+    validation_fraction: float = 0.1
+    validation_distractors: int = 1000
+    eval_steps: int = 10
+    patience: int = 3
+    max_seq_length: int | None = None  # None: the model's own
+    seed: int = 42
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneResult:
+    output: Path
+    best_validation_ndcg: float | None
+    history: list[dict[str, float]]
+    steps: int
+    seconds: float
+
+
+def split_queries(query_ids: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """``(train, validation)``: a seeded ``fraction`` of the sorted ids held out (at least one each).
+
+    >>> split_queries(["a", "b", "c", "d", "e"], 0.4, 0)
+    (['a', 'b', 'c'], ['d', 'e'])
+    """
+    if not 0 < fraction < 1:
+        raise InvalidInputError(f"validation_fraction must be in (0, 1), got {fraction}")
+    ids = sorted(query_ids)
+    if len(ids) < 2:
+        raise InvalidInputError("need at least 2 training queries to hold some out for validation")
+    n_val = min(len(ids) - 1, max(1, round(fraction * len(ids))))
+    held = set(np.random.default_rng(seed).choice(len(ids), size=n_val, replace=False).tolist())
+    return [q for i, q in enumerate(ids) if i not in held], [q for i, q in enumerate(ids) if i in held]
+
+
+def training_pairs(ds: BeirDataset, query_ids: list[str]) -> dict[str, list[str]]:
+    """Columns ``anchor`` (query text) and ``positive`` (document text): one row per judged relevant pair."""
+    anchors, positives = [], []
+    for q in query_ids:
+        for doc_id, grade in sorted(ds.qrels.get(q, {}).items()):
+            if grade > 0 and doc_id in ds.corpus and q in ds.queries:
+                anchors.append(ds.queries[q])
+                positives.append(doc_text(ds.corpus[doc_id]))
+    return {"anchor": anchors, "positive": positives}
+
+
+def validation_evaluator(ds: BeirDataset, query_ids: list[str], distractors: int, seed: int) -> Any:
+    """nDCG@10 etc. of the held-out queries over their judged documents plus ``distractors`` others."""
+    from sentence_transformers.evaluation import InformationRetrievalEvaluator
+
+    judged = {d for q in query_ids for d in ds.qrels.get(q, {}) if d in ds.corpus}
+    others = sorted(set(ds.corpus) - judged)
+    rng = np.random.default_rng(seed)
+    picked = rng.choice(len(others), size=min(distractors, len(others)), replace=False)
+    docs = sorted(judged) + [others[i] for i in sorted(picked)]
+    return InformationRetrievalEvaluator(
+        queries={q: ds.queries[q] for q in query_ids},
+        corpus={d: doc_text(ds.corpus[d]) for d in docs},
+        relevant_docs={q: {d for d, g in ds.qrels[q].items() if g > 0} for q in query_ids},
+        name="validation",
+        ndcg_at_k=[10],
+        mrr_at_k=[10],
+        accuracy_at_k=[1],
+        precision_recall_at_k=[10, 100],
+        map_at_k=[100],
+        show_progress_bar=False,
+        batch_size=64,
+    )
+
+
+def _mining_cache(model_path: str, ds: BeirDataset) -> Path:
+    key = hashlib.sha256(f"{model_path}|{ds.name}|{len(ds.corpus)}|{sorted(ds.corpus)[:3]}".encode()).hexdigest()
+    return default_cache_dir() / "mining" / key[:24]
+
+
+def finetune(
+    dataset: str | Path | BeirDataset,
+    output: str | Path,
+    config: FinetuneConfig | None = None,
+    *,
+    data_dir: str | None = None,
+) -> FinetuneResult:
+    """Fine-tune ``config.model`` on ``dataset``'s training split and save the best model to ``output``
+    (see the module docstring). Needs the ``train`` extra (``accelerate``)."""
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+    from sentence_transformers.training_args import BatchSamplers
+    from sentence_transformers.util import mine_hard_negatives
+    from transformers import EarlyStoppingCallback, set_seed
+
+    cfg = config or FinetuneConfig()
+    start = time.perf_counter()
+    ds = dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, split="train", data_dir=data_dir)
+    out = Path(output)
+    set_seed(cfg.seed)
+    train_q, val_q = split_queries([q for q in ds.qrels if q in ds.queries], cfg.validation_fraction, cfg.seed)
+    pairs = Dataset.from_dict(training_pairs(ds, train_q))
+    if len(pairs) < 2:
+        raise InvalidInputError(f"{ds.name}: fewer than 2 relevant (query, document) pairs to train on")
+    spec = resolve(cfg.model)
+    model = SentenceTransformer(spec.path, device="cpu")
+    if cfg.max_seq_length:
+        model.max_seq_length = cfg.max_seq_length
+    corpus_texts = [doc_text(ds.corpus[d]) for d in sorted(ds.corpus)]
+    if cfg.negatives > 0:
+        pairs = mine_hard_negatives(
+            pairs,
+            model,
+            corpus=corpus_texts,
+            range_min=cfg.skip_top,
+            range_max=cfg.skip_top + 50,
+            relative_margin=cfg.relative_margin,
+            num_negatives=cfg.negatives,
+            sampling_strategy="top",
+            output_format="n-tuple" if cfg.negatives > 1 else "triplet",
+            batch_size=64,
+            cache_folder=str(_mining_cache(spec.path, ds)),
+            verbose=True,
+        )
+    loss = (
+        CachedMultipleNegativesRankingLoss(model, mini_batch_size=cfg.mini_batch_size)
+        if cfg.cached_loss
+        else MultipleNegativesRankingLoss(model)
+    )
+    evaluator = validation_evaluator(ds, val_q, cfg.validation_distractors, cfg.seed)
+    metric = "eval_validation_cosine_ndcg@10"  # the evaluator's name and its nDCG@10
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(out / "checkpoints"),
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        warmup_ratio=cfg.warmup_ratio,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        eval_strategy="steps",
+        eval_steps=cfg.eval_steps,
+        save_strategy="steps",
+        save_steps=cfg.eval_steps,
+        save_total_limit=2,
+        load_best_model_at_end=True,
+        metric_for_best_model=metric,
+        greater_is_better=True,
+        logging_steps=cfg.eval_steps,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        use_cpu=True,
+        report_to="none",
+        dataloader_num_workers=0,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=pairs,
+        loss=loss,
+        evaluator=evaluator,
+        callbacks=[EarlyStoppingCallback(early_stopping_patience=cfg.patience)],
+    )
+    trainer.train()
+    model.save_pretrained(str(out))
+    history = [
+        {k: float(v) for k, v in entry.items() if isinstance(v, (int, float))}
+        for entry in trainer.state.log_history
+        if metric in entry
+    ]
+    best = trainer.state.best_metric
+    seconds = round(time.perf_counter() - start, 1)
+    record = {
+        "base_model": cfg.model,
+        "dataset": ds.name,
+        "train_queries": len(train_q),
+        "validation_queries": len(val_q),
+        "train_rows": len(pairs),
+        "config": dataclasses.asdict(cfg),
+        "best_validation_ndcg@10": best,
+        "best_checkpoint": trainer.state.best_model_checkpoint,
+        "steps": trainer.state.global_step,
+        "history": history,
+        "seconds": seconds,
+    }
+    (out / "embedrank_training.json").write_text(json.dumps(record, indent=2))
+    return FinetuneResult(out, best, history, trainer.state.global_step, seconds)

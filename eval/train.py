@@ -1,0 +1,55 @@
+#!/usr/bin/env python
+"""Fine-tune the bi-encoder on a collection's training judgments (sentence-transformers' trainer, hard
+negatives mined from the corpus, early stopping on validation nDCG@10), then evaluate it with
+``eval/run.py ... --model OUTPUT``.
+
+    python eval/train.py scifact --output models/minilm-scifact
+    python eval/run.py scifact --retriever dense hybrid --model models/minilm-scifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from embedrank.training.finetune import FinetuneConfig
+
+    defaults = FinetuneConfig()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", help="BEIR collection with a train split (qrels/train.tsv), name or path")
+    p.add_argument("--output", required=True, help="directory for the fine-tuned model")
+    p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
+    for field in dataclasses.fields(FinetuneConfig):
+        default = getattr(defaults, field.name)
+        flag = "--" + field.name.replace("_", "-")
+        if isinstance(default, bool):
+            p.add_argument(flag, action="store_true", help=f"(default: {default})")
+        else:
+            kind = float if isinstance(default, float) else int if isinstance(default, int) else str
+            p.add_argument(flag, type=kind, default=default, help=f"(default: {default})")
+    args = p.parse_args(argv)
+
+    from embedrank.errors import EmbedrankError
+    from embedrank.training.finetune import finetune
+
+    cfg = FinetuneConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig)})
+    try:
+        result = finetune(args.dataset, args.output, cfg, data_dir=args.data_dir)
+    except EmbedrankError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    best = f"{result.best_validation_ndcg:.4f}" if result.best_validation_ndcg is not None else "n/a"
+    print(f"saved {result.output} after {result.steps} steps in {result.seconds:.0f} s; best validation nDCG@10 {best}")
+    print(f"evaluate it: python eval/run.py {args.dataset} --retriever dense hybrid --model {result.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
