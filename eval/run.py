@@ -41,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--retriever",
         nargs="+",
-        choices=["dense", "bm25", "hybrid"],
+        choices=["dense", "bm25", "hybrid", "dense-prf", "hybrid-prf"],
         default=["dense"],
-        help="first stages; several run side by side (default: dense)",
+        help="first stages; several run side by side (default: dense). *-prf: dense with Rocchio feedback",
     )
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="embedding model id or path")
     p.add_argument(
@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hybrid-normalization", choices=["minmax", "zscore"], default="minmax", help="score fusion normalization"
     )
+    p.add_argument("--prf-k", type=int, default=3, help="*-prf: feedback documents (default: 3)")
+    p.add_argument("--prf-beta", type=float, default=0.5, help="*-prf: weight of their mean vector (default: 0.5)")
     p.add_argument(
         "--fusion-cv",
         type=int,
@@ -226,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         hybrid_weight=args.hybrid_weight,
         hybrid_method=args.hybrid_method,
         hybrid_normalization=args.hybrid_normalization,
+        prf_k=args.prf_k,
+        prf_beta=args.prf_beta,
         show_progress=None,
     )
     from embedrank.errors import InvalidInputError

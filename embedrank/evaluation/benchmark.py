@@ -28,9 +28,10 @@ from embedrank.retrieval.pipeline import (
     PrecomputedRun,
     RetrieveRerank,
 )
+from embedrank.retrieval.prf import DensePRFRetriever
 from embedrank.types import Run
 
-RetrieverName = Literal["dense", "bm25", "hybrid"]
+RetrieverName = Literal["dense", "bm25", "hybrid", "dense-prf", "hybrid-prf"]
 HEADLINE = ("ndcg@10", "recall@100", "mrr@10")
 
 
@@ -53,6 +54,8 @@ class BenchmarkConfig:
     hybrid_weight: float = 0.5
     hybrid_method: Literal["score", "rrf"] = "score"
     hybrid_normalization: Literal["minmax", "zscore"] = "minmax"
+    prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
+    prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
     show_progress: bool | None = None
 
 
@@ -181,14 +184,20 @@ def run_benchmark(
         first = dense()
     elif cfg.retriever == "bm25":
         first = _bm25_stage(ds, cfg, notes)
-    elif cfg.retriever == "hybrid":
+    elif cfg.retriever in ("hybrid", "hybrid-prf"):
+        plain = dense()
+        dense_stage: FirstStage = (
+            DensePRFRetriever(plain, k=cfg.prf_k, beta=cfg.prf_beta) if cfg.retriever == "hybrid-prf" else plain
+        )
         first = HybridRetriever(
-            dense(),
+            dense_stage,
             _bm25_stage(ds, cfg, notes),
             method=cfg.hybrid_method,
             weight=cfg.hybrid_weight,
             normalization=cfg.hybrid_normalization,
         )
+    elif cfg.retriever == "dense-prf":
+        first = DensePRFRetriever(dense(), k=cfg.prf_k, beta=cfg.prf_beta)
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
     reranker = cached_reranker(cfg.reranker, cfg.rerank_max_seq_length) if cfg.reranker else None

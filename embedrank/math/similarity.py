@@ -107,3 +107,28 @@ def cosine_scores(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
     array([1.    , 0.7071], dtype=float32)
     """
     return similarity(query, documents)[0]
+
+
+def rocchio(
+    queries: np.ndarray, feedback: np.ndarray, counts: np.ndarray, *, alpha: float = 1.0, beta: float = 0.5
+) -> np.ndarray:
+    """Rocchio's update without negatives: ``alpha * q + beta * mean(feedback)``, L2-normalized.
+
+    Args:
+        queries: ``(Q, D)`` query vectors.
+        feedback: ``(Q, k, D)`` vectors of each query's top documents; only the first ``counts[i]`` of
+            row ``i`` count (a query with 0 keeps its own vector).
+        counts: ``(Q,)`` int.
+
+    Returns:
+        ``(Q, D)`` float32.
+
+    >>> rocchio(np.array([[1.0, 0.0]]), np.array([[[0.0, 1.0], [9.0, 9.0]]]), np.array([1]), beta=1.0).round(4)
+    array([[0.7071, 0.7071]], dtype=float32)
+    """
+    q = np.asarray(queries, dtype=np.float32)
+    f = np.asarray(feedback, dtype=np.float32)
+    n = np.asarray(counts, dtype=np.int64)
+    mask = (np.arange(f.shape[1])[None, :] < n[:, None]).astype(np.float32)  # (Q, k)
+    mean = (f * mask[..., None]).sum(axis=1) / np.maximum(n, 1)[:, None]  # (Q, D)
+    return l2_normalize(alpha * q + beta * mean)
