@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import sys
 import tempfile
@@ -45,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=["dense"],
         help="first stages; several run side by side (default: dense). *-prf: dense with Rocchio feedback",
     )
-    p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="embedding model id or path")
+    p.add_argument(
+        "--model",
+        nargs="+",
+        default=["sentence-transformers/all-MiniLM-L6-v2"],
+        help="embedding model ids or paths; several run side by side (systems 'dense@<name>' for all but the default)",
+    )
     p.add_argument(
         "--reranker",
         nargs="+",
@@ -213,7 +219,6 @@ def main(argv: list[str] | None = None) -> int:
     from embedrank.retrieval.data import load_beir, write_demo_collection, write_trec_run
 
     base = BenchmarkConfig(
-        model=args.model,
         rerank_max_seq_length=args.rerank_max_seq_length,
         chunking=Chunking(overlap=args.chunk_overlap, aggregate=args.chunk_aggregation) if args.chunk else None,
         k_retrieve=args.k_retrieve,
@@ -258,14 +263,15 @@ def main(argv: list[str] | None = None) -> int:
             runs = [system_from_run_file(f, ds, relevance_level=level) for f in args.compare]
             runs = [dataclasses.replace(r, per_query=r.per_query[args.metrics]) for r in runs]
         for name in datasets if not args.compare else []:
-            for retriever in args.retriever:
-                for reranker in args.reranker or [None]:
-                    cfg = dataclasses.replace(base, retriever=retriever, reranker=reranker)
-                    result = run_benchmark(name, cfg, data_dir=args.data_dir)
-                    results.append(result)
-                    sources[result.dataset] = name
-                    for note in result.notes:
-                        print(f"[{result.dataset}] {note}")
+            for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None]):
+                if retriever == "bm25" and model != args.model[0]:
+                    continue  # BM25 (and what reranks it) does not depend on the embedding model
+                cfg = dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker)
+                result = run_benchmark(name, cfg, data_dir=args.data_dir)
+                results.append(result)
+                sources[result.dataset] = name
+                for note in result.notes:
+                    print(f"[{result.dataset}] {note}")
         for system in unique_systems(results, args.metrics):
             runs.append(system)
             path = run_dir / run_file_name(system.dataset, system.system)

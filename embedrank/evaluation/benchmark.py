@@ -76,9 +76,19 @@ class BenchmarkResult:
     @property
     def system(self) -> str:
         """The system's name: the retriever, then ``>`` and the reranker's short name when there is one."""
+        first = self.first_stage_system
         if not self.config.reranker:
-            return self.config.retriever
-        return f"{self.config.retriever}>{Path(self.config.reranker.rstrip('/')).name.lower()}"
+            return first
+        return f"{first}>{Path(self.config.reranker.rstrip('/')).name.lower()}"
+
+    @property
+    def first_stage_system(self) -> str:
+        """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not
+        the default one (BM25 alone uses no model)."""
+        cfg = self.config
+        if cfg.retriever == "bm25" or cfg.model in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"):
+            return cfg.retriever
+        return f"{cfg.retriever}@{Path(cfg.model.rstrip('/')).name.lower()}"
 
     def systems(self, metrics: Sequence[str] | None = None) -> list[SystemRun]:
         """The reranked system and, when there is a reranker, its first stage alone (``metrics``: columns kept)."""
@@ -86,7 +96,7 @@ class BenchmarkResult:
         out = [SystemRun(self.dataset, self.system, self.per_query[keep], self.run)]
         if self.config.reranker:
             first = self.first_stage_per_query[keep]
-            out.insert(0, SystemRun(self.dataset, self.config.retriever, first, self.first_stage_run))
+            out.insert(0, SystemRun(self.dataset, self.first_stage_system, first, self.first_stage_run))
         return out
 
     def to_json(self) -> dict[str, Any]:
