@@ -38,7 +38,7 @@ from embedrank.retrieval.data import BeirDataset, doc_text, load_beir
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FinetuneConfig:
     model: str = DEFAULT_EMBEDDING_MODEL
-    epochs: float = 3.0
+    epochs: float = 2.0
     max_steps: int = -1  # > 0: stop after this many steps (quick runs, tests)
     batch_size: int = 64
     learning_rate: float = 3e-5
