@@ -1,0 +1,67 @@
+"""Issue 15, first step: the local corpus-embedding job (parquet shards + manifest, streaming, resumable)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedrank.errors import InvalidInputError
+from embedrank.retrieval.embed_job import embed_collection, iter_corpus, read_embeddings
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def corpus(tmp_path, data_dir):
+    lines = (data_dir / "scifact" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:50]
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_an_interrupted_job_resumes_without_recomputing_and_equals_the_encoder(corpus, tmp_path, encoder, monkeypatch):
+    out = tmp_path / "emb"
+
+    def crash_after_second(index):
+        if index == 1:
+            raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        embed_collection(encoder, corpus, out, shard_size=20, on_shard=crash_after_second)
+    assert sorted(p.name for p in out.glob("*.parquet")) == ["part-00000.parquet", "part-00001.parquet"]
+    assert not (out / "manifest.json").exists()
+
+    calls = []
+    original = encoder.encode_document
+    monkeypatch.setattr(
+        encoder, "encode_document", lambda texts, **kw: calls.append(len(texts)) or original(texts, **kw)
+    )
+    result = embed_collection(encoder, corpus, out, shard_size=20)
+    assert (result.documents, result.shards_written, result.shards_reused) == (50, 1, 2) and calls == [10]
+
+    ids, vectors = read_embeddings(out)
+    expected_ids, texts = zip(*iter_corpus(corpus), strict=True)
+    assert ids == list(expected_ids) and len(set(ids)) == 50
+    np.testing.assert_allclose(vectors, original(list(texts)), atol=1e-6)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dimension"] == 384 and manifest["normalize"] is True and manifest["documents"] == 50
+    assert [s["documents"] for s in manifest["shards"]] == [20, 20, 10] and manifest["prompt"] == ""
+    with pytest.raises(InvalidInputError, match="shard_size"):
+        embed_collection(encoder, corpus, out, shard_size=25)
+
+
+def test_cli_and_a_bad_corpus(corpus, tmp_path):
+    cmd = [sys.executable, "-m", "embedrank.embed", str(corpus), "--output", str(tmp_path / "o"), "--shard-size", "30"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "50 documents" in done.stdout and "2 shards written" in done.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"_id": "1", "text": "ok"}\nnot json\n')
+    with pytest.raises(InvalidInputError, match=r"bad\.jsonl:2"):
+        list(iter_corpus(bad))
