@@ -71,19 +71,25 @@ def write_shard(path: Path, ids: list[str], vectors: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def read_embeddings(directory: str | Path) -> tuple[list[str], np.ndarray]:
-    """All ids and vectors ``(N, D)`` float32 of a finished job directory, in corpus order."""
+def read_shard(path: str | Path, dimension: int) -> tuple[list[str], np.ndarray]:
+    """The ids and vectors ``(n, dimension)`` float32 of one shard."""
     import pyarrow.parquet as pq
 
+    table = pq.read_table(path)
+    flat = table.column("embedding").combine_chunks().flatten().to_numpy()
+    return table.column("id").to_pylist(), flat.reshape(len(table), dimension).astype(np.float32, copy=False)
+
+
+def read_embeddings(directory: str | Path) -> tuple[list[str], np.ndarray]:
+    """All ids and vectors ``(N, D)`` float32 of a finished job directory, in corpus order."""
     root = Path(directory)
     manifest = json.loads((root / MANIFEST).read_text())
     ids: list[str] = []
     parts = []
     for shard in manifest["shards"]:
-        table = pq.read_table(root / shard["file"])
-        ids += table.column("id").to_pylist()
-        flat = table.column("embedding").combine_chunks().flatten().to_numpy()
-        parts.append(flat.reshape(len(table), manifest["dimension"]))
+        shard_ids, vectors = read_shard(root / shard["file"], manifest["dimension"])
+        ids += shard_ids
+        parts.append(vectors)
     vectors = np.vstack(parts) if parts else np.empty((0, manifest["dimension"]), dtype=np.float32)
     return ids, vectors.astype(np.float32, copy=False)
 
