@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rescore-multiplier", type=int, default=4, help="--index binary: candidates per result (4)")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    p.add_argument(
+        "--embeddings",
+        metavar="DIR",
+        help="prebuilt corpus vectors (python -m embedrank.embed ... --output DIR) instead of encoding; one dataset",
+    )
     p.add_argument("--max-queries", type=int, help="evaluate only the first N judged queries (quick runs)")
     p.add_argument("--fresh-bm25", action="store_true", help="compute BM25 even when the collection ships a BM25 run")
     p.add_argument("--hybrid-method", choices=["score", "rrf"], default="score", help="fusion for --retriever hybrid")
@@ -233,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         hybrid_weight=args.hybrid_weight,
         hybrid_method=args.hybrid_method,
         hybrid_normalization=args.hybrid_normalization,
+        embeddings=args.embeddings,
         prf_k=args.prf_k,
         prf_beta=args.prf_beta,
         show_progress=None,

@@ -65,3 +65,24 @@ def test_cli_and_a_bad_corpus(corpus, tmp_path):
     bad.write_text('{"_id": "1", "text": "ok"}\nnot json\n')
     with pytest.raises(InvalidInputError, match=r"bad\.jsonl:2"):
         list(iter_corpus(bad))
+
+
+def test_prebuilt_embeddings_replace_encoding_in_retrieval_and_eval(tmp_path, encoder):
+    from embedrank.errors import IndexMismatchError
+    from embedrank.retrieval.data import load_beir, write_demo_collection
+    from embedrank.retrieval.pipeline import DenseRetriever
+
+    collection = write_demo_collection(tmp_path / "data")
+    ds = load_beir(collection)
+    embed_collection(encoder, collection, tmp_path / "emb", shard_size=4)
+    prebuilt = DenseRetriever.from_embeddings(encoder, tmp_path / "emb", corpus=ds.corpus)
+    encoded = DenseRetriever.from_corpus(encoder, ds.corpus, cache=False)
+    assert prebuilt.corpus_embeddings.cache == "prebuilt"
+    a, b = prebuilt.retrieve(ds.queries, 3), encoded.retrieve(ds.queries, 3)
+    assert {q: list(r) for q, r in a.items()} == {q: list(r) for q, r in b.items()}
+    with pytest.raises(IndexMismatchError, match="1 documents missing"):
+        DenseRetriever.from_embeddings(encoder, tmp_path / "emb", corpus={**ds.corpus, "new": {"text": "x"}})
+    cmd = [sys.executable, str(ROOT / "eval" / "run.py"), str(collection), "--embeddings", str(tmp_path / "emb")]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "embedding cache: prebuilt" in done.stdout

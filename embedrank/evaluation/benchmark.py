@@ -54,6 +54,7 @@ class BenchmarkConfig:
     hybrid_weight: float = 0.5
     hybrid_method: Literal["score", "rrf"] = "score"
     hybrid_normalization: Literal["minmax", "zscore"] = "minmax"
+    embeddings: str | None = None  # a corpus embedding job's directory: its vectors instead of encoding
     prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
     prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
     show_progress: bool | None = None
@@ -168,14 +169,20 @@ def run_benchmark(
     def dense() -> DenseRetriever:
         t0 = time.perf_counter()
         cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else False
-        retriever = DenseRetriever.from_corpus(
-            cached_encoder(cfg.model),
-            ds.corpus,
-            index=IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier),
-            batch_size=cfg.batch_size,
-            cache=cache,
-            show_progress=cfg.show_progress,
-        )
+        index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
+        if cfg.embeddings:
+            retriever = DenseRetriever.from_embeddings(
+                cached_encoder(cfg.model), cfg.embeddings, corpus=ds.corpus, index=index, batch_size=cfg.batch_size
+            )
+        else:
+            retriever = DenseRetriever.from_corpus(
+                cached_encoder(cfg.model),
+                ds.corpus,
+                index=index,
+                batch_size=cfg.batch_size,
+                cache=cache,
+                show_progress=cfg.show_progress,
+            )
         timings["index_s"] = time.perf_counter() - t0
         assert retriever.corpus_embeddings is not None
         notes.append(retriever.corpus_embeddings.describe())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from embedrank.errors import InvalidInputError
+from embedrank.errors import IndexMismatchError, InvalidInputError
 from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
 from embedrank.math.ranking import ranked_ids, top_k
 from embedrank.models.encoder import Encoder
@@ -21,6 +22,7 @@ from embedrank.models.scorers import BiEncoderScorer, Reranker
 from embedrank.models.tokens import PROGRESS_THRESHOLD
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
 from embedrank.retrieval.data import doc_text
+from embedrank.retrieval.embed_job import read_embeddings
 from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index
 from embedrank.types import Corpus, Queries, Run
 
@@ -53,10 +55,11 @@ def weights_fingerprint(path: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class CorpusEmbeddings:
     """Corpus vectors ``(N, D)`` and where they came from: ``cache`` is ``"hit"`` (read from ``path``),
-    ``"miss"`` (computed, then stored at ``path``) or ``"off"``."""
+    ``"miss"`` (computed, then stored at ``path``), ``"off"``, or ``"prebuilt"`` (a corpus embedding job's
+    output at ``path``)."""
 
     vectors: np.ndarray
-    cache: Literal["hit", "miss", "off"]
+    cache: Literal["hit", "miss", "off", "prebuilt"]
     path: str | None = None
 
     def describe(self) -> str:
@@ -128,6 +131,42 @@ class DenseRetriever:
         idx.add(ids, embedded.vectors)
         retriever = cls(encoder, idx, batch_size=batch_size)
         retriever.corpus_embeddings = embedded
+        return retriever
+
+    @classmethod
+    def from_embeddings(
+        cls,
+        encoder: Encoder,
+        directory: str | Path,
+        *,
+        corpus: Corpus | None = None,
+        index: IndexConfig | None = None,
+        batch_size: int = 64,
+    ) -> DenseRetriever:
+        """Index the vectors of a corpus embedding job (:mod:`embedrank.retrieval.embed_job`) instead of
+        encoding the corpus; refused when they were made with another model or settings, or (given
+        ``corpus``) do not cover exactly its documents."""
+        manifest = json.loads((Path(directory) / "manifest.json").read_text())
+        expected = {
+            "model_id": encoder.model_id,
+            "dimension": encoder.dimension,
+            "normalize": encoder.normalize,
+            "prompt": encoder.document_prompt,
+            "max_seq_length": encoder.max_seq_length,
+        }
+        differ = [f"{k}: {manifest.get(k)!r} there, {v!r} here" for k, v in expected.items() if manifest.get(k) != v]
+        if differ:
+            raise IndexMismatchError(f"embeddings in {directory} were made otherwise ({'; '.join(differ)})")
+        ids, vectors = read_embeddings(directory)
+        if corpus is not None and set(ids) != set(corpus):
+            missing, extra = len(set(corpus) - set(ids)), len(set(ids) - set(corpus))
+            raise IndexMismatchError(
+                f"embeddings in {directory} do not match the corpus: {missing} documents missing, {extra} unknown"
+            )
+        idx = build_index(encoder.dimension, index, model_id=encoder.model_id)
+        idx.add(ids, vectors)
+        retriever = cls(encoder, idx, batch_size=batch_size)
+        retriever.corpus_embeddings = CorpusEmbeddings(vectors, "prebuilt", str(directory))
         return retriever
 
     def retrieve(self, queries: Queries, k: int) -> Run:
