@@ -179,10 +179,11 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> li
     """System ``hybrid-cv`` on each dataset that has both ``dense`` and ``bm25`` runs: their fusion with
     the weight chosen by cross-validation (:func:`~embedrank.evaluation.fusion_cv.cross_validate_fusion`)."""
     from embedrank.errors import InvalidInputError
-    from embedrank.evaluation.compare import SystemRun, run_file_name
+    from embedrank.evaluation.benchmark import relevance_level
+    from embedrank.evaluation.compare import SystemRun
     from embedrank.evaluation.fusion_cv import cross_validate_fusion
     from embedrank.math.metrics import evaluate_per_query, parse_measures
-    from embedrank.retrieval.data import load_beir, write_trec_run
+    from embedrank.retrieval.data import load_beir
 
     by_key = {(r.dataset, r.system): r for r in runs}
     out = []
@@ -191,7 +192,7 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> li
         if dense is None or bm25 is None:
             raise InvalidInputError("--fusion-cv needs both dense and bm25 in --retriever")
         qrels = load_beir(sources.get(dataset, dataset), data_dir=args.data_dir).qrels
-        level = 2 if dataset.startswith("trec-dl") else 1
+        level = relevance_level(dataset)
         cv = cross_validate_fusion(
             dense.run or {},
             bm25.run or {},
@@ -207,10 +208,19 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> li
         _, ks = parse_measures(args.metrics)
         per_query = evaluate_per_query(qrels, cv.run, ks, relevance_level=level, queries="qrels")[args.metrics]
         out.append(SystemRun(dataset, "hybrid-cv", per_query, cv.run))
-        path = run_dir / run_file_name(dataset, "hybrid-cv")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_trec_run(cv.run, path)
+        write_run(run_dir, out[-1])
     return out
+
+
+def write_run(run_dir: Path, system) -> Path:
+    """Write a system's run to its stable file name under ``run_dir``; returns the path."""
+    from embedrank.evaluation.compare import run_file_name
+    from embedrank.retrieval.data import write_trec_run
+
+    path = run_dir / run_file_name(system.dataset, system.system)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_trec_run(system.run or {}, path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,10 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from embedrank.errors import EmbedrankError
-    from embedrank.evaluation.benchmark import BenchmarkConfig, results_table, run_benchmark, unique_systems
-    from embedrank.evaluation.compare import compare_systems, run_file_name, system_from_run_file
+    from embedrank.evaluation.benchmark import (
+        BenchmarkConfig,
+        relevance_level,
+        results_table,
+        run_benchmark,
+        unique_systems,
+    )
+    from embedrank.evaluation.compare import compare_systems, system_from_run_file
     from embedrank.models.chunking import Chunking
-    from embedrank.retrieval.data import load_beir, write_demo_collection, write_trec_run
+    from embedrank.retrieval.data import load_beir, write_demo_collection
 
     base = BenchmarkConfig(
         rerank_max_seq_length=args.rerank_max_seq_length,
@@ -265,8 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.compare:
             ds = load_beir(datasets[0], data_dir=args.data_dir)
-            level = 2 if ds.name.startswith("trec-dl") else 1
-            runs = [system_from_run_file(f, ds, relevance_level=level) for f in args.compare]
+            runs = [system_from_run_file(f, ds, relevance_level=relevance_level(ds.name)) for f in args.compare]
             runs = [dataclasses.replace(r, per_query=r.per_query[args.metrics]) for r in runs]
         for name in datasets if not args.compare else []:
             for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None]):
@@ -280,10 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{result.dataset}] {note}")
         for system in unique_systems(results, args.metrics):
             runs.append(system)
-            path = run_dir / run_file_name(system.dataset, system.system)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_trec_run(system.run or {}, path)
-            print(f"[{system.dataset}] {system.system}: TREC run written to {path}")
+            print(f"[{system.dataset}] {system.system}: TREC run written to {write_run(run_dir, system)}")
         if args.fusion_cv:
             runs += _fusion_cv_systems(runs, args, run_dir, sources)
         systems = list(dict.fromkeys(r.system for r in runs))

@@ -152,6 +152,16 @@ def _bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> Firs
     return BM25Retriever.from_corpus(ds.corpus)
 
 
+def relevance_level(dataset: str) -> int:
+    """The lowest grade that counts as relevant for recall, MRR, MAP and P: 2 for TREC DL (graded
+    judgments where 1 means "related"), else 1.
+
+    >>> relevance_level("trec-dl19-passage-bm25top100"), relevance_level("scifact")
+    (2, 1)
+    """
+    return 2 if dataset.startswith("trec-dl") else 1
+
+
 def run_benchmark(
     dataset: str | Path | BeirDataset, config: BenchmarkConfig | None = None, *, data_dir: str | None = None
 ) -> BenchmarkResult:
@@ -164,7 +174,7 @@ def run_benchmark(
     ds = dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, data_dir=data_dir)
     ds = subset(ds, cfg.max_queries)
     timings["load_s"] = time.perf_counter() - start
-    relevance_level = 2 if ds.name.startswith("trec-dl") else 1
+    level = relevance_level(ds.name)
 
     def dense() -> DenseRetriever:
         t0 = time.perf_counter()
@@ -234,13 +244,11 @@ def run_benchmark(
     timings.update({k: v for k, v in result.timings.items() if k != "total_s"})
     k_values = sorted(set(DEFAULT_K) | {cfg.k_retrieve})
     # every judged query counts, a query the run lost scores 0 (trec_eval -c)
-    per_query = evaluate_per_query(ds.qrels, result.run, k_values, relevance_level=relevance_level, queries="qrels")
-    first_pq = evaluate_per_query(
-        ds.qrels, result.first_stage_run, k_values, relevance_level=relevance_level, queries="qrels"
-    )
+    per_query = evaluate_per_query(ds.qrels, result.run, k_values, relevance_level=level, queries="qrels")
+    first_pq = evaluate_per_query(ds.qrels, result.first_stage_run, k_values, relevance_level=level, queries="qrels")
     timings["total_s"] = time.perf_counter() - start  # load, index, retrieval and reranking
-    if relevance_level > 1:
-        notes.append(f"graded qrels: recall/MRR/MAP/P count relevance >= {relevance_level} (TREC DL); nDCG uses grades")
+    if level > 1:
+        notes.append(f"graded qrels: recall/MRR/MAP/P count relevance >= {level} (TREC DL); nDCG uses grades")
     return BenchmarkResult(
         dataset=ds.name,
         config=cfg,

@@ -45,7 +45,6 @@ class BinaryIndex(_BaseIndex):
         if c.rescore_multiplier < 1:
             raise InvalidInputError(f"rescore_multiplier must be >= 1, got {c.rescore_multiplier}")
         self._index: Any = faiss.IndexBinaryFlat(-(-self.dimension // 8) * 8)  # whole bytes
-        self._codes = np.empty((0, self._index.code_size), dtype=np.uint8)  # (N, ceil(D / 8))
         self._int8 = np.empty((0, self.dimension), dtype=np.int8)  # (N, D) when rescore == "int8"
         self.ranges: np.ndarray | None = None  # (2, D) int8 calibration, from the first add
 
@@ -59,8 +58,18 @@ class BinaryIndex(_BaseIndex):
             self._int8 = np.vstack([self._int8, quantize(x, "int8", self.ranges)])
         codes = quantize(x, "ubinary")
         self._index.add(codes)
-        self._codes = np.vstack([self._codes, codes])
         self._commit(ids)
+
+    @property
+    def _codes(self) -> np.ndarray:
+        """``(N, ceil(D / 8))`` uint8: the packed bits FAISS holds, viewed without a copy (taken anew at each
+        use: an add may move FAISS's buffer)."""
+        import faiss
+
+        size = self._index.ntotal * self._index.code_size
+        if size == 0:
+            return np.empty((0, self._index.code_size), dtype=np.uint8)
+        return faiss.rev_swig_ptr(self._index.xb.data(), size).reshape(-1, self._index.code_size)
 
     def _candidates(self, positions: np.ndarray) -> np.ndarray:
         """``(Q, K, D)`` float32 vectors the float query is rescored against."""
@@ -96,7 +105,7 @@ class BinaryIndex(_BaseIndex):
     @property
     def bytes_per_vector(self) -> float:
         """Bytes held per vector: the packed bits plus, with int8 rescoring, the int8 codes."""
-        return float(self._codes.shape[1] + (self.dimension if self.config.rescore == "int8" else 0))
+        return float(self._index.code_size + (self.dimension if self.config.rescore == "int8" else 0))
 
     def save(self, directory: str | Path) -> Path:
         out = Path(directory)
@@ -109,7 +118,6 @@ class BinaryIndex(_BaseIndex):
         return out
 
     def _load(self, root: Path) -> None:
-        self._codes = np.load(root / "codes.npy")
-        self._index.add(self._codes)
+        self._index.add(np.load(root / "codes.npy"))
         if (root / "ranges.npy").is_file():
             self._int8, self.ranges = np.load(root / "int8.npy"), np.load(root / "ranges.npy")

@@ -33,6 +33,7 @@ from embedrank.errors import InvalidInputError
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, resolve
 from embedrank.retrieval.cache import default_cache_dir
 from embedrank.retrieval.data import BeirDataset, doc_text, load_beir
+from embedrank.retrieval.pipeline import weights_fingerprint
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,8 +117,11 @@ def validation_evaluator(ds: BeirDataset, query_ids: list[str], distractors: int
     )
 
 
-def _mining_cache(model_path: str, ds: BeirDataset) -> Path:
-    key = hashlib.sha256(f"{model_path}|{ds.name}|{len(ds.corpus)}|{sorted(ds.corpus)[:3]}".encode()).hexdigest()
+def _mining_cache(model_path: str) -> Path:
+    """Where ``mine_hard_negatives`` caches embeddings for this model's weights. It keys its files by the
+    texts and the model's name, not its weights; the folder adds the weights, so a model trained again in
+    place does not reuse vectors from before."""
+    key = hashlib.sha256(f"{model_path}|{weights_fingerprint(model_path)}".encode()).hexdigest()
     return default_cache_dir() / "mining" / key[:24]
 
 
@@ -167,7 +171,7 @@ def finetune(
             sampling_strategy="top",
             output_format="n-tuple" if cfg.negatives > 1 else "triplet",
             batch_size=64,
-            cache_folder=str(_mining_cache(spec.path, ds)),
+            cache_folder=str(_mining_cache(spec.path)),
             verbose=True,
         )
     loss = (
