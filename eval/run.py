@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--embeddings",
         metavar="DIR",
-        help="prebuilt corpus vectors (python -m embedrank.embed ... --output DIR) instead of encoding; one dataset",
+        help="prebuilt corpus vectors (python -m embedrank.embed ... --output DIR) or a saved index (e.g. a sharded "
+        "build) instead of encoding; one dataset",
     )
     p.add_argument("--max-queries", type=int, help="evaluate only the first N judged queries (quick runs)")
     p.add_argument("--fresh-bm25", action="store_true", help="compute BM25 even when the collection ships a BM25 run")

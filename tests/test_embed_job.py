@@ -86,3 +86,16 @@ def test_prebuilt_embeddings_replace_encoding_in_retrieval_and_eval(tmp_path, en
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "embedding cache: prebuilt" in done.stdout
+    # a saved index (here a sharded build of the job) replaces encoding too, and keeps the model guard
+    from embedrank.retrieval.sharded_index import index_from_embeddings
+
+    index_from_embeddings(tmp_path / "emb").save(tmp_path / "ix")
+    loaded = DenseRetriever.from_index(encoder, tmp_path / "ix", corpus=ds.corpus)
+    assert loaded.corpus_embeddings.cache == "index"
+    c = loaded.retrieve(ds.queries, 3)
+    assert {q: list(r) for q, r in c.items()} == {q: list(r) for q, r in b.items()}
+    with pytest.raises(IndexMismatchError, match="1 documents missing"):
+        DenseRetriever.from_index(encoder, tmp_path / "ix", corpus={**ds.corpus, "new": {"text": "x"}})
+    done = subprocess.run([*cmd[:-1], str(tmp_path / "ix")], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "embedding cache: index" in done.stdout

@@ -68,3 +68,40 @@ def test_index_from_an_embedding_job_directory(tmp_path):
     assert index.search(x[:20], 5)[1] == exact.search(x[:20], 5)[1]
     ivf = index_from_embeddings(tmp_path, IndexConfig(kind="ivf", nlist=8), sample_size=400)
     assert len(ivf) == 1000 and ivf.search(x[:1], 1)[1] == [["doc0"]]
+
+
+def _job_dir(path, x, ids, size=300):
+    path.mkdir()
+    shards = []
+    for i, start in enumerate(range(0, len(ids), size)):
+        write_shard(path / shard_name(i), ids[start : start + size], x[start : start + size])
+        shards.append({"file": shard_name(i), "documents": len(ids[start : start + size])})
+    manifest = {"model_id": "m", "dimension": x.shape[1], "documents": len(ids), "shards": shards}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["ivf", "pq"])
+def test_an_on_disk_merge_loads_and_searches_like_the_in_memory_merge(tmp_path, kind):
+    x, ids = _vectors(n=2000)
+    job = _job_dir(tmp_path / "job", x, ids, size=450)
+    config = IndexConfig(kind=kind, nlist=16, nprobe=4, pq_m=8)
+    in_memory = index_from_embeddings(job, config, sample_size=1000)
+    on_disk = index_from_embeddings(job, config, sample_size=1000, on_disk=tmp_path / "ix")
+    assert sorted(p.name for p in (tmp_path / "ix").iterdir()) == [
+        "embedrank_index.json",
+        "ids.json",
+        "index.faiss",
+        "index.ivfdata",
+    ]
+    moved = (tmp_path / "ix").rename(tmp_path / "moved")  # the lists are found next to index.faiss
+    loaded = load_index(moved, model_id="m")
+    queries = np.random.default_rng(2).normal(size=(30, 32)).astype(np.float32)
+    want = in_memory.search(queries, 10)
+    for got in (on_disk.search(queries, 10), loaded.search(queries, 10)):
+        assert got[1] == want[1]
+        for a, b in zip(got[0], want[0], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert loaded.ids == ids and len(loaded) == 2000
+    with pytest.raises(InvalidInputError, match="IVF kind"):
+        index_from_embeddings(job, IndexConfig(kind="sq8"), on_disk=tmp_path / "no")

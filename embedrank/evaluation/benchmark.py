@@ -20,7 +20,7 @@ from embedrank.models.scorers import load_reranker
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
 from embedrank.retrieval.data import BeirDataset, load_beir, load_trec_run
-from embedrank.retrieval.index import IndexConfig
+from embedrank.retrieval.index import IndexConfig, is_index_dir
 from embedrank.retrieval.pipeline import (
     DenseRetriever,
     FirstStage,
@@ -54,7 +54,7 @@ class BenchmarkConfig:
     hybrid_weight: float = 0.5
     hybrid_method: Literal["score", "rrf"] = "score"
     hybrid_normalization: Literal["minmax", "zscore"] = "minmax"
-    embeddings: str | None = None  # a corpus embedding job's directory: its vectors instead of encoding
+    embeddings: str | None = None  # a corpus embedding job's or a saved index's directory instead of encoding
     prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
     prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
     show_progress: bool | None = None
@@ -180,7 +180,11 @@ def run_benchmark(
         t0 = time.perf_counter()
         cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else False
         index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
-        if cfg.embeddings:
+        if cfg.embeddings and is_index_dir(cfg.embeddings):
+            retriever = DenseRetriever.from_index(
+                cached_encoder(cfg.model), cfg.embeddings, corpus=ds.corpus, batch_size=cfg.batch_size
+            )
+        elif cfg.embeddings:
             retriever = DenseRetriever.from_embeddings(
                 cached_encoder(cfg.model), cfg.embeddings, corpus=ds.corpus, index=index, batch_size=cfg.batch_size
             )

@@ -32,7 +32,11 @@ MANIFEST, JOB = "manifest.json", "job.json"
 
 
 def iter_corpus(path: str | Path) -> Iterator[tuple[str, str]]:
-    """``(id, title + " " + text)`` of each line of a BEIR ``corpus.jsonl``, streamed."""
+    """``(id, title + " " + text)`` of each document of a BEIR ``corpus.jsonl`` (or a parquet file with
+    columns ``_id``, ``text`` and optionally ``title``), streamed."""
+    if str(path).endswith(".parquet"):
+        yield from _iter_parquet(path)
+        return
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if line.strip():
@@ -41,6 +45,31 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[str, str]]:
                     yield str(record["_id"]), doc_text(record)
                 except (json.JSONDecodeError, KeyError) as exc:
                     raise InvalidInputError(f"{path}:{number}: not a BEIR corpus record ({exc})") from None
+
+
+def _iter_parquet(path: str | Path) -> Iterator[tuple[str, str]]:
+    import pyarrow.parquet as pq
+
+    file = pq.ParquetFile(path)
+    names = set(file.schema_arrow.names)
+    if not {"_id", "text"} <= names:
+        raise InvalidInputError(f"{path}: a parquet corpus needs columns _id and text (it has {sorted(names)})")
+    columns = ["_id", "text"] + (["title"] if "title" in names else [])
+    for batch in file.iter_batches(columns=columns, batch_size=4096):
+        for record in batch.to_pylist():
+            yield str(record["_id"]), doc_text(record)
+
+
+def corpus_file(corpus: str | Path) -> Path:
+    """The corpus file of a collection directory (``corpus.jsonl``, else ``corpus.parquet``), or ``corpus``."""
+    path = Path(corpus)
+    if path.is_dir():
+        path = next(
+            (path / n for n in ("corpus.jsonl", "corpus.parquet") if (path / n).is_file()), path / "corpus.jsonl"
+        )
+    if not path.is_file():
+        raise InvalidInputError(f"no corpus at {path}")
+    return path
 
 
 def _shards(docs: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
@@ -94,7 +123,8 @@ def read_embeddings(directory: str | Path) -> tuple[list[str], np.ndarray]:
     return ids, vectors.astype(np.float32, copy=False)
 
 
-def _job_spec(encoder: Encoder, corpus: Path, shard_size: int) -> dict[str, Any]:
+def job_spec(encoder: Encoder, corpus: Path, shard_size: int) -> dict[str, Any]:
+    """What a job directory's shards depend on; a rerun must match it to reuse them (``job.json``)."""
     return {
         "model_id": encoder.model_id,
         "model_path": encoder.spec.path,
@@ -129,23 +159,9 @@ def embed_collection(
     docstring). ``on_shard(i)`` runs after shard ``i`` is written (progress, tests)."""
     from tqdm.auto import tqdm
 
-    if shard_size < 1:
-        raise InvalidInputError(f"shard_size must be >= 1, got {shard_size}")
-    path = Path(corpus)
-    path = path / "corpus.jsonl" if path.is_dir() else path
+    path = corpus_file(corpus)
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    spec = _job_spec(encoder, path, shard_size)
-    job_file = out / JOB
-    if job_file.is_file():
-        previous = json.loads(job_file.read_text())
-        if previous != spec:
-            changed = sorted(k for k in spec if previous.get(k) != spec[k])
-            raise InvalidInputError(
-                f"{out} holds a job made with other settings ({', '.join(changed)}); use a new output"
-            )
-    else:
-        job_file.write_text(json.dumps(spec, indent=2))
+    spec = open_job(job_spec(encoder, path, shard_size), out)
     shards, written, reused, total = [], 0, 0, 0
     with tqdm(desc="Embedding corpus", unit="doc") as bar:
         for index, shard in enumerate(_shards(iter_corpus(path), shard_size)):
@@ -164,6 +180,38 @@ def embed_collection(
             bar.update(len(shard))
             if on_shard is not None:
                 on_shard(index)
+    write_manifest(out, spec, shards)
+    return JobResult(out, total, written, reused)
+
+
+def open_job(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Create ``out`` and its ``job.json``, or check that the job already there was made with ``spec``."""
+    if spec["shard_size"] < 1:
+        raise InvalidInputError(f"shard_size must be >= 1, got {spec['shard_size']}")
+    out.mkdir(parents=True, exist_ok=True)
+    job_file = out / JOB
+    if job_file.is_file():
+        previous = json.loads(job_file.read_text())
+        if previous != spec:
+            changed = sorted(k for k in spec if previous.get(k) != spec[k])
+            raise InvalidInputError(
+                f"{out} holds a job made with other settings ({', '.join(changed)}); use a new output"
+            )
+    else:
+        job_file.write_text(json.dumps(spec, indent=2))
+    return spec
+
+
+def write_manifest(out: Path, spec: dict[str, Any], shards: list[dict[str, Any]]) -> None:
+    """The finished job's ``manifest.json``: its settings, the document count and each shard's file and count."""
+    total = sum(s["documents"] for s in shards)
     manifest = {k: v for k, v in spec.items() if k != "model_path"} | {"documents": total, "shards": shards}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    return JobResult(out, total, written, reused)
+
+
+def completed_shards(out: Path) -> list[Path]:
+    """The leading run of complete shard files of an interrupted job (a shard is written atomically)."""
+    done: list[Path] = []
+    while (out / shard_name(len(done))).is_file():
+        done.append(out / shard_name(len(done)))
+    return done

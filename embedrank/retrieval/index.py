@@ -344,6 +344,11 @@ def build_index(
     return cls(dimension, cfg, model_id=model_id)  # type: ignore[return-value]
 
 
+def is_index_dir(directory: str | Path) -> bool:
+    """Whether ``directory`` holds an index saved with ``save`` (rather than, say, embedding shards)."""
+    return (Path(directory) / _META).is_file()
+
+
 def load_index(directory: str | Path, *, model_id: str | None = None, dimension: int | None = None) -> AnyIndex:
     """Load an index saved with ``save``; refuse it if ``model_id``/``dimension`` differ from the saved ones."""
     root = Path(directory)
@@ -362,7 +367,8 @@ def load_index(directory: str | Path, *, model_id: str | None = None, dimension:
     elif (root / "index.faiss").is_file():
         import faiss
 
-        index._index = faiss.read_index(str(root / "index.faiss"))
+        # an index merged on disk (sharded_index.merge_shards_on_disk) finds index.ivfdata next to it
+        index._index = faiss.read_index(str(root / "index.faiss"), faiss.IO_FLAG_ONDISK_SAME_DIR)
     index._commit(ids)
     if len(index) != meta["count"]:
         raise IndexMismatchError(f"{root}: metadata says {meta['count']} vectors, ids.json has {len(index)}")

@@ -23,7 +23,7 @@ from embedrank.models.tokens import PROGRESS_THRESHOLD
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
 from embedrank.retrieval.data import doc_text
 from embedrank.retrieval.embed_job import read_embeddings
-from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index
+from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index, load_index
 from embedrank.types import Corpus, Queries, Run
 
 
@@ -55,11 +55,11 @@ def weights_fingerprint(path: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class CorpusEmbeddings:
     """Corpus vectors ``(N, D)`` and where they came from: ``cache`` is ``"hit"`` (read from ``path``),
-    ``"miss"`` (computed, then stored at ``path``), ``"off"``, or ``"prebuilt"`` (a corpus embedding job's
-    output at ``path``)."""
+    ``"miss"`` (computed, then stored at ``path``), ``"off"``, ``"prebuilt"`` (a corpus embedding job's
+    output at ``path``) or ``"index"`` (a saved index loaded from ``path``)."""
 
-    vectors: np.ndarray
-    cache: Literal["hit", "miss", "off", "prebuilt"]
+    vectors: np.ndarray | None  # None for a prebuilt index (its vectors stay inside it)
+    cache: Literal["hit", "miss", "off", "prebuilt", "index"]
     path: str | None = None
 
     def describe(self) -> str:
@@ -127,6 +127,7 @@ class DenseRetriever:
             cache=store,
             show_progress=show_progress,
         )
+        assert embedded.vectors is not None
         idx = build_index(encoder.dimension, index, model_id=encoder.model_id)
         idx.add(ids, embedded.vectors)
         retriever = cls(encoder, idx, batch_size=batch_size)
@@ -158,15 +159,24 @@ class DenseRetriever:
         if differ:
             raise IndexMismatchError(f"embeddings in {directory} were made otherwise ({'; '.join(differ)})")
         ids, vectors = read_embeddings(directory)
-        if corpus is not None and set(ids) != set(corpus):
-            missing, extra = len(set(corpus) - set(ids)), len(set(ids) - set(corpus))
-            raise IndexMismatchError(
-                f"embeddings in {directory} do not match the corpus: {missing} documents missing, {extra} unknown"
-            )
+        _check_covers(ids, corpus, f"embeddings in {directory}")
         idx = build_index(encoder.dimension, index, model_id=encoder.model_id)
         idx.add(ids, vectors)
         retriever = cls(encoder, idx, batch_size=batch_size)
         retriever.corpus_embeddings = CorpusEmbeddings(vectors, "prebuilt", str(directory))
+        return retriever
+
+    @classmethod
+    def from_index(
+        cls, encoder: Encoder, directory: str | Path, *, corpus: Corpus | None = None, batch_size: int = 64
+    ) -> DenseRetriever:
+        """Search a saved index (``index.save(dir)``, or a sharded build merged in memory or on disk) with
+        ``encoder``'s queries; refused when it was built for another model or dimension, or (given
+        ``corpus``) does not hold exactly its documents."""
+        idx = load_index(directory, model_id=encoder.model_id, dimension=encoder.dimension)
+        _check_covers(idx.ids, corpus, f"index in {directory}")
+        retriever = cls(encoder, idx, batch_size=batch_size)
+        retriever.corpus_embeddings = CorpusEmbeddings(None, "index", str(directory))
         return retriever
 
     def retrieve(self, queries: Queries, k: int) -> Run:
@@ -174,6 +184,12 @@ class DenseRetriever:
         vectors = self.encoder.encode_query([queries[q] for q in qids], batch_size=self.batch_size)
         scores, ids = self.index.search(vectors, k)
         return {qid: dict(zip(ids[i], map(float, scores[i]), strict=True)) for i, qid in enumerate(qids)}
+
+
+def _check_covers(ids: Sequence[str], corpus: Corpus | None, what: str) -> None:
+    if corpus is not None and set(ids) != set(corpus):
+        missing, extra = len(set(corpus) - set(ids)), len(set(ids) - set(corpus))
+        raise IndexMismatchError(f"{what} does not match the corpus: {missing} documents missing, {extra} unknown")
 
 
 class PrecomputedRun:

@@ -9,21 +9,29 @@
 The merged index searches exactly like one built in a single process on the same trained index with the
 same vectors in the same order; it saves and loads with :func:`~embedrank.retrieval.index.load_index` and
 keeps the model-mismatch guard. :func:`index_from_embeddings` does all three over the shards of a corpus
-embedding job (:mod:`embedrank.retrieval.embed_job`).
+embedding job (:mod:`embedrank.retrieval.embed_job`), with the shard builds on threads or as Ray tasks.
+
+When the merged index would not fit in memory, :func:`merge_shards_on_disk` merges IVF shards with FAISS's
+``faiss.contrib.ondisk.merge_ondisk`` instead: the inverted lists go to one ``index.ivfdata`` file that
+searches memory-map, next to ``index.faiss``; the directory loads with ``load_index`` like any other.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import shutil
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.retrieval.embed_job import read_shard
 from embedrank.retrieval.index import FaissIndex, IndexConfig
+
+Runner = Literal["threads", "ray"]
 
 
 def train_empty(sample: np.ndarray, config: IndexConfig, *, model_id: str | None = None) -> FaissIndex:
@@ -72,6 +80,90 @@ def merge_shards(shards: Sequence[FaissIndex]) -> FaissIndex:
     return merged
 
 
+def merge_shards_on_disk(trained: FaissIndex, shards: Iterator[FaissIndex], directory: str | Path) -> FaissIndex:
+    """Merge IVF ``shards`` (consumed one at a time: each is written to a file, then dropped) into a saved index
+    in ``directory`` whose inverted lists live on disk (``index.ivfdata``, memory-mapped when searching)."""
+    import faiss
+    from faiss.contrib.ondisk import merge_ondisk
+
+    if faiss.try_extract_index_ivf(trained._index) is None:
+        raise InvalidInputError(f"an on-disk merge needs an IVF kind (ivf, pq), got {trained.config.kind!r}")
+    out = Path(directory)
+    parts = out / "shards.tmp"
+    parts.mkdir(parents=True, exist_ok=True)
+    ids: list[str] = []
+    files = []
+    try:
+        for number, shard in enumerate(shards):
+            # give the shard's rows their global numbers (merge_ondisk's own shift_ids numbers them wrongly
+            # in faiss 1.15: rows of later shards collide with earlier ones)
+            shifted = faiss.clone_index(trained._index)
+            shifted.merge_from(shard._index, len(ids))
+            ids += shard.ids
+            files.append(str(parts / f"{number:05d}.faiss"))
+            faiss.write_index(shifted, files[-1])
+            del shifted, shard
+        merged = FaissIndex(trained.dimension, trained.config, model_id=trained.model_id)
+        merged._index = faiss.clone_index(trained._index)
+        merge_ondisk(merged._index, files, str(out / "index.ivfdata"))
+        merged._register(ids, len(ids))  # refuses an id found in two shards
+        merged._commit(ids)
+        merged.save(out)
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+    return merged
+
+
+def _to_bytes(index: FaissIndex) -> Any:
+    import faiss
+
+    return faiss.serialize_index(index._index)
+
+
+def _from_bytes(data: Any, ids: list[str], config: IndexConfig, dimension: int, model_id: str | None) -> FaissIndex:
+    import faiss
+
+    index = FaissIndex(dimension, config, model_id=model_id)
+    index._index = faiss.deserialize_index(data)
+    index._commit(ids)
+    return index
+
+
+def _ray_build(
+    trained: Any, file: str, config: IndexConfig, dimension: int, model_id: str | None
+) -> tuple[list[str], Any]:
+    """A Ray task: one shard's index, built from the serialized trained index, returned serialized."""
+    ids, vectors = read_shard(file, dimension)
+    return ids, _to_bytes(build_shard(_from_bytes(trained, [], config, dimension, model_id), ids, vectors))
+
+
+def _build_shards(
+    trained: FaissIndex, files: list[Path], dimension: int, runner: Runner, workers: int
+) -> Iterator[FaissIndex]:
+    """Every shard file's index, in order, built ``workers`` at a time on threads or as Ray tasks."""
+    if runner == "ray":
+        from embedrank.retrieval.embed_ray import import_ray
+
+        ray = import_ray()
+        started = not ray.is_initialized()
+        if started:
+            ray.init(include_dashboard=False, log_to_driver=False)
+        try:
+            task = ray.remote(_ray_build)
+            trained_ref = ray.put(_to_bytes(trained))
+            spec = (trained.config, dimension, trained.model_id)
+            pending = [task.remote(trained_ref, str(f), *spec) for f in files]
+            for ref in pending:  # in shard order; Ray runs them as CPUs allow
+                ids, data = ray.get(ref)
+                yield _from_bytes(data, ids, *spec)
+        finally:
+            if started:
+                ray.shutdown()
+        return
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        yield from pool.map(lambda f: build_shard(trained, *read_shard(f, dimension)), files)
+
+
 def index_from_embeddings(
     directory: str | Path,
     config: IndexConfig | None = None,
@@ -79,9 +171,13 @@ def index_from_embeddings(
     sample_size: int = 100_000,
     workers: int = 2,
     seed: int = 0,
+    runner: Runner = "threads",
+    on_disk: str | Path | None = None,
 ) -> FaissIndex:
     """Train on a seeded sample of a corpus embedding job's vectors, build one index per parquet shard
-    (``workers`` threads; FAISS releases the GIL) and merge them."""
+    (``runner="threads"``: ``workers`` threads, FAISS releases the GIL; ``"ray"``: one Ray task per shard, on
+    the Ray instance already started or a local one) and merge them: in memory, or with ``on_disk=DIR`` into a
+    saved index whose inverted lists stay on disk."""
     root = Path(directory)
     manifest = json.loads((root / "manifest.json").read_text())
     cfg = config or IndexConfig(kind="ivf")
@@ -98,10 +194,7 @@ def index_from_embeddings(
         keep = rng.random(len(vectors)) < share
         sample.append(vectors[keep])
     trained = train_empty(np.vstack(sample), cfg, model_id=manifest["model_id"])
-
-    def shard(file: Path) -> FaissIndex:
-        return build_shard(trained, *read(file))
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        shards = list(pool.map(shard, files))
-    return merge_shards(shards)
+    shards = _build_shards(trained, files, manifest["dimension"], runner, workers)
+    if on_disk is not None:
+        return merge_shards_on_disk(trained, shards, on_disk)
+    return merge_shards(list(shards))

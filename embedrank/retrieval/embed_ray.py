@@ -1,0 +1,221 @@
+"""The Ray runner of the corpus embedding job: Ray Data reads the corpus and an actor pool of encoders embeds it.
+
+The output is the local runner's (:mod:`embedrank.retrieval.embed_job`): the same parquet shards, in corpus
+order, the same ``job.json`` and ``manifest.json``; either runner can resume the other's job.
+
+How it runs:
+
+- ``ray.data.read_text`` (BEIR ``corpus.jsonl``) or ``ray.data.read_parquet`` reads the corpus in blocks;
+  a stateless task turns each block into ``(id, title + " " + text)`` and drops the documents whose shard an
+  earlier run already wrote;
+- ``map_batches`` with an actor pool (``concurrency`` actors, ``num_cpus`` each, one model load per actor)
+  embeds them; order is preserved (``DataContext.execution_options.preserve_order``);
+- the driver streams the embedded rows (``iter_batches``) into shards of ``shard_size`` and writes each one
+  atomically as soon as it is full: the driver holds at most one shard.
+
+Failures: an actor that dies (a killed or crashed process, a lost node) is restarted and its task retried
+(Ray Data's actor pools restart actors and retry their tasks without limit). A retried task recomputes its
+whole block and the block's rows come out once, so no document is lost or duplicated. An exception raised by
+the code (a bad record, a model error) is not retried, since it would fail again: the job stops with it, and
+a rerun resumes after the last shard written.
+
+Ray is the optional extra ``embedrank[ray]``; nothing else in embedrank imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedrank.errors import EmbedrankError, InvalidInputError
+from embedrank.models.encoder import Encoder
+from embedrank.retrieval.data import doc_text
+from embedrank.retrieval.embed_job import (
+    JobResult,
+    completed_shards,
+    corpus_file,
+    job_spec,
+    open_job,
+    shard_name,
+    write_manifest,
+    write_shard,
+)
+
+BatchHook = Callable[[list[str]], None]
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise EmbedrankError("the Ray runner needs Ray: pip install 'embedrank[ray]'") from None
+    return ray
+
+
+def _parse_lines(batch: dict[str, np.ndarray], skip: frozenset[str]) -> dict[str, np.ndarray]:
+    """A block of ``corpus.jsonl`` lines -> ``id``/``text`` columns, without the ids in ``skip``."""
+    ids, texts = [], []
+    for line in batch["text"]:
+        try:
+            record = json.loads(line)
+            doc_id = str(record["_id"])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise InvalidInputError(f"not a BEIR corpus record ({exc}): {str(line)[:80]!r}") from None
+        if doc_id not in skip:
+            ids.append(doc_id)
+            texts.append(doc_text(record))
+    return {"id": np.array(ids, dtype=object), "text": np.array(texts, dtype=object)}
+
+
+def _parse_records(batch: dict[str, np.ndarray], skip: frozenset[str]) -> dict[str, np.ndarray]:
+    """A block of a parquet corpus (``_id``, ``text``, optional ``title``) -> ``id``/``text`` columns."""
+    titles = batch.get("title", [""] * len(batch["_id"]))
+    rows = [
+        (str(i), doc_text({"title": t or "", "text": x or ""}))
+        for i, t, x in zip(batch["_id"], titles, batch["text"], strict=True)
+        if str(i) not in skip
+    ]
+    return {"id": np.array([r[0] for r in rows], dtype=object), "text": np.array([r[1] for r in rows], dtype=object)}
+
+
+class EncoderActor:
+    """One model load per actor; each call embeds one batch of documents."""
+
+    def __init__(
+        self, model: str, options: dict[str, Any], threads: int, batch_size: int, on_batch: BatchHook | None
+    ) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.encoder = Encoder.from_pretrained(model, **options)
+        self.batch_size, self.on_batch = batch_size, on_batch
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = [str(i) for i in batch["id"]]
+        if not ids:  # a block whose documents an earlier run already embedded
+            return {"id": np.array([], dtype=object), "embedding": np.zeros((0, self.encoder.dimension), np.float32)}
+        if self.on_batch is not None:
+            self.on_batch(ids)
+        vectors = self.encoder.encode_document(
+            [str(t) for t in batch["text"]], batch_size=self.batch_size, show_progress=False
+        )
+        return {"id": np.array(ids, dtype=object), "embedding": np.asarray(vectors, dtype=np.float32)}
+
+
+def embed_collection_ray(
+    model: str,
+    corpus: str | Path,
+    output: str | Path,
+    *,
+    model_options: dict[str, Any] | None = None,
+    shard_size: int = 10_000,
+    batch_size: int = 64,
+    rows_per_call: int = 512,
+    concurrency: int = 2,
+    num_cpus: float = 1.0,
+    read_cpus: float = 0.25,
+    address: str | None = None,
+    on_batch: BatchHook | None = None,
+) -> JobResult:
+    """Embed a BEIR ``corpus.jsonl`` or parquet corpus (or the collection directory holding it) into
+    ``output`` on Ray (module docstring).
+
+    ``concurrency`` actors of ``num_cpus`` CPUs each encode ``rows_per_call`` documents per call (in
+    batches of ``batch_size``); reading and parsing take ``read_cpus`` per task, so leave that much beside
+    the actors (on a 2-CPU machine: ``concurrency=2, num_cpus=0.75``, or one actor of 1); a parquet corpus
+    also needs 1 CPU free for Ray's file listing (``num_cpus=0.5`` there). Connects to ``address`` (``"auto"``: the cluster this machine is part of)
+    unless Ray is already initialized; with neither, starts a local instance. ``on_batch(ids)`` runs in the
+    actor before each call (fault injection in tests)."""
+    ray = import_ray()
+    if concurrency < 1 or num_cpus <= 0 or read_cpus < 0 or rows_per_call < 1:
+        raise InvalidInputError("concurrency and rows_per_call must be >= 1, num_cpus > 0 and read_cpus >= 0")
+    options = dict(model_options or {})
+    path = corpus_file(corpus)
+    out = Path(output)
+    encoder = Encoder.from_pretrained(model, **options)  # the job's settings, and a fast failure on a bad model
+    spec = open_job(job_spec(encoder, path, shard_size), out)
+    del encoder
+    done = completed_shards(out)
+    shards: list[dict[str, Any]] = []
+    skip: set[str] = set()
+    for file in done:
+        import pyarrow.parquet as pq
+
+        ids = pq.read_table(file, columns=["id"]).column("id").to_pylist()
+        skip.update(ids)
+        shards.append({"file": file.name, "documents": len(ids)})
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    saved = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True
+    try:
+        if path.suffix == ".parquet":
+            ds = ray.data.read_parquet(str(path), num_cpus=read_cpus)
+        else:
+            ds = ray.data.read_text(str(path), num_cpus=read_cpus)
+        ds = ds.map_batches(
+            _parse_records if path.suffix == ".parquet" else _parse_lines,
+            fn_kwargs={"skip": frozenset(skip)},
+            batch_format="numpy",
+            num_cpus=read_cpus,
+        )
+        ds = ds.map_batches(
+            EncoderActor,
+            fn_constructor_kwargs={
+                "model": model,
+                "options": options,
+                "threads": int(num_cpus),
+                "batch_size": batch_size,
+                "on_batch": on_batch,
+            },
+            batch_size=rows_per_call,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=concurrency),
+            num_cpus=num_cpus,
+        )
+        written = _write_stream(ds, out, shard_size, first=len(done), shards=shards)
+    finally:
+        ctx.execution_options.preserve_order = saved
+        if started:
+            ray.shutdown()
+    write_manifest(out, spec, shards)
+    return JobResult(out, sum(int(s["documents"]) for s in shards), written, len(done))
+
+
+def _write_stream(ds: Any, out: Path, shard_size: int, *, first: int, shards: list[dict[str, Any]]) -> int:
+    """Cut the ordered stream of embedded rows into shards ``first, first + 1, ...``; returns how many."""
+    from tqdm.auto import tqdm
+
+    ids: list[str] = []
+    parts: list[np.ndarray] = []
+    pending = written = 0
+
+    def flush(n: int) -> None:
+        nonlocal ids, parts, pending, written
+        vectors = np.vstack(parts)
+        file = out / shard_name(first + written)
+        write_shard(file, ids[:n], vectors[:n])
+        shards.append({"file": file.name, "documents": n})
+        ids, parts, pending = ids[n:], [vectors[n:]], pending - n
+        written += 1
+
+    with tqdm(desc="Embedding corpus (ray)", unit="doc") as bar:
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            ids += [str(i) for i in batch["id"]]
+            parts.append(np.asarray(batch["embedding"], dtype=np.float32).reshape(len(batch["id"]), -1))
+            pending += len(batch["id"])
+            bar.update(len(batch["id"]))
+            while pending >= shard_size:
+                flush(shard_size)
+        if pending:
+            flush(pending)
+    return written
