@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ray.add_argument("--concurrency", type=int, default=2, help="encoder actors (default: 2)")
     ray.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per actor, also its torch threads (default: 1)")
     ray.add_argument("--read-cpus", type=float, default=0.25, help="CPUs per read/parse task (default: 0.25)")
-    ray.add_argument("--rows-per-call", type=int, default=512, help="documents per actor call (default: 512)")
+    ray.add_argument("--rows-per-call", type=int, default=128, help="documents per actor call (default: 128)")
     args = p.parse_args(argv)
 
     from pathlib import Path

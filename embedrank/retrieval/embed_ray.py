@@ -114,10 +114,11 @@ def embed_collection_ray(
     model_options: dict[str, Any] | None = None,
     shard_size: int = 10_000,
     batch_size: int = 64,
-    rows_per_call: int = 512,
+    rows_per_call: int = 128,
     concurrency: int = 2,
     num_cpus: float = 1.0,
     read_cpus: float = 0.25,
+    block_bytes: int = 256 << 10,
     address: str | None = None,
     on_batch: BatchHook | None = None,
 ) -> JobResult:
@@ -127,7 +128,8 @@ def embed_collection_ray(
     ``concurrency`` actors of ``num_cpus`` CPUs each encode ``rows_per_call`` documents per call (in
     batches of ``batch_size``); reading and parsing take ``read_cpus`` per task, so leave that much beside
     the actors (on a 2-CPU machine: ``concurrency=2, num_cpus=0.75``, or one actor of 1); a parquet corpus
-    also needs 1 CPU free for Ray's file listing (``num_cpus=0.5`` there). Connects to ``address`` (``"auto"``: the cluster this machine is part of)
+    also needs 1 CPU free for Ray's file listing (``num_cpus=0.5`` there). Blocks (the unit of work an actor
+    takes, and of a retry) are cut at ``block_bytes`` of text. Connects to ``address`` (``"auto"``: the cluster this machine is part of)
     unless Ray is already initialized; with neither, starts a local instance. ``on_batch(ids)`` runs in the
     actor before each call (fault injection in tests)."""
     ray = import_ray()
@@ -155,8 +157,10 @@ def embed_collection_ray(
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    saved = ctx.execution_options.preserve_order
+    saved = (ctx.execution_options.preserve_order, ctx.target_max_block_size)
     ctx.execution_options.preserve_order = True
+    # small blocks (a few hundred documents), so that even one corpus file spreads over every actor
+    ctx.target_max_block_size = block_bytes
     try:
         if path.suffix == ".parquet":
             ds = ray.data.read_parquet(str(path), num_cpus=read_cpus)
@@ -184,7 +188,7 @@ def embed_collection_ray(
         )
         written = _write_stream(ds, out, shard_size, first=len(done), shards=shards)
     finally:
-        ctx.execution_options.preserve_order = saved
+        ctx.execution_options.preserve_order, ctx.target_max_block_size = saved
         if started:
             ray.shutdown()
     write_manifest(out, spec, shards)
