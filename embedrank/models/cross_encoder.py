@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,8 +13,9 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.ranking import RankedResult, rank_scores
-from embedrank.models import packed
+from embedrank.models.backends import Runtime, TorchRuntime, check_backend
 from embedrank.models.chunking import Chunking, score_chunked
+from embedrank.models.exports import load_runtime
 from embedrank.models.registry import ModelSpec, quiet_loading, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
 from embedrank.types import ModelOutput
@@ -49,21 +51,26 @@ class CrossEncoder:
     def __init__(
         self,
         spec: ModelSpec,
-        model: torch.nn.Module,
+        model: torch.nn.Module | Runtime,
         tokenizer: Any,
         *,
         device: str | torch.device = "cpu",
         max_seq_length: int | None = None,
         padding_free: bool | None = None,
+        config: Any = None,
     ) -> None:
         self.spec = spec
-        self.model = model.to(device).eval()
-        self.tokenizer = tokenizer
         self.device = torch.device(device)
+        if isinstance(model, torch.nn.Module):
+            self.runtime: Runtime = TorchRuntime(model.to(device), tokenizer, "classifier", padding_free=padding_free)
+            self.config = model.config
+        else:
+            if config is None:
+                raise ValueError("a CrossEncoder on an exported runtime needs the model's transformers config")
+            self.runtime, self.config = model, config
+        self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length or spec.max_seq_length
-        self.activation = default_activation(model.config)
-        # skip padding tokens in BERT/RoBERTa classifiers (embedrank.models.packed); None = wherever it applies
-        self.padding_free = packed.enabled(packed.supports_classifier(self.model), tokenizer, padding_free)
+        self.activation = default_activation(self.config)
 
     @classmethod
     def from_pretrained(cls, model_id: str, **options: Any) -> CrossEncoder:
@@ -76,13 +83,27 @@ class CrossEncoder:
         return cls.from_spec(resolve(model_id), **options)
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, *, device: str = "cpu", max_seq_length: int | None = None) -> CrossEncoder:
-        """Load the weights of an already resolved model (:func:`~embedrank.models.registry.resolve`).
+    def from_spec(
+        cls,
+        spec: ModelSpec,
+        *,
+        backend: str | None = None,
+        precision: str | None = None,
+        calibration: Sequence[str] | str | Path | None = None,
+        cache_dir: str | Path | None = None,
+        device: str = "cpu",
+        max_seq_length: int | None = None,
+    ) -> CrossEncoder:
+        """Load an already resolved model (:func:`~embedrank.models.registry.resolve`); ``backend``,
+        ``precision``, ``calibration`` and ``cache_dir`` as in :meth:`Encoder.from_spec
+        <embedrank.models.encoder.Encoder.from_spec>` (int8 calibrates on (query, passage) pairs cut from
+        the calibration texts).
 
         Raises:
             ModelKindError: the model has no sequence-classification head.
+            InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
         if spec.kind != "cross-encoder":
             raise ModelKindError(
@@ -90,21 +111,65 @@ class CrossEncoder:
                 f"*ForSequenceClassification architecture); load it with Encoder.from_pretrained, or rerank "
                 f"with it through BiEncoderScorer"
             )
+        backend_name, prec = check_backend(backend, precision)
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(spec.path)
-            model = AutoModelForSequenceClassification.from_pretrained(spec.path)
-        return cls(spec, model, tokenizer, device=device, max_seq_length=max_seq_length)
+        max_len = max_seq_length or spec.max_seq_length
+        if backend_name == "torch":
+            with quiet_loading():
+                model = AutoModelForSequenceClassification.from_pretrained(spec.path)
+            return cls(spec, model, tokenizer, device=device, max_seq_length=max_len)
+        if device != "cpu":
+            raise InvalidInputError(f"backend {backend_name!r} runs on the CPU; device applies to backend='torch'")
+        runtime = load_runtime(
+            spec,
+            tokenizer,
+            "classifier",
+            backend_name,
+            prec,
+            max_seq_length=max_len,
+            calibration=calibration,
+            cache_dir=cache_dir,
+        )
+        config = AutoConfig.from_pretrained(spec.path)
+        return cls(spec, runtime, tokenizer, max_seq_length=max_len, config=config)
 
     @property
     def model_id(self) -> str:
         return self.spec.model_id
 
     @property
+    def model(self) -> torch.nn.Module | None:
+        """The torch module (backend ``torch``), else None."""
+        return getattr(self.runtime, "module", None)
+
+    @property
+    def backend(self) -> str:
+        return self.runtime.backend
+
+    @property
+    def precision(self) -> str:
+        return self.runtime.precision
+
+    @property
+    def padding_free(self) -> bool:
+        """Whether the torch backend skips padding tokens (:mod:`embedrank.models.packed`)."""
+        return bool(getattr(self.runtime, "padding_free", False))
+
+    @padding_free.setter
+    def padding_free(self, value: bool) -> None:
+        if isinstance(self.runtime, TorchRuntime):
+            self.runtime.padding_free = value
+
+    @property
     def num_labels(self) -> int:
-        return int(self.model.config.num_labels)  # type: ignore[union-attr, arg-type]
+        return int(self.config.num_labels)
 
     def __repr__(self) -> str:
-        return f"CrossEncoder({self.model_id!r}, num_labels={self.num_labels}, activation={self.activation})"
+        return (
+            f"CrossEncoder({self.model_id!r}, num_labels={self.num_labels}, activation={self.activation}, "
+            f"backend={self.backend}, precision={self.precision})"
+        )
 
     def tokenize(self, queries: Sequence[str], documents: Sequence[str], *, truncate: bool = True) -> Tokenized:
         """Pairs -> padded features ``(B, T)``; truncation is ``longest_first`` at ``max_seq_length``."""
@@ -122,13 +187,7 @@ class CrossEncoder:
     @torch.inference_mode()
     def forward(self, features: dict[str, torch.Tensor], *, apply_activation: bool = True) -> np.ndarray:
         """Features -> scores: ``(B,)`` for one label, ``(B, L)`` otherwise."""
-        inputs = {k: v.to(self.device) for k, v in features.items()}
-        if self.padding_free:
-            logits = packed.packed_classifier_logits(
-                self.model, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
-            )
-        else:
-            logits = self.model(**inputs).logits  # (B, L)
+        logits = self.runtime(features)  # (B, L)
         if apply_activation:
             logits = _ACTIVATIONS[self.activation](logits)
         if logits.shape[-1] == 1:

@@ -16,9 +16,10 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.quantization import check_precision, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
-from embedrank.models import packed
+from embedrank.models.backends import Runtime, TorchRuntime, check_backend
 from embedrank.models.calibration import Calibration, vocabulary_texts
 from embedrank.models.chunking import Chunking, pool_windows, split_windows
+from embedrank.models.exports import load_runtime
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
@@ -34,7 +35,7 @@ class Encoder:
     def __init__(
         self,
         spec: ModelSpec,
-        model: torch.nn.Module,
+        model: torch.nn.Module | Runtime,
         tokenizer: Any,
         *,
         device: str | torch.device = "cpu",
@@ -44,20 +45,22 @@ class Encoder:
         padding_free: bool | None = None,
     ) -> None:
         self.spec = spec
-        self.model = model.to(device).eval()
-        self.tokenizer = tokenizer
         self.device = torch.device(device)
+        # the transformer itself: a torch module (run by TorchRuntime) or an exported graph's runtime
+        if isinstance(model, torch.nn.Module):
+            self.runtime: Runtime = TorchRuntime(model.to(device), tokenizer, "encoder", padding_free=padding_free)
+        else:
+            self.runtime = model
+        self.tokenizer = tokenizer
         self.pooling = PoolingMode(pooling) if pooling is not None else (spec.pooling or PoolingMode.MEAN)
         self.normalize = spec.normalize if normalize is None else normalize
         self.max_seq_length = max_seq_length or spec.max_seq_length
-        # skip padding tokens in BERT/RoBERTa encoders (embedrank.models.packed); None = wherever it applies
-        self.padding_free = packed.enabled(packed.supports(self.model), tokenizer, padding_free)
         self._calibration: Calibration | None = None
 
     @classmethod
     def from_pretrained(cls, model_id: str = DEFAULT_EMBEDDING_MODEL, **options: Any) -> Encoder:
         """Load an embedding model by id, local path or hub id (see :mod:`embedrank.models.registry`);
-        ``options`` are those of :meth:`from_spec`.
+        ``options`` are those of :meth:`from_spec` (``backend``, ``precision``, ...).
 
         Raises:
             ModelNotFoundError, NotAModelError: the id does not lead to a model.
@@ -70,16 +73,27 @@ class Encoder:
         cls,
         spec: ModelSpec,
         *,
+        backend: str | None = None,
+        precision: str | None = None,
+        calibration: Sequence[str] | str | Path | None = None,
+        cache_dir: str | Path | None = None,
         device: str = "cpu",
         pooling: PoolingMode | str | None = None,
         normalize: bool | None = None,
         max_seq_length: int | None = None,
         torch_dtype: torch.dtype | None = None,
     ) -> Encoder:
-        """Load the weights of an already resolved model (:func:`~embedrank.models.registry.resolve`).
+        """Load an already resolved model (:func:`~embedrank.models.registry.resolve`).
+
+        ``backend`` (``"openvino"`` by default, ``"torch"``, ``"onnx"``) and ``precision`` (``"fp32"``,
+        ``"bf16"``, ``"int8"``) choose what runs the transformer (:mod:`embedrank.models.backends`); the
+        first load of an OpenVINO or ONNX model exports it into the cache (``cache_dir``, see
+        :mod:`embedrank.models.exports`), and int8 calibrates on ``calibration`` (texts or a
+        ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory).
 
         Raises:
             ModelKindError: the model is a cross-encoder.
+            InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
         from transformers import AutoModel, AutoTokenizer
 
@@ -88,12 +102,32 @@ class Encoder:
                 f"model {spec.model_id!r} is a {spec.kind} (sequence classification head), not an embedding "
                 f"model; load it with CrossEncoder.from_pretrained"
             )
+        backend_name, prec = check_backend(backend, precision)
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(spec.path)
-            model = AutoModel.from_pretrained(spec.path, **({"dtype": torch_dtype} if torch_dtype else {}))
-        return cls(
-            spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length
-        )
+        max_len = max_seq_length or spec.max_seq_length
+        model: torch.nn.Module | Runtime
+        if backend_name == "torch":
+            with quiet_loading():
+                model = AutoModel.from_pretrained(spec.path, **({"dtype": torch_dtype} if torch_dtype else {}))
+        else:
+            if device != "cpu" or torch_dtype is not None:
+                raise InvalidInputError(
+                    f"backend {backend_name!r} runs on the CPU in its own precision; device and torch_dtype "
+                    f"apply to backend='torch' only",
+                    param="backend",
+                )
+            model = load_runtime(
+                spec,
+                tokenizer,
+                "encoder",
+                backend_name,
+                prec,
+                max_seq_length=max_len,
+                calibration=calibration,
+                cache_dir=cache_dir,
+            )
+        return cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
 
     # -- facts -----------------------------------------------------------------------------------
     @property
@@ -101,13 +135,39 @@ class Encoder:
         return self.spec.model_id
 
     @property
+    def model(self) -> torch.nn.Module | None:
+        """The torch module (backend ``torch``), else None: the transformer runs as an exported graph."""
+        return getattr(self.runtime, "module", None)
+
+    @property
+    def backend(self) -> str:
+        return self.runtime.backend
+
+    @property
+    def precision(self) -> str:
+        return self.runtime.precision
+
+    @property
+    def padding_free(self) -> bool:
+        """Whether the torch backend skips padding tokens (:mod:`embedrank.models.packed`)."""
+        return bool(getattr(self.runtime, "padding_free", False))
+
+    @padding_free.setter
+    def padding_free(self, value: bool) -> None:
+        if isinstance(self.runtime, TorchRuntime):
+            self.runtime.padding_free = value
+
+    @property
     def dimension(self) -> int:
-        return int(self.spec.dimension or self.model.config.hidden_size)  # type: ignore[union-attr, arg-type]
+        if self.spec.dimension:
+            return int(self.spec.dimension)
+        return int(self.model.config.hidden_size)  # type: ignore[union-attr]
 
     def __repr__(self) -> str:
         return (
             f"Encoder({self.model_id!r}, dim={self.dimension}, pooling={self.pooling.value}, "
-            f"normalize={self.normalize}, max_seq_length={self.max_seq_length})"
+            f"normalize={self.normalize}, max_seq_length={self.max_seq_length}, backend={self.backend}, "
+            f"precision={self.precision})"
         )
 
     # -- the three steps -------------------------------------------------------------------------
@@ -169,13 +229,8 @@ class Encoder:
 
     @torch.inference_mode()
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Step 2: features -> token embeddings ``(B, T, H)``."""
-        inputs = {k: v.to(self.device) for k, v in features.items()}
-        if self.padding_free:
-            return packed.packed_forward(
-                self.model, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
-            )
-        return self.model(**inputs).last_hidden_state
+        """Step 2: features -> token embeddings ``(B, T, H)``, by the backend (:attr:`runtime`)."""
+        return self.runtime(features)
 
     @torch.inference_mode()
     def postprocess(

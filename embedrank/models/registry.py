@@ -224,6 +224,13 @@ def _prompts(root: Path, model_id: str) -> tuple[dict[str, str], str | None]:
     return dict(prompts), default
 
 
+def weights_fingerprint(path: str) -> str:
+    """Name, size and modification time of the weight files under ``path``: changes when a model is
+    trained or saved again at the same place."""
+    files = sorted(p for pattern in ("*.safetensors", "*.bin") for p in Path(path).glob(pattern))
+    return ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+
+
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
     """Hide transformers' per-load progress bars while embedrank loads weights, then restore the setting."""

@@ -10,16 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-CACHE_ENV = "EMBEDRANK_CACHE"
+from embedrank.paths import CACHE_ENV, default_cache_dir
 
-
-def default_cache_dir() -> Path:
-    """``$EMBEDRANK_CACHE``, else ``$XDG_CACHE_HOME/embedrank`` (``~/.cache/embedrank``)."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "embedrank"
+__all__ = ["CACHE_ENV", "EmbeddingCache", "corpus_key", "default_cache_dir"]
 
 
 def corpus_key(model_key: str, ids: Sequence[str], texts: Sequence[str]) -> str:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from embedrank.errors import DataNotFoundError
 from embedrank.math.ranking import ranked_ids
+from embedrank.paths import DATA_ENV, default_data_dir
 from embedrank.types import Corpus, Qrels, Queries, Run
 
-DATA_ENV = "EMBEDRANK_DATA"
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
 
 
@@ -50,15 +50,6 @@ def doc_text(doc: dict[str, str]) -> str:
     title = (doc.get("title") or "").strip()
     text = doc.get("text") or ""
     return f"{title} {text}" if title else text
-
-
-def default_data_dir() -> Path | None:
-    """``$EMBEDRANK_DATA``, else ``../shared/data`` next to the repo checkout, else None."""
-    env = os.environ.get(DATA_ENV)
-    if env:
-        return Path(env).expanduser()
-    guess = Path(__file__).resolve().parents[3] / "shared" / "data"
-    return guess if guess.is_dir() else None
 
 
 def missing_data_message(name: str, data_dir: Path | None) -> str:

@@ -18,6 +18,7 @@ from embedrank.errors import IndexMismatchError, InvalidInputError
 from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
 from embedrank.math.ranking import ranked_ids, top_k
 from embedrank.models.encoder import Encoder
+from embedrank.models.registry import weights_fingerprint
 from embedrank.models.scorers import BiEncoderScorer, Reranker
 from embedrank.models.tokens import PROGRESS_THRESHOLD
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
@@ -43,13 +44,6 @@ def encoder_cache_key(encoder: Encoder) -> str:
     if encoder.spec.source in ("local", "hub"):  # weights that can change in place (a model trained again)
         key += f"|weights={weights_fingerprint(encoder.spec.path)}"
     return key + (f"|prompt={encoder.document_prompt!r}" if encoder.document_prompt else "")
-
-
-def weights_fingerprint(path: str) -> str:
-    """Name, size and modification time of the weight files under ``path``: changes when a model is
-    trained or saved again at the same place."""
-    files = sorted(p for pattern in ("*.safetensors", "*.bin") for p in Path(path).glob(pattern))
-    return ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
 
 
 @dataclasses.dataclass(frozen=True)

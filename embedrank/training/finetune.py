@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 
 from embedrank.errors import InvalidInputError
-from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, resolve
+from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, resolve, weights_fingerprint
 from embedrank.retrieval.cache import default_cache_dir
 from embedrank.retrieval.data import BeirDataset, doc_text, load_beir
-from embedrank.retrieval.pipeline import weights_fingerprint
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,198 @@
+"""Inference backends: what runs the transformer between our tokenization and our pooling or scoring.
+
+A backend turns padded features ``(B, T)`` into token embeddings ``(B, T, H)`` (an encoder) or logits
+``(B, L)`` (a cross-encoder), nothing more: tokenization, truncation, token counts, pooling,
+normalization and activations stay embedrank's own and identical across backends.
+
+========  ==========================  =====================================================================
+backend   precision                   what runs
+========  ==========================  =====================================================================
+torch     ``fp32``                    the transformers model (padding-free for BERT/RoBERTa, :mod:`.packed`)
+openvino  ``fp32``                    OpenVINO CPU plugin with ``INFERENCE_PRECISION_HINT=f32``: true fp32
+openvino  ``bf16``                    OpenVINO with ``INFERENCE_PRECISION_HINT=bf16`` (its own default on
+                                      CPUs with AVX512-BF16/AMX; here it is asked for by name)
+openvino  ``int8``                    static int8 (``nncf.quantize`` on calibration texts); the operations
+                                      NNCF leaves in float run in fp32
+onnx      ``fp32``                    ONNX Runtime on a ``torch.onnx.export`` graph
+onnx      ``int8``                    ONNX Runtime, dynamic int8 (``onnxruntime.quantization.quantize_dynamic``)
+========  ==========================  =====================================================================
+
+:attr:`Runtime.inference_precision` reports what the runtime really computes in, read back from the
+compiled model (a CPU without bf16 support runs ``bf16`` requests in f32, and says so).
+
+Exports are made with the maintained converters (``openvino.convert_model`` on the transformers model,
+NNCF, ``torch.onnx.export``, ONNX Runtime's quantizer), never a hand-written graph rewrite, and cached by
+:mod:`embedrank.models.exports`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+
+from embedrank.errors import InvalidInputError
+from embedrank.models import packed
+
+Backend = Literal["torch", "openvino", "onnx"]
+Precision = Literal["fp32", "bf16", "int8"]
+Head = Literal["encoder", "classifier"]  # token embeddings (B, T, H) or logits (B, L)
+
+PRECISIONS: dict[str, tuple[str, ...]] = {
+    "torch": ("fp32",),
+    "openvino": ("fp32", "bf16", "int8"),
+    "onnx": ("fp32", "int8"),
+}
+BACKEND_ENV = "EMBEDRANK_BACKEND"
+PRECISION_ENV = "EMBEDRANK_PRECISION"
+# The default backend: the fastest exact one on CPU (see the README's figures), unless the environment
+# names another. ``torch`` is one setting away.
+DEFAULT_BACKEND: Backend = "openvino"
+DEFAULT_PRECISION: Precision = "fp32"
+_PRECISION_ALIASES = {"float32": "fp32", "f32": "fp32", "bfloat16": "bf16", "qint8": "int8"}
+
+
+def check_backend(backend: str | None = None, precision: str | None = None) -> tuple[Backend, Precision]:
+    """Validate a (backend, precision) pair; ``None`` takes ``$EMBEDRANK_BACKEND`` / ``$EMBEDRANK_PRECISION``,
+    else the defaults (``openvino``, ``fp32``).
+
+    >>> check_backend("torch", "float32")
+    ('torch', 'fp32')
+    >>> check_backend("torch", "int8")
+    Traceback (most recent call last):
+    ...
+    embedrank.errors.InvalidInputError: backend 'torch' runs precision 'fp32'; got 'int8' (openvino runs fp32, bf16, int8; onnx runs fp32, int8)
+    """
+    name = (backend or os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND).strip().lower()
+    if name not in PRECISIONS:
+        raise InvalidInputError(f"unknown backend {name!r}; choose one of {sorted(PRECISIONS)}", param="backend")
+    prec = (precision or os.environ.get(PRECISION_ENV) or DEFAULT_PRECISION).strip().lower()
+    prec = _PRECISION_ALIASES.get(prec, prec)
+    if prec not in PRECISIONS[name]:
+        others = "; ".join(f"{b} runs {', '.join(p)}" for b, p in PRECISIONS.items() if b != name and len(p) > 1)
+        raise InvalidInputError(
+            f"backend {name!r} runs precision {', '.join(PRECISIONS[name])}; got {prec!r} ({others})",
+            param="precision",
+        )
+    return name, prec  # type: ignore[return-value]
+
+
+class Runtime(Protocol):
+    """Runs the transformer: features ``(B, T)`` -> ``(B, T, H)`` token embeddings or ``(B, L)`` logits."""
+
+    backend: Backend
+    precision: Precision
+    inference_precision: str  # what really computes: "f32", "bf16", "int8+f32", ...
+
+    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor: ...
+
+
+class TorchRuntime:
+    """The transformers model itself, padding-free where :mod:`embedrank.models.packed` applies."""
+
+    backend: Backend = "torch"
+    precision: Precision = "fp32"
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, head: Head, *, padding_free: bool | None = None) -> None:
+        self.module = model.eval()
+        self.head = head
+        supported = packed.supports(model) if head == "encoder" else packed.supports_classifier(model)
+        self.padding_free = packed.enabled(supported, tokenizer, padding_free)
+        dtype = next(iter(model.parameters()), torch.empty(0)).dtype
+        self.inference_precision = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}.get(
+            dtype, str(dtype)
+        )
+
+    @torch.inference_mode()
+    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        device = next(iter(self.module.parameters()), torch.empty(0)).device
+        inputs = {k: v.to(device) for k, v in features.items()}
+        if self.head == "encoder":
+            if self.padding_free:
+                return packed.packed_forward(
+                    self.module, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
+                )
+            return self.module(**inputs).last_hidden_state
+        if self.padding_free:
+            return packed.packed_classifier_logits(
+                self.module, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
+            )
+        return self.module(**inputs).logits
+
+
+def _feed(names: Sequence[str], features: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """The graph's inputs from the features: int64 numpy, ``token_type_ids`` zeros if the tokenizer gave none."""
+    ids = features["input_ids"]
+    feed = {}
+    for name in names:
+        value = features.get(name)
+        feed[name] = (value if value is not None else torch.zeros_like(ids)).numpy().astype(np.int64, copy=False)
+    return feed
+
+
+class OpenVINORuntime:
+    """A compiled OpenVINO model on the CPU; one infer request per calling thread."""
+
+    backend: Backend = "openvino"
+
+    def __init__(self, xml: str | Path, precision: Precision, *, cache_dir: str | Path | None = None) -> None:
+        import openvino as ov
+
+        self.precision = precision
+        self.path = Path(xml)
+        config: dict[str, Any] = {
+            # fp32 must be true fp32: the CPU plugin otherwise runs bf16 wherever the CPU has it
+            "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+            "PERFORMANCE_HINT": "LATENCY",
+        }
+        if cache_dir is not None:
+            config["CACHE_DIR"] = str(cache_dir)
+        core = ov.Core()
+        self.compiled = core.compile_model(str(self.path), "CPU", config)
+        self.input_names = [port.any_name for port in self.compiled.inputs]
+        real = self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # an ov.Type: "f32", "bf16"
+        self.inference_precision = f"int8+{real}" if precision == "int8" else real
+        self._local = threading.local()
+
+    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        result = request.infer(_feed(self.input_names, features))
+        return torch.from_numpy(np.array(result[0], dtype=np.float32, copy=True))
+
+
+class ONNXRuntime:
+    """An ONNX Runtime CPU session."""
+
+    backend: Backend = "onnx"
+
+    def __init__(self, path: str | Path, precision: Precision, *, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        self.precision = precision
+        self.path = Path(path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.inference_precision = "int8+f32" if precision == "int8" else "f32"
+
+    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        (out,) = self.session.run(None, _feed(self.input_names, features))[:1]
+        return torch.from_numpy(np.asarray(out, dtype=np.float32))
+
+
+def describe_runtime(runtime: Runtime) -> dict[str, str]:
+    """What ``/v1/models`` and logs report: ``{"backend", "precision", "inference_precision"}``."""
+    return {
+        "backend": runtime.backend,
+        "precision": runtime.precision,
+        "inference_precision": runtime.inference_precision,
+    }

@@ -1,0 +1,306 @@
+"""Exported graphs for the OpenVINO and ONNX backends, made once and cached on disk.
+
+An export is keyed by the model (its path and the names, sizes and times of its weight files, so a model
+saved again at the same place exports again), the head (encoder or classifier), backend, precision, the
+versions of every library that shapes the graph, and for int8 the calibration texts. It lives under
+``<cache>/exports/<model>-<backend>-<precision>-<key>/`` (``$EMBEDRANK_CACHE``, else
+``~/.cache/embedrank``) with an ``export.json`` that says how it was made. Exports are written to a
+temporary directory and renamed into place, so concurrent processes never see half an export.
+
+Converters (maintained tools only):
+
+- OpenVINO: ``openvino.convert_model`` on the transformers model (whose output is narrowed to
+  ``last_hidden_state`` or ``logits``), saved uncompressed (fp32 weights); int8: ``nncf.quantize``
+  (static, ``ModelType.TRANSFORMER``) on the calibration texts, tokenized as the model will see them.
+- ONNX: ``torch.onnx.export`` with dynamic batch and sequence axes; int8:
+  ``onnxruntime.quantization.quantize_dynamic`` (per-channel int8 weights, dynamic activations).
+
+Calibration texts for int8 come from a local collection, never a hub: the user's list or file
+(``.txt``/``.jsonl``), else :data:`CALIBRATION_SIZE` seeded SciFact passages and queries from the data
+directory (``$EMBEDRANK_DATA`` or ``../shared/data``), else the model's vocabulary sentences
+(:func:`~embedrank.models.calibration.vocabulary_texts`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedrank.errors import InvalidInputError
+from embedrank.models.backends import Backend, Head, Precision
+from embedrank.models.calibration import read_texts, vocabulary_texts
+from embedrank.models.registry import ModelSpec, quiet_loading, weights_fingerprint
+from embedrank.paths import default_cache_dir, default_data_dir
+
+log = logging.getLogger("embedrank.exports")
+
+CALIBRATION_SIZE = 300  # texts for static int8 (NNCF's default subset is 300 samples)
+CALIBRATION_BATCH = 8
+_VERSIONED = {
+    "openvino": ("openvino", "nncf", "torch", "transformers"),
+    "onnx": ("onnxruntime", "onnx", "torch", "transformers"),
+}
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def calibration_texts(calibration: Sequence[str] | str | Path | None, tokenizer: Any) -> tuple[list[str], str]:
+    """The int8 calibration texts and where they came from (for ``export.json`` and logs)."""
+    if calibration is not None and not isinstance(calibration, str | Path):
+        texts = [t for t in calibration if isinstance(t, str) and t.strip()]
+        if len(texts) < 2:
+            raise InvalidInputError("int8 calibration needs at least 2 non-empty texts", param="calibration")
+        return texts, f"{len(texts)} texts given"
+    if calibration is not None:
+        texts = read_texts(calibration)
+        return _sample(texts), f"{calibration} ({min(len(texts), CALIBRATION_SIZE)} of {len(texts)} texts)"
+    data = default_data_dir()
+    scifact = data / "scifact" if data else None
+    if scifact is not None and (scifact / "corpus.jsonl").is_file():
+        passages = _sample(read_texts(scifact / "corpus.jsonl"), CALIBRATION_SIZE * 2 // 3)
+        queries = _sample(read_texts(scifact / "queries.jsonl"), CALIBRATION_SIZE - len(passages))
+        return passages + queries, f"{scifact} ({len(passages)} passages, {len(queries)} queries, seed 0)"
+    texts = vocabulary_texts(tokenizer.get_vocab(), n=CALIBRATION_SIZE)
+    return texts, f"{CALIBRATION_SIZE} vocabulary sentences (no data directory with scifact found)"
+
+
+def _sample(texts: list[str], n: int = CALIBRATION_SIZE) -> list[str]:
+    if len(texts) <= n:
+        return texts
+    picks = np.random.default_rng(0).choice(len(texts), size=n, replace=False)
+    return [texts[i] for i in sorted(picks)]
+
+
+def export_key(spec: ModelSpec, head: Head, backend: Backend, precision: Precision, calibration: list[str]) -> str:
+    """The cache key of an export (see the module docstring for what goes in)."""
+    config = Path(spec.path) / "config.json"
+    facts = {
+        "path": spec.path,
+        "weights": weights_fingerprint(spec.path),
+        "config": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
+        "head": head,
+        "backend": backend,
+        "precision": precision,
+        "versions": {p: _version(p) for p in _VERSIONED[backend]},
+        "calibration": hashlib.sha256("\x00".join(calibration).encode()).hexdigest() if calibration else None,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def export_dir(spec: ModelSpec, backend: Backend, precision: Precision, key: str, cache_dir: Path | None) -> Path:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec.model_id.rstrip("/")).name)[:60]
+    return (cache_dir or default_cache_dir()) / "exports" / f"{name}-{backend}-{precision}-{key}"
+
+
+class _Narrow(torch.nn.Module):
+    """The transformers model with one tensor out: ``last_hidden_state`` or ``logits``."""
+
+    def __init__(self, model: torch.nn.Module, head: Head, with_token_types: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.output = "last_hidden_state" if head == "encoder" else "logits"
+        self.with_token_types = with_token_types
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        extra = {"token_type_ids": token_type_ids} if self.with_token_types else {}
+        return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **extra), self.output)
+
+
+def _load_torch(spec: ModelSpec, head: Head) -> torch.nn.Module:
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    loader = AutoModel if head == "encoder" else AutoModelForSequenceClassification
+    with quiet_loading():
+        # eager attention: a plain graph that every converter reads (SDPA's masks trace less cleanly)
+        return loader.from_pretrained(spec.path, attn_implementation="eager").eval()
+
+
+def _example(tokenizer: Any, head: Head) -> dict[str, torch.Tensor]:
+    if head == "encoder":
+        enc = tokenizer(["an example text", "a second, longer example text"], padding=True, return_tensors="pt")
+    else:
+        enc = tokenizer(
+            ["a query", "another query"], ["a passage", "a longer passage"], padding=True, return_tensors="pt"
+        )
+    return dict(enc)
+
+
+def _calibration_batches(tokenizer: Any, head: Head, texts: list[str], max_length: int) -> list[dict[str, np.ndarray]]:
+    """Tokenized calibration batches as the runtime will feed them (length-sorted, padded per batch).
+    A cross-encoder is calibrated on pairs: the first 12 words of text i against texts i and i+1."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    batches = []
+    for start in range(0, len(order), CALIBRATION_BATCH):
+        chunk = [texts[i] for i in order[start : start + CALIBRATION_BATCH]]
+        if head == "encoder":
+            enc = tokenizer(chunk, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        else:
+            queries = [" ".join(t.split()[:12]) for t in chunk]
+            docs = chunk[1:] + chunk[:1]
+            enc = tokenizer(
+                queries * 2, chunk + docs, padding=True, truncation=True, max_length=max_length, return_tensors="np"
+            )
+        batches.append({k: np.asarray(v, dtype=np.int64) for k, v in enc.items()})
+    return batches
+
+
+def _export_openvino(
+    model: _Narrow, example: dict[str, torch.Tensor], out: Path, precision: Precision, calib: Any
+) -> None:
+    import openvino as ov
+
+    # torch.export with dynamic batch and sequence axes (torch.jit.trace, convert_model's other path, is
+    # deprecated); the graph's inputs keep the tokenizer's names
+    # (Dim.AUTO: dynamic, with the range torch derives from the model, e.g. its position limit)
+    auto = torch.export.Dim.AUTO
+    program = torch.export.export(model, (), kwargs=example, dynamic_shapes={k: {0: auto, 1: auto} for k in example})
+    ov_model = ov.convert_model(program)
+    if precision == "int8":
+        import nncf
+
+        names = [p.any_name for p in ov_model.inputs]
+        dataset = nncf.Dataset(calib, lambda batch: {n: batch[n] for n in names})
+        ov_model = nncf.quantize(ov_model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calib))
+    ov.save_model(ov_model, str(out / "model.xml"), compress_to_fp16=False)
+
+
+def _export_onnx(model: _Narrow, example: dict[str, torch.Tensor], out: Path, precision: Precision) -> None:
+    names = list(example)
+    target = out / ("model_fp32.onnx" if precision == "int8" else "model.onnx")
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    axes["output"] = {0: "batch", 1: "sequence"} if model.output == "last_hidden_state" else {0: "batch"}
+    torch.onnx.export(
+        model,
+        tuple(example[n] for n in names),
+        str(target),
+        input_names=names,
+        output_names=["output"],
+        dynamic_axes=axes,
+        opset_version=17,
+        dynamo=False,
+    )
+    if precision == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(target), str(out / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
+        target.unlink()
+
+
+def exported_model(
+    spec: ModelSpec,
+    tokenizer: Any,
+    head: Head,
+    backend: Backend,
+    precision: Precision,
+    *,
+    max_seq_length: int,
+    calibration: Sequence[str] | str | Path | None = None,
+    cache_dir: str | Path | None = None,
+) -> Path:
+    """The path of the exported graph (``model.xml`` or ``model.onnx``), exporting it on first use.
+
+    The first export logs what it does and how long it took; later calls find it in the cache.
+    """
+    if backend == "torch":
+        raise ValueError("the torch backend runs the transformers model itself; there is nothing to export")
+    texts, source = calibration_texts(calibration, tokenizer) if precision == "int8" else ([], None)
+    # bf16 is a compile-time setting of OpenVINO's CPU plugin: it runs the fp32 export
+    precision = "fp32" if precision == "bf16" else precision
+    root = Path(cache_dir).expanduser() if cache_dir is not None else None
+    key = export_key(spec, head, backend, precision, texts)
+    target = export_dir(spec, backend, precision, key, root)
+    graph = target / ("model.xml" if backend == "openvino" else "model.onnx")
+    if graph.is_file():
+        return graph
+    log.warning(
+        "embedrank: exporting %s to %s %s (first use; cached in %s)%s",
+        spec.model_id,
+        backend,
+        precision,
+        target,
+        f", calibrating on {source}" if source else "",
+    )
+    started = time.perf_counter()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model = _load_torch(spec, head)
+        example = _example(tokenizer, head)
+        narrow = _Narrow(model, head, "token_type_ids" in example).eval()
+        with torch.inference_mode(False), torch.no_grad():
+            if backend == "openvino":
+                calib = _calibration_batches(tokenizer, head, texts, max_seq_length) if precision == "int8" else None
+                _export_openvino(narrow, example, tmp, precision, calib)
+            else:
+                _export_onnx(narrow, example, tmp, precision)
+        seconds = time.perf_counter() - started
+        info = {
+            "model_id": spec.model_id,
+            "path": spec.path,
+            "head": head,
+            "backend": backend,
+            "precision": precision,
+            "calibration": source,
+            "versions": {p: _version(p) for p in _VERSIONED[backend]},
+            "export_seconds": round(seconds, 2),
+            "key": key,
+        }
+        (tmp / "export.json").write_text(json.dumps(info, indent=2) + "\n")
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished the same export first: use theirs
+            if not graph.is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.warning("embedrank: exported %s to %s %s in %.1f s", spec.model_id, backend, precision, seconds)
+    return graph
+
+
+def load_runtime(
+    spec: ModelSpec,
+    tokenizer: Any,
+    head: Head,
+    backend: Backend,
+    precision: Precision,
+    *,
+    max_seq_length: int,
+    calibration: Sequence[str] | str | Path | None = None,
+    cache_dir: str | Path | None = None,
+) -> Any:
+    """An :class:`~embedrank.models.backends.OpenVINORuntime` or ``ONNXRuntime`` on the (cached) export."""
+    from embedrank.models.backends import ONNXRuntime, OpenVINORuntime
+
+    graph = exported_model(
+        spec,
+        tokenizer,
+        head,
+        backend,
+        precision,
+        max_seq_length=max_seq_length,
+        calibration=calibration,
+        cache_dir=cache_dir,
+    )
+    if backend == "openvino":
+        return OpenVINORuntime(graph, precision, cache_dir=graph.parent / "compiled")
+    return ONNXRuntime(graph, precision)
