@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	# torch first, from the CPU wheel (never let a resolver pick a multi-GB CUDA build)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[dev,notebooks,train,ray]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,notebooks,train,ray,int8,onnx]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

@@ -85,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rescore-multiplier", type=int, default=4, help="--index binary: candidates per result (4)")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument(
+        "--backend",
+        choices=["torch", "openvino", "onnx"],
+        help="what runs the models (default: $EMBEDRANK_BACKEND, else openvino); see embedrank.models.backends",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "int8"],
+        help="the backend's precision (default: fp32); bf16 and int8 systems are named with ~bf16 / ~int8",
+    )
+    p.add_argument(
         "--embeddings",
         metavar="DIR",
         help="prebuilt corpus vectors (python -m embedrank.embed ... --output DIR) or a saved index (e.g. a sharded "
@@ -241,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     from embedrank.retrieval.data import load_beir, write_demo_collection
 
     base = BenchmarkConfig(
+        backend=args.backend,
+        precision=args.precision,
         rerank_max_seq_length=args.rerank_max_seq_length,
         chunking=Chunking(overlap=args.chunk_overlap, aggregate=args.chunk_aggregation) if args.chunk else None,
         k_retrieve=args.k_retrieve,

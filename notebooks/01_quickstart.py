@@ -85,7 +85,7 @@ unrelated = [(0, 2), (0, 4), (2, 4), (1, 3), (1, 5), (3, 5)]
 rows = []
 for mode in PoolingMode:
     for normalize in (True, False):
-        variant = Encoder(encoder.spec, encoder.model, encoder.tokenizer, pooling=mode, normalize=normalize)
+        variant = Encoder(encoder.spec, encoder.runtime, encoder.tokenizer, pooling=mode, normalize=normalize)
         v = variant.encode(sentences)
         s = similarity(v, v)
         para = float(np.mean([s[i, j] for i, j in pairs]))

@@ -200,6 +200,9 @@ def list_models(pool: ModelPool) -> ModelList:
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.entry.aliases),
                 prompts=dict(served.spec.prompts),
+                backend=served.backend,
+                precision=served.precision,
+                inference_precision=served.inference_precision,
             )
             for model_id, served in pool.models.items()
         ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from embedrank.errors import ModelKindError, ModelNotFoundError
+from embedrank.models.backends import check_backend
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
@@ -32,6 +33,9 @@ class ServedModel:
     spec: ModelSpec
     runner: AsyncEncoder | AsyncCrossEncoder | None = None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    backend: str = "torch"  # what runs the transformer (embedrank.models.backends); "fake" for fakes
+    precision: str = "fp32"
+    inference_precision: str | None = None  # what really computes, known once loaded
 
     @property
     def capabilities(self) -> list[str]:
@@ -57,26 +61,38 @@ class ModelPool:
             if entry.id not in self._built and (entry.path or "").startswith("fake:"):
                 self._built[entry.id] = fake_model(entry.id, entry.path or "")
             spec = self._built[entry.id].spec if entry.id in self._built else resolve(entry.path or entry.id)
-            if entry.calibration is not None and (spec.kind != "embedding" or not Path(entry.calibration).is_file()):
+            built = self._built.get(entry.id)
+            backend, precision = (
+                check_backend(entry.backend, entry.precision) if built is None else describe_model(built)[:2]
+            )
+            calibrated = spec.kind == "embedding" or precision == "int8"
+            if entry.calibration is not None and (not calibrated or not Path(entry.calibration).is_file()):
                 raise SettingsError(
                     f"model {entry.id!r}: calibration {entry.calibration!r} must be an existing .txt or .jsonl "
-                    f"file, for an embedding model"
+                    f"file, for an embedding model or an int8 one"
                 )
-            self.models[entry.id] = ServedModel(entry=entry, spec=spec)
+            self.models[entry.id] = ServedModel(entry=entry, spec=spec, backend=backend, precision=precision)
             for alias in entry.aliases:
                 self.aliases.setdefault(alias, entry.id)
 
     def load(self) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), and give each embedding model the
         calibration texts its entry names. Returns the loaded models by id."""
-        loaded: dict[str, Any] = {
-            model_id: self._built.get(model_id)
-            or (Encoder if served.spec.kind == "embedding" else CrossEncoder).from_spec(served.spec)
-            for model_id, served in self.models.items()
-        }
+        loaded: dict[str, Any] = {}
         for model_id, served in self.models.items():
-            if served.entry.calibration:  # only embedding models (checked at construction)
-                loaded[model_id].calibrate(served.entry.calibration)
+            model = self._built.get(model_id)
+            if model is None:
+                cls = Encoder if served.spec.kind == "embedding" else CrossEncoder
+                model = cls.from_spec(
+                    served.spec,
+                    backend=served.backend,
+                    precision=served.precision,
+                    calibration=served.entry.calibration,
+                )
+            if served.entry.calibration and served.spec.kind == "embedding":  # int8 cross-encoders: used above
+                model.calibrate(served.entry.calibration)  # type: ignore[union-attr]
+            served.inference_precision = describe_model(model)[2]
+            loaded[model_id] = model
         return loaded
 
     def start_engines(
@@ -113,6 +129,14 @@ class ModelPool:
         for served in self.models.values():
             if served.runner is not None:
                 await served.runner.engine.drain(timeout)
+
+
+def describe_model(model: Any) -> tuple[str, str, str]:
+    """``(backend, precision, inference_precision)`` of a loaded model; a fake reports backend ``fake``."""
+    runtime = getattr(model, "runtime", None)
+    if runtime is None:
+        return "fake", "fp32", "f32"
+    return runtime.backend, runtime.precision, runtime.inference_precision
 
 
 FAKE_PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5-style, for fake:encoder-with-prompts

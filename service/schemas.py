@@ -240,6 +240,12 @@ class ModelCard(Struct, kw_only=True):
     prompts: Annotated[
         dict[str, str], Meta(description="The model's named prompts (input_type and prompt_name select them)")
     ] = msgspec.field(default_factory=dict)
+    backend: Annotated[str, Meta(description="What runs the transformer: torch, openvino, onnx (fake: no weights)")]
+    precision: Annotated[str, Meta(description="The configured precision: fp32, bf16 or int8")]
+    inference_precision: Annotated[
+        str | None,
+        Meta(description="What really computes (f32, bf16, int8+f32), read from the runtime; null until loaded"),
+    ] = None
 
 
 class ModelList(Struct, kw_only=True):

@@ -2,9 +2,14 @@
 
 Environment variables (all optional):
 
-- ``EMBEDRANK_MODELS``: comma-separated ``id`` or ``id=path_or_hub_id`` entries. Every embedding model
+- ``EMBEDRANK_MODELS``: comma-separated ``id`` or ``id=path_or_hub_id`` entries, each optionally ending in
+  ``@backend[:precision]`` (``mini-int8=sentence-transformers/all-MiniLM-L6-v2@openvino:int8``): the same
+  weights can be served under several ids with different backends. Every embedding model
   serves ``/v1/embeddings`` and, as a bi-encoder (cosine) scorer, ``/v1/rerank``; a cross-encoder serves
   ``/v1/rerank`` only, with its own scores. Default: the packaged ``sentence-transformers/all-MiniLM-L6-v2``.
+- ``EMBEDRANK_BACKEND`` (``openvino``; or ``torch``, ``onnx``) and ``EMBEDRANK_PRECISION`` (``fp32``; or
+  ``bf16``, ``int8``): what runs every model whose entry names no backend (:mod:`embedrank.models.backends`).
+  An OpenVINO or ONNX model is exported on its first start and read from the export cache after that.
 - ``EMBEDRANK_API_KEYS`` (comma-separated) and/or ``EMBEDRANK_API_KEYS_FILE`` (one key per line).
 - ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
 - ``EMBEDRANK_CORS_ORIGINS``: comma-separated origins (``https://app.example.com``, or ``*``) allowed to
@@ -33,9 +38,12 @@ A model path ``fake:encoder``, ``fake:encoder-with-prompts`` or ``fake:cross-enc
 (:mod:`embedrank.models.fake`), for trying the API or testing a client without loading weights.
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
-``id``, optional ``path``, optional ``aliases`` and optional ``calibration``: a ``.txt`` (one text per
-line) or BEIR ``.jsonl`` file whose embeddings set the model's int8/uint8 ranges for ``embedding_types``
-(default: :mod:`embedrank.models.calibration`'s seeded vocabulary sentences).
+``id``, optional ``path``, optional ``aliases``, optional ``backend`` and ``precision``, and optional
+``calibration``: a ``.txt`` (one text per line) or BEIR ``.jsonl`` file whose embeddings set the model's
+int8/uint8 ranges for ``embedding_types`` (default: :mod:`embedrank.models.calibration`'s seeded
+vocabulary sentences) and, with ``precision = "int8"``, calibrate the int8 model itself (default: SciFact
+texts from the data directory, :mod:`embedrank.models.exports`). Top-level ``backend`` and ``precision``
+are the defaults for every model.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+from embedrank.errors import InvalidInputError
+from embedrank.models.backends import BACKEND_ENV, PRECISION_ENV, check_backend
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.serving.engine import EngineConfig
 
@@ -54,12 +64,35 @@ class SettingsError(ValueError):
     """A setting is malformed; raised at startup with the variable's name."""
 
 
+def parse_model_entry(text: str) -> ModelEntry:
+    """One ``EMBEDRANK_MODELS`` entry: ``id``, ``id=path`` or either with ``@backend[:precision]``.
+
+    >>> parse_model_entry("minilm-int8=sentence-transformers/all-MiniLM-L6-v2@openvino:int8")
+    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), calibration=None, backend='openvino', precision='int8')
+    >>> parse_model_entry("minilm@torch").backend
+    'torch'
+    """
+    head, at, runtime = text.rpartition("@") if "@" in text else (text, "", "")
+    backend, _, precision = runtime.partition(":")
+    model_id, _, model_path = head.partition("=")
+    if not model_id.strip() or (at and not backend.strip()):
+        raise SettingsError(f"EMBEDRANK_MODELS entry {text!r} must be id, id=path, or either with @backend[:precision]")
+    return ModelEntry(
+        id=model_id.strip(),
+        path=model_path.strip() or None,
+        backend=backend.strip() or None,
+        precision=precision.strip() or None,
+    )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelEntry:
     id: str
     path: str | None = None  # local path or hub id; defaults to id
     aliases: tuple[str, ...] = ()
     calibration: str | None = None  # int8/uint8 calibration texts (.txt or .jsonl); None: the default
+    backend: str | None = None  # torch, openvino, onnx; None: EMBEDRANK_BACKEND, else openvino
+    precision: str | None = None  # fp32, bf16, int8; None: EMBEDRANK_PRECISION, else fp32
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -111,8 +144,7 @@ class Settings:
         if env.get("EMBEDRANK_MODELS"):
             for part in env["EMBEDRANK_MODELS"].split(","):
                 if part.strip():
-                    model_id, _, model_path = part.strip().partition("=")
-                    models.append(ModelEntry(id=model_id.strip(), path=model_path.strip() or None))
+                    models.append(parse_model_entry(part.strip()))
         else:
             for entry in data.get("models", []):
                 models.append(
@@ -121,8 +153,16 @@ class Settings:
                         path=entry.get("path"),
                         aliases=tuple(entry.get("aliases", ())),
                         calibration=entry.get("calibration"),
+                        backend=entry.get("backend"),
+                        precision=entry.get("precision"),
                     )
                 )
+        default_backend = env.get(BACKEND_ENV) or data.get("backend")
+        default_precision = env.get(PRECISION_ENV) or data.get("precision")
+        models = [
+            dataclasses.replace(m, backend=m.backend or default_backend, precision=m.precision or default_precision)
+            for m in models
+        ]
         keys = [k.strip() for k in env.get("EMBEDRANK_API_KEYS", "").split(",") if k.strip()]
         keys += [str(k) for k in data.get("api_keys", [])]
         keys_file = env.get("EMBEDRANK_API_KEYS_FILE") or data.get("api_keys_file")
@@ -145,6 +185,8 @@ class Settings:
             max_queue_seconds=get("max_queue_seconds", base.engine.max_queue_seconds),
             idle_seconds=get("idle_seconds", base.engine.idle_seconds),
         )
+        if not models and (default_backend or default_precision):
+            models = [dataclasses.replace(m, backend=default_backend, precision=default_precision) for m in base.models]
         settings = cls(
             models=tuple(models) or base.models,
             api_keys=tuple(dict.fromkeys(keys)),
@@ -162,6 +204,13 @@ class Settings:
         return settings
 
     def validate(self) -> None:
+        for entry in self.models:
+            if (entry.path or "").startswith("fake:"):
+                continue
+            try:
+                check_backend(entry.backend, entry.precision)
+            except InvalidInputError as exc:
+                raise SettingsError(f"model {entry.id!r}: {exc}") from None
         for name in ("max_inputs", "max_documents", "max_body_bytes", "max_text_chars"):
             if getattr(self.limits, name) < 1:
                 raise SettingsError(f"limit {name} must be >= 1")

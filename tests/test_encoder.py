@@ -78,7 +78,7 @@ def test_dimensions_truncate_and_renormalize(encoder):
 
 
 def test_pooling_override_changes_vectors(encoder, model_path):
-    cls_encoder = Encoder(encoder.spec, encoder.model, encoder.tokenizer, pooling="cls")
+    cls_encoder = Encoder(encoder.spec, encoder.runtime, encoder.tokenizer, pooling="cls")
     a, b = encoder.encode(["hello world"]), cls_encoder.encode(["hello world"])
     assert not np.allclose(a, b)
     np.testing.assert_allclose(np.linalg.norm(b), 1.0, atol=1e-6)

@@ -22,6 +22,12 @@ TEXTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def encoder():
+    """The torch backend: packing is a torch-path optimization (the default backend is OpenVINO)."""
+    return Encoder.from_pretrained(backend="torch")
+
+
 def test_packed_forward_equals_padded_forward(encoder):
     batch = encoder.tokenize(TEXTS)
     mask = batch.features["attention_mask"].bool()
@@ -44,9 +50,9 @@ def test_padded_batch_embeddings_match_sentence_transformers(encoder, st_model):
 def test_cross_encoder_pairs_with_token_types_match(cross_encoder_dir):
     from sentence_transformers import CrossEncoder as STCrossEncoder
 
-    packed_ce = CrossEncoder.from_pretrained(cross_encoder_dir)
+    packed_ce = CrossEncoder.from_pretrained(cross_encoder_dir, backend="torch")
     assert packed_ce.padding_free
-    plain = CrossEncoder.from_pretrained(cross_encoder_dir)
+    plain = CrossEncoder.from_pretrained(cross_encoder_dir, backend="torch")
     plain.padding_free = False
     query = "what causes the seasons on earth"
     batch = packed_ce.tokenize([query] * len(TEXTS), TEXTS)

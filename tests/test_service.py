@@ -23,7 +23,7 @@ from embedrank.models.chunking import Chunking, split_windows
 from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.serving.engine import EngineConfig
 from service.app import create_app
-from service.settings import Limits, ModelEntry, Settings
+from service.settings import Limits, ModelEntry, Settings, SettingsError
 
 MODEL = "fake-encoder"
 CE = "fake-ce"
@@ -678,3 +678,41 @@ def test_engine_serves_a_lower_priority_value_first():
     q.push(normal)
     q.push(urgent)
     assert q.take(max_tokens=10, max_size=1)[0][0] is urgent
+
+
+def test_backend_and_precision_per_model_from_env_and_toml(tmp_path):
+    env = {
+        "EMBEDRANK_MODELS": "a=sentence-transformers/all-MiniLM-L6-v2@openvino:int8,b=all-MiniLM-L6-v2@torch,c",
+        "EMBEDRANK_PRECISION": "bf16",
+    }
+    with pytest.raises(SettingsError, match=r"model 'b': backend 'torch' runs precision fp32; got 'bf16'"):
+        Settings.from_env(env)
+    ok = Settings.from_env({**env, "EMBEDRANK_PRECISION": ""})
+    got = [(m.id, m.path, m.backend, m.precision) for m in ok.models]
+    assert got == [
+        ("a", "sentence-transformers/all-MiniLM-L6-v2", "openvino", "int8"),
+        ("b", "all-MiniLM-L6-v2", "torch", None),
+        ("c", None, None, None),
+    ]
+    default = Settings.from_env({"EMBEDRANK_BACKEND": "torch"}).models
+    assert [(m.id, m.backend) for m in default] == [("sentence-transformers/all-MiniLM-L6-v2", "torch")]
+    with pytest.raises(SettingsError, match="unknown backend 'cuda'"):
+        Settings.from_env({"EMBEDRANK_BACKEND": "cuda"})
+    with pytest.raises(SettingsError, match="@backend"):
+        Settings.from_env({"EMBEDRANK_MODELS": "m@"})
+    toml = tmp_path / "embedrank.toml"
+    toml.write_text(
+        'backend = "onnx"\n[[models]]\nid = "m1"\npath = "all-MiniLM-L6-v2"\n'
+        '[[models]]\nid = "m2"\npath = "all-MiniLM-L6-v2"\nbackend = "openvino"\nprecision = "bf16"\n'
+    )
+    models = Settings.from_env({"EMBEDRANK_CONFIG": str(toml)}).models
+    assert [(m.id, m.backend, m.precision) for m in models] == [("m1", "onnx", None), ("m2", "openvino", "bf16")]
+
+
+def test_models_card_reports_backend(client):
+    cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert (cards[MODEL]["backend"], cards[MODEL]["precision"], cards[MODEL]["inference_precision"]) == (
+        "fake",
+        "fp32",
+        "f32",
+    )

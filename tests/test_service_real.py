@@ -31,7 +31,15 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def client(cross_encoder_dir):
-    settings = dataclasses.replace(BASE, models=(*BASE.models, ModelEntry(id="my-ce", path=cross_encoder_dir)))
+    settings = dataclasses.replace(
+        BASE,
+        models=(
+            *BASE.models,
+            ModelEntry(id="my-ce", path=cross_encoder_dir),
+            # the same weights a second time, on the torch backend
+            ModelEntry(id="minilm-torch", path=MODEL, backend="torch"),
+        ),
+    )
     with TestClient(create_app(settings, wait_for_models=True)) as c:
         c.headers.update(AUTH)
         yield c
@@ -129,3 +137,23 @@ def test_compact_vectors_and_chunked_embeddings_equal_the_encoder(client, encode
 
     assert np.abs(int8 - quantize(chunked.embeddings, "int8", ranges).astype(np.int16)).max() <= 1
     assert [d["embeddings"]["ubinary"] for d in data] == quantize(chunked.embeddings, "ubinary").tolist()
+
+
+def test_models_report_backend_and_the_precision_that_runs(client):
+    cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert {k: cards[MODEL][k] for k in ("backend", "precision", "inference_precision")} == {
+        "backend": "openvino",
+        "precision": "fp32",
+        "inference_precision": "f32",
+    }
+    assert (cards["minilm-torch"]["backend"], cards["minilm-torch"]["inference_precision"]) == ("torch", "f32")
+    assert cards["my-ce"]["backend"] == "openvino"
+
+
+def test_the_same_weights_on_two_backends_agree(client):
+    texts = ["short", "a much longer text about retrieval " * 5, "Ünïcödé 日本語"]
+    vectors = {}
+    for model in (MODEL, "minilm-torch"):
+        body = client.post("/v1/embeddings", json={"model": model, "input": texts}).json()
+        vectors[model] = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    assert np.abs(vectors[MODEL] - vectors["minilm-torch"]).max() < 1e-4

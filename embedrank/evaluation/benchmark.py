@@ -13,6 +13,7 @@ import pandas as pd
 
 from embedrank.evaluation.compare import SystemRun
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
+from embedrank.models.backends import check_backend
 from embedrank.models.chunking import Chunking
 from embedrank.models.encoder import Encoder
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL
@@ -40,6 +41,8 @@ class BenchmarkConfig:
     retriever: RetrieverName = "dense"
     model: str = DEFAULT_EMBEDDING_MODEL
     reranker: str | None = None
+    backend: str | None = None  # what runs both models (embedrank.models.backends); None: the default
+    precision: str | None = None  # fp32, bf16, int8; None: the default (fp32)
     rerank_max_seq_length: int | None = None  # the reranker's window (default: the model's)
     chunking: Chunking | None = None  # None: the reranker truncates long documents
     k_retrieve: int = 100
@@ -80,16 +83,26 @@ class BenchmarkResult:
         first = self.first_stage_system
         if not self.config.reranker:
             return first
-        return f"{first}>{Path(self.config.reranker.rstrip('/')).name.lower()}"
+        return f"{first}>{Path(self.config.reranker.rstrip('/')).name.lower()}{self.runtime_suffix}"
 
     @property
     def first_stage_system(self) -> str:
         """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not
         the default one (BM25 alone uses no model)."""
         cfg = self.config
-        if cfg.retriever == "bm25" or cfg.model in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"):
+        if cfg.retriever == "bm25":
             return cfg.retriever
-        return f"{cfg.retriever}@{Path(cfg.model.rstrip('/')).name.lower()}"
+        name: str = cfg.retriever
+        if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"):
+            name += f"@{Path(cfg.model.rstrip('/')).name.lower()}"
+        return name + self.runtime_suffix
+
+    @property
+    def runtime_suffix(self) -> str:
+        """``~bf16``/``~int8`` for a precision other than fp32 (its results differ); fp32 backends agree to
+        1e-4 and share names."""
+        precision = check_backend(self.config.backend, self.config.precision)[1]
+        return "" if precision == "fp32" else f"~{precision}"
 
     def systems(self, metrics: Sequence[str] | None = None) -> list[SystemRun]:
         """The reranked system and, when there is a reranker, its first stage alone (``metrics``: columns kept)."""
@@ -124,13 +137,15 @@ class BenchmarkResult:
 
 
 @functools.lru_cache(maxsize=4)
-def cached_encoder(model_id: str) -> Encoder:
-    return Encoder.from_pretrained(model_id)
+def cached_encoder(model_id: str, backend: str | None = None, precision: str | None = None) -> Encoder:
+    return Encoder.from_pretrained(model_id, backend=backend, precision=precision)
 
 
 @functools.lru_cache(maxsize=4)
-def cached_reranker(model_id: str, max_seq_length: int | None = None):
-    return load_reranker(model_id, max_seq_length=max_seq_length)
+def cached_reranker(
+    model_id: str, max_seq_length: int | None = None, backend: str | None = None, precision: str | None = None
+):
+    return load_reranker(model_id, max_seq_length=max_seq_length, backend=backend, precision=precision)
 
 
 def subset(ds: BeirDataset, max_queries: int | None) -> BeirDataset:
@@ -182,15 +197,22 @@ def run_benchmark(
         index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
         if cfg.embeddings and is_index_dir(cfg.embeddings):
             retriever = DenseRetriever.from_index(
-                cached_encoder(cfg.model), cfg.embeddings, corpus=ds.corpus, batch_size=cfg.batch_size
+                cached_encoder(cfg.model, cfg.backend, cfg.precision),
+                cfg.embeddings,
+                corpus=ds.corpus,
+                batch_size=cfg.batch_size,
             )
         elif cfg.embeddings:
             retriever = DenseRetriever.from_embeddings(
-                cached_encoder(cfg.model), cfg.embeddings, corpus=ds.corpus, index=index, batch_size=cfg.batch_size
+                cached_encoder(cfg.model, cfg.backend, cfg.precision),
+                cfg.embeddings,
+                corpus=ds.corpus,
+                index=index,
+                batch_size=cfg.batch_size,
             )
         else:
             retriever = DenseRetriever.from_corpus(
-                cached_encoder(cfg.model),
+                cached_encoder(cfg.model, cfg.backend, cfg.precision),
                 ds.corpus,
                 index=index,
                 batch_size=cfg.batch_size,
@@ -231,7 +253,9 @@ def run_benchmark(
         first = DensePRFRetriever(dense(), k=cfg.prf_k, beta=cfg.prf_beta)
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
-    reranker = cached_reranker(cfg.reranker, cfg.rerank_max_seq_length) if cfg.reranker else None
+    reranker = (
+        cached_reranker(cfg.reranker, cfg.rerank_max_seq_length, cfg.backend, cfg.precision) if cfg.reranker else None
+    )
     if reranker is not None:
         reranker = reranker.with_chunking(cfg.chunking)
         window = f", max_seq_length {cfg.rerank_max_seq_length}" if cfg.rerank_max_seq_length else ""

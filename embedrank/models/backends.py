@@ -173,7 +173,10 @@ class ONNXRuntime:
     backend: Backend = "onnx"
 
     def __init__(self, path: str | Path, precision: Precision, *, threads: int | None = None) -> None:
-        import onnxruntime as ort
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ImportError("the ONNX backend needs onnxruntime: pip install 'embedrank[onnx]'") from None
 
         self.precision = precision
         self.path = Path(path)

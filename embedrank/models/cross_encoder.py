@@ -163,7 +163,7 @@ class CrossEncoder:
 
     @property
     def num_labels(self) -> int:
-        return int(self.config.num_labels)
+        return int(self.config.num_labels)  # type: ignore[union-attr, arg-type]
 
     def __repr__(self) -> str:
         return (

@@ -161,7 +161,7 @@ class Encoder:
     def dimension(self) -> int:
         if self.spec.dimension:
             return int(self.spec.dimension)
-        return int(self.model.config.hidden_size)  # type: ignore[union-attr]
+        return int(self.model.config.hidden_size)  # type: ignore[union-attr, arg-type]
 
     def __repr__(self) -> str:
         return (

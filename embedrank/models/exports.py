@@ -24,6 +24,7 @@ directory (``$EMBEDRANK_DATA`` or ``../shared/data``), else the model's vocabula
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.metadata
 import json
 import logging
@@ -176,7 +177,7 @@ def _export_openvino(
     program = torch.export.export(model, (), kwargs=example, dynamic_shapes={k: {0: auto, 1: auto} for k in example})
     ov_model = ov.convert_model(program)
     if precision == "int8":
-        import nncf
+        nncf = _require("nncf", "int8", "OpenVINO int8")
 
         names = [p.any_name for p in ov_model.inputs]
         dataset = nncf.Dataset(calib, lambda batch: {n: batch[n] for n in names})
@@ -184,22 +185,31 @@ def _export_openvino(
     ov.save_model(ov_model, str(out / "model.xml"), compress_to_fp16=False)
 
 
+def _require(module: str, extra: str, what: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{what} needs {module}: pip install 'embedrank[{extra}]'") from None
+
+
 def _export_onnx(model: _Narrow, example: dict[str, torch.Tensor], out: Path, precision: Precision) -> None:
-    names = list(example)
+    _require("onnxscript", "onnx", "the ONNX backend's exporter")
     target = out / ("model_fp32.onnx" if precision == "int8" else "model.onnx")
-    axes = {n: {0: "batch", 1: "sequence"} for n in names}
-    axes["output"] = {0: "batch", 1: "sequence"} if model.output == "last_hidden_state" else {0: "batch"}
-    torch.onnx.export(
+    auto = torch.export.Dim.AUTO
+    # the torch.export-based exporter (TorchScript tracing bakes the example's shapes into the mask ops)
+    program = torch.onnx.export(
         model,
-        tuple(example[n] for n in names),
-        str(target),
-        input_names=names,
-        output_names=["output"],
-        dynamic_axes=axes,
-        opset_version=17,
-        dynamo=False,
+        (),
+        kwargs=example,
+        dynamic_shapes={k: {0: auto, 1: auto} for k in example},
+        dynamo=True,
+        optimize=True,
+        verbose=False,
     )
+    assert program is not None  # dynamo=True always returns the program
+    program.save(str(target))
     if precision == "int8":
+        _require("onnxruntime", "onnx", "the ONNX backend")
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         quantize_dynamic(str(target), str(out / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
@@ -223,7 +233,8 @@ def exported_model(
     """
     if backend == "torch":
         raise ValueError("the torch backend runs the transformers model itself; there is nothing to export")
-    texts, source = calibration_texts(calibration, tokenizer) if precision == "int8" else ([], None)
+    static = backend == "openvino" and precision == "int8"  # ONNX int8 is dynamic: no calibration
+    texts, source = calibration_texts(calibration, tokenizer) if static else ([], None)
     # bf16 is a compile-time setting of OpenVINO's CPU plugin: it runs the fp32 export
     precision = "fp32" if precision == "bf16" else precision
     root = Path(cache_dir).expanduser() if cache_dir is not None else None

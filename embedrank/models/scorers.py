@@ -105,17 +105,24 @@ def load_reranker(
     device: str = "cpu",
     chunking: Chunking | None = None,
     max_seq_length: int | None = None,
+    backend: str | None = None,
+    precision: str | None = None,
 ) -> CrossEncoderScorer | BiEncoderScorer:
     """Load a reranker; the kind (cross-encoder or bi-encoder scorer) comes from the model's own files.
     With ``chunking``, long documents are scored window by window (:mod:`embedrank.models.chunking`);
-    ``max_seq_length`` overrides the model's own window.
+    ``max_seq_length`` overrides the model's own window; ``backend`` and ``precision`` choose what runs it
+    (:mod:`embedrank.models.backends`).
 
     A bi-encoder scorer cannot change the order of a dense first stage built on the same model (both rank
     by the same cosine); :class:`~embedrank.retrieval.pipeline.RetrieveRerank` warns when it sees that.
     """
     spec = resolve(model_id)
     if spec.kind == "cross-encoder":
-        model = CrossEncoder.from_spec(spec, device=device, max_seq_length=max_seq_length)
+        model = CrossEncoder.from_spec(
+            spec, device=device, max_seq_length=max_seq_length, backend=backend, precision=precision
+        )
         return CrossEncoderScorer(model, batch_size=batch_size, chunking=chunking)
-    encoder = Encoder.from_spec(spec, device=device, max_seq_length=max_seq_length)
+    encoder = Encoder.from_spec(
+        spec, device=device, max_seq_length=max_seq_length, backend=backend, precision=precision
+    )
     return BiEncoderScorer(encoder, batch_size=batch_size, chunking=chunking)

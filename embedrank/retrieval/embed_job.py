@@ -125,7 +125,9 @@ def read_embeddings(directory: str | Path) -> tuple[list[str], np.ndarray]:
 
 def job_spec(encoder: Encoder, corpus: Path, shard_size: int) -> dict[str, Any]:
     """What a job directory's shards depend on; a rerun must match it to reuse them (``job.json``)."""
+    precision = getattr(encoder, "precision", "fp32")  # fp32 backends agree to 1e-4; bf16/int8 vectors differ
     return {
+        **({"precision": f"{encoder.backend}:{precision}"} if precision != "fp32" else {}),
         "model_id": encoder.model_id,
         "model_path": encoder.spec.path,
         "dimension": encoder.dimension,

@@ -39,10 +39,14 @@ class FirstStage(Protocol):
 
 def encoder_cache_key(encoder: Encoder) -> str:
     """What makes two encoders' document vectors interchangeable (model, weights path, pooling,
-    normalization, length, and the document prompt when the model has one)."""
+    normalization, length, the document prompt when the model has one, and a precision other than fp32:
+    fp32 backends agree to 1e-4 (tests/test_backends.py) and share vectors; bf16 and int8 do not)."""
     key = f"{encoder.model_id}|{encoder.spec.path}|{encoder.pooling.value}|{encoder.normalize}|{encoder.max_seq_length}"
     if encoder.spec.source in ("local", "hub"):  # weights that can change in place (a model trained again)
         key += f"|weights={weights_fingerprint(encoder.spec.path)}"
+    precision = getattr(encoder, "precision", "fp32")
+    if precision != "fp32":
+        key += f"|{encoder.backend}:{precision}"
     return key + (f"|prompt={encoder.document_prompt!r}" if encoder.document_prompt else "")
 
 

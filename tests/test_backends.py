@@ -1,0 +1,134 @@
+"""The inference backends against the torch model: OpenVINO fp32 equals torch, bf16 and int8 keep quality,
+exports are cached and keyed by the weights, and the model reports what precision really runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau
+
+from embedrank import CrossEncoder, Encoder, InvalidInputError
+from embedrank.models import exports
+from embedrank.models.backends import check_backend
+
+TEXTS = [
+    "What causes the seasons?",
+    "The tilt of Earth's axis causes the seasons.",
+    "Bananas are yellow.",
+    "Ünïcödé: les saisons sont causées par l'inclinaison de la Terre. 季節",
+    "Dense retrieval " * 200,  # cut at max_seq_length
+    "x",
+]
+
+
+def test_check_backend_names_and_errors(monkeypatch):
+    monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
+    monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
+    assert check_backend() == ("openvino", "fp32")
+    assert check_backend("OpenVINO", "bfloat16") == ("openvino", "bf16")
+    monkeypatch.setenv("EMBEDRANK_BACKEND", "torch")
+    assert check_backend() == ("torch", "fp32")
+    with pytest.raises(InvalidInputError, match="unknown backend 'tensorrt'"):
+        check_backend("tensorrt")
+    with pytest.raises(InvalidInputError, match="runs precision fp32, int8; got 'bf16'"):
+        check_backend("onnx", "bf16")
+
+
+@pytest.fixture(scope="module")
+def torch_encoder():
+    return Encoder.from_pretrained(backend="torch")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["openvino", "onnx"])
+def test_fp32_backends_equal_torch(torch_encoder, backend, st_model):
+    enc = Encoder.from_pretrained(backend=backend, precision="fp32")
+    assert (enc.backend, enc.precision, enc.runtime.inference_precision) == (backend, "fp32", "f32")
+    assert enc.model is None and enc.dimension == 384
+    ours = enc.encode_with_stats(TEXTS, batch_size=4)
+    ref = torch_encoder.encode_with_stats(TEXTS, batch_size=4)
+    assert np.abs(ours.embeddings - ref.embeddings).max() < 1e-4
+    assert ours.token_counts == ref.token_counts and ours.truncated == ref.truncated
+    st = st_model.encode(TEXTS, normalize_embeddings=True)
+    assert np.abs(ours.embeddings - st).max() < 1e-4
+
+
+@pytest.mark.slow
+def test_bf16_says_it_is_bf16_and_stays_close(torch_encoder):
+    enc = Encoder.from_pretrained(backend="openvino", precision="bf16")
+    assert enc.precision == "bf16"
+    # the CPU plugin reports what it runs: bf16 where the CPU has it, else f32
+    assert enc.runtime.inference_precision in ("bf16", "f32")
+    cos = (enc.encode(TEXTS) * torch_encoder.encode(TEXTS)).sum(axis=1)
+    assert cos.min() > 0.999
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_int8_keeps_mean_cosine_on_500_scifact_passages(torch_encoder, scifact):
+    from embedrank.retrieval.data import doc_text
+
+    passages = [doc_text(d) for d in list(scifact.corpus.values())[-500:]]  # not the calibration sample's order
+    enc = Encoder.from_pretrained(backend="openvino", precision="int8")
+    assert enc.runtime.inference_precision.startswith("int8+")
+    cos = (enc.encode(passages, batch_size=32) * torch_encoder.encode(passages, batch_size=32)).sum(axis=1)
+    assert cos.mean() >= 0.99, cos.mean()
+    assert cos.min() > 0.95
+
+
+@pytest.mark.slow
+def test_cross_encoder_backends_keep_scores_and_order(cross_encoder_dir, tmp_path):
+    query = "what causes the seasons on earth"
+    docs = [t for t in TEXTS if t != query] + [
+        "Seasons are caused by the distance from the sun, a common misconception.",
+        "Photosynthesis happens in chloroplasts.",
+        "Axial tilt makes summer and winter.",
+    ]
+    ref = CrossEncoder.from_pretrained(cross_encoder_dir, backend="torch").score(query, docs)
+    fp32 = CrossEncoder.from_pretrained(cross_encoder_dir, backend="openvino", cache_dir=tmp_path)
+    assert fp32.backend == "openvino" and fp32.num_labels == 1 and fp32.activation == "Sigmoid"
+    assert np.abs(fp32.score(query, docs) - ref).max() < 1e-4
+    calibration = [f"{d} {q}" for d in docs for q in ("seasons", "sun and earth")]
+    int8 = CrossEncoder.from_pretrained(
+        cross_encoder_dir, backend="openvino", precision="int8", calibration=calibration, cache_dir=tmp_path
+    )
+    scores = int8.score(query, docs)
+    tau = kendalltau(scores, ref).statistic
+    assert tau >= 0.8, (tau, scores, ref)
+    assert int(np.argmax(scores)) == int(np.argmax(ref))
+
+
+@pytest.mark.slow
+def test_exports_are_cached_and_keyed_by_the_weights(model_path, tmp_path, monkeypatch):
+    local = tmp_path / "model"
+    shutil.copytree(model_path, local)
+    cache = tmp_path / "cache"
+    first = Encoder.from_pretrained(str(local), backend="openvino", cache_dir=cache)
+    (made,) = list((cache / "exports").iterdir())
+    info = (made / "export.json").read_text()
+    assert '"precision": "fp32"' in info and '"export_seconds"' in info
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported again although the cache holds this export")
+
+    monkeypatch.setattr(exports, "_export_openvino", no_export)
+    again = Encoder.from_pretrained(str(local), backend="openvino", cache_dir=cache)
+    assert np.array_equal(first.encode(TEXTS), again.encode(TEXTS))
+    # bf16 is a compile setting: it runs the same fp32 export
+    Encoder.from_pretrained(str(local), backend="openvino", precision="bf16", cache_dir=cache)
+    assert len(list((cache / "exports").iterdir())) == 1
+    # weights saved again at the same place: a new export
+    weights = next(Path(local).glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1_000_000_000))
+    with pytest.raises(AssertionError, match="exported again"):
+        Encoder.from_pretrained(str(local), backend="openvino", cache_dir=cache)
+
+
+@pytest.mark.slow
+def test_exported_backends_refuse_torch_only_options():
+    with pytest.raises(InvalidInputError, match="CPU"):
+        Encoder.from_pretrained(backend="openvino", device="cuda")
