@@ -149,6 +149,8 @@ class OpenVINORuntime:
             # fp32 must be true fp32: the CPU plugin otherwise runs bf16 wherever the CPU has it
             "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
             "PERFORMANCE_HINT": "LATENCY",
+            # as many threads as torch was given (Ray actors and tests set fewer than the cores)
+            "INFERENCE_NUM_THREADS": torch.get_num_threads(),
         }
         if cache_dir is not None:
             config["CACHE_DIR"] = str(cache_dir)
