@@ -51,12 +51,12 @@ def test_layers_import_only_downwards():
     allowed["evaluation"] = {"math", "models", "retrieval"}
     allowed["serving"] = {"math", "models"}
     allowed["training"] = {"math", "models", "retrieval", "evaluation"}
-    base = {"errors", "types"}
+    base = {"errors", "types", "paths"}
     for package, below in allowed.items():
         for path in (ROOT / package).glob("*.py"):
             bad = _imports(path) - below - base - {package}
             assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)} from above or beside its layer"
-    for path in (ROOT / "errors.py", ROOT / "types.py"):
+    for path in (ROOT / "errors.py", ROOT / "types.py", ROOT / "paths.py"):
         assert _imports(path) <= base
 
 

@@ -66,7 +66,7 @@ def check_backend(backend: str | None = None, precision: str | None = None) -> t
     >>> check_backend("torch", "int8")
     Traceback (most recent call last):
     ...
-    embedrank.errors.InvalidInputError: backend 'torch' runs precision 'fp32'; got 'int8' (openvino runs fp32, bf16, int8; onnx runs fp32, int8)
+    embedrank.errors.InvalidInputError: backend 'torch' runs precision fp32; got 'int8' (openvino runs fp32, bf16, int8; onnx runs fp32, int8)
     """
     name = (backend or os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND).strip().lower()
     if name not in PRECISIONS:
@@ -192,6 +192,35 @@ class ONNXRuntime:
     def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         (out,) = self.session.run(None, _feed(self.input_names, features))[:1]
         return torch.from_numpy(np.asarray(out, dtype=np.float32))
+
+
+class RuntimeFacts:
+    """What :class:`~embedrank.models.encoder.Encoder` and ``CrossEncoder`` say about their :attr:`runtime`."""
+
+    runtime: Runtime
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The torch module (backend ``torch``), else None: the transformer runs as an exported graph."""
+        return getattr(self.runtime, "module", None)
+
+    @property
+    def backend(self) -> str:
+        return self.runtime.backend
+
+    @property
+    def precision(self) -> str:
+        return self.runtime.precision
+
+    @property
+    def padding_free(self) -> bool:
+        """Whether the torch backend skips padding tokens (:mod:`embedrank.models.packed`)."""
+        return bool(getattr(self.runtime, "padding_free", False))
+
+    @padding_free.setter
+    def padding_free(self, value: bool) -> None:
+        if isinstance(self.runtime, TorchRuntime):
+            self.runtime.padding_free = value
 
 
 def describe_runtime(runtime: Runtime) -> dict[str, str]:

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.ranking import RankedResult, rank_scores
-from embedrank.models.backends import Runtime, TorchRuntime, check_backend
+from embedrank.models.backends import Runtime, RuntimeFacts, TorchRuntime, check_backend
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.exports import load_runtime
 from embedrank.models.registry import ModelSpec, quiet_loading, resolve
@@ -45,7 +45,7 @@ def default_activation(config: Any) -> str:
     return "Sigmoid" if getattr(config, "num_labels", 1) == 1 else "Identity"
 
 
-class CrossEncoder:
+class CrossEncoder(RuntimeFacts):
     """Any Hugging Face sequence-classification model used as a reranker."""
 
     def __init__(
@@ -137,29 +137,6 @@ class CrossEncoder:
     @property
     def model_id(self) -> str:
         return self.spec.model_id
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        """The torch module (backend ``torch``), else None."""
-        return getattr(self.runtime, "module", None)
-
-    @property
-    def backend(self) -> str:
-        return self.runtime.backend
-
-    @property
-    def precision(self) -> str:
-        return self.runtime.precision
-
-    @property
-    def padding_free(self) -> bool:
-        """Whether the torch backend skips padding tokens (:mod:`embedrank.models.packed`)."""
-        return bool(getattr(self.runtime, "padding_free", False))
-
-    @padding_free.setter
-    def padding_free(self, value: bool) -> None:
-        if isinstance(self.runtime, TorchRuntime):
-            self.runtime.padding_free = value
 
     @property
     def num_labels(self) -> int:

@@ -16,7 +16,7 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.quantization import check_precision, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
-from embedrank.models.backends import Runtime, TorchRuntime, check_backend
+from embedrank.models.backends import Runtime, RuntimeFacts, TorchRuntime, check_backend
 from embedrank.models.calibration import Calibration, vocabulary_texts
 from embedrank.models.chunking import Chunking, pool_windows, split_windows
 from embedrank.models.exports import load_runtime
@@ -26,7 +26,7 @@ from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, 
 from embedrank.types import ModelOutput
 
 
-class Encoder:
+class Encoder(RuntimeFacts):
     """A transformer encoder with embedrank's own pooling and normalization.
 
     Use :meth:`from_pretrained`; the constructor takes already-loaded parts.
@@ -133,29 +133,6 @@ class Encoder:
     @property
     def model_id(self) -> str:
         return self.spec.model_id
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        """The torch module (backend ``torch``), else None: the transformer runs as an exported graph."""
-        return getattr(self.runtime, "module", None)
-
-    @property
-    def backend(self) -> str:
-        return self.runtime.backend
-
-    @property
-    def precision(self) -> str:
-        return self.runtime.precision
-
-    @property
-    def padding_free(self) -> bool:
-        """Whether the torch backend skips padding tokens (:mod:`embedrank.models.packed`)."""
-        return bool(getattr(self.runtime, "padding_free", False))
-
-    @padding_free.setter
-    def padding_free(self, value: bool) -> None:
-        if isinstance(self.runtime, TorchRuntime):
-            self.runtime.padding_free = value
 
     @property
     def dimension(self) -> int:
