@@ -8,7 +8,7 @@ export EMBEDRANK_DATA
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-service bench-fairness bench-load fuzz eval serve notebooks clean
+.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-rerank bench-service bench-fairness bench-load fuzz eval serve notebooks clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,13 +36,16 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-bench: bench-encode bench-service bench-fairness
+bench: bench-encode bench-rerank bench-service bench-fairness
 
 bench-encode: setup
 	$(PY) eval/bench_encode.py
 
+bench-rerank: setup
+	$(PY) eval/bench_rerank.py
+
 bench-service: setup
-	$(PY) eval/bench_service.py
+	$(PY) eval/bench_service.py --servers default int8 infinity --clients 32 --rounds 2
 
 bench-fairness: setup
 	$(PY) eval/bench_fairness.py

@@ -132,3 +132,13 @@ def test_exports_are_cached_and_keyed_by_the_weights(model_path, tmp_path, monke
 def test_exported_backends_refuse_torch_only_options():
     with pytest.raises(InvalidInputError, match="CPU"):
         Encoder.from_pretrained(backend="openvino", device="cuda")
+
+
+@pytest.mark.slow
+def test_onnx_int8_is_dynamic_and_close(torch_encoder):
+    enc = Encoder.from_pretrained(backend="onnx", precision="int8")
+    assert enc.runtime.inference_precision == "int8+f32"
+    info = (enc.runtime.path.parent / "export.json").read_text()
+    assert '"calibration": null' in info  # dynamic quantization: no calibration texts
+    cos = (enc.encode(TEXTS) * torch_encoder.encode(TEXTS)).sum(axis=1)
+    assert cos.mean() >= 0.99 and cos.min() > 0.97, cos
