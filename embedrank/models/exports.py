@@ -295,29 +295,13 @@ def exported_model(
 
 
 def load_runtime(
-    spec: ModelSpec,
-    tokenizer: Any,
-    head: Head,
-    backend: Backend,
-    precision: Precision,
-    *,
-    max_seq_length: int,
-    calibration: Sequence[str] | str | Path | None = None,
-    cache_dir: str | Path | None = None,
+    spec: ModelSpec, tokenizer: Any, head: Head, backend: Backend, precision: Precision, **options: Any
 ) -> Any:
-    """An :class:`~embedrank.models.backends.OpenVINORuntime` or ``ONNXRuntime`` on the (cached) export."""
+    """An :class:`~embedrank.models.backends.OpenVINORuntime` or ``ONNXRuntime`` on the (cached) export;
+    ``options`` are :func:`exported_model`'s (``max_seq_length``, ``calibration``, ``cache_dir``)."""
     from embedrank.models.backends import ONNXRuntime, OpenVINORuntime
 
-    graph = exported_model(
-        spec,
-        tokenizer,
-        head,
-        backend,
-        precision,
-        max_seq_length=max_seq_length,
-        calibration=calibration,
-        cache_dir=cache_dir,
-    )
+    graph = exported_model(spec, tokenizer, head, backend, precision, **options)
     if backend == "openvino":
         return OpenVINORuntime(graph, precision, cache_dir=graph.parent / "compiled")
     return ONNXRuntime(graph, precision)
