@@ -37,11 +37,12 @@ def st_model(model_path):
 
 
 @pytest.fixture(scope="session")
-def cross_encoder_dir(tmp_path_factory) -> str:
-    """A small local cross-encoder: the packaged MiniLM backbone with a fresh, seeded 1-label head."""
+def cross_encoder_dir() -> str:
+    """A small local cross-encoder: the packaged MiniLM backbone with a fresh, seeded 1-label head, built
+    once into the cache (deterministic), so its exports are reused across sessions."""
     from embedrank.models.seeded import seeded_cross_encoder
 
-    return seeded_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
+    return seeded_cross_encoder()
 
 
 @pytest.fixture(scope="session")

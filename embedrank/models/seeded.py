@@ -7,24 +7,52 @@ and compare it with ``sentence_transformers.CrossEncoder``. Its scores are not r
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
+from embedrank.paths import default_cache_dir
 
 
-def seeded_cross_encoder(out: str | Path, *, backbone: str = DEFAULT_EMBEDDING_MODEL, seed: int = 1234) -> str:
-    """Save ``backbone`` with a fresh 1-label head (weights ~ N(0, 0.5), seeded) to ``out``; returns the path.
+def seeded_cross_encoder(
+    out: str | Path | None = None, *, backbone: str = DEFAULT_EMBEDDING_MODEL, seed: int = 1234
+) -> str:
+    """``backbone`` with a fresh 1-label head (weights ~ N(0, 0.5), seeded), saved to ``out``; returns the path.
 
-    The head's spread makes scores differ visibly between documents, so ranking checks mean something.
+    Without ``out`` the model goes to ``<cache>/models/seeded-cross-encoder-<seed>`` and is built only once
+    (it is deterministic), so its OpenVINO/ONNX exports are reused too. The head's spread makes scores differ
+    visibly between documents, so ranking checks mean something.
     """
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    if out is None:
+        suffix = "" if backbone == DEFAULT_EMBEDDING_MODEL else "-" + hashlib.sha256(backbone.encode()).hexdigest()[:12]
+        name = f"seeded-cross-encoder-{seed}{suffix}"
+        out = default_cache_dir() / "models" / name
+        if (out / "config.json").is_file():
+            return str(out)
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
     path, _ = resolve_path(backbone)
     torch.manual_seed(seed)
-    with quiet_loading():
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-        torch.nn.init.normal_(model.classifier.weight, std=0.5)
-        model.save_pretrained(out)
-        AutoTokenizer.from_pretrained(path).save_pretrained(out)
-    return str(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        with quiet_loading():
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+            torch.nn.init.normal_(model.classifier.weight, std=0.5)
+            model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(path).save_pretrained(tmp)
+        if target.exists() and not any(target.iterdir()):
+            target.rmdir()
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process built it first, or out is a non-empty folder we must not replace
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
