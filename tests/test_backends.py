@@ -142,3 +142,19 @@ def test_onnx_int8_is_dynamic_and_close(torch_encoder):
     assert '"calibration": null' in info  # dynamic quantization: no calibration texts
     cos = (enc.encode(TEXTS) * torch_encoder.encode(TEXTS)).sum(axis=1)
     assert cos.mean() >= 0.99 and cos.min() > 0.97, cos
+
+
+@pytest.mark.slow
+def test_a_failed_export_says_so_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    from embedrank.errors import UnsupportedModelError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("converter says no\nsecond line")
+
+    monkeypatch.setattr(exports, "_export_openvino", broken)
+    with pytest.raises(
+        UnsupportedModelError, match=r"openvino fp32 \(RuntimeError: converter says no\); load it with backend='torch'"
+    ):
+        Encoder.from_pretrained(backend="openvino", cache_dir=tmp_path)
+    assert not any(p.name.endswith(".xml") for p in tmp_path.rglob("*"))
+    assert list((tmp_path / "exports").iterdir()) == []  # the temporary folder is gone too

@@ -222,11 +222,3 @@ class RuntimeFacts:
         if isinstance(self.runtime, TorchRuntime):
             self.runtime.padding_free = value
 
-
-def describe_runtime(runtime: Runtime) -> dict[str, str]:
-    """What ``/v1/models`` and logs report: ``{"backend", "precision", "inference_precision"}``."""
-    return {
-        "backend": runtime.backend,
-        "precision": runtime.precision,
-        "inference_precision": runtime.inference_precision,
-    }

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedrank.errors import InvalidInputError
+from embedrank.errors import InvalidInputError, UnsupportedModelError
 from embedrank.models.backends import Backend, Head, Precision
 from embedrank.models.calibration import read_texts, vocabulary_texts
 from embedrank.models.registry import ModelSpec, quiet_loading, weights_fingerprint
@@ -264,12 +264,21 @@ def exported_model(
         model = _load_torch(spec, head)
         example = _example(tokenizer, head)
         narrow = _Narrow(model, head, "token_type_ids" in example).eval()
-        with torch.inference_mode(False), torch.no_grad():
-            if backend == "openvino":
-                calib = _calibration_batches(tokenizer, head, texts, max_seq_length) if precision == "int8" else None
-                _export_openvino(narrow, example, tmp, precision, calib)
-            else:
-                _export_onnx(narrow, example, tmp, precision)
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                if backend == "openvino":
+                    calib = _calibration_batches(tokenizer, head, texts, max_seq_length) if static else None
+                    _export_openvino(narrow, example, tmp, precision, calib)
+                else:
+                    _export_onnx(narrow, example, tmp, precision)
+        except ImportError:
+            raise
+        except Exception as exc:  # the converters raise many types; all mean this model did not export
+            raise UnsupportedModelError(
+                f"could not export {spec.model_id!r} to {backend} {precision} ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else 'no message'}); "
+                f"load it with backend='torch'"
+            ) from exc
         seconds = time.perf_counter() - started
         info = {
             "model_id": spec.model_id,
