@@ -221,4 +221,3 @@ class RuntimeFacts:
     def padding_free(self, value: bool) -> None:
         if isinstance(self.runtime, TorchRuntime):
             self.runtime.padding_free = value
-
