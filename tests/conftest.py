@@ -63,7 +63,7 @@ def scifact(data_dir):
 def scifact_dense(request, scifact, encoder):
     """SciFact corpus and test-query embeddings, through the on-disk embedding cache (computed once per machine).
 
-    A cold cache means ~4-5 minutes of encoding on 2 cores; the terminal says so before it starts, and the
+    A cold cache means ~3-4 minutes of encoding on 2 cores; the terminal says so before it starts, and the
     progress bar shows with ``pytest -s``.
     """
     from embedrank.retrieval.cache import EmbeddingCache, corpus_key
@@ -78,7 +78,7 @@ def scifact_dense(request, scifact, encoder):
         if reporter is not None:
             reporter.write_line(
                 f"\n[embedrank] embedding the SciFact corpus ({len(ids):,} documents) into the cache at "
-                f"{cache.directory}: about 4-5 minutes on 2 cores, once per machine (progress: pytest -s)"
+                f"{cache.directory}: about 3-4 minutes on 2 cores, once per machine (progress: pytest -s)"
             )
     vectors = embed_corpus(encoder, ids, texts, batch_size=64, cache=cache, show_progress=True).vectors
     queries = encoder.encode(list(scifact.queries.values()))
