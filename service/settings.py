@@ -161,7 +161,7 @@ class Settings:
         default_precision = env.get(PRECISION_ENV) or data.get("precision")
         models = [
             dataclasses.replace(m, backend=m.backend or default_backend, precision=m.precision or default_precision)
-            for m in models
+            for m in models or cls().models
         ]
         keys = [k.strip() for k in env.get("EMBEDRANK_API_KEYS", "").split(",") if k.strip()]
         keys += [str(k) for k in data.get("api_keys", [])]
@@ -185,10 +185,8 @@ class Settings:
             max_queue_seconds=get("max_queue_seconds", base.engine.max_queue_seconds),
             idle_seconds=get("idle_seconds", base.engine.idle_seconds),
         )
-        if not models and (default_backend or default_precision):
-            models = [dataclasses.replace(m, backend=default_backend, precision=default_precision) for m in base.models]
         settings = cls(
-            models=tuple(models) or base.models,
+            models=tuple(models),
             api_keys=tuple(dict.fromkeys(keys)),
             no_auth=get("no_auth", base.no_auth),
             limits=limits,

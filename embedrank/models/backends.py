@@ -101,6 +101,7 @@ class TorchRuntime:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, head: Head, *, padding_free: bool | None = None) -> None:
         self.module = model.eval()
         self.head = head
+        self.device = next(iter(model.parameters()), torch.empty(0)).device  # the caller moved it there
         supported = packed.supports(model) if head == "encoder" else packed.supports_classifier(model)
         self.padding_free = packed.enabled(supported, tokenizer, padding_free)
         dtype = next(iter(model.parameters()), torch.empty(0)).dtype
@@ -110,8 +111,7 @@ class TorchRuntime:
 
     @torch.inference_mode()
     def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        device = next(iter(self.module.parameters()), torch.empty(0)).device
-        inputs = {k: v.to(device) for k, v in features.items()}
+        inputs = {k: v.to(self.device) for k, v in features.items()}
         if self.head == "encoder":
             if self.padding_free:
                 return packed.packed_forward(

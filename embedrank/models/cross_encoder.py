@@ -13,10 +13,10 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.ranking import RankedResult, rank_scores
-from embedrank.models.backends import Runtime, RuntimeFacts, TorchRuntime, check_backend
+from embedrank.models.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.models.chunking import Chunking, score_chunked
-from embedrank.models.exports import load_runtime
-from embedrank.models.registry import ModelSpec, quiet_loading, resolve
+from embedrank.models.exports import load_transformer
+from embedrank.models.registry import ModelSpec, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
 from embedrank.types import ModelOutput
 
@@ -103,7 +103,7 @@ class CrossEncoder(RuntimeFacts):
             ModelKindError: the model has no sequence-classification head.
             InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
-        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoConfig
 
         if spec.kind != "cross-encoder":
             raise ModelKindError(
@@ -111,28 +111,19 @@ class CrossEncoder(RuntimeFacts):
                 f"*ForSequenceClassification architecture); load it with Encoder.from_pretrained, or rerank "
                 f"with it through BiEncoderScorer"
             )
-        backend_name, prec = check_backend(backend, precision)
-        with quiet_loading():
-            tokenizer = AutoTokenizer.from_pretrained(spec.path)
         max_len = max_seq_length or spec.max_seq_length
-        if backend_name == "torch":
-            with quiet_loading():
-                model = AutoModelForSequenceClassification.from_pretrained(spec.path)
-            return cls(spec, model, tokenizer, device=device, max_seq_length=max_len)
-        if device != "cpu":
-            raise InvalidInputError(f"backend {backend_name!r} runs on the CPU; device applies to backend='torch'")
-        runtime = load_runtime(
+        tokenizer, model = load_transformer(
             spec,
-            tokenizer,
             "classifier",
-            backend_name,
-            prec,
+            backend=backend,
+            precision=precision,
+            device=device,
             max_seq_length=max_len,
             calibration=calibration,
             cache_dir=cache_dir,
         )
-        config = AutoConfig.from_pretrained(spec.path)
-        return cls(spec, runtime, tokenizer, max_seq_length=max_len, config=config)
+        config = None if isinstance(model, torch.nn.Module) else AutoConfig.from_pretrained(spec.path)
+        return cls(spec, model, tokenizer, device=device, max_seq_length=max_len, config=config)
 
     @property
     def model_id(self) -> str:

@@ -16,12 +16,12 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.quantization import check_precision, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
-from embedrank.models.backends import Runtime, RuntimeFacts, TorchRuntime, check_backend
+from embedrank.models.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.models.calibration import Calibration, vocabulary_texts
 from embedrank.models.chunking import Chunking, pool_windows, split_windows
-from embedrank.models.exports import load_runtime
+from embedrank.models.exports import load_transformer
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
-from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, quiet_loading, resolve
+from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
 from embedrank.types import ModelOutput
 
@@ -95,38 +95,23 @@ class Encoder(RuntimeFacts):
             ModelKindError: the model is a cross-encoder.
             InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
-        from transformers import AutoModel, AutoTokenizer
-
         if spec.kind != "embedding":
             raise ModelKindError(
                 f"model {spec.model_id!r} is a {spec.kind} (sequence classification head), not an embedding "
                 f"model; load it with CrossEncoder.from_pretrained"
             )
-        backend_name, prec = check_backend(backend, precision)
-        with quiet_loading():
-            tokenizer = AutoTokenizer.from_pretrained(spec.path)
         max_len = max_seq_length or spec.max_seq_length
-        model: torch.nn.Module | Runtime
-        if backend_name == "torch":
-            with quiet_loading():
-                model = AutoModel.from_pretrained(spec.path, **({"dtype": torch_dtype} if torch_dtype else {}))
-        else:
-            if device != "cpu" or torch_dtype is not None:
-                raise InvalidInputError(
-                    f"backend {backend_name!r} runs on the CPU in its own precision; device and torch_dtype "
-                    f"apply to backend='torch' only",
-                    param="backend",
-                )
-            model = load_runtime(
-                spec,
-                tokenizer,
-                "encoder",
-                backend_name,
-                prec,
-                max_seq_length=max_len,
-                calibration=calibration,
-                cache_dir=cache_dir,
-            )
+        tokenizer, model = load_transformer(
+            spec,
+            "encoder",
+            backend=backend,
+            precision=precision,
+            device=device,
+            torch_dtype=torch_dtype,
+            max_seq_length=max_len,
+            calibration=calibration,
+            cache_dir=cache_dir,
+        )
         return cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
 
     # -- facts -----------------------------------------------------------------------------------

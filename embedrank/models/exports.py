@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from embedrank.errors import InvalidInputError, UnsupportedModelError
-from embedrank.models.backends import Backend, Head, Precision
+from embedrank.models.backends import Backend, Head, Precision, Runtime, check_backend
 from embedrank.models.calibration import read_texts, vocabulary_texts
 from embedrank.models.registry import ModelSpec, quiet_loading, weights_fingerprint
 from embedrank.paths import default_cache_dir, default_data_dir
@@ -131,14 +131,60 @@ class _Narrow(torch.nn.Module):
         return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **extra), self.output)
 
 
-def _load_torch(spec: ModelSpec, head: Head) -> torch.nn.Module:
+def load_torch(spec: ModelSpec, head: Head, **options: Any) -> torch.nn.Module:
+    """The transformers model of ``spec``: ``AutoModel`` (encoder) or ``AutoModelForSequenceClassification``
+    (classifier), with ``options`` for ``from_pretrained``, in eval mode."""
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     loader = AutoModel if head == "encoder" else AutoModelForSequenceClassification
     with quiet_loading():
-        # SDPA attention: OpenVINO turns it into its fused ScaledDotProductAttention (eager attention's
-        # matmul/softmax chain ran 1.2x slower on SciFact passages here)
-        return loader.from_pretrained(spec.path, attn_implementation="sdpa").eval()
+        return loader.from_pretrained(spec.path, **options).eval()
+
+
+def load_transformer(
+    spec: ModelSpec,
+    head: Head,
+    *,
+    backend: str | None = None,
+    precision: str | None = None,
+    device: str = "cpu",
+    torch_dtype: torch.dtype | None = None,
+    max_seq_length: int,
+    calibration: Sequence[str] | str | Path | None = None,
+    cache_dir: str | Path | None = None,
+) -> tuple[Any, torch.nn.Module | Runtime]:
+    """The tokenizer and what runs the transformer: the torch module (backend ``torch``) or the runtime
+    of the (cached) export, as :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>` and
+    ``CrossEncoder.from_spec`` load them.
+
+    Raises:
+        InvalidInputError: an unknown backend or precision, or ``device``/``torch_dtype`` with an exported
+            backend (it runs on the CPU in its own precision).
+    """
+    from transformers import AutoTokenizer
+
+    backend_name, prec = check_backend(backend, precision)
+    with quiet_loading():
+        tokenizer = AutoTokenizer.from_pretrained(spec.path)
+    if backend_name == "torch":
+        return tokenizer, load_torch(spec, head, **({"dtype": torch_dtype} if torch_dtype else {}))
+    if device != "cpu" or torch_dtype is not None:
+        raise InvalidInputError(
+            f"backend {backend_name!r} runs on the CPU in its own precision; device and torch_dtype "
+            f"apply to backend='torch' only",
+            param="backend",
+        )
+    runtime = load_runtime(
+        spec,
+        tokenizer,
+        head,
+        backend_name,
+        prec,
+        max_seq_length=max_seq_length,
+        calibration=calibration,
+        cache_dir=cache_dir,
+    )
+    return tokenizer, runtime
 
 
 def _example(tokenizer: Any, head: Head) -> dict[str, torch.Tensor]:
@@ -261,7 +307,9 @@ def exported_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        model = _load_torch(spec, head)
+        # SDPA attention: OpenVINO turns it into its fused ScaledDotProductAttention (eager attention's
+        # matmul/softmax chain ran 1.2x slower on SciFact passages here)
+        model = load_torch(spec, head, attn_implementation="sdpa")
         example = _example(tokenizer, head)
         narrow = _Narrow(model, head, "token_type_ids" in example).eval()
         try:
