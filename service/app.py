@@ -17,7 +17,7 @@ import secrets
 import sys
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args, get_type_hints
 
 from litestar import Litestar, MediaType, Request, Response, get, head, post
 from litestar.config.cors import CORSConfig
@@ -95,13 +95,6 @@ ERRORS = {
         429: "Overloaded (estimated wait over max_queue_seconds, or queue full); honour Retry-After",
         503: "Models loading or service draining; honour Retry-After",
     }.items()
-}
-
-
-BODIES: dict[str, type] = {
-    "/v1/embeddings": EmbeddingsRequest,
-    "/v1/rerank": RerankRequest,
-    "/v1/tokenize": TokenizeRequest,
 }
 
 
@@ -264,6 +257,25 @@ async def metrics(state: State) -> bytes:
     return _runtime(state).metrics.render()
 
 
+ROUTE_HANDLERS = (embeddings, rerank, tokenize, models_route, health, health_head, metrics)
+"""The one route table: the app serves these handlers, metrics label requests by their paths, and each POST
+body is decoded against the type of its handler's ``data`` parameter."""
+ROUTES = frozenset(path for handler in ROUTE_HANDLERS for path in handler.paths)
+
+
+def _body_types() -> dict[str, type]:
+    bodies: dict[str, type] = {}
+    for handler in ROUTE_HANDLERS:
+        data = get_type_hints(handler.fn, include_extras=True).get("data")
+        if data is not None:
+            for path in handler.paths:
+                bodies[path] = get_args(data)[0] if get_args(data) else data
+    return bodies
+
+
+BODIES: dict[str, type] = _body_types()
+
+
 async def _load(runtime: Runtime) -> None:
     try:
         loaded = await asyncio.to_thread(runtime.pool.load)
@@ -294,7 +306,7 @@ def create_app(
     if not keys and not settings.no_auth:
         generated = secrets.token_urlsafe(32)
         keys = (generated,)
-    runtime = Runtime(settings=settings, pool=ModelPool(settings.models, preloaded=models), metrics=Metrics())
+    runtime = Runtime(settings=settings, pool=ModelPool(settings.models, preloaded=models), metrics=Metrics(ROUTES))
     if settings.tune_malloc:  # before the loading and forward threads exist
         tune_malloc()
 
@@ -341,7 +353,7 @@ def create_app(
 
     middleware = [RequestMiddleware(runtime.metrics, None if settings.no_auth else BearerAuth(keys), inflight)]
     app = Litestar(
-        route_handlers=[embeddings, rerank, tokenize, models_route, health, health_head, metrics],
+        route_handlers=list(ROUTE_HANDLERS),
         lifespan=[lifespan],
         state=State({"runtime": runtime}),
         # one dependency at most per handler: Litestar resolves several at once in an anyio task group,

@@ -9,13 +9,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from embedrank.serving.engine import BatchReport
 
-KNOWN_ROUTES = frozenset({"/v1/embeddings", "/v1/rerank", "/v1/models", "/health", "/metrics"})
-
-
 class Metrics:
     """One registry per app, so several apps (tests) never share counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, routes: frozenset[str]) -> None:
+        self.routes = routes  # the app's route table; any other path is counted as route ``other``
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "embedrank_requests_total", "HTTP requests", ["route", "method", "status"], registry=self.registry
@@ -64,7 +62,7 @@ class Metrics:
 
     def observe_request(self, path: str, method: str, status: int, seconds: float) -> None:
         """Count one HTTP request and its latency; unknown paths are counted as route ``other``."""
-        key = (path if path in KNOWN_ROUTES else "other", method, status)
+        key = (path if path in self.routes else "other", method, status)
         children = self._request_children.get(key)
         if children is None:  # label lookups take a lock; do them once per (route, method, status)
             route, _, _ = key
