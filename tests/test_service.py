@@ -209,6 +209,7 @@ def test_models_health_metrics(client):
     ):
         assert name in text
     assert 'embedrank_requests_total{method="POST",route="/v1/embeddings",status="200"} 1.0' in text
+    assert f'embedrank_tokens_total{{model="{MODEL}"}} 4.0' in text  # "count me": 2 words + 2 special tokens
 
 
 def test_every_served_route_is_counted_under_its_own_path(client):
@@ -219,7 +220,6 @@ def test_every_served_route_is_counted_under_its_own_path(client):
     assert client.post("/v1/tokenize", json={"model": MODEL, "input": "count me"}).status_code == 200
     text = client.get("/metrics").text
     assert 'embedrank_requests_total{method="POST",route="/v1/tokenize",status="200"} 1.0' in text
-    assert f'embedrank_tokens_total{{model="{MODEL}"}} 4.0' in text  # "count me": 2 words + 2 special tokens
 
 
 def test_openapi_describes_routes_examples_and_errors(client):
