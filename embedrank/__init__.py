@@ -45,8 +45,8 @@ from embedrank.math.similarity import cosine_scores, l2_normalize, similarity, t
 from embedrank.models.chunking import Chunking
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
-from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.models.scorers import BiEncoderScorer, CrossEncoderScorer, Reranker, load_reranker
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
 from embedrank.retrieval.data import BeirDataset, doc_text, load_beir, load_trec_run, resolve_dataset, write_trec_run

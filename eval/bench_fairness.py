@@ -88,7 +88,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="A B rounds (default 2)")
     p.add_argument("--max-batch-tokens", type=int, help="server's EMBEDRANK_MAX_BATCH_TOKENS (default: its own)")
     args = p.parse_args()
-    from service.launch import running_server
+    from embedrank.testing.launch import running_server
 
     passages, queries, source = load_texts(args.bulk)
     env = {"EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1"}

@@ -124,7 +124,7 @@ def main() -> int:
     args = p.parse_args()
     from embedrank import Chunking, Encoder
     from embedrank.models.chunking import split_windows
-    from service.launch import running_server
+    from embedrank.testing.launch import running_server
 
     queries, passages = texts()
     encoder = Encoder.from_pretrained(MODEL)

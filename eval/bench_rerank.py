@@ -4,7 +4,7 @@
 Workload: ``--queries`` (10) SciFact test queries, each against ``--passages`` (100) SciFact documents
 (the query's BM25 top 100 would need an index; the first documents of the corpus are as long). The model is
 ``--model`` (a cross-encoder path or hub id), by default a local cross-encoder built from the packaged
-MiniLM with a seeded head (:mod:`embedrank.models.seeded`): no cross-encoder weights exist offline, and
+MiniLM with a seeded head (:mod:`embedrank.testing.seeded`): no cross-encoder weights exist offline, and
 speed does not depend on what the head learned. Systems alternate per round (A B A B); each ratio is
 sentence-transformers' time over the system's in the same round, median over ``--rounds``. Quality: the
 largest score difference and the mean Kendall tau of each query's ranking against sentence-transformers'.
@@ -36,8 +36,8 @@ def main() -> None:
     from sentence_transformers import CrossEncoder as STCrossEncoder
 
     from embedrank import CrossEncoder
-    from embedrank.models.seeded import seeded_cross_encoder
     from embedrank.retrieval.data import default_data_dir, doc_text, load_beir
+    from embedrank.testing.seeded import seeded_cross_encoder
 
     root = default_data_dir()
     if root is None or not (root / "scifact" / "corpus.jsonl").is_file():

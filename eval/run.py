@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--backend",
         choices=["torch", "openvino", "onnx"],
-        help="what runs the models (default: $EMBEDRANK_BACKEND, else openvino); see embedrank.models.backends",
+        help="what runs the models (default: $EMBEDRANK_BACKEND, else openvino); see embedrank.runtime.backends",
     )
     p.add_argument(
         "--precision",

@@ -27,7 +27,7 @@ import openai
 import pandas as pd
 
 from embedrank import Encoder
-from service.launch import running_server
+from embedrank.testing.launch import running_server
 
 key = secrets.token_urlsafe(16)
 server = running_server({"EMBEDRANK_API_KEYS": key, "HF_HUB_OFFLINE": "1"})

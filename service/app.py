@@ -297,7 +297,7 @@ def create_app(
     """Build the app from ``settings`` (default: the environment, see :mod:`service.settings`).
 
     ``wait_for_models=True`` loads the models before serving. ``models`` maps ids to already-built models
-    (e.g. ``{"fake": FakeEncoder()}`` from :mod:`embedrank.models.fake`) to serve instead of loading the
+    (e.g. ``{"fake": FakeEncoder()}`` from :mod:`embedrank.testing.fake`) to serve instead of loading the
     configured ones; the fast HTTP tests use it.
     """
     settings = settings or Settings.from_env()

@@ -2,7 +2,7 @@
 
 Weights load through the core (``Encoder.from_spec`` / ``CrossEncoder.from_spec``), which checks the
 model's kind. Tests and demos can hand ``create_app`` already-built models instead (``models=``), such
-as the weightless fakes of :mod:`embedrank.models.fake`.
+as the weightless fakes of :mod:`embedrank.testing.fake`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from embedrank.errors import ModelKindError, ModelNotFoundError
-from embedrank.models.backends import check_backend
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
-from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
-from embedrank.models.registry import ModelSpec, resolve
+from embedrank.registry import ModelSpec, resolve
+from embedrank.runtime.backends import check_backend
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.decoding import shorten
 from service.observability import Metrics
 from service.settings import ModelEntry, SettingsError
@@ -33,7 +33,7 @@ class ServedModel:
     spec: ModelSpec
     runner: AsyncEncoder | AsyncCrossEncoder | None = None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
-    backend: str = "torch"  # what runs the transformer (embedrank.models.backends); "fake" for fakes
+    backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
     inference_precision: str | None = None  # what really computes, known once loaded
 

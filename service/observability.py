@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from embedrank.serving.engine import BatchReport
 
+
 class Metrics:
     """One registry per app, so several apps (tests) never share counters."""
 

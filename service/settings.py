@@ -8,7 +8,7 @@ Environment variables (all optional):
   serves ``/v1/embeddings`` and, as a bi-encoder (cosine) scorer, ``/v1/rerank``; a cross-encoder serves
   ``/v1/rerank`` only, with its own scores. Default: the packaged ``sentence-transformers/all-MiniLM-L6-v2``.
 - ``EMBEDRANK_BACKEND`` (``openvino``; or ``torch``, ``onnx``) and ``EMBEDRANK_PRECISION`` (``fp32``; or
-  ``bf16``, ``int8``): what runs every model whose entry names no backend (:mod:`embedrank.models.backends`).
+  ``bf16``, ``int8``): what runs every model whose entry names no backend (:mod:`embedrank.runtime.backends`).
   An OpenVINO or ONNX model is exported on its first start and read from the export cache after that.
 - ``EMBEDRANK_API_KEYS`` (comma-separated) and/or ``EMBEDRANK_API_KEYS_FILE`` (one key per line).
 - ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
@@ -35,14 +35,14 @@ Environment variables (all optional):
   never waits).
 
 A model path ``fake:encoder``, ``fake:encoder-with-prompts`` or ``fake:cross-encoder`` serves a weightless fake model
-(:mod:`embedrank.models.fake`), for trying the API or testing a client without loading weights.
+(:mod:`embedrank.testing.fake`), for trying the API or testing a client without loading weights.
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
 ``id``, optional ``path``, optional ``aliases``, optional ``backend`` and ``precision``, and optional
 ``calibration``: a ``.txt`` (one text per line) or BEIR ``.jsonl`` file whose embeddings set the model's
 int8/uint8 ranges for ``embedding_types`` (default: :mod:`embedrank.models.calibration`'s seeded
 vocabulary sentences) and, with ``precision = "int8"``, calibrate the int8 model itself (default: SciFact
-texts from the data directory, :mod:`embedrank.models.exports`). Top-level ``backend`` and ``precision``
+texts from the data directory, :mod:`embedrank.runtime.exports`). Top-level ``backend`` and ``precision``
 are the defaults for every model.
 """
 
@@ -55,8 +55,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from embedrank.errors import InvalidInputError
-from embedrank.models.backends import BACKEND_ENV, PRECISION_ENV, check_backend
-from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL
+from embedrank.runtime.backends import BACKEND_ENV, PRECISION_ENV, check_backend
 from embedrank.serving.engine import EngineConfig
 
 

@@ -40,7 +40,7 @@ def st_model(model_path):
 def cross_encoder_dir() -> str:
     """A small local cross-encoder: the packaged MiniLM backbone with a fresh, seeded 1-label head, built
     once into the cache (deterministic), so its exports are reused across sessions."""
-    from embedrank.models.seeded import seeded_cross_encoder
+    from embedrank.testing.seeded import seeded_cross_encoder
 
     return seeded_cross_encoder()
 

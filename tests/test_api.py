@@ -9,7 +9,6 @@ from pathlib import Path
 import embedrank
 
 ROOT = Path(embedrank.__file__).resolve().parent
-LAYERS = ["math", "models", "retrieval", "evaluation"]  # each may import those before it; serving sits on models
 
 
 def test_notebook_names_are_top_level():
@@ -46,18 +45,42 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+# The layers, bottom first; each may import the base modules and the layers listed for it, nothing else.
+BASE = {"errors", "types", "paths"}
+LAYER_IMPORTS: dict[str, set[str]] = {
+    "math": set(),
+    "texts": set(),  # text sources: files, seeded vocabulary sentences
+    "registry": {"math"},  # a model id -> a local folder and its ModelSpec
+    "runtime": {"texts", "registry"},  # what runs the transformer: torch, OpenVINO, ONNX Runtime
+    "models": {"math", "texts", "registry", "runtime"},  # encoders, cross-encoders, scorers
+    "testing": {"math", "texts", "registry", "runtime", "models"},  # fakes, seeded models, server launcher
+    "retrieval": {"math", "registry", "models"},
+    "evaluation": {"math", "registry", "runtime", "models", "retrieval"},
+    "training": {"math", "registry", "models", "retrieval", "evaluation"},
+    "serving": {"math", "registry", "models"},  # the engine sees encode_batch/score_batch only
+    "embed": {"models", "retrieval"},  # python -m embedrank.embed
+}
+
+
 def test_layers_import_only_downwards():
-    allowed = {"math": set(), "models": {"math"}, "retrieval": {"math", "models"}}
-    allowed["evaluation"] = {"math", "models", "retrieval"}
-    allowed["serving"] = {"math", "models"}
-    allowed["training"] = {"math", "models", "retrieval", "evaluation"}
-    base = {"errors", "types", "paths"}
-    for package, below in allowed.items():
-        for path in (ROOT / package).glob("*.py"):
-            bad = _imports(path) - below - base - {package}
+    for layer, below in LAYER_IMPORTS.items():
+        paths = [ROOT / f"{layer}.py"] if (ROOT / f"{layer}.py").is_file() else list((ROOT / layer).glob("*.py"))
+        assert paths, layer
+        for path in paths:
+            bad = _imports(path) - below - BASE - {layer}
             assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)} from above or beside its layer"
-    for path in (ROOT / "errors.py", ROOT / "types.py", ROOT / "paths.py"):
-        assert _imports(path) <= base
+    for name in BASE:
+        assert _imports(ROOT / f"{name}.py") <= BASE
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    modules = {p.stem for p in ROOT.glob("*.py")} - {"__init__"}
+    assert packages | modules == set(LAYER_IMPORTS) | BASE  # every module has its place in the table
+
+
+def test_service_uses_the_core_not_its_test_doubles_except_to_serve_fakes():
+    service = ROOT.parent / "service"
+    for path in service.glob("*.py"):
+        if "testing" in _imports(path):
+            assert path.name == "models.py", path  # the pool serves the ``fake:`` models of a configuration
 
 
 def test_no_module_over_400_lines():

@@ -13,8 +13,8 @@ from scipy.stats import kendalltau
 
 from embedrank import CrossEncoder, Encoder, InvalidInputError
 from embedrank.errors import UnsupportedModelError
-from embedrank.models import exports
-from embedrank.models.backends import check_backend
+from embedrank.runtime import exports
+from embedrank.runtime.backends import check_backend
 
 TEXTS = [
     "What causes the seasons?",
@@ -98,7 +98,9 @@ def _quantized_quality(enc, reference, scifact) -> dict[str, float]:
         run = {qid: {docs[j]: float(scores[i, j]) for j in top[i]} for i, qid in enumerate(queries)}
         out[f"ndcg_{name}"] = evaluate(scifact.qrels, run, ["ndcg@10"])["ndcg@10"]
         out[f"docs_{name}"] = d
-    out["overlap@10"] = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(tops["ref"], tops["quant"])]))
+    out["overlap@10"] = float(
+        np.mean([len(set(a) & set(b)) / 10 for a, b in zip(tops["ref"], tops["quant"], strict=True)])
+    )
     out["cosine"] = float((out.pop("docs_ref") * out.pop("docs_quant")).sum(axis=1).mean())
     return out
 

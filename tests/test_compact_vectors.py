@@ -14,8 +14,8 @@ from embedrank.math.chunks import mean_window_vectors
 from embedrank.math.quantization import dequantize, quantization_ranges, quantize, unpack_signs
 from embedrank.math.similarity import truncate_dims
 from embedrank.models.chunking import Chunking
-from embedrank.models.fake import FakeEncoder
 from embedrank.serving.engine import EngineConfig
+from embedrank.testing.fake import FakeEncoder
 from service.app import create_app
 from service.settings import Settings
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from embedrank.testing.launch import running_server
 from service.connections import HeaderDeadline
-from service.launch import running_server
 
 
 class Transport:

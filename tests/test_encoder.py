@@ -119,8 +119,8 @@ def test_count_tokens_and_encode_batch_agree_with_encode(encoder):
 
 def test_models_satisfy_the_runner_protocols(encoder, cross_encoder_dir):
     from embedrank import CrossEncoder
-    from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
     from embedrank.serving.runners import EmbeddingModel, PairScorer
+    from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 
     assert isinstance(encoder, EmbeddingModel) and isinstance(FakeEncoder(), EmbeddingModel)
     assert isinstance(CrossEncoder.from_pretrained(cross_encoder_dir), PairScorer)

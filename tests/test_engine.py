@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from embedrank.errors import InputTooLongError, InvalidInputError, NotReadyError, OverloadedError
-from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.types import ModelOutput
 
 WAIT = 10.0  # seconds an event may take before the test fails; never reached when the engine is right

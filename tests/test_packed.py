@@ -1,4 +1,4 @@
-"""The padding-free forward pass (embedrank.models.packed) against the model's own padded forward and sentence-transformers."""
+"""The padding-free forward pass (embedrank.runtime.packed) against the model's own padded forward and sentence-transformers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embedrank import CrossEncoder, Encoder
-from embedrank.models.packed import packed_forward, supports, supports_classifier
+from embedrank.runtime.packed import packed_forward, supports, supports_classifier
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ def test_roberta_family_encoders_match_their_own_forward(kind):
 def test_sequence_classifiers_match_their_own_forward(kind):
     import transformers
 
-    from embedrank.models.packed import packed_classifier_logits
+    from embedrank.runtime.packed import packed_classifier_logits
 
     torch.manual_seed(0)
     config_cls = getattr(transformers, kind.replace("ForSequenceClassification", "Config"))

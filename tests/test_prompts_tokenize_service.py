@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.serving.engine import EngineConfig
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.app import create_app
 from service.settings import Settings
 

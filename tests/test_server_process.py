@@ -8,7 +8,7 @@ import numpy as np
 import openai
 import pytest
 
-from service.launch import REPO, running_server
+from embedrank.testing.launch import REPO, running_server
 
 pytestmark = pytest.mark.slow
 

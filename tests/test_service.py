@@ -1,6 +1,6 @@
 """Every route, error, limit and auth case of the HTTP service, on weightless fake models (fast suite).
 
-The fakes (:mod:`embedrank.models.fake`) have a real model's interface and token accounting, so these
+The fakes (:mod:`embedrank.testing.fake`) have a real model's interface and token accounting, so these
 tests exercise the whole path (auth, parsing, limits, engine, shaping, errors) in milliseconds. Parity
 with the real packaged model is in ``test_service_real.py``.
 """
@@ -20,8 +20,8 @@ from litestar.testing import AsyncTestClient, TestClient
 from embedrank.errors import OverloadedError
 from embedrank.math.chunks import aggregate_window_scores
 from embedrank.models.chunking import Chunking, split_windows
-from embedrank.models.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.serving.engine import EngineConfig
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.app import create_app
 from service.settings import Limits, ModelEntry, Settings, SettingsError
 

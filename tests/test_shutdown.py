@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.launch import REPO, free_port
+from embedrank.testing.launch import REPO, free_port
 
 KEY = "shutdown-key"
 ENV = {

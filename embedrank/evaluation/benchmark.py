@@ -13,11 +13,10 @@ import pandas as pd
 
 from embedrank.evaluation.compare import SystemRun
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
-from embedrank.models.backends import check_backend
 from embedrank.models.chunking import Chunking
 from embedrank.models.encoder import Encoder
-from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.models.scorers import load_reranker
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
 from embedrank.retrieval.data import BeirDataset, load_beir, load_trec_run
@@ -30,6 +29,7 @@ from embedrank.retrieval.pipeline import (
     RetrieveRerank,
 )
 from embedrank.retrieval.prf import DensePRFRetriever
+from embedrank.runtime.backends import check_backend
 from embedrank.types import Run
 
 RetrieverName = Literal["dense", "bm25", "hybrid", "dense-prf", "hybrid-prf"]
@@ -41,7 +41,7 @@ class BenchmarkConfig:
     retriever: RetrieverName = "dense"
     model: str = DEFAULT_EMBEDDING_MODEL
     reranker: str | None = None
-    backend: str | None = None  # what runs both models (embedrank.models.backends); None: the default
+    backend: str | None = None  # what runs both models (embedrank.runtime.backends); None: the default
     precision: str | None = None  # fp32, bf16, int8; None: the default (fp32)
     rerank_max_seq_length: int | None = None  # the reranker's window (default: the model's)
     chunking: Chunking | None = None  # None: the reranker truncates long documents

@@ -7,7 +7,7 @@ calibration texts from, in order:
 1. :meth:`Calibration.of`: texts, or a file the user (or the service's model entry, ``calibration``) names:
    one text per line (``.txt``), or a BEIR-style ``.jsonl`` whose records have ``text`` (and optionally
    ``title``). A sample of the user's own corpus is the best choice.
-2. The documented default, :func:`vocabulary_texts`: 1,000 pseudo-sentences of 8 to 64 words drawn with a
+2. The documented default, :func:`embedrank.texts.vocabulary_texts`: 1,000 pseudo-sentences of 8 to 64 words drawn with a
    fixed seed from the model's own vocabulary (whole alphabetic words of three letters or more). They
    need no data files and give every model the same recipe; on SciFact they lose little against a
    corpus sample (see the README's compact-vector table).
@@ -19,10 +19,8 @@ quantize are.
 
 from __future__ import annotations
 
-import json
-import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,40 +28,7 @@ import numpy as np
 from embedrank.errors import InvalidInputError
 from embedrank.math.quantization import quantization_ranges
 from embedrank.math.similarity import truncate_dims
-
-DEFAULT_TEXTS = 1000
-_WORD = re.compile(r"[a-z]{3,}")
-
-
-def vocabulary_texts(
-    vocabulary: Iterable[str], *, n: int = DEFAULT_TEXTS, min_words: int = 8, max_words: int = 64, seed: int = 0
-) -> list[str]:
-    """``n`` pseudo-sentences of ``min_words`` to ``max_words`` words drawn (seeded) from the whole
-    alphabetic words of ``vocabulary``.
-
-    >>> vocabulary_texts(["apple", "##s", "pear", "a", "plum"], n=2, min_words=2, max_words=3)
-    ['pear apple apple', 'apple apple apple']
-    """
-    words = sorted({w for w in vocabulary if _WORD.fullmatch(w)})
-    if not words:
-        raise InvalidInputError("the vocabulary has no whole words to build calibration texts from")
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(min_words, max_words + 1, size=n)
-    return [" ".join(words[i] for i in rng.integers(0, len(words), size=k)) for k in lengths]
-
-
-def read_texts(path: str | Path) -> list[str]:
-    """Calibration texts from a ``.txt`` file (one per line) or a BEIR-style ``.jsonl`` (``title`` + ``text``)."""
-    file = Path(path)
-    if not file.is_file():
-        raise InvalidInputError(f"calibration file {str(file)!r} does not exist", param="calibration")
-    lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if file.suffix == ".jsonl":
-        records = [json.loads(line) for line in lines]
-        lines = [f"{r.get('title', '')} {r['text']}".strip() for r in records]
-    if len(lines) < 2:
-        raise InvalidInputError(f"calibration file {str(file)!r} needs at least 2 texts", param="calibration")
-    return lines
+from embedrank.texts import read_texts
 
 
 class Calibration:

@@ -13,11 +13,11 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.ranking import RankedResult, rank_scores
-from embedrank.models.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.models.chunking import Chunking, score_chunked
-from embedrank.models.exports import load_transformer
-from embedrank.models.registry import ModelSpec, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
+from embedrank.registry import ModelSpec, resolve
+from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
+from embedrank.runtime.exports import load_transformer
 from embedrank.types import ModelOutput
 
 _ACTIVATIONS = {
@@ -94,7 +94,7 @@ class CrossEncoder(RuntimeFacts):
         device: str = "cpu",
         max_seq_length: int | None = None,
     ) -> CrossEncoder:
-        """Load an already resolved model (:func:`~embedrank.models.registry.resolve`); ``backend``,
+        """Load an already resolved model (:func:`~embedrank.registry.resolve`); ``backend``,
         ``precision``, ``calibration`` and ``cache_dir`` as in :meth:`Encoder.from_spec
         <embedrank.models.encoder.Encoder.from_spec>` (int8 calibrates on (query, passage) pairs cut from
         the calibration texts).

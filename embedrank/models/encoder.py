@@ -16,13 +16,14 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.quantization import check_precision, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
-from embedrank.models.backends import Runtime, RuntimeFacts, TorchRuntime
-from embedrank.models.calibration import Calibration, vocabulary_texts
+from embedrank.models.calibration import Calibration
 from embedrank.models.chunking import Chunking, pool_windows, split_windows
-from embedrank.models.exports import load_transformer
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
-from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
+from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
+from embedrank.runtime.exports import load_transformer
+from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
 
 
@@ -59,7 +60,7 @@ class Encoder(RuntimeFacts):
 
     @classmethod
     def from_pretrained(cls, model_id: str = DEFAULT_EMBEDDING_MODEL, **options: Any) -> Encoder:
-        """Load an embedding model by id, local path or hub id (see :mod:`embedrank.models.registry`);
+        """Load an embedding model by id, local path or hub id (see :mod:`embedrank.registry`);
         ``options`` are those of :meth:`from_spec` (``backend``, ``precision``, ...).
 
         Raises:
@@ -83,12 +84,12 @@ class Encoder(RuntimeFacts):
         max_seq_length: int | None = None,
         torch_dtype: torch.dtype | None = None,
     ) -> Encoder:
-        """Load an already resolved model (:func:`~embedrank.models.registry.resolve`).
+        """Load an already resolved model (:func:`~embedrank.registry.resolve`).
 
         ``backend`` (``"openvino"`` by default, ``"torch"``, ``"onnx"``) and ``precision`` (``"fp32"``,
-        ``"bf16"``, ``"int8"``) choose what runs the transformer (:mod:`embedrank.models.backends`); the
+        ``"bf16"``, ``"int8"``) choose what runs the transformer (:mod:`embedrank.runtime.backends`); the
         first load of an OpenVINO or ONNX model exports it into the cache (``cache_dir``, see
-        :mod:`embedrank.models.exports`), and int8 calibrates on ``calibration`` (texts or a
+        :mod:`embedrank.runtime.exports`), and int8 calibrates on ``calibration`` (texts or a
         ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory).
 
         Raises:

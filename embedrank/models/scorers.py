@@ -16,8 +16,8 @@ from embedrank.math.similarity import cosine_scores
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
-from embedrank.models.registry import resolve
 from embedrank.models.tokens import check_texts
+from embedrank.registry import resolve
 
 ScorerKind = Literal["cross-encoder", "bi-encoder"]
 
@@ -111,7 +111,7 @@ def load_reranker(
     """Load a reranker; the kind (cross-encoder or bi-encoder scorer) comes from the model's own files.
     With ``chunking``, long documents are scored window by window (:mod:`embedrank.models.chunking`);
     ``max_seq_length`` overrides the model's own window; ``backend`` and ``precision`` choose what runs it
-    (:mod:`embedrank.models.backends`).
+    (:mod:`embedrank.runtime.backends`).
 
     A bi-encoder scorer cannot change the order of a dense first stage built on the same model (both rank
     by the same cosine); :class:`~embedrank.retrieval.pipeline.RetrieveRerank` warns when it sees that.

@@ -18,9 +18,9 @@ from embedrank.errors import IndexMismatchError, InvalidInputError
 from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
 from embedrank.math.ranking import ranked_ids, top_k
 from embedrank.models.encoder import Encoder
-from embedrank.models.registry import weights_fingerprint
 from embedrank.models.scorers import BiEncoderScorer, Reranker
 from embedrank.models.tokens import PROGRESS_THRESHOLD
+from embedrank.registry import weights_fingerprint
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
 from embedrank.retrieval.data import doc_text
 from embedrank.retrieval.embed_job import read_embeddings

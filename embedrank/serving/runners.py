@@ -7,7 +7,7 @@ is queued, naming the request field and position (``input[3]``, ``query``, ``doc
 
 Any model with the methods the backends call works: :class:`~embedrank.models.encoder.Encoder` and
 :class:`~embedrank.models.cross_encoder.CrossEncoder`, or the weightless fakes in
-:mod:`embedrank.models.fake` that the HTTP tests use.
+:mod:`embedrank.testing.fake` that the HTTP tests use.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from embedrank.math.chunks import aggregate_window_scores
 from embedrank.math.similarity import check_dimensions, cosine_scores, truncate_dims
 from embedrank.models.chunking import Chunking, Windows, document_flags, pool_windows, split_windows
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
-from embedrank.models.registry import ModelSpec
 from embedrank.models.tokens import first_too_long, too_long_error
+from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.types import ModelOutput
 

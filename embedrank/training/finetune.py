@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from embedrank.errors import InvalidInputError
-from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, resolve, weights_fingerprint
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve, weights_fingerprint
 from embedrank.retrieval.cache import default_cache_dir
 from embedrank.retrieval.data import BeirDataset, doc_text, load_beir
 

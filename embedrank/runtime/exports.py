@@ -18,7 +18,7 @@ Converters (maintained tools only):
 Calibration texts for int8 come from a local collection, never a hub: the user's list or file
 (``.txt``/``.jsonl``), else :data:`CALIBRATION_SIZE` seeded SciFact passages and queries from the data
 directory (``$EMBEDRANK_DATA`` or ``../shared/data``), else the model's vocabulary sentences
-(:func:`~embedrank.models.calibration.vocabulary_texts`).
+(:func:`~embedrank.texts.vocabulary_texts`).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ import numpy as np
 import torch
 
 from embedrank.errors import InvalidInputError, UnsupportedModelError
-from embedrank.models.backends import Backend, Head, Precision, Runtime, check_backend
-from embedrank.models.calibration import read_texts, vocabulary_texts
-from embedrank.models.registry import ModelSpec, quiet_loading, weights_fingerprint
 from embedrank.paths import default_cache_dir, default_data_dir
+from embedrank.registry import ModelSpec, quiet_loading, weights_fingerprint
+from embedrank.runtime.backends import Backend, Head, Precision, Runtime, check_backend
+from embedrank.texts import read_texts, vocabulary_texts
 
 log = logging.getLogger("embedrank.exports")
 
@@ -354,9 +354,9 @@ def exported_model(
 def load_runtime(
     spec: ModelSpec, tokenizer: Any, head: Head, backend: Backend, precision: Precision, **options: Any
 ) -> Any:
-    """An :class:`~embedrank.models.backends.OpenVINORuntime` or ``ONNXRuntime`` on the (cached) export;
+    """An :class:`~embedrank.runtime.backends.OpenVINORuntime` or ``ONNXRuntime`` on the (cached) export;
     ``options`` are :func:`exported_model`'s (``max_seq_length``, ``calibration``, ``cache_dir``)."""
-    from embedrank.models.backends import ONNXRuntime, OpenVINORuntime
+    from embedrank.runtime.backends import ONNXRuntime, OpenVINORuntime
 
     graph = exported_model(spec, tokenizer, head, backend, precision, **options)
     if backend == "openvino":

@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from embedrank.models.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
 from embedrank.paths import default_cache_dir
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
 
 
 def seeded_cross_encoder(

@@ -22,7 +22,7 @@ compiled model (a CPU without bf16 support runs ``bf16`` requests in f32, and sa
 
 Exports are made with the maintained converters (``openvino.convert_model`` on the transformers model,
 NNCF, ``torch.onnx.export``, ONNX Runtime's quantizer), never a hand-written graph rewrite, and cached by
-:mod:`embedrank.models.exports`.
+:mod:`embedrank.runtime.exports`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from embedrank.errors import InvalidInputError
-from embedrank.models import packed
+from embedrank.runtime import packed
 
 Backend = Literal["torch", "openvino", "onnx"]
 Precision = Literal["fp32", "bf16", "int8"]
@@ -93,7 +93,7 @@ class Runtime(Protocol):
 
 
 class TorchRuntime:
-    """The transformers model itself, padding-free where :mod:`embedrank.models.packed` applies."""
+    """The transformers model itself, padding-free where :mod:`embedrank.runtime.packed` applies."""
 
     backend: Backend = "torch"
     precision: Precision = "fp32"
@@ -214,7 +214,7 @@ class RuntimeFacts:
 
     @property
     def padding_free(self) -> bool:
-        """Whether the torch backend skips padding tokens (:mod:`embedrank.models.packed`)."""
+        """Whether the torch backend skips padding tokens (:mod:`embedrank.runtime.packed`)."""
         return bool(getattr(self.runtime, "padding_free", False))
 
     @padding_free.setter

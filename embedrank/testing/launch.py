@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: `litestar run` finds app.py there
 
 
 class ServerURL(str):

@@ -30,9 +30,10 @@ import numpy as np
 
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
-from embedrank.models.calibration import Calibration, vocabulary_texts
+from embedrank.models.calibration import Calibration
 from embedrank.models.prompts import select_prompt, with_prompt
-from embedrank.models.registry import ModelSpec
+from embedrank.registry import ModelSpec
+from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
