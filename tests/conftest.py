@@ -8,11 +8,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 SHARED_DATA = Path(os.environ.get("EMBEDRANK_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request, monkeypatch):
+    """The fast suite (``-m "not slow and not notebooks"``) starts no server or subprocess: a test that does
+    is marked ``slow``, so this refuses ``subprocess.Popen`` (and ``run``, which uses it) in every other test."""
+    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("notebooks"):
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a subprocess: mark it slow")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ def _faults(mode: str) -> tuple[str, int]:
     return out[0], int(out[1])
 
 
+@pytest.mark.slow  # a subprocess that allocates 400 MB
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning is Linux-only")
 def test_tuned_malloc_reuses_freed_activation_memory() -> None:
     _, default_faults = _faults("default")
@@ -65,6 +66,7 @@ print(round(base), round(kept), round(rss_mb()), released)
 """
 
 
+@pytest.mark.slow  # a subprocess that allocates 400 MB
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim is Linux-only")
 def test_trim_gives_the_kept_peak_back() -> None:
     out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, check=True).stdout.split()

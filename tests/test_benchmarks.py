@@ -91,12 +91,14 @@ def test_cli_demo_writes_json_and_run(tmp_path):
     assert again.returncode == 0 and "embedding cache: hit (" in again.stdout
 
 
+@pytest.mark.slow  # runs eval/run.py as a subprocess
 def test_cli_missing_dataset_is_a_clear_error(tmp_path):
     out = _run_cli("no-such-collection", "--data-dir", str(tmp_path), cwd=tmp_path)
     assert out.returncode == 2
     assert "no-such-collection.zip" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # runs eval/run.py as a subprocess
 def test_cli_help():
     out = _run_cli("--help", cwd=ROOT)
     assert out.returncode == 0

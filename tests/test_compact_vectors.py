@@ -13,6 +13,7 @@ from sentence_transformers.util import quantize_embeddings
 from embedrank.math.chunks import mean_window_vectors
 from embedrank.math.quantization import dequantize, quantization_ranges, quantize, unpack_signs
 from embedrank.math.similarity import truncate_dims
+from embedrank import Encoder
 from embedrank.models.chunking import Chunking
 from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeEncoder
@@ -73,20 +74,18 @@ def test_fake_calibration_ranges_are_fixed_and_cover_its_vectors():
 
 
 @pytest.mark.slow
-def test_encoder_precision_equals_sentence_transformers_with_the_same_calibration(encoder, st_model):
+def test_encoder_precision_equals_sentence_transformers_with_the_same_calibration(st_model):
+    encoder = Encoder.from_pretrained()  # its own copy: calibrate() changes it
     texts = ["the tilt of the earth causes seasons", "bananas are rich in potassium", "a third, shorter text"]
     calibration = encoder.encode(encoder.calibration.texts[:200])
     encoder.calibrate(encoder.calibration.texts[:200])
-    try:
-        for precision in ("int8", "uint8", "binary", "ubinary"):
-            ours = encoder.encode(texts, precision=precision)
-            floats = st_model.encode(texts, normalize_embeddings=True)
-            theirs = quantize_embeddings(floats, precision=precision, calibration_embeddings=calibration)
-            # float noise may move a value across a bucket edge: allow one bucket, on few components
-            diff = np.abs(ours.astype(np.int16) - theirs.astype(np.int16))
-            assert diff.max() <= (1 if precision in ("int8", "uint8") else 0), precision
-    finally:
-        encoder._calibration = None  # back to the default for the other tests
+    for precision in ("int8", "uint8", "binary", "ubinary"):
+        ours = encoder.encode(texts, precision=precision)
+        floats = st_model.encode(texts, normalize_embeddings=True)
+        theirs = quantize_embeddings(floats, precision=precision, calibration_embeddings=calibration)
+        # float noise may move a value across a bucket edge: allow one bucket, on few components
+        diff = np.abs(ours.astype(np.int16) - theirs.astype(np.int16))
+        assert diff.max() <= (1 if precision in ("int8", "uint8") else 0), precision
 
 
 @pytest.mark.slow

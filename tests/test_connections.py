@@ -85,6 +85,7 @@ def _read_until_closed(sock: socket.socket, trickle: bytes, seconds: float) -> t
     return got, time.monotonic() - start
 
 
+@pytest.mark.slow  # starts a real server
 @pytest.mark.parametrize("trickle", [b"", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000])
 def test_the_real_server_closes_slow_header_connections(tmp_path, trickle):
     env = {

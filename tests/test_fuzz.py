@@ -6,11 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
 
 from fuzz_api import run
 
 
+@pytest.mark.slow  # 100 cases per operation over the whole app
 def test_schemathesis_finds_nothing(tmp_path):
     code, result = run(cases=100, seed=1, workers=1, real=False, log_path=str(tmp_path / "server.log"))
     assert result.get("failures") == [] and result.get("errors") == [], result["stdout_tail"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -117,11 +119,8 @@ def test_only_plain_bert_and_roberta_encoders_qualify(encoder, model_path):
     tiny = DistilBertModel(DistilBertConfig(dim=32, n_layers=1, n_heads=2, hidden_dim=37, vocab_size=99))
     assert not supports(tiny.eval())
     assert not supports_classifier(encoder.model)  # an encoder has no classification head
-    encoder.model.train()
-    try:
-        assert not supports(encoder.model)  # dropout would be skipped
-    finally:
-        encoder.model.eval()
+    training = copy.deepcopy(encoder.model).train()  # the shared fixture stays untouched
+    assert not supports(training)  # dropout would be skipped
     left = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     assert not Encoder(encoder.spec, encoder.model, left).padding_free  # packing assumes right padding
     assert not Encoder(encoder.spec, encoder.model, encoder.tokenizer, padding_free=False).padding_free

@@ -26,6 +26,9 @@ ENV = {
 }
 
 
+pytestmark = pytest.mark.slow  # real servers as subprocesses
+
+
 @pytest.fixture
 def server(tmp_path):
     port = free_port()

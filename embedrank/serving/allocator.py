@@ -18,7 +18,6 @@ turns that off); notebooks and scripts may call it too.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import sys
 
@@ -41,9 +40,8 @@ def tune_malloc(*, arena_max: int = 1) -> bool:
     """
     if not sys.platform.startswith("linux"):
         return False
-    name = ctypes.util.find_library("c") or "libc.so.6"
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)  # the C library this process already runs on (no ldconfig subprocess)
         mallopt = libc.mallopt
         libc.gnu_get_libc_version  # noqa: B018 - present only in glibc (musl has no arenas to tune)
     except (OSError, AttributeError):
@@ -73,7 +71,7 @@ def trim_heap() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)
         malloc_trim = libc.malloc_trim
     except (OSError, AttributeError):
         return False
