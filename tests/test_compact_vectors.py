@@ -10,10 +10,10 @@ import pytest
 from litestar.testing import TestClient
 from sentence_transformers.util import quantize_embeddings
 
+from embedrank import Encoder
 from embedrank.math.chunks import mean_window_vectors
 from embedrank.math.quantization import dequantize, quantization_ranges, quantize, unpack_signs
 from embedrank.math.similarity import truncate_dims
-from embedrank import Encoder
 from embedrank.models.chunking import Chunking
 from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeEncoder
