@@ -8,17 +8,31 @@ export EMBEDRANK_DATA
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test test-fast lint typecheck bench bench-encode bench-rerank bench-service bench-fairness bench-load fuzz eval serve notebooks clean
+EXTRAS := dev,notebooks,train,ray,int8,onnx,docs
+RECORD := $(PY) eval/record.py
 
+.PHONY: setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load fuzz eval serve notebooks clean
+
+# constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	# torch first, from the CPU wheel (never let a resolver pick a multi-GB CUDA build)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[dev,notebooks,train,ray,int8,onnx]"
+	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
 setup: $(VENV)/.installed
+
+lock:  ## resolve the newest allowed versions in a fresh environment, write them to constraints.txt, run the suite on them
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q "torch==2.13.0"
+	.venv-lock/bin/python -m pip install -q -e ".[$(EXTRAS)]"
+	{ echo "# The lock: every package version the test suite ran with. Refresh with make lock (which re-runs the suite)."; \
+	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/'; } > constraints.txt
+	rm -rf .venv-lock $(VENV)
+	$(MAKE) test
 
 run: setup  ## the main job on the embedded defaults: a BEIR evaluation of the packaged model on the demo collection
 	$(PY) eval/run.py
@@ -29,6 +43,9 @@ test: setup lint typecheck  ## lint, type check, then the whole default suite (d
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not notebooks"
 
+docs: setup  ## the manual, built strictly into build/site (the suite builds it too)
+	$(VENV)/bin/mkdocs build --strict
+
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -38,33 +55,40 @@ typecheck: setup
 
 bench: bench-encode bench-rerank bench-service bench-fairness
 
+# each benchmark records its output, command, date, commit and CPU in eval/results/; the docs' page is rendered from them
 bench-encode: setup
-	$(PY) eval/bench_encode.py
+	$(RECORD) encode "Encoding speed by backend and precision (in-process)" -- $(PY) eval/bench_encode.py --rounds 2
+	$(PY) eval/render_benchmarks.py
 
 bench-rerank: setup
-	$(PY) eval/bench_rerank.py
+	$(RECORD) rerank "Cross-encoder scoring speed by backend (in-process)" -- $(PY) eval/bench_rerank.py --rounds 2
+	$(PY) eval/render_benchmarks.py
 
 bench-service: setup
-	$(PY) eval/bench_service.py --servers default int8 infinity --clients 32 --rounds 2
+	$(RECORD) service "HTTP service throughput against in-process encoding" -- $(PY) eval/bench_service.py --servers default int8 --clients 32 --rounds 2
+	$(PY) eval/render_benchmarks.py
 
 bench-fairness: setup
-	$(PY) eval/bench_fairness.py
+	$(RECORD) fairness "Fairness: small requests during a bulk request" -- $(PY) eval/bench_fairness.py
+	$(PY) eval/render_benchmarks.py
 
 bench-load: setup
-	$(PY) eval/bench_load.py
+	$(RECORD) load "Load: 64 clients, mixed requests" -- $(PY) eval/bench_load.py
+	$(PY) eval/render_benchmarks.py
 
 fuzz: setup  ## schemathesis --checks all, 1,000 fuzzing cases per operation (the suite runs 100)
 	$(PY) eval/fuzz_api.py
 
-eval: setup  ## the reference benchmarks on ../shared/data
-	$(PY) eval/run.py scifact --retriever dense
-	$(PY) eval/run.py scifact --retriever bm25
-	$(PY) eval/run.py scifact --retriever hybrid
-	$(PY) eval/run.py trec-dl19-passage-bm25top100 --retriever bm25
-	$(PY) eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
+eval: setup  ## the reference evaluations on ../shared/data, recorded for the benchmarks page
+	$(RECORD) quality "Retrieval quality: SciFact, NFCorpus and Cranfield, dense, BM25 and hybrid" -- \
+	  $(PY) eval/run.py scifact nfcorpus-preprocessed-partial cranfield --retriever dense bm25 hybrid --metrics ndcg@10 recall@100
+	$(RECORD) quality-dl19 "Retrieval quality: TREC DL19, BM25 and BM25 reranked" -- \
+	  $(PY) eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
+	$(RECORD) quantization "Compact vectors: quality of each embedding type" -- $(PY) eval/bench_quantization.py scifact
+	$(PY) eval/render_benchmarks.py
 
 serve: setup
 	$(VENV)/bin/litestar run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build

@@ -1,12 +1,18 @@
 """embedrank: text embeddings and reranking for retrieval research and RAG services.
 
-Layers, each importing only those above it in this list:
+Layers, bottom first; each imports only those before it in this list:
 
-- :mod:`embedrank.errors`, :mod:`embedrank.types`: exceptions, the BEIR dict types and ``ModelOutput``;
-- :mod:`embedrank.math`: pure functions (pooling, similarity, ranking, fusion, metrics);
-- :mod:`embedrank.models`: model resolution, tokenization, encoder, cross-encoder, rerankers;
-- :mod:`embedrank.retrieval`: BEIR data, embedding cache, indexes, BM25, retrieve-then-rerank;
-- :mod:`embedrank.evaluation`: the benchmark runner behind ``eval/run.py``;
+- :mod:`embedrank.errors`, :mod:`embedrank.types`, :mod:`embedrank.paths`: exceptions, the BEIR dict types
+  and ``ModelOutput``, the cache and data directories;
+- :mod:`embedrank.math`: pure functions (pooling, similarity, ranking, fusion, metrics, quantization);
+- :mod:`embedrank.texts`, :mod:`embedrank.registry`: text sources; a model id resolved to its files and
+  ``ModelSpec``;
+- :mod:`embedrank.runtime`: what runs the transformer (torch, OpenVINO, ONNX Runtime) and the export cache;
+- :mod:`embedrank.models`: tokenization, encoder, cross-encoder, prompts, chunking, rerankers;
+- :mod:`embedrank.testing`: weightless fakes, a seeded cross-encoder, a server launcher for tests;
+- :mod:`embedrank.retrieval`: BEIR data, embedding cache, indexes, BM25, retrieve-then-rerank, embedding jobs;
+- :mod:`embedrank.evaluation`, :mod:`embedrank.training`: the benchmark runner behind ``eval/run.py``,
+  fine-tuning;
 - :mod:`embedrank.serving`: the batching engine and async model runners (no HTTP; ``service/`` adds that).
 
 Everything a notebook needs is importable from here; these names are the stable API.

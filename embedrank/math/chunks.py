@@ -26,9 +26,10 @@ def aggregate_window_scores(
     Returns:
         ``(N,)`` float32.
 
-    >>> s, o = np.array([0.1, 0.9, 0.3, 0.5]), np.array([0, 0, 1, 2])
-    >>> [aggregate_window_scores(s, o, 3, how).astype(float).round(3).tolist() for how in ("max", "mean", "first")]
-    [[0.9, 0.3, 0.5], [0.5, 0.3, 0.5], [0.1, 0.3, 0.5]]
+    Examples:
+        >>> s, o = np.array([0.1, 0.9, 0.3, 0.5]), np.array([0, 0, 1, 2])
+        >>> [aggregate_window_scores(s, o, 3, how).astype(float).round(3).tolist() for how in ("max", "mean", "first")]
+        [[0.9, 0.3, 0.5], [0.5, 0.3, 0.5], [0.1, 0.3, 0.5]]
     """
     scores = np.asarray(scores, dtype=np.float64)
     owners = np.asarray(owners, dtype=np.int64)

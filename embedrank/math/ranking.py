@@ -25,8 +25,9 @@ class RankedResult:
 def rank_scores(scores: np.ndarray, top_k: int | None = None) -> list[RankedResult]:
     """Indices of ``scores`` ``(N,)`` sorted by score descending, ties by index ascending.
 
-    >>> [r.index for r in rank_scores(np.array([0.5, 0.9, 0.5, 0.1]), top_k=3)]
-    [1, 0, 2]
+    Examples:
+        >>> [r.index for r in rank_scores(np.array([0.5, 0.9, 0.5, 0.1]), top_k=3)]
+        [1, 0, 2]
     """
     if top_k is not None and top_k < 1:
         raise InvalidInputError(f"top_k must be >= 1, got {top_k}", param="top_k")

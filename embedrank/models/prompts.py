@@ -88,9 +88,10 @@ def request_prompt(
     """The prompt an embeddings request selects: by ``prompt_name`` (must exist), or by ``input_type``
     (:data:`INPUT_TYPES`; the model's default prompt when it has no prompt for that type), or the default.
 
-    >>> prompts = {"query": "query: ", "passage": "passage: "}
-    >>> [request_prompt(prompts, None, input_type=t) for t in ("search_query", "document", "clustering")]
-    ['query: ', 'passage: ', '']
+    Examples:
+        >>> prompts = {"query": "query: ", "passage": "passage: "}
+        >>> [request_prompt(prompts, None, input_type=t) for t in ("search_query", "document", "clustering")]
+        ['query: ', 'passage: ', '']
     """
     if prompt_name is not None and input_type is not None:
         raise InvalidInputError("give input_type or prompt_name, not both", param="prompt_name")

@@ -56,16 +56,17 @@ class QueuedJob:
 class FairQueue:
     """Jobs with unscheduled items, and the batch-forming policy of the module docstring.
 
-    >>> q = FairQueue()
-    >>> bulk, small = QueuedJob(est=[200] * 6), QueuedJob(est=[10])
-    >>> q.push(bulk)
-    >>> [i for _, i in q.take(max_tokens=400, max_size=8)]  # the bulk job alone: 2 x 200 fills the budget
-    [0, 1]
-    >>> q.push(small)  # arrives while that batch computes
-    >>> [(job is small, i) for job, i in q.take(max_tokens=400, max_size=8)]  # served next, on its own
-    [(True, 0)]
-    >>> [i for _, i in q.take(max_tokens=400, max_size=8)], q.queued
-    ([2, 3], 2)
+    Examples:
+        >>> q = FairQueue()
+        >>> bulk, small = QueuedJob(est=[200] * 6), QueuedJob(est=[10])
+        >>> q.push(bulk)
+        >>> [i for _, i in q.take(max_tokens=400, max_size=8)]  # the bulk job alone: 2 x 200 fills the budget
+        [0, 1]
+        >>> q.push(small)  # arrives while that batch computes
+        >>> [(job is small, i) for job, i in q.take(max_tokens=400, max_size=8)]  # served next, on its own
+        [(True, 0)]
+        >>> [i for _, i in q.take(max_tokens=400, max_size=8)], q.queued
+        ([2, 3], 2)
     """
 
     def __init__(self, *, starve_after: int = 4, fill_ratio: float = 2.0, short_tokens: int = 128) -> None:

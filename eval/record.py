@@ -1,0 +1,120 @@
+"""Run a benchmark and record what it printed, with everything needed to read the figures later.
+
+    python eval/record.py NAME "Title" -- python eval/bench_encode.py --rounds 2
+
+writes ``eval/results/NAME.json``: the title, the exact command, the date, the commit (and whether the
+tree had uncommitted changes), the CPU's model, core count and vector flags, the versions of the
+libraries that shape the figures, the wall time and the command's output. The command's output is also
+streamed to the terminal. Nothing is written when the command fails. ``eval/render_benchmarks.py`` renders
+the documentation's benchmarks page from these files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "eval" / "results"
+# the CPU features that decide which kernels run (vector width, int8 dot products, bf16, AMX)
+FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+         "amx_tile", "amx_int8", "amx_bf16")  # fmt: skip
+PACKAGES = ("torch", "transformers", "sentence-transformers", "openvino", "nncf", "onnxruntime", "faiss-cpu",
+            "litestar", "uvicorn", "numpy")  # fmt: skip
+
+
+def machine() -> dict:
+    """The CPU's model name, logical cores, the vector flags of :data:`FLAGS` it has, and memory."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    memory = None
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        memory = round(pages * size / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "flags": [f for f in FLAGS if f in flags],
+        "memory_gib": memory,
+        "system": f"{platform.system()} {platform.machine()}",
+    }
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return head + ("+uncommitted" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("name", help="result file name: eval/results/NAME.json")
+    parser.add_argument("title", help="heading on the benchmarks page")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command after --")
+    shown = [("python" if part == sys.executable else part) for part in command]
+    started, start = dt.datetime.now(dt.UTC), time.monotonic()
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        lines.append(line)
+    code = proc.wait()
+    if code != 0:
+        print(f"[record] {shlex.join(shown)} exited with {code}: nothing recorded", file=sys.stderr)
+        return code
+    record = {
+        "name": args.name,
+        "title": args.title,
+        "command": shlex.join(shown),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
+        "seconds": round(time.monotonic() - start, 1),
+        "machine": machine(),
+        "versions": versions(),
+        "output": "".join(line for line in lines if not line.startswith("\r")).rstrip() + "\n",
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{args.name}.json"
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"[record] wrote {path.relative_to(REPO)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

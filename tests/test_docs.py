@@ -1,0 +1,124 @@
+"""The documentation: the README is a front page, the manual builds strictly, every code example runs (the
+Python blocks in order, one namespace per page; the HTTP examples' requests against the service), the
+benchmarks page is what the recorded results render to, and no user page tells how the work was organized."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from litestar.testing import TestClient
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+USER_PAGES = [README, REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
+EXAMPLE_PAGES = [p for p in USER_PAGES if "```python" in p.read_text(encoding="utf-8")]
+
+sys.path.insert(0, str(REPO / "eval"))
+
+
+def _blocks(page: Path, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def test_readme_is_a_front_page_whose_links_resolve():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if "://" not in target:
+            assert (REPO / target).is_file(), target
+
+
+HISTORY = re.compile(
+    r"\b(issue|session|round|step) ?#?\d+|\bsessions?\b|\btried (and|then)\b|\bwhat changed\b|"
+    r"\btried and dropped\b|\bbefore,|\bshared/SPEC|(?-i:\bSPEC\b)",
+    re.I,
+)
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_user_pages_speak_of_the_product_only(page):
+    text = page.read_text(encoding="utf-8")
+    found = [m.group(0) for m in HISTORY.finditer(text)]
+    assert not found, f"{page.relative_to(REPO)} tells how the work was organized: {found}"
+
+
+def test_benchmarks_page_is_rendered_from_the_result_files():
+    import render_benchmarks
+
+    assert (DOCS / "benchmarks.md").read_text(encoding="utf-8") == render_benchmarks.render(
+        render_benchmarks.load_results()
+    ), "docs/benchmarks.md was edited by hand or is stale: run python eval/render_benchmarks.py"
+    for result in render_benchmarks.load_results():
+        assert result["command"] and result["date"] and result["machine"]["cpu"] and result["output"].strip()
+
+
+@pytest.mark.slow
+def test_the_manual_builds_strictly(tmp_path):
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    config = load_config(str(REPO / "mkdocs.yml"), site_dir=str(tmp_path / "site"), strict=True)
+    build(config)  # strict: a broken link, anchor or reference aborts
+    assert (tmp_path / "site" / "reference" / "models" / "index.html").is_file()
+
+
+def _curl_requests(page: Path) -> list[tuple[str, dict]]:
+    """The (path, JSON body) of every curl call in a page's bash blocks."""
+    found = []
+    for block in _blocks(page, "bash"):
+        for command in block.replace("\\\n", " ").splitlines():
+            if "curl" not in command:
+                continue
+            words = shlex.split(command[command.index("curl") :].split("&")[0])
+            url = next(w for w in words if "localhost" in w)
+            body = words[words.index("-d") + 1]
+            found.append((url.split("localhost:8000", 1)[1], json.loads(body)))
+    return found
+
+
+HTTP_PAGES = [p for p in USER_PAGES if _curl_requests(p)]
+
+
+@pytest.mark.parametrize("page", HTTP_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_http_examples_are_answered(page):
+    from embedrank.registry import DEFAULT_EMBEDDING_MODEL
+    from embedrank.serving.engine import EngineConfig
+    from embedrank.testing.fake import FakeEncoder
+    from service.app import create_app
+    from service.settings import ModelEntry, Settings
+
+    settings = Settings(
+        api_keys=("secret",),
+        models=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL),),
+        engine=EngineConfig(max_wait_ms=0),
+        tune_malloc=False,
+    )
+    app = create_app(
+        settings, wait_for_models=True, models={DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL)}
+    )
+    with TestClient(app) as client:
+        for path, body in _curl_requests(page):
+            response = client.post(path, json=body, headers={"Authorization": "Bearer secret"})
+            assert response.status_code == 200, (path, body, response.text)
+
+
+@pytest.mark.slow
+@pytest.mark.data
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_python_examples_run(page, scifact_dense, cross_encoder_dir, monkeypatch, tmp_path, capsys):
+    # the SciFact corpus vectors are in the embedding cache (scifact_dense), as after a first run
+    monkeypatch.setenv("EMBEDRANK_CROSS_ENCODER", cross_encoder_dir)  # offline stand-in for the hub model
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "docs_example"}
+    for number, block in enumerate(_blocks(page, "python"), start=1):
+        exec(compile(block, f"{page.relative_to(REPO)} python block {number}", "exec"), namespace)
+    printed = capsys.readouterr().out
+    assert printed.strip()
+    if page.name == "retrieval.md":
+        assert "embedding cache: hit (" in printed and "'ndcg@10'" in printed
