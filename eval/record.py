@@ -12,6 +12,7 @@ the documentation's benchmarks page from these files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -62,10 +63,8 @@ def machine() -> dict:
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
     for name in PACKAGES:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return found
 
 
