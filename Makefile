@@ -87,6 +87,9 @@ eval: setup  ## the reference evaluations on ../shared/data, recorded for the be
 	$(RECORD) quantization "Compact vectors: quality of each embedding type" -- $(PY) eval/bench_quantization.py scifact
 	$(PY) eval/render_benchmarks.py
 
+notebooks: setup  ## re-execute the notebooks in full mode, in place, so the committed outputs carry every figure
+	$(PY) eval/execute_notebooks.py
+
 serve: setup
 	$(VENV)/bin/litestar run
 

@@ -1,16 +1,25 @@
-"""Every notebook runs top to bottom (quick mode) through nbclient."""
+"""Every notebook runs top to bottom (quick mode) through nbclient, and every cell that draws a figure
+carries it as an image, both in the committed notebook (what a reader sees on a code host) and when run."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+DRAWS = re.compile(r"\bplt\.(subplots|figure|plot|bar|scatter|hist)\(|\.plot\(")
 
-pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
+
+def _figure_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code" and DRAWS.search(c.source)]
+
+
+def _has_image(cell) -> bool:
+    return any("image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {}) for o in cell.get("outputs", []))
 
 
 def test_all_five_notebooks_exist():
@@ -26,13 +35,25 @@ def test_all_five_notebooks_exist():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, tmp_path, data_dir):
+def test_committed_notebook_carries_its_outputs_and_figures(path):
+    nb = nbformat.read(path, as_version=4)
+    assert any(o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])), "committed without outputs"
+    missing = [c.source.splitlines()[0] for c in _figure_cells(nb) if not _has_image(c)]
+    assert not missing, f"{path.name}: cells that draw a figure were committed without it: {missing}"
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{path.name} was committed with an error output"
+
+
+@pytest.mark.notebooks
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_and_draws_its_figures(path, tmp_path, data_dir):
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    assert any(o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])), "committed without outputs"
     env_before = dict(os.environ)
-    os.environ.update({"EMBEDRANK_NOTEBOOK_QUICK": "1", "EMBEDRANK_DATA": str(data_dir), "MPLBACKEND": "Agg"})
+    os.environ.pop("MPLBACKEND", None)  # the kernel's inline backend, as in Jupyter: figures become outputs
+    os.environ.update({"EMBEDRANK_NOTEBOOK_QUICK": "1", "EMBEDRANK_DATA": str(data_dir)})
     try:
         NotebookClient(
             nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
@@ -42,3 +63,5 @@ def test_notebook_runs(path, tmp_path, data_dir):
         os.environ.update(env_before)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    missing = [c.source.splitlines()[0] for c in _figure_cells(nb) if not _has_image(c)]
+    assert not missing, f"{path.name}: cells that draw a figure produced none: {missing}"

@@ -33,6 +33,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -313,12 +314,17 @@ def exported_model(
         example = _example(tokenizer, head)
         narrow = _Narrow(model, head, "token_type_ids" in example).eval()
         try:
-            with torch.inference_mode(False), torch.no_grad():
+            # the exporters and converters warn about their own internals (deprecations, tracing notes):
+            # those go to the log, not to the user's terminal
+            with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 if backend == "openvino":
                     calib = _calibration_batches(tokenizer, head, texts, max_seq_length) if static else None
                     _export_openvino(narrow, example, tmp, precision, calib)
                 else:
                     _export_onnx(narrow, example, tmp, precision)
+            for w in caught:
+                log.debug("while exporting %s: %s: %s", spec.model_id, w.category.__name__, w.message)
         except ImportError:
             raise
         except Exception as exc:  # the converters raise many types; all mean this model did not export
