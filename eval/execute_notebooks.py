@@ -24,7 +24,9 @@ def execute(path: Path) -> None:
     os.environ.pop("MPLBACKEND", None)  # the kernel's inline backend turns figures into outputs
     os.environ.pop("EMBEDRANK_NOTEBOOK_QUICK", None)
     try:
-        NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+        NotebookClient(
+            nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        ).execute()
     finally:
         os.environ.clear()
         os.environ.update(env)

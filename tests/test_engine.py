@@ -1,4 +1,4 @@
-"""The micro-batcher with a deterministic fake backend: batching across jobs, order, cancellation, overload,
+"""The micro-batcher with a deterministic fake model: batching across jobs, order, cancellation, overload,
 and the runners' checks before the queue. Threads are ordered with events and an injected clock, never
 with sleeps or wall-clock windows."""
 
@@ -19,7 +19,7 @@ from embedrank.types import ModelOutput
 WAIT = 10.0  # seconds an event may take before the test fails; never reached when the engine is right
 
 
-class FakeBackend:
+class FakeBatchModel:
     """Value = text reversed; tokens = len(text) capped at 50; 'truncated' when longer than 50 chars.
 
     ``gate`` holds every batch until set; ``entered`` is set once a batch has started.
@@ -48,28 +48,28 @@ class FakeBackend:
         )
 
 
-async def _entered(backend: FakeBackend) -> None:
-    assert await asyncio.to_thread(backend.entered.wait, WAIT)
+async def _entered(model: FakeBatchModel) -> None:
+    assert await asyncio.to_thread(model.entered.wait, WAIT)
 
 
 def test_batches_across_concurrent_jobs_and_keeps_order():
     async def main():
-        backend = FakeBackend()
-        backend.gate.clear()  # the first batch holds the worker while every other job queues
-        engine = BatchEngine(backend, EngineConfig(max_batch_size=128, max_wait_ms=0))
+        model = FakeBatchModel()
+        model.gate.clear()  # the first batch holds the worker while every other job queues
+        engine = BatchEngine(model, EngineConfig(max_batch_size=128, max_wait_ms=0))
         engine.start()
         jobs = [[f"job{j}-item{i}" + "x" * (i * 3 % 7) for i in range(1 + j % 4)] for j in range(40)]
         first = asyncio.ensure_future(engine.submit(jobs[0]))
-        await _entered(backend)
+        await _entered(model)
         rest = [asyncio.ensure_future(engine.submit(items)) for items in jobs[1:]]
         await asyncio.sleep(0)  # every submit has queued its items
-        backend.gate.set()
+        model.gate.set()
         results = [await first, *await asyncio.gather(*rest)]
         for items, res in zip(jobs, results, strict=True):
             assert res.values.tolist() == [t[::-1] for t in items]
             assert res.token_counts == [len(t) for t in items]
-        assert len(backend.batches) == 2  # the 39 queued jobs (99 items) shared one forward pass
-        for b in backend.batches:  # each batch is sorted longest first
+        assert len(model.batches) == 2  # the 39 queued jobs (99 items) shared one forward pass
+        for b in model.batches:  # each batch is sorted longest first
             assert [len(x) for x in b] == sorted((len(x) for x in b), reverse=True)
         await engine.drain(1)
 
@@ -78,11 +78,11 @@ def test_batches_across_concurrent_jobs_and_keeps_order():
 
 def test_token_budget_closes_batches():
     async def main():
-        backend = FakeBackend()
-        engine = BatchEngine(backend, EngineConfig(max_batch_tokens=40, max_wait_ms=0, chars_per_token=1))
+        model = FakeBatchModel()
+        engine = BatchEngine(model, EngineConfig(max_batch_tokens=40, max_wait_ms=0, chars_per_token=1))
         engine.start()
         await engine.submit(["a" * 18] * 6)  # est. 20 tokens each -> two per batch
-        assert [len(b) for b in backend.batches] == [2, 2, 2]
+        assert [len(b) for b in model.batches] == [2, 2, 2]
         await engine.drain(1)
 
     asyncio.run(main())
@@ -90,20 +90,20 @@ def test_token_budget_closes_batches():
 
 def test_cancelled_jobs_are_dropped_before_compute():
     async def main():
-        backend = FakeBackend()
-        backend.gate.clear()  # hold the worker so the queue builds up
-        engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0, workers=1))
+        model = FakeBatchModel()
+        model.gate.clear()  # hold the worker so the queue builds up
+        engine = BatchEngine(model, EngineConfig(max_batch_size=1, max_wait_ms=0, workers=1))
         engine.start()
         first = asyncio.ensure_future(engine.submit(["first"]))
-        await _entered(backend)
+        await _entered(model)
         doomed = asyncio.ensure_future(engine.submit(["gone-1", "gone-2"]))
         kept = asyncio.ensure_future(engine.submit(["kept"]))
         await asyncio.sleep(0)
         doomed.cancel()
-        backend.gate.set()
+        model.gate.set()
         assert (await first).values.tolist() == ["tsrif"]
         assert (await kept).values.tolist() == ["tpek"]
-        computed = [x for b in backend.batches for x in b]
+        computed = [x for b in model.batches for x in b]
         assert "gone-1" not in computed and "gone-2" not in computed
         assert engine.dropped == 2
         await engine.drain(1)
@@ -113,19 +113,19 @@ def test_cancelled_jobs_are_dropped_before_compute():
 
 def test_full_queue_raises_overload_and_oversized_job_is_invalid():
     async def main():
-        backend = FakeBackend()
-        backend.gate.clear()
-        engine = BatchEngine(backend, EngineConfig(max_queue_items=3, max_batch_size=1, max_wait_ms=0, workers=1))
+        model = FakeBatchModel()
+        model.gate.clear()
+        engine = BatchEngine(model, EngineConfig(max_queue_items=3, max_batch_size=1, max_wait_ms=0, workers=1))
         engine.start()
         running = asyncio.ensure_future(engine.submit(["a"]))
-        await _entered(backend)
+        await _entered(model)
         waiting = asyncio.ensure_future(engine.submit(["b", "c"]))
         await asyncio.sleep(0)
         with pytest.raises(OverloadedError, match="limit 3"):
             await engine.submit(["d", "e"])
         with pytest.raises(InvalidInputError, match="capacity of 3"):
             await engine.submit(["x"] * 4)
-        backend.gate.set()
+        model.gate.set()
         await asyncio.gather(running, waiting)
         await engine.drain(1)
         with pytest.raises(NotReadyError):
@@ -138,7 +138,7 @@ def test_overload_is_judged_by_each_jobs_estimated_wait():
     """429 when the work scheduled before a job (at the measured speed) exceeds max_queue_seconds: a bulk
     job behind another bulk job is refused with the time to wait; a small job or an urgent one is not."""
 
-    class Timed(FakeBackend):
+    class Timed(FakeBatchModel):
         def run_batch(self, items):  # every forward pass takes exactly 1 s of the injected clock
             out = super().run_batch(items)
             now[0] += 1.0
@@ -147,17 +147,17 @@ def test_overload_is_judged_by_each_jobs_estimated_wait():
     now = [0.0]
 
     async def main():
-        backend = Timed()
+        model = Timed()
         config = EngineConfig(max_batch_size=1, max_wait_ms=0, max_queue_seconds=30)
-        engine = BatchEngine(backend, config, clock=lambda: now[0])
+        engine = BatchEngine(model, config, clock=lambda: now[0])
         engine.start()
         text = "x" * 36  # estimated 36 / 4 + 2 = 11 tokens
         await engine.submit([text])
         assert engine.token_rate == pytest.approx(11.0)  # 11 estimated tokens per second
-        backend.gate.clear()
-        backend.entered.clear()
+        model.gate.clear()
+        model.entered.clear()
         running = asyncio.ensure_future(engine.submit([text]))  # in flight: 1 s
-        await _entered(backend)
+        await _entered(model)
         first_bulk = asyncio.ensure_future(engine.submit([text] * 40))  # waits 1 s: admitted
         await asyncio.sleep(0)
         with pytest.raises(OverloadedError, match="about 41 s") as info:  # 1 s + 40 s of the first bulk
@@ -166,7 +166,7 @@ def test_overload_is_judged_by_each_jobs_estimated_wait():
         small = asyncio.ensure_future(engine.submit([text]))  # goes before the bulk job: admitted
         urgent = asyncio.ensure_future(engine.submit([text] * 40, priority=-1))  # before everything
         await asyncio.sleep(0)
-        backend.gate.set()
+        model.gate.set()
         await asyncio.gather(running, first_bulk, small, urgent)
         await engine.drain(1)
 
@@ -174,7 +174,7 @@ def test_overload_is_judged_by_each_jobs_estimated_wait():
 
 
 def test_backend_failure_fails_the_batch_not_the_engine():
-    class Boom(FakeBackend):
+    class Boom(FakeBatchModel):
         def run_batch(self, items):
             if "boom" in items:
                 raise RuntimeError("kaput")
@@ -193,15 +193,15 @@ def test_backend_failure_fails_the_batch_not_the_engine():
 
 def test_forward_thread_pulls_batches_while_the_event_loop_is_blocked():
     async def main():
-        backend = FakeBackend()
-        backend.gate.clear()
-        engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0))
+        model = FakeBatchModel()
+        model.gate.clear()
+        engine = BatchEngine(model, EngineConfig(max_batch_size=1, max_wait_ms=0))
         engine.start()
         job = asyncio.ensure_future(engine.submit(["a", "b", "c"]))  # three one-item batches
-        await _entered(backend)
-        backend.gate.set()
+        await _entered(model)
+        model.gate.set()
         # block the event loop until all three batches ran: the forward thread must not need it in between
-        assert backend.three_done.wait(WAIT)
+        assert model.three_done.wait(WAIT)
         assert (await job).values.tolist() == ["a", "b", "c"]
         await engine.drain(1)
 
@@ -223,16 +223,16 @@ class FakeClockEngine(BatchEngine):
 
 def test_lone_caller_never_waits_and_the_wait_ends_when_arrivals_stop():
     async def main():
-        backend = FakeBackend()
-        engine = FakeClockEngine(backend, EngineConfig(max_wait_ms=400))
+        model = FakeBatchModel()
+        engine = FakeClockEngine(model, EngineConfig(max_wait_ms=400))
         engine.start()
         await engine.submit(["alone"])
         assert engine.waits == []  # no concurrency seen yet: no wait at all
-        backend.gate.clear()
-        backend.entered.clear()
+        model.gate.clear()
+        model.entered.clear()
         burst = [asyncio.ensure_future(engine.submit([f"x{i}"])) for i in range(20)]
         await asyncio.sleep(0)
-        backend.gate.set()
+        model.gate.set()
         await asyncio.gather(*burst)  # the engine now expects ~20 callers
         engine.waits.clear()
         await engine.submit(["straggler"])
@@ -245,20 +245,20 @@ def test_lone_caller_never_waits_and_the_wait_ends_when_arrivals_stop():
 
 def test_drain_fails_jobs_that_could_not_be_computed_in_time():
     async def main():
-        backend = FakeBackend()
-        backend.gate.clear()
-        engine = BatchEngine(backend, EngineConfig(max_batch_size=1, max_wait_ms=0))
+        model = FakeBatchModel()
+        model.gate.clear()
+        engine = BatchEngine(model, EngineConfig(max_batch_size=1, max_wait_ms=0))
         with pytest.raises(NotReadyError, match="not been started"):
             await engine.submit(["early"])
         engine.start()
         running = asyncio.ensure_future(engine.submit(["running"]))
-        await _entered(backend)
+        await _entered(model)
         queued = asyncio.ensure_future(engine.submit(["queued"]))
         await asyncio.sleep(0)
         await engine.drain(0)
         with pytest.raises(NotReadyError, match="shut down"):
             await queued
-        backend.gate.set()
+        model.gate.set()
         assert (await running).values.tolist() == ["gninnur"]
 
     asyncio.run(main())
@@ -331,19 +331,19 @@ def test_bi_encoder_rerank_is_the_cosine_of_the_encoder_vectors():
 
 def test_a_new_request_waits_only_for_the_batch_in_flight():
     async def main():
-        backend = FakeBackend()
-        backend.gate.clear()
-        engine = BatchEngine(backend, EngineConfig(max_batch_tokens=200, max_wait_ms=0))  # 4 long items per batch
+        model = FakeBatchModel()
+        model.gate.clear()
+        engine = BatchEngine(model, EngineConfig(max_batch_tokens=200, max_wait_ms=0))  # 4 long items per batch
         engine.start()
         bulk = asyncio.ensure_future(engine.submit([f"{i:02d}" + "p" * 400 for i in range(20)]))
-        await _entered(backend)  # the first bulk batch is computing
+        await _entered(model)  # the first bulk batch is computing
         small = asyncio.ensure_future(engine.submit(["hi"]))
         await asyncio.sleep(0)
-        backend.gate.set()
+        model.gate.set()
         assert (await small).values.tolist() == ["ih"]
         await bulk
-        assert [len(b) for b in backend.batches] == [4, 1, 4, 4, 4, 4]
-        assert backend.batches[1] == ["hi"]  # right after the batch in flight, on its own
+        assert [len(b) for b in model.batches] == [4, 1, 4, 4, 4, 4]
+        assert model.batches[1] == ["hi"]  # right after the batch in flight, on its own
         await engine.drain(1)
 
     asyncio.run(main())

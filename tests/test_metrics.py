@@ -98,7 +98,9 @@ def test_ties_break_like_trec_eval():
 
 
 @pytest.mark.slow  # ranx compiles its metrics with numba on first use (~40 s)
-@pytest.mark.filterwarnings("ignore:.*unsafe cast")  # numba, inside ranx (its message may start with terminal colour codes)
+@pytest.mark.filterwarnings(
+    "ignore:.*unsafe cast"
+)  # numba, inside ranx (its message may start with terminal colour codes)
 def test_matches_ranx_on_random_runs():
     """ranx computes the same measures with its own code; continuous scores, so no tie-break is involved."""
     from ranx import Qrels as RanxQrels

@@ -19,7 +19,9 @@ def _figure_cells(nb) -> list:
 
 
 def _has_image(cell) -> bool:
-    return any("image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {}) for o in cell.get("outputs", []))
+    return any(
+        "image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {}) for o in cell.get("outputs", [])
+    )
 
 
 def test_all_five_notebooks_exist():

@@ -13,7 +13,7 @@ them. The event loop only queues items and resolves futures, so it keeps accepti
 model computes. Items of jobs whose caller has gone (cancelled future) are dropped before compute. A
 full queue raises :class:`~embedrank.errors.OverloadedError`.
 
-The engine knows nothing of HTTP or of models: it takes a :class:`Backend` whose ``run_batch(items)``
+The engine knows nothing of HTTP or of models: it takes a :class:`BatchModel` whose ``run_batch(items)``
 returns a :class:`~embedrank.types.ModelOutput`, and answers each job with one in the job's input order.
 The model runners that use it are in :mod:`embedrank.serving.runners`.
 """
@@ -40,7 +40,7 @@ Item = TypeVar("Item")
 Item_contra = TypeVar("Item_contra", contravariant=True)
 
 
-class Backend(Protocol[Item_contra]):
+class BatchModel(Protocol[Item_contra]):
     """One model as the engine sees it: a batch of items in, a :class:`~embedrank.types.ModelOutput` out."""
 
     max_seq_length: int
@@ -91,7 +91,7 @@ class BatchReport:
 
 
 class BatchEngine(Generic[Item]):
-    """Cross-request micro-batching for one backend. Create and start it inside a running event loop.
+    """Cross-request micro-batching for one batch model. Create and start it inside a running event loop.
 
     The event loop only queues items and hands results back; the forward threads pull their next batch
     themselves the moment they finish one, so no event-loop turn sits between two forward passes.
@@ -99,14 +99,14 @@ class BatchEngine(Generic[Item]):
 
     def __init__(
         self,
-        backend: Backend[Item],
+        model: BatchModel[Item],
         config: EngineConfig | None = None,
         *,
         on_batch: Callable[[BatchReport], None] | None = None,
         on_idle: Callable[[], object] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.backend = backend
+        self.model = model
         self.config = config or EngineConfig()
         self.on_batch = on_batch  # called on the event loop after each forward pass
         self.on_idle = on_idle  # called in a forward thread once work stopped for config.idle_seconds
@@ -114,7 +114,7 @@ class BatchEngine(Generic[Item]):
         self.clock = clock  # what the adaptive wait and batch times are measured with (tests inject a fake one)
         self.dropped = 0  # queued items skipped because their caller had gone
         self._cond = threading.Condition()  # guards _queue, _computing, _peak_inflight, _stopping
-        self._queue = FairQueue(short_tokens=backend.max_seq_length // 2)  # up to half the max length is short
+        self._queue = FairQueue(short_tokens=model.max_seq_length // 2)  # up to half the max length is short
         self._computing = 0  # items in forward passes right now
         self._computing_tokens = 0  # their estimated tokens
         self.token_rate = 0.0  # estimated tokens computed per second (moving average; 0 until measured)
@@ -240,15 +240,15 @@ class BatchEngine(Generic[Item]):
 
     # -- batching (forward threads, under self._cond) ----------------------------------------------
     def _estimate_tokens(self, item: Item) -> int:
-        est = math.ceil(self.backend.item_chars(item) / self.config.chars_per_token) + 2
-        return min(est, self.backend.max_seq_length)
+        est = math.ceil(self.model.item_chars(item) / self.config.chars_per_token) + 2
+        return min(est, self.model.max_seq_length)
 
     def _take_batch(self) -> list[tuple[_Job, int]]:
         """Pop the next batch of live items (:class:`~embedrank.serving.scheduler.FairQueue`), longest first."""
         self.dropped += self._queue.drop(lambda job: job.future.done())  # type: ignore[attr-defined]
         batch = self._queue.take(max_tokens=self.config.max_batch_tokens, max_size=self.config.max_batch_size)
         jobs: list[tuple[_Job, int]] = batch  # type: ignore[assignment]
-        jobs.sort(key=lambda ji: -self.backend.item_chars(ji[0].items[ji[1]]))
+        jobs.sort(key=lambda ji: -self.model.item_chars(ji[0].items[ji[1]]))
         return jobs
 
     def _wait_for_company(self) -> None:
@@ -313,7 +313,7 @@ class BatchEngine(Generic[Item]):
             start = self.clock()
             outcome: ModelOutput | Exception
             try:
-                outcome = self.backend.run_batch([job.items[i] for job, i in batch])
+                outcome = self.model.run_batch([job.items[i] for job, i in batch])
             except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
                 outcome = exc
             seconds = self.clock() - start

@@ -5,7 +5,7 @@ cross-encoder reranking. Both answer with a :class:`~embedrank.types.ModelOutput
 With ``truncate=False`` they count tokens (in a worker thread) and refuse an over-long input before it
 is queued, naming the request field and position (``input[3]``, ``query``, ``documents[2]``).
 
-Any model with the methods the backends call works: :class:`~embedrank.models.encoder.Encoder` and
+Any model with the methods the batch models call works: :class:`~embedrank.models.encoder.Encoder` and
 :class:`~embedrank.models.cross_encoder.CrossEncoder`, or the weightless fakes in
 :mod:`embedrank.testing.fake` that the HTTP tests use.
 """
@@ -71,7 +71,7 @@ class PairScorer(Protocol):
     def chunk_window(self, query: str) -> int: ...
 
 
-class EmbeddingBackend:
+class EmbeddingBatchModel:
     """Batches of texts through an encoder; each value is a float32 vector ``(D,)``."""
 
     def __init__(self, encoder: EmbeddingModel) -> None:
@@ -85,7 +85,7 @@ class EmbeddingBackend:
         return self.encoder.encode_batch(list(items))
 
 
-class CrossEncoderBackend:
+class CrossEncoderBatchModel:
     """Batches of (query, document) pairs through a cross-encoder; each value is a score."""
 
     def __init__(self, cross_encoder: PairScorer) -> None:
@@ -131,7 +131,7 @@ class AsyncEncoder:
 
     def __init__(self, encoder: EmbeddingModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.encoder = encoder
-        self.engine: BatchEngine[str] = BatchEngine(EmbeddingBackend(encoder), config, **engine_kwargs)
+        self.engine: BatchEngine[str] = BatchEngine(EmbeddingBatchModel(encoder), config, **engine_kwargs)
 
     @property
     def dimension(self) -> int:
@@ -252,7 +252,7 @@ class AsyncCrossEncoder:
     def __init__(self, cross_encoder: PairScorer, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.cross_encoder = cross_encoder
         self.engine: BatchEngine[tuple[str, str]] = BatchEngine(
-            CrossEncoderBackend(cross_encoder), config, **engine_kwargs
+            CrossEncoderBatchModel(cross_encoder), config, **engine_kwargs
         )
 
     @property
