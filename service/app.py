@@ -59,7 +59,7 @@ logger = logging.getLogger("embedrank.service")
 
 
 @dataclasses.dataclass
-class Runtime:
+class ServiceState:
     """What the lifespan owns: the models, their engines, and the service state."""
 
     settings: Settings
@@ -75,12 +75,12 @@ class Runtime:
         return self.pool
 
 
-def _runtime(state: State) -> Runtime:
-    return state.runtime  # type: ignore[no-any-return]
+def _service(state: State) -> ServiceState:
+    return state.service  # type: ignore[no-any-return]
 
 
 def _pool(state: State) -> ModelPool:
-    return _runtime(state).ready_pool()
+    return _service(state).ready_pool()
 
 
 ERRORS = {
@@ -112,7 +112,7 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
             )
         schema = BODIES.get(request.url.path)
         if schema is not None:
-            timeout = _runtime(request.app.state).settings.body_timeout_seconds
+            timeout = _service(request.app.state).settings.body_timeout_seconds
             try:
                 body = await asyncio.wait_for(request.body(), timeout)
             except TimeoutError:
@@ -175,7 +175,7 @@ async def embeddings(
     request: Request[Any, Any, Any],
     state: State,
 ) -> Response[EmbeddingList]:
-    rt = _runtime(state)
+    rt = _service(state)
     return await _respond(request, api.create_embeddings(data, rt.ready_pool(), rt.settings.limits))
 
 
@@ -193,7 +193,7 @@ async def rerank(
     request: Request[Any, Any, Any],
     state: State,
 ) -> Response[RerankResponse]:
-    rt = _runtime(state)
+    rt = _service(state)
     return await _respond(request, api.rerank(data, rt.ready_pool(), rt.settings.limits))
 
 
@@ -219,7 +219,7 @@ async def tokenize(
     ],
     state: State,
 ) -> TokenizeResponse:
-    rt = _runtime(state)
+    rt = _service(state)
     return await api.tokenize(data, rt.ready_pool(), rt.settings.limits)
 
 
@@ -234,7 +234,7 @@ async def models_route(pool: ModelPool) -> ModelList:
     responses={503: ResponseSpec(Health, description="Loading, draining or failed")},
 )
 async def health(state: State) -> Response[Health]:
-    rt = _runtime(state)
+    rt = _service(state)
     return Response(Health(status=rt.status, detail=rt.detail), status_code=200 if rt.status == "ok" else 503)  # type: ignore[arg-type]
 
 
@@ -244,7 +244,7 @@ async def health(state: State) -> Response[Health]:
     responses={503: ResponseSpec(None, description="Loading, draining or failed")},
 )
 async def health_head(state: State) -> Response[None]:
-    return Response(None, status_code=200 if _runtime(state).status == "ok" else 503)
+    return Response(None, status_code=200 if _service(state).status == "ok" else 503)
 
 
 @get(
@@ -254,7 +254,7 @@ async def health_head(state: State) -> Response[None]:
     responses={401: ERRORS[401]},
 )
 async def metrics(state: State) -> bytes:
-    return _runtime(state).metrics.render()
+    return _service(state).metrics.render()
 
 
 ROUTE_HANDLERS = (embeddings, rerank, tokenize, models_route, health, health_head, metrics)
@@ -276,18 +276,18 @@ def _body_types() -> dict[str, type]:
 BODIES: dict[str, type] = _body_types()
 
 
-async def _load(runtime: Runtime) -> None:
+async def _load(service: ServiceState) -> None:
     try:
-        loaded = await asyncio.to_thread(runtime.pool.load)
-        on_idle = trim_heap if runtime.settings.tune_malloc else None  # give the kept peak heap back when quiet
-        runtime.pool.start_engines(loaded, runtime.settings.engine, runtime.metrics, on_idle)
+        loaded = await asyncio.to_thread(service.pool.load)
+        on_idle = trim_heap if service.settings.tune_malloc else None  # give the kept peak heap back when quiet
+        service.pool.start_engines(loaded, service.settings.engine, service.metrics, on_idle)
         # The ~450k objects of torch, transformers and the app live as long as the process. Moving them out
         # of the collector's generations keeps each full collection from stalling the loop for ~240 ms.
         gc.freeze()
-        runtime.status = "ok"
-        logger.info("models ready: %s", ", ".join(runtime.pool.models))
+        service.status = "ok"
+        logger.info("models ready: %s", ", ".join(service.pool.models))
     except Exception as exc:  # keep serving /health with the reason
-        runtime.status, runtime.detail = "failed", f"{type(exc).__name__}: {exc}"
+        service.status, service.detail = "failed", f"{type(exc).__name__}: {exc}"
         logger.exception("model loading failed")
 
 
@@ -306,7 +306,9 @@ def create_app(
     if not keys and not settings.no_auth:
         generated = secrets.token_urlsafe(32)
         keys = (generated,)
-    runtime = Runtime(settings=settings, pool=ModelPool(settings.models, preloaded=models), metrics=Metrics(ROUTES))
+    service = ServiceState(
+        settings=settings, pool=ModelPool(settings.models, preloaded=models), metrics=Metrics(ROUTES)
+    )
     if settings.tune_malloc:  # before the loading and forward threads exist
         tune_malloc()
 
@@ -328,20 +330,20 @@ def create_app(
             )
         server = asgi_server()  # before install() puts its handler in front of the server's
         deadline = HeaderDeadline(server, settings.header_timeout_seconds) if server is not None else None
-        shutdown.install(partial(setattr, runtime, "status", "draining"), drain, settings.drain_seconds)
-        runtime.load_task = asyncio.get_running_loop().create_task(_load(runtime))
+        shutdown.install(partial(setattr, service, "status", "draining"), drain, settings.drain_seconds)
+        service.load_task = asyncio.get_running_loop().create_task(_load(service))
         if deadline is not None:
             deadline.start()
         if wait_for_models:
-            await runtime.load_task
+            await service.load_task
         try:
             yield
         finally:
             if deadline is not None:
                 await deadline.stop()
-            runtime.status = "draining"
-            runtime.load_task.cancel()
-            await runtime.pool.drain(settings.drain_seconds)
+            service.status = "draining"
+            service.load_task.cancel()
+            await service.pool.drain(settings.drain_seconds)
 
     inflight = shutdown.InFlight()
 
@@ -349,13 +351,13 @@ def create_app(
         """Wait for the requests in flight (bodies still arriving included), then finish the engines' work."""
         start = asyncio.get_running_loop().time()
         await inflight.wait_idle(timeout)
-        await runtime.pool.drain(max(0.0, timeout - (asyncio.get_running_loop().time() - start)))
+        await service.pool.drain(max(0.0, timeout - (asyncio.get_running_loop().time() - start)))
 
-    middleware = [RequestMiddleware(runtime.metrics, None if settings.no_auth else BearerAuth(keys), inflight)]
+    middleware = [RequestMiddleware(service.metrics, None if settings.no_auth else BearerAuth(keys), inflight)]
     app = Litestar(
         route_handlers=list(ROUTE_HANDLERS),
         lifespan=[lifespan],
-        state=State({"runtime": runtime}),
+        state=State({"service": service}),
         # one dependency at most per handler: Litestar resolves several at once in an anyio task group,
         # which cost ~15% of the event loop per request in eval/bench_service.py
         dependencies={"pool": Provide(_pool, sync_to_thread=False)},
@@ -380,5 +382,5 @@ def create_app(
         ),
         debug=False,
     )
-    complete_openapi(app, settings.limits, runtime.pool)
+    complete_openapi(app, settings.limits, service.pool)
     return app

@@ -318,7 +318,7 @@ def test_limits():
 
 
 def test_overload_is_429_with_retry_after(client):
-    runner = client.app.state.runtime.pool.models[MODEL].runner
+    runner = client.app.state.service.pool.models[MODEL].runner
 
     async def full(*args, **kwargs):
         raise OverloadedError("engine queue is full (limit 1)", retry_after=2)
@@ -330,7 +330,7 @@ def test_overload_is_429_with_retry_after(client):
 
 
 def test_internal_error_is_500_without_trace(client):
-    runner = client.app.state.runtime.pool.models[MODEL].runner
+    runner = client.app.state.service.pool.models[MODEL].runner
 
     async def broken(*args, **kwargs):
         raise RuntimeError("secret internals")
