@@ -10,7 +10,7 @@ import pytest
 from litestar.testing import TestClient
 from sentence_transformers.util import quantize_embeddings
 
-from embedrank import Encoder
+from embedrank import Encoder, InvalidInputError
 from embedrank.math.chunks import mean_window_vectors
 from embedrank.math.quantization import dequantize, quantization_ranges, quantize, unpack_signs
 from embedrank.math.similarity import truncate_dims
@@ -25,15 +25,15 @@ FAKE = FakeEncoder("fake", dimension=20, max_seq_length=8)  # 20 dims: binary co
 
 
 # -- math: against sentence-transformers ------------------------------------------------------------------
-@pytest.mark.parametrize("precision", ["float32", "int8", "uint8", "binary", "ubinary"])
+@pytest.mark.parametrize("embedding_type", ["float32", "int8", "uint8", "binary", "ubinary"])
 @pytest.mark.parametrize("dim", [384, 20])
-def test_quantize_equals_sentence_transformers(precision, dim):
+def test_quantize_equals_sentence_transformers(embedding_type, dim):
     rng = np.random.default_rng(dim)
     calibration = rng.normal(size=(500, dim)).astype(np.float32)
     x = rng.normal(scale=1.3, size=(64, dim)).astype(np.float32)  # some values outside the calibration range
     ranges = quantization_ranges(calibration)
-    ours = quantize(x, precision, ranges)
-    theirs = quantize_embeddings(x, precision=precision, calibration_embeddings=calibration)
+    ours = quantize(x, embedding_type, ranges)
+    theirs = quantize_embeddings(x, precision=embedding_type, calibration_embeddings=calibration)
     assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
     np.testing.assert_array_equal(ours, theirs)
 
@@ -51,8 +51,8 @@ def test_dequantize_is_within_one_bucket_and_signs_rank_like_sentence_transforme
     assert np.argsort(-(unpack_signs(codes, 16) @ query)).tolist() == np.argsort(-(zero_one @ query)).tolist()
 
 
-def test_quantize_refuses_unknown_precision_and_missing_ranges():
-    with pytest.raises(ValueError, match="precision must be one of"):
+def test_quantize_refuses_unknown_embedding_types_and_missing_ranges():
+    with pytest.raises(ValueError, match="embedding type must be one of"):
         quantize(np.zeros((1, 4)), "int4")
     with pytest.raises(ValueError, match="calibration ranges"):
         quantize(np.zeros((1, 4)), "int8")
@@ -74,18 +74,25 @@ def test_fake_calibration_ranges_are_fixed_and_cover_its_vectors():
 
 
 @pytest.mark.slow
-def test_encoder_precision_equals_sentence_transformers_with_the_same_calibration(st_model):
+def test_encoder_embedding_types_equal_sentence_transformers_with_the_same_calibration(st_model):
     encoder = Encoder.from_pretrained()  # its own copy: calibrate() changes it
     texts = ["the tilt of the earth causes seasons", "bananas are rich in potassium", "a third, shorter text"]
     calibration = encoder.encode(encoder.calibration.texts[:200])
     encoder.calibrate(encoder.calibration.texts[:200])
-    for precision in ("int8", "uint8", "binary", "ubinary"):
-        ours = encoder.encode(texts, precision=precision)
+    for embedding_type in ("int8", "uint8", "binary", "ubinary"):
+        ours = encoder.encode(texts, embedding_type=embedding_type)
         floats = st_model.encode(texts, normalize_embeddings=True)
-        theirs = quantize_embeddings(floats, precision=precision, calibration_embeddings=calibration)
+        theirs = quantize_embeddings(floats, precision=embedding_type, calibration_embeddings=calibration)
         # float noise may move a value across a bucket edge: allow one bucket, on few components
         diff = np.abs(ours.astype(np.int16) - theirs.astype(np.int16))
-        assert diff.max() <= (1 if precision in ("int8", "uint8") else 0), precision
+        assert diff.max() <= (1 if embedding_type in ("int8", "uint8") else 0), embedding_type
+    # the former keyword still works for one release, with a deprecation warning
+    with pytest.warns(DeprecationWarning, match="embedding_type"):
+        old = encoder.encode(texts, precision="ubinary")
+    assert np.array_equal(old, encoder.encode(texts, embedding_type="ubinary"))
+    with pytest.raises(InvalidInputError, match="embedding type must be one of") as info:
+        encoder.encode(texts, embedding_type="int4")
+    assert info.value.param == "embedding_type"
 
 
 @pytest.mark.slow

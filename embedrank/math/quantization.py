@@ -16,20 +16,22 @@ from typing import Literal
 
 import numpy as np
 
-Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
-PRECISIONS: tuple[str, ...] = ("float32", "int8", "uint8", "binary", "ubinary")
+# An embedding type is the format of an output vector (Cohere's ``embedding_types``); it is not the
+# precision a runtime computes in (:mod:`embedrank.runtime.backends`).
+EmbeddingType = Literal["float32", "int8", "uint8", "binary", "ubinary"]
+EMBEDDING_TYPES: tuple[str, ...] = ("float32", "int8", "uint8", "binary", "ubinary")
 _ALIASES = {"float": "float32"}  # Cohere's name for float32
 
 
-def check_precision(precision: str) -> Precision:
-    """``precision`` with Cohere's ``float`` read as ``float32``; ValueError for anything else.
+def check_embedding_type(embedding_type: str) -> EmbeddingType:
+    """``embedding_type`` with Cohere's ``float`` read as ``float32``; ValueError for anything else.
 
-    >>> check_precision("float"), check_precision("ubinary")
+    >>> check_embedding_type("float"), check_embedding_type("ubinary")
     ('float32', 'ubinary')
     """
-    name = _ALIASES.get(precision, precision)
-    if name not in PRECISIONS:
-        raise ValueError(f"precision must be one of {['float', *PRECISIONS]}, got {precision!r}")
+    name = _ALIASES.get(embedding_type, embedding_type)
+    if name not in EMBEDDING_TYPES:
+        raise ValueError(f"embedding type must be one of {['float', *EMBEDDING_TYPES]}, got {embedding_type!r}")
     return name  # type: ignore[return-value]
 
 
@@ -54,7 +56,7 @@ def _steps(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.where(steps == 0, 1, steps).astype(np.float32)
 
 
-def quantize(embeddings: np.ndarray, precision: str, ranges: np.ndarray | None = None) -> np.ndarray:
+def quantize(embeddings: np.ndarray, embedding_type: str, ranges: np.ndarray | None = None) -> np.ndarray:
     """Quantize float embeddings ``(N, D)``.
 
     Returns ``(N, D)`` float32 / int8 / uint8, or ``(N, ceil(D / 8))`` int8 (``binary``) / uint8
@@ -66,7 +68,7 @@ def quantize(embeddings: np.ndarray, precision: str, ranges: np.ndarray | None =
     >>> quantize(x[:, :2], "int8", np.array([[-1.0, -1.0], [1.0, 1.0]])).tolist()
     [[63, -33]]
     """
-    name = check_precision(precision)
+    name = check_embedding_type(embedding_type)
     x = np.asarray(embeddings, dtype=np.float32)
     if name == "float32":
         return x
@@ -82,7 +84,7 @@ def quantize(embeddings: np.ndarray, precision: str, ranges: np.ndarray | None =
     return (buckets - 128).astype(np.int8) if name == "int8" else buckets.astype(np.uint8)
 
 
-def dequantize(codes: np.ndarray, precision: str, ranges: np.ndarray) -> np.ndarray:
+def dequantize(codes: np.ndarray, embedding_type: str, ranges: np.ndarray) -> np.ndarray:
     """Float32 ``(N, D)`` lower edges of the buckets of ``int8``/``uint8`` codes (the inverse
     sentence-transformers uses to rescore scalar-quantized candidates).
 
@@ -90,9 +92,9 @@ def dequantize(codes: np.ndarray, precision: str, ranges: np.ndarray) -> np.ndar
     >>> dequantize(quantize(np.array([[0.5]]), "int8", r), "int8", r).astype(float).round(3).tolist()
     [[0.498]]
     """
-    name = check_precision(precision)
+    name = check_embedding_type(embedding_type)
     if name not in ("int8", "uint8"):
-        raise ValueError(f"only int8 and uint8 codes can be dequantized, got {precision!r}")
+        raise ValueError(f"only int8 and uint8 codes can be dequantized, got {embedding_type!r}")
     starts, steps = _steps(ranges)
     values = np.asarray(codes).astype(np.float32) + (128 if name == "int8" else 0)
     return (values * steps + starts).astype(np.float32)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Sequence
 from functools import partial
 from pathlib import Path
@@ -14,7 +15,7 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
-from embedrank.math.quantization import check_precision, quantize
+from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models.calibration import Calibration
 from embedrank.models.chunking import Chunking, pool_windows, split_windows
@@ -304,24 +305,34 @@ class Encoder(RuntimeFacts):
         prompt_name: str | None = None,
         prompt: str | None = None,
         chunking: Chunking | None = None,
-        precision: str = "float32",
+        embedding_type: str = "float32",
         ranges: np.ndarray | None = None,
+        precision: str | None = None,
     ) -> np.ndarray:
-        """Encode texts to numpy ``(N, D)`` in input order: float32, or compact vectors with ``precision``.
+        """Encode texts to numpy ``(N, D)`` in input order: float32, or compact vectors with ``embedding_type``.
 
         ``normalize`` overrides the model's own setting; ``dimensions`` truncates (Matryoshka-style)
         and renormalizes. ``prompt_name`` (one of :attr:`prompts`) or ``prompt`` (any text) is put before
         each text, as sentence-transformers does; without either, the model's default prompt applies, if
         it has one. ``chunking`` embeds long texts window by window (see :meth:`encode_with_stats`).
-        ``precision`` is ``float32`` (or ``float``), ``int8``, ``uint8``, ``binary`` or ``ubinary``, with
-        sentence-transformers' ``quantize_embeddings`` semantics (:mod:`embedrank.math.quantization`);
+        ``embedding_type`` is ``float32`` (or ``float``), ``int8``, ``uint8``, ``binary`` or ``ubinary``,
+        with sentence-transformers' ``quantize_embeddings`` semantics (:mod:`embedrank.math.quantization`);
         int8/uint8 use ``ranges`` ``(2, D)`` if given, else :meth:`quantization_ranges`. A progress bar
-        shows for long inputs unless ``show_progress=False``.
+        shows for long inputs unless ``show_progress=False``. ``precision`` is the former name of
+        ``embedding_type`` (deprecated: ``precision`` now names only what the runtime computes in).
         """
+        if precision is not None:
+            warnings.warn(
+                "Encoder.encode(precision=...) is deprecated and will be removed in the next release: use "
+                "embedding_type=... (precision names what the runtime computes in, see from_pretrained)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            embedding_type = precision
         try:
-            precision = check_precision(precision)
+            embedding_type = check_embedding_type(embedding_type)
         except ValueError as exc:
-            raise InvalidInputError(str(exc), param="precision") from None
+            raise InvalidInputError(str(exc), param="embedding_type") from None
         vectors = self.encode_with_stats(
             texts,
             batch_size=batch_size,
@@ -332,9 +343,9 @@ class Encoder(RuntimeFacts):
             prompt=prompt,
             chunking=chunking,
         ).embeddings
-        if precision in ("int8", "uint8") and ranges is None:
+        if embedding_type in ("int8", "uint8") and ranges is None:
             ranges = self.quantization_ranges(dimensions, normalize=normalize)
-        return quantize(vectors, precision, ranges)
+        return quantize(vectors, embedding_type, ranges)
 
     # -- calibration for int8/uint8 --------------------------------------------------------------
     @property
