@@ -3,8 +3,8 @@
 ``embedding_types`` value, searched exactly (float query against the compact corpus vectors, as
 sentence-transformers rescores), on a BEIR collection.
 
-For int8 it compares the default calibration (seeded pseudo-sentences from the model's vocabulary:
-:mod:`embedrank.models.calibration`) with a calibration on a sample of the corpus itself, and reports
+For int8 it compares the default range sample (seeded pseudo-sentences from the model's vocabulary:
+:mod:`embedrank.models.ranges`) with ranges fitted on a sample of the corpus itself, and reports
 how many corpus components fall outside the default ranges (they are clipped). ``eval/run.py --index
 sq8|binary`` measures the compact FAISS indexes.
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", nargs="?", default="scifact", help="BEIR collection name or path (default: scifact)")
     p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
-    p.add_argument("--calibration-sample", type=int, default=1000, help="corpus documents for the corpus calibration")
+    p.add_argument("--range-sample", type=int, default=1000, help="corpus documents the corpus ranges are fitted on")
     args = p.parse_args(argv)
 
     import numpy as np
@@ -45,14 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     qids = list(ds.queries)
     queries = encoder.encode_query([ds.queries[q] for q in qids])
     default = encoder.quantization_ranges()
-    sample = np.random.default_rng(0).choice(len(ids), size=min(args.calibration_sample, len(ids)), replace=False)
+    sample = np.random.default_rng(0).choice(len(ids), size=min(args.range_sample, len(ids)), replace=False)
     own = quantization_ranges(corpus[sample])
     outside = float(((corpus < default[0]) | (corpus > default[1])).mean())
     d = encoder.dimension
     variants = {
         "float32": (corpus, 4 * d),
-        "int8, default calibration": (dequantize(quantize(corpus, "int8", default), "int8", default), d),
-        f"int8, calibrated on {len(sample)} corpus docs": (dequantize(quantize(corpus, "int8", own), "int8", own), d),
+        "int8, default ranges": (dequantize(quantize(corpus, "int8", default), "int8", default), d),
+        f"int8, ranges fitted on {len(sample)} corpus docs": (
+            dequantize(quantize(corpus, "int8", own), "int8", own),
+            d,
+        ),
         "ubinary (float query vs sign bits)": (unpack_signs(quantize(corpus, "ubinary"), d), d // 8),
     }
     rows = []
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             {"vectors": name, "bytes/vector": size, "ndcg@10": metrics["ndcg@10"], "recall@100": metrics["recall@100"]}
         )
     print(f"{ds.name}: {len(ids)} documents, {len(qids)} queries, model {encoder.model_id}")
-    print(f"corpus components outside the default int8 calibration ranges (clipped): {outside:.2%}")
+    print(f"corpus components outside the default int8 ranges (clipped): {outside:.2%}")
     print(pd.DataFrame(rows).round(4).to_string(index=False))
     return 0
 

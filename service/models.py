@@ -8,6 +8,7 @@ as the weightless fakes of :mod:`embedrank.testing.fake`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -25,6 +26,8 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.decoding import shorten
 from service.observability import Metrics
 from service.settings import ModelEntry, SettingsError
+
+logger = logging.getLogger("embedrank.service")
 
 
 @dataclasses.dataclass
@@ -65,19 +68,29 @@ class ModelPool:
             backend, precision = (
                 check_backend(entry.backend, entry.precision) if built is None else describe_model(built)[:2]
             )
-            calibrated = spec.kind == "embedding" or precision == "int8"
-            if entry.calibration is not None and (not calibrated or not Path(entry.calibration).is_file()):
-                raise SettingsError(
-                    f"model {entry.id!r}: calibration {entry.calibration!r} must be an existing .txt or .jsonl "
-                    f"file, for an embedding model or an int8 one"
+            if entry.calibration is not None and precision != "int8" and spec.kind == "embedding" and not entry.ranges:
+                logger.warning(
+                    "model %r: 'calibration' on a model that is not int8 sets its embedding ranges; name that "
+                    "file 'ranges' ('calibration' calibrates an int8 runtime only; deprecated, removed next release)",
+                    entry.id,
                 )
+                entry = dataclasses.replace(entry, ranges=entry.calibration, calibration=None)
+            for field, allowed, what in (
+                ("ranges", spec.kind == "embedding", "an embedding model"),
+                ("calibration", precision == "int8", "a model with precision int8"),
+            ):
+                value = getattr(entry, field)
+                if value is not None and (not allowed or not Path(value).is_file()):
+                    raise SettingsError(
+                        f"model {entry.id!r}: {field} {value!r} must be an existing .txt or .jsonl file, for {what}"
+                    )
             self.models[entry.id] = ServedModel(entry=entry, spec=spec, backend=backend, precision=precision)
             for alias in entry.aliases:
                 self.aliases.setdefault(alias, entry.id)
 
     def load(self) -> dict[str, Any]:
-        """Load the weights (blocking; call from a worker thread), and give each embedding model the
-        calibration texts its entry names. Returns the loaded models by id."""
+        """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an
+        entry's ``calibration`` names and fitting embedding ranges on its ``ranges``. Returns the loaded models by id."""
         loaded: dict[str, Any] = {}
         for model_id, served in self.models.items():
             model = self._built.get(model_id)
@@ -89,8 +102,8 @@ class ModelPool:
                     precision=served.precision,
                     calibration=served.entry.calibration,
                 )
-            if served.entry.calibration and served.spec.kind == "embedding":  # int8 cross-encoders: used above
-                model.calibrate(served.entry.calibration)  # type: ignore[union-attr]
+            if served.entry.ranges:
+                model.fit_ranges(served.entry.ranges)  # type: ignore[union-attr]
             served.inference_precision = describe_model(model)[2]
             loaded[model_id] = model
         return loaded

@@ -38,12 +38,13 @@ A model path ``fake:encoder``, ``fake:encoder-with-prompts`` or ``fake:cross-enc
 (:mod:`embedrank.testing.fake`), for trying the API or testing a client without loading weights.
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
-``id``, optional ``path``, optional ``aliases``, optional ``backend`` and ``precision``, and optional
-``calibration``: a ``.txt`` (one text per line) or BEIR ``.jsonl`` file whose embeddings set the model's
-int8/uint8 ranges for ``embedding_types`` (default: :mod:`embedrank.models.calibration`'s seeded
-vocabulary sentences) and, with ``precision = "int8"``, calibrate the int8 model itself (default: SciFact
-texts from the data directory, :mod:`embedrank.runtime.exports`). Top-level ``backend`` and ``precision``
-are the defaults for every model.
+``id``, optional ``path``, optional ``aliases``, optional ``backend`` and ``precision``, optional
+``ranges``: a ``.txt`` (one text per line) or BEIR ``.jsonl`` file whose embeddings set an embedding
+model's int8/uint8 ranges for ``embedding_types`` (default: :mod:`embedrank.models.ranges`' seeded
+vocabulary sentences), and optional ``calibration``: such a file to calibrate the int8 runtime of a model
+with ``precision = "int8"`` (default: :mod:`embedrank.runtime.exports`). A ``calibration`` on an embedding
+model that is not int8 is read as ``ranges``, with a deprecation warning (it used to set both). Top-level
+``backend`` and ``precision`` are the defaults for every model.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def parse_model_entry(text: str) -> ModelEntry:
     """One ``EMBEDRANK_MODELS`` entry: ``id``, ``id=path`` or either with ``@backend[:precision]``.
 
     >>> parse_model_entry("minilm-int8=sentence-transformers/all-MiniLM-L6-v2@openvino:int8")
-    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), calibration=None, backend='openvino', precision='int8')
+    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), ranges=None, calibration=None, backend='openvino', precision='int8')
     >>> parse_model_entry("minilm@torch").backend
     'torch'
     """
@@ -90,7 +91,8 @@ class ModelEntry:
     id: str
     path: str | None = None  # local path or hub id; defaults to id
     aliases: tuple[str, ...] = ()
-    calibration: str | None = None  # int8/uint8 calibration texts (.txt or .jsonl); None: the default
+    ranges: str | None = None  # texts (.txt or .jsonl) whose embeddings set int8/uint8 embedding ranges
+    calibration: str | None = None  # texts (.txt or .jsonl) that calibrate an int8 runtime (precision int8)
     backend: str | None = None  # torch, openvino, onnx; None: EMBEDRANK_BACKEND, else openvino
     precision: str | None = None  # fp32, bf16, int8; None: EMBEDRANK_PRECISION, else fp32
 
@@ -152,6 +154,7 @@ class Settings:
                         id=entry["id"],
                         path=entry.get("path"),
                         aliases=tuple(entry.get("aliases", ())),
+                        ranges=entry.get("ranges"),
                         calibration=entry.get("calibration"),
                         backend=entry.get("backend"),
                         precision=entry.get("precision"),

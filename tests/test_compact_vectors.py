@@ -75,10 +75,10 @@ def test_fake_calibration_ranges_are_fixed_and_cover_its_vectors():
 
 @pytest.mark.slow
 def test_encoder_embedding_types_equal_sentence_transformers_with_the_same_calibration(st_model):
-    encoder = Encoder.from_pretrained()  # its own copy: calibrate() changes it
+    encoder = Encoder.from_pretrained()  # its own copy: fit_ranges() changes it
     texts = ["the tilt of the earth causes seasons", "bananas are rich in potassium", "a third, shorter text"]
-    calibration = encoder.encode(encoder.calibration.texts[:200])
-    encoder.calibrate(encoder.calibration.texts[:200])
+    calibration = encoder.encode(encoder.range_sample.texts[:200])  # sentence-transformers' calibration_embeddings
+    encoder.fit_ranges(encoder.range_sample.texts[:200])
     for embedding_type in ("int8", "uint8", "binary", "ubinary"):
         ours = encoder.encode(texts, embedding_type=embedding_type)
         floats = st_model.encode(texts, normalize_embeddings=True)
@@ -93,6 +93,9 @@ def test_encoder_embedding_types_equal_sentence_transformers_with_the_same_calib
     with pytest.raises(InvalidInputError, match="embedding type must be one of") as info:
         encoder.encode(texts, embedding_type="int4")
     assert info.value.param == "embedding_type"
+    with pytest.warns(DeprecationWarning, match="fit_ranges"):
+        encoder.calibrate(encoder.range_sample.texts[:100])
+    assert len(encoder.range_sample.texts) == 100
 
 
 @pytest.mark.slow
@@ -205,27 +208,36 @@ def FAKE_core_chunked(texts, *, overlap):
     return pool_windows(FAKE.encode_batch(windows.texts), windows, normalize=True)
 
 
-def test_a_model_entry_can_name_its_calibration_file(tmp_path):
+def test_a_model_entry_names_its_ranges_file_and_calibration_only_calibrates_int8(tmp_path, monkeypatch):
+    import service.models
     from service.settings import ModelEntry, SettingsError
 
-    texts = tmp_path / "calibration.txt"
+    texts = tmp_path / "ranges.txt"
     texts.write_text("apples and pears\nthe tilt of the earth\nbananas are yellow\nseasons change\n")
-    entry = ModelEntry(id="cal", path="fake:encoder", calibration=str(texts))
-    settings = Settings(api_keys=(KEY,), models=(entry,), tune_malloc=False)
-    with TestClient(create_app(settings, wait_for_models=True)) as c:
-        body = {"model": "cal", "input": TEXTS, "embedding_types": ["uint8"]}
-        resp = c.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {KEY}"})
-    assert resp.status_code == 200, resp.text
-    reference = FakeEncoder("cal")
-    reference.calibrate(str(texts))
+    reference = FakeEncoder("ranged")
+    reference.fit_ranges(str(texts))
     expected = quantize(reference.encode(TEXTS), "uint8", reference.quantization_ranges())
-    assert [d["embeddings"]["uint8"] for d in resp.json()["data"]] == expected.tolist()
     assert (
         expected.tolist() != quantize(reference.encode(TEXTS), "uint8", FakeEncoder("d").quantization_ranges()).tolist()
     )
-    for bad in (
-        ModelEntry(id="x", path="fake:encoder", calibration=str(tmp_path / "missing.txt")),
-        ModelEntry(id="y", path="fake:cross-encoder", calibration=str(texts)),
+    # ``ranges`` sets them; the former use of ``calibration`` on a model that is not int8 still does, with a warning
+    for entry in (
+        ModelEntry(id="ranged", path="fake:encoder", ranges=str(texts)),
+        ModelEntry(id="ranged", path="fake:encoder", calibration=str(texts)),
     ):
-        with pytest.raises(SettingsError, match="calibration"):
+        warned: list[str] = []
+        monkeypatch.setattr(service.models.logger, "warning", lambda msg, *args, out=warned: out.append(msg % args))
+        settings = Settings(api_keys=(KEY,), models=(entry,), tune_malloc=False)
+        with TestClient(create_app(settings, wait_for_models=True)) as c:
+            body = {"model": "ranged", "input": TEXTS, "embedding_types": ["uint8"]}
+            resp = c.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {KEY}"})
+        assert resp.status_code == 200, resp.text
+        assert [d["embeddings"]["uint8"] for d in resp.json()["data"]] == expected.tolist()
+        assert any("name that file 'ranges'" in w for w in warned) == (entry.calibration is not None)
+    for bad, field in (
+        (ModelEntry(id="x", path="fake:encoder", ranges=str(tmp_path / "missing.txt")), "ranges"),
+        (ModelEntry(id="y", path="fake:cross-encoder", ranges=str(texts)), "ranges"),
+        (ModelEntry(id="z", path="fake:cross-encoder", calibration=str(texts)), "calibration"),
+    ):
+        with pytest.raises(SettingsError, match=f"{field} .* must be an existing"):
             create_app(Settings(api_keys=(KEY,), models=(bad,), tune_malloc=False))

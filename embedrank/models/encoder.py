@@ -17,9 +17,9 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
-from embedrank.models.calibration import Calibration
 from embedrank.models.chunking import Chunking, pool_windows, split_windows
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
+from embedrank.models.ranges import RangeSample
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
@@ -57,7 +57,7 @@ class Encoder(RuntimeFacts):
         self.pooling = PoolingMode(pooling) if pooling is not None else (spec.pooling or PoolingMode.MEAN)
         self.normalize = spec.normalize if normalize is None else normalize
         self.max_seq_length = max_seq_length or spec.max_seq_length
-        self._calibration: Calibration | None = None
+        self._range_sample: RangeSample | None = None
 
     @classmethod
     def from_pretrained(cls, model_id: str = DEFAULT_EMBEDDING_MODEL, **options: Any) -> Encoder:
@@ -321,13 +321,8 @@ class Encoder(RuntimeFacts):
         shows for long inputs unless ``show_progress=False``. ``precision`` is the former name of
         ``embedding_type`` (deprecated: ``precision`` now names only what the runtime computes in).
         """
-        if precision is not None:
-            warnings.warn(
-                "Encoder.encode(precision=...) is deprecated and will be removed in the next release: use "
-                "embedding_type=... (precision names what the runtime computes in, see from_pretrained)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+        if precision is not None:  # the former name; precision now names what the runtime computes in
+            warnings.warn("encode(precision=) is deprecated: use embedding_type=", DeprecationWarning, stacklevel=2)
             embedding_type = precision
         try:
             embedding_type = check_embedding_type(embedding_type)
@@ -347,25 +342,36 @@ class Encoder(RuntimeFacts):
             ranges = self.quantization_ranges(dimensions, normalize=normalize)
         return quantize(vectors, embedding_type, ranges)
 
-    # -- calibration for int8/uint8 --------------------------------------------------------------
+    # -- ranges for int8/uint8 embeddings ----------------------------------------------------------
     @property
-    def calibration(self) -> Calibration:
-        """The calibration texts for int8/uint8 ranges (:mod:`embedrank.models.calibration`); by default
-        1,000 seeded pseudo-sentences from the model's vocabulary. Set it with :meth:`calibrate`."""
-        if self._calibration is None:
-            self._calibration = Calibration(vocabulary_texts(self.tokenizer.get_vocab()))
-        return self._calibration
+    def range_sample(self) -> RangeSample:
+        """The texts whose embeddings set the int8/uint8 ranges (:mod:`embedrank.models.ranges`); by default
+        1,000 seeded pseudo-sentences from the model's vocabulary. Set it with :meth:`fit_ranges`."""
+        if self._range_sample is None:
+            self._range_sample = RangeSample(vocabulary_texts(self.tokenizer.get_vocab()))
+        return self._range_sample
+
+    def fit_ranges(self, texts: Sequence[str] | str | Path) -> None:
+        """Use ``texts`` (or the texts of a ``.txt``/``.jsonl`` file) to set the int8/uint8 ranges of
+        :meth:`encode`'s compact vectors; a sample of the corpus you will search is the best choice."""
+        self._range_sample = RangeSample.of(texts)
+
+    @property
+    def calibration(self) -> RangeSample:
+        """Deprecated name of :attr:`range_sample`."""
+        warnings.warn("Encoder.calibration is deprecated: use range_sample", DeprecationWarning, stacklevel=2)
+        return self.range_sample
 
     def calibrate(self, texts: Sequence[str] | str | Path) -> None:
-        """Use ``texts`` (or the texts of a ``.txt``/``.jsonl`` file) to set int8/uint8 ranges; a sample
-        of the corpus you will search is the best choice."""
-        self._calibration = Calibration.of(texts)
+        """Deprecated name of :meth:`fit_ranges` ("calibration" names the int8 runtime's, in ``from_pretrained``)."""
+        warnings.warn("Encoder.calibrate() is deprecated: use fit_ranges()", DeprecationWarning, stacklevel=2)
+        self.fit_ranges(texts)
 
     def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
-        """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the calibration embeddings (computed once)."""
+        """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the range sample's embeddings (computed once)."""
         do_norm = self.normalize if normalize is None else normalize
         encode = partial(self.encode, batch_size=64, show_progress=False, prompt="", normalize=do_norm)
-        return self.calibration.ranges(encode, dimensions=dimensions, normalize=do_norm)
+        return self.range_sample.ranges(encode, dimensions=dimensions, normalize=do_norm)
 
     @property
     def query_prompt(self) -> str:

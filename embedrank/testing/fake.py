@@ -30,8 +30,8 @@ import numpy as np
 
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
-from embedrank.models.calibration import Calibration
 from embedrank.models.prompts import select_prompt, with_prompt
+from embedrank.models.ranges import RangeSample
 from embedrank.registry import ModelSpec
 from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
@@ -92,7 +92,7 @@ class FakeEncoder:
             max_seq_length,
             normalize,
         )
-        self._calibration: Calibration | None = None
+        self._range_sample: RangeSample | None = None
 
     def count_tokens(
         self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
@@ -119,15 +119,15 @@ class FakeEncoder:
             )
         return max(1, self.max_seq_length - 2 - len(words(prompt)))
 
-    def calibrate(self, texts: Sequence[str] | str | Path) -> None:
-        self._calibration = Calibration.of(texts)
+    def fit_ranges(self, texts: Sequence[str] | str | Path) -> None:
+        self._range_sample = RangeSample.of(texts)
 
     def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
         """int8 ranges from 1,000 pseudo-sentences over a 512-word vocabulary (as a real encoder's default)."""
-        if self._calibration is None:
+        if self._range_sample is None:
             vocabulary = ["".join(w) for w in itertools.product("abcdefgh", repeat=3)]
-            self._calibration = Calibration(vocabulary_texts(vocabulary))
-        return self._calibration.ranges(self.encode, dimensions=dimensions, normalize=self.normalize)
+            self._range_sample = RangeSample(vocabulary_texts(vocabulary))
+        return self._range_sample.ranges(self.encode, dimensions=dimensions, normalize=self.normalize)
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)  # (N, D)
