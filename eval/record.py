@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command after --")
-    shown = [("python" if part == sys.executable else part) for part in command]
+    shown = [("python" if os.path.abspath(part) == sys.executable else part) for part in command]
     started, start = dt.datetime.now(dt.UTC), time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []

@@ -176,3 +176,42 @@ def test_reconstruct_returns_the_searched_vectors(kind):
     pq = build_index(32, kind="pq", nlist=4)
     pq.add([str(i) for i in range(300)], x)
     assert pq.reconstruct(["1"]) is None  # lossy codes are not the stored vectors
+
+
+def test_each_index_class_loads_its_own_kind_and_refuses_another(tmp_path):
+    from embedrank.errors import IndexMismatchError
+    from embedrank.retrieval.binary_index import BinaryIndex
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(20, 16)).astype(np.float32)
+    ids = [f"d{i}" for i in range(20)]
+    for kind, cls in (("numpy", NumpyIndex), ("flat", FaissIndex), ("binary", BinaryIndex)):
+        index = build_index(16, IndexConfig(kind=kind), model_id="m")
+        index.add(ids, vectors)
+        index.save(tmp_path / kind)
+        again = cls.load(tmp_path / kind, model_id="m")
+        assert type(again) is cls and again.ids == ids
+        assert [h for h in again.search(vectors[:2], 3)[1]] == [h for h in index.search(vectors[:2], 3)[1]]
+    with pytest.raises(IndexMismatchError, match="holds a 'numpy' index"):
+        FaissIndex.load(tmp_path / "numpy")
+    with pytest.raises(IndexMismatchError, match="holds a 'flat' index"):
+        BinaryIndex.load(tmp_path / "flat")
+
+
+def test_index_modules_import_in_one_direction():
+    import ast
+    from pathlib import Path
+
+    import embedrank.retrieval
+
+    root = Path(embedrank.retrieval.__file__).parent
+    imported = {
+        name: {
+            n.module
+            for n in ast.walk(ast.parse((root / f"{name}.py").read_text()))
+            if isinstance(n, ast.ImportFrom) and n.module
+        }
+        for name in ("index_base", "index", "binary_index")
+    }
+    assert not {m for m in imported["index_base"] if m.startswith("embedrank.retrieval")}
+    assert "embedrank.retrieval.index" not in imported["binary_index"]  # binary_index sits on the base only

@@ -25,13 +25,15 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.quantization import dequantize, quantization_ranges, quantize, unpack_signs
-from embedrank.retrieval.index import IndexConfig, SearchResult, _BaseIndex
+from embedrank.retrieval.index_base import BaseIndex, IndexConfig, SearchResult
 
 RESCORE = ("int8", "bits", "none")
 
 
-class BinaryIndex(_BaseIndex):
+class BinaryIndex(BaseIndex):
     """Sign bits searched by Hamming distance, top candidates rescored (see the module docstring)."""
+
+    kinds = frozenset({"binary"})
 
     def __init__(self, dimension: int, config: IndexConfig | None = None, *, model_id: str | None = None) -> None:
         import faiss
@@ -117,7 +119,7 @@ class BinaryIndex(_BaseIndex):
         self._write_meta(out)
         return out
 
-    def _load(self, root: Path) -> None:
-        self._index.add(np.load(root / "codes.npy"))
-        if (root / "ranges.npy").is_file():
-            self._int8, self.ranges = np.load(root / "int8.npy"), np.load(root / "ranges.npy")
+    def _read(self, directory: Path) -> None:
+        self._index.add(np.load(directory / "codes.npy"))
+        if (directory / "ranges.npy").is_file():
+            self._int8, self.ranges = np.load(directory / "int8.npy"), np.load(directory / "ranges.npy")

@@ -17,158 +17,47 @@ Scores are "higher is better": inner product for ``cosine`` and ``dot``, negativ
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, TypeAlias
 
 import numpy as np
 
-from embedrank.errors import IndexMismatchError, IndexTrainingError, InvalidInputError
-from embedrank.math.similarity import l2_normalize
+from embedrank.errors import IndexTrainingError, InvalidInputError
+from embedrank.retrieval.binary_index import BinaryIndex
+from embedrank.retrieval.index_base import (
+    META_FILE,
+    BaseIndex,
+    IndexConfig,
+    IndexKind,
+    Metric,
+    SearchResult,
+    VectorIndex,
+    read_meta,
+)
 
-if TYPE_CHECKING:
-    from embedrank.retrieval.binary_index import BinaryIndex
-
-Metric = Literal["cosine", "dot", "l2"]
-IndexKind = Literal["numpy", "flat", "ivf", "hnsw", "pq", "sq8", "binary", "factory"]
-_META = "embedrank_index.json"
-SearchResult = tuple[list[np.ndarray], list[list[str]]]
-"""``(scores, ids)``: per query, a ``(k',)`` float32 array of scores, best first, and the matching doc ids."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class IndexConfig:
-    """How to build an index. ``None`` parameters are chosen from the data when training."""
-
-    kind: IndexKind = "flat"
-    metric: Metric = "cosine"
-    nlist: int | None = None  # ivf/pq: number of clusters; default ~ sqrt(N)
-    nprobe: int | None = None  # ivf/pq: clusters searched; default min(nlist, max(16, nlist // 3))
-    hnsw_m: int = 32
-    ef_construction: int = 200
-    ef_search: int = 128
-    pq_m: int | None = None  # pq: sub-quantizers; default dim // 8
-    pq_nbits: int | None = None  # pq: bits per code; default 8, fewer when there are < 39 * 256 vectors
-    factory: str | None = None
-    rescore: str = "int8"  # binary: rescore candidates with int8 codes, the sign bits ("bits"), or "none"
-    rescore_multiplier: int = 4  # binary: Hamming candidates per result kept
-
-
-@runtime_checkable
-class VectorIndex(Protocol):
-    """What every index backend offers."""
-
-    config: IndexConfig
-    dimension: int
-    model_id: str | None
-
-    def __len__(self) -> int: ...
-
-    def add(self, ids: Sequence[str], vectors: np.ndarray) -> None: ...
-
-    def search(self, queries: np.ndarray, k: int) -> SearchResult: ...
-
-    def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None: ...
-
-    def save(self, directory: str | Path) -> Path: ...
+__all__ = [
+    "AnyIndex",
+    "BinaryIndex",
+    "FaissIndex",
+    "IndexConfig",
+    "IndexKind",
+    "Metric",
+    "NumpyIndex",
+    "SearchResult",
+    "VectorIndex",
+    "build_index",
+    "is_index_dir",
+    "load_index",
+    "recall_at_k",
+]
 
 
-def _as_matrix(vectors: np.ndarray, dimension: int, what: str) -> np.ndarray:
-    x = np.ascontiguousarray(np.atleast_2d(np.asarray(vectors, dtype=np.float32)))
-    if x.ndim != 2 or x.shape[1] != dimension:
-        raise IndexMismatchError(f"{what} have dimension {x.shape[-1]}, but the index holds dimension {dimension}")
-    return x
-
-
-class _BaseIndex:
-    def __init__(self, dimension: int, config: IndexConfig, *, model_id: str | None = None) -> None:
-        if dimension < 1:
-            raise InvalidInputError(f"dimension must be >= 1, got {dimension}")
-        self.dimension = int(dimension)
-        self.config = config
-        self.model_id = model_id
-        self.ids: list[str] = []
-        self._positions: dict[str, int] = {}  # doc id -> row in the index (insertion order)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __contains__(self, doc_id: object) -> bool:
-        return doc_id in self._positions
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(kind={self.config.kind}, metric={self.config.metric}, dim={self.dimension}, n={len(self)})"
-
-    def _prepare(self, vectors: np.ndarray, what: str) -> np.ndarray:
-        x = _as_matrix(vectors, self.dimension, what)
-        return l2_normalize(x) if self.config.metric == "cosine" else x
-
-    def _register(self, ids: Sequence[str], n: int) -> list[str]:
-        ids = [str(i) for i in ids]
-        if len(ids) != n:
-            raise InvalidInputError(f"got {len(ids)} ids for {n} vectors")
-        dupes = [i for i in ids if i in self._positions]
-        if dupes or len(set(ids)) != len(ids):
-            raise InvalidInputError(f"duplicate document ids, e.g. {(dupes or ids)[0]!r}")
-        return ids
-
-    def _commit(self, ids: list[str]) -> None:
-        self._positions.update((doc_id, len(self.ids) + i) for i, doc_id in enumerate(ids))
-        self.ids.extend(ids)
-
-    def _rows(self, ids: Sequence[str]) -> list[int]:
-        """Index rows of ``ids`` (KeyError for an id the index does not hold)."""
-        return [self._positions[d] for d in ids]
-
-    def check_compatible(self, *, model_id: str | None = None, dimension: int | None = None) -> None:
-        """Refuse a model or dimension other than the one the index was built with."""
-        if dimension is not None and dimension != self.dimension:
-            raise IndexMismatchError(f"index holds {self.dimension}-d vectors, but the query model gives {dimension}-d")
-        if model_id is not None and self.model_id is not None and model_id != self.model_id:
-            raise IndexMismatchError(
-                f"index was built with model {self.model_id!r}; searching it with {model_id!r} would compare "
-                f"vectors from different spaces. Rebuild the index or use the same model."
-            )
-
-    def _results(self, scores: np.ndarray, positions: np.ndarray) -> SearchResult:
-        """Per query, the scores and ids of the hits. FAISS marks missing hits (an IVF search that probed
-        fewer than ``k`` vectors, an HNSW walk that found fewer) with position -1; they are left out of both
-        the scores and the ids, so a row may be shorter than ``k``."""
-        found = positions >= 0  # (Q, k)
-        row_scores = [row[keep].astype(np.float32) for row, keep in zip(scores, found, strict=True)]
-        row_ids = [[self.ids[int(p)] for p in row[keep]] for row, keep in zip(positions, found, strict=True)]
-        return row_scores, row_ids
-
-    @property
-    def can_reconstruct(self) -> bool:
-        """Whether :meth:`reconstruct` gives the stored vectors exactly."""
-        return True
-
-    def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None:
-        """The stored vectors ``(N, D)`` of ``ids`` as searched (normalized for cosine), or None when this
-        index does not keep them exactly (IVF-PQ and other compressed codes)."""
-        raise NotImplementedError
-
-    def _meta(self) -> dict[str, Any]:
-        return {
-            "format": 1,
-            "model_id": self.model_id,
-            "dimension": self.dimension,
-            "metric": self.config.metric,
-            "normalized": self.config.metric == "cosine",
-            "count": len(self),
-            "config": dataclasses.asdict(self.config),
-        }
-
-    def _write_meta(self, directory: Path) -> None:
-        (directory / "ids.json").write_text(json.dumps(self.ids))
-        (directory / _META).write_text(json.dumps(self._meta(), indent=2))
-
-
-class NumpyIndex(_BaseIndex):
+class NumpyIndex(BaseIndex):
     """Exact search in plain numpy; the oracle the FAISS backends are tested against."""
+
+    kinds = frozenset({"numpy"})
 
     def __init__(self, dimension: int, config: IndexConfig | None = None, *, model_id: str | None = None) -> None:
         super().__init__(dimension, config or IndexConfig(kind="numpy"), model_id=model_id)
@@ -202,9 +91,14 @@ class NumpyIndex(_BaseIndex):
         self._write_meta(out)
         return out
 
+    def _read(self, directory: Path) -> None:
+        self._vectors = np.load(directory / "vectors.npy")
 
-class FaissIndex(_BaseIndex):
+
+class FaissIndex(BaseIndex):
     """A FAISS index (flat, IVF, HNSW, IVF-PQ or a factory string) with string ids and metadata."""
+
+    kinds = frozenset({"flat", "ivf", "hnsw", "pq", "sq8", "factory"})
 
     def __init__(self, dimension: int, config: IndexConfig | None = None, *, model_id: str | None = None) -> None:
         super().__init__(dimension, config or IndexConfig(), model_id=model_id)
@@ -329,50 +223,44 @@ class FaissIndex(_BaseIndex):
         self._write_meta(out)
         return out
 
+    def _read(self, directory: Path) -> None:
+        import faiss
+
+        if (directory / "index.faiss").is_file():  # absent when an empty IVF/PQ index was saved
+            # an index merged on disk (sharded_index.merge_shards_on_disk) finds index.ivfdata next to it
+            self._index = faiss.read_index(str(directory / "index.faiss"), faiss.IO_FLAG_ONDISK_SAME_DIR)
+
 
 AnyIndex: TypeAlias = "NumpyIndex | FaissIndex | BinaryIndex"
+INDEX_CLASSES: tuple[type[BaseIndex], ...] = (NumpyIndex, FaissIndex, BinaryIndex)
+
+
+def index_class(kind: str) -> type[NumpyIndex | FaissIndex | BinaryIndex]:
+    """The class that implements ``kind``."""
+    for cls in INDEX_CLASSES:
+        if kind in cls.kinds:
+            return cls  # type: ignore[return-value]
+    raise InvalidInputError(f"unknown index kind {kind!r}", param="kind")
 
 
 def build_index(
     dimension: int, config: IndexConfig | None = None, *, model_id: str | None = None, **overrides: Any
 ) -> AnyIndex:
     """Make an empty index: ``build_index(384, kind="hnsw", metric="cosine", model_id=...)``."""
-    from embedrank.retrieval.binary_index import BinaryIndex
-
     cfg = dataclasses.replace(config or IndexConfig(), **overrides)
-    cls = {"numpy": NumpyIndex, "binary": BinaryIndex}.get(cfg.kind, FaissIndex)
-    return cls(dimension, cfg, model_id=model_id)  # type: ignore[return-value]
+    return index_class(cfg.kind)(dimension, cfg, model_id=model_id)
 
 
 def is_index_dir(directory: str | Path) -> bool:
     """Whether ``directory`` holds an index saved with ``save`` (rather than, say, embedding shards)."""
-    return (Path(directory) / _META).is_file()
+    return (Path(directory) / META_FILE).is_file()
 
 
 def load_index(directory: str | Path, *, model_id: str | None = None, dimension: int | None = None) -> AnyIndex:
-    """Load an index saved with ``save``; refuse it if ``model_id``/``dimension`` differ from the saved ones."""
-    root = Path(directory)
-    meta_path = root / _META
-    if not meta_path.is_file():
-        raise IndexMismatchError(f"{root} is not an embedrank index directory (no {_META})")
-    meta = json.loads(meta_path.read_text())
-    cfg = IndexConfig(**meta["config"])
-    index = build_index(meta["dimension"], cfg, model_id=meta["model_id"])
-    index.check_compatible(model_id=model_id, dimension=dimension)
-    ids = json.loads((root / "ids.json").read_text())
-    if isinstance(index, NumpyIndex):
-        index._vectors = np.load(root / "vectors.npy")
-    elif not isinstance(index, FaissIndex):
-        index._load(root)
-    elif (root / "index.faiss").is_file():
-        import faiss
-
-        # an index merged on disk (sharded_index.merge_shards_on_disk) finds index.ivfdata next to it
-        index._index = faiss.read_index(str(root / "index.faiss"), faiss.IO_FLAG_ONDISK_SAME_DIR)
-    index._commit(ids)
-    if len(index) != meta["count"]:
-        raise IndexMismatchError(f"{root}: metadata says {meta['count']} vectors, ids.json has {len(index)}")
-    return index
+    """Load an index saved with ``save``, whatever its kind; refuse it if ``model_id``/``dimension`` differ
+    from the saved ones (the index class's own :meth:`~embedrank.retrieval.index_base.BaseIndex.load`)."""
+    kind = read_meta(directory)["config"]["kind"]
+    return index_class(kind).load(directory, model_id=model_id, dimension=dimension)
 
 
 def recall_at_k(approx: Sequence[Sequence[str]], exact: Sequence[Sequence[str]]) -> float:

@@ -1,0 +1,191 @@
+"""What every vector index shares: its configuration, the protocol, and a base class that keeps string
+ids, checks the model and dimension, and saves and loads the metadata. Each index class adds its own
+storage (:mod:`embedrank.retrieval.index`, :mod:`embedrank.retrieval.binary_index`) and reads it back in
+its own :meth:`BaseIndex._read`; :meth:`BaseIndex.load` does the rest for all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+from embedrank.errors import IndexMismatchError, InvalidInputError
+from embedrank.math.similarity import l2_normalize
+
+Metric = Literal["cosine", "dot", "l2"]
+IndexKind = Literal["numpy", "flat", "ivf", "hnsw", "pq", "sq8", "binary", "factory"]
+META_FILE = "embedrank_index.json"
+SearchResult = tuple[list[np.ndarray], list[list[str]]]
+"""``(scores, ids)``: per query, a ``(k',)`` float32 array of scores, best first, and the matching doc ids."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IndexConfig:
+    """How to build an index. ``None`` parameters are chosen from the data when training."""
+
+    kind: IndexKind = "flat"
+    metric: Metric = "cosine"
+    nlist: int | None = None  # ivf/pq: number of clusters; default ~ sqrt(N)
+    nprobe: int | None = None  # ivf/pq: clusters searched; default min(nlist, max(16, nlist // 3))
+    hnsw_m: int = 32
+    ef_construction: int = 200
+    ef_search: int = 128
+    pq_m: int | None = None  # pq: sub-quantizers; default dim // 8
+    pq_nbits: int | None = None  # pq: bits per code; default 8, fewer when there are < 39 * 256 vectors
+    factory: str | None = None
+    rescore: str = "int8"  # binary: rescore candidates with int8 codes, the sign bits ("bits"), or "none"
+    rescore_multiplier: int = 4  # binary: Hamming candidates per result kept
+
+
+@runtime_checkable
+class VectorIndex(Protocol):
+    """What every index backend offers."""
+
+    config: IndexConfig
+    dimension: int
+    model_id: str | None
+
+    def __len__(self) -> int: ...
+
+    def add(self, ids: Sequence[str], vectors: np.ndarray) -> None: ...
+
+    def search(self, queries: np.ndarray, k: int) -> SearchResult: ...
+
+    def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None: ...
+
+    def save(self, directory: str | Path) -> Path: ...
+
+
+def _as_matrix(vectors: np.ndarray, dimension: int, what: str) -> np.ndarray:
+    x = np.ascontiguousarray(np.atleast_2d(np.asarray(vectors, dtype=np.float32)))
+    if x.ndim != 2 or x.shape[1] != dimension:
+        raise IndexMismatchError(f"{what} have dimension {x.shape[-1]}, but the index holds dimension {dimension}")
+    return x
+
+
+Index = TypeVar("Index", bound="BaseIndex")
+
+
+def read_meta(directory: str | Path) -> dict[str, Any]:
+    """The metadata an index saved next to its data (``IndexMismatchError`` if there is none)."""
+    path = Path(directory) / META_FILE
+    if not path.is_file():
+        raise IndexMismatchError(f"{directory} is not an embedrank index directory (no {META_FILE})")
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+class BaseIndex:
+    """String ids, model and dimension checks, metadata; subclasses store and search the vectors."""
+
+    kinds: ClassVar[frozenset[str]] = frozenset()  # the IndexConfig kinds this class implements
+
+    def __init__(self, dimension: int, config: IndexConfig, *, model_id: str | None = None) -> None:
+        if dimension < 1:
+            raise InvalidInputError(f"dimension must be >= 1, got {dimension}")
+        self.dimension = int(dimension)
+        self.config = config
+        self.model_id = model_id
+        self.ids: list[str] = []
+        self._positions: dict[str, int] = {}  # doc id -> row in the index (insertion order)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._positions
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.config.kind}, metric={self.config.metric}, dim={self.dimension}, n={len(self)})"
+
+    def _prepare(self, vectors: np.ndarray, what: str) -> np.ndarray:
+        x = _as_matrix(vectors, self.dimension, what)
+        return l2_normalize(x) if self.config.metric == "cosine" else x
+
+    def _register(self, ids: Sequence[str], n: int) -> list[str]:
+        ids = [str(i) for i in ids]
+        if len(ids) != n:
+            raise InvalidInputError(f"got {len(ids)} ids for {n} vectors")
+        dupes = [i for i in ids if i in self._positions]
+        if dupes or len(set(ids)) != len(ids):
+            raise InvalidInputError(f"duplicate document ids, e.g. {(dupes or ids)[0]!r}")
+        return ids
+
+    def _commit(self, ids: list[str]) -> None:
+        self._positions.update((doc_id, len(self.ids) + i) for i, doc_id in enumerate(ids))
+        self.ids.extend(ids)
+
+    def _rows(self, ids: Sequence[str]) -> list[int]:
+        """Index rows of ``ids`` (KeyError for an id the index does not hold)."""
+        return [self._positions[d] for d in ids]
+
+    def check_compatible(self, *, model_id: str | None = None, dimension: int | None = None) -> None:
+        """Refuse a model or dimension other than the one the index was built with."""
+        if dimension is not None and dimension != self.dimension:
+            raise IndexMismatchError(f"index holds {self.dimension}-d vectors, but the query model gives {dimension}-d")
+        if model_id is not None and self.model_id is not None and model_id != self.model_id:
+            raise IndexMismatchError(
+                f"index was built with model {self.model_id!r}; searching it with {model_id!r} would compare "
+                f"vectors from different spaces. Rebuild the index or use the same model."
+            )
+
+    def _results(self, scores: np.ndarray, positions: np.ndarray) -> SearchResult:
+        """Per query, the scores and ids of the hits. FAISS marks missing hits (an IVF search that probed
+        fewer than ``k`` vectors, an HNSW walk that found fewer) with position -1; they are left out of both
+        the scores and the ids, so a row may be shorter than ``k``."""
+        found = positions >= 0  # (Q, k)
+        row_scores = [row[keep].astype(np.float32) for row, keep in zip(scores, found, strict=True)]
+        row_ids = [[self.ids[int(p)] for p in row[keep]] for row, keep in zip(positions, found, strict=True)]
+        return row_scores, row_ids
+
+    @property
+    def can_reconstruct(self) -> bool:
+        """Whether :meth:`reconstruct` gives the stored vectors exactly."""
+        return True
+
+    def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None:
+        """The stored vectors ``(N, D)`` of ``ids`` as searched (normalized for cosine), or None when this
+        index does not keep them exactly (IVF-PQ and other compressed codes)."""
+        raise NotImplementedError
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "model_id": self.model_id,
+            "dimension": self.dimension,
+            "metric": self.config.metric,
+            "normalized": self.config.metric == "cosine",
+            "count": len(self),
+            "config": dataclasses.asdict(self.config),
+        }
+
+    def _write_meta(self, directory: Path) -> None:
+        (directory / "ids.json").write_text(json.dumps(self.ids))
+        (directory / META_FILE).write_text(json.dumps(self._meta(), indent=2))
+
+    def _read(self, directory: Path) -> None:
+        """Read back what :meth:`save` wrote besides the ids and metadata (each class its own)."""
+        raise NotImplementedError
+
+    @classmethod
+    def load(
+        cls: type[Index], directory: str | Path, *, model_id: str | None = None, dimension: int | None = None
+    ) -> Index:
+        """Load an index this class saved; refuse it if ``model_id``/``dimension`` differ from the saved ones,
+        if it is another kind of index, or if its files disagree on the count."""
+        root = Path(directory)
+        meta = read_meta(root)
+        config = IndexConfig(**meta["config"])
+        if config.kind not in cls.kinds:
+            raise IndexMismatchError(f"{root} holds a {config.kind!r} index, not one of {sorted(cls.kinds)}")
+        index = cls(meta["dimension"], config, model_id=meta["model_id"])
+        index.check_compatible(model_id=model_id, dimension=dimension)
+        index._read(root)
+        index._commit(json.loads((root / "ids.json").read_text()))
+        if len(index) != meta["count"]:
+            raise IndexMismatchError(f"{root}: metadata says {meta['count']} vectors, ids.json has {len(index)}")
+        return index
