@@ -4,8 +4,8 @@
 
 writes ``eval/results/NAME.json``: the title, the exact command, the date, the commit (and whether the
 tree had uncommitted changes), the CPU's model, core count and vector flags, the versions of the
-libraries that shape the figures, the wall time and the command's output. The command's output is also
-streamed to the terminal. Nothing is written when the command fails. ``eval/render_benchmarks.py`` renders
+libraries that shape the figures, the wall time and what the command printed to stdout (its stderr,
+progress bars and logs, goes to the terminal only). The output is also streamed to the terminal. Nothing is written when the command fails. ``eval/render_benchmarks.py`` renders
 the documentation's benchmarks page from these files.
 """
 
@@ -87,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command after --")
     shown = [("python" if os.path.abspath(part) == sys.executable else part) for part in command]
     started, start = dt.datetime.now(dt.UTC), time.monotonic()
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # what the benchmark prints to stdout is its result; stderr (progress bars, logs) goes to the terminal only
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
         sys.stdout.write(line)
-        lines.append(line)
+        lines.append(line.rsplit("\r", 1)[-1])  # a line redrawn in place: what the terminal shows last
     code = proc.wait()
     if code != 0:
         print(f"[record] {shlex.join(shown)} exited with {code}: nothing recorded", file=sys.stderr)
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.monotonic() - start, 1),
         "machine": machine(),
         "versions": versions(),
-        "output": "".join(line for line in lines if not line.startswith("\r")).rstrip() + "\n",
+        "output": "".join(lines).rstrip() + "\n",
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{args.name}.json"

@@ -50,8 +50,10 @@ def test_an_interrupted_job_resumes_without_recomputing_and_equals_the_encoder(c
     assert ids == list(expected_ids) and len(set(ids)) == 50
     np.testing.assert_allclose(vectors, original(list(texts)), atol=1e-6)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["dimension"] == 384 and manifest["normalize"] is True and manifest["documents"] == 50
-    assert [s["documents"] for s in manifest["shards"]] == [20, 20, 10] and manifest["prompt"] == ""
+    signature = manifest["signature"]
+    assert signature["dimension"] == 384 and signature["normalize"] is True and manifest["documents"] == 50
+    assert signature["pooling"] == "mean" and signature["precision"] == "fp32" and signature["prompt"] == ""
+    assert [s["documents"] for s in manifest["shards"]] == [20, 20, 10]
     with pytest.raises(InvalidInputError, match="shard_size"):
         embed_collection(encoder, corpus, out, shard_size=25)
 
@@ -99,3 +101,46 @@ def test_prebuilt_embeddings_replace_encoding_in_retrieval_and_eval(tmp_path, en
     done = subprocess.run([*cmd[:-1], str(tmp_path / "ix")], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "embedding cache: index" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("field", "other"),
+    [
+        ("model_id", "another/model"),
+        ("dimension", 128),
+        ("pooling", "cls"),
+        ("normalize", False),
+        ("max_seq_length", 128),
+        ("prompt", "passage: "),
+        ("precision", "openvino:int8"),
+    ],
+)
+def test_vectors_made_otherwise_are_refused_in_every_place_they_are_kept(tmp_path, encoder, field, other):
+    """One signature is written into the job manifest and the saved index, and checked in one place: every
+    difference is refused, in embeddings and in indexes alike, and a field not recorded counts as one."""
+    from embedrank.errors import IndexMismatchError
+    from embedrank.retrieval.data import load_beir, write_demo_collection
+    from embedrank.retrieval.index_base import META_FILE
+    from embedrank.retrieval.pipeline import DenseRetriever
+
+    collection = write_demo_collection(tmp_path / "data")
+    ds = load_beir(collection)
+    embed_collection(encoder, collection, tmp_path / "emb", shard_size=4)
+    DenseRetriever.from_corpus(encoder, ds.corpus, cache=False).index.save(tmp_path / "ix")
+    for directory, name in ((tmp_path / "emb", "manifest.json"), (tmp_path / "ix", META_FILE)):
+        record = json.loads((directory / name).read_text())
+        assert record["signature"]["pooling"] == "mean"
+        record["signature"][field] = other
+        (directory / name).write_text(json.dumps(record))
+    with pytest.raises(IndexMismatchError, match=f"{field}: {other!r} there"):
+        DenseRetriever.from_embeddings(encoder, tmp_path / "emb")
+    with pytest.raises(IndexMismatchError, match=rf"{field}: {other!r} there|model|dimension"):
+        DenseRetriever.from_index(encoder, tmp_path / "ix")
+    from embedrank.models.signature import EmbeddingSignature
+
+    manifest = json.loads((tmp_path / "emb" / "manifest.json").read_text())
+    manifest["signature"] = EmbeddingSignature.of(encoder).to_dict()
+    del manifest["signature"]["pooling"]  # vectors that do not say how they were pooled are not trusted
+    (tmp_path / "emb" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexMismatchError, match="pooling: not recorded there"):
+        DenseRetriever.from_embeddings(encoder, tmp_path / "emb")

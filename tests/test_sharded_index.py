@@ -59,7 +59,7 @@ def test_index_from_an_embedding_job_directory(tmp_path):
     for i, start in enumerate(range(0, 1000, 300)):
         write_shard(tmp_path / shard_name(i), ids[start : start + 300], x[start : start + 300])
         shards.append({"file": shard_name(i), "documents": len(ids[start : start + 300])})
-    manifest = {"model_id": "m", "dimension": 32, "documents": 1000, "shards": shards}
+    manifest = {"signature": {"model_id": "m", "dimension": 32}, "documents": 1000, "shards": shards}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     index = index_from_embeddings(tmp_path, IndexConfig(kind="flat"), sample_size=200)
     exact = build_index(32, kind="numpy")
@@ -76,7 +76,7 @@ def _job_dir(path, x, ids, size=300):
     for i, start in enumerate(range(0, len(ids), size)):
         write_shard(path / shard_name(i), ids[start : start + size], x[start : start + size])
         shards.append({"file": shard_name(i), "documents": len(ids[start : start + size])})
-    manifest = {"model_id": "m", "dimension": x.shape[1], "documents": len(ids), "shards": shards}
+    manifest = {"signature": {"model_id": "m", "dimension": x.shape[1]}, "documents": len(ids), "shards": shards}
     (path / "manifest.json").write_text(json.dumps(manifest))
     return path
 

@@ -4,7 +4,8 @@ Output directory layout (the same whatever runner produced it):
 
 - ``part-00000.parquet``, ``part-00001.parquet``, ...: columns ``id`` (string) and ``embedding``
   (list of float32), ``shard_size`` documents each (the last one fewer), in corpus order;
-- ``manifest.json``: model id, dimension, normalization, the document prompt, max length, shard size, the
+- ``manifest.json``: the embedding signature (model id, dimension, pooling, normalization, window, document
+  prompt, precision: :class:`~embedrank.models.signature.EmbeddingSignature`), shard size, the
   corpus file and its size, and per shard its file and document count; written when the job ends.
 
 The local runner (:func:`embed_collection`) reads ``corpus.jsonl`` line by line and keeps one shard in
@@ -24,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from embedrank.errors import InvalidInputError
+from embedrank.errors import IndexMismatchError, InvalidInputError
 from embedrank.models.encoder import Encoder
+from embedrank.models.signature import EmbeddingSignature
 from embedrank.retrieval.data import doc_text
 
 MANIFEST, JOB = "manifest.json", "job.json"
@@ -112,32 +114,37 @@ def read_shard(path: str | Path, dimension: int) -> tuple[list[str], np.ndarray]
 def read_embeddings(directory: str | Path) -> tuple[list[str], np.ndarray]:
     """All ids and vectors ``(N, D)`` float32 of a finished job directory, in corpus order."""
     root = Path(directory)
-    manifest = json.loads((root / MANIFEST).read_text())
+    manifest = read_manifest(root)
+    dimension = manifest["signature"]["dimension"]
     ids: list[str] = []
     parts = []
     for shard in manifest["shards"]:
-        shard_ids, vectors = read_shard(root / shard["file"], manifest["dimension"])
+        shard_ids, vectors = read_shard(root / shard["file"], dimension)
         ids += shard_ids
         parts.append(vectors)
-    vectors = np.vstack(parts) if parts else np.empty((0, manifest["dimension"]), dtype=np.float32)
+    vectors = np.vstack(parts) if parts else np.empty((0, dimension), dtype=np.float32)
     return ids, vectors.astype(np.float32, copy=False)
 
 
 def job_spec(encoder: Encoder, corpus: Path, shard_size: int) -> dict[str, Any]:
-    """What a job directory's shards depend on; a rerun must match it to reuse them (``job.json``)."""
-    precision = getattr(encoder, "precision", "fp32")  # fp32 backends agree to 1e-4; bf16/int8 vectors differ
+    """What a job directory's shards depend on; a rerun must match it to reuse them (``job.json``): the
+    embedding signature (:class:`~embedrank.models.signature.EmbeddingSignature`), where the model's files
+    are, the shard size and the corpus."""
     return {
-        **({"precision": f"{encoder.backend}:{precision}"} if precision != "fp32" else {}),
-        "model_id": encoder.model_id,
+        "signature": EmbeddingSignature.of(encoder).to_dict(),
         "model_path": encoder.spec.path,
-        "dimension": encoder.dimension,
-        "normalize": encoder.normalize,
-        "prompt": encoder.document_prompt,
-        "max_seq_length": encoder.max_seq_length,
         "shard_size": shard_size,
         "corpus": str(corpus),
         "corpus_bytes": corpus.stat().st_size,
     }
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """A finished job's ``manifest.json`` (``IndexMismatchError`` when the directory holds none)."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise IndexMismatchError(f"{directory} holds no finished embedding job (no {MANIFEST})")
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True)

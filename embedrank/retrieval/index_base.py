@@ -90,6 +90,9 @@ class BaseIndex:
         self.dimension = int(dimension)
         self.config = config
         self.model_id = model_id
+        # the vectors' embedding settings (EmbeddingSignature.to_dict()), recorded by the retrieval pipeline
+        # and the sharded build; None for an index built by hand (then only model and dimension are known)
+        self.signature: dict[str, Any] | None = None
         self.ids: list[str] = []
         self._positions: dict[str, int] = {}  # doc id -> row in the index (insertion order)
 
@@ -161,6 +164,7 @@ class BaseIndex:
             "normalized": self.config.metric == "cosine",
             "count": len(self),
             "config": dataclasses.asdict(self.config),
+            "signature": self.signature,
         }
 
     def _write_meta(self, directory: Path) -> None:
@@ -183,6 +187,7 @@ class BaseIndex:
         if config.kind not in cls.kinds:
             raise IndexMismatchError(f"{root} holds a {config.kind!r} index, not one of {sorted(cls.kinds)}")
         index = cls(meta["dimension"], config, model_id=meta["model_id"])
+        index.signature = meta.get("signature")
         index.check_compatible(model_id=model_id, dimension=dimension)
         index._read(root)
         index._commit(json.loads((root / "ids.json").read_text()))

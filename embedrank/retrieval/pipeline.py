@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -19,11 +18,11 @@ from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
 from embedrank.math.ranking import ranked_ids, top_k
 from embedrank.models.encoder import Encoder
 from embedrank.models.scorers import BiEncoderScorer, Reranker
+from embedrank.models.signature import EmbeddingSignature
 from embedrank.models.tokens import PROGRESS_THRESHOLD
-from embedrank.registry import weights_fingerprint
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
 from embedrank.retrieval.data import doc_text
-from embedrank.retrieval.embed_job import read_embeddings
+from embedrank.retrieval.embed_job import read_embeddings, read_manifest
 from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index, load_index
 from embedrank.types import Corpus, Queries, Run
 
@@ -38,16 +37,9 @@ class FirstStage(Protocol):
 
 
 def encoder_cache_key(encoder: Encoder) -> str:
-    """What makes two encoders' document vectors interchangeable (model, weights path, pooling,
-    normalization, length, the document prompt when the model has one, and a precision other than fp32:
-    fp32 backends agree to 1e-4 (tests/test_backends.py) and share vectors; bf16 and int8 do not)."""
-    key = f"{encoder.model_id}|{encoder.spec.path}|{encoder.pooling.value}|{encoder.normalize}|{encoder.max_seq_length}"
-    if encoder.spec.source in ("local", "hub"):  # weights that can change in place (a model trained again)
-        key += f"|weights={weights_fingerprint(encoder.spec.path)}"
-    precision = getattr(encoder, "precision", "fp32")
-    if precision != "fp32":
-        key += f"|{encoder.backend}:{precision}"
-    return key + (f"|prompt={encoder.document_prompt!r}" if encoder.document_prompt else "")
+    """What makes two encoders' document vectors interchangeable on this machine
+    (:meth:`EmbeddingSignature.cache_key <embedrank.models.signature.EmbeddingSignature.cache_key>`)."""
+    return EmbeddingSignature.of(encoder).cache_key()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +119,7 @@ class DenseRetriever:
         )
         assert embedded.vectors is not None
         idx = build_index(encoder.dimension, index, model_id=encoder.model_id)
+        idx.signature = EmbeddingSignature.of(encoder).to_dict()
         idx.add(ids, embedded.vectors)
         retriever = cls(encoder, idx, batch_size=batch_size)
         retriever.corpus_embeddings = embedded
@@ -145,20 +138,12 @@ class DenseRetriever:
         """Index the vectors of a corpus embedding job (:mod:`embedrank.retrieval.embed_job`) instead of
         encoding the corpus; refused when they were made with another model or settings, or (given
         ``corpus``) do not cover exactly its documents."""
-        manifest = json.loads((Path(directory) / "manifest.json").read_text())
-        expected = {
-            "model_id": encoder.model_id,
-            "dimension": encoder.dimension,
-            "normalize": encoder.normalize,
-            "prompt": encoder.document_prompt,
-            "max_seq_length": encoder.max_seq_length,
-        }
-        differ = [f"{k}: {manifest.get(k)!r} there, {v!r} here" for k, v in expected.items() if manifest.get(k) != v]
-        if differ:
-            raise IndexMismatchError(f"embeddings in {directory} were made otherwise ({'; '.join(differ)})")
+        signature = EmbeddingSignature.of(encoder)
+        signature.check(read_manifest(directory).get("signature"), f"embeddings in {directory}")
         ids, vectors = read_embeddings(directory)
         _check_covers(ids, corpus, f"embeddings in {directory}")
         idx = build_index(encoder.dimension, index, model_id=encoder.model_id)
+        idx.signature = signature.to_dict()
         idx.add(ids, vectors)
         retriever = cls(encoder, idx, batch_size=batch_size)
         retriever.corpus_embeddings = CorpusEmbeddings(vectors, "prebuilt", str(directory))
@@ -169,9 +154,12 @@ class DenseRetriever:
         cls, encoder: Encoder, directory: str | Path, *, corpus: Corpus | None = None, batch_size: int = 64
     ) -> DenseRetriever:
         """Search a saved index (``index.save(dir)``, or a sharded build merged in memory or on disk) with
-        ``encoder``'s queries; refused when it was built for another model or dimension, or (given
+        ``encoder``'s queries; refused when it was built for another model, dimension or embedding settings
+        (:class:`~embedrank.models.signature.EmbeddingSignature`, when the index records them), or (given
         ``corpus``) does not hold exactly its documents."""
         idx = load_index(directory, model_id=encoder.model_id, dimension=encoder.dimension)
+        if idx.signature is not None:  # an index built by hand records only its model and dimension
+            EmbeddingSignature.of(encoder).check(idx.signature, f"vectors in the index in {directory}")
         _check_covers(idx.ids, corpus, f"index in {directory}")
         retriever = cls(encoder, idx, batch_size=batch_size)
         retriever.corpus_embeddings = CorpusEmbeddings(None, "index", str(directory))

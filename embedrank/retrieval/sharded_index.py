@@ -18,7 +18,6 @@ searches memory-map, next to ``index.faiss``; the directory loads with ``load_in
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from embedrank.errors import InvalidInputError
-from embedrank.retrieval.embed_job import read_shard
+from embedrank.retrieval.embed_job import read_manifest, read_shard
 from embedrank.retrieval.index import FaissIndex, IndexConfig
 
 Runner = Literal["threads", "ray"]
@@ -104,6 +103,7 @@ def merge_shards_on_disk(trained: FaissIndex, shards: Iterator[FaissIndex], dire
             faiss.write_index(shifted, files[-1])
             del shifted, shard
         merged = FaissIndex(trained.dimension, trained.config, model_id=trained.model_id)
+        merged.signature = trained.signature
         merged._index = faiss.clone_index(trained._index)
         merge_ondisk(merged._index, files, str(out / "index.ivfdata"))
         merged._register(ids, len(ids))  # refuses an id found in two shards
@@ -179,12 +179,13 @@ def index_from_embeddings(
     the Ray instance already started or a local one) and merge them: in memory, or with ``on_disk=DIR`` into a
     saved index whose inverted lists stay on disk."""
     root = Path(directory)
-    manifest = json.loads((root / "manifest.json").read_text())
+    manifest = read_manifest(root)
+    signature = manifest["signature"]
     cfg = config or IndexConfig(kind="ivf")
     files = [root / s["file"] for s in manifest["shards"]]
 
     def read(file: Path) -> tuple[list[str], np.ndarray]:
-        return read_shard(file, manifest["dimension"])
+        return read_shard(file, signature["dimension"])
 
     rng = np.random.default_rng(seed)
     share = min(1.0, sample_size / max(1, manifest["documents"]))
@@ -193,8 +194,11 @@ def index_from_embeddings(
         _, vectors = read(file)
         keep = rng.random(len(vectors)) < share
         sample.append(vectors[keep])
-    trained = train_empty(np.vstack(sample), cfg, model_id=manifest["model_id"])
-    shards = _build_shards(trained, files, manifest["dimension"], runner, workers)
+    trained = train_empty(np.vstack(sample), cfg, model_id=signature["model_id"])
+    trained.signature = signature  # the merged index records the vectors' embedding signature
+    shards = _build_shards(trained, files, signature["dimension"], runner, workers)
     if on_disk is not None:
         return merge_shards_on_disk(trained, shards, on_disk)
-    return merge_shards(list(shards))
+    merged = merge_shards(list(shards))
+    merged.signature = signature
+    return merged
