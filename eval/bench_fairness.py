@@ -8,7 +8,7 @@ Starts ``litestar run`` on a free loopback port (the packaged MiniLM) and altern
   ``--interval-ms`` until the bulk answer arrives; each small request's latency is recorded.
 
 It prints, per round and as medians over rounds, the bulk time alone and shared (the growth is the cost
-of fairness to the bulk job) and the small requests' p50 / p95 / p99 latency, then the goals of issue 11:
+of fairness to the bulk job) and the small requests' p50 / p95 / p99 latency, then its goals:
 small p50 <= 0.5 s and p99 <= 1.5 s, bulk growth <= 15%.
 
     python eval/bench_fairness.py                 # 1,024 passages, 2 rounds (~5 minutes on 2 cores)

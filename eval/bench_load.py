@@ -11,7 +11,7 @@ the number of 429 answers per kind, and the
 server's resident memory: before, peak, right after the load, and after ``EMBEDRANK_IDLE_SECONDS``
 without work (the engine then gives its kept heap back).
 
-Goals (issue 11): 0 lost, 0 wrong, only 200 and 429 (each with Retry-After).
+Goals: 0 lost, 0 wrong, only 200 and 429 (each with Retry-After).
 
     python eval/bench_load.py                       # 64 clients, 60 s
     python eval/bench_load.py --clients 16 --seconds 20

@@ -253,7 +253,7 @@ def main() -> None:
     report(rows)
 
 
-GOALS = {  # (server, kind) at 32 clients: minimum ratio to in-process sentence-transformers (issue 12)
+GOALS = {  # (server, kind) at 32 clients: minimum ratio to in-process sentence-transformers
     ("default", "query"): 2.0,
     ("default", "passage"): 2.2,
     ("int8", "query"): 3.0,

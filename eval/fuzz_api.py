@@ -12,7 +12,7 @@ each operation got, and exempts one rejection from ``positive_data_acceptance``:
 token limit sent with ``"truncate": false`` is a 400, which JSON Schema cannot express (see that file).
 ``eval/schemathesis.toml`` adds 413 (body over ``EMBEDRANK_MAX_BODY_BYTES``) to the accepted statuses.
 
-Goal (issue 11): 0 failures of any kind, with at least 1,000 generated cases per POST endpoint.
+Goal: 0 failures of any kind, with at least 1,000 generated cases per POST endpoint.
 
     python eval/fuzz_api.py                 # 1,000 fuzzing cases per operation (make fuzz)
     python eval/fuzz_api.py --cases 100     # the short version the test suite runs

@@ -8,6 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import contextlib
 import subprocess
 from pathlib import Path
 
@@ -27,6 +28,29 @@ def _fast_tests_start_no_process(request, monkeypatch):
         raise AssertionError(f"{request.node.nodeid} starts a subprocess: mark it slow")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+@contextlib.contextmanager
+def _fake_service(models: dict, *, key: str = "test-key", settings=None, **overrides):
+    """The one way the HTTP tests start the app on weightless fakes: ``models`` by id, a bearer ``key`` sent
+    with every request, no batching wait; ``settings`` or keyword ``overrides`` change the rest."""
+    from litestar.testing import TestClient
+
+    from embedrank.serving.engine import EngineConfig
+    from service.app import create_app
+    from service.settings import Settings
+
+    if settings is None:
+        settings = Settings(api_keys=(key,), engine=EngineConfig(max_wait_ms=0), tune_malloc=False, **overrides)
+    with TestClient(create_app(settings, wait_for_models=True, models=models)) as client:
+        client.headers.update({"Authorization": f"Bearer {key}"})
+        yield client
+
+
+@pytest.fixture(scope="session")
+def fake_service():
+    """The shared fake-app factory: ``with fake_service(models, key=...) as client: ...``."""
+    return _fake_service
 
 
 @pytest.fixture(scope="session")

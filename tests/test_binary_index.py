@@ -1,4 +1,4 @@
-"""Compact indexes (issue 13.4): binary with rescoring against sentence-transformers and a numpy
+"""Compact indexes: binary with rescoring against sentence-transformers and a numpy
 reference, and the 8-bit scalar quantizer against exact search."""
 
 from __future__ import annotations

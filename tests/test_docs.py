@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from litestar.testing import TestClient
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -86,25 +85,15 @@ HTTP_PAGES = [p for p in USER_PAGES if _curl_requests(p)]
 
 
 @pytest.mark.parametrize("page", HTTP_PAGES, ids=lambda p: str(p.relative_to(REPO)))
-def test_http_examples_are_answered(page):
+def test_http_examples_are_answered(page, fake_service):
     from embedrank.registry import DEFAULT_EMBEDDING_MODEL
-    from embedrank.serving.engine import EngineConfig
     from embedrank.testing.fake import FakeEncoder
-    from service.app import create_app
-    from service.settings import ModelEntry, Settings
+    from service.settings import ModelEntry
 
-    settings = Settings(
-        api_keys=("secret",),
-        models=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL),),
-        engine=EngineConfig(max_wait_ms=0),
-        tune_malloc=False,
-    )
-    app = create_app(
-        settings, wait_for_models=True, models={DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL)}
-    )
-    with TestClient(app) as client:
+    models = {DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL)}
+    with fake_service(models, key="secret", models=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL),)) as client:
         for path, body in _curl_requests(page):
-            response = client.post(path, json=body, headers={"Authorization": "Bearer secret"})
+            response = client.post(path, json=body)
             assert response.status_code == 200, (path, body, response.text)
 
 

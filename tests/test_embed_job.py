@@ -1,4 +1,4 @@
-"""Issue 15, first step: the local corpus-embedding job (parquet shards + manifest, streaming, resumable)."""
+"""The local corpus-embedding job (parquet shards + manifest, streaming, resumable)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 14.3: fusion weights chosen by cross-validation over queries, never on the query scored."""
+"""Fusion weights chosen by cross-validation over queries, never on the query scored."""
 
 from __future__ import annotations
 

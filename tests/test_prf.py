@@ -1,4 +1,4 @@
-"""Issue 14.4 (training-free): dense pseudo-relevance feedback (Rocchio) against a hand computation."""
+"""Dense pseudo-relevance feedback (Rocchio) against a hand computation."""
 
 from __future__ import annotations
 

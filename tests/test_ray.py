@@ -1,4 +1,4 @@
-"""Issue 15: the corpus-embedding job on Ray Data and shard builds as Ray tasks, on a local Ray instance
+"""The corpus-embedding job on Ray Data and shard builds as Ray tasks, on a local Ray instance
 (``ray.init(num_cpus=2)``) over real collections from ../shared/data. Needs the ``ray`` extra (CI installs it)."""
 
 from __future__ import annotations

@@ -61,9 +61,8 @@ def _assert_error(resp, status, code=None, param=None):
 
 
 @pytest.fixture
-def client():
-    with TestClient(make_app()) as c:
-        c.headers.update(AUTH)
+def client(fake_service):
+    with fake_service(fakes(), settings=BASE, key=KEY) as c:
         yield c
 
 

@@ -1,4 +1,4 @@
-"""Issue 15, step 2: a FAISS index built shard by shard against one trained index, then merged."""
+"""A FAISS index built shard by shard against one trained index, then merged."""
 
 from __future__ import annotations
 

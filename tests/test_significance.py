@@ -1,4 +1,4 @@
-"""Issue 14.2: the statistics against scipy and hand-computed values, and the comparison tables."""
+"""The statistics against scipy and hand-computed values, and the comparison tables."""
 
 from __future__ import annotations
 

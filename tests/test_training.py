@@ -1,4 +1,4 @@
-"""Issue 14.4: the training entry point on a tiny slice of SciFact's training split (a few steps)."""
+"""The training entry point on a tiny slice of SciFact's training split (a few steps)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
-"""Issue 13 through the service, on fake models: query/document prompts (``input_type``, ``prompt_name``)
+"""Prompts and token counts through the service, on fake models: query/document prompts (``input_type``, ``prompt_name``)
 and ``POST /v1/tokenize``, including every bad value."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from litestar.testing import TestClient
 
-from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
-from service.app import create_app
-from service.settings import Settings
 
 KEY = "k"
 PROMPTED = FakeEncoder("e5-like", dimension=32, max_seq_length=16, prompts={"query": "query: ", "passage": "passage: "})
@@ -18,11 +14,9 @@ PLAIN = FakeEncoder("plain", dimension=32, max_seq_length=16)
 
 
 @pytest.fixture(scope="module")
-def client():
-    settings = Settings(api_keys=(KEY,), engine=EngineConfig(max_wait_ms=0), tune_malloc=False)
+def client(fake_service):
     models = {"e5-like": PROMPTED, "plain": PLAIN, "ce": FakeCrossEncoder("ce", max_seq_length=16)}
-    with TestClient(create_app(settings, wait_for_models=True, models=models)) as c:
-        c.headers.update({"Authorization": f"Bearer {KEY}"})
+    with fake_service(models, key=KEY) as c:
         yield c
 
 

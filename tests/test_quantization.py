@@ -1,4 +1,4 @@
-"""Issue 13.4 and the embeddings half of 13.1: compact vectors (int8/uint8/binary/ubinary with
+"""Compact vectors (int8/uint8/binary/ubinary with
 sentence-transformers' semantics) and chunked embeddings, in the core and through the service."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from embedrank.math.chunks import mean_window_vectors
 from embedrank.math.quantization import dequantize, quantization_ranges, quantize, unpack_signs
 from embedrank.math.similarity import truncate_dims
 from embedrank.models.chunking import Chunking
-from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeEncoder
 from service.app import create_app
 from service.settings import Settings
@@ -120,10 +119,8 @@ def test_chunked_encode_is_the_token_weighted_mean_of_the_windows(encoder):
 
 # -- the service -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def client():
-    settings = Settings(api_keys=(KEY,), engine=EngineConfig(max_wait_ms=0), tune_malloc=False)
-    with TestClient(create_app(settings, wait_for_models=True, models={"fake": FAKE})) as c:
-        c.headers.update({"Authorization": f"Bearer {KEY}"})
+def client(fake_service):
+    with fake_service({"fake": FAKE}, key=KEY) as c:
         yield c
 
 

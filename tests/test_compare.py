@@ -1,4 +1,4 @@
-"""Issue 14.1-2 through the command line: several systems on a collection, per-metric tables with
+"""The comparison of systems through the command line: several systems on a collection, per-metric tables with
 significance, the JSON layout, stable run file names, and ``--compare`` on existing run files."""
 
 from __future__ import annotations
