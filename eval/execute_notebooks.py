@@ -18,26 +18,29 @@ from nbclient import NotebookClient
 REPO = Path(__file__).resolve().parents[1]
 
 
-def execute(path: Path) -> None:
+def run_notebook(path: Path, env: dict[str, str] | None = None, timeout: int = 1800) -> nbformat.NotebookNode:
+    """Execute the notebook at ``path`` (in its folder, with the inline matplotlib backend, so figures
+    become outputs) with ``env`` added to the environment; return it with its outputs (not written)."""
     nb = nbformat.read(path, as_version=4)
-    env = os.environ.copy()
+    saved = os.environ.copy()
     os.environ.pop("MPLBACKEND", None)  # the kernel's inline backend turns figures into outputs
     os.environ.pop("EMBEDRANK_NOTEBOOK_QUICK", None)
+    os.environ.update(env or {})
     try:
         NotebookClient(
-            nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+            nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
         ).execute()
     finally:
         os.environ.clear()
-        os.environ.update(env)
-    nbformat.write(nb, path)
+        os.environ.update(saved)
+    return nb
 
 
 def main(argv: list[str]) -> int:
     paths = [Path(a) for a in argv] or sorted((REPO / "notebooks").glob("*.ipynb"))
     for path in paths:
         start = time.monotonic()
-        execute(path)
+        nbformat.write(run_notebook(path), path)
         print(f"{path.name}: executed in {time.monotonic() - start:.0f} s", flush=True)
     return 0
 

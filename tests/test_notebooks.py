@@ -3,14 +3,16 @@ carries it as an image, both in the committed notebook (what a reader sees on a 
 
 from __future__ import annotations
 
-import os
 import re
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+sys.path.insert(0, str(REPO / "eval"))
 DRAWS = re.compile(r"\bplt\.(subplots|figure|plot|bar|scatter|hist)\(|\.plot\(")
 
 
@@ -49,20 +51,10 @@ def test_committed_notebook_carries_its_outputs_and_figures(path):
 @pytest.mark.notebooks
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_and_draws_its_figures(path, tmp_path, data_dir):
-    from nbclient import NotebookClient
+def test_notebook_runs_and_draws_its_figures(path, data_dir):
+    from execute_notebooks import run_notebook  # eval/: the same run as `make notebooks`, in quick mode
 
-    nb = nbformat.read(path, as_version=4)
-    env_before = dict(os.environ)
-    os.environ.pop("MPLBACKEND", None)  # the kernel's inline backend, as in Jupyter: figures become outputs
-    os.environ.update({"EMBEDRANK_NOTEBOOK_QUICK": "1", "EMBEDRANK_DATA": str(data_dir)})
-    try:
-        NotebookClient(
-            nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-        ).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
+    nb = run_notebook(path, {"EMBEDRANK_NOTEBOOK_QUICK": "1", "EMBEDRANK_DATA": str(data_dir)}, timeout=600)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     missing = [c.source.splitlines()[0] for c in _figure_cells(nb) if not _has_image(c)]
