@@ -101,3 +101,20 @@ def test_chunked_cross_encoder_equals_sentence_transformers_on_the_windows(cross
     np.testing.assert_allclose(ours.score(QUERY, docs, chunking=chunking), expected, atol=1e-5)
     ranked = ours.rank(QUERY, docs, chunking=chunking)
     np.testing.assert_allclose(ranked["score"], sorted(expected.tolist(), reverse=True), atol=1e-5)
+
+
+def test_one_chunk_plan_refuses_cut_text_when_truncation_is_off(encoder):
+    from embedrank.errors import InputTooLongError
+    from embedrank.models.chunking import ChunkPlan
+
+    long_text = "The community garden opens at eight. " * 80
+    bounded = Chunking(max_chunks=1)
+    with pytest.raises(InputTooLongError, match=r"texts\[1\] is longer than the chunking bounds allow") as info:
+        encoder.encode_with_stats(["short", long_text], chunking=bounded, truncate=False)
+    assert info.value.param == "texts"
+    kept = encoder.encode_with_stats(["short", long_text], chunking=bounded)  # truncation on: cut, and said so
+    assert kept.truncated == [False, True]
+    plan = ChunkPlan.make(["a b c d e f"], lambda ts: [[(2 * i, 2 * i + 1) for i in range(6)] for _ in ts], window=4,
+                          chunking=Chunking(overlap=2))  # fmt: skip
+    assert plan.texts == ["a b c d", "c d e f"]
+    assert plan.scores(np.array([0.1, 0.7]), [6, 6], [False, False]).values.tolist() == pytest.approx([0.7])

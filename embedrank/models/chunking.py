@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from embedrank.errors import InvalidInputError
+from embedrank.errors import InputTooLongError, InvalidInputError
 from embedrank.math.chunks import AGGREGATIONS, Aggregation, aggregate_window_scores, mean_window_vectors
 from embedrank.math.similarity import l2_normalize
 from embedrank.types import ModelOutput
@@ -128,6 +128,76 @@ def split_windows(
     return Windows(texts=texts, owners=np.asarray(owners, dtype=np.int64), chunked=chunked, cut=cut)
 
 
+@dataclasses.dataclass(frozen=True)
+class ChunkPlan:
+    """Texts split into windows, and how the windows' results become the texts' results.
+
+    The one plan both paths follow: the models run it synchronously (:meth:`Encoder.encode_with_stats
+    <embedrank.models.encoder.Encoder.encode_with_stats>`, :func:`score_chunked`), the serving runners
+    through the batching engine; only who computes the windows differs.
+    """
+
+    windows: Windows
+    aggregate: Aggregation
+
+    @classmethod
+    def make(
+        cls,
+        texts: Sequence[str],
+        offsets: Callable[[Sequence[str]], list[Offsets]],
+        *,
+        window: int,
+        chunking: Chunking,
+        truncate: bool = True,
+        param: str = "documents",
+    ) -> ChunkPlan:
+        """Split ``texts`` (``chunking.window`` wins over ``window``); with ``truncate=False``, refuse a text
+        whose end the chunking bounds would leave out (``InputTooLongError`` naming ``param[i]``)."""
+        windows = split_windows(texts, offsets, window=chunking.window or window, chunking=chunking)
+        if not truncate:
+            refuse_cut(windows.cut, chunking, param)
+        return cls(windows, chunking.aggregate)
+
+    @property
+    def texts(self) -> list[str]:
+        """The ``W`` window texts, in text order: what to embed or score."""
+        return self.windows.texts
+
+    def vectors(self, out: ModelOutput, *, normalize: bool) -> ModelOutput:
+        """The texts' vectors from the windows' (:func:`pool_windows`)."""
+        return pool_windows(out, self.windows, normalize=normalize)
+
+    def scores(
+        self,
+        window_scores: np.ndarray,
+        token_counts: Sequence[int],
+        windows_truncated: Sequence[bool],
+        *,
+        leading_flags: Sequence[bool] = (),
+    ) -> ModelOutput:
+        """The texts' scores ``(N,)`` from the windows' ``(W,)`` (aggregated), with ``token_counts`` as given
+        and truncation flags per text after ``leading_flags`` (e.g. the query's)."""
+        n = len(self.windows.cut)
+        scores = aggregate_window_scores(
+            np.asarray(window_scores, dtype=np.float32), self.windows.owners, n, self.aggregate
+        )
+        flags = [*leading_flags, *document_flags(self.windows, windows_truncated)]
+        return ModelOutput(scores, list(token_counts), flags, self.windows.chunked)
+
+
+def refuse_cut(cut: Sequence[bool], chunking: Chunking, param: str = "documents") -> None:
+    """With truncation off, a text whose end the chunking bounds would leave out is refused."""
+    bounds = f"max_tokens={chunking.max_tokens}, max_chunks={chunking.max_chunks}"
+    for index, was_cut in enumerate(cut):
+        if was_cut:
+            raise InputTooLongError(
+                f"{param}[{index}] is longer than the chunking bounds allow ({bounds}) and truncation was "
+                f"disabled; raise those bounds or allow truncation",
+                param=param,
+                index=index,
+            )
+
+
 def score_chunked(
     documents: Sequence[str],
     score: Callable[[list[str]], np.ndarray],
@@ -138,9 +208,10 @@ def score_chunked(
 ) -> tuple[np.ndarray, Windows]:
     """Score every window of every document in one call of ``score(texts) -> (W,)``, then aggregate:
     ``(N,)`` float32 document scores, and the windows."""
-    windows = split_windows(documents, offsets, window=chunking.window or window, chunking=chunking)
-    window_scores = np.asarray(score(windows.texts), dtype=np.float32)
-    return aggregate_window_scores(window_scores, windows.owners, len(documents), chunking.aggregate), windows
+    plan = ChunkPlan.make(documents, offsets, window=window, chunking=chunking)
+    window_scores = score(plan.texts)
+    n = len(plan.texts)
+    return plan.scores(window_scores, [0] * n, [False] * n).values, plan.windows
 
 
 def pool_windows(out: ModelOutput, windows: Windows, *, normalize: bool) -> ModelOutput:

@@ -17,7 +17,7 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
-from embedrank.models.chunking import Chunking, pool_windows, split_windows
+from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
 from embedrank.models.ranges import RangeSample
 from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
@@ -258,19 +258,14 @@ class Encoder(RuntimeFacts):
             chosen = select_prompt(
                 self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt
             )
-            texts = check_texts(texts)
-            window = chunking.window or self.chunk_window(chosen)
-            windows = split_windows(texts, self.token_offsets, window=window, chunking=chunking)
-            parts = self.encode_with_stats(
-                windows.texts,
-                batch_size=batch_size,
-                show_progress=show_progress,
-                normalize=normalize,
-                truncate=truncate,
-                prompt=chosen,
+            window, texts = self.chunk_window(chosen), check_texts(texts)
+            plan = ChunkPlan.make(
+                texts, self.token_offsets, window=window, chunking=chunking, truncate=truncate, param="texts"
             )
+            encode = partial(self.encode_with_stats, batch_size=batch_size, show_progress=show_progress)
+            parts = encode(plan.texts, normalize=normalize, truncate=truncate, prompt=chosen)
             do_norm = self.normalize if normalize is None else normalize
-            pooled = pool_windows(parts, windows, normalize=do_norm)
+            pooled = plan.vectors(parts, normalize=do_norm)
             vectors = truncate_dims(pooled.values, dimensions, renormalize=do_norm)
             return dataclasses.replace(pooled, values=vectors)
         items = self.apply_prompt(check_texts(texts), prompt_name, prompt)

@@ -20,10 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from embedrank.errors import InputTooLongError
-from embedrank.math.chunks import aggregate_window_scores
 from embedrank.math.similarity import check_dimensions, cosine_scores, truncate_dims
-from embedrank.models.chunking import Chunking, Windows, document_flags, pool_windows, split_windows
+from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
 from embedrank.models.tokens import first_too_long, too_long_error
 from embedrank.registry import ModelSpec
@@ -173,16 +171,18 @@ class AsyncEncoder:
     async def _embed_chunked(
         self, texts: Sequence[str], prompt: str, chunking: Chunking, *, truncate: bool, priority: int
     ) -> ModelOutput:
-        window = chunking.window
-        if window is None:
-            window = await asyncio.to_thread(self.encoder.chunk_window, prompt)
-        windows = await asyncio.to_thread(
-            partial(split_windows, texts, self.encoder.token_offsets, window=window, chunking=chunking)
+        plan = await asyncio.to_thread(
+            lambda: ChunkPlan.make(
+                texts,
+                self.encoder.token_offsets,
+                window=chunking.window or self.encoder.chunk_window(prompt),
+                chunking=chunking,
+                truncate=truncate,
+                param="input",
+            )
         )
-        if not truncate:
-            refuse_cut(windows.cut, param="input")
-        out = await self.engine.submit(with_prompt(windows.texts, prompt), priority=priority)
-        return pool_windows(out, windows, normalize=self.encoder.normalize)
+        out = await self.engine.submit(with_prompt(plan.texts, prompt), priority=priority)
+        return plan.vectors(out, normalize=self.encoder.normalize)
 
     async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
         """int8/uint8 ranges ``(2, dimensions or D)`` from the model's calibration (computed once, in a
@@ -223,23 +223,20 @@ class AsyncEncoder:
                 await self._refuse_too_long(texts, [("query", 1), ("documents", len(documents))])
             out = await self.engine.submit(texts, priority=priority)
             return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
-        windows = await asyncio.to_thread(
-            partial(
-                split_windows,
+        if not truncate:
+            await self._refuse_too_long([query_text], [("query", 1)])
+        plan = await asyncio.to_thread(
+            lambda: ChunkPlan.make(
                 documents,
                 self.encoder.token_offsets,
                 window=chunking.window or self.encoder.chunk_window(),
                 chunking=chunking,
+                truncate=truncate,
             )
         )
-        if not truncate:
-            await self._refuse_too_long([query_text], [("query", 1)])
-            refuse_cut(windows.cut)
-        out = await self.engine.submit([query_text, *with_prompt(windows.texts, document_prompt)], priority=priority)
+        out = await self.engine.submit([query_text, *with_prompt(plan.texts, document_prompt)], priority=priority)
         cosines = cosine_scores(out.values[0], out.values[1:])
-        scores = aggregate_window_scores(cosines, windows.owners, len(documents), chunking.aggregate)
-        flags = _document_flags(out.truncated[:1], out.truncated[1:], windows)
-        return ModelOutput(scores, out.token_counts, flags, windows.chunked)
+        return plan.scores(cosines, out.token_counts, out.truncated[1:], leading_flags=out.truncated[:1])
 
 
 class AsyncCrossEncoder:
@@ -276,41 +273,22 @@ class AsyncCrossEncoder:
                 refuse_too_long(lengths, self.max_seq_length, [("documents", len(documents))])
             out = await self.engine.submit([(query, d) for d in documents], priority=priority)
             return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
-        window = (
-            chunking.window
-            if chunking.window is not None
-            else await asyncio.to_thread(self.cross_encoder.chunk_window, query)
-        )
-        windows = await asyncio.to_thread(
-            partial(split_windows, documents, self.cross_encoder.token_offsets, window=window, chunking=chunking)
+        plan = await asyncio.to_thread(
+            lambda: ChunkPlan.make(
+                documents,
+                self.cross_encoder.token_offsets,
+                window=chunking.window or self.cross_encoder.chunk_window(query),
+                chunking=chunking,
+                truncate=truncate,
+            )
         )
         if not truncate:
-            refuse_cut(windows.cut)
-            queries = [query] * len(windows.texts)
-            lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, queries, windows.texts)
+            queries = [query] * len(plan.texts)
+            lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, queries, plan.texts)
             at = first_too_long(lengths, self.max_seq_length)
             if at is not None:  # the query leaves too little room next to a window
                 raise too_long_error(
-                    int(windows.owners[at]), self.max_seq_length, param="documents", tokens=lengths[at]
+                    int(plan.windows.owners[at]), self.max_seq_length, param="documents", tokens=lengths[at]
                 )
-        out = await self.engine.submit([(query, t) for t in windows.texts], priority=priority)
-        scores = aggregate_window_scores(out.values, windows.owners, len(documents), chunking.aggregate)
-        return ModelOutput(scores, out.token_counts, _document_flags([], out.truncated, windows), windows.chunked)
-
-
-def refuse_cut(cut: Sequence[bool], param: str = "documents") -> None:
-    """With truncation off, a text whose end the chunking bounds would leave out is refused."""
-    bounds = "max_tokens_per_doc / max_chunks_per_doc" if param == "documents" else "max_chunks"
-    for index, was_cut in enumerate(cut):
-        if was_cut:
-            raise InputTooLongError(
-                f"{param}[{index}] is longer than {bounds} allow and truncation was disabled; "
-                f"raise those limits or allow truncation",
-                param=param,
-                index=index,
-            )
-
-
-def _document_flags(query: Sequence[bool], windows_truncated: Sequence[bool], windows: Windows) -> list[bool]:
-    """Truncation flags per input: the query's (if any), then each document's (:func:`document_flags`)."""
-    return [*query, *document_flags(windows, windows_truncated)]
+        out = await self.engine.submit([(query, t) for t in plan.texts], priority=priority)
+        return plan.scores(out.values, out.token_counts, out.truncated)
