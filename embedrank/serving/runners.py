@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
@@ -171,15 +171,8 @@ class AsyncEncoder:
     async def _embed_chunked(
         self, texts: Sequence[str], prompt: str, chunking: Chunking, *, truncate: bool, priority: int
     ) -> ModelOutput:
-        plan = await asyncio.to_thread(
-            lambda: ChunkPlan.make(
-                texts,
-                self.encoder.token_offsets,
-                window=chunking.window or self.encoder.chunk_window(prompt),
-                chunking=chunking,
-                truncate=truncate,
-                param="input",
-            )
+        plan = await plan_chunks(
+            texts, self.encoder.token_offsets, partial(self.encoder.chunk_window, prompt), chunking, truncate, "input"
         )
         out = await self.engine.submit(with_prompt(plan.texts, prompt), priority=priority)
         return plan.vectors(out, normalize=self.encoder.normalize)
@@ -225,15 +218,7 @@ class AsyncEncoder:
             return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
         if not truncate:
             await self._refuse_too_long([query_text], [("query", 1)])
-        plan = await asyncio.to_thread(
-            lambda: ChunkPlan.make(
-                documents,
-                self.encoder.token_offsets,
-                window=chunking.window or self.encoder.chunk_window(),
-                chunking=chunking,
-                truncate=truncate,
-            )
-        )
+        plan = await plan_chunks(documents, self.encoder.token_offsets, self.encoder.chunk_window, chunking, truncate)
         out = await self.engine.submit([query_text, *with_prompt(plan.texts, document_prompt)], priority=priority)
         cosines = cosine_scores(out.values[0], out.values[1:])
         return plan.scores(cosines, out.token_counts, out.truncated[1:], leading_flags=out.truncated[:1])
@@ -273,15 +258,8 @@ class AsyncCrossEncoder:
                 refuse_too_long(lengths, self.max_seq_length, [("documents", len(documents))])
             out = await self.engine.submit([(query, d) for d in documents], priority=priority)
             return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
-        plan = await asyncio.to_thread(
-            lambda: ChunkPlan.make(
-                documents,
-                self.cross_encoder.token_offsets,
-                window=chunking.window or self.cross_encoder.chunk_window(query),
-                chunking=chunking,
-                truncate=truncate,
-            )
-        )
+        window = partial(self.cross_encoder.chunk_window, query)
+        plan = await plan_chunks(documents, self.cross_encoder.token_offsets, window, chunking, truncate)
         if not truncate:
             queries = [query] * len(plan.texts)
             lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, queries, plan.texts)
@@ -292,3 +270,20 @@ class AsyncCrossEncoder:
                 )
         out = await self.engine.submit([(query, t) for t in plan.texts], priority=priority)
         return plan.scores(out.values, out.token_counts, out.truncated)
+
+
+async def plan_chunks(
+    texts: Sequence[str],
+    offsets: Callable[[Sequence[str]], list[list[tuple[int, int]]]],
+    window: Callable[[], int],
+    chunking: Chunking,
+    truncate: bool,
+    param: str = "documents",
+) -> ChunkPlan:
+    """:meth:`ChunkPlan.make <embedrank.models.chunking.ChunkPlan.make>` off the event loop (it tokenizes);
+    ``window()`` (the model's window beside its prompt or query) is called only when ``chunking`` sets none."""
+    return await asyncio.to_thread(
+        lambda: ChunkPlan.make(
+            texts, offsets, window=chunking.window or window(), chunking=chunking, truncate=truncate, param=param
+        )
+    )
