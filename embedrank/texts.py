@@ -1,6 +1,7 @@
-"""Sources of texts that are not a collection: a file of texts, and seeded pseudo-sentences drawn from a
-model's own vocabulary (needs no data, the same on every machine). Both the int8 export of a runtime and the
-int8/uint8 ranges of an encoder's vectors are computed on texts from here when the user names none.
+"""Sources of sample texts: a file of texts, seeded pseudo-sentences drawn from a model's own vocabulary
+(needs no data, the same on every machine), and a seeded sample of SciFact from the data directory. The
+int8 runtime's calibration and the int8/uint8 ranges of an encoder's vectors use texts from here when the
+user names none.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from embedrank.errors import InvalidInputError
+from embedrank.paths import default_data_dir
 
 DEFAULT_TEXTS = 1000
 _WORD = re.compile(r"[a-z]{3,}")
@@ -47,3 +49,27 @@ def read_texts(path: str | Path) -> list[str]:
     if len(lines) < 2:
         raise InvalidInputError(f"calibration file {str(file)!r} needs at least 2 texts", param="calibration")
     return lines
+
+
+def seeded_sample(texts: list[str], n: int, seed: int = 0) -> list[str]:
+    """``n`` of ``texts`` drawn without replacement (seeded), in their original order; all when fewer.
+
+    >>> seeded_sample(["a", "b", "c", "d"], 2), seeded_sample(["a"], 2)
+    (['b', 'd'], ['a'])
+    """
+    if len(texts) <= n:
+        return texts
+    picks = np.random.default_rng(seed).choice(len(texts), size=n, replace=False)
+    return [texts[i] for i in sorted(picks)]
+
+
+def data_dir_sample(n: int = 300) -> list[str] | None:
+    """``n`` seeded texts from SciFact in the data directory (two thirds passages, one third queries), the
+    default int8 calibration of :meth:`Encoder.from_pretrained <embedrank.models.encoder.Encoder.from_pretrained>`;
+    None when the data directory holds no SciFact."""
+    data = default_data_dir()
+    scifact = data / "scifact" if data else None
+    if scifact is None or not (scifact / "corpus.jsonl").is_file():
+        return None
+    passages = seeded_sample(read_texts(scifact / "corpus.jsonl"), n * 2 // 3)
+    return passages + seeded_sample(read_texts(scifact / "queries.jsonl"), n - len(passages))

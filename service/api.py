@@ -84,7 +84,7 @@ async def _compact(
 
 
 async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Limits) -> tuple[EmbeddingList, int]:
-    """SPEC 4.1. Returns the body and the number of inputs that were truncated."""
+    """Embeddings. Returns the body and the number of inputs that were truncated."""
     served = pool.get(req.model, "embeddings")
     texts = _checked_inputs(req.input, limits)
     spec = served.spec
@@ -144,7 +144,7 @@ async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> Tok
 
 
 async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[RerankResponse, int]:
-    """SPEC 4.2. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
+    """Rerank. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
     served = pool.get(req.model, "rerank")
     if not req.query.strip():
         raise invalid("query is empty or only whitespace", param="query", code="empty_query")

@@ -99,9 +99,9 @@ ERRORS = {
 
 
 async def _json_body(request: Request[Any, Any, Any]) -> None:
-    """415 unless the body is declared as JSON (SPEC 5: Content-Type: application/json); then the body is
-    decoded strictly against the route's schema (:mod:`service.decoding`), so a wrong type is a 400 that
-    names the field rather than a silent coercion."""
+    """415 unless the body is declared as JSON (Content-Type: application/json); then the body is decoded,
+    once, strictly against the route's schema (:mod:`service.decoding`), so a wrong type is a 400 that names
+    the field rather than a silent coercion, and the handler receives that decoded value."""
     if request.method == "POST":
         content_type = request.headers.get("content-type", "")
         if content_type.split(";", 1)[0].strip().lower() != "application/json":
@@ -122,7 +122,9 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
                     code="request_timeout",
                     headers={"Connection": "close"},
                 ) from None
-            decode_strict(body, schema, content_type)
+            # decode once: Litestar reads the JSON of the connection state before parsing the body itself,
+            # and passes a value that already has the handler's data type through unchanged
+            request._connection_state.json = decode_strict(body, schema, content_type)
 
 
 async def _respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int]]) -> Response[Any]:
@@ -166,7 +168,8 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
 @post(
     "/v1/embeddings",
     summary="Create embeddings",
-    description="SPEC 4.1 (OpenAI-compatible). Response header X-Truncated-Inputs counts inputs cut at max tokens.",
+    description="One vector per input, in input order, as OpenAI's embeddings API returns them; optional Cohere-style "
+    "embedding_types, prompts and chunking. Response header X-Truncated-Inputs counts inputs cut at max tokens.",
     responses={200: ResponseSpec(EmbeddingList, examples=[Example(value=EMBEDDINGS_EXAMPLE_RESPONSE)]), **ERRORS},
     status_code=200,
 )
@@ -182,7 +185,8 @@ async def embeddings(
 @post(
     "/v1/rerank",
     summary="Rerank documents",
-    description="SPEC 4.2 (Cohere/Jina-compatible). Results sorted by relevance_score, ties by index.",
+    description="Each document scored against the query, as Cohere's and Jina's rerank APIs do; results sorted by "
+    "relevance_score, highest first, ties by index. Long documents are scored in windows by default.",
     responses={200: ResponseSpec(RerankResponse, examples=[Example(value=RERANK_EXAMPLE_RESPONSE)]), **ERRORS},
     status_code=200,
 )
@@ -346,6 +350,7 @@ def create_app(
             await service.pool.drain(settings.drain_seconds)
 
     inflight = shutdown.InFlight()
+    service.metrics.in_progress.set_function(lambda: inflight.count)
 
     async def drain(timeout: float) -> None:
         """Wait for the requests in flight (bodies still arriving included), then finish the engines' work."""
@@ -375,7 +380,8 @@ def create_app(
         openapi_config=OpenAPIConfig(
             title="embedrank",
             version="0.1.0",
-            description="Embeddings and reranking (SPEC: ../shared/SPEC.md). Every route but /health needs "
+            description="Text embeddings (OpenAI-compatible) and reranking (Cohere/Jina-compatible) for the models this "
+            "server was configured with. Every route but /health needs "
             "'Authorization: Bearer <key>'. Errors use the OpenAI body {error: {message, type, param, code}}.",
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
             security=[{"bearer": []}],

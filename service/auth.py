@@ -1,4 +1,4 @@
-"""Bearer-key authentication (SPEC 5) for every route except ``/health``."""
+"""Bearer-key authentication for every route except ``/health``."""
 
 from __future__ import annotations
 

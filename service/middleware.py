@@ -1,4 +1,4 @@
-"""The service's one per-request ASGI layer: bearer auth (SPEC 5), then request count and latency.
+"""The service's one per-request ASGI layer: bearer auth, then request count and latency.
 
 One layer instead of one per concern: each Litestar middleware layer adds calls on every request, and
 the event loop's time per request is what limits small requests on few cores (eval/bench_service.py).

@@ -54,6 +54,11 @@ class Metrics:
         self.queue_depth = Gauge(
             "embedrank_queue_depth", "Items waiting in the engine queue", ["model"], registry=self.registry
         )
+        self.in_progress = Gauge(
+            "embedrank_requests_in_progress",
+            "HTTP requests being served, bodies still arriving included",
+            registry=self.registry,
+        )
         self.dropped = Gauge(
             "embedrank_dropped_items",
             "Queued items dropped because their client went away",

@@ -30,7 +30,8 @@ Compact = Annotated[
 
 
 class EmbeddingsRequest(Struct, kw_only=True):
-    """SPEC 4.1, plus the OpenAI fields ``encoding_format``, ``dimensions`` and ``user``."""
+    """An embeddings request: OpenAI's fields (``model``, ``input``, ``encoding_format``, ``dimensions``, ``user``)
+    and embedrank's (prompts, ``embedding_types``, chunking, ``truncate``, ``priority``)."""
 
     model: Annotated[
         str,
@@ -163,7 +164,7 @@ class RerankDocument(Struct, kw_only=True):
 
 
 class RerankRequest(Struct, kw_only=True):
-    """SPEC 4.2. Documents may be ``{"text": ...}`` objects or plain strings (Cohere v2, Jina, vLLM)."""
+    """A rerank request. Documents may be ``{"text": ...}`` objects or plain strings (Cohere v2, Jina, vLLM)."""
 
     model: Annotated[str, Meta(description="Model identifier of a reranking model")]
     query: Annotated[str, Meta(min_length=1, description="The search query")]

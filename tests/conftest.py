@@ -7,6 +7,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite's cache (model exports, corpus vectors, the seeded cross-encoder) lives in the checkout, never in
+# the user's own cache; EMBEDRANK_TEST_CACHE moves it. Kept between runs: the first run fills it.
+os.environ["EMBEDRANK_CACHE"] = os.environ.get(
+    "EMBEDRANK_TEST_CACHE",
+    str(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "tests")),
+)
 
 import contextlib
 import subprocess

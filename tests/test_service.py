@@ -223,6 +223,8 @@ def test_every_served_route_is_counted_under_its_own_path(client):
 
 def test_openapi_describes_routes_examples_and_errors(client):
     schema = client.get("/schema/openapi.json").json()
+    text = client.get("/schema/openapi.json").text
+    assert "SPEC" not in text and "shared/" not in text  # the description speaks for itself, no outside file
     for path in ("/v1/embeddings", "/v1/rerank", "/v1/models", "/health", "/metrics"):
         assert path in schema["paths"]
     post = schema["paths"]["/v1/embeddings"]["post"]
@@ -725,3 +727,15 @@ def test_models_card_reports_backend(client):
         "fp32",
         "f32",
     )
+
+
+def test_a_body_is_decoded_once(client, monkeypatch):
+    """The strict decoder's value is what the handler gets: Litestar does not parse the JSON again."""
+    import litestar.connection.request
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the body was decoded a second time")
+
+    monkeypatch.setattr(litestar.connection.request, "decode_json", refuse)
+    assert _embed(client, input=["once"]).status_code == 200
+    assert client.post("/v1/rerank", json={"model": MODEL, "query": "q", "documents": ["a"]}).status_code == 200

@@ -3,18 +3,14 @@ open connections, a stalled body gets 408, the process exits 0 within the drain 
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from embedrank.testing.launch import REPO, free_port
+from embedrank.testing.launch import running_server
 
 KEY = "shutdown-key"
 ENV = {
@@ -31,42 +27,51 @@ pytestmark = pytest.mark.slow  # real servers as subprocesses
 
 @pytest.fixture
 def server(tmp_path):
-    port = free_port()
-    litestar = Path(sys.executable).with_name("litestar")
-    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [str(litestar), "run", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO,
-        env={**os.environ, **ENV},
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    with running_server(ENV, log_path=str(tmp_path / "server.log")) as base:
+        yield base.process, int(base.rsplit(":", 1)[1])
+
+
+def _in_progress(port: int) -> float:
+    """Requests the server is serving, this /metrics request included."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    return float(
+        next(line.split()[-1] for line in text.splitlines() if line.startswith("embedrank_requests_in_progress "))
     )
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
-    yield proc, port
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    log.close()
+
+
+def _wait_for(condition, what: str, timeout: float = 10.0) -> None:
+    """Poll ``condition`` (a readiness probe, not a sleep that hopes the server is there yet)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 def _request(sock: socket.socket, raw: bytes) -> bytes:
+    """Send ``raw`` and read one whole response (headers, then Content-Length bytes of body): the header
+    block is returned, and the connection is left at the start of the next response."""
     sock.sendall(raw)
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         if not chunk:
-            break
+            return data
         data += chunk
-    return data
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (
+            int(v)
+            for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+            if k.strip().lower() == b"content-length"
+        ),
+        0,
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head
 
 
 def test_sigterm_on_an_idle_server_exits_0(server):
@@ -84,12 +89,16 @@ def test_sigterm_drains_health_503_stalled_body_408_exit_0(server):
     )
     probe = socket.create_connection(("127.0.0.1", port))
     assert b" 200 " in _request(probe, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").split(b"\r\n")[0]
-    time.sleep(0.3)  # the stalled request is in flight
+    _wait_for(lambda: _in_progress(port) >= 2, "the stalled request to be in progress")  # it, and the probe
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    head = _request(probe, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").split(b"\r\n")[0]
-    assert b" 503 " in head, head  # readiness fails at once, on a connection that was already open
+    heads: list[bytes] = []
+
+    def unready() -> bool:  # readiness fails at once, on a connection that was already open
+        heads.append(_request(probe, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").split(b"\r\n")[0])
+        return b" 503 " in heads[-1]
+
+    _wait_for(unready, "/health to answer 503 after SIGTERM", timeout=5)
     stalled.settimeout(10)
     answer = b""
     while chunk := stalled.recv(65536):  # the server closes the connection after the 408

@@ -18,6 +18,7 @@ from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, 
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer
+from embedrank.texts import data_dir_sample
 from embedrank.types import ModelOutput
 
 _ACTIVATIONS = {
@@ -119,7 +120,7 @@ class CrossEncoder(RuntimeFacts):
             precision=precision,
             device=device,
             max_seq_length=max_len,
-            calibration=calibration,
+            calibration=data_dir_sample if calibration is None else calibration,
             cache_dir=cache_dir,
         )
         config = None if isinstance(model, torch.nn.Module) else AutoConfig.from_pretrained(spec.path)

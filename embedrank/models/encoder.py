@@ -24,7 +24,7 @@ from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, 
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer
-from embedrank.texts import vocabulary_texts
+from embedrank.texts import data_dir_sample, vocabulary_texts
 from embedrank.types import ModelOutput
 
 
@@ -111,7 +111,7 @@ class Encoder(RuntimeFacts):
             device=device,
             torch_dtype=torch_dtype,
             max_seq_length=max_len,
-            calibration=calibration,
+            calibration=data_dir_sample if calibration is None else calibration,
             cache_dir=cache_dir,
         )
         return cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)

@@ -15,10 +15,10 @@ Converters (maintained tools only):
 - ONNX: ``torch.onnx.export`` with dynamic batch and sequence axes; int8:
   ``onnxruntime.quantization.quantize_dynamic`` (per-channel int8 weights, dynamic activations).
 
-Calibration texts for int8 come from a local collection, never a hub: the user's list or file
-(``.txt``/``.jsonl``), else :data:`CALIBRATION_SIZE` seeded SciFact passages and queries from the data
-directory (``$EMBEDRANK_DATA`` or ``../shared/data``), else the model's vocabulary sentences
-(:func:`~embedrank.texts.vocabulary_texts`).
+Calibration texts for int8 are the caller's (:data:`Calibration`: a list, a ``.txt``/``.jsonl`` file, or a
+provider called only when an int8 export is made; at most :data:`CALIBRATION_SIZE`, seeded), else the
+model's vocabulary sentences (:func:`~embedrank.texts.vocabulary_texts`). This layer reads no collection:
+the models pass their default, a SciFact sample from the data directory (:func:`~embedrank.texts.data_dir_sample`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,10 @@ import numpy as np
 import torch
 
 from embedrank.errors import InvalidInputError, UnsupportedModelError
-from embedrank.paths import default_cache_dir, default_data_dir
+from embedrank.paths import default_cache_dir
 from embedrank.registry import ModelSpec, quiet_loading, weights_fingerprint
 from embedrank.runtime.backends import Backend, Head, Precision, Runtime, check_backend
-from embedrank.texts import read_texts, vocabulary_texts
+from embedrank.texts import read_texts, seeded_sample, vocabulary_texts
 
 log = logging.getLogger("embedrank.exports")
 
@@ -67,31 +67,29 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def calibration_texts(calibration: Sequence[str] | str | Path | None, tokenizer: Any) -> tuple[list[str], str]:
+Calibration = Sequence[str] | str | Path | Callable[[], Sequence[str] | None] | None
+"""int8 calibration texts: a list, a ``.txt``/``.jsonl`` file, or a provider called only when an int8 export
+is made (its None, like None itself, means the model's vocabulary sentences)."""
+
+
+def calibration_texts(calibration: Calibration, tokenizer: Any) -> tuple[list[str], str]:
     """The int8 calibration texts and where they came from (for ``export.json`` and logs)."""
+    if callable(calibration):
+        calibration = calibration()
     if calibration is not None and not isinstance(calibration, str | Path):
         texts = [t for t in calibration if isinstance(t, str) and t.strip()]
         if len(texts) < 2:
             raise InvalidInputError("int8 calibration needs at least 2 non-empty texts", param="calibration")
-        return texts, f"{len(texts)} texts given"
+        return seeded_sample(
+            texts, CALIBRATION_SIZE
+        ), f"{min(len(texts), CALIBRATION_SIZE)} of {len(texts)} texts given"
     if calibration is not None:
         texts = read_texts(calibration)
-        return _sample(texts), f"{calibration} ({min(len(texts), CALIBRATION_SIZE)} of {len(texts)} texts)"
-    data = default_data_dir()
-    scifact = data / "scifact" if data else None
-    if scifact is not None and (scifact / "corpus.jsonl").is_file():
-        passages = _sample(read_texts(scifact / "corpus.jsonl"), CALIBRATION_SIZE * 2 // 3)
-        queries = _sample(read_texts(scifact / "queries.jsonl"), CALIBRATION_SIZE - len(passages))
-        return passages + queries, f"{scifact} ({len(passages)} passages, {len(queries)} queries, seed 0)"
+        return seeded_sample(
+            texts, CALIBRATION_SIZE
+        ), f"{calibration} ({min(len(texts), CALIBRATION_SIZE)} of {len(texts)} texts)"
     texts = vocabulary_texts(tokenizer.get_vocab(), n=CALIBRATION_SIZE)
-    return texts, f"{CALIBRATION_SIZE} vocabulary sentences (no data directory with scifact found)"
-
-
-def _sample(texts: list[str], n: int = CALIBRATION_SIZE) -> list[str]:
-    if len(texts) <= n:
-        return texts
-    picks = np.random.default_rng(0).choice(len(texts), size=n, replace=False)
-    return [texts[i] for i in sorted(picks)]
+    return texts, f"{CALIBRATION_SIZE} vocabulary sentences"
 
 
 def export_key(spec: ModelSpec, head: Head, backend: Backend, precision: Precision, calibration: list[str]) -> str:
@@ -151,7 +149,7 @@ def load_transformer(
     device: str = "cpu",
     torch_dtype: torch.dtype | None = None,
     max_seq_length: int,
-    calibration: Sequence[str] | str | Path | None = None,
+    calibration: Calibration = None,
     cache_dir: str | Path | None = None,
 ) -> tuple[Any, torch.nn.Module | Runtime]:
     """The tokenizer and what runs the transformer: the torch module (backend ``torch``) or the runtime
@@ -277,7 +275,7 @@ def exported_model(
     precision: Precision,
     *,
     max_seq_length: int,
-    calibration: Sequence[str] | str | Path | None = None,
+    calibration: Calibration = None,
     cache_dir: str | Path | None = None,
 ) -> Path:
     """The path of the exported graph (``model.xml`` or ``model.onnx``), exporting it on first use.

@@ -20,9 +20,11 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout: `litestar run` finds
 
 
 class ServerURL(str):
-    """The base URL of a started server, with its process id (for reading its memory from ``/proc``)."""
+    """The base URL of a started server, with its process id (for reading its memory from ``/proc``) and
+    its process (for signals and its exit code)."""
 
     pid: int
+    process: subprocess.Popen[bytes]
 
 
 def free_port() -> int:
@@ -61,7 +63,7 @@ def running_server(
     child_env = {**os.environ, **(env or {})} if inherit_env else dict(env or {})
     proc = subprocess.Popen(cmd, cwd=cwd or REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT)
     base = ServerURL(f"http://127.0.0.1:{port}")
-    base.pid = proc.pid
+    base.pid, base.process = proc.pid, proc
     try:
         deadline = time.monotonic() + timeout
         while True:
