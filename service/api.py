@@ -51,10 +51,6 @@ def _check_texts(texts: list[str], param: str, limits: Limits) -> None:
 def _checked_inputs(value: str | list[str], limits: Limits) -> list[str]:
     """``input`` as a list, within the limits (the decoder already refused empty texts and lists)."""
     texts = [value] if isinstance(value, str) else value
-    if not texts:
-        raise invalid(
-            "input is empty; send a string or a non-empty array of strings", param="input", code="empty_input"
-        )
     if len(texts) > limits.max_inputs:
         raise invalid(
             f"input has {len(texts)} items; the limit is max_inputs={limits.max_inputs} per request",
@@ -146,18 +142,15 @@ async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> Tok
 async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[RerankResponse, int]:
     """Rerank. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
     served = pool.get(req.model, "rerank")
+    # the decoder has refused an empty query, an empty documents list and top_n < 1 (service.decoding)
     if not req.query.strip():
         raise invalid("query is empty or only whitespace", param="query", code="empty_query")
-    if not req.documents:
-        raise invalid("documents is empty; send at least one document", param="documents", code="empty_documents")
     if len(req.documents) > limits.max_documents:
         raise invalid(
             f"documents has {len(req.documents)} items; the limit is max_documents={limits.max_documents}",
             param="documents",
             code="too_many_documents",
         )
-    if req.top_n is not None and req.top_n < 1:
-        raise invalid(f"top_n must be >= 1, got {req.top_n}", param="top_n")
     texts = [d if isinstance(d, str) else d.text for d in req.documents]
     _check_texts([req.query], "query", limits)
     _check_texts(texts, "documents", limits)
