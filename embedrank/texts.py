@@ -55,7 +55,7 @@ def seeded_sample(texts: list[str], n: int, seed: int = 0) -> list[str]:
     """``n`` of ``texts`` drawn without replacement (seeded), in their original order; all when fewer.
 
     >>> seeded_sample(["a", "b", "c", "d"], 2), seeded_sample(["a"], 2)
-    (['b', 'd'], ['a'])
+    (['c', 'd'], ['a'])
     """
     if len(texts) <= n:
         return texts
