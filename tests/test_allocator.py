@@ -85,7 +85,7 @@ def test_engine_calls_on_idle_once_per_quiet_period() -> None:
     class Echo:
         max_seq_length = 8
 
-        def item_chars(self, item):
+        def item_tokens(self, item):
             return len(item)
 
         def run_batch(self, items):

@@ -34,7 +34,7 @@ class FakeBatchModel:
         self.entered = threading.Event()
         self.three_done = threading.Event()
 
-    def item_chars(self, item: str) -> int:
+    def item_tokens(self, item: str) -> int:
         return len(item)
 
     def run_batch(self, items):
@@ -79,7 +79,7 @@ def test_batches_across_concurrent_jobs_and_keeps_order():
 def test_token_budget_closes_batches():
     async def main():
         model = FakeBatchModel()
-        engine = BatchEngine(model, EngineConfig(max_batch_tokens=40, max_wait_ms=0, chars_per_token=1))
+        engine = BatchEngine(model, EngineConfig(max_batch_tokens=40, max_wait_ms=0))
         engine.start()
         await engine.submit(["a" * 18] * 6)  # est. 20 tokens each -> two per batch
         assert [len(b) for b in model.batches] == [2, 2, 2]
@@ -151,9 +151,9 @@ def test_overload_is_judged_by_each_jobs_estimated_wait():
         config = EngineConfig(max_batch_size=1, max_wait_ms=0, max_queue_seconds=30)
         engine = BatchEngine(model, config, clock=lambda: now[0])
         engine.start()
-        text = "x" * 36  # estimated 36 / 4 + 2 = 11 tokens
+        text = "x" * 11  # the fake model's items cost their length: 11 tokens
         await engine.submit([text])
-        assert engine.token_rate == pytest.approx(11.0)  # 11 estimated tokens per second
+        assert engine.token_rate == pytest.approx(11.0)  # 11 tokens per second
         model.gate.clear()
         model.entered.clear()
         running = asyncio.ensure_future(engine.submit([text]))  # in flight: 1 s

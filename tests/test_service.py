@@ -739,3 +739,24 @@ def test_a_body_is_decoded_once(client, monkeypatch):
     monkeypatch.setattr(litestar.connection.request, "decode_json", refuse)
     assert _embed(client, input=["once"]).status_code == 200
     assert client.post("/v1/rerank", json={"model": MODEL, "query": "q", "documents": ["a"]}).status_code == 200
+
+
+def test_each_input_is_tokenized_once_when_submitted(fake_service):
+    """The runner tokenizes a request's inputs once (off the event loop); the engine budgets on those rows'
+    real lengths and the model pads them: no second tokenization, no token count on the happy path."""
+    encoder, cross = FakeEncoder("once", dimension=8, max_seq_length=16), FakeCrossEncoder("once-ce")
+    calls: list[list] = []
+    for model in (encoder, cross):
+        original = model.tokenize_rows
+        model.tokenize_rows = lambda items, original=original: calls.append(list(items)) or original(items)
+        model.count_tokens = lambda *a, **k: pytest.fail("counted tokens again")
+    encoder.encode_batch = lambda texts: pytest.fail("tokenized inside the forward pass")
+    cross.score_batch = lambda pairs: pytest.fail("tokenized inside the forward pass")
+    with fake_service({"once": encoder, "once-ce": cross}) as client:
+        assert client.post("/v1/embeddings", json={"model": "once", "input": ["a b c", "d"]}).status_code == 200
+        assert calls == [["a b c", "d"]]
+        body = {"model": "once-ce", "query": "q", "documents": ["x y", "q z"], "truncate": False}
+        assert client.post("/v1/rerank", json=body).status_code == 200
+        assert calls[1] == [("q", "x y"), ("q", "q z")]
+        engine = client.app.state.service.pool.models["once"].runner.engine
+        assert engine.model.item_tokens(encoder.tokenize_rows(["a b c"])[0]) == 5  # 3 words + 2 special

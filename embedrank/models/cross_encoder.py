@@ -14,7 +14,18 @@ from tqdm.auto import tqdm
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.ranking import RankedResult, rank_scores
 from embedrank.models.chunking import Chunking, score_chunked
-from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
+from embedrank.models.tokens import (
+    PROGRESS_THRESHOLD,
+    Tokenized,
+    TokenRow,
+    check_texts,
+    collate_rows,
+    encode_rows,
+    length_batches,
+    token_lengths,
+    token_rows,
+    tokenize,
+)
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer
@@ -149,8 +160,17 @@ class CrossEncoder(RuntimeFacts):
         return token_lengths(self.tokenizer, queries, documents)
 
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput:
-        """Tokenize and score one batch of pairs in input order; what the serving engine runs per forward pass."""
-        batch = self.tokenize([q for q, _ in pairs], [d for _, d in pairs])
+        """Tokenize and score one batch of pairs in input order."""
+        return self.score_rows(self.tokenize_rows(pairs))
+
+    def tokenize_rows(self, pairs: Sequence[tuple[str, str]]) -> list[TokenRow]:
+        """(query, document) pairs tokenized once, unpadded (``longest_first`` at ``max_seq_length``)."""
+        queries, documents = [q for q, _ in pairs], [d for _, d in pairs]
+        return token_rows(*encode_rows(self.tokenizer, queries, documents, max_length=self.max_seq_length))
+
+    def score_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+        """Scores of rows from :meth:`tokenize_rows`, padded together; what the serving engine runs per pass."""
+        batch = collate_rows(self.tokenizer, rows)
         return ModelOutput(self.forward(batch.features), batch.token_counts, batch.truncated)
 
     @torch.inference_mode()

@@ -19,8 +19,19 @@ from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
-from embedrank.models.ranges import RangeSample
-from embedrank.models.tokens import PROGRESS_THRESHOLD, Tokenized, check_texts, length_batches, token_lengths, tokenize
+from embedrank.models.ranges import FitsRanges, RangeSample
+from embedrank.models.tokens import (
+    PROGRESS_THRESHOLD,
+    Tokenized,
+    TokenRow,
+    check_texts,
+    collate_rows,
+    encode_rows,
+    length_batches,
+    token_lengths,
+    token_rows,
+    tokenize,
+)
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer
@@ -28,7 +39,7 @@ from embedrank.texts import data_dir_sample, vocabulary_texts
 from embedrank.types import ModelOutput
 
 
-class Encoder(RuntimeFacts):
+class Encoder(FitsRanges, RuntimeFacts):
     """A transformer encoder with embedrank's own pooling and normalization.
 
     Use :meth:`from_pretrained`; the constructor takes already-loaded parts.
@@ -226,8 +237,17 @@ class Encoder(RuntimeFacts):
         )
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
-        """All three steps on one batch, in input order; what the serving engine runs per forward pass."""
-        batch = self.tokenize(texts)
+        """All three steps on one batch, in input order."""
+        return self.embed_rows(self.tokenize_rows(texts))
+
+    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
+        """Step 1 without padding: one :class:`~embedrank.models.tokens.TokenRow` per text (the serving
+        engine tokenizes at submit time, budgets on real lengths, then batches rows of many requests)."""
+        return token_rows(*encode_rows(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length))
+
+    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+        """Steps 2 and 3 on rows from :meth:`tokenize_rows`, padded together; what the engine runs per pass."""
+        batch = collate_rows(self.tokenizer, rows)
         return ModelOutput(self.embed_tokenized(batch), batch.token_counts, batch.truncated)
 
     # -- convenience -----------------------------------------------------------------------------
@@ -337,36 +357,12 @@ class Encoder(RuntimeFacts):
             ranges = self.quantization_ranges(dimensions, normalize=normalize)
         return quantize(vectors, embedding_type, ranges)
 
-    # -- ranges for int8/uint8 embeddings ----------------------------------------------------------
-    @property
-    def range_sample(self) -> RangeSample:
-        """The texts whose embeddings set the int8/uint8 ranges (:mod:`embedrank.models.ranges`); by default
-        1,000 seeded pseudo-sentences from the model's vocabulary. Set it with :meth:`fit_ranges`."""
-        if self._range_sample is None:
-            self._range_sample = RangeSample(vocabulary_texts(self.tokenizer.get_vocab()))
-        return self._range_sample
+    # -- ranges for int8/uint8 embeddings (range_sample, fit_ranges, quantization_ranges: FitsRanges) ----
+    def default_range_texts(self) -> list[str]:
+        return vocabulary_texts(self.tokenizer.get_vocab())
 
-    def fit_ranges(self, texts: Sequence[str] | str | Path) -> None:
-        """Use ``texts`` (or the texts of a ``.txt``/``.jsonl`` file) to set the int8/uint8 ranges of
-        :meth:`encode`'s compact vectors; a sample of the corpus you will search is the best choice."""
-        self._range_sample = RangeSample.of(texts)
-
-    @property
-    def calibration(self) -> RangeSample:
-        """Deprecated name of :attr:`range_sample`."""
-        warnings.warn("Encoder.calibration is deprecated: use range_sample", DeprecationWarning, stacklevel=2)
-        return self.range_sample
-
-    def calibrate(self, texts: Sequence[str] | str | Path) -> None:
-        """Deprecated name of :meth:`fit_ranges` ("calibration" names the int8 runtime's, in ``from_pretrained``)."""
-        warnings.warn("Encoder.calibrate() is deprecated: use fit_ranges()", DeprecationWarning, stacklevel=2)
-        self.fit_ranges(texts)
-
-    def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
-        """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the range sample's embeddings (computed once)."""
-        do_norm = self.normalize if normalize is None else normalize
-        encode = partial(self.encode, batch_size=64, show_progress=False, prompt="", normalize=do_norm)
-        return self.range_sample.ranges(encode, dimensions=dimensions, normalize=do_norm)
+    def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
+        return self.encode(texts, batch_size=64, show_progress=False, prompt="", normalize=normalize)
 
     @property
     def query_prompt(self) -> str:

@@ -21,7 +21,9 @@ quantize are.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +62,51 @@ class RangeSample:
         """``(2, dimensions or D)`` per-dimension ``[min; max]`` for :func:`~embedrank.math.quantization.quantize`."""
         sample = truncate_dims(self.embeddings(encode), dimensions, renormalize=normalize)
         return quantization_ranges(sample)
+
+
+class FitsRanges:
+    """The int8/uint8 range methods an encoder offers (:class:`~embedrank.models.encoder.Encoder` and the
+    test fakes share them). A class using it sets ``_range_sample = None`` and ``normalize``, and says what
+    its default sample is and how it embeds texts for ranges."""
+
+    _range_sample: RangeSample | None
+    normalize: bool
+
+    def default_range_texts(self) -> list[str]:
+        """The texts of the default range sample."""
+        raise NotImplementedError
+
+    def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
+        """``(N, D)`` embeddings of the sample's texts, without prompts."""
+        raise NotImplementedError
+
+    @property
+    def range_sample(self) -> RangeSample:
+        """The texts whose embeddings set the int8/uint8 ranges; by default :meth:`default_range_texts`
+        (1,000 seeded pseudo-sentences from the model's vocabulary). Set it with :meth:`fit_ranges`."""
+        if self._range_sample is None:
+            self._range_sample = RangeSample(self.default_range_texts())
+        return self._range_sample
+
+    def fit_ranges(self, texts: Sequence[str] | str | Path) -> None:
+        """Use ``texts`` (or the texts of a ``.txt``/``.jsonl`` file) to set the int8/uint8 ranges of
+        the compact vectors; a sample of the corpus you will search is the best choice."""
+        self._range_sample = RangeSample.of(texts)
+
+    @property
+    def calibration(self) -> RangeSample:
+        """Deprecated name of :attr:`range_sample`."""
+        warnings.warn("calibration is deprecated: use range_sample", DeprecationWarning, stacklevel=2)
+        return self.range_sample
+
+    def calibrate(self, texts: Sequence[str] | str | Path) -> None:
+        """Deprecated name of :meth:`fit_ranges` ("calibration" names the int8 runtime's, in ``from_pretrained``)."""
+        warnings.warn("calibrate() is deprecated: use fit_ranges()", DeprecationWarning, stacklevel=2)
+        self.fit_ranges(texts)
+
+    def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
+        """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the range sample's embeddings (computed once)."""
+        do_norm = self.normalize if normalize is None else normalize
+        return self.range_sample.ranges(
+            partial(self.embed_for_ranges, normalize=do_norm), dimensions=dimensions, normalize=do_norm
+        )

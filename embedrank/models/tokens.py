@@ -27,6 +27,32 @@ class Tokenized:
     truncated: list[bool]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenRow:
+    """One input tokenized once, unpadded, as the model will see it: ``tokens`` in the model's own form (for a
+    transformer, the feature lists of :func:`encode_rows`), ``length`` the tokens it costs (special tokens
+    included), and whether it was cut at the maximum length. The serving engine budgets batches on
+    ``length`` and hands the rows back to the model, so nothing is tokenized twice."""
+
+    tokens: Any
+    length: int
+    truncated: bool
+
+
+def token_rows(rows: Sequence[dict[str, list[int]]], truncated: Sequence[bool]) -> list[TokenRow]:
+    """:func:`encode_rows`' output as :class:`TokenRow` items.
+
+    >>> token_rows([{"input_ids": [101, 7, 102]}], [False])[0].length
+    3
+    """
+    return [TokenRow(r, len(r["input_ids"]), t) for r, t in zip(rows, truncated, strict=True)]
+
+
+def collate_rows(tokenizer: Any, rows: Sequence[TokenRow]) -> Tokenized:
+    """Pad :class:`TokenRow` items of a transformer into one batch (:func:`collate`)."""
+    return collate(tokenizer, [r.tokens for r in rows], [r.truncated for r in rows])
+
+
 def check_texts(texts: Any, name: str = "texts") -> list[str]:
     """Validate a list of input strings and return it as a list.
 

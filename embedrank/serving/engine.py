@@ -5,7 +5,7 @@ Each call (a "job") gets its own future. Its items (texts, or query/document pai
 waits for at most the batch in flight even behind a 1,024-passage one; a job passed over too often gets its turn; an
 optional ``priority`` goes first). Forward threads pull their next batch themselves the moment they finish
 one (no event-loop turn sits between two forward passes). A batch closes when the next item would push
-the padded cost (longest sequence x batch size, estimated from characters) over ``max_batch_tokens``,
+the padded cost (longest sequence x batch size, counted from the items, which are tokenized when submitted) over ``max_batch_tokens``,
 when ``max_batch_size`` is reached, or when the queue holds about as many items as were recently in
 flight. That last wait lasts at most ``max_wait_ms``, ends sooner when arrivals stop, and never happens
 for a lone caller. ``workers`` > 1 runs several forward threads and splits the torch threads between
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +46,9 @@ class BatchModel(Protocol[Item_contra]):
 
     def run_batch(self, items: Sequence[Item_contra]) -> ModelOutput: ...
 
-    def item_chars(self, item: Item_contra) -> int: ...
+    def item_tokens(self, item: Item_contra) -> int:
+        """The tokens ``item`` costs in a batch (items are tokenized when they are submitted)."""
+        ...
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -73,7 +74,6 @@ class EngineConfig:
     max_queue_items: int = 8192
     max_queue_seconds: float = 30.0  # a job whose estimated wait for its first batch is longer is refused
     # (OverloadedError, Retry-After: when that wait would be short enough); its own compute time does not count
-    chars_per_token: float = 4.0  # estimate used to sort and pack before tokenizing
     workers: int | None = None  # forward threads (default 1: on few cores, concurrent OpenMP teams
     # spin against each other and lose throughput; measured in eval/bench_service.py)
     threads: int | None = None  # torch threads, split evenly between the workers; default torch's
@@ -240,15 +240,14 @@ class BatchEngine(Generic[Item]):
 
     # -- batching (forward threads, under self._cond) ----------------------------------------------
     def _estimate_tokens(self, item: Item) -> int:
-        est = math.ceil(self.model.item_chars(item) / self.config.chars_per_token) + 2
-        return min(est, self.model.max_seq_length)
+        return min(self.model.item_tokens(item), self.model.max_seq_length)
 
     def _take_batch(self) -> list[tuple[_Job, int]]:
         """Pop the next batch of live items (:class:`~embedrank.serving.scheduler.FairQueue`), longest first."""
         self.dropped += self._queue.drop(lambda job: job.future.done())  # type: ignore[attr-defined]
         batch = self._queue.take(max_tokens=self.config.max_batch_tokens, max_size=self.config.max_batch_size)
         jobs: list[tuple[_Job, int]] = batch  # type: ignore[assignment]
-        jobs.sort(key=lambda ji: -self.model.item_chars(ji[0].items[ji[1]]))
+        jobs.sort(key=lambda ji: -self.model.item_tokens(ji[0].items[ji[1]]))
         return jobs
 
     def _wait_for_company(self) -> None:

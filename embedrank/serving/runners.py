@@ -2,8 +2,10 @@
 
 :class:`AsyncEncoder` serves embeddings and bi-encoder (cosine) reranking, :class:`AsyncCrossEncoder`
 cross-encoder reranking. Both answer with a :class:`~embedrank.types.ModelOutput` in input order.
-With ``truncate=False`` they count tokens (in a worker thread) and refuse an over-long input before it
-is queued, naming the request field and position (``input[3]``, ``query``, ``documents[2]``).
+Inputs are tokenized once, in a worker thread, when a request is submitted: the engine budgets batches
+on their real lengths and the model pads the rows it gets. With ``truncate=False`` an input cut at the
+maximum length is refused before it is queued, naming the request field and position (``input[3]``,
+``query``, ``documents[2]``).
 
 Any model with the methods the batch models call works: :class:`~embedrank.models.encoder.Encoder` and
 :class:`~embedrank.models.cross_encoder.CrossEncoder`, or the weightless fakes in
@@ -23,7 +25,7 @@ import numpy as np
 from embedrank.math.similarity import check_dimensions, cosine_scores, truncate_dims
 from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
-from embedrank.models.tokens import first_too_long, too_long_error
+from embedrank.models.tokens import TokenRow, too_long_error
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.types import ModelOutput
@@ -45,7 +47,9 @@ class EmbeddingModel(Protocol):
         self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
     ) -> list[list[str]]: ...
 
-    def encode_batch(self, texts: Sequence[str]) -> ModelOutput: ...
+    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]: ...
+
+    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
 
@@ -62,7 +66,9 @@ class PairScorer(Protocol):
 
     def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]: ...
 
-    def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput: ...
+    def tokenize_rows(self, pairs: Sequence[tuple[str, str]]) -> list[TokenRow]: ...
+
+    def score_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
 
@@ -70,31 +76,31 @@ class PairScorer(Protocol):
 
 
 class EmbeddingBatchModel:
-    """Batches of texts through an encoder; each value is a float32 vector ``(D,)``."""
+    """Batches of tokenized texts through an encoder; each value is a float32 vector ``(D,)``."""
 
     def __init__(self, encoder: EmbeddingModel) -> None:
         self.encoder = encoder
         self.max_seq_length = encoder.max_seq_length
 
-    def item_chars(self, item: str) -> int:
-        return len(item)
+    def item_tokens(self, item: TokenRow) -> int:
+        return item.length
 
-    def run_batch(self, items: Sequence[str]) -> ModelOutput:
-        return self.encoder.encode_batch(list(items))
+    def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
+        return self.encoder.embed_rows(items)
 
 
 class CrossEncoderBatchModel:
-    """Batches of (query, document) pairs through a cross-encoder; each value is a score."""
+    """Batches of tokenized (query, document) pairs through a cross-encoder; each value is a score."""
 
     def __init__(self, cross_encoder: PairScorer) -> None:
         self.cross_encoder = cross_encoder
         self.max_seq_length = cross_encoder.max_seq_length
 
-    def item_chars(self, item: tuple[str, str]) -> int:
-        return len(item[0]) + len(item[1])
+    def item_tokens(self, item: TokenRow) -> int:
+        return item.length
 
-    def run_batch(self, items: Sequence[tuple[str, str]]) -> ModelOutput:
-        out = self.cross_encoder.score_batch(list(items))
+    def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
+        out = self.cross_encoder.score_rows(items)
         scores = out.values.reshape(len(items), -1)[:, 0]  # (B,): the first label of multi-label heads
         return ModelOutput(scores, out.token_counts, out.truncated)
 
@@ -112,13 +118,9 @@ def _field(index: int, fields: Sequence[tuple[str, int]]) -> tuple[str, int]:
     raise IndexError(index)
 
 
-def refuse_too_long(lengths: Sequence[int], max_length: int, fields: Sequence[tuple[str, int]]) -> None:
-    """Raise :func:`~embedrank.models.tokens.too_long_error` for the first of ``lengths`` over ``max_length``,
-    naming it by request field (``fields`` as for :func:`_field`)."""
-    at = first_too_long(lengths, max_length)
-    if at is not None:
-        name, index = _field(at, fields)
-        raise too_long_error(index, max_length, param=name, tokens=lengths[at])
+def first_cut(rows: Sequence[TokenRow], limit: int | None = None) -> int | None:
+    """Index of the first of ``rows[:limit]`` cut at the maximum length, or None."""
+    return next((i for i, row in enumerate(rows[:limit]) if row.truncated), None)
 
 
 class AsyncEncoder:
@@ -129,7 +131,7 @@ class AsyncEncoder:
 
     def __init__(self, encoder: EmbeddingModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.encoder = encoder
-        self.engine: BatchEngine[str] = BatchEngine(EmbeddingBatchModel(encoder), config, **engine_kwargs)
+        self.engine: BatchEngine[TokenRow] = BatchEngine(EmbeddingBatchModel(encoder), config, **engine_kwargs)
 
     @property
     def dimension(self) -> int:
@@ -139,9 +141,16 @@ class AsyncEncoder:
     def max_seq_length(self) -> int:
         return self.encoder.max_seq_length
 
-    async def _refuse_too_long(self, texts: Sequence[str], fields: Sequence[tuple[str, int]]) -> None:
-        lengths = await asyncio.to_thread(partial(self.encoder.count_tokens, list(texts), prompt=""))
-        refuse_too_long(lengths, self.max_seq_length, fields)
+    async def _rows(self, texts: Sequence[str], fields: Sequence[tuple[str, int]] = ()) -> list[TokenRow]:
+        """``texts`` tokenized once, off the event loop. With ``fields`` (truncation off), the first of the
+        texts they cover that is cut at the maximum length is refused, named by request field."""
+        rows = await asyncio.to_thread(self.encoder.tokenize_rows, list(texts))
+        at = first_cut(rows, sum(size for _, size in fields)) if fields else None
+        if at is not None:
+            (length,) = await asyncio.to_thread(partial(self.encoder.count_tokens, [texts[at]], prompt=""))
+            name, index = _field(at, fields)
+            raise too_long_error(index, self.max_seq_length, param=name, tokens=length)
+        return rows
 
     async def embed(
         self,
@@ -162,9 +171,8 @@ class AsyncEncoder:
             out = await self._embed_chunked(texts, prompt, chunking, truncate=truncate, priority=priority)
         else:
             texts = with_prompt(texts, prompt)
-            if not truncate:
-                await self._refuse_too_long(texts, [(param, len(texts))])
-            out = await self.engine.submit(texts, priority=priority)
+            rows = await self._rows(texts, () if truncate else [(param, len(texts))])
+            out = await self.engine.submit(rows, priority=priority)
         vectors = truncate_dims(out.values, dimensions, renormalize=self.encoder.normalize)
         return dataclasses.replace(out, values=np.ascontiguousarray(vectors, dtype=np.float32))
 
@@ -174,7 +182,8 @@ class AsyncEncoder:
         plan = await plan_chunks(
             texts, self.encoder.token_offsets, partial(self.encoder.chunk_window, prompt), chunking, truncate, "input"
         )
-        out = await self.engine.submit(with_prompt(plan.texts, prompt), priority=priority)
+        rows = await self._rows(with_prompt(plan.texts, prompt))  # windows fit the window: none is cut
+        out = await self.engine.submit(rows, priority=priority)
         return plan.vectors(out, normalize=self.encoder.normalize)
 
     async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
@@ -212,14 +221,13 @@ class AsyncEncoder:
         document_prompt = role_prompt(spec.prompts, spec.default_prompt_name, DOCUMENT_NAMES)
         if chunking is None:
             texts = [query_text, *with_prompt(documents, document_prompt)]
-            if not truncate:
-                await self._refuse_too_long(texts, [("query", 1), ("documents", len(documents))])
-            out = await self.engine.submit(texts, priority=priority)
+            rows = await self._rows(texts, () if truncate else [("query", 1), ("documents", len(documents))])
+            out = await self.engine.submit(rows, priority=priority)
             return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
-        if not truncate:
-            await self._refuse_too_long([query_text], [("query", 1)])
         plan = await plan_chunks(documents, self.encoder.token_offsets, self.encoder.chunk_window, chunking, truncate)
-        out = await self.engine.submit([query_text, *with_prompt(plan.texts, document_prompt)], priority=priority)
+        texts = [query_text, *with_prompt(plan.texts, document_prompt)]
+        rows = await self._rows(texts, () if truncate else [("query", 1)])  # windows fit: only the query can be cut
+        out = await self.engine.submit(rows, priority=priority)
         cosines = cosine_scores(out.values[0], out.values[1:])
         return plan.scores(cosines, out.token_counts, out.truncated[1:], leading_flags=out.truncated[:1])
 
@@ -233,9 +241,7 @@ class AsyncCrossEncoder:
 
     def __init__(self, cross_encoder: PairScorer, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.cross_encoder = cross_encoder
-        self.engine: BatchEngine[tuple[str, str]] = BatchEngine(
-            CrossEncoderBatchModel(cross_encoder), config, **engine_kwargs
-        )
+        self.engine: BatchEngine[TokenRow] = BatchEngine(CrossEncoderBatchModel(cross_encoder), config, **engine_kwargs)
 
     @property
     def max_seq_length(self) -> int:
@@ -253,23 +259,29 @@ class AsyncCrossEncoder:
         """Scores ``(N,)`` of each (query, document) pair in input order; with ``chunking``, each document's
         windows (sized to fit next to the query) are scored as pairs and aggregated, as :class:`AsyncEncoder`."""
         if chunking is None:
-            if not truncate:
-                lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, [query] * len(documents), documents)
-                refuse_too_long(lengths, self.max_seq_length, [("documents", len(documents))])
-            out = await self.engine.submit([(query, d) for d in documents], priority=priority)
+            rows = await self._rows(query, documents, truncate, owners=None)
+            out = await self.engine.submit(rows, priority=priority)
             return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
         window = partial(self.cross_encoder.chunk_window, query)
         plan = await plan_chunks(documents, self.cross_encoder.token_offsets, window, chunking, truncate)
-        if not truncate:
-            queries = [query] * len(plan.texts)
-            lengths = await asyncio.to_thread(self.cross_encoder.count_tokens, queries, plan.texts)
-            at = first_too_long(lengths, self.max_seq_length)
-            if at is not None:  # the query leaves too little room next to a window
-                raise too_long_error(
-                    int(plan.windows.owners[at]), self.max_seq_length, param="documents", tokens=lengths[at]
-                )
-        out = await self.engine.submit([(query, t) for t in plan.texts], priority=priority)
+        # a window fits beside the query unless the query leaves it too little room
+        rows = await self._rows(query, plan.texts, truncate, owners=plan.windows.owners)
+        out = await self.engine.submit(rows, priority=priority)
         return plan.scores(out.values, out.token_counts, out.truncated)
+
+    async def _rows(
+        self, query: str, documents: Sequence[str], truncate: bool, *, owners: np.ndarray | None
+    ) -> list[TokenRow]:
+        """The (query, document) pairs tokenized once, off the event loop; with truncation off, the first
+        cut pair is refused as ``documents[i]`` (``owners[i]`` for a window)."""
+        pairs = [(query, d) for d in documents]
+        rows = await asyncio.to_thread(self.cross_encoder.tokenize_rows, pairs)
+        at = None if truncate else first_cut(rows)
+        if at is not None:
+            (length,) = await asyncio.to_thread(self.cross_encoder.count_tokens, [query], [documents[at]])
+            index = at if owners is None else int(owners[at])
+            raise too_long_error(index, self.max_seq_length, param="documents", tokens=length)
+        return rows
 
 
 async def plan_chunks(

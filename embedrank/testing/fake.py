@@ -24,14 +24,14 @@ import hashlib
 import itertools
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
 from embedrank.models.prompts import select_prompt, with_prompt
-from embedrank.models.ranges import RangeSample
+from embedrank.models.ranges import FitsRanges, RangeSample
+from embedrank.models.tokens import TokenRow
 from embedrank.registry import ModelSpec
 from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
@@ -63,7 +63,7 @@ def _slot(word: str, dimension: int) -> tuple[int, float]:
     return value % dimension, 1.0 if (value >> 63) & 1 else -1.0
 
 
-class FakeEncoder:
+class FakeEncoder(FitsRanges):
     """A bag-of-words feature-hashing encoder with a real model's interface and token accounting."""
 
     def __init__(
@@ -119,28 +119,33 @@ class FakeEncoder:
             )
         return max(1, self.max_seq_length - 2 - len(words(prompt)))
 
-    def fit_ranges(self, texts: Sequence[str] | str | Path) -> None:
-        self._range_sample = RangeSample.of(texts)
+    def default_range_texts(self) -> list[str]:
+        """1,000 pseudo-sentences over a 512-word vocabulary (as a real encoder's default)."""
+        return vocabulary_texts(["".join(w) for w in itertools.product("abcdefgh", repeat=3)])
 
-    def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
-        """int8 ranges from 1,000 pseudo-sentences over a 512-word vocabulary (as a real encoder's default)."""
-        if self._range_sample is None:
-            vocabulary = ["".join(w) for w in itertools.product("abcdefgh", repeat=3)]
-            self._range_sample = RangeSample(vocabulary_texts(vocabulary))
-        return self._range_sample.ranges(self.encode, dimensions=dimensions, normalize=self.normalize)
+    def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
+        return self.encode(texts)
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
-        out = np.zeros((len(texts), self.dimension), dtype=np.float32)  # (N, D)
-        counts, truncated = [], []
-        for i, text in enumerate(texts):
+        return self.embed_rows(self.tokenize_rows(texts))
+
+    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
+        """Words kept under the maximum length, with the two special tokens counted."""
+        rows = []
+        for text in texts:
             tokens = words(text)
             kept = tokens[: self.max_seq_length - 2]
-            for word in kept:
+            rows.append(TokenRow(kept, len(kept) + 2, len(kept) < len(tokens)))
+        return rows
+
+    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+        out = np.zeros((len(rows), self.dimension), dtype=np.float32)  # (N, D)
+        for i, row in enumerate(rows):
+            for word in row.tokens:
                 slot, sign = _slot(word, self.dimension)
                 out[i, slot] += sign
-            counts.append(len(kept) + 2)
-            truncated.append(len(kept) < len(tokens))
-        return ModelOutput(l2_normalize(out) if self.normalize else out, counts, truncated)
+        vectors = l2_normalize(out) if self.normalize else out
+        return ModelOutput(vectors, [r.length for r in rows], [r.truncated for r in rows])
 
     def encode(self, texts: Sequence[str], **_: object) -> np.ndarray:
         return self.encode_batch(list(texts)).values
@@ -173,18 +178,27 @@ class FakeCrossEncoder:
         return max(4, self.max_seq_length - 3 - len(words(query)))
 
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput:
-        scores, counts, truncated = [], [], []
+        return self.score_rows(self.tokenize_rows(pairs))
+
+    def tokenize_rows(self, pairs: Sequence[tuple[str, str]]) -> list[TokenRow]:
+        """Query and document words, cut ``longest_first`` as Hugging Face tokenizers cut pairs."""
+        rows = []
         for query, document in pairs:
             q, d = words(query), words(document)
             full = len(q) + len(d) + 3
             budget = self.max_seq_length - 3
-            while len(q) + len(d) > budget:  # longest_first, as Hugging Face tokenizers truncate pairs
+            while len(q) + len(d) > budget:
                 if len(d) >= len(q):
                     d = d[:-1]
                 else:
                     q = q[:-1]
+            rows.append(TokenRow((q, d), len(q) + len(d) + 3, len(q) + len(d) + 3 < full))
+        return rows
+
+    def score_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+        scores = []
+        for row in rows:
+            q, d = row.tokens
             seen = set(d)
             scores.append(sum(w in seen for w in q) / len(q) if q else 0.0)
-            counts.append(len(q) + len(d) + 3)
-            truncated.append(counts[-1] < full)
-        return ModelOutput(np.asarray(scores, dtype=np.float32), counts, truncated)
+        return ModelOutput(np.asarray(scores, dtype=np.float32), [r.length for r in rows], [r.truncated for r in rows])
