@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading  # noqa: F401 - used by the doctest
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,17 @@ class ServerURL(str):
 
     pid: int
     process: subprocess.Popen[bytes]
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        """Pickled (e.g. for a client process) as the plain URL: the process handle stays here.
+
+        >>> import pickle
+        >>> url = ServerURL("http://127.0.0.1:8000")
+        >>> url.process = threading.Lock()  # anything that cannot be pickled
+        >>> pickle.loads(pickle.dumps(url))
+        'http://127.0.0.1:8000'
+        """
+        return str, (str(self),)
 
 
 def free_port() -> int:
