@@ -4,8 +4,9 @@ First come, first served across items lets one bulk request (1,024 passages) hol
 behind it for its whole duration. Here each batch starts from a *head* job and is filled from the others:
 
 1. **Head**: the job with the best ``priority`` (lower first, as vLLM), then the least work left
-   (estimated tokens not yet scheduled), then the earliest: shortest remaining processing time first,
-   which minimizes mean latency. A 1-text request goes before every longer one, so it waits for at most
+   (tokens not yet scheduled, by :func:`size_class`: within a factor of two counts as equal), then the
+   earliest: shortest remaining processing time first, which minimizes mean latency, and first come,
+   first served among jobs of one size. A 1-text request goes before every longer one, so it waits for at most
    the batch in flight, even under many concurrent bulk requests. (Least *attained* service was tried
    first: it serves every new job's first batch in arrival order, so under 64 mixed clients a 1-text
    request waited behind ~40 first batches, p50 35 s in ``eval/bench_load.py``.)
@@ -29,6 +30,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable
+
+
+def size_class(tokens: int) -> int:
+    """The size class jobs are ordered by: work within a factor of two shares a class (powers of two).
+
+    Exact token counts would order two 16-passage requests by a few tokens' difference, so under a
+    stream of equal bulk requests the longer ones starve behind every newcomer a little shorter; in one
+    class they go in arrival order, while a job half as long or less still goes first.
+
+    >>> [size_class(n) for n in (1, 14, 16, 3100, 3900, 4100)]
+    [1, 4, 5, 12, 12, 13]
+    """
+    return max(0, tokens).bit_length()
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -102,13 +116,13 @@ class FairQueue:
         return jobs
 
     def order(self) -> list[QueuedJob]:
-        """Jobs in the order the next batch considers them (priority, work left, arrival)."""
-        return sorted(self.jobs, key=lambda j: (j.priority, j.work_left, j.seq))
+        """Jobs in the order the next batch considers them (priority, size class of the work left, arrival)."""
+        return sorted(self.jobs, key=lambda j: (j.priority, size_class(j.work_left), j.seq))
 
     def work_ahead(self, priority: int, work: int) -> int:
         """Estimated tokens scheduled before a new job of ``priority`` and ``work`` tokens would finish
         waiting: the work left of every job that heads batches before it (a better priority, or the same
-        with no more work left). Jobs with more work left wait behind it, so they do not count.
+        with work left of no larger size class). Jobs of a larger class wait behind it, so they do not count.
 
         >>> q = FairQueue()
         >>> for est in ([100] * 10, [50] * 2, [10]):
@@ -116,8 +130,11 @@ class FairQueue:
         >>> q.work_ahead(0, 10), q.work_ahead(0, 100), q.work_ahead(0, 5000), q.work_ahead(-1, 5000)
         (10, 110, 1110, 0)
         """
+        size = size_class(work)
         return sum(
-            j.work_left for j in self.jobs if j.priority < priority or (j.priority == priority and j.work_left <= work)
+            j.work_left
+            for j in self.jobs
+            if j.priority < priority or (j.priority == priority and size_class(j.work_left) <= size)
         )
 
     def head_estimate(self) -> int:
