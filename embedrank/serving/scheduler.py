@@ -39,8 +39,9 @@ def size_class(tokens: int) -> int:
     stream of equal bulk requests the longer ones starve behind every newcomer a little shorter; in one
     class they go in arrival order, while a job half as long or less still goes first.
 
-    >>> [size_class(n) for n in (1, 14, 16, 3100, 3900, 4100)]
-    [1, 4, 5, 12, 12, 13]
+    Examples:
+        >>> [size_class(n) for n in (1, 14, 16, 3100, 3900, 4100)]
+        [1, 4, 5, 12, 12, 13]
     """
     return max(0, tokens).bit_length()
 
