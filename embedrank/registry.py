@@ -46,6 +46,10 @@ _POOLING_KEYS = {
 }
 
 _ST_MODULES_SUPPORTED = {"Transformer", "Pooling", "Normalize"}
+# RoBERTa-style models number positions from pad_token_id + 1: 514 position embeddings hold 512 tokens
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "data2vec-text", "longformer"}
+# where configs keep the width of the token embeddings (DistilBERT says dim, T5 d_model, GPT-2 n_embd)
+_HIDDEN_KEYS = ("hidden_size", "dim", "d_model", "n_embd")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -152,8 +156,10 @@ def describe(model_id: str, path: str, source: Literal["package", "local", "hub"
     architectures = config.get("architectures") or []
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
     st_config = _read_json(root / "sentence_bert_config.json") or {}
-    hidden = config.get("hidden_size") or config.get("d_model")
+    hidden = next((config[k] for k in _HIDDEN_KEYS if isinstance(config.get(k), int)), None)
     position_limit = config.get("max_position_embeddings")
+    if config.get("model_type") in _OFFSET_POSITIONS and isinstance(position_limit, int):
+        position_limit -= int(config.get("pad_token_id") or 1) + 1
     tok_cfg = _read_json(root / "tokenizer_config.json") or {}
     tok_limit = tok_cfg.get("model_max_length") if isinstance(tok_cfg, dict) else None
     limits = [int(v) for v in (position_limit, tok_limit) if isinstance(v, int) and 0 < v < 1_000_000]

@@ -204,4 +204,37 @@ def test_a_failed_export_says_so_and_leaves_nothing_behind(tmp_path, monkeypatch
     ):
         Encoder.from_pretrained(backend="openvino", cache_dir=tmp_path)
     assert not any(p.name.endswith(".xml") for p in tmp_path.rglob("*"))
-    assert list((tmp_path / "exports").iterdir()) == []  # the temporary folder is gone too
+    # the temporary folder is gone; what remains is the failure, so the next load does not try again
+    (failed,) = (tmp_path / "exports").iterdir()
+    assert failed.name.endswith(".failed.json") and "converter says no" in failed.read_text()
+    monkeypatch.setattr(exports, "_export_openvino", lambda *a, **k: pytest.fail("a failed export was tried again"))
+    with pytest.raises(UnsupportedModelError, match="converter says no"):
+        Encoder.from_pretrained(backend="openvino", cache_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_the_default_backend_falls_back_to_torch_with_one_warning(tmp_path, monkeypatch, caplog):
+    """A model that torch runs but the default backend cannot export still loads, on torch, and says why;
+    a backend the caller names is run or refused, never swapped."""
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("converter says no")
+
+    monkeypatch.setattr(exports, "_export_openvino", broken)
+    monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
+    monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
+    for _ in range(2):
+        caplog.clear()
+        enc = Encoder.from_pretrained(cache_dir=tmp_path)
+        assert (enc.backend, enc.precision) == ("torch", "fp32")
+        (record,) = [r for r in caplog.records if r.levelname == "WARNING" and "runs on torch" in r.getMessage()]
+        assert "converter says no" in record.getMessage() and "backend='torch'" in record.getMessage()
+    assert len(calls) == 1  # the failure is remembered next to the exports
+    for named in ({"backend": "openvino"}, {"precision": "fp32"}):
+        with pytest.raises(UnsupportedModelError, match="converter says no"):
+            Encoder.from_pretrained(cache_dir=tmp_path, **named)
+    monkeypatch.setenv("EMBEDRANK_BACKEND", "openvino")
+    with pytest.raises(UnsupportedModelError, match="converter says no"):
+        Encoder.from_pretrained(cache_dir=tmp_path)

@@ -69,6 +69,7 @@ class Encoder(FitsRanges, RuntimeFacts):
         self.normalize = spec.normalize if normalize is None else normalize
         self.max_seq_length = max_seq_length or spec.max_seq_length
         self._range_sample: RangeSample | None = None
+        self._dimension: int | None = None
 
     @classmethod
     def from_pretrained(cls, model_id: str = DEFAULT_EMBEDDING_MODEL, **options: Any) -> Encoder:
@@ -136,7 +137,9 @@ class Encoder(FitsRanges, RuntimeFacts):
     def dimension(self) -> int:
         if self.spec.dimension:
             return int(self.spec.dimension)
-        return int(self.model.config.hidden_size)  # type: ignore[union-attr, arg-type]
+        if self._dimension is None:  # no Pooling config says it: the width of one embedding, measured once
+            self._dimension = int(self.forward(self.tokenize(["dimension"]).features).shape[-1])
+        return self._dimension
 
     def __repr__(self) -> str:
         return (

@@ -44,14 +44,14 @@ import torch
 from embedrank.errors import InvalidInputError, UnsupportedModelError
 from embedrank.paths import default_cache_dir
 from embedrank.registry import ModelSpec, quiet_loading, weights_fingerprint
-from embedrank.runtime.backends import Backend, Head, Precision, Runtime, check_backend
+from embedrank.runtime.backends import BACKEND_ENV, PRECISION_ENV, Backend, Head, Precision, Runtime, check_backend
 from embedrank.texts import read_texts, seeded_sample, vocabulary_texts
 
 log = logging.getLogger("embedrank.exports")
 
 # bumped whenever the way we export changes (attention implementation, converter options), so old
 # exports in the cache are not reused
-RECIPE = 3
+RECIPE = 4
 CALIBRATION_SIZE = 300  # texts for static int8 (NNCF's default subset is 300 samples)
 CALIBRATION_BATCH = 8
 _VERSIONED = {
@@ -156,9 +156,14 @@ def load_transformer(
     of the (cached) export, as :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>` and
     ``CrossEncoder.from_spec`` load them.
 
+    When neither the arguments nor ``$EMBEDRANK_BACKEND``/``$EMBEDRANK_PRECISION`` name the backend and the
+    model cannot be exported to the default one, the model runs on torch, with one warning that gives the
+    reason; a named backend that cannot run the model is an error.
+
     Raises:
         InvalidInputError: an unknown backend or precision, or ``device``/``torch_dtype`` with an exported
             backend (it runs on the CPU in its own precision).
+        ExportError: the named backend could not export the model (an :class:`UnsupportedModelError`).
     """
     from transformers import AutoTokenizer
 
@@ -173,17 +178,64 @@ def load_transformer(
             f"apply to backend='torch' only",
             param="backend",
         )
-    runtime = load_runtime(
-        spec,
-        tokenizer,
-        head,
-        backend_name,
-        prec,
-        max_seq_length=max_seq_length,
-        calibration=calibration,
-        cache_dir=cache_dir,
-    )
+    try:
+        runtime = load_runtime(
+            spec,
+            tokenizer,
+            head,
+            backend_name,
+            prec,
+            max_seq_length=max_seq_length,
+            calibration=calibration,
+            cache_dir=cache_dir,
+        )
+    except ExportError as exc:
+        if backend is not None or precision is not None or os.environ.get(BACKEND_ENV) or os.environ.get(PRECISION_ENV):
+            raise  # the caller named the backend: run that one or fail
+        log.warning(
+            "embedrank: %s runs on torch: it could not be exported to the default backend %s %s (%s). "
+            "backend='torch' (%s=torch) selects torch without this warning.",
+            spec.model_id,
+            backend_name,
+            prec,
+            exc.reason,
+            BACKEND_ENV,
+        )
+        return tokenizer, load_torch(spec, head)
     return tokenizer, runtime
+
+
+class ExportError(UnsupportedModelError):
+    """A model torch runs that could not be exported to ``backend`` (the converter's reason attached)."""
+
+    def __init__(self, model_id: str, backend: str, precision: str, reason: str) -> None:
+        super().__init__(
+            f"could not export {model_id!r} to {backend} {precision} ({reason}); load it with backend='torch'"
+        )
+        self.reason = reason
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "no message"
+
+
+def _model_to_export(spec: ModelSpec, head: Head) -> tuple[torch.nn.Module, str]:
+    """The transformers model to export and its attention implementation: SDPA where the architecture has
+    it (OpenVINO fuses it into its ScaledDotProductAttention; eager attention's matmul/softmax chain ran
+    1.2x slower on SciFact passages here), else eager (MPNet, DeBERTa-v2). Decoders export without their
+    key/value cache: one forward pass over whole inputs needs none, and the cache's growing concatenation
+    does not convert."""
+    try:
+        model, attention = load_torch(spec, head, attn_implementation="sdpa"), "sdpa"
+    except ValueError as exc:
+        if "attention" not in str(exc):
+            raise
+        model, attention = load_torch(spec, head, attn_implementation="eager"), "eager"
+    config: Any = model.config
+    if getattr(config, "use_cache", False):
+        config.use_cache = False
+    return model, attention
 
 
 def _example(tokenizer: Any, head: Head) -> dict[str, torch.Tensor]:
@@ -294,6 +346,9 @@ def exported_model(
     graph = target / ("model.xml" if backend == "openvino" else "model.onnx")
     if graph.is_file():
         return graph
+    failed = target.with_name(target.name + ".failed.json")  # an export that failed is not tried again
+    if failed.is_file():
+        raise ExportError(spec.model_id, backend, precision, json.loads(failed.read_text())["reason"])
     log.warning(
         "embedrank: exporting %s to %s %s (first use; cached in %s)%s",
         spec.model_id,
@@ -306,12 +361,10 @@ def exported_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        # SDPA attention: OpenVINO turns it into its fused ScaledDotProductAttention (eager attention's
-        # matmul/softmax chain ran 1.2x slower on SciFact passages here)
-        model = load_torch(spec, head, attn_implementation="sdpa")
-        example = _example(tokenizer, head)
-        narrow = _Narrow(model, head, "token_type_ids" in example).eval()
         try:
+            model, attention = _model_to_export(spec, head)
+            example = _example(tokenizer, head)
+            narrow = _Narrow(model, head, "token_type_ids" in example).eval()
             # the exporters and converters warn about their own internals (deprecations, tracing notes):
             # those go to the log, not to the user's terminal
             with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(record=True) as caught:
@@ -323,14 +376,13 @@ def exported_model(
                     _export_onnx(narrow, example, tmp, precision)
             for w in caught:
                 log.debug("while exporting %s: %s: %s", spec.model_id, w.category.__name__, w.message)
-        except ImportError:
+        except (ImportError, MemoryError):
             raise
         except Exception as exc:  # the converters raise many types; all mean this model did not export
-            raise UnsupportedModelError(
-                f"could not export {spec.model_id!r} to {backend} {precision} ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else 'no message'}); "
-                f"load it with backend='torch'"
-            ) from exc
+            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            failed.write_text(json.dumps({"model_id": spec.model_id, "reason": reason}) + "\n")
+            raise ExportError(spec.model_id, backend, precision, reason) from exc
         seconds = time.perf_counter() - started
         info = {
             "model_id": spec.model_id,
@@ -339,6 +391,7 @@ def exported_model(
             "backend": backend,
             "precision": precision,
             "calibration": source,
+            "attention": attention,
             "versions": {p: _version(p) for p in _VERSIONED[backend]},
             "export_seconds": round(seconds, 2),
             "key": key,

@@ -1,0 +1,352 @@
+"""Tiny models of every architecture embedrank serves, built offline with seeded random weights.
+
+Each is a ``transformers`` config of the architecture (2 layers, hidden 64) with weights drawn from a
+seeded generator and a tokenizer of the architecture's own kind (WordPiece, byte-level BPE or Unigram, as
+the public models of that family use) trained on the packaged model's vocabulary sentences, saved in
+sentence-transformers' layout (embedding models) or as a plain sequence classifier (cross-encoders). The
+tests, the support matrix (``eval/support_matrix.py``) and the docs load them like any downloaded model and
+compare embedrank with sentence-transformers on them. Their outputs mean nothing; their shapes, special
+tokens, padding sides, attention implementations and graph exports are those of the real models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from embedrank.paths import default_cache_dir
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
+from embedrank.texts import vocabulary_texts
+
+Kind = Literal["embedding", "cross-encoder"]
+TokenizerKind = Literal["wordpiece", "bpe", "unigram"]
+
+HIDDEN = 64
+LAYERS = 2
+HEADS = 4
+INTERMEDIATE = 128
+BPE_VOCAB = 1000  # trained byte-level BPE and Unigram vocabularies (WordPiece reuses the packaged one)
+RECIPE = 3  # bumped when what is built changes, so cached tiny models are rebuilt
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """One family of public models: its config class, tokenizer and how sentence-transformers pools it."""
+
+    name: str
+    config: str  # transformers config class
+    tokenizer: str  # transformers tokenizer class
+    tokenizer_kind: TokenizerKind
+    examples: tuple[str, ...]  # public models of this architecture
+    pooling: str = "mean"
+    normalize: bool = False
+    padding_side: str = "right"
+    decoder: bool = False  # causal LM backbone: last-token pooling, EOS appended, left padding
+    options: tuple[tuple[str, Any], ...] = ()  # config overrides
+    specials: tuple[tuple[str, str], ...] = ()  # tokenizer special tokens
+
+
+_BERT_LIKE = (
+    ("hidden_size", HIDDEN),
+    ("num_hidden_layers", LAYERS),
+    ("num_attention_heads", HEADS),
+    ("intermediate_size", INTERMEDIATE),
+    ("max_position_embeddings", 128),
+)
+_DECODER = (
+    ("hidden_size", HIDDEN),
+    ("num_hidden_layers", LAYERS),
+    ("num_attention_heads", HEADS),
+    ("num_key_value_heads", 2),
+    ("head_dim", HIDDEN // HEADS),
+    ("intermediate_size", INTERMEDIATE),
+    ("max_position_embeddings", 256),
+    ("tie_word_embeddings", True),
+)
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        Architecture(
+            "bert",
+            "BertConfig",
+            "BertTokenizer",
+            "wordpiece",
+            ("all-MiniLM-L6-v2", "bge-small/base/large-en-v1.5", "e5-*-v2", "gte-*", "ms-marco-MiniLM-L6-v2"),
+            normalize=True,
+            options=_BERT_LIKE,
+        ),
+        Architecture(
+            "distilbert",
+            "DistilBertConfig",
+            "DistilBertTokenizer",
+            "wordpiece",
+            ("msmarco-distilbert-base-v4", "multi-qa-distilbert-cos-v1", "distiluse-base-multilingual-cased"),
+            options=(("dim", HIDDEN), ("n_layers", LAYERS), ("n_heads", HEADS), ("hidden_dim", INTERMEDIATE)),
+        ),
+        Architecture(
+            "roberta",
+            "RobertaConfig",
+            "RobertaTokenizer",
+            "bpe",
+            ("all-distilroberta-v1", "stsb-roberta-large", "nli-roberta-base-v2"),
+            options=(*_BERT_LIKE, ("max_position_embeddings", 130), ("pad_token_id", 1)),
+        ),
+        Architecture(
+            "xlm-roberta",
+            "XLMRobertaConfig",
+            "XLMRobertaTokenizer",
+            "unigram",
+            ("bge-m3 (dense)", "multilingual-e5-*", "paraphrase-multilingual-mpnet-base-v2", "bge-reranker-v2-m3"),
+            pooling="cls",
+            normalize=True,
+            options=(*_BERT_LIKE, ("max_position_embeddings", 130), ("pad_token_id", 1)),
+        ),
+        Architecture(
+            "mpnet",
+            "MPNetConfig",
+            "MPNetTokenizer",
+            "wordpiece",
+            ("all-mpnet-base-v2", "multi-qa-mpnet-base-dot-v1", "paraphrase-mpnet-base-v2"),
+            normalize=True,
+            options=(*_BERT_LIKE, ("max_position_embeddings", 130), ("pad_token_id", 1)),
+            specials=(("bos_token", "<s>"), ("eos_token", "</s>"), ("pad_token", "<pad>"), ("mask_token", "<mask>")),
+        ),
+        Architecture(
+            "electra",
+            "ElectraConfig",
+            "ElectraTokenizer",
+            "wordpiece",
+            ("ms-marco-electra-base", "electra-base-discriminator fine-tunes"),
+            options=(*_BERT_LIKE, ("embedding_size", HIDDEN)),
+        ),
+        Architecture(
+            "deberta-v2",
+            "DebertaV2Config",
+            "DebertaV2Tokenizer",
+            "unigram",
+            ("mxbai-rerank-base/large-v1", "deberta-v3 cross-encoders", "nli-deberta-v3-*"),
+            options=(
+                *_BERT_LIKE,
+                ("relative_attention", True),
+                ("position_buckets", 32),
+                ("pos_att_type", ["p2c", "c2p"]),
+                ("max_relative_positions", -1),
+            ),
+        ),
+        Architecture(
+            "modernbert",
+            "ModernBertConfig",
+            "RobertaTokenizer",
+            "bpe",
+            ("gte-modernbert-base", "modernbert-embed-base", "gte-reranker-modernbert-base"),
+            pooling="cls",
+            normalize=True,
+            options=(
+                ("hidden_size", HIDDEN),
+                ("num_hidden_layers", LAYERS),
+                ("num_attention_heads", HEADS),
+                ("intermediate_size", INTERMEDIATE),
+                ("max_position_embeddings", 256),
+                ("global_attn_every_n_layers", 2),
+                ("local_attention", 16),
+            ),
+            specials=(
+                ("bos_token", "[CLS]"),
+                ("cls_token", "[CLS]"),
+                ("eos_token", "[SEP]"),
+                ("sep_token", "[SEP]"),
+                ("pad_token", "[PAD]"),
+                ("unk_token", "[UNK]"),
+                ("mask_token", "[MASK]"),
+            ),
+        ),
+        Architecture(
+            "qwen3",
+            "Qwen3Config",
+            "Qwen2Tokenizer",
+            "bpe",
+            ("Qwen3-Embedding-0.6B/4B/8B", "Qwen3-Reranker (seq-cls form)"),
+            pooling="lasttoken",
+            normalize=True,
+            padding_side="left",
+            decoder=True,
+            options=_DECODER,
+        ),
+    )
+}
+
+
+def _trained_tokenizer(arch: Architecture) -> Any:
+    """A tokenizer of ``arch``'s class: the packaged WordPiece vocabulary, or a BPE/Unigram vocabulary
+    trained on its vocabulary sentences (seeded, deterministic)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    cls = getattr(transformers, arch.tokenizer)
+    specials = dict(arch.specials)
+    packaged, _ = resolve_path(DEFAULT_EMBEDDING_MODEL)
+    vocab_lines = (Path(packaged) / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    if arch.tokenizer_kind == "wordpiece":
+        vocab = {tok: i for i, tok in enumerate(vocab_lines)}
+        for token in specials.values():  # MPNet's <s>, </s>, <pad>, <mask> join BERT's vocabulary
+            vocab.setdefault(token, len(vocab))
+        return cls(vocab=vocab, **specials)
+    texts = vocabulary_texts({tok: i for i, tok in enumerate(vocab_lines)}, n=600)
+    if arch.tokenizer_kind == "unigram":
+        probe = cls()
+        # the ids the public models give them: XLM-R <s>=0 <pad>=1 </s>=2 <unk>=3, DeBERTa-v2 [PAD]=0 [CLS]=1 ...
+        first = [probe.pad_token] if arch.name == "deberta-v2" else [probe.cls_token]
+        first += [probe.cls_token, probe.pad_token, probe.sep_token, probe.unk_token]
+        special_tokens = list(dict.fromkeys(first + list(probe.all_special_tokens)))
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.UnigramTrainer(
+            vocab_size=BPE_VOCAB, special_tokens=special_tokens, unk_token=probe.unk_token, shrinking_factor=0.75
+        )
+        tok.train_from_iterator(texts, trainer)
+        pieces = json.loads(tok.to_str())["model"]["vocab"]
+        return cls(vocab=[(p, float(s)) for p, s in pieces], **specials)
+    probe = cls(**specials)
+    special_tokens = list(dict.fromkeys(probe.all_special_tokens))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe_trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, bpe_trainer)
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return cls(vocab=model["vocab"], merges=merges, **specials)
+
+
+def _config(arch: Architecture, tokenizer: Any, kind: Kind, num_labels: int) -> Any:
+    import transformers
+
+    options = dict(arch.options)
+    options["vocab_size"] = len(tokenizer)
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        token_id = getattr(tokenizer, name, None)
+        if token_id is not None:
+            options[name] = token_id
+    if arch.name == "modernbert":
+        options.update(cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id)
+    if kind == "cross-encoder":
+        options["num_labels"] = num_labels
+    return getattr(transformers, arch.config)(**options)
+
+
+def _write_sentence_transformers_layout(out: Path, arch: Architecture, tokenizer: Any) -> None:
+    """``modules.json``, the pooling and normalize folders and ``sentence_bert_config.json`` as
+    sentence-transformers saves them."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if arch.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (out / "2_Normalize").mkdir(exist_ok=True)
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {
+        "word_embedding_dimension": HIDDEN,
+        "pooling_mode_cls_token": arch.pooling == "cls",
+        "pooling_mode_mean_tokens": arch.pooling == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": arch.pooling == "lasttoken",
+        "include_prompt": True,
+    }
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 120, "do_lower_case": False}))
+    prompts: dict[str, Any] = {"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": None}
+    if arch.decoder:  # instruction prompts, as Qwen3-Embedding and e5-mistral write them
+        prompts["prompts"]["query"] = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
+    (out / "config_sentence_transformers.json").write_text(json.dumps(prompts, indent=2))
+
+
+def _build(arch: Architecture, kind: Kind, out: Path, seed: int, num_labels: int) -> None:
+    import torch
+    import transformers
+
+    tokenizer = _trained_tokenizer(arch)
+    tokenizer.padding_side = arch.padding_side
+    if arch.decoder:  # the embedding is the hidden state of the EOS token appended to every input
+        from tokenizers import processors
+
+        eos = tokenizer.eos_token
+        tokenizer._tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, tokenizer.eos_token_id)]
+        )
+    config = _config(arch, tokenizer, kind, num_labels)
+    offset = 2 if arch.name in ("roberta", "xlm-roberta", "mpnet") else 0  # positions start after padding_idx
+    tokenizer.model_max_length = config.max_position_embeddings - offset  # as the public models' files say
+    torch.manual_seed(seed)
+    loader = transformers.AutoModel if kind == "embedding" else transformers.AutoModelForSequenceClassification
+    with quiet_loading():
+        model = loader.from_config(config).eval()
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():  # spread the weights so outputs differ visibly between inputs
+            for name, param in model.named_parameters():
+                if param.dim() > 1:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+                elif "bias" in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    if kind == "embedding":
+        _write_sentence_transformers_layout(out, arch, tokenizer)
+
+
+def tiny_model(
+    architecture: str,
+    kind: Kind = "embedding",
+    out: str | Path | None = None,
+    *,
+    seed: int = 0,
+    num_labels: int = 1,
+    build: Callable[[Architecture, Kind, Path, int, int], None] = _build,
+) -> str:
+    """A tiny seeded model of ``architecture`` (a key of :data:`ARCHITECTURES`), saved to ``out``; returns
+    its path.
+
+    Without ``out`` it goes to ``<cache>/models/tiny-<architecture>-<kind>-<key>`` and is built once (the
+    build is deterministic), so its exports are cached too.
+    """
+    if architecture not in ARCHITECTURES:
+        raise KeyError(f"unknown architecture {architecture!r}; choose one of {sorted(ARCHITECTURES)}")
+    arch = ARCHITECTURES[architecture]
+    if out is None:
+        import transformers
+
+        key = hashlib.sha256(f"{RECIPE}:{transformers.__version__}:{seed}:{num_labels}".encode()).hexdigest()[:10]
+        out = default_cache_dir() / "models" / f"tiny-{architecture}-{kind}-{key}"
+        if (Path(out) / "config.json").is_file():
+            return str(out)
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(arch, kind, tmp, seed, num_labels)
+        if target.exists() and not any(target.iterdir()):
+            target.rmdir()
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process built it first, or out is a non-empty folder we must not replace
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+CROSS_ENCODERS = ["bert", "xlm-roberta", "deberta-v2", "modernbert", "electra", "qwen3"]
+"""Architectures of the public cross-encoders (sequence classifiers) built as tiny models."""

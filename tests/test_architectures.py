@@ -1,0 +1,128 @@
+"""Every architecture users bring, against sentence-transformers on tiny seeded models of it: the same
+vectors and scores, the same token counts, on torch and on every backend that exports it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from sentence_transformers import CrossEncoder as STCrossEncoder
+from sentence_transformers import SentenceTransformer
+
+from embedrank import CrossEncoder, Encoder
+from embedrank.errors import UnsupportedModelError
+from embedrank.registry import resolve
+from embedrank.testing.tiny import ARCHITECTURES, CROSS_ENCODERS, tiny_model
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "green tea health benefits",
+    "Ünïcödé: les saisons sont causées par l'inclinaison de la Terre. 季節",
+    "retrieval " * 150,  # cut at the max length (120)
+    "x",
+]
+PAIRS = [
+    ("green tea", "Green tea is a drink with health benefits."),
+    ("green tea", "The fox jumps."),
+    ("what is a fox", "a"),
+    ("long", "retrieval " * 150),
+]
+
+
+def _st_token_counts(model: SentenceTransformer, texts: list[str]) -> list[int]:
+    features = model.tokenize(texts)
+    return features["attention_mask"].sum(dim=1).tolist()
+
+
+@pytest.fixture(scope="module")
+def st_encoders():
+    return {}
+
+
+def _st(name: str, cache: dict) -> tuple[str, SentenceTransformer]:
+    if name not in cache:
+        path = tiny_model(name)
+        cache[name] = (path, SentenceTransformer(path, device="cpu"))
+    return cache[name]
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_encoder_matches_sentence_transformers_on_torch(name, st_encoders):
+    path, st = _st(name, st_encoders)
+    enc = Encoder.from_pretrained(path, backend="torch")
+    ours = enc.encode_with_stats(TEXTS, batch_size=2)
+    assert np.abs(ours.embeddings - st.encode(TEXTS, batch_size=2)).max() < 1e-5
+    assert ours.token_counts == _st_token_counts(st, TEXTS)
+    assert ours.truncated == [False, False, False, True, False]
+    assert enc.dimension == st.get_sentence_embedding_dimension()
+    # the model's query prompt (an instruction for the decoder embedders)
+    queries = enc.encode(TEXTS[:2], prompt_name="query")
+    assert np.abs(queries - st.encode(TEXTS[:2], prompt_name="query")).max() < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["openvino", "onnx"])
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_encoder_exports_and_matches_sentence_transformers(name, backend, st_encoders):
+    path, st = _st(name, st_encoders)
+    enc = Encoder.from_pretrained(path, backend=backend)
+    assert (enc.backend, enc.runtime.inference_precision) == (backend, "f32")  # exported, no fallback
+    ours = enc.encode_with_stats(TEXTS, batch_size=2)
+    assert np.abs(ours.embeddings - st.encode(TEXTS, batch_size=2)).max() < 1e-4
+    assert ours.token_counts == _st_token_counts(st, TEXTS)
+    info = json.loads((enc.runtime.path.parent / "export.json").read_text())
+    # SDPA where the architecture has it, eager attention where it does not (MPNet, DeBERTa-v2)
+    assert info["attention"] == ("eager" if name in ("mpnet", "deberta-v2") else "sdpa")
+
+
+@pytest.fixture(scope="module")
+def st_cross_encoders():
+    return {}
+
+
+def _st_ce(name: str, cache: dict) -> tuple[str, STCrossEncoder]:
+    if name not in cache:
+        path = tiny_model(name, "cross-encoder")
+        cache[name] = (path, STCrossEncoder(path, device="cpu"))
+    return cache[name]
+
+
+@pytest.mark.parametrize("name", CROSS_ENCODERS)
+def test_cross_encoder_matches_sentence_transformers_on_torch(name, st_cross_encoders):
+    path, st = _st_ce(name, st_cross_encoders)
+    ce = CrossEncoder.from_pretrained(path, backend="torch")
+    ours = ce.score_pairs_with_stats(PAIRS, batch_size=2)
+    assert np.abs(ours.scores - st.predict(PAIRS, batch_size=2)).max() < 1e-5
+    assert ours.truncated == [False, False, False, True]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["openvino", "onnx"])
+@pytest.mark.parametrize("name", CROSS_ENCODERS)
+def test_cross_encoder_exports_and_matches_sentence_transformers(name, backend, st_cross_encoders):
+    path, st = _st_ce(name, st_cross_encoders)
+    ce = CrossEncoder.from_pretrained(path, backend=backend)
+    assert ce.backend == backend
+    assert np.abs(ce.score_pairs(PAIRS, batch_size=2) - st.predict(PAIRS, batch_size=2)).max() < 1e-4
+
+
+def test_width_is_read_from_every_config_spelling(tmp_path):
+    path = tmp_path / "distilbert"
+    shutil.copytree(tiny_model("distilbert"), path)
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    spec = resolve(str(path))
+    assert spec.dimension == 64  # DistilBERT's config says "dim", not "hidden_size"
+    enc = Encoder.from_spec(spec.__class__(**{**spec.__dict__, "dimension": None}), backend="torch")
+    assert enc.dimension == 64  # and with nothing to read, measured
+
+
+def test_an_unknown_sentence_transformers_module_is_named(tmp_path):
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model("bert"), path)
+    modules = json.loads((path / "modules.json").read_text())
+    modules.append({"idx": 3, "name": "3", "path": "3_Mystery", "type": "my_package.Mystery"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(UnsupportedModelError, match=r"'my_package\.Mystery'.*supports \["):
+        resolve(str(path))
