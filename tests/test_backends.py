@@ -14,7 +14,7 @@ from scipy.stats import kendalltau
 
 from embedrank import CrossEncoder, Encoder, InvalidInputError
 from embedrank.errors import UnsupportedModelError
-from embedrank.runtime import exports
+from embedrank.runtime import converters
 from embedrank.runtime.backends import check_backend
 
 TEXTS = [
@@ -164,7 +164,7 @@ def test_exports_are_cached_and_keyed_by_the_weights(model_path, tmp_path, monke
     def no_export(*args, **kwargs):
         raise AssertionError("exported again although the cache holds this export")
 
-    monkeypatch.setattr(exports, "_export_openvino", no_export)
+    monkeypatch.setattr(converters, "to_openvino", no_export)
     again = Encoder.from_pretrained(str(local), backend="openvino", cache_dir=cache)
     assert np.array_equal(first.encode(TEXTS), again.encode(TEXTS))
     # bf16 is a compile setting: it runs the same fp32 export
@@ -198,7 +198,7 @@ def test_a_failed_export_says_so_and_leaves_nothing_behind(tmp_path, monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("converter says no\nsecond line")
 
-    monkeypatch.setattr(exports, "_export_openvino", broken)
+    monkeypatch.setattr(converters, "to_openvino", broken)
     with pytest.raises(
         UnsupportedModelError, match=r"openvino fp32 \(RuntimeError: converter says no\); load it with backend='torch'"
     ):
@@ -207,7 +207,7 @@ def test_a_failed_export_says_so_and_leaves_nothing_behind(tmp_path, monkeypatch
     # the temporary folder is gone; what remains is the failure, so the next load does not try again
     (failed,) = (tmp_path / "exports").iterdir()
     assert failed.name.endswith(".failed.json") and "converter says no" in failed.read_text()
-    monkeypatch.setattr(exports, "_export_openvino", lambda *a, **k: pytest.fail("a failed export was tried again"))
+    monkeypatch.setattr(converters, "to_openvino", lambda *a, **k: pytest.fail("a failed export was tried again"))
     with pytest.raises(UnsupportedModelError, match="converter says no"):
         Encoder.from_pretrained(backend="openvino", cache_dir=tmp_path)
 
@@ -222,7 +222,7 @@ def test_the_default_backend_falls_back_to_torch_with_one_warning(tmp_path, monk
         calls.append(1)
         raise RuntimeError("converter says no")
 
-    monkeypatch.setattr(exports, "_export_openvino", broken)
+    monkeypatch.setattr(converters, "to_openvino", broken)
     monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
     monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
     for _ in range(2):

@@ -7,7 +7,10 @@ versions of every library that shapes the graph, and for int8 the calibration te
 ``~/.cache/embedrank``) with an ``export.json`` that says how it was made. Exports are written to a
 temporary directory and renamed into place, so concurrent processes never see half an export.
 
-Converters (maintained tools only):
+An export that fails leaves ``<model>-<backend>-<precision>-<key>.failed.json`` with the converter's reason
+instead, so later loads do not try again (delete it to retry); a new library version changes the key.
+
+Converters (maintained tools only, :mod:`embedrank.runtime.converters`):
 
 - OpenVINO: ``openvino.convert_model`` on the transformers model (whose output is narrowed to
   ``last_hidden_state`` or ``logits``), saved uncompressed (fp32 weights); int8: ``nncf.quantize``
@@ -38,12 +41,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from embedrank.errors import InvalidInputError, UnsupportedModelError
 from embedrank.paths import default_cache_dir
 from embedrank.registry import ModelSpec, quiet_loading, weights_fingerprint
+from embedrank.runtime import converters
 from embedrank.runtime.backends import BACKEND_ENV, PRECISION_ENV, Backend, Head, Precision, Runtime, check_backend
 from embedrank.texts import read_texts, seeded_sample, vocabulary_texts
 
@@ -53,7 +56,6 @@ log = logging.getLogger("embedrank.exports")
 # exports in the cache are not reused
 RECIPE = 4
 CALIBRATION_SIZE = 300  # texts for static int8 (NNCF's default subset is 300 samples)
-CALIBRATION_BATCH = 8
 _VERSIONED = {
     "openvino": ("openvino", "nncf", "torch", "transformers"),
     "onnx": ("onnxruntime", "onnx", "torch", "transformers"),
@@ -114,32 +116,6 @@ def export_dir(spec: ModelSpec, backend: Backend, precision: Precision, key: str
     return (cache_dir or default_cache_dir()) / "exports" / f"{name}-{backend}-{precision}-{key}"
 
 
-class _Narrow(torch.nn.Module):
-    """The transformers model with one tensor out: ``last_hidden_state`` or ``logits``."""
-
-    def __init__(self, model: torch.nn.Module, head: Head, with_token_types: bool) -> None:
-        super().__init__()
-        self.model = model
-        self.output = "last_hidden_state" if head == "encoder" else "logits"
-        self.with_token_types = with_token_types
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        extra = {"token_type_ids": token_type_ids} if self.with_token_types else {}
-        return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **extra), self.output)
-
-
-def load_torch(spec: ModelSpec, head: Head, **options: Any) -> torch.nn.Module:
-    """The transformers model of ``spec``: ``AutoModel`` (encoder) or ``AutoModelForSequenceClassification``
-    (classifier), with ``options`` for ``from_pretrained``, in eval mode."""
-    from transformers import AutoModel, AutoModelForSequenceClassification
-
-    loader = AutoModel if head == "encoder" else AutoModelForSequenceClassification
-    with quiet_loading():
-        return loader.from_pretrained(spec.path, **options).eval()
-
-
 def load_transformer(
     spec: ModelSpec,
     head: Head,
@@ -171,7 +147,7 @@ def load_transformer(
     with quiet_loading():
         tokenizer = AutoTokenizer.from_pretrained(spec.path)
     if backend_name == "torch":
-        return tokenizer, load_torch(spec, head, **({"dtype": torch_dtype} if torch_dtype else {}))
+        return tokenizer, converters.load_torch(spec, head, **({"dtype": torch_dtype} if torch_dtype else {}))
     if device != "cpu" or torch_dtype is not None:
         raise InvalidInputError(
             f"backend {backend_name!r} runs on the CPU in its own precision; device and torch_dtype "
@@ -201,7 +177,7 @@ def load_transformer(
             exc.reason,
             BACKEND_ENV,
         )
-        return tokenizer, load_torch(spec, head)
+        return tokenizer, converters.load_torch(spec, head)
     return tokenizer, runtime
 
 
@@ -213,110 +189,6 @@ class ExportError(UnsupportedModelError):
             f"could not export {model_id!r} to {backend} {precision} ({reason}); load it with backend='torch'"
         )
         self.reason = reason
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else "no message"
-
-
-def _model_to_export(spec: ModelSpec, head: Head) -> tuple[torch.nn.Module, str]:
-    """The transformers model to export and its attention implementation: SDPA where the architecture has
-    it (OpenVINO fuses it into its ScaledDotProductAttention; eager attention's matmul/softmax chain ran
-    1.2x slower on SciFact passages here), else eager (MPNet, DeBERTa-v2). Decoders export without their
-    key/value cache: one forward pass over whole inputs needs none, and the cache's growing concatenation
-    does not convert."""
-    try:
-        model, attention = load_torch(spec, head, attn_implementation="sdpa"), "sdpa"
-    except ValueError as exc:
-        if "attention" not in str(exc):
-            raise
-        model, attention = load_torch(spec, head, attn_implementation="eager"), "eager"
-    config: Any = model.config
-    if getattr(config, "use_cache", False):
-        config.use_cache = False
-    return model, attention
-
-
-def _example(tokenizer: Any, head: Head) -> dict[str, torch.Tensor]:
-    if head == "encoder":
-        enc = tokenizer(["an example text", "a second, longer example text"], padding=True, return_tensors="pt")
-    else:
-        enc = tokenizer(
-            ["a query", "another query"], ["a passage", "a longer passage"], padding=True, return_tensors="pt"
-        )
-    return dict(enc)
-
-
-def _calibration_batches(tokenizer: Any, head: Head, texts: list[str], max_length: int) -> list[dict[str, np.ndarray]]:
-    """Tokenized calibration batches as the runtime will feed them (length-sorted, padded per batch).
-    A cross-encoder is calibrated on pairs: the first 12 words of text i against texts i and i+1."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    batches = []
-    for start in range(0, len(order), CALIBRATION_BATCH):
-        chunk = [texts[i] for i in order[start : start + CALIBRATION_BATCH]]
-        if head == "encoder":
-            enc = tokenizer(chunk, padding=True, truncation=True, max_length=max_length, return_tensors="np")
-        else:
-            queries = [" ".join(t.split()[:12]) for t in chunk]
-            docs = chunk[1:] + chunk[:1]
-            enc = tokenizer(
-                queries * 2, chunk + docs, padding=True, truncation=True, max_length=max_length, return_tensors="np"
-            )
-        batches.append({k: np.asarray(v, dtype=np.int64) for k, v in enc.items()})
-    return batches
-
-
-def _export_openvino(
-    model: _Narrow, example: dict[str, torch.Tensor], out: Path, precision: Precision, calib: Any
-) -> None:
-    import openvino as ov
-
-    # torch.export with dynamic batch and sequence axes (torch.jit.trace, convert_model's other path, is
-    # deprecated); the graph's inputs keep the tokenizer's names
-    # (Dim.AUTO: dynamic, with the range torch derives from the model, e.g. its position limit)
-    auto = torch.export.Dim.AUTO
-    program = torch.export.export(model, (), kwargs=example, dynamic_shapes={k: {0: auto, 1: auto} for k in example})
-    ov_model = ov.convert_model(program)
-    if precision == "int8":
-        nncf = _require("nncf", "int8", "OpenVINO int8")
-
-        names = [p.any_name for p in ov_model.inputs]
-        dataset = nncf.Dataset(calib, lambda batch: {n: batch[n] for n in names})
-        ov_model = nncf.quantize(ov_model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calib))
-    ov.save_model(ov_model, str(out / "model.xml"), compress_to_fp16=False)
-
-
-def _require(module: str, extra: str, what: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f"{what} needs {module}: pip install 'embedrank[{extra}]'") from None
-
-
-def _export_onnx(model: _Narrow, example: dict[str, torch.Tensor], out: Path, precision: Precision) -> None:
-    _require("onnxscript", "onnx", "the ONNX backend's exporter")
-    target = out / ("model_fp32.onnx" if precision == "int8" else "model.onnx")
-    auto = torch.export.Dim.AUTO
-    # the torch.export-based exporter (TorchScript tracing bakes the example's shapes into the mask ops)
-    program = torch.onnx.export(
-        model,
-        (),
-        kwargs=example,
-        dynamic_shapes={k: {0: auto, 1: auto} for k in example},
-        dynamo=True,
-        output_names=[model.output],  # last_hidden_state or logits, as optimum names them
-        optimize=True,
-        verbose=False,
-    )
-    assert program is not None  # dynamo=True always returns the program
-    program.save(str(target))
-    if precision == "int8":
-        _require("onnxruntime", "onnx", "the ONNX backend")
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        quantize_dynamic(str(target), str(out / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
-        target.unlink()
 
 
 def exported_model(
@@ -362,24 +234,24 @@ def exported_model(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         try:
-            model, attention = _model_to_export(spec, head)
-            example = _example(tokenizer, head)
-            narrow = _Narrow(model, head, "token_type_ids" in example).eval()
+            model, attention = converters.model_to_export(spec, head)
+            example = converters.example_inputs(tokenizer, head)
+            narrow = converters.Narrow(model, head, "token_type_ids" in example).eval()
             # the exporters and converters warn about their own internals (deprecations, tracing notes):
             # those go to the log, not to the user's terminal
             with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 if backend == "openvino":
-                    calib = _calibration_batches(tokenizer, head, texts, max_seq_length) if static else None
-                    _export_openvino(narrow, example, tmp, precision, calib)
+                    calib = converters.calibration_batches(tokenizer, head, texts, max_seq_length) if static else None
+                    converters.to_openvino(narrow, example, tmp, precision, calib)
                 else:
-                    _export_onnx(narrow, example, tmp, precision)
+                    converters.to_onnx(narrow, example, tmp, precision)
             for w in caught:
                 log.debug("while exporting %s: %s: %s", spec.model_id, w.category.__name__, w.message)
         except (ImportError, MemoryError):
             raise
         except Exception as exc:  # the converters raise many types; all mean this model did not export
-            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+            reason = f"{type(exc).__name__}: {converters.first_line(exc)}"
             failed.parent.mkdir(parents=True, exist_ok=True)
             failed.write_text(json.dumps({"model_id": spec.model_id, "reason": reason}) + "\n")
             raise ExportError(spec.model_id, backend, precision, reason) from exc

@@ -1,0 +1,148 @@
+"""Converters from a transformers model to an exported graph: OpenVINO (``openvino.convert_model`` on
+``torch.export``, NNCF for int8) and ONNX (``torch.onnx.export``, ONNX Runtime's dynamic quantizer).
+
+Only maintained tools convert; nothing rewrites a graph by hand. :mod:`embedrank.runtime.exports` decides
+what to export and caches the result.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedrank.registry import ModelSpec, quiet_loading
+from embedrank.runtime.backends import Head, Precision
+
+CALIBRATION_BATCH = 8
+
+
+class Narrow(torch.nn.Module):
+    """The transformers model with one tensor out: ``last_hidden_state`` or ``logits``."""
+
+    def __init__(self, model: torch.nn.Module, head: Head, with_token_types: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.output = "last_hidden_state" if head == "encoder" else "logits"
+        self.with_token_types = with_token_types
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        extra = {"token_type_ids": token_type_ids} if self.with_token_types else {}
+        return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **extra), self.output)
+
+
+def load_torch(spec: ModelSpec, head: Head, **options: Any) -> torch.nn.Module:
+    """The transformers model of ``spec``: ``AutoModel`` (encoder) or ``AutoModelForSequenceClassification``
+    (classifier), with ``options`` for ``from_pretrained``, in eval mode."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    loader = AutoModel if head == "encoder" else AutoModelForSequenceClassification
+    with quiet_loading():
+        return loader.from_pretrained(spec.path, **options).eval()
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "no message"
+
+
+def model_to_export(spec: ModelSpec, head: Head) -> tuple[torch.nn.Module, str]:
+    """The transformers model to export and its attention implementation: SDPA where the architecture has
+    it (OpenVINO fuses it into its ScaledDotProductAttention; eager attention's matmul/softmax chain ran
+    1.2x slower on SciFact passages here), else eager (MPNet, DeBERTa-v2). Decoders export without their
+    key/value cache: one forward pass over whole inputs needs none, and the cache's growing concatenation
+    does not convert."""
+    try:
+        model, attention = load_torch(spec, head, attn_implementation="sdpa"), "sdpa"
+    except ValueError as exc:
+        if "attention" not in str(exc):
+            raise
+        model, attention = load_torch(spec, head, attn_implementation="eager"), "eager"
+    config: Any = model.config
+    if getattr(config, "use_cache", False):
+        config.use_cache = False
+    return model, attention
+
+
+def example_inputs(tokenizer: Any, head: Head) -> dict[str, torch.Tensor]:
+    if head == "encoder":
+        enc = tokenizer(["an example text", "a second, longer example text"], padding=True, return_tensors="pt")
+    else:
+        enc = tokenizer(
+            ["a query", "another query"], ["a passage", "a longer passage"], padding=True, return_tensors="pt"
+        )
+    return dict(enc)
+
+
+def calibration_batches(tokenizer: Any, head: Head, texts: list[str], max_length: int) -> list[dict[str, np.ndarray]]:
+    """Tokenized calibration batches as the runtime will feed them (length-sorted, padded per batch).
+    A cross-encoder is calibrated on pairs: the first 12 words of text i against texts i and i+1."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    batches = []
+    for start in range(0, len(order), CALIBRATION_BATCH):
+        chunk = [texts[i] for i in order[start : start + CALIBRATION_BATCH]]
+        if head == "encoder":
+            enc = tokenizer(chunk, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        else:
+            queries = [" ".join(t.split()[:12]) for t in chunk]
+            docs = chunk[1:] + chunk[:1]
+            enc = tokenizer(
+                queries * 2, chunk + docs, padding=True, truncation=True, max_length=max_length, return_tensors="np"
+            )
+        batches.append({k: np.asarray(v, dtype=np.int64) for k, v in enc.items()})
+    return batches
+
+
+def to_openvino(model: Narrow, example: dict[str, torch.Tensor], out: Path, precision: Precision, calib: Any) -> None:
+    import openvino as ov
+
+    # torch.export with dynamic batch and sequence axes (torch.jit.trace, convert_model's other path, is
+    # deprecated); the graph's inputs keep the tokenizer's names
+    # (Dim.AUTO: dynamic, with the range torch derives from the model, e.g. its position limit)
+    auto = torch.export.Dim.AUTO
+    program = torch.export.export(model, (), kwargs=example, dynamic_shapes={k: {0: auto, 1: auto} for k in example})
+    ov_model = ov.convert_model(program)
+    if precision == "int8":
+        nncf = require("nncf", "int8", "OpenVINO int8")
+
+        names = [p.any_name for p in ov_model.inputs]
+        dataset = nncf.Dataset(calib, lambda batch: {n: batch[n] for n in names})
+        ov_model = nncf.quantize(ov_model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calib))
+    ov.save_model(ov_model, str(out / "model.xml"), compress_to_fp16=False)
+
+
+def require(module: str, extra: str, what: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{what} needs {module}: pip install 'embedrank[{extra}]'") from None
+
+
+def to_onnx(model: Narrow, example: dict[str, torch.Tensor], out: Path, precision: Precision) -> None:
+    require("onnxscript", "onnx", "the ONNX backend's exporter")
+    target = out / ("model_fp32.onnx" if precision == "int8" else "model.onnx")
+    auto = torch.export.Dim.AUTO
+    # the torch.export-based exporter (TorchScript tracing bakes the example's shapes into the mask ops)
+    program = torch.onnx.export(
+        model,
+        (),
+        kwargs=example,
+        dynamic_shapes={k: {0: auto, 1: auto} for k in example},
+        dynamo=True,
+        output_names=[model.output],  # last_hidden_state or logits, as optimum names them
+        optimize=True,
+        verbose=False,
+    )
+    assert program is not None  # dynamo=True always returns the program
+    program.save(str(target))
+    if precision == "int8":
+        require("onnxruntime", "onnx", "the ONNX backend")
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(target), str(out / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
+        target.unlink()
