@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM ?= false
 EXTRAS := dev,notebooks,train,ray,int8,onnx,docs
 RECORD := $(PY) eval/record.py
 
-.PHONY: setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load fuzz eval serve notebooks clean
+.PHONY: setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -85,6 +85,10 @@ eval: setup  ## the reference evaluations on ../shared/data, recorded for the be
 	$(RECORD) quality-dl19 "Retrieval quality: TREC DL19, BM25 and BM25 reranked" -- \
 	  $(PY) eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
 	$(RECORD) quantization "Compact vectors: quality of each embedding type" -- $(PY) eval/bench_quantization.py scifact
+	$(PY) eval/render_benchmarks.py
+
+support-matrix: setup  ## every architecture on every backend and precision against sentence-transformers (docs/models.md)
+	$(RECORD) support "Support matrix: architectures by backend and precision" -- $(PY) eval/support_matrix.py
 	$(PY) eval/render_benchmarks.py
 
 notebooks: setup  ## re-execute the notebooks in full mode, in place, so the committed outputs carry every figure

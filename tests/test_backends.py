@@ -229,6 +229,7 @@ def test_the_default_backend_falls_back_to_torch_with_one_warning(tmp_path, monk
         caplog.clear()
         enc = Encoder.from_pretrained(cache_dir=tmp_path)
         assert (enc.backend, enc.precision) == ("torch", "fp32")
+        assert enc.fallback_reason == "could not export to openvino fp32: RuntimeError: converter says no"
         (record,) = [r for r in caplog.records if r.levelname == "WARNING" and "runs on torch" in r.getMessage()]
         assert "converter says no" in record.getMessage() and "backend='torch'" in record.getMessage()
     assert len(calls) == 1  # the failure is remembered next to the exports

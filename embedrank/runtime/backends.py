@@ -97,6 +97,7 @@ class TorchRuntime:
 
     backend: Backend = "torch"
     precision: Precision = "fp32"
+    fallback_reason: str | None = None  # why it runs on torch although another backend was the default
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, head: Head, *, padding_free: bool | None = None) -> None:
         self.module = model.eval()
@@ -211,6 +212,12 @@ class RuntimeFacts:
     @property
     def precision(self) -> str:
         return self.runtime.precision
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why the model runs on torch although no backend was named and the default is another (the export
+        failed), else None."""
+        return getattr(self.runtime, "fallback_reason", None)
 
     @property
     def padding_free(self) -> bool:

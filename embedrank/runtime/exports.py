@@ -47,7 +47,16 @@ from embedrank.errors import InvalidInputError, UnsupportedModelError
 from embedrank.paths import default_cache_dir
 from embedrank.registry import ModelSpec, quiet_loading, weights_fingerprint
 from embedrank.runtime import converters
-from embedrank.runtime.backends import BACKEND_ENV, PRECISION_ENV, Backend, Head, Precision, Runtime, check_backend
+from embedrank.runtime.backends import (
+    BACKEND_ENV,
+    PRECISION_ENV,
+    Backend,
+    Head,
+    Precision,
+    Runtime,
+    TorchRuntime,
+    check_backend,
+)
 from embedrank.texts import read_texts, seeded_sample, vocabulary_texts
 
 log = logging.getLogger("embedrank.exports")
@@ -177,7 +186,9 @@ def load_transformer(
             exc.reason,
             BACKEND_ENV,
         )
-        return tokenizer, converters.load_torch(spec, head)
+        fallback = TorchRuntime(converters.load_torch(spec, head), tokenizer, head)
+        fallback.fallback_reason = f"could not export to {backend_name} {prec}: {exc.reason}"
+        return tokenizer, fallback
     return tokenizer, runtime
 
 

@@ -44,11 +44,12 @@ class Architecture:
     config: str  # transformers config class
     tokenizer: str  # transformers tokenizer class
     tokenizer_kind: TokenizerKind
-    examples: tuple[str, ...]  # public models of this architecture
+    examples: tuple[str, ...]  # public embedding models of this architecture
     pooling: str = "mean"
     normalize: bool = False
     padding_side: str = "right"
     decoder: bool = False  # causal LM backbone: last-token pooling, EOS appended, left padding
+    rerankers: tuple[str, ...] = ()  # public cross-encoders of this architecture
     options: tuple[tuple[str, Any], ...] = ()  # config overrides
     specials: tuple[tuple[str, str], ...] = ()  # tokenizer special tokens
 
@@ -79,7 +80,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             "BertConfig",
             "BertTokenizer",
             "wordpiece",
-            ("all-MiniLM-L6-v2", "bge-small/base/large-en-v1.5", "e5-*-v2", "gte-*", "ms-marco-MiniLM-L6-v2"),
+            ("all-MiniLM-L6-v2", "bge-small/base/large-en-v1.5", "e5-*-v2", "gte-small/base/large"),
+            rerankers=("ms-marco-MiniLM-L6-v2", "ms-marco-TinyBERT-L2-v2"),
             normalize=True,
             options=_BERT_LIKE,
         ),
@@ -104,7 +106,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             "XLMRobertaConfig",
             "XLMRobertaTokenizer",
             "unigram",
-            ("bge-m3 (dense)", "multilingual-e5-*", "paraphrase-multilingual-mpnet-base-v2", "bge-reranker-v2-m3"),
+            ("bge-m3 (dense)", "multilingual-e5-small/base/large", "paraphrase-multilingual-mpnet-base-v2"),
+            rerankers=("bge-reranker-base/large", "bge-reranker-v2-m3", "mmarco-mMiniLMv2-L12-H384-v1"),
             pooling="cls",
             normalize=True,
             options=(*_BERT_LIKE, ("max_position_embeddings", 130), ("pad_token_id", 1)),
@@ -124,7 +127,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             "ElectraConfig",
             "ElectraTokenizer",
             "wordpiece",
-            ("ms-marco-electra-base", "electra-base-discriminator fine-tunes"),
+            ("ELECTRA sentence-transformers fine-tunes",),
+            rerankers=("ms-marco-electra-base",),
             options=(*_BERT_LIKE, ("embedding_size", HIDDEN)),
         ),
         Architecture(
@@ -132,7 +136,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             "DebertaV2Config",
             "DebertaV2Tokenizer",
             "unigram",
-            ("mxbai-rerank-base/large-v1", "deberta-v3 cross-encoders", "nli-deberta-v3-*"),
+            ("DeBERTa-v3 sentence-transformers fine-tunes",),
+            rerankers=("mxbai-rerank-xsmall/base/large-v1", "nli-deberta-v3-base"),
             options=(
                 *_BERT_LIKE,
                 ("relative_attention", True),
@@ -146,7 +151,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             "ModernBertConfig",
             "RobertaTokenizer",
             "bpe",
-            ("gte-modernbert-base", "modernbert-embed-base", "gte-reranker-modernbert-base"),
+            ("gte-modernbert-base", "modernbert-embed-base", "modernbert-embed-large"),
+            rerankers=("gte-reranker-modernbert-base",),
             pooling="cls",
             normalize=True,
             options=(
@@ -173,7 +179,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             "Qwen3Config",
             "Qwen2Tokenizer",
             "bpe",
-            ("Qwen3-Embedding-0.6B/4B/8B", "Qwen3-Reranker (seq-cls form)"),
+            ("Qwen3-Embedding-0.6B/4B/8B",),
+            rerankers=("Qwen3-Reranker-0.6B/4B/8B in sequence-classification form",),
             pooling="lasttoken",
             normalize=True,
             padding_side="left",
