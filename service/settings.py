@@ -10,6 +10,10 @@ Environment variables (all optional):
 - ``EMBEDRANK_BACKEND`` (``openvino``; or ``torch``, ``onnx``) and ``EMBEDRANK_PRECISION`` (``fp32``; or
   ``bf16``, ``int8``): what runs every model whose entry names no backend (:mod:`embedrank.runtime.backends`).
   An OpenVINO or ONNX model is exported on its first start and read from the export cache after that.
+- ``EMBEDRANK_TRUST_REMOTE_CODE``: comma-separated model ids whose own Python code (``auto_map`` in their
+  config: nomic-embed, gte-*-v1.5, jina-embeddings) may run. Off for every model unless named here or by
+  ``trust_remote_code = true`` in its ``[[models]]`` table; a model that needs it is refused at startup with
+  a message that says so.
 - ``EMBEDRANK_API_KEYS`` (comma-separated) and/or ``EMBEDRANK_API_KEYS_FILE`` (one key per line).
 - ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
 - ``EMBEDRANK_CORS_ORIGINS``: comma-separated origins (``https://app.example.com``, or ``*``) allowed to
@@ -39,6 +43,7 @@ A model path ``fake:encoder``, ``fake:encoder-with-prompts`` or ``fake:cross-enc
 
 The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
 ``id``, optional ``path``, optional ``aliases``, optional ``backend`` and ``precision``, optional
+``trust_remote_code`` (``true`` lets the model's own code run), optional
 ``ranges``: a ``.txt`` (one text per line) or BEIR ``.jsonl`` file whose embeddings set an embedding
 model's int8/uint8 ranges for ``embedding_types`` (default: :mod:`embedrank.models.ranges`' seeded
 vocabulary sentences), and optional ``calibration``: such a file to calibrate the int8 runtime of a model
@@ -95,6 +100,7 @@ class ModelEntry:
     calibration: str | None = None  # texts (.txt or .jsonl) that calibrate an int8 runtime (precision int8)
     backend: str | None = None  # torch, openvino, onnx; None: EMBEDRANK_BACKEND, else openvino
     precision: str | None = None  # fp32, bf16, int8; None: EMBEDRANK_PRECISION, else fp32
+    trust_remote_code: bool = False  # run the Python code the model ships (its config's auto_map)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,8 +164,16 @@ class Settings:
                         calibration=entry.get("calibration"),
                         backend=entry.get("backend"),
                         precision=entry.get("precision"),
+                        trust_remote_code=entry.get("trust_remote_code", False) is True,
                     )
                 )
+        trusted = {m.strip() for m in env.get("EMBEDRANK_TRUST_REMOTE_CODE", "").split(",") if m.strip()}
+        unknown = trusted - {m.id for m in models}
+        if unknown and models:
+            raise SettingsError(
+                f"EMBEDRANK_TRUST_REMOTE_CODE names {sorted(unknown)}, which no model entry has as its id"
+            )
+        models = [dataclasses.replace(m, trust_remote_code=True) if m.id in trusted else m for m in models]
         default_backend = env.get(BACKEND_ENV) or data.get("backend")
         default_precision = env.get(PRECISION_ENV) or data.get("precision")
         models = [

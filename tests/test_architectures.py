@@ -126,3 +126,100 @@ def test_an_unknown_sentence_transformers_module_is_named(tmp_path):
     (path / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(UnsupportedModelError, match=r"'my_package\.Mystery'.*supports \["):
         resolve(str(path))
+
+
+_CONFIGURATION = """from transformers import BertConfig
+
+
+class TinyConfig(BertConfig):
+    model_type = "tiny-own-code"
+"""
+_MODELING = """from transformers import BertModel
+
+from .configuration_tiny import TinyConfig
+
+
+class TinyModel(BertModel):
+    config_class = TinyConfig
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.last_hidden_state = out.last_hidden_state.abs() + 0.5  # its own computation
+        return out
+"""
+
+
+@pytest.fixture(scope="module")
+def own_code_model(tmp_path_factory):
+    """A tiny model that ships its own modeling code, as nomic-embed and jina-embeddings do."""
+    path = tmp_path_factory.mktemp("own-code") / "model"
+    shutil.copytree(tiny_model("bert"), path)
+    (path / "configuration_tiny.py").write_text(_CONFIGURATION)
+    (path / "modeling_tiny.py").write_text(_MODELING)
+    config = json.loads((path / "config.json").read_text())
+    config.update(
+        model_type="tiny-own-code",
+        architectures=["TinyModel"],
+        auto_map={"AutoConfig": "configuration_tiny.TinyConfig", "AutoModel": "modeling_tiny.TinyModel"},
+    )
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def test_a_model_with_its_own_code_needs_the_opt_in(own_code_model):
+    with pytest.raises(UnsupportedModelError, match=r"modeling_tiny\.TinyModel.*trust_remote_code=True"):
+        Encoder.from_pretrained(own_code_model, backend="torch")
+    with pytest.raises(UnsupportedModelError, match="trust_remote_code"):
+        CrossEncoder.from_pretrained(own_code_model, backend="torch")
+    enc = Encoder.from_pretrained(own_code_model, backend="torch", trust_remote_code=True)
+    assert type(enc.model).__name__ == "TinyModel"
+    st = SentenceTransformer(own_code_model, device="cpu", trust_remote_code=True)
+    assert np.abs(enc.encode(TEXTS) - st.encode(TEXTS)).max() < 1e-5
+    plain = Encoder.from_pretrained(tiny_model("bert"), backend="torch")
+    assert np.abs(enc.encode(TEXTS) - plain.encode(TEXTS)).max() > 0.01  # its own code ran
+
+
+@pytest.mark.slow
+def test_a_model_with_its_own_code_exports(own_code_model):
+    enc = Encoder.from_pretrained(own_code_model, backend="openvino", trust_remote_code=True)
+    st = SentenceTransformer(own_code_model, device="cpu", trust_remote_code=True)
+    assert enc.backend == "openvino" and np.abs(enc.encode(TEXTS) - st.encode(TEXTS)).max() < 1e-4
+
+
+@pytest.mark.slow
+def test_the_service_serves_the_architectures_on_the_default_backend(monkeypatch, own_code_model, st_encoders):
+    from litestar.testing import TestClient
+
+    from service.app import create_app
+    from service.settings import ModelEntry, Settings
+
+    monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
+    monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
+    entries = (
+        ModelEntry(id="mpnet", path=tiny_model("mpnet")),
+        ModelEntry(id="qwen3-embedding", path=tiny_model("qwen3")),
+        ModelEntry(id="deberta-reranker", path=tiny_model("deberta-v2", "cross-encoder")),
+    )
+    with pytest.raises(UnsupportedModelError, match="trust_remote_code"):
+        create_app(Settings(api_keys=("k",), models=(ModelEntry(id="own", path=own_code_model),)))
+    settings = Settings(api_keys=("k",), models=entries)
+    with TestClient(create_app(settings, wait_for_models=True)) as client:
+        client.headers.update({"Authorization": "Bearer k"})
+        cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+        assert {k: c["backend"] for k, c in cards.items()} == dict.fromkeys(cards, "openvino")
+        for model_id, name in (("mpnet", "mpnet"), ("qwen3-embedding", "qwen3")):
+            body = client.post("/v1/embeddings", json={"model": model_id, "input": TEXTS}).json()
+            got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+            assert np.abs(got - _st(name, st_encoders)[1].encode(TEXTS)).max() < 1e-4
+        query = client.post(
+            "/v1/embeddings", json={"model": "qwen3-embedding", "input": TEXTS[:2], "input_type": "query"}
+        ).json()
+        expected = _st("qwen3", st_encoders)[1].encode(TEXTS[:2], prompt_name="query")
+        assert np.abs(np.array([d["embedding"] for d in query["data"]]) - expected).max() < 1e-4
+        docs = [d for _, d in PAIRS]
+        body = client.post("/v1/rerank", json={"model": "deberta-reranker", "query": "green tea", "documents": docs})
+        ref = STCrossEncoder(tiny_model("deberta-v2", "cross-encoder"), device="cpu").predict(
+            [("green tea", d) for d in docs]
+        )
+        for r in body.json()["results"]:
+            assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-4)

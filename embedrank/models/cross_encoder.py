@@ -85,14 +85,16 @@ class CrossEncoder(RuntimeFacts):
         self.activation = default_activation(self.config)
 
     @classmethod
-    def from_pretrained(cls, model_id: str, **options: Any) -> CrossEncoder:
+    def from_pretrained(cls, model_id: str, *, trust_remote_code: bool = False, **options: Any) -> CrossEncoder:
         """Load a cross-encoder by local path or hub id; ``options`` are those of :meth:`from_spec`.
 
         Raises:
             ModelNotFoundError, NotAModelError: the id does not lead to a model.
+            UnsupportedModelError: the model needs its own Python code and ``trust_remote_code`` is False
+                (the default: a model's code runs only when you opt in), or uses a module embedrank does not run.
             ModelKindError: the model has no sequence-classification head (an embedding model).
         """
-        return cls.from_spec(resolve(model_id), **options)
+        return cls.from_spec(resolve(model_id, trust_remote_code=trust_remote_code), **options)
 
     @classmethod
     def from_spec(
@@ -134,7 +136,11 @@ class CrossEncoder(RuntimeFacts):
             calibration=data_dir_sample if calibration is None else calibration,
             cache_dir=cache_dir,
         )
-        config = None if isinstance(model, torch.nn.Module) else AutoConfig.from_pretrained(spec.path)
+        config = (
+            None
+            if isinstance(model, torch.nn.Module)
+            else AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+        )
         return cls(spec, model, tokenizer, device=device, max_seq_length=max_len, config=config)
 
     @property

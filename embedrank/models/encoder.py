@@ -72,15 +72,19 @@ class Encoder(FitsRanges, RuntimeFacts):
         self._dimension: int | None = None
 
     @classmethod
-    def from_pretrained(cls, model_id: str = DEFAULT_EMBEDDING_MODEL, **options: Any) -> Encoder:
+    def from_pretrained(
+        cls, model_id: str = DEFAULT_EMBEDDING_MODEL, *, trust_remote_code: bool = False, **options: Any
+    ) -> Encoder:
         """Load an embedding model by id, local path or hub id (see :mod:`embedrank.registry`);
         ``options`` are those of :meth:`from_spec` (``backend``, ``precision``, ...).
 
         Raises:
             ModelNotFoundError, NotAModelError: the id does not lead to a model.
+            UnsupportedModelError: the model needs its own Python code and ``trust_remote_code`` is False
+                (the default: a model's code runs only when you opt in), or uses a module embedrank does not run.
             ModelKindError: the model is a cross-encoder.
         """
-        return cls.from_spec(resolve(model_id), **options)
+        return cls.from_spec(resolve(model_id, trust_remote_code=trust_remote_code), **options)
 
     @classmethod
     def from_spec(

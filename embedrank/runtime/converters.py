@@ -43,7 +43,7 @@ def load_torch(spec: ModelSpec, head: Head, **options: Any) -> torch.nn.Module:
 
     loader = AutoModel if head == "encoder" else AutoModelForSequenceClassification
     with quiet_loading():
-        return loader.from_pretrained(spec.path, **options).eval()
+        return loader.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **options).eval()
 
 
 def first_line(exc: BaseException) -> str:

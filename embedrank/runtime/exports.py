@@ -154,7 +154,7 @@ def load_transformer(
 
     backend_name, prec = check_backend(backend, precision)
     with quiet_loading():
-        tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     if backend_name == "torch":
         return tokenizer, converters.load_torch(spec, head, **({"dtype": torch_dtype} if torch_dtype else {}))
     if device != "cpu" or torch_dtype is not None:
