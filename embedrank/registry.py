@@ -72,6 +72,10 @@ class ModelSpec:
     default_prompt_name: str | None = None  # applied when a call names no prompt
     # run the Python files the model ships (config.json's auto_map): only when the user opts in
     trust_remote_code: bool = False
+    # how a cross-encoder scores: its classification head, or (a causal LM such as Qwen3-Reranker) the
+    # probability of answer_tokens[0] ("yes") against answer_tokens[1] ("no") after its prompt template
+    scoring: Literal["classifier", "yes-no"] = "classifier"
+    answer_tokens: tuple[str, str] = ("yes", "no")
 
 
 def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
@@ -228,6 +232,9 @@ def describe(
     modules = _read_json(root / "modules.json")
     architectures = config.get("architectures") or []
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
+    # a causal LM without sentence-transformers modules is an LLM reranker (an embedding model built on a
+    # decoder, like Qwen3-Embedding, has modules.json)
+    is_causal_lm = not is_classifier and any(a.endswith("ForCausalLM") for a in architectures)
     st_config = _read_json(root / "sentence_bert_config.json") or {}
     hidden = next((config[k] for k in _HIDDEN_KEYS if isinstance(config.get(k), int)), None)
     position_limit = config.get("max_position_embeddings")
@@ -238,7 +245,7 @@ def describe(
     limits = [int(v) for v in (position_limit, tok_limit) if isinstance(v, int) and 0 < v < 1_000_000]
     default_len = min(limits) if limits else 512
 
-    if is_classifier and not modules:
+    if (is_classifier or is_causal_lm) and not modules:
         return ModelSpec(
             model_id=model_id,
             path=str(root),
@@ -248,8 +255,9 @@ def describe(
             normalize=False,
             max_seq_length=default_len,
             dimension=None,
-            num_labels=int(config.get("num_labels") or len(config.get("id2label") or {}) or 1),
+            num_labels=1 if is_causal_lm else int(config.get("num_labels") or len(config.get("id2label") or {}) or 1),
             trust_remote_code=trust_remote_code,
+            scoring="yes-no" if is_causal_lm else "classifier",
         )
 
     pooling = PoolingMode.MEAN

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -199,6 +200,7 @@ def test_the_service_serves_the_architectures_on_the_default_backend(monkeypatch
         ModelEntry(id="mpnet", path=tiny_model("mpnet")),
         ModelEntry(id="qwen3-embedding", path=tiny_model("qwen3")),
         ModelEntry(id="deberta-reranker", path=tiny_model("deberta-v2", "cross-encoder")),
+        ModelEntry(id="llm-reranker", path=tiny_model("qwen3", "causal-lm")),
     )
     with pytest.raises(UnsupportedModelError, match="trust_remote_code"):
         create_app(Settings(api_keys=("k",), models=(ModelEntry(id="own", path=own_code_model),)))
@@ -216,10 +218,78 @@ def test_the_service_serves_the_architectures_on_the_default_backend(monkeypatch
         ).json()
         expected = _st("qwen3", st_encoders)[1].encode(TEXTS[:2], prompt_name="query")
         assert np.abs(np.array([d["embedding"] for d in query["data"]]) - expected).max() < 1e-4
-        docs = [d for _, d in PAIRS]
+        docs = [d for _, d in PAIRS[:3]]  # documents that fit one window (the service splits longer ones)
         body = client.post("/v1/rerank", json={"model": "deberta-reranker", "query": "green tea", "documents": docs})
         ref = STCrossEncoder(tiny_model("deberta-v2", "cross-encoder"), device="cpu").predict(
             [("green tea", d) for d in docs]
         )
         for r in body.json()["results"]:
             assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-4)
+        body = client.post("/v1/rerank", json={"model": "llm-reranker", "query": "green tea", "documents": docs})
+        ref = _model_card_scores(tiny_model("qwen3", "causal-lm"), [("green tea", d) for d in docs], 256)
+        assert [r["index"] for r in body.json()["results"]] == sorted(range(len(docs)), key=lambda i: -ref[i])
+        for r in body.json()["results"]:
+            assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-4)
+
+
+def _model_card_scores(path: str, pairs: list[tuple[str, str]], max_length: int) -> np.ndarray:
+    """Qwen3-Reranker's recipe exactly as its model card writes it, with plain transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    token_false_id = tokenizer.convert_tokens_to_ids("no")
+    token_true_id = tokenizer.convert_tokens_to_ids("yes")
+    prefix = (
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+        'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    )
+    suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    prefix_tokens = tokenizer.encode(prefix, add_special_tokens=False)
+    suffix_tokens = tokenizer.encode(suffix, add_special_tokens=False)
+    instruction = "Given a web search query, retrieve relevant passages that answer the query"
+    texts = [f"<Instruct>: {instruction}\n<Query>: {q}\n<Document>: {d}" for q, d in pairs]
+    inputs = tokenizer(
+        texts,
+        padding=False,
+        truncation="longest_first",
+        return_attention_mask=False,
+        max_length=max_length - len(prefix_tokens) - len(suffix_tokens),
+    )
+    for i, ele in enumerate(inputs["input_ids"]):
+        inputs["input_ids"][i] = prefix_tokens + ele + suffix_tokens
+    with warnings.catch_warnings():  # the card pads with max_length, which transformers says it ignores
+        warnings.simplefilter("ignore", UserWarning)
+        inputs = tokenizer.pad(inputs, padding=True, return_tensors="pt", max_length=max_length)
+    with torch.no_grad():
+        batch_scores = model(**inputs).logits[:, -1, :]
+    true_vector = batch_scores[:, token_true_id]
+    false_vector = batch_scores[:, token_false_id]
+    batch_scores = torch.nn.functional.log_softmax(torch.stack([false_vector, true_vector], dim=1), dim=1)
+    return batch_scores[:, 1].exp().numpy()
+
+
+LLM_PAIRS = [*PAIRS, ("long", "retrieval " * 300)]
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("openvino", marks=pytest.mark.slow),
+                                     pytest.param("onnx", marks=pytest.mark.slow)])  # fmt: skip
+def test_a_causal_lm_reranker_scores_as_its_model_card_says(backend):
+    path = tiny_model("qwen3", "causal-lm")
+    ce = CrossEncoder.from_pretrained(path, backend=backend)
+    assert (ce.backend, ce.num_labels, ce.activation) == (backend, 1, "Sigmoid")
+    expected = _model_card_scores(path, LLM_PAIRS, ce.max_seq_length)
+    out = ce.score_pairs_with_stats(LLM_PAIRS, batch_size=3)  # batches mix lengths: left padding matters
+    assert np.abs(out.scores - expected).max() < (1e-5 if backend == "torch" else 1e-4)
+    assert out.truncated == [False, False, False, True, True]
+    assert out.token_counts[-1] == ce.max_seq_length
+    # long documents are split into windows that fit beside the query and the template, like any reranker
+    from embedrank.models.chunking import Chunking
+
+    long_doc = "green tea " * 400
+    chunked = ce.score("green tea", [long_doc, "a"], chunking=Chunking())
+    assert np.all((chunked > 0) & (chunked < 1))
+    assert chunked[1] == pytest.approx(ce.score("green tea", ["a"])[0], abs=1e-6)
+    with pytest.raises(Exception, match="LLM reranker"):
+        Encoder.from_pretrained(path, backend="torch")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from tqdm.auto import tqdm
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.ranking import RankedResult, rank_scores
 from embedrank.models.chunking import Chunking, score_chunked
+from embedrank.models.llm_reranker import YesNoTokenizer
 from embedrank.models.tokens import (
     PROGRESS_THRESHOLD,
     Tokenized,
@@ -58,7 +60,8 @@ def default_activation(config: Any) -> str:
 
 
 class CrossEncoder(RuntimeFacts):
-    """Any Hugging Face sequence-classification model used as a reranker."""
+    """A reranker: any Hugging Face sequence-classification model, or a causal LM scored by the probability
+    of "yes" after its prompt template (:mod:`embedrank.models.llm_reranker`, Qwen3-Reranker's form)."""
 
     def __init__(
         self,
@@ -75,7 +78,7 @@ class CrossEncoder(RuntimeFacts):
         self.device = torch.device(device)
         if isinstance(model, torch.nn.Module):
             self.runtime: Runtime = TorchRuntime(model.to(device), tokenizer, "classifier", padding_free=padding_free)
-            self.config = model.config
+            self.config = config if config is not None else model.config
         else:
             if config is None:
                 raise ValueError("a CrossEncoder on an exported runtime needs the model's transformers config")
@@ -128,7 +131,7 @@ class CrossEncoder(RuntimeFacts):
         max_len = max_seq_length or spec.max_seq_length
         tokenizer, model = load_transformer(
             spec,
-            "classifier",
+            "yes-no" if spec.scoring == "yes-no" else "classifier",
             backend=backend,
             precision=precision,
             device=device,
@@ -136,11 +139,13 @@ class CrossEncoder(RuntimeFacts):
             calibration=data_dir_sample if calibration is None else calibration,
             cache_dir=cache_dir,
         )
-        config = (
-            None
-            if isinstance(model, torch.nn.Module)
-            else AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+        config = getattr(model, "config", None) or AutoConfig.from_pretrained(
+            spec.path, trust_remote_code=spec.trust_remote_code
         )
+        if spec.scoring == "yes-no":  # an LLM reranker: its prompt template, one score, P(yes) by the sigmoid
+            tokenizer = YesNoTokenizer(tokenizer)
+            config = copy.copy(config)
+            config.num_labels = 1
         return cls(spec, model, tokenizer, device=device, max_seq_length=max_len, config=config)
 
     @property

@@ -114,9 +114,14 @@ class Encoder(FitsRanges, RuntimeFacts):
             InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
         if spec.kind != "embedding":
+            what = (
+                "a causal LM without sentence-transformers modules, scored as an LLM reranker"
+                if spec.scoring == "yes-no"
+                else "sequence classification head"
+            )
             raise ModelKindError(
-                f"model {spec.model_id!r} is a {spec.kind} (sequence classification head), not an embedding "
-                f"model; load it with CrossEncoder.from_pretrained"
+                f"model {spec.model_id!r} is a {spec.kind} ({what}), not an embedding model; load it with "
+                f"CrossEncoder.from_pretrained"
             )
         max_len = max_seq_length or spec.max_seq_length
         tokenizer, model = load_transformer(

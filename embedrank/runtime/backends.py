@@ -41,7 +41,9 @@ from embedrank.runtime import packed
 
 Backend = Literal["torch", "openvino", "onnx"]
 Precision = Literal["fp32", "bf16", "int8"]
-Head = Literal["encoder", "classifier"]  # token embeddings (B, T, H) or logits (B, L)
+# token embeddings (B, T, H), logits (B, L), or a causal LM's answer logit (B, 1): "yes" minus "no" at the
+# last position (runtime.converters.YesNoLogit)
+Head = Literal["encoder", "classifier", "yes-no"]
 
 PRECISIONS: dict[str, tuple[str, ...]] = {
     "torch": ("fp32",),

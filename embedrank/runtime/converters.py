@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embedrank.errors import UnsupportedModelError
 from embedrank.registry import ModelSpec, quiet_loading
 from embedrank.runtime.backends import Head, Precision
 
@@ -36,14 +37,55 @@ class Narrow(torch.nn.Module):
         return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **extra), self.output)
 
 
+class YesNoLogit(torch.nn.Module):
+    """A causal LM as a one-label classifier: ``logits`` ``(B, 1)`` = the logit of ``yes`` minus the logit of
+    ``no`` at the last position (inputs padded on the left), so the sigmoid of it is ``P(yes)`` against
+    ``P(no)``, the softmax over the two that LLM rerankers (Qwen3-Reranker) score with. Only the last
+    position's logits are computed (``logits_to_keep=1``)."""
+
+    def __init__(self, model: torch.nn.Module, yes_id: int, no_id: int) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.register_buffer("answers", torch.tensor([yes_id, no_id]), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: Any) -> Any:
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        last = self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1).logits[:, -1]  # (B, V)
+        pair = last.index_select(1, self.answers)  # (B, 2): yes, no
+        return SequenceClassifierOutput(logits=(pair[:, :1] - pair[:, 1:]).float())
+
+
+def answer_ids(spec: ModelSpec) -> tuple[int, int]:
+    """Token ids of ``spec.answer_tokens`` (``yes``, ``no``) in the model's vocabulary.
+
+    Raises:
+        UnsupportedModelError: one of them is not a single token of the vocabulary.
+    """
+    from transformers import AutoTokenizer
+
+    with quiet_loading():
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in spec.answer_tokens if t not in vocab]
+    if missing:
+        raise UnsupportedModelError(
+            f"model {spec.model_id!r} is a causal LM, scored as an LLM reranker by its answer tokens "
+            f"{list(spec.answer_tokens)}, but {missing} is not a token of its vocabulary"
+        )
+    return vocab[spec.answer_tokens[0]], vocab[spec.answer_tokens[1]]
+
+
 def load_torch(spec: ModelSpec, head: Head, **options: Any) -> torch.nn.Module:
     """The transformers model of ``spec``: ``AutoModel`` (encoder) or ``AutoModelForSequenceClassification``
     (classifier), with ``options`` for ``from_pretrained``, in eval mode."""
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    loader = AutoModel if head == "encoder" else AutoModelForSequenceClassification
+    loader = {"encoder": AutoModel, "classifier": AutoModelForSequenceClassification, "yes-no": AutoModelForCausalLM}
     with quiet_loading():
-        return loader.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **options).eval()
+        model = loader[head].from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **options).eval()
+    return YesNoLogit(model, *answer_ids(spec)).eval() if head == "yes-no" else model
 
 
 def first_line(exc: BaseException) -> str:
@@ -56,13 +98,16 @@ def model_to_export(spec: ModelSpec, head: Head) -> tuple[torch.nn.Module, str]:
     it (OpenVINO fuses it into its ScaledDotProductAttention; eager attention's matmul/softmax chain ran
     1.2x slower on SciFact passages here), else eager (MPNet, DeBERTa-v2). Decoders export without their
     key/value cache: one forward pass over whole inputs needs none, and the cache's growing concatenation
-    does not convert."""
-    try:
-        model, attention = load_torch(spec, head, attn_implementation="sdpa"), "sdpa"
-    except ValueError as exc:
-        if "attention" not in str(exc):
-            raise
-        model, attention = load_torch(spec, head, attn_implementation="eager"), "eager"
+    does not convert. A causal-LM reranker exports with eager attention: with SDPA, OpenVINO returned NaN
+    for every row padded on the left (the mask of a padding position hides all keys)."""
+    choices = ("eager",) if head == "yes-no" else ("sdpa", "eager")
+    for attention in choices:
+        try:
+            model = load_torch(spec, head, attn_implementation=attention)
+            break
+        except ValueError as exc:  # transformers: "... does not support an attention implementation through ..."
+            if "attention" not in str(exc) or attention == choices[-1]:
+                raise
     config: Any = model.config
     if getattr(config, "use_cache", False):
         config.use_cache = False

@@ -25,7 +25,8 @@ from embedrank.paths import default_cache_dir
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
 from embedrank.texts import vocabulary_texts
 
-Kind = Literal["embedding", "cross-encoder"]
+# an embedding model, a sequence classifier, or a causal LM scored as an LLM reranker (Qwen3-Reranker's form)
+Kind = Literal["embedding", "cross-encoder", "causal-lm"]
 TokenizerKind = Literal["wordpiece", "bpe", "unigram"]
 
 HIDDEN = 64
@@ -33,7 +34,7 @@ LAYERS = 2
 HEADS = 4
 INTERMEDIATE = 128
 BPE_VOCAB = 1000  # trained byte-level BPE and Unigram vocabularies (WordPiece reuses the packaged one)
-RECIPE = 3  # bumped when what is built changes, so cached tiny models are rebuilt
+RECIPE = 4  # bumped when what is built changes, so cached tiny models are rebuilt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +287,12 @@ def _build(arch: Architecture, kind: Kind, out: Path, seed: int, num_labels: int
 
     tokenizer = _trained_tokenizer(arch)
     tokenizer.padding_side = arch.padding_side
-    if arch.decoder:  # the embedding is the hidden state of the EOS token appended to every input
+    if kind == "causal-lm":  # the chat markers of the reranker's template, and its two answers as tokens
+        if not arch.decoder:
+            raise ValueError(f"{arch.name} is not a decoder; a causal-LM reranker needs one")
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+        tokenizer.add_tokens(["<think>", "</think>", "yes", "no"])
+    elif arch.decoder:  # the embedding is the hidden state of the EOS token appended to every input
         from tokenizers import processors
 
         eos = tokenizer.eos_token
@@ -297,7 +303,11 @@ def _build(arch: Architecture, kind: Kind, out: Path, seed: int, num_labels: int
     offset = 2 if arch.name in ("roberta", "xlm-roberta", "mpnet") else 0  # positions start after padding_idx
     tokenizer.model_max_length = config.max_position_embeddings - offset  # as the public models' files say
     torch.manual_seed(seed)
-    loader = transformers.AutoModel if kind == "embedding" else transformers.AutoModelForSequenceClassification
+    loader = {
+        "embedding": transformers.AutoModel,
+        "cross-encoder": transformers.AutoModelForSequenceClassification,
+        "causal-lm": transformers.AutoModelForCausalLM,
+    }[kind]
     with quiet_loading():
         model = loader.from_config(config).eval()
         generator = torch.Generator().manual_seed(seed)
