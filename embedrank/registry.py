@@ -46,7 +46,7 @@ _POOLING_KEYS = {
     "pooling_mode_mean_sqrt_len_tokens": PoolingMode.MEAN_SQRT_LEN,
 }
 
-_ST_MODULES_SUPPORTED = {"Transformer", "Pooling", "Normalize"}
+_ST_MODULES_SUPPORTED = {"Transformer", "Pooling", "Dense", "Normalize"}
 # RoBERTa-style models number positions from pad_token_id + 1: 514 position embeddings hold 512 tokens
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "data2vec-text", "longformer"}
 # where configs keep the width of the token embeddings (DistilBERT says dim, T5 d_model, GPT-2 n_embd)
@@ -75,6 +75,7 @@ class ModelSpec:
     # how a cross-encoder scores: its classification head, or (a causal LM such as Qwen3-Reranker) the
     # probability of answer_tokens[0] ("yes") against answer_tokens[1] ("no") after its prompt template
     scoring: Literal["classifier", "yes-no"] = "classifier"
+    dense: tuple[str, ...] = ()  # sentence-transformers Dense module folders applied after pooling
     answer_tokens: tuple[str, str] = ("yes", "no")
 
 
@@ -263,6 +264,7 @@ def describe(
     pooling = PoolingMode.MEAN
     normalize = False
     dimension = hidden
+    dense: list[str] = []  # Dense module folders, in order, after pooling
     if isinstance(modules, list):
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -275,6 +277,20 @@ def describe(
                 pool_cfg = _read_json(root / module.get("path", "") / "config.json") or {}
                 pooling = _pooling_from_config(pool_cfg)  # type: ignore[arg-type]
                 dimension = pool_cfg.get("word_embedding_dimension", hidden)  # type: ignore[union-attr]
+                if pool_cfg.get("include_prompt", True) is False:  # type: ignore[union-attr]
+                    raise UnsupportedModelError(
+                        f"model {model_id!r} pools without its prompt tokens (include_prompt=false), which "
+                        f"embedrank does not run yet; its embeddings would differ from sentence-transformers'"
+                    )
+            elif kind == "Dense":
+                dense_cfg = _read_json(root / module.get("path", "") / "config.json") or {}
+                if dimension is None or not isinstance(dense_cfg, dict) or "out_features" not in dense_cfg:
+                    raise UnsupportedModelError(
+                        f"model {model_id!r}: the Dense module {module.get('path')!r} must follow Pooling and "
+                        f"say its out_features"
+                    )
+                dense.append(str(module.get("path", "")))
+                dimension = dense_cfg["out_features"]
             elif kind == "Normalize":
                 normalize = True
     max_len = st_config.get("max_seq_length") if isinstance(st_config, dict) else None
@@ -292,6 +308,7 @@ def describe(
         prompts=prompts,
         default_prompt_name=default_prompt,
         trust_remote_code=trust_remote_code,
+        dense=tuple(dense),
     )
 
 

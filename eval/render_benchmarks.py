@@ -53,6 +53,33 @@ swapped. The failure is remembered in the export cache, so later loads do not tr
 A model that cannot be supported at all (a sentence-transformers module embedrank does not implement, a
 pooling config with several modes) is refused when it is resolved, with an `UnsupportedModelError` that
 names the module and lists the supported ones; the service refuses to start with that message.
+
+## LLM rerankers
+
+A causal LM without sentence-transformers modules (Qwen3-Reranker-0.6B/4B/8B as published) loads as a
+cross-encoder that scores each (query, document) pair the way its model card does: the pair is written into
+the card's prompt template (`<Instruct>`, `<Query>`, `<Document>` inside the chat prefix and suffix), cut at
+the max length from the document's end, padded on the left, and scored by the probability of "yes" against
+"no" as the next token. Batching, long-document chunking, token counts and `/v1/rerank` work as for any
+cross-encoder. The test suite checks the scores against the card's own code, written out with plain
+transformers, on a tiny seeded Qwen3 on torch, OpenVINO and ONNX.
+
+```python
+from embedrank import CrossEncoder
+from embedrank.testing.tiny import tiny_model
+
+reranker = CrossEncoder.from_pretrained(tiny_model("qwen3", "causal-lm"), backend="torch")
+print(reranker.score("green tea", ["Green tea is a drink.", "The fox jumps."]))  # P(yes) per document
+```
+
+## Models that ship their own code
+
+Some models need Python code from their repository (`auto_map` in `config.json`: nomic-embed,
+gte-base-en-v1.5, jina-embeddings). embedrank runs that code only when you opt in for that model:
+`Encoder.from_pretrained(model_id, trust_remote_code=True)`, `trust_remote_code = true` in the service's
+`[[models]]` entry, or the model's id in `EMBEDRANK_TRUST_REMOTE_CODE`. Without the opt-in the model is
+refused with a message that names its code files, and a hub download does not fetch them. Read the code
+before you opt in: it runs with your permissions.
 """
 
 INTRO = """# Benchmarks

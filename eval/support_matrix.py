@@ -43,7 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from embedrank import CrossEncoder, Encoder  # noqa: E402
-from embedrank.testing.tiny import ARCHITECTURES, CROSS_ENCODERS, tiny_model  # noqa: E402
+from embedrank.testing.architectures import ARCHITECTURES, CROSS_ENCODERS  # noqa: E402
+from embedrank.testing.tiny import tiny_model  # noqa: E402
 from embedrank.texts import vocabulary_texts  # noqa: E402
 
 SYSTEMS = ("torch:fp32", "openvino:fp32", "onnx:fp32", "openvino:int8", "onnx:int8")

@@ -18,6 +18,7 @@ from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models.chunking import Chunking, ChunkPlan
+from embedrank.models.dense import apply_dense, load_dense
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
 from embedrank.models.tokens import (
@@ -70,6 +71,7 @@ class Encoder(FitsRanges, RuntimeFacts):
         self.max_seq_length = max_seq_length or spec.max_seq_length
         self._range_sample: RangeSample | None = None
         self._dimension: int | None = None
+        self.dense = load_dense(spec.path, spec.dense)  # sentence-transformers Dense layers after pooling
 
     @classmethod
     def from_pretrained(
@@ -114,11 +116,7 @@ class Encoder(FitsRanges, RuntimeFacts):
             InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
         if spec.kind != "embedding":
-            what = (
-                "a causal LM without sentence-transformers modules, scored as an LLM reranker"
-                if spec.scoring == "yes-no"
-                else "sequence classification head"
-            )
+            what = "a causal LM scored as an LLM reranker" if spec.scoring == "yes-no" else "a classification head"
             raise ModelKindError(
                 f"model {spec.model_id!r} is a {spec.kind} ({what}), not an embedding model; load it with "
                 f"CrossEncoder.from_pretrained"
@@ -228,12 +226,14 @@ class Encoder(FitsRanges, RuntimeFacts):
         normalize: bool | None = None,
         dimensions: int | None = None,
     ) -> np.ndarray:
-        """Step 3: pool ``(B, T, H) -> (B, H)``, normalize, optionally truncate to ``dimensions``.
+        """Step 3: pool ``(B, T, H) -> (B, H)``, Dense layers, normalize, optionally truncate to ``dimensions``.
 
         Returns float32 numpy ``(B, D)``.
         """
-        pooled = pool(token_embeddings, attention_mask.to(token_embeddings.device), self.pooling)
-        vectors = pooled.float().cpu().numpy()  # (B, H)
+        pooled = apply_dense(
+            pool(token_embeddings, attention_mask.to(token_embeddings.device), self.pooling), self.dense
+        )
+        vectors = pooled.float().cpu().numpy()  # (B, D)
         do_norm = self.normalize if normalize is None else normalize
         if do_norm:
             vectors = l2_normalize(vectors)
@@ -389,14 +389,12 @@ class Encoder(FitsRanges, RuntimeFacts):
     def encode_query(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> np.ndarray:
         """:meth:`encode` with the model's query prompt (``"query"``; else its default prompt) unless
         ``prompt_name`` says otherwise, as sentence-transformers' ``encode_query``."""
-        if prompt_name is not None:
-            return self.encode(texts, prompt_name=prompt_name, **options)
-        return self.encode(texts, prompt=self.query_prompt, **options)
+        chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.query_prompt}
+        return self.encode(texts, **chosen, **options)
 
     def encode_document(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> np.ndarray:
         """:meth:`encode` with the model's document prompt (the first of ``"document"``, ``"passage"``,
         ``"corpus"`` it has; else its default prompt) unless ``prompt_name`` says otherwise, as
         sentence-transformers' ``encode_document``."""
-        if prompt_name is not None:
-            return self.encode(texts, prompt_name=prompt_name, **options)
-        return self.encode(texts, prompt=self.document_prompt, **options)
+        chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.document_prompt}
+        return self.encode(texts, **chosen, **options)

@@ -7,6 +7,7 @@ what to export and caches the result.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from pathlib import Path
 from typing import Any
@@ -93,34 +94,52 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else "no message"
 
 
-def model_to_export(spec: ModelSpec, head: Head) -> tuple[torch.nn.Module, str]:
-    """The transformers model to export and its attention implementation: SDPA where the architecture has
-    it (OpenVINO fuses it into its ScaledDotProductAttention; eager attention's matmul/softmax chain ran
-    1.2x slower on SciFact passages here), else eager (MPNet, DeBERTa-v2). Decoders export without their
-    key/value cache: one forward pass over whole inputs needs none, and the cache's growing concatenation
-    does not convert. A causal-LM reranker exports with eager attention: with SDPA, OpenVINO returned NaN
-    for every row padded on the left (the mask of a padding position hides all keys)."""
-    choices = ("eager",) if head == "yes-no" else ("sdpa", "eager")
-    for attention in choices:
-        try:
-            model = load_torch(spec, head, attn_implementation=attention)
-            break
-        except ValueError as exc:  # transformers: "... does not support an attention implementation through ..."
-            if "attention" not in str(exc) or attention == choices[-1]:
-                raise
+def model_to_export(spec: ModelSpec, head: Head, attention: str) -> torch.nn.Module:
+    """The transformers model to export with ``attention`` (``sdpa`` or ``eager``; a ValueError when the
+    architecture lacks it). Decoders export without their key/value cache: one forward pass over whole
+    inputs needs none, and the cache's growing concatenation does not convert."""
+    model = load_torch(spec, head, attn_implementation=attention)
     config: Any = model.config
     if getattr(config, "use_cache", False):
         config.use_cache = False
-    return model, attention
+    return model
+
+
+def disagreement(
+    out: Path, backend: str, precision: Precision, model: Narrow, example: dict[str, torch.Tensor]
+) -> str | None:
+    """None when the graph exported into ``out`` computes what ``model`` computes on ``example`` (a padded
+    batch), on its real tokens: within 1e-3 of the output's scale in fp32; finite numbers for int8."""
+    from embedrank.runtime.backends import ONNXRuntime, OpenVINORuntime
+
+    graph = out / ("model.xml" if backend == "openvino" else "model.onnx")
+    runtime = OpenVINORuntime(graph, precision) if backend == "openvino" else ONNXRuntime(graph, precision)
+    got = runtime(example)
+    with torch.no_grad():
+        expected = model(**example).float()
+    if model.output == "last_hidden_state":  # padding positions may differ: compare real tokens only
+        mask = example["attention_mask"].bool()
+        got, expected = got[mask], expected[mask]
+    if not torch.isfinite(got).all():
+        return f"{int((~torch.isfinite(got)).sum())} of {got.numel()} outputs are not finite"
+    if precision == "int8":
+        return None
+    error = float((got - expected).abs().max())
+    scale = max(1.0, float(expected.abs().max()))
+    return None if error <= 1e-3 * scale else f"largest difference {error:.2e} at output scale {scale:.2e}"
 
 
 def example_inputs(tokenizer: Any, head: Head) -> dict[str, torch.Tensor]:
+    """A batch of two inputs of clearly different lengths, padded as the tokenizer pads (the export traces
+    it, and :func:`disagreement` checks the graph's padded rows on it)."""
+    short, long = "an example text", "a second example text, with many more words than the first one has"
+    if head == "yes-no":  # a causal-LM reranker reads its answer at the last position: always left padding
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.padding_side = "left"
     if head == "encoder":
-        enc = tokenizer(["an example text", "a second, longer example text"], padding=True, return_tensors="pt")
+        enc = tokenizer([short, long], padding=True, return_tensors="pt")
     else:
-        enc = tokenizer(
-            ["a query", "another query"], ["a passage", "a longer passage"], padding=True, return_tensors="pt"
-        )
+        enc = tokenizer(["a query", "another, longer query"], [short, long], padding=True, return_tensors="pt")
     return dict(enc)
 
 
