@@ -54,6 +54,15 @@ A model that cannot be supported at all (a sentence-transformers module embedran
 pooling config with several modes) is refused when it is resolved, with an `UnsupportedModelError` that
 names the module and lists the supported ones; the service refuses to start with that message.
 
+## Cross-encoders with several labels
+
+A reranker's score is one number per document. For a classifier with one label it is that label's score
+(the sigmoid of its logit, as sentence-transformers applies it). With several labels it is the softmax
+probability of the relevance label: the label whose name (`id2label`) is `relevant`, `relevance`, `yes`,
+`true`, `positive` or `entailment`; else, for two labels, label 1 (`[not relevant, relevant]`, as monoBERT).
+A model whose labels say nothing about relevance is refused for reranking with a message that lists its
+labels; `CrossEncoder.score_pairs` still returns every label's logit.
+
 ## LLM rerankers
 
 A causal LM without sentence-transformers modules (Qwen3-Reranker-0.6B/4B/8B as published) loads as a

@@ -4,6 +4,7 @@ vectors and scores, the same token counts, on torch and on every backend that ex
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 
@@ -295,3 +296,58 @@ def test_a_causal_lm_reranker_scores_as_its_model_card_says(backend):
     assert chunked[1] == pytest.approx(ce.score("green tea", ["a"])[0], abs=1e-6)
     with pytest.raises(Exception, match="LLM reranker"):
         Encoder.from_pretrained(path, backend="torch")
+
+
+def test_several_labels_score_by_the_relevance_label(tmp_path, fake_service):
+    from embedrank.errors import ModelKindError
+
+    docs = [d for _, d in PAIRS[:3]]
+    pairs = [("green tea", d) for d in docs]
+    two = CrossEncoder.from_pretrained(tiny_model("bert", "cross-encoder", num_labels=2), backend="torch")
+    logits = two.score_pairs(pairs)  # (N, 2): every label, as sentence-transformers returns them
+    assert logits.shape == (3, 2)
+    monobert = np.exp(logits[:, 1]) / np.exp(logits).sum(axis=1)  # [not relevant, relevant], softmax
+    np.testing.assert_allclose(two.score("green tea", docs), monobert, rtol=1e-5)
+    assert list(two.rank("green tea", docs)["index"]) == list(np.argsort(-monobert))
+    # three labels: the one named as relevance (an NLI model's entailment), else a clear refusal
+    path = tmp_path / "nli"
+    shutil.copytree(tiny_model("bert", "cross-encoder", num_labels=3), path)
+    config = json.loads((path / "config.json").read_text())
+    config["id2label"] = {"0": "contradiction", "1": "entailment", "2": "neutral"}
+    config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
+    (path / "config.json").write_text(json.dumps(config))
+    nli = CrossEncoder.from_pretrained(str(path), backend="torch")
+    raw = nli.score_pairs(pairs)
+    expected = np.exp(raw[:, 1]) / np.exp(raw).sum(axis=1)
+    np.testing.assert_allclose(nli.score("green tea", docs), expected, rtol=1e-5)
+    with fake_service({"nli": nli}) as client:
+        body = client.post("/v1/rerank", json={"model": "nli", "query": "green tea", "documents": docs})
+        assert body.status_code == 200
+        for r in body.json()["results"]:
+            assert r["relevance_score"] == pytest.approx(float(expected[r["index"]]), abs=1e-5)
+    config["id2label"] = {"0": "a", "1": "b", "2": "c"}
+    config["label2id"] = {"a": 0, "b": 1, "c": 2}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelKindError, match=r"3 labels \(\['a', 'b', 'c'\]\) and none names relevance"):
+        CrossEncoder.from_pretrained(str(path), backend="torch").score("q", ["d"])
+
+
+SYSTEMS_TESTED = ["torch:fp32", "openvino:fp32", "onnx:fp32"]
+
+
+@pytest.mark.slow
+def test_the_support_matrix_runs_and_every_row_holds():
+    """The script behind the supported-models page, on the fp32 systems (its int8 rows are recorded by
+    ``make support-matrix``); the exports made by the tests above are reused from the cache."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "eval" / "support_matrix.py"
+    command = [sys.executable, str(script), "--systems", *SYSTEMS_TESTED, "--rounds", "1", "--texts", "16"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    detail = re.compile(r"\| \S+ \| (embedding|cross-encoder) \| \w+:fp32 \|")
+    rows = [line for line in run.stdout.splitlines() if detail.match(line)]
+    assert len(rows) == len(SYSTEMS_TESTED) * (len(ARCHITECTURES) + len(CROSS_ENCODERS))
+    assert all(line.endswith("| parity |") for line in rows), [r for r in rows if not r.endswith("| parity |")]

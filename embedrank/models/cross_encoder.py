@@ -59,6 +59,31 @@ def default_activation(config: Any) -> str:
     return "Sigmoid" if getattr(config, "num_labels", 1) == 1 else "Identity"
 
 
+# label names that mean "relevant" in classifiers with several labels (monoBERT-style, NLI models)
+RELEVANCE_NAMES = ("relevant", "relevance", "yes", "true", "positive", "entailment")
+
+
+def relevance_label(config: Any) -> int | None:
+    """Which label of a classifier is relevance: the only one for one label; else the label whose name
+    (``id2label``) is one of :data:`RELEVANCE_NAMES`; else label 1 of two (``[not relevant, relevant]``, as
+    monoBERT); else None (the labels say nothing about relevance).
+
+    >>> from types import SimpleNamespace as C
+    >>> relevance_label(C(num_labels=3, id2label={0: "contradiction", 1: "entailment", 2: "neutral"}))
+    1
+    >>> relevance_label(C(num_labels=2, id2label={0: "LABEL_0", 1: "LABEL_1"})), relevance_label(C(num_labels=3))
+    (1, None)
+    """
+    count = int(getattr(config, "num_labels", 1))
+    if count == 1:
+        return 0
+    names = {int(i): str(n).lower() for i, n in (getattr(config, "id2label", None) or {}).items()}
+    named = [i for i, name in names.items() if name in RELEVANCE_NAMES]
+    if len(named) == 1:
+        return named[0]
+    return 1 if count == 2 else None
+
+
 class CrossEncoder(RuntimeFacts):
     """A reranker: any Hugging Face sequence-classification model, or a causal LM scored by the probability
     of "yes" after its prompt template (:mod:`embedrank.models.llm_reranker`, Qwen3-Reranker's form)."""
@@ -180,9 +205,29 @@ class CrossEncoder(RuntimeFacts):
         return token_rows(*encode_rows(self.tokenizer, queries, documents, max_length=self.max_seq_length))
 
     def score_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
-        """Scores of rows from :meth:`tokenize_rows`, padded together; what the serving engine runs per pass."""
+        """Relevance scores ``(B,)`` of rows from :meth:`tokenize_rows`, padded together (:meth:`relevance`);
+        what the serving engine runs per pass."""
         batch = collate_rows(self.tokenizer, rows)
-        return ModelOutput(self.forward(batch.features), batch.token_counts, batch.truncated)
+        return ModelOutput(self.relevance(self.forward(batch.features)), batch.token_counts, batch.truncated)
+
+    def relevance(self, scores: np.ndarray) -> np.ndarray:
+        """One relevance score per pair: ``(N,)`` scores as they are; ``(N, L)`` logits of several labels ->
+        the softmax probability of the relevance label (:func:`relevance_label`, e.g. monoBERT's label 1).
+
+        Raises:
+            ModelKindError: several labels and none of them is relevance (the message lists them).
+        """
+        if scores.ndim == 1:
+            return scores
+        label = relevance_label(self.config)
+        if label is None:
+            raise ModelKindError(
+                f"model {self.model_id!r} has {self.num_labels} labels "
+                f"({sorted(getattr(self.config, 'id2label', {}).values())}) and none names relevance "
+                f"({', '.join(RELEVANCE_NAMES)}); score_pairs returns all of them"
+            )
+        probabilities = np.exp(scores - scores.max(axis=1, keepdims=True))
+        return (probabilities / probabilities.sum(axis=1, keepdims=True))[:, label].astype(np.float32)
 
     @torch.inference_mode()
     def forward(self, features: dict[str, torch.Tensor], *, apply_activation: bool = True) -> np.ndarray:
@@ -267,7 +312,8 @@ class CrossEncoder(RuntimeFacts):
         apply_activation: bool = True,
         chunking: Chunking | None = None,
     ) -> np.ndarray:
-        """Score each document against ``query``; ``(N,)`` float32 in input order.
+        """Score each document against ``query``; ``(N,)`` float32 in input order: the relevance score
+        (:meth:`relevance`; for several labels, the probability of the relevance label).
 
         By default a document longer than the model's window is truncated, as sentence-transformers does.
         With ``chunking`` (:class:`~embedrank.models.chunking.Chunking`), it is split into overlapping
@@ -277,17 +323,16 @@ class CrossEncoder(RuntimeFacts):
         docs = check_texts(documents, "documents")
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
+
+        def relevance(texts: Sequence[str]) -> np.ndarray:
+            pairs = [(query, t) for t in texts]
+            return self.relevance(self.score_pairs(pairs, batch_size=batch_size, apply_activation=apply_activation))
+
         if chunking is None:
-            return self.score_pairs(
-                [(query, d) for d in docs], batch_size=batch_size, apply_activation=apply_activation
-            )
-        if self.num_labels != 1:
-            raise ModelKindError(f"chunked scoring needs a single-label model; {self.model_id!r} has {self.num_labels}")
+            return relevance(docs)
         scores, _ = score_chunked(
             docs,
-            lambda texts: self.score_pairs(
-                [(query, t) for t in texts], batch_size=batch_size, apply_activation=apply_activation
-            ),
+            relevance,
             offsets=self.token_offsets,
             window=self.chunk_window(query),
             chunking=chunking,
@@ -302,8 +347,6 @@ class CrossEncoder(RuntimeFacts):
         Returns a DataFrame with columns ``index``, ``score``, ``text``.
         """
         scores = self.score(query, documents, chunking=chunking)
-        if scores.ndim != 1:
-            raise ModelKindError(f"rank needs a single-label model; {self.model_id!r} has {self.num_labels} labels")
         return ranked_frame(rank_scores(scores, top_k), documents)
 
 

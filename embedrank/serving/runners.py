@@ -101,8 +101,7 @@ class CrossEncoderBatchModel:
 
     def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
         out = self.cross_encoder.score_rows(items)
-        scores = out.values.reshape(len(items), -1)[:, 0]  # (B,): the first label of multi-label heads
-        return ModelOutput(scores, out.token_counts, out.truncated)
+        return ModelOutput(out.values.reshape(len(items)), out.token_counts, out.truncated)  # (B,) relevance
 
 
 def _field(index: int, fields: Sequence[tuple[str, int]]) -> tuple[str, int]:
