@@ -351,3 +351,26 @@ def test_the_support_matrix_runs_and_every_row_holds():
     rows = [line for line in run.stdout.splitlines() if detail.match(line)]
     assert len(rows) == len(SYSTEMS_TESTED) * (len(ARCHITECTURES) + len(CROSS_ENCODERS))
     assert all(line.endswith("| parity |") for line in rows), [r for r in rows if not r.endswith("| parity |")]
+
+
+@pytest.mark.slow
+def test_the_harness_evaluates_any_architecture(tmp_path):
+    """``eval/run.py --model PATH --reranker PATH`` with an MPNet embedder and a causal-LM reranker."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model, reranker = tiny_model("mpnet"), tiny_model("qwen3", "causal-lm")
+    script = Path(__file__).resolve().parents[1] / "eval" / "run.py"
+    command = [sys.executable, str(script), "--model", model, "--reranker", reranker, "--backend", "torch",
+               "--json-out", str(tmp_path / "r.json"), "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+    # the first-stage run (derived from the reranked one's first stage) and the reranked run
+    assert [r["system"] for r in runs] == [
+        f"dense@{Path(model).name}",
+        f"dense@{Path(model).name}>{Path(reranker).name}",
+    ]
+    assert (runs[1]["model"], runs[1]["reranker"]) == (model, reranker)
+    assert all(0 <= r["metrics"]["ndcg@10"] <= 1 for r in runs)
