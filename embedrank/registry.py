@@ -46,7 +46,8 @@ _POOLING_KEYS = {
     "pooling_mode_mean_sqrt_len_tokens": PoolingMode.MEAN_SQRT_LEN,
 }
 
-_ST_MODULES_SUPPORTED = {"Transformer", "Pooling", "Dense", "Normalize"}
+_ST_MODULES_SUPPORTED = {"Transformer", "Pooling", "Dense", "Normalize", "StaticEmbedding"}
+STATIC_MAX_TOKENS = 1_000_000  # sentence-transformers does not truncate static models; no text gets near this
 # RoBERTa-style models number positions from pad_token_id + 1: 514 position embeddings hold 512 tokens
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "data2vec-text", "longformer"}
 # where configs keep the width of the token embeddings (DistilBERT says dim, T5 d_model, GPT-2 n_embd)
@@ -76,6 +77,7 @@ class ModelSpec:
     # probability of answer_tokens[0] ("yes") against answer_tokens[1] ("no") after its prompt template
     scoring: Literal["classifier", "yes-no"] = "classifier"
     dense: tuple[str, ...] = ()  # sentence-transformers Dense module folders applied after pooling
+    static: str | None = None  # the folder of a StaticEmbedding module: a static model (runtime.static)
     answer_tokens: tuple[str, str] = ("yes", "no")
 
 
@@ -174,9 +176,9 @@ def resolve_path(model_id: str, *, trust_remote_code: bool = False) -> tuple[str
         tried.append(f"package {PACKAGED_MODELS[model_id][0]} (not installed)")
     local = Path(model_id).expanduser()
     if local.exists():
-        if not (local / "config.json").is_file():
+        if not (local / "config.json").is_file() and not (local / "modules.json").is_file():
             raise NotAModelError(
-                f"{model_id!r} exists but is not a Hugging Face model directory (no config.json in it)"
+                f"{model_id!r} exists but is not a Hugging Face model directory (no config.json or modules.json in it)"
             )
         return str(local.resolve()), "local"
     tried.append(f"local path {str(local)!r} (does not exist)")
@@ -227,10 +229,13 @@ def describe(
     """
     root = Path(path)
     config = _read_json(root / "config.json")
-    if not isinstance(config, dict):
-        raise NotAModelError(f"{path!r} has no readable config.json, so it is not a model directory")
-    _check_remote_code(model_id, config, trust_remote_code)
     modules = _read_json(root / "modules.json")
+    if not isinstance(config, dict):
+        listed = modules if isinstance(modules, list) else []
+        if not any(str(m.get("type", "")).endswith("StaticEmbedding") for m in listed if isinstance(m, dict)):
+            raise NotAModelError(f"{path!r} has no readable config.json, so it is not a model directory")
+        config = {}  # a static model (a vector per token) has no transformer and so no config.json
+    _check_remote_code(model_id, config, trust_remote_code)
     architectures = config.get("architectures") or []
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
     # a causal LM without sentence-transformers modules is an LLM reranker (an embedding model built on a
@@ -265,6 +270,7 @@ def describe(
     normalize = False
     dimension = hidden
     dense: list[str] = []  # Dense module folders, in order, after pooling
+    static = None  # the StaticEmbedding module's folder
     if isinstance(modules, list):
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -282,6 +288,8 @@ def describe(
                         f"model {model_id!r} pools without its prompt tokens (include_prompt=false), which "
                         f"embedrank does not run yet; its embeddings would differ from sentence-transformers'"
                     )
+            elif kind == "StaticEmbedding":  # the mean of per-token vectors: pooled already
+                static, dimension = str(module.get("path", "")), 0  # the width is measured when loaded
             elif kind == "Dense":
                 dense_cfg = _read_json(root / module.get("path", "") / "config.json") or {}
                 if dimension is None or not isinstance(dense_cfg, dict) or "out_features" not in dense_cfg:
@@ -294,6 +302,7 @@ def describe(
             elif kind == "Normalize":
                 normalize = True
     max_len = st_config.get("max_seq_length") if isinstance(st_config, dict) else None
+    max_len = STATIC_MAX_TOKENS if static is not None else max_len  # sentence-transformers does not truncate them
     prompts, default_prompt = _prompts(root, model_id)
     return ModelSpec(
         model_id=model_id,
@@ -309,6 +318,7 @@ def describe(
         default_prompt_name=default_prompt,
         trust_remote_code=trust_remote_code,
         dense=tuple(dense),
+        static=static,
     )
 
 

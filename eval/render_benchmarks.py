@@ -54,6 +54,16 @@ A model that cannot be supported at all (a sentence-transformers module embedran
 pooling config with several modes) is refused when it is resolved, with an `UnsupportedModelError` that
 names the module and lists the supported ones; the service refuses to start with that message.
 
+## sentence-transformers modules
+
+A sentence-transformers folder may chain `Transformer`, `Pooling` (mean, CLS, max, last token, mean with
+square-root length), `Dense` (one or more linear layers with their activation after pooling: LaBSE,
+distiluse, GTR, sentence-t5, EmbeddingGemma), `Normalize`, or `StaticEmbedding` (model2vec-style static
+models such as potion: a vector per token, averaged; no transformer, so they run in torch on every backend
+setting, with no special tokens and no truncation, as sentence-transformers runs them). A `Router`
+(different modules for queries and documents) and pooling with `include_prompt: false` are refused with a
+message that says so, rather than computed differently from sentence-transformers.
+
 ## Cross-encoders with several labels
 
 A reranker's score is one number per document. For a classifier with one label it is that label's score

@@ -374,3 +374,34 @@ def test_the_harness_evaluates_any_architecture(tmp_path):
     ]
     assert (runs[1]["model"], runs[1]["reranker"]) == (model, reranker)
     assert all(0 <= r["metrics"]["ndcg@10"] <= 1 for r in runs)
+
+
+@pytest.fixture(scope="module")
+def static_model(tmp_path_factory):
+    """A model2vec-style static model (a vector per token, then Normalize), saved by sentence-transformers."""
+    import torch
+    from sentence_transformers.models import Normalize, StaticEmbedding
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(0)
+    static = StaticEmbedding(AutoTokenizer.from_pretrained(tiny_model("bert"))._tokenizer, embedding_dim=32)
+    path = tmp_path_factory.mktemp("static") / "model"
+    SentenceTransformer(modules=[static, Normalize()], device="cpu").save(str(path))
+    return str(path)
+
+
+def test_a_static_model_matches_sentence_transformers(static_model, fake_service):
+    st = SentenceTransformer(static_model, device="cpu")
+    enc = Encoder.from_pretrained(static_model)  # no backend named: a lookup runs in torch, no export
+    assert (enc.backend, enc.dimension, enc.fallback_reason) == ("torch", 32, None)
+    out = enc.encode_with_stats(TEXTS, batch_size=2)
+    assert np.abs(out.embeddings - st.encode(TEXTS)).max() < 1e-5
+    # no special tokens and no truncation, as sentence-transformers' StaticEmbedding
+    assert out.token_counts == [len(st[0].tokenizer.encode(t, add_special_tokens=False).ids) for t in TEXTS]
+    assert not any(out.truncated)
+    with pytest.raises(Exception, match="static embedding model"):
+        Encoder.from_pretrained(static_model, backend="openvino")
+    with fake_service({"static": enc}) as client:
+        body = client.post("/v1/embeddings", json={"model": "static", "input": TEXTS}).json()
+        got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+        assert np.abs(got - out.embeddings).max() < 1e-6 and body["usage"]["prompt_tokens"] == sum(out.token_counts)

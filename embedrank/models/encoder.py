@@ -82,8 +82,7 @@ class Encoder(FitsRanges, RuntimeFacts):
 
         Raises:
             ModelNotFoundError, NotAModelError: the id does not lead to a model.
-            UnsupportedModelError: the model needs its own Python code and ``trust_remote_code`` is False
-                (the default: a model's code runs only when you opt in), or uses a module embedrank does not run.
+            UnsupportedModelError: it needs its own code and ``trust_remote_code`` is False, or a module we lack.
             ModelKindError: the model is a cross-encoder.
         """
         return cls.from_spec(resolve(model_id, trust_remote_code=trust_remote_code), **options)
@@ -106,10 +105,10 @@ class Encoder(FitsRanges, RuntimeFacts):
         """Load an already resolved model (:func:`~embedrank.registry.resolve`).
 
         ``backend`` (``"openvino"`` by default, ``"torch"``, ``"onnx"``) and ``precision`` (``"fp32"``,
-        ``"bf16"``, ``"int8"``) choose what runs the transformer (:mod:`embedrank.runtime.backends`); the
-        first load of an OpenVINO or ONNX model exports it into the cache (``cache_dir``, see
-        :mod:`embedrank.runtime.exports`), and int8 calibrates on ``calibration`` (texts or a
-        ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory).
+        ``"bf16"``, ``"int8"``) choose what runs the transformer (:mod:`embedrank.runtime.backends`; a static
+        model runs in torch, :mod:`embedrank.runtime.static`); the first OpenVINO or ONNX load exports into the
+        cache (``cache_dir``, :mod:`embedrank.runtime.exports`), and int8 calibrates on ``calibration`` (texts
+        or a ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory).
 
         Raises:
             ModelKindError: the model is a cross-encoder.

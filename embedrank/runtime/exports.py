@@ -57,6 +57,7 @@ from embedrank.runtime.backends import (
     TorchRuntime,
     check_backend,
 )
+from embedrank.runtime.static import load_static
 from embedrank.texts import read_texts, seeded_sample, vocabulary_texts
 
 log = logging.getLogger("embedrank.exports")
@@ -152,6 +153,8 @@ def load_transformer(
     """
     from transformers import AutoTokenizer
 
+    if spec.static is not None:  # a vector per token, no transformer: a lookup in torch (runtime.static)
+        return load_static(spec, backend, precision)
     backend_name, prec = check_backend(backend, precision)
     with quiet_loading():
         tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
