@@ -6,6 +6,9 @@ Both live below every layer that needs them (model exports, embedding cache, dat
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 CACHE_ENV = "EMBEDRANK_CACHE"
@@ -28,3 +31,24 @@ def default_data_dir() -> Path | None:
         return Path(env).expanduser()
     guess = Path(__file__).resolve().parents[2] / "shared" / "data"
     return guess if guess.is_dir() else None
+
+
+def build_directory(target: str | Path, build: Callable[[Path], object]) -> str:
+    """Build a directory at ``target`` by calling ``build`` on an empty temporary folder beside it, then
+    renaming that into place, so concurrent processes never see half of it; returns ``target``. If another
+    process finished first (or ``target`` is a non-empty folder with a ``config.json``), theirs is kept."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(tmp)
+        if target.exists() and not any(target.iterdir()):
+            target.rmdir()
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process built it first, or target is a non-empty folder we must not replace
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)

@@ -105,10 +105,11 @@ def hub_patterns(modules: Any, files: list[str], *, trust_remote_code: bool = Fa
     metadata, every module folder ``modules.json`` names (``2_Dense/``, ...), the safetensors weights, else
     ``pytorch_model.bin``, and the ``*.py`` files only when ``trust_remote_code`` is set.
 
-    >>> hub_patterns([{"path": ""}, {"path": "1_Pooling"}, {"path": "2_Dense"}], ["model.safetensors", "x.py"])
-    ['*.json', '*.txt', '*.model', '*.tiktoken', 'merges.txt', '1_Pooling/*', '2_Dense/*', '*.safetensors']
-    >>> hub_patterns(None, ["pytorch_model.bin"], trust_remote_code=True)[-2:]
-    ['pytorch_model.bin', '*.py']
+    Examples:
+        >>> hub_patterns([{"path": ""}, {"path": "1_Pooling"}, {"path": "2_Dense"}], ["model.safetensors", "x.py"])
+        ['*.json', '*.txt', '*.model', '*.tiktoken', 'merges.txt', '1_Pooling/*', '2_Dense/*', '*.safetensors']
+        >>> hub_patterns(None, ["pytorch_model.bin"], trust_remote_code=True)[-2:]
+        ['pytorch_model.bin', '*.py']
     """
     patterns = list(_HUB_METADATA)
     if isinstance(modules, list):

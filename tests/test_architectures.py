@@ -195,19 +195,21 @@ def test_the_service_serves_the_architectures_on_the_default_backend(monkeypatch
     from litestar.testing import TestClient
 
     from service.app import create_app
-    from service.settings import ModelEntry, Settings
+    from service.settings import Settings
 
     monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
     monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
-    entries = (
-        ModelEntry(id="mpnet", path=tiny_model("mpnet")),
-        ModelEntry(id="qwen3-embedding", path=tiny_model("qwen3")),
-        ModelEntry(id="deberta-reranker", path=tiny_model("deberta-v2", "cross-encoder")),
-        ModelEntry(id="llm-reranker", path=tiny_model("qwen3", "causal-lm")),
-    )
-    with pytest.raises(UnsupportedModelError, match="trust_remote_code"):
-        create_app(Settings(api_keys=("k",), models=(ModelEntry(id="own", path=own_code_model),)))
-    settings = Settings(api_keys=("k",), models=entries)
+    models = {
+        "mpnet": tiny_model("mpnet"),
+        "qwen3-embedding": tiny_model("qwen3"),
+        "deberta-reranker": tiny_model("deberta-v2", "cross-encoder"),
+        "llm-reranker": tiny_model("qwen3", "causal-lm"),
+        "own-code": own_code_model,
+    }
+    env = {"EMBEDRANK_API_KEYS": "k", "EMBEDRANK_MODELS": ",".join(f"{k}={v}" for k, v in models.items())}
+    with pytest.raises(UnsupportedModelError, match="trust_remote_code"):  # the service refuses to start
+        create_app(Settings.from_env(env))
+    settings = Settings.from_env({**env, "EMBEDRANK_TRUST_REMOTE_CODE": "own-code"})
     with TestClient(create_app(settings, wait_for_models=True)) as client:
         client.headers.update({"Authorization": "Bearer k"})
         cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
@@ -216,6 +218,9 @@ def test_the_service_serves_the_architectures_on_the_default_backend(monkeypatch
             body = client.post("/v1/embeddings", json={"model": model_id, "input": TEXTS}).json()
             got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
             assert np.abs(got - _st(name, st_encoders)[1].encode(TEXTS)).max() < 1e-4
+        own = client.post("/v1/embeddings", json={"model": "own-code", "input": TEXTS}).json()
+        expected = SentenceTransformer(own_code_model, device="cpu", trust_remote_code=True).encode(TEXTS)
+        assert np.abs(np.array([d["embedding"] for d in own["data"]]) - expected).max() < 1e-4
         query = client.post(
             "/v1/embeddings", json={"model": "qwen3-embedding", "input": TEXTS[:2], "input_type": "query"}
         ).json()

@@ -172,6 +172,18 @@ ARCHITECTURES: dict[str, Architecture] = {
             dense=((2 * HIDDEN, False, "Identity"), (HIDDEN, False, "Identity")),  # as EmbeddingGemma: 768-3072-768
         ),
         Architecture(
+            "mistral",
+            "MistralConfig",
+            "Qwen2Tokenizer",  # a byte-level BPE as the tiny stand-in for Mistral's own (the graph is what is tested)
+            "bpe",
+            ("e5-mistral-7b-instruct", "SFR-Embedding-Mistral", "Linq-Embed-Mistral"),
+            pooling="lasttoken",
+            normalize=True,
+            padding_side="left",
+            decoder=True,
+            options=(*_DECODER, ("sliding_window", None)),
+        ),
+        Architecture(
             "qwen3",
             "Qwen3Config",
             "Qwen2Tokenizer",

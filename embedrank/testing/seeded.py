@@ -8,12 +8,9 @@ and compare it with ``sentence_transformers.CrossEncoder``. Its scores are not r
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from embedrank.paths import default_cache_dir
+from embedrank.paths import build_directory, default_cache_dir
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
 
 
@@ -35,24 +32,14 @@ def seeded_cross_encoder(
         out = default_cache_dir() / "models" / name
         if (out / "config.json").is_file():
             return str(out)
-    target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
     path, _ = resolve_path(backbone)
-    torch.manual_seed(seed)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+
+    def build(tmp: Path) -> None:
+        torch.manual_seed(seed)
         with quiet_loading():
             model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
             torch.nn.init.normal_(model.classifier.weight, std=0.5)
             model.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(path).save_pretrained(tmp)
-        if target.exists() and not any(target.iterdir()):
-            target.rmdir()
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process built it first, or out is a non-empty folder we must not replace
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
+
+    return build_directory(out, build)

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from embedrank.paths import default_cache_dir
+from embedrank.paths import build_directory, default_cache_dir
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
 from embedrank.testing.architectures import ARCHITECTURES, BPE_VOCAB, HIDDEN, Architecture
 from embedrank.texts import vocabulary_texts
@@ -207,18 +204,4 @@ def tiny_model(
         out = default_cache_dir() / "models" / f"tiny-{architecture}-{kind}-{key}"
         if (Path(out) / "config.json").is_file():
             return str(out)
-    target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        build(arch, kind, tmp, seed, num_labels)
-        if target.exists() and not any(target.iterdir()):
-            target.rmdir()
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process built it first, or out is a non-empty folder we must not replace
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
+    return build_directory(out, lambda tmp: build(arch, kind, tmp, seed, num_labels))
