@@ -9,7 +9,7 @@ the architecture's own tokenizer kind and padding side), loads it with embedrank
 
 - **parity**: the largest absolute difference of the embeddings (after pooling and normalization) or the
   cross-encoder scores, over texts that include Unicode, a one-character text and a text cut at the max
-  length; int8 rows give the smallest cosine to sentence-transformers' embedding instead (cross-encoders:
+  length; bf16 and int8 rows give the smallest cosine to sentence-transformers' embedding instead (cross-encoders:
   Spearman's rank correlation with sentence-transformers' scores over the 256 speed texts, since int8 is
   judged by the order it ranks in);
 - **tokens**: whether every text's token count equals sentence-transformers';
@@ -17,8 +17,8 @@ the architecture's own tokenizer kind and padding side), loads it with embedrank
   before, ``-`` on torch;
 - **speed**: texts per second of embedrank over sentence-transformers (torch fp32) on the same 256 texts,
   the median of alternated rounds. The models are tiny, so this shows regressions, not what a real model gains;
-- **status**: ``parity`` when the figure is within the bound (1e-5 torch, 1e-4 exported fp32), ``int8 ok``
-  for int8 within its bound (cosine >= 0.95; rank correlation >= 0.9), ``runs on torch: <reason>`` when the backend fell back, else ``FAIL``.
+- **status**: ``parity`` when the figure is within the bound (1e-5 torch, 1e-4 exported fp32), ``bf16 ok`` /
+  ``int8 ok`` within theirs (bf16: cosine >= 0.99, rank correlation >= 0.95; int8: 0.95 and 0.9), ``runs on torch: <reason>`` when the backend fell back, else ``FAIL``.
 
 The exit status is 1 when any row fails; nothing raises. Record it with ``make support-matrix``; the docs'
 page of supported models is rendered from the record.
@@ -47,7 +47,7 @@ from embedrank.testing.architectures import ARCHITECTURES, CROSS_ENCODERS  # noq
 from embedrank.testing.tiny import tiny_model  # noqa: E402
 from embedrank.texts import vocabulary_texts  # noqa: E402
 
-SYSTEMS = ("torch:fp32", "openvino:fp32", "onnx:fp32", "openvino:int8", "onnx:int8")
+SYSTEMS = ("torch:fp32", "openvino:fp32", "onnx:fp32", "openvino:bf16", "openvino:int8", "onnx:int8")
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "green tea health benefits",
@@ -56,7 +56,7 @@ TEXTS = [
     "x",
 ]
 QUERY = "what are the health benefits of green tea"
-BOUND = {"torch": 1e-5, "fp32": 1e-4, "int8-cosine": 0.95, "int8-rho": 0.9}
+BOUND = {"torch": 1e-5, "fp32": 1e-4, "bf16-cosine": 0.99, "bf16-rho": 0.95, "int8-cosine": 0.95, "int8-rho": 0.9}
 
 
 def _export_seconds(model: Encoder | CrossEncoder, before: float) -> str:
@@ -101,11 +101,11 @@ def embedding_row(name: str, system: str, texts: list[str], rounds: int, referen
     started = time.time()
     enc = _load(Encoder, path, backend, precision, texts)
     out = enc.encode_with_stats(TEXTS, batch_size=2)
-    if precision == "int8":
+    if precision in ("bf16", "int8"):
         cosines = (out.embeddings * expected).sum(axis=1) / (
             np.linalg.norm(out.embeddings, axis=1) * np.linalg.norm(expected, axis=1)
         )
-        figure, ok = float(cosines.min()), float(cosines.min()) >= BOUND["int8-cosine"]
+        figure, ok = float(cosines.min()), float(cosines.min()) >= BOUND[f"{precision}-cosine"]
         shown = f"cos {figure:.4f}"
     else:
         figure = float(np.abs(out.embeddings - expected).max())
@@ -129,11 +129,11 @@ def cross_encoder_row(name: str, system: str, texts: list[str], rounds: int, ref
     ce = _load(CrossEncoder, path, backend, precision, texts)
     out = ce.score_pairs_with_stats(pairs, batch_size=2)
     many = [(QUERY, t) for t in texts]
-    if precision == "int8":  # int8 is judged by the order it ranks in: Spearman's rho over all the texts
+    if precision in ("bf16", "int8"):  # judged by the order it ranks in: Spearman's rho over all the texts
         if ("cross-encoder-ranking", name) not in reference:
             reference["cross-encoder-ranking", name] = st.predict(many, batch_size=32)
         rho = float(spearmanr(ce.score_pairs(many, batch_size=32), reference["cross-encoder-ranking", name])[0])
-        shown, ok = f"rho {rho:.3f}", rho >= BOUND["int8-rho"]
+        shown, ok = f"rho {rho:.3f}", rho >= BOUND[f"{precision}-rho"]
     else:
         figure = float(np.abs(out.scores - expected).max())
         shown, ok = f"{figure:.1e}", figure <= BOUND["torch" if backend == "torch" else "fp32"]
@@ -148,7 +148,8 @@ def _row(name, kind, system, model, shown, ok, tokens_equal, started, speed) -> 
     if model.backend != backend:
         status = f"runs on torch: {getattr(model, 'fallback_reason', 'export failed')}"
     else:
-        status = ("int8 ok" if system.endswith("int8") else "parity") if ok and tokens_equal else "FAIL"
+        precision = system.split(":")[1]
+        status = (f"{precision} ok" if precision in ("bf16", "int8") else "parity") if ok and tokens_equal else "FAIL"
     return {
         "architecture": name,
         "kind": kind,
@@ -162,7 +163,7 @@ def _row(name, kind, system, model, shown, ok, tokens_equal, started, speed) -> 
 
 
 def _cell(row: dict) -> str:
-    if row["status"] in ("parity", "int8 ok"):
+    if row["status"] in ("parity", "bf16 ok", "int8 ok"):
         return f"{row['status']} ({row['parity']})"
     return row["status"].replace("|", "/")
 
