@@ -147,7 +147,7 @@ def render_models(results: list[dict]) -> str:
     if not support:
         parts.append("\nThe matrix is not recorded yet: run `make support-matrix`.\n")
     for r in support:
-        parts.append(f"\n## {r['title']}\n\n{_provenance(r)}\n{r['output'].rstrip()}\n")
+        parts.append(f"\n## {r['title']}\n\n{_provenance(r)}\n{r['output'].strip()}\n")
     return "".join(parts)
 
 

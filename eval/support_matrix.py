@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -162,6 +163,21 @@ def _row(name, kind, system, model, shown, ok, tokens_equal, started, speed) -> 
     }
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send file descriptor 1 (and ``sys.stdout``) to stderr, so only the table reaches stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _cell(row: dict) -> str:
     if row["status"] in ("parity", "bf16 ok", "int8 ok"):
         return f"{row['status']} ({row['parity']})"
@@ -187,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind, name in jobs:
         for system in args.systems:
             build = embedding_row if kind == "embedding" else cross_encoder_row
-            try:  # libraries' progress bars (NNCF's) go to stderr with the logs: the table is the output
-                with contextlib.redirect_stdout(sys.stderr):
+            try:  # what libraries print (NNCF's progress bars, exporters' blank lines) goes to stderr
+                with _stdout_to_stderr():
                     rows.append(build(name, system, texts, args.rounds, reference))
             except Exception as exc:  # a row that fails is a finding, reported in its row
                 reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
