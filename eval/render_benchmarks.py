@@ -32,14 +32,13 @@ The matrix is measured, not promised: `eval/support_matrix.py` builds a tiny mod
 (2 layers, hidden size 64, seeded random weights, the architecture's own tokenizer kind, special tokens and
 padding side, saved as sentence-transformers saves it), loads it with embedrank on every backend and
 precision and with sentence-transformers on torch, and compares the outputs on texts that include Unicode,
-a one-character text and a text cut at the max length. The test suite runs the same checks
-(`tests/test_architectures.py`). *parity* means within 1e-5 of sentence-transformers on torch and 1e-4 on an
+a one-character text and a text cut at the max length. The test suite runs the script on the fp32
+systems and checks each architecture in detail (`tests/test_architectures.py`). *parity* means within 1e-5 of sentence-transformers on torch and 1e-4 on an
 exported fp32 graph, with identical token counts; *bf16 ok* and *int8 ok* mean a reduced-precision row's
 smallest cosine to sentence-transformers' embedding is at least 0.99 (bf16) or 0.95 (int8), and for
 cross-encoders that Spearman's rank correlation with sentence-transformers' scores over 256 pairs is at
 least 0.95 (bf16) or 0.9 (int8). A bf16 row runs bf16 only on a CPU with AVX512-BF16 or AMX; the CPU line
-of the record says which. The speed column
-compares tiny models, so it guards against regressions and says nothing about what a real model gains;
+of the record says which. The speed column compares tiny models, so it guards against regressions and says nothing about what a real model gains;
 the [benchmarks page](benchmarks.md) has real models' speed.
 
 ## When a model cannot be exported
