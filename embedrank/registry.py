@@ -78,6 +78,7 @@ class ModelSpec:
     scoring: Literal["classifier", "yes-no"] = "classifier"
     dense: tuple[str, ...] = ()  # sentence-transformers Dense module folders applied after pooling
     static: str | None = None  # the folder of a StaticEmbedding module: a static model (runtime.static)
+    include_prompt: bool = True  # False: pooling leaves the prompt's tokens out (the model still sees them)
     answer_tokens: tuple[str, str] = ("yes", "no")
 
 
@@ -271,6 +272,7 @@ def describe(
     normalize = False
     dimension = hidden
     dense: list[str] = []  # Dense module folders, in order, after pooling
+    include_prompt = True
     static = None  # the StaticEmbedding module's folder
     if isinstance(modules, list):
         for module in modules:
@@ -284,11 +286,7 @@ def describe(
                 pool_cfg = _read_json(root / module.get("path", "") / "config.json") or {}
                 pooling = _pooling_from_config(pool_cfg)  # type: ignore[arg-type]
                 dimension = pool_cfg.get("word_embedding_dimension", hidden)  # type: ignore[union-attr]
-                if pool_cfg.get("include_prompt", True) is False:  # type: ignore[union-attr]
-                    raise UnsupportedModelError(
-                        f"model {model_id!r} pools without its prompt tokens (include_prompt=false), which "
-                        f"embedrank does not run yet; its embeddings would differ from sentence-transformers'"
-                    )
+                include_prompt = pool_cfg.get("include_prompt", True) is not False  # type: ignore[union-attr]
             elif kind == "StaticEmbedding":  # the mean of per-token vectors: pooled already
                 static, dimension = str(module.get("path", "")), 0  # the width is measured when loaded
             elif kind == "Dense":
@@ -320,6 +318,7 @@ def describe(
         trust_remote_code=trust_remote_code,
         dense=tuple(dense),
         static=static,
+        include_prompt=include_prompt,
     )
 
 

@@ -61,9 +61,11 @@ A sentence-transformers folder may chain `Transformer`, `Pooling` (mean, CLS, ma
 square-root length), `Dense` (one or more linear layers with their activation after pooling: LaBSE,
 distiluse, GTR, sentence-t5, EmbeddingGemma), `Normalize`, or `StaticEmbedding` (model2vec-style static
 models such as potion: a vector per token, averaged; no transformer, so they run in torch on every backend
-setting, with no special tokens and no truncation, as sentence-transformers runs them). A `Router`
-(different modules for queries and documents) and pooling with `include_prompt: false` are refused with a
-message that says so, rather than computed differently from sentence-transformers.
+setting, with no special tokens and no truncation, as sentence-transformers runs them). Pooling with
+`include_prompt: false` (INSTRUCTOR-style models) leaves the prompt's tokens out of the mean while the
+model still reads them, in Python and in the service. A `Router` (different modules for queries and
+documents) is refused with a message that says so, rather than computed differently from
+sentence-transformers.
 
 ## Cross-encoders with several labels
 

@@ -398,3 +398,24 @@ def test_a_static_model_matches_sentence_transformers(static_model, fake_service
         body = client.post("/v1/embeddings", json={"model": "static", "input": TEXTS}).json()
         got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
         assert np.abs(got - out.embeddings).max() < 1e-6 and body["usage"]["prompt_tokens"] == sum(out.token_counts)
+
+
+@pytest.mark.parametrize("name", ["bert", "qwen3"])  # right and left padding
+def test_pooling_without_the_prompt_matches_sentence_transformers(name, tmp_path, fake_service):
+    """``include_prompt: false`` (INSTRUCTOR-style models): the model sees the prompt, pooling leaves it out."""
+    path = tmp_path / name
+    shutil.copytree(tiny_model(name), path)
+    pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
+    pooling.update(include_prompt=False, pooling_mode_mean_tokens=True, pooling_mode_lasttoken=False,
+                   pooling_mode_cls_token=False)  # fmt: skip
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    st = SentenceTransformer(str(path), device="cpu")
+    enc = Encoder.from_pretrained(str(path), backend="torch")
+    for options in ({"prompt_name": "query"}, {"prompt": "Represent this sentence: "}, {}):
+        expected = st.encode(TEXTS, batch_size=2, **options)
+        assert np.abs(enc.encode(TEXTS, batch_size=2, **options) - expected).max() < 1e-5, options
+    with_prompt = st.encode(TEXTS[:2], prompt_name="query")
+    assert np.abs(with_prompt - st.encode(TEXTS[:2])).max() > 1e-3  # the prompt still changes the vectors
+    with fake_service({"m": enc}) as client:  # rows of different prompts share the engine's batches
+        body = client.post("/v1/embeddings", json={"model": "m", "input": TEXTS[:2], "input_type": "query"}).json()
+        assert np.abs(np.array([d["embedding"] for d in body["data"]]) - with_prompt).max() < 1e-5

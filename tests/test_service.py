@@ -748,7 +748,7 @@ def test_each_input_is_tokenized_once_when_submitted(fake_service):
     calls: list[list] = []
     for model in (encoder, cross):
         original = model.tokenize_rows
-        model.tokenize_rows = lambda items, original=original: calls.append(list(items)) or original(items)
+        model.tokenize_rows = lambda items, original=original, **kw: calls.append(list(items)) or original(items, **kw)
         model.count_tokens = lambda *a, **k: pytest.fail("counted tokens again")
     encoder.encode_batch = lambda texts: pytest.fail("tokenized inside the forward pass")
     cross.score_batch = lambda pairs: pytest.fail("tokenized inside the forward pass")

@@ -93,6 +93,20 @@ def last_token_pool(token_embeddings: torch.Tensor, attention_mask: torch.Tensor
     return token_embeddings[torch.arange(batch, device=token_embeddings.device), last]
 
 
+def exclude_leading(attention_mask: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """A copy of ``attention_mask`` ``(B, T)`` with the first ``counts[i]`` real tokens of row ``i`` masked
+    out, for left and right padding alike: pooling then leaves a prompt out (sentence-transformers'
+    ``include_prompt=False``), while the model still saw it.
+
+    >>> exclude_leading(torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]]), torch.tensor([2, 1]))
+    tensor([[0, 0, 1, 0],
+            [0, 0, 1, 1]])
+    """
+    first = attention_mask.to(torch.int32).argmax(dim=1)  # (B,): left padding before the first real token
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device).unsqueeze(0)  # (1, T)
+    return attention_mask.masked_fill(positions < (first + counts.to(first.device)).unsqueeze(1), 0)
+
+
 _POOLERS = {
     PoolingMode.MEAN: mean_pool,
     PoolingMode.CLS: cls_pool,

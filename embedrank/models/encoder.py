@@ -14,12 +14,12 @@ import torch
 from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
-from embedrank.math.pooling import PoolingMode, pool
+from embedrank.math.pooling import PoolingMode, exclude_leading, pool
 from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.dense import apply_dense, load_dense
-from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
+from embedrank.models.prompts import PromptRoles, select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
 from embedrank.models.tokens import (
     PROGRESS_THRESHOLD,
@@ -40,7 +40,7 @@ from embedrank.texts import data_dir_sample, vocabulary_texts
 from embedrank.types import ModelOutput
 
 
-class Encoder(FitsRanges, RuntimeFacts):
+class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
     """A transformer encoder with embedrank's own pooling and normalization.
 
     Use :meth:`from_pretrained`; the constructor takes already-loaded parts.
@@ -239,27 +239,41 @@ class Encoder(FitsRanges, RuntimeFacts):
         return truncate_dims(vectors, dimensions, renormalize=do_norm)
 
     def embed_tokenized(
-        self, batch: Tokenized, *, normalize: bool | None = None, dimensions: int | None = None
+        self, batch: Tokenized, *, normalize: bool | None = None, dimensions: int | None = None, skip: Any = 0
     ) -> np.ndarray:
-        """Steps 2 and 3 on one tokenized batch; ``(B, D)`` float32."""
+        """Steps 2 and 3 on one tokenized batch; ``(B, D)`` float32. ``skip``: leading tokens (per row, or one
+        count for all) that pooling leaves out."""
+        mask = batch.features["attention_mask"]
+        if np.any(skip):
+            mask = exclude_leading(mask, torch.as_tensor(skip).expand(mask.shape[0]))
         token_embeddings = self.forward(batch.features)
-        return self.postprocess(
-            token_embeddings, batch.features["attention_mask"], normalize=normalize, dimensions=dimensions
-        )
+        return self.postprocess(token_embeddings, mask, normalize=normalize, dimensions=dimensions)
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         """All three steps on one batch, in input order."""
         return self.embed_rows(self.tokenize_rows(texts))
 
-    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
+    def tokenize_rows(self, texts: Sequence[str], *, skip: int = 0) -> list[TokenRow]:
         """Step 1 without padding: one :class:`~embedrank.models.tokens.TokenRow` per text (the serving
-        engine tokenizes at submit time, budgets on real lengths, then batches rows of many requests)."""
-        return token_rows(*encode_rows(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length))
+        engine tokenizes at submit time, budgets on real lengths, then batches rows of many requests);
+        ``skip``: the leading tokens pooling leaves out (:meth:`prompt_skip`)."""
+        rows, cut = encode_rows(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length)
+        return token_rows(rows, cut, skip)
 
     def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         """Steps 2 and 3 on rows from :meth:`tokenize_rows`, padded together; what the engine runs per pass."""
         batch = collate_rows(self.tokenizer, rows)
-        return ModelOutput(self.embed_tokenized(batch), batch.token_counts, batch.truncated)
+        return ModelOutput(
+            self.embed_tokenized(batch, skip=[r.skip for r in rows]), batch.token_counts, batch.truncated
+        )
+
+    def prompt_skip(self, prompt: str) -> int:
+        """Tokens of ``prompt`` pooling leaves out: none, unless the model pools without its prompt
+        (``include_prompt=False``); then the prompt's tokens bar a trailing special one, as sentence-transformers."""
+        if self.spec.include_prompt or not prompt:
+            return 0
+        ids = self.tokenizer(self._prepare([prompt]))["input_ids"][0]
+        return len(ids) - int(bool(ids) and ids[-1] in self.tokenizer.all_special_ids)
 
     # -- convenience -----------------------------------------------------------------------------
     def encode_with_stats(
@@ -299,7 +313,8 @@ class Encoder(FitsRanges, RuntimeFacts):
             pooled = plan.vectors(parts, normalize=do_norm)
             vectors = truncate_dims(pooled.values, dimensions, renormalize=do_norm)
             return dataclasses.replace(pooled, values=vectors)
-        items = self.apply_prompt(check_texts(texts), prompt_name, prompt)
+        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
+        items, skip = with_prompt(check_texts(texts), chosen), self.prompt_skip(chosen)
         out = np.empty((len(items), dimensions or self.dimension), dtype=np.float32)
         counts = [0] * len(items)
         truncated = [False] * len(items)
@@ -313,7 +328,7 @@ class Encoder(FitsRanges, RuntimeFacts):
         )
         with tqdm(total=len(items), desc="Encoding", unit="text", disable=not show) as bar:
             for positions, batch in batches:
-                out[positions] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions)
+                out[positions] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions, skip=skip)
                 for j, pos in enumerate(positions):
                     counts[pos] = batch.token_counts[j]
                     truncated[pos] = batch.truncated[j]
@@ -374,26 +389,3 @@ class Encoder(FitsRanges, RuntimeFacts):
 
     def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
         return self.encode(texts, batch_size=64, show_progress=False, prompt="", normalize=normalize)
-
-    @property
-    def query_prompt(self) -> str:
-        """The text :meth:`encode_query` puts before each query (``""`` when the model has none)."""
-        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, QUERY_NAMES)
-
-    @property
-    def document_prompt(self) -> str:
-        """The text :meth:`encode_document` puts before each document (``""`` when the model has none)."""
-        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, DOCUMENT_NAMES)
-
-    def encode_query(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> np.ndarray:
-        """:meth:`encode` with the model's query prompt (``"query"``; else its default prompt) unless
-        ``prompt_name`` says otherwise, as sentence-transformers' ``encode_query``."""
-        chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.query_prompt}
-        return self.encode(texts, **chosen, **options)
-
-    def encode_document(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> np.ndarray:
-        """:meth:`encode` with the model's document prompt (the first of ``"document"``, ``"passage"``,
-        ``"corpus"`` it has; else its default prompt) unless ``prompt_name`` says otherwise, as
-        sentence-transformers' ``encode_document``."""
-        chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.document_prompt}
-        return self.encode(texts, **chosen, **options)

@@ -37,15 +37,16 @@ class TokenRow:
     tokens: Any
     length: int
     truncated: bool
+    skip: int = 0  # leading tokens pooling leaves out (a prompt, for models that pool without it)
 
 
-def token_rows(rows: Sequence[dict[str, list[int]]], truncated: Sequence[bool]) -> list[TokenRow]:
+def token_rows(rows: Sequence[dict[str, list[int]]], truncated: Sequence[bool], skip: int = 0) -> list[TokenRow]:
     """:func:`encode_rows`' output as :class:`TokenRow` items.
 
     >>> token_rows([{"input_ids": [101, 7, 102]}], [False])[0].length
     3
     """
-    return [TokenRow(r, len(r["input_ids"]), t) for r, t in zip(rows, truncated, strict=True)]
+    return [TokenRow(r, len(r["input_ids"]), t, skip) for r, t in zip(rows, truncated, strict=True)]
 
 
 def collate_rows(tokenizer: Any, rows: Sequence[TokenRow]) -> Tokenized:

@@ -47,7 +47,9 @@ class EmbeddingModel(Protocol):
         self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
     ) -> list[list[str]]: ...
 
-    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]: ...
+    def tokenize_rows(self, texts: Sequence[str], *, skip: int = 0) -> list[TokenRow]: ...
+
+    def prompt_skip(self, prompt: str) -> int: ...
 
     def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
 
@@ -140,10 +142,14 @@ class AsyncEncoder:
     def max_seq_length(self) -> int:
         return self.encoder.max_seq_length
 
-    async def _rows(self, texts: Sequence[str], fields: Sequence[tuple[str, int]] = ()) -> list[TokenRow]:
-        """``texts`` tokenized once, off the event loop. With ``fields`` (truncation off), the first of the
-        texts they cover that is cut at the maximum length is refused, named by request field."""
-        rows = await asyncio.to_thread(self.encoder.tokenize_rows, list(texts))
+    async def _rows(
+        self, texts: Sequence[str], fields: Sequence[tuple[str, int]] = (), *, prompt: str = ""
+    ) -> list[TokenRow]:
+        """``texts`` (``prompt`` already before each) tokenized once, off the event loop. With ``fields``
+        (truncation off), the first of the texts they cover that is cut at the maximum length is refused,
+        named by request field."""
+        skip = self.encoder.prompt_skip(prompt)  # pooling leaves the prompt out for some models
+        rows = await asyncio.to_thread(partial(self.encoder.tokenize_rows, list(texts), skip=skip))
         at = first_cut(rows, sum(size for _, size in fields)) if fields else None
         if at is not None:
             (length,) = await asyncio.to_thread(partial(self.encoder.count_tokens, [texts[at]], prompt=""))
@@ -170,7 +176,7 @@ class AsyncEncoder:
             out = await self._embed_chunked(texts, prompt, chunking, truncate=truncate, priority=priority)
         else:
             texts = with_prompt(texts, prompt)
-            rows = await self._rows(texts, () if truncate else [(param, len(texts))])
+            rows = await self._rows(texts, () if truncate else [(param, len(texts))], prompt=prompt)
             out = await self.engine.submit(rows, priority=priority)
         vectors = truncate_dims(out.values, dimensions, renormalize=self.encoder.normalize)
         return dataclasses.replace(out, values=np.ascontiguousarray(vectors, dtype=np.float32))
@@ -181,7 +187,7 @@ class AsyncEncoder:
         plan = await plan_chunks(
             texts, self.encoder.token_offsets, partial(self.encoder.chunk_window, prompt), chunking, truncate, "input"
         )
-        rows = await self._rows(with_prompt(plan.texts, prompt))  # windows fit the window: none is cut
+        rows = await self._rows(with_prompt(plan.texts, prompt), prompt=prompt)  # windows fit: none is cut
         out = await self.engine.submit(rows, priority=priority)
         return plan.vectors(out, normalize=self.encoder.normalize)
 

@@ -129,7 +129,10 @@ class FakeEncoder(FitsRanges):
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         return self.embed_rows(self.tokenize_rows(texts))
 
-    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
+    def prompt_skip(self, prompt: str) -> int:
+        return 0  # a fake pools every token
+
+    def tokenize_rows(self, texts: Sequence[str], *, skip: int = 0) -> list[TokenRow]:
         """Words kept under the maximum length, with the two special tokens counted."""
         rows = []
         for text in texts:
