@@ -189,13 +189,14 @@ def list_models(pool: ModelPool) -> ModelList:
                 created=served.created,
                 capabilities=served.capabilities,  # type: ignore[arg-type]
                 scorer="bi-encoder" if served.spec.kind == "embedding" else "cross-encoder",
-                dimension=served.spec.dimension,
+                dimension=served.dimension or served.spec.dimension,
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.entry.aliases),
                 prompts=dict(served.spec.prompts),
                 backend=served.backend,
                 precision=served.precision,
                 inference_precision=served.inference_precision,
+                fallback_reason=served.fallback_reason,
             )
             for model_id, served in pool.models.items()
         ]

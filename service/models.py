@@ -39,6 +39,8 @@ class ServedModel:
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
     inference_precision: str | None = None  # what really computes, known once loaded
+    fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
+    dimension: int | None = None  # the embedding width, once loaded (a static model's is measured)
 
     @property
     def capabilities(self) -> list[str]:
@@ -111,6 +113,9 @@ class ModelPool:
             if served.entry.ranges:
                 model.fit_ranges(served.entry.ranges)  # type: ignore[union-attr]
             served.backend, served.precision, served.inference_precision = describe_model(model)
+            served.fallback_reason = getattr(model, "fallback_reason", None)
+            if isinstance(model, Encoder):
+                served.dimension = model.dimension
             loaded[model_id] = model
         return loaded
 

@@ -247,6 +247,10 @@ class ModelCard(Struct, kw_only=True):
         str | None,
         Meta(description="What really computes (f32, bf16, int8+f32), read from the runtime; null until loaded"),
     ] = None
+    fallback_reason: Annotated[
+        str | None,
+        Meta(description="Why the model runs on torch although no backend was named (its export failed); else null"),
+    ] = None
 
 
 class ModelList(Struct, kw_only=True):

@@ -395,6 +395,8 @@ def test_a_static_model_matches_sentence_transformers(static_model, fake_service
     with pytest.raises(Exception, match="static embedding model"):
         Encoder.from_pretrained(static_model, backend="openvino")
     with fake_service({"static": enc}) as client:
+        (card,) = client.get("/v1/models").json()["data"]
+        assert (card["dimension"], card["backend"], card["fallback_reason"]) == (32, "torch", None)
         body = client.post("/v1/embeddings", json={"model": "static", "input": TEXTS}).json()
         got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
         assert np.abs(got - out.embeddings).max() < 1e-6 and body["usage"]["prompt_tokens"] == sum(out.token_counts)
@@ -419,3 +421,24 @@ def test_pooling_without_the_prompt_matches_sentence_transformers(name, tmp_path
     with fake_service({"m": enc}) as client:  # rows of different prompts share the engine's batches
         body = client.post("/v1/embeddings", json={"model": "m", "input": TEXTS[:2], "input_type": "query"}).json()
         assert np.abs(np.array([d["embedding"] for d in body["data"]]) - with_prompt).max() < 1e-5
+
+
+def test_the_service_reports_a_fallback_and_its_reason(monkeypatch, tmp_path):
+    from litestar.testing import TestClient
+
+    from embedrank.runtime import converters
+    from service.app import create_app
+    from service.settings import Settings
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("converter says no")
+
+    monkeypatch.setattr(converters, "to_openvino", broken)
+    monkeypatch.setenv("EMBEDRANK_CACHE", str(tmp_path))  # a fresh export cache: the export is tried
+    monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
+    monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
+    settings = Settings.from_env({"EMBEDRANK_API_KEYS": "k", "EMBEDRANK_MODELS": f"m={tiny_model('bert')}"})
+    with TestClient(create_app(settings, wait_for_models=True)) as client:
+        (card,) = client.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"]
+    assert card["backend"] == "torch"
+    assert card["fallback_reason"] == "could not export to openvino fp32: RuntimeError: converter says no"
