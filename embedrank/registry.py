@@ -79,6 +79,7 @@ class ModelSpec:
     dense: tuple[str, ...] = ()  # sentence-transformers Dense module folders applied after pooling
     static: str | None = None  # the folder of a StaticEmbedding module: a static model (runtime.static)
     include_prompt: bool = True  # False: pooling leaves the prompt's tokens out (the model still sees them)
+    model_type: str | None = None  # config.json's model_type (``bert``, ``t5``, ...)
     answer_tokens: tuple[str, str] = ("yes", "no")
 
 
@@ -198,18 +199,25 @@ def _pooling_from_config(cfg: dict[str, Any]) -> PoolingMode:
 
 
 def _check_remote_code(model_id: str, config: dict[str, Any], trust_remote_code: bool) -> None:
-    """Refuse a model that needs its own Python code unless the user opted in.
+    """Refuse an architecture transformers does not ship, and a model that needs its own Python code unless
+    the user opted in.
 
     A model needs it when ``config.json`` maps auto classes to its own files (``auto_map``) and transformers
     does not know its ``model_type``; a known type with an ``auto_map`` loads with transformers' classes.
     """
-    auto_map = config.get("auto_map")
-    if not auto_map or trust_remote_code:
-        return
     from transformers import CONFIG_MAPPING
+    from transformers import __version__ as transformers_version
 
-    if config.get("model_type") in CONFIG_MAPPING:
-        return
+    auto_map = config.get("auto_map")
+    known = config.get("model_type") in CONFIG_MAPPING
+    if not config or known or (auto_map and trust_remote_code):
+        return  # a static model (no config), an architecture transformers ships, or opted-in own code
+    if not auto_map:
+        raise UnsupportedModelError(
+            f"model {model_id!r} has the architecture {config.get('model_type')!r}, which transformers "
+            f"{transformers_version} does not ship and the model brings no code for; embedrank runs the "
+            f"architectures transformers ships (a newer transformers may know it)"
+        )
     classes = ", ".join(sorted({str(v if isinstance(v, str) else v[0]) for v in auto_map.values()}))
     raise UnsupportedModelError(
         f"model {model_id!r} needs its own Python code ({classes}, architecture {config.get('model_type')!r} is not "
@@ -266,6 +274,7 @@ def describe(
             num_labels=1 if is_causal_lm else int(config.get("num_labels") or len(config.get("id2label") or {}) or 1),
             trust_remote_code=trust_remote_code,
             scoring="yes-no" if is_causal_lm else "classifier",
+            model_type=config.get("model_type"),
         )
 
     pooling = PoolingMode.MEAN
@@ -319,6 +328,7 @@ def describe(
         dense=tuple(dense),
         static=static,
         include_prompt=include_prompt,
+        model_type=config.get("model_type"),
     )
 
 

@@ -442,3 +442,13 @@ def test_the_service_reports_a_fallback_and_its_reason(monkeypatch, tmp_path):
         (card,) = client.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"]
     assert card["backend"] == "torch"
     assert card["fallback_reason"] == "could not export to openvino fp32: RuntimeError: converter says no"
+
+
+def test_an_architecture_transformers_does_not_ship_is_named(tmp_path):
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model("bert"), path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="not-an-architecture", architectures=["NotAModel"])
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=r"'not-an-architecture', which transformers .* does not ship"):
+        Encoder.from_pretrained(str(path))  # refused when resolved: no export is tried, no raw exception

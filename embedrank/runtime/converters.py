@@ -20,6 +20,14 @@ from embedrank.registry import ModelSpec, quiet_loading
 from embedrank.runtime.backends import Head, Precision
 
 CALIBRATION_BATCH = 8
+# encoder-decoder models whose encoder alone embeds (sentence-t5, GTR), as sentence-transformers loads them
+ENCODER_OF = {
+    "t5": "T5EncoderModel",
+    "mt5": "MT5EncoderModel",
+    "umt5": "UMT5EncoderModel",
+    "longt5": "LongT5EncoderModel",
+    "switch_transformers": "SwitchTransformersEncoderModel",
+}
 
 
 class Narrow(torch.nn.Module):
@@ -81,11 +89,15 @@ def answer_ids(spec: ModelSpec) -> tuple[int, int]:
 def load_torch(spec: ModelSpec, head: Head, **options: Any) -> torch.nn.Module:
     """The transformers model of ``spec``: ``AutoModel`` (encoder) or ``AutoModelForSequenceClassification``
     (classifier), with ``options`` for ``from_pretrained``, in eval mode."""
+    import transformers
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     loader = {"encoder": AutoModel, "classifier": AutoModelForSequenceClassification, "yes-no": AutoModelForCausalLM}
+    cls = loader[head]
+    if head == "encoder" and spec.model_type in ENCODER_OF:  # an encoder-decoder embeds with its encoder
+        cls = getattr(transformers, ENCODER_OF[spec.model_type])
     with quiet_loading():
-        model = loader[head].from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **options).eval()
+        model = cls.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **options).eval()
     return YesNoLogit(model, *answer_ids(spec)).eval() if head == "yes-no" else model
 
 

@@ -157,6 +157,23 @@ ARCHITECTURES: dict[str, Architecture] = {
             ),
         ),
         Architecture(
+            "t5",
+            "T5Config",
+            "T5Tokenizer",
+            "unigram",
+            ("sentence-t5-base/large/xl", "gtr-t5-base/large/xl"),
+            normalize=True,
+            options=(
+                ("d_model", HIDDEN),
+                ("num_layers", LAYERS),
+                ("num_heads", HEADS),
+                ("d_kv", HIDDEN // HEADS),
+                ("d_ff", INTERMEDIATE),
+                ("decoder_start_token_id", 0),
+            ),
+            dense=((HIDDEN, False, "Identity"),),  # sentence-t5 and GTR project the mean with one Dense layer
+        ),
+        Architecture(
             "gemma3",
             "Gemma3TextConfig",
             "GemmaTokenizer",

@@ -49,7 +49,7 @@ def _trained_tokenizer(arch: Architecture) -> Any:
         # the ids the public models give them: XLM-R <s>=0 <pad>=1 </s>=2 <unk>=3, DeBERTa-v2 [PAD]=0 [CLS]=1 ...
         first = [probe.pad_token] if arch.name == "deberta-v2" else [probe.cls_token]
         first += [probe.cls_token, probe.pad_token, probe.sep_token, probe.unk_token]
-        special_tokens = list(dict.fromkeys(first + list(probe.all_special_tokens)))
+        special_tokens = [t for t in dict.fromkeys(first + list(probe.all_special_tokens)) if t]
         tok = Tokenizer(models.Unigram())
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         trainer = trainers.UnigramTrainer(
@@ -157,7 +157,8 @@ def _build(arch: Architecture, kind: Kind, out: Path, seed: int, num_labels: int
         )
     config = _config(arch, tokenizer, kind, num_labels)
     offset = 2 if arch.name in ("roberta", "xlm-roberta", "mpnet") else 0  # positions start after padding_idx
-    tokenizer.model_max_length = config.max_position_embeddings - offset  # as the public models' files say
+    # as the public models' files say (T5's relative positions have no limit; its tokenizer says 512)
+    tokenizer.model_max_length = getattr(config, "max_position_embeddings", 512) - offset
     torch.manual_seed(seed)
     loader = {
         "embedding": transformers.AutoModel,
