@@ -33,10 +33,10 @@ def default_data_dir() -> Path | None:
     return guess if guess.is_dir() else None
 
 
-def build_directory(target: str | Path, build: Callable[[Path], object]) -> str:
+def build_directory(target: str | Path, build: Callable[[Path], object], *, done: str = "config.json") -> str:
     """Build a directory at ``target`` by calling ``build`` on an empty temporary folder beside it, then
     renaming that into place, so concurrent processes never see half of it; returns ``target``. If another
-    process finished first (or ``target`` is a non-empty folder with a ``config.json``), theirs is kept."""
+    process finished first (or ``target`` is a non-empty folder with the file ``done``), theirs is kept."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -47,7 +47,7 @@ def build_directory(target: str | Path, build: Callable[[Path], object]) -> str:
         try:
             os.rename(tmp, target)
         except OSError:  # another process built it first, or target is a non-empty folder we must not replace
-            if not (target / "config.json").is_file():
+            if not (target / done).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -116,10 +116,7 @@ def hub_patterns(modules: Any, files: list[str], *, trust_remote_code: bool = Fa
     patterns = list(_HUB_METADATA)
     if isinstance(modules, list):
         patterns += [f"{m['path'].strip('/')}/*" for m in modules if isinstance(m, dict) and m.get("path")]
-    if any(f.endswith(".safetensors") for f in files) or not files:
-        patterns.append("*.safetensors")
-    else:
-        patterns.append("pytorch_model.bin")
+    patterns.append("*.safetensors" if any(f.endswith(".safetensors") for f in files) else "pytorch_model.bin")
     if trust_remote_code:
         patterns.append("*.py")
     return patterns
@@ -132,15 +129,21 @@ def _hub_path(model_id: str, tried: list[str], trust_remote_code: bool) -> str:
     except ImportError as exc:  # pragma: no cover - huggingface_hub comes with transformers
         raise ModelNotFoundError(f"model {model_id!r} not found; tried: {', '.join(tried)}") from exc
     try:
-        cached = snapshot_download(model_id, allow_patterns=_HUB_METADATA, local_files_only=True)
-        return _complete(model_id, cached, trust_remote_code, local_only=True)
+        cached = Path(snapshot_download(model_id, allow_patterns=_HUB_METADATA, local_files_only=True))
+        files = [str(p.relative_to(cached)) for p in cached.rglob("*") if p.is_file()]
+        if not _has_weights(files):
+            raise FileNotFoundError("no safetensors or pytorch_model.bin weights in the cached snapshot")
+        patterns = hub_patterns(_read_json(cached / "modules.json"), files, trust_remote_code=trust_remote_code)
+        return snapshot_download(model_id, allow_patterns=patterns, local_files_only=True)
     except (HFValidationError, OSError, ValueError) as exc:
-        tried.append(f"Hugging Face cache ({type(exc).__name__})")
+        tried.append(f"Hugging Face cache ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
         tried.append("Hugging Face hub (skipped: HF_HUB_OFFLINE is set)")
         raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}")
     try:
         files = HfApi().list_repo_files(model_id)
+        if not _has_weights(files):
+            raise FileNotFoundError("the repository has no safetensors or pytorch_model.bin weights")
         metadata = snapshot_download(model_id, allow_patterns=_HUB_METADATA)
         modules = _read_json(Path(metadata) / "modules.json")
         return snapshot_download(
@@ -151,14 +154,9 @@ def _hub_path(model_id: str, tried: list[str], trust_remote_code: bool) -> str:
         raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}") from None
 
 
-def _complete(model_id: str, cached: str, trust_remote_code: bool, *, local_only: bool) -> str:
-    """The cached snapshot with what :func:`hub_patterns` asks for (from the cache only)."""
-    from huggingface_hub import snapshot_download
-
-    root = Path(cached)
-    files = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
-    patterns = hub_patterns(_read_json(root / "modules.json"), files, trust_remote_code=trust_remote_code)
-    return snapshot_download(model_id, allow_patterns=patterns, local_files_only=local_only)
+def _has_weights(files: list[str]) -> bool:
+    """Whether a model's file list holds weights embedrank loads (safetensors, or ``pytorch_model.bin``)."""
+    return any(f.endswith(".safetensors") or f.rsplit("/", 1)[-1] == "pytorch_model.bin" for f in files)
 
 
 def resolve_path(model_id: str, *, trust_remote_code: bool = False) -> tuple[str, Literal["package", "local", "hub"]]:
@@ -198,7 +196,7 @@ def _pooling_from_config(cfg: dict[str, Any]) -> PoolingMode:
     return modes[0]
 
 
-def _check_remote_code(model_id: str, config: dict[str, Any], trust_remote_code: bool) -> None:
+def _check_architecture(model_id: str, config: dict[str, Any], trust_remote_code: bool) -> None:
     """Refuse an architecture transformers does not ship, and a model that needs its own Python code unless
     the user opted in.
 
@@ -245,7 +243,7 @@ def describe(
         if not any(str(m.get("type", "")).endswith("StaticEmbedding") for m in listed if isinstance(m, dict)):
             raise NotAModelError(f"{path!r} has no readable config.json, so it is not a model directory")
         config = {}  # a static model (a vector per token) has no transformer and so no config.json
-    _check_remote_code(model_id, config, trust_remote_code)
+    _check_architecture(model_id, config, trust_remote_code)
     architectures = config.get("architectures") or []
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
     # a causal LM without sentence-transformers modules is an LLM reranker (an embedding model built on a

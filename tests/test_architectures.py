@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -452,3 +453,26 @@ def test_an_architecture_transformers_does_not_ship_is_named(tmp_path):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModelError, match=r"'not-an-architecture', which transformers .* does not ship"):
         Encoder.from_pretrained(str(path))  # refused when resolved: no export is tried, no raw exception
+
+
+def test_a_cached_hub_model_without_weights_is_a_clear_miss(tmp_path, monkeypatch):
+    """Offline, a hub id resolves from the Hugging Face cache only when its snapshot holds weights; a snapshot
+    with only metadata (an interrupted download) is reported, not handed to transformers to fail on."""
+    import huggingface_hub.constants
+
+    from embedrank.errors import ModelNotFoundError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = tmp_path / "models--someone--half-downloaded"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copy(Path(tiny_model("bert")) / "config.json", snapshot / "config.json")
+    with pytest.raises(
+        ModelNotFoundError, match=r"Hugging Face cache \(FileNotFoundError: no safetensors .*HF_HUB_OFFLINE"
+    ):
+        resolve("someone/half-downloaded")
+    shutil.copy(Path(tiny_model("bert")) / "model.safetensors", snapshot / "model.safetensors")
+    assert resolve("someone/half-downloaded").path == str(snapshot)

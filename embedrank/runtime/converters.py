@@ -66,16 +66,12 @@ class YesNoLogit(torch.nn.Module):
         return SequenceClassifierOutput(logits=(pair[:, :1] - pair[:, 1:]).float())
 
 
-def answer_ids(spec: ModelSpec) -> tuple[int, int]:
-    """Token ids of ``spec.answer_tokens`` (``yes``, ``no``) in the model's vocabulary.
+def answer_ids(spec: ModelSpec, tokenizer: Any) -> tuple[int, int]:
+    """Token ids of ``spec.answer_tokens`` (``yes``, ``no``) in the model's vocabulary (``tokenizer``'s).
 
     Raises:
         UnsupportedModelError: one of them is not a single token of the vocabulary.
     """
-    from transformers import AutoTokenizer
-
-    with quiet_loading():
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     vocab = tokenizer.get_vocab()
     missing = [t for t in spec.answer_tokens if t not in vocab]
     if missing:
@@ -86,9 +82,10 @@ def answer_ids(spec: ModelSpec) -> tuple[int, int]:
     return vocab[spec.answer_tokens[0]], vocab[spec.answer_tokens[1]]
 
 
-def load_torch(spec: ModelSpec, head: Head, **options: Any) -> torch.nn.Module:
-    """The transformers model of ``spec``: ``AutoModel`` (encoder) or ``AutoModelForSequenceClassification``
-    (classifier), with ``options`` for ``from_pretrained``, in eval mode."""
+def load_torch(spec: ModelSpec, head: Head, tokenizer: Any, **options: Any) -> torch.nn.Module:
+    """The transformers model of ``spec``: ``AutoModel`` (encoder; an encoder-decoder's encoder),
+    ``AutoModelForSequenceClassification`` (classifier) or a causal LM as :class:`YesNoLogit` (its answer
+    tokens found in ``tokenizer``), with ``options`` for ``from_pretrained``, in eval mode."""
     import transformers
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -98,7 +95,7 @@ def load_torch(spec: ModelSpec, head: Head, **options: Any) -> torch.nn.Module:
         cls = getattr(transformers, ENCODER_OF[spec.model_type])
     with quiet_loading():
         model = cls.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **options).eval()
-    return YesNoLogit(model, *answer_ids(spec)).eval() if head == "yes-no" else model
+    return YesNoLogit(model, *answer_ids(spec, tokenizer)).eval() if head == "yes-no" else model
 
 
 def first_line(exc: BaseException) -> str:
@@ -106,11 +103,11 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else "no message"
 
 
-def model_to_export(spec: ModelSpec, head: Head, attention: str) -> torch.nn.Module:
+def model_to_export(spec: ModelSpec, head: Head, tokenizer: Any, attention: str) -> torch.nn.Module:
     """The transformers model to export with ``attention`` (``sdpa`` or ``eager``; a ValueError when the
     architecture lacks it). Decoders export without their key/value cache: one forward pass over whole
     inputs needs none, and the cache's growing concatenation does not convert."""
-    model = load_torch(spec, head, attn_implementation=attention)
+    model = load_torch(spec, head, tokenizer, attn_implementation=attention)
     config: Any = model.config
     if getattr(config, "use_cache", False):
         config.use_cache = False

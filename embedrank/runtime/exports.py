@@ -33,8 +33,6 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -44,7 +42,7 @@ from typing import Any
 import torch
 
 from embedrank.errors import InvalidInputError, UnsupportedModelError
-from embedrank.paths import default_cache_dir
+from embedrank.paths import build_directory, default_cache_dir
 from embedrank.registry import ModelSpec, quiet_loading, weights_fingerprint
 from embedrank.runtime import converters
 from embedrank.runtime.backends import (
@@ -159,7 +157,9 @@ def load_transformer(
     with quiet_loading():
         tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     if backend_name == "torch":
-        return tokenizer, converters.load_torch(spec, head, **({"dtype": torch_dtype} if torch_dtype else {}))
+        return tokenizer, converters.load_torch(
+            spec, head, tokenizer, **({"dtype": torch_dtype} if torch_dtype else {})
+        )
     if device != "cpu" or torch_dtype is not None:
         raise InvalidInputError(
             f"backend {backend_name!r} runs on the CPU in its own precision; device and torch_dtype "
@@ -189,7 +189,7 @@ def load_transformer(
             exc.reason,
             BACKEND_ENV,
         )
-        fallback = TorchRuntime(converters.load_torch(spec, head), tokenizer, head)
+        fallback = TorchRuntime(converters.load_torch(spec, head, tokenizer), tokenizer, head)
         fallback.fallback_reason = f"could not export to {backend_name} {prec}: {exc.reason}"
         return tokenizer, fallback
     return tokenizer, runtime
@@ -244,9 +244,8 @@ def exported_model(
         f", calibrating on {source}" if source else "",
     )
     started = time.perf_counter()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+
+    def build(tmp: Path) -> None:
         try:
             calib = converters.calibration_batches(tokenizer, head, texts, max_seq_length) if static else None
             attention = _convert(spec, tokenizer, head, backend, precision, calib, tmp)
@@ -254,10 +253,8 @@ def exported_model(
             raise
         except Exception as exc:  # the converters raise many types; all mean this model did not export
             reason = f"{type(exc).__name__}: {converters.first_line(exc)}"
-            failed.parent.mkdir(parents=True, exist_ok=True)
             failed.write_text(json.dumps({"model_id": spec.model_id, "reason": reason}) + "\n")
             raise ExportError(spec.model_id, backend, precision, reason) from exc
-        seconds = time.perf_counter() - started
         info = {
             "model_id": spec.model_id,
             "path": spec.path,
@@ -267,17 +264,13 @@ def exported_model(
             "calibration": source,
             "attention": attention,
             "versions": {p: _version(p) for p in _VERSIONED[backend]},
-            "export_seconds": round(seconds, 2),
+            "export_seconds": round(time.perf_counter() - started, 2),
             "key": key,
         }
         (tmp / "export.json").write_text(json.dumps(info, indent=2) + "\n")
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process finished the same export first: use theirs
-            if not graph.is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    build_directory(target, build, done=graph.name)  # another process's finished export is used as is
+    seconds = time.perf_counter() - started
     log.warning("embedrank: exported %s to %s %s in %.1f s", spec.model_id, backend, precision, seconds)
     return graph
 
@@ -293,7 +286,7 @@ def _convert(
     example = converters.example_inputs(tokenizer, head)
     for attention in ("sdpa", "eager"):
         try:
-            model = converters.model_to_export(spec, head, attention)
+            model = converters.model_to_export(spec, head, tokenizer, attention)
         except ValueError as exc:  # transformers: "... does not support an attention implementation through ..."
             if attention == "sdpa" and "attention" in str(exc):
                 continue
