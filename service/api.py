@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 from msgspec import UNSET
@@ -14,6 +16,7 @@ from embedrank.math.ranking import rank_scores
 from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import request_prompt
 from embedrank.serving.runners import AsyncEncoder
+from embedrank.types import ModelOutput
 from service.errors import invalid
 from service.models import ModelPool
 from service.schemas import (
@@ -32,10 +35,10 @@ from service.schemas import (
     TokenCount,
     TokenizeRequest,
     TokenizeResponse,
+    cohere_meta,
 )
 from service.settings import Limits
-
-TRUNCATED_HEADER = "X-Truncated-Inputs"
+from service.token_ids import decode_inputs
 
 
 def _check_texts(texts: list[str], param: str, limits: Limits) -> None:
@@ -48,15 +51,50 @@ def _check_texts(texts: list[str], param: str, limits: Limits) -> None:
             )
 
 
-def _checked_inputs(value: str | list[str], limits: Limits) -> list[str]:
-    """``input`` as a list, within the limits (the decoder already refused empty texts and lists)."""
-    texts = [value] if isinstance(value, str) else value
-    if len(texts) > limits.max_inputs:
+def _checked_inputs(value: str | list[Any], limits: Limits, param: str = "input") -> list[str | list[int]]:
+    """``input`` as a list of texts and token-id arrays, within the limits (the decoder already refused empty
+    texts and lists). A flat array of integers is one token-id array."""
+    items: list[Any] = [value] if isinstance(value, str) else value
+    bare = [isinstance(item, int) for item in items]
+    if all(bare):
+        items = [items]
+    elif any(bare):
         raise invalid(
-            f"input has {len(texts)} items; the limit is max_inputs={limits.max_inputs} per request",
+            "input mixes token ids with texts or token-id arrays; send a string, an array of strings, "
+            "an array of token ids, or an array of token-id arrays",
             param="input",
+            code="invalid_type",
+        )
+    if len(items) > limits.max_inputs:
+        raise invalid(
+            f"{param} has {len(items)} items; the limit is max_inputs={limits.max_inputs} per request",
+            param=param,
             code="too_many_inputs",
         )
+    for i, item in enumerate(items):
+        if not isinstance(item, str) and len(item) > limits.max_text_chars:
+            raise invalid(
+                f"input[{i}] has {len(item)} token ids; the limit is max_text_chars={limits.max_text_chars}",
+                param="input",
+                code="text_too_long",
+            )
+    return items
+
+
+def checked_texts(value: str | list[str], limits: Limits, param: str = "input") -> list[str]:
+    """``value`` (texts only) as a list within the limits."""
+    texts: list[str] = _checked_inputs(value, limits, param)  # type: ignore[assignment]
+    _check_texts(texts, param, limits)
+    return texts
+
+
+async def _input_texts(value: str | list[Any], limits: Limits, token_ids: bool) -> list[str]:
+    """``input`` as texts: token-id arrays decoded with cl100k_base (:mod:`service.token_ids`), off the loop."""
+    items = _checked_inputs(value, limits)
+    if all(isinstance(item, str) for item in items):
+        texts: list[str] = items  # type: ignore[assignment]
+    else:
+        texts = await asyncio.to_thread(decode_inputs, items, token_ids)
     _check_texts(texts, "input", limits)
     return texts
 
@@ -79,10 +117,19 @@ async def _compact(
     return {t: quantize(vectors, t, ranges) for t in dict.fromkeys(types)}
 
 
-async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Limits) -> tuple[EmbeddingList, int]:
-    """Embeddings. Returns the body and the number of inputs that were truncated."""
+async def embed_vectors(
+    req: EmbeddingsRequest,
+    pool: ModelPool,
+    limits: Limits,
+    *,
+    token_ids: bool = True,
+    normalize: bool | None = None,
+    truncation_side: Literal["right", "left"] = "right",
+) -> tuple[ModelOutput, dict[str, np.ndarray]]:
+    """The core call behind every embedding route: the vectors ``(N, D)`` and each of ``req.embedding_types``.
+    ``normalize`` overrides the model's normalization; ``truncation_side`` says which end an over-long text loses."""
     served = pool.get(req.model, "embeddings")
-    texts = _checked_inputs(req.input, limits)
+    texts = await _input_texts(req.input, limits, token_ids)
     spec = served.spec
     prompt = request_prompt(
         spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
@@ -95,8 +142,17 @@ async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Lim
         priority=req.priority,
         prompt=prompt,
         chunking=Chunking(overlap=req.chunk_overlap) if req.chunking else None,
+        normalize=normalize,
+        truncation_side=truncation_side,
     )
-    compact = await _compact(out.embeddings, req.embedding_types or [], runner, req.dimensions)
+    return out, await _compact(out.embeddings, req.embedding_types or [], runner, req.dimensions)
+
+
+async def create_embeddings(
+    req: EmbeddingsRequest, pool: ModelPool, limits: Limits, token_ids: bool = True
+) -> tuple[EmbeddingList, int]:
+    """Embeddings. Returns the body and the number of inputs that were truncated."""
+    out, compact = await embed_vectors(req, pool, limits, token_ids=token_ids)
     fmt = req.encoding_format
     data = [
         Embedding(
@@ -119,7 +175,7 @@ async def create_embeddings(req: EmbeddingsRequest, pool: ModelPool, limits: Lim
 async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> TokenizeResponse:
     """Token counts of each input as ``/v1/embeddings`` would process it (same prompt selection)."""
     served = pool.get(req.model, "embeddings")
-    texts = _checked_inputs(req.input, limits)
+    texts = await _input_texts(req.input, limits, token_ids=False)
     spec = served.spec
     prompt = request_prompt(
         spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
@@ -177,6 +233,7 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
         results=results,
         model=req.model,
         usage=RerankUsage(total_tokens=out.total_tokens, chunked_documents=out.chunked),
+        meta=cohere_meta("2", out.total_tokens, out.truncated_count),
     )
     return body, out.truncated_count
 

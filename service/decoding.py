@@ -18,6 +18,7 @@ Every client mistake becomes a 400 in the error shape, never a 500:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, TypeVar
 
@@ -44,15 +45,33 @@ def charset_of(content_type: str) -> str | None:
     return None
 
 
-def decode_strict(raw: bytes, schema: type[T], content_type: str = "application/json") -> T:
-    """Decode ``raw`` into ``schema`` without coercing types; raise :class:`APIError` (400) on any mistake."""
+@dataclasses.dataclass(frozen=True)
+class ByField:
+    """A body whose schema depends on whether it has ``field``: TEI's ``/rerank`` sends ``texts``, Cohere's
+    (vLLM's, Infinity's) sends ``documents`` to the same path."""
+
+    field: str
+    present: type
+    absent: type
+
+    def pick(self, value: Any) -> type:
+        return self.present if isinstance(value, dict) and self.field in value else self.absent
+
+
+def decode_strict(raw: bytes, schema: Any, content_type: str = "application/json") -> Any:
+    """Decode ``raw`` into ``schema`` (a type, or a :class:`ByField` choice of two) without coercing types;
+    raise :class:`APIError` (400) on any mistake. A JSON ``null`` for a field means the field is absent (as
+    OpenAI's and Cohere's servers read it): it takes its default, or is missing if it is required."""
     charset = charset_of(content_type)
     if charset not in (None, "utf-8", "utf8"):
         raise invalid(f"JSON bodies must be UTF-8 (RFC 8259); charset={charset} is not supported", code="invalid_json")
     if _TOO_DEEP.search(raw):
         raise invalid(f"request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
     try:
-        return msgspec.convert(_integral_floats_as_ints(msgspec.json.decode(raw)), schema, strict=True)
+        value = _normalized(msgspec.json.decode(raw))
+        if isinstance(schema, ByField):
+            schema = schema.pick(value)
+        return msgspec.convert(value, schema, strict=True)
     except UnicodeDecodeError as exc:
         raise invalid(f"request body is not valid UTF-8 (byte {exc.start})", code="invalid_json") from None
     except RecursionError:
@@ -63,20 +82,21 @@ def decode_strict(raw: bytes, schema: type[T], content_type: str = "application/
         raise invalid(f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
-def _integral_floats_as_ints(value: Any) -> Any:
-    """``value`` with every float that has a zero fraction replaced by its int: JSON Schema's ``integer``
-    is "any number with a zero fractional part", so ``10.0`` is a valid ``dimensions``, while msgspec's
-    strict mode would refuse it. Other floats stay floats (and an integer field then refuses them).
+def _normalized(value: Any) -> Any:
+    """``value`` with every float that has a zero fraction replaced by its int, and every object member whose
+    value is null left out. JSON Schema's ``integer`` is "any number with a zero fractional part", so ``10.0``
+    is a valid ``dimensions``, while msgspec's strict mode would refuse it; other floats stay floats (and an
+    integer field then refuses them). A null member is an absent one.
 
-    >>> _integral_floats_as_ints({"a": [10.0, 2.5, "10"], "b": 1e20})
-    {'a': [10, 2.5, '10'], 'b': 100000000000000000000}
+    >>> _normalized({"a": [10.0, 2.5, "10", None], "b": 1e20, "c": None, "d": {"e": None}})
+    {'a': [10, 2.5, '10', None], 'b': 100000000000000000000, 'd': {}}
     """
     if isinstance(value, float):
         return int(value) if value.is_integer() else value
     if isinstance(value, list):
-        return [_integral_floats_as_ints(v) for v in value]
+        return [_normalized(v) for v in value]
     if isinstance(value, dict):
-        return {k: _integral_floats_as_ints(v) for k, v in value.items()}
+        return {k: _normalized(v) for k, v in value.items() if v is not None}
     return value
 
 

@@ -149,6 +149,13 @@ class ModelPool:
             )
         return served
 
+    def default(self, capability: str) -> str:
+        """The first configured model that serves ``capability`` (for protocols whose bodies name no model)."""
+        for model_id, served in self.models.items():
+            if capability in served.capabilities:
+                return model_id
+        raise ModelKindError(f"no served model can serve {capability}; served: {sorted(self.models)}")
+
     async def drain(self, timeout: float) -> None:
         for served in self.models.values():
             if served.runner is not None:

@@ -7,15 +7,22 @@ the result with schemathesis: a request the schema calls valid is accepted, one 
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 from litestar import Litestar
-from litestar.openapi.spec import OpenAPIType, Schema
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Reference, RequestBody, Schema
 
 from service.models import ModelPool
 from service.schemas import INT32_MAX
 from service.settings import Limits
+from service.tei import Rank, TEIRerankRequest
+
+REF = "#/components/schemas/{name}"
+NULL = Schema(type=OpenAPIType.NULL)
 
 
-def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool) -> None:
+def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: bool = True) -> None:
     """Make the published schema say what the server enforces where Litestar's generator cannot, so that a
     request the schema calls valid is accepted and one it calls invalid is refused:
 
@@ -30,11 +37,10 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     schemas = app.openapi_schema.components.schemas or {}
     embeddings, reranking = schemas["EmbeddingsRequest"], schemas["RerankRequest"]
     tokenizing = schemas["TokenizeRequest"]
-    for body in (embeddings, tokenizing):
-        text, texts = body.properties["input"].one_of  # type: ignore[index, union-attr, misc]
-        text.min_length = texts.items.min_length = 1  # type: ignore[union-attr]
-        text.max_length = texts.items.max_length = limits.max_text_chars  # type: ignore[union-attr]
-        texts.min_items, texts.max_items = 1, limits.max_inputs  # type: ignore[union-attr]
+    _complete_inputs(embeddings.properties["input"], limits, token_ids)  # type: ignore[index, arg-type]
+    for body, field in ((tokenizing, "input"), (schemas["TEIEmbedRequest"], "inputs")):
+        _complete_inputs(body.properties[field], limits)  # type: ignore[index, arg-type]
+    _complete_inputs(schemas["TEITokenizeRequest"].properties["inputs"], limits)  # type: ignore[index, arg-type]
     query = reranking.properties["query"]  # type: ignore[index]
     query.max_length, query.pattern = limits.max_text_chars, r"\S"  # type: ignore[union-attr]  # not only whitespace
     documents = reranking.properties["documents"]  # type: ignore[index]
@@ -69,7 +75,129 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool) -> None:
             properties={"input_type": Schema(type=OpenAPIType.STRING), "prompt_name": Schema(type=OpenAPIType.STRING)},
             required=["input_type", "prompt_name"],
         )
+    _complete_compat(app, limits, pool)
+    for name in ("EmbeddingsRequest", "TokenizeRequest", "RerankRequest", "CohereEmbedRequest", "TEIEmbedRequest"):
+        _nullable_optionals(schemas[name])  # type: ignore[arg-type]
+    _nullable_optionals(schemas["TEITokenizeRequest"])  # type: ignore[arg-type]
     health = (app.openapi_schema.paths or {})["/health"]
     for operation in (health.get, health.head):
         if operation is not None:
             operation.security = []  # open: overrides the document-wide bearer requirement
+
+
+# cl100k_base: ids 0..100276, of which these are unassigned
+TOKEN_ID = Schema(
+    type=OpenAPIType.INTEGER, minimum=0, maximum=100276, schema_not=Schema(enum=[100256, *range(100261, 100276)])
+)
+
+
+def _complete_inputs(inputs: Schema, limits: Limits, token_ids: bool = False) -> None:
+    """Bounds of an ``input``: a text, or a list of texts (and, for /v1/embeddings, of token ids or
+    token-id arrays), within ``max_inputs`` items of at most ``max_text_chars`` characters or ids."""
+    text, texts = inputs.one_of  # type: ignore[misc]
+    items = texts.items  # type: ignore[union-attr]
+    for item in items.one_of or [items]:  # type: ignore[union-attr]
+        if getattr(item, "type", None) == OpenAPIType.STRING:
+            item.min_length, item.max_length = 1, limits.max_text_chars  # type: ignore[union-attr]
+    text.min_length, text.max_length = 1, limits.max_text_chars  # type: ignore[union-attr]
+    texts.min_items, texts.max_items = 1, limits.max_inputs  # type: ignore[union-attr]
+    if items.one_of:  # type: ignore[union-attr]
+        # a flat array of ids is one input (as many ids as one text may hold characters), else arrays of them
+        array = Schema(type=OpenAPIType.ARRAY, min_items=1, max_items=limits.max_text_chars, items=TOKEN_ID)
+        strings = [o for o in items.one_of if o.type == OpenAPIType.STRING]  # type: ignore[union-attr]
+        texts.items = Schema(one_of=[*strings, array]) if token_ids else strings[0]  # type: ignore[union-attr]
+        inputs.one_of = [text, texts, array] if token_ids else [text, texts]
+
+
+def _nullable_optionals(body: Schema | dict[str, Any]) -> None:
+    """Every optional property of a request body may also be null, which the server reads as absent."""
+    if isinstance(body, dict):
+        required = set(body.get("required", ()))
+        for name, prop in body["properties"].items():
+            if name not in required and not _allows_null(prop):
+                body["properties"][name] = {"anyOf": [prop, {"type": "null"}]}
+        return
+    required = set(body.required or ())
+    for name, prop in (body.properties or {}).items():
+        if name in required or _allows_null(prop):
+            continue
+        if isinstance(prop, Schema) and prop.one_of is not None:
+            prop.one_of = [*prop.one_of, NULL]
+            continue
+        description = getattr(prop, "description", None)
+        if isinstance(prop, Schema):
+            prop.description = None
+        body.properties[name] = Schema(one_of=[prop, NULL], description=description)  # type: ignore[index]
+
+
+def _allows_null(prop: Any) -> bool:
+    if isinstance(prop, dict):
+        return prop.get("type") == "null" or any(_allows_null(p) for p in prop.get("anyOf", ()))
+    if isinstance(prop, Schema):
+        return prop.type == OpenAPIType.NULL or any(_allows_null(p) for p in prop.one_of or ())
+    return False
+
+
+def _serving(pool: ModelPool, capability: str) -> list[str]:
+    names = [m for m, s in pool.models.items() if capability in s.capabilities]
+    return names + [a for a, m in pool.aliases.items() if capability in pool.models[m].capabilities]
+
+
+def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
+    """Cohere's embed and TEI's bodies: the same limits and served models as the native routes, and the two
+    routes whose body decides the protocol (``/rerank`` and ``POST /``) as a ``oneOf`` of both shapes."""
+    schemas = app.openapi_schema.components.schemas  # type: ignore[union-attr]
+    embeddings = schemas["EmbeddingsRequest"].properties  # type: ignore[union-attr]
+    cohere = schemas["CohereEmbedRequest"]
+    texts = cohere.properties["texts"]  # type: ignore[index, union-attr]
+    texts.min_items, texts.max_items = 1, limits.max_inputs  # type: ignore[union-attr]
+    texts.items.min_length, texts.items.max_length = 1, limits.max_text_chars  # type: ignore[union-attr]
+    cohere.properties["model"].enum = _serving(pool, "embeddings")  # type: ignore[index, union-attr]
+    cohere.properties["output_dimension"] = embeddings["dimensions"]  # type: ignore[index]
+    for field in ("images", "inputs"):  # text only: only absent (or null) is accepted
+        cohere.properties[field] = Schema(one_of=[NULL], description="Not supported")  # type: ignore[index]
+    types = cohere.properties["embedding_types"].one_of[0]  # type: ignore[index, union-attr]
+    types.min_items, types.max_items = 1, 16  # type: ignore[union-attr]
+    windows = [s.spec.max_seq_length for s in pool.models.values() if "embeddings" in s.capabilities]
+    max_tokens = cohere.properties["max_tokens"].one_of[0]  # type: ignore[index, union-attr]
+    max_tokens.minimum, max_tokens.maximum = max(windows, default=1), INT32_MAX  # type: ignore[union-attr]
+    for name in ("TEIEmbedRequest", "TEITokenizeRequest"):
+        tei = schemas[name].properties  # type: ignore[union-attr]
+        tei["model"].one_of[0].enum = _serving(pool, "embeddings")  # type: ignore[index, union-attr]
+        tei["prompt_name"] = embeddings["prompt_name"]  # type: ignore[index]
+    schemas["TEIEmbedRequest"].properties["dimensions"] = embeddings["dimensions"]  # type: ignore[index, union-attr]
+    _, extra = msgspec.json.schema_components([TEIRerankRequest, Rank], ref_template=REF)
+    rerank = extra["TEIRerankRequest"]["properties"]
+    rerank["query"].update(maxLength=limits.max_text_chars, pattern=r"\S")
+    rerank["texts"].update(maxItems=limits.max_documents)
+    rerank["texts"]["items"].update(maxLength=limits.max_text_chars)
+    rerank["truncation_direction"] = {"enum": ["Right", "right"], "description": "Only Right is supported for pairs"}
+    rerank["model"]["anyOf"][0]["enum"] = _serving(pool, "rerank")
+    if any(
+        getattr(getattr(s.runner, "cross_encoder", None), "activation", "Identity") != "Identity"
+        for s in pool.models.values()
+    ):
+        rerank["raw_scores"] = {"enum": [False], "description": "Only false: scores are the model's activated output"}
+    _nullable_optionals(extra["TEIRerankRequest"])
+    for name, value in extra.items():
+        schemas.setdefault(name, value)  # type: ignore[union-attr, arg-type]
+    paths = app.openapi_schema.paths or {}
+    for path, other in (("/rerank", "RerankRequest"), ("/", "TEIEmbedRequest")):
+        choice = Schema(
+            one_of=[
+                Reference(ref=REF.format(name="TEIRerankRequest")),
+                Schema(all_of=[Reference(ref=REF.format(name=other)), Schema(schema_not=Schema(required=["texts"]))]),
+            ]
+        )
+        paths[path].post.request_body = RequestBody(  # type: ignore[union-attr]
+            content={"application/json": OpenAPIMediaType(schema=choice)}, required=True
+        )
+    ranks = Schema(type=OpenAPIType.ARRAY, items=Reference(ref=REF.format(name="Rank")))
+    answers: tuple[tuple[str, Reference | None], ...] = (
+        ("/rerank", Reference(ref=REF.format(name="RerankResponse"))),
+        ("/", None),  # as /embed, or TEI's ranks
+    )
+    for path, first in answers:
+        ok = paths[path].post.responses["200"]  # type: ignore[union-attr, index]
+        media = ok.content["application/json"]  # type: ignore[union-attr, index]
+        media.schema = Schema(one_of=[first or media.schema, ranks])  # type: ignore[list-item]

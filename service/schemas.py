@@ -9,6 +9,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 NonEmptyText = Annotated[str, Meta(min_length=1)]
 INT32_MAX = 2**31 - 1
+TokenId = Annotated[int, Meta(ge=0, le=INT32_MAX)]
 Priority = Annotated[
     int,
     Meta(
@@ -38,8 +39,12 @@ class EmbeddingsRequest(Struct, kw_only=True):
         Meta(description="Model identifier of an embedding model", examples=["sentence-transformers/all-MiniLM-L6-v2"]),
     ]
     input: Annotated[
-        NonEmptyText | Annotated[list[NonEmptyText], Meta(min_length=1)],
-        Meta(description="A single text, or a non-empty list of texts; no text may be empty"),
+        NonEmptyText
+        | Annotated[list[NonEmptyText | TokenId | Annotated[list[TokenId], Meta(min_length=1)]], Meta(min_length=1)],
+        Meta(
+            description="A single text, a non-empty list of texts, or token ids as OpenAI's API takes them (an array "
+            "of ids, or an array of such arrays) in the cl100k_base vocabulary, decoded to text; no text may be empty"
+        ),
     ]
     encoding_format: Annotated[
         Literal["float", "base64"],
@@ -221,11 +226,38 @@ class RerankUsage(Struct, kw_only=True):
     chunked_documents: Annotated[int, Meta(description="Documents longer than one window, scored as several")] = 0
 
 
+class CohereApiVersion(Struct, kw_only=True):
+    version: str
+
+
+class CohereBilledUnits(Struct, kw_only=True):
+    input_tokens: int
+
+
+class CohereMeta(Struct, kw_only=True, omit_defaults=True):
+    api_version: CohereApiVersion
+    billed_units: CohereBilledUnits
+    warnings: list[str] | UnsetType = UNSET
+
+
+def cohere_meta(version: str, tokens: int, truncated: int) -> CohereMeta:
+    """Cohere's ``meta``: the API version, the tokens processed, and a warning when inputs were cut."""
+    warnings = [f"{truncated} input(s) were longer than the model's window and were truncated"] if truncated else []
+    return CohereMeta(
+        api_version=CohereApiVersion(version=version),
+        billed_units=CohereBilledUnits(input_tokens=tokens),
+        warnings=warnings or UNSET,
+    )
+
+
 class RerankResponse(Struct, kw_only=True):
     id: Annotated[str, Meta(description='"rerank-" followed by a random uuid hex')]
     results: Annotated[list[RerankResult], Meta(description="Sorted by relevance_score, highest first; ties by index")]
     model: str
     usage: RerankUsage
+    meta: Annotated[
+        CohereMeta | UnsetType, Meta(description="Cohere's meta: the API version and the tokens processed")
+    ] = UNSET
 
 
 class ModelCard(Struct, kw_only=True):

@@ -23,6 +23,8 @@ Environment variables (all optional):
 - ``EMBEDRANK_TUNE_MALLOC=0``: keep glibc's default allocator settings (by default the service calls
   :func:`embedrank.serving.allocator.tune_malloc` so activation memory is reused, not page-faulted per
   layer, and gives it back with ``malloc_trim`` after ``EMBEDRANK_IDLE_SECONDS`` (30) without work).
+- ``EMBEDRANK_TOKEN_IDS`` (``cl100k_base``): token-id arrays in ``/v1/embeddings`` input are OpenAI's token
+  ids and are decoded with ``cl100k_base`` (as LangChain's ``OpenAIEmbeddings`` sends them); ``off`` refuses them.
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
 - ``EMBEDRANK_DRAIN_SECONDS`` (30): on SIGTERM, ``/health`` and new requests answer 503 at once, the work
@@ -74,7 +76,7 @@ def parse_model_entry(text: str) -> ModelEntry:
     """One ``EMBEDRANK_MODELS`` entry: ``id``, ``id=path`` or either with ``@backend[:precision]``.
 
     >>> parse_model_entry("minilm-int8=sentence-transformers/all-MiniLM-L6-v2@openvino:int8")
-    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), ranges=None, calibration=None, backend='openvino', precision='int8')
+    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), ranges=None, calibration=None, backend='openvino', precision='int8', trust_remote_code=False)
     >>> parse_model_entry("minilm@torch").backend
     'torch'
     """
@@ -124,6 +126,7 @@ class Settings:
     access_log: bool = False
     tune_malloc: bool = True
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
+    token_ids: bool = True  # token-id input read as cl100k_base (EMBEDRANK_TOKEN_IDS=cl100k_base); off: refused
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -202,6 +205,9 @@ class Settings:
             max_queue_seconds=get("max_queue_seconds", base.engine.max_queue_seconds),
             idle_seconds=get("idle_seconds", base.engine.idle_seconds),
         )
+        token_ids = str(get("token_ids", "cl100k_base")).strip().lower()
+        if token_ids not in ("cl100k_base", "off"):
+            raise SettingsError(f"EMBEDRANK_TOKEN_IDS must be cl100k_base or off, got {token_ids!r}")
         settings = cls(
             models=tuple(models),
             api_keys=tuple(dict.fromkeys(keys)),
@@ -214,6 +220,7 @@ class Settings:
             access_log=get("access_log", base.access_log),
             tune_malloc=get("tune_malloc", base.tune_malloc),
             cors_origins=tuple(o.strip() for o in str(get("cors_origins", "")).split(",") if o.strip()),
+            token_ids=token_ids != "off",
         )
         settings.validate()
         return settings

@@ -25,12 +25,14 @@ from embedrank.models.tokens import (
     PROGRESS_THRESHOLD,
     Tokenized,
     TokenRow,
+    TokenSpan,
     check_texts,
     collate_rows,
     encode_rows,
     length_batches,
     token_lengths,
     token_rows,
+    token_spans,
     tokenize,
 )
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
@@ -180,6 +182,10 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         )
         return [self.tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]]
 
+    def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
+        """Each token of each text (ids, text, special, character span), untruncated (:func:`token_spans`)."""
+        return token_spans(self.tokenizer, self._prepare(texts), add_special_tokens=add_special_tokens)
+
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
         enc = self.tokenizer(
@@ -260,12 +266,11 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         rows, cut = encode_rows(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length)
         return token_rows(rows, cut, skip)
 
-    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+    def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput:
         """Steps 2 and 3 on rows from :meth:`tokenize_rows`, padded together; what the engine runs per pass."""
         batch = collate_rows(self.tokenizer, rows)
-        return ModelOutput(
-            self.embed_tokenized(batch, skip=[r.skip for r in rows]), batch.token_counts, batch.truncated
-        )
+        vectors = self.embed_tokenized(batch, normalize=normalize, skip=[r.skip for r in rows])
+        return ModelOutput(vectors, batch.token_counts, batch.truncated)
 
     def prompt_skip(self, prompt: str) -> int:
         """Tokens of ``prompt`` pooling leaves out: none, unless the model pools without its prompt

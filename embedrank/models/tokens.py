@@ -149,6 +149,43 @@ def check_truncation(
         raise too_long_error(offset + list(truncated).index(True), max_length, param=param)
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenSpan:
+    """One token as the model sees it: its id, its text, whether it is a special token, and its character
+    span in the input (None for special tokens, which have none)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+def token_spans(tokenizer: Any, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
+    """Every token of each text, untruncated: a text token's ``text`` is the input's characters it covers,
+    a special token's is its spelling (as TEI's ``/tokenize``)."""
+    enc = tokenizer(
+        list(texts),
+        add_special_tokens=add_special_tokens,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+        truncation=False,
+        verbose=False,
+    )
+    out = []
+    for text, ids, spans, special in zip(
+        texts, enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], strict=True
+    ):
+        row = []
+        for token, (a, b), is_special in zip(ids, spans, special, strict=True):
+            if is_special:
+                row.append(TokenSpan(int(token), tokenizer.convert_ids_to_tokens(int(token)), True, None, None))
+            else:
+                row.append(TokenSpan(int(token), text[a:b], False, int(a), int(b)))
+        out.append(row)
+    return out
+
+
 def token_lengths(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[int]:
     """Untruncated token count of each input (or pair), special tokens included; for checks before any compute.
 

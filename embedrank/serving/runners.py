@@ -18,14 +18,15 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from embedrank.math.similarity import check_dimensions, cosine_scores, truncate_dims
+from embedrank.errors import InvalidInputError
+from embedrank.math.similarity import check_dimensions, cosine_scores, l2_normalize, truncate_dims
 from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
-from embedrank.models.tokens import TokenRow, too_long_error
+from embedrank.models.tokens import TokenRow, TokenSpan, too_long_error
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.types import ModelOutput
@@ -51,9 +52,11 @@ class EmbeddingModel(Protocol):
 
     def prompt_skip(self, prompt: str) -> int: ...
 
-    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
+    def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput: ...
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
+
+    def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]: ...
 
     def chunk_window(self, prompt: str | None = None) -> int: ...
 
@@ -78,7 +81,8 @@ class PairScorer(Protocol):
 
 
 class EmbeddingBatchModel:
-    """Batches of tokenized texts through an encoder; each value is a float32 vector ``(D,)``."""
+    """Batches of tokenized texts through an encoder; each value is a float32 vector ``(D,)`` before the
+    model's normalization (requests in one batch may differ in it: the runner normalizes per request)."""
 
     def __init__(self, encoder: EmbeddingModel) -> None:
         self.encoder = encoder
@@ -88,7 +92,7 @@ class EmbeddingBatchModel:
         return item.length
 
     def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
-        return self.encoder.embed_rows(items)
+        return self.encoder.embed_rows(items, normalize=False)
 
 
 class CrossEncoderBatchModel:
@@ -167,29 +171,42 @@ class AsyncEncoder:
         param: str = "input",
         prompt: str = "",
         chunking: Chunking | None = None,
+        normalize: bool | None = None,
+        truncation_side: Literal["right", "left"] = "right",
     ) -> ModelOutput:
         """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order; a lower
         ``priority`` is scheduled first. ``prompt`` goes before every text (the model sees and counts it).
-        With ``chunking``, long texts are embedded window by window and pooled, as ``Encoder.encode_with_stats``."""
+        With ``chunking``, long texts are embedded window by window and pooled, as ``Encoder.encode_with_stats``.
+        ``normalize`` overrides the model's own L2 normalization (None: the model's). A text longer than the
+        model's window loses its end (``truncation_side="right"``) or its start (``"left"``: it keeps its
+        last tokens, the prompt stays first)."""
         check_dimensions(dimensions, self.dimension)
+        norm = self.encoder.normalize if normalize is None else normalize
         if chunking is not None:
-            out = await self._embed_chunked(texts, prompt, chunking, truncate=truncate, priority=priority)
+            out = await self._embed_chunked(texts, prompt, chunking, truncate=truncate, priority=priority, norm=norm)
         else:
+            started: set[int] = set()
+            if truncate and truncation_side == "left":
+                texts, started = await asyncio.to_thread(cut_starts, self.encoder, list(texts), prompt, param)
             texts = with_prompt(texts, prompt)
             rows = await self._rows(texts, () if truncate else [(param, len(texts))], prompt=prompt)
             out = await self.engine.submit(rows, priority=priority)
-        vectors = truncate_dims(out.values, dimensions, renormalize=self.encoder.normalize)
+            flags = [cut or i in started for i, cut in enumerate(out.truncated)]
+            out = dataclasses.replace(out, values=l2_normalize(out.values) if norm else out.values, truncated=flags)
+        vectors = truncate_dims(out.values, dimensions, renormalize=norm)
         return dataclasses.replace(out, values=np.ascontiguousarray(vectors, dtype=np.float32))
 
     async def _embed_chunked(
-        self, texts: Sequence[str], prompt: str, chunking: Chunking, *, truncate: bool, priority: int
+        self, texts: Sequence[str], prompt: str, chunking: Chunking, *, truncate: bool, priority: int, norm: bool
     ) -> ModelOutput:
         plan = await plan_chunks(
             texts, self.encoder.token_offsets, partial(self.encoder.chunk_window, prompt), chunking, truncate, "input"
         )
         rows = await self._rows(with_prompt(plan.texts, prompt), prompt=prompt)  # windows fit: none is cut
         out = await self.engine.submit(rows, priority=priority)
-        return plan.vectors(out, normalize=self.encoder.normalize)
+        if norm:  # each window normalized, then their token-weighted mean renormalized
+            out = dataclasses.replace(out, values=l2_normalize(out.values))
+        return plan.vectors(out, normalize=norm)
 
     async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
         """int8/uint8 ranges ``(2, dimensions or D)`` from the model's calibration (computed once, in a
@@ -205,6 +222,14 @@ class AsyncEncoder:
         counts = await asyncio.to_thread(partial(self.encoder.count_tokens, texts, prompt=""))
         tokens = await asyncio.to_thread(partial(self.encoder.tokens, texts, prompt="")) if return_tokens else None
         return counts, tokens
+
+    async def token_spans(
+        self, texts: Sequence[str], *, prompt: str = "", add_special_tokens: bool = True
+    ) -> list[list[TokenSpan]]:
+        """Every token of ``prompt + text`` with its id and character span, untruncated, in a worker thread."""
+        return await asyncio.to_thread(
+            partial(self.encoder.token_spans, with_prompt(texts, prompt), add_special_tokens=add_special_tokens)
+        )
 
     async def rerank(
         self,
@@ -287,6 +312,33 @@ class AsyncCrossEncoder:
             index = at if owners is None else int(owners[at])
             raise too_long_error(index, self.max_seq_length, param="documents", tokens=length)
         return rows
+
+
+def cut_starts(
+    encoder: EmbeddingModel, texts: list[str], prompt: str, param: str = "input"
+) -> tuple[list[str], set[int]]:
+    """``texts`` with each one too long for ``encoder`` (``prompt`` before it) cut from its start so that its
+    last tokens fill the window; returns the texts and the positions that were cut. A cut can join or split
+    a token at the new start, so the count is checked again and the cut moved until the text fits.
+
+    Raises:
+        InvalidInputError: the prompt and special tokens alone fill the window.
+    """
+    limit = encoder.max_seq_length
+    counts = encoder.count_tokens(with_prompt(texts, prompt), prompt="")
+    long = [i for i, n in enumerate(counts) if n > limit]
+    out = list(texts)
+    for i, spans in zip(long, encoder.token_offsets([texts[i] for i in long]), strict=True):
+        keep = limit - (counts[i] - len(spans))  # the window less the prompt and special tokens
+        while True:
+            if keep < 1:
+                raise InvalidInputError(f"the prompt of {param}[{i}] fills the model's window", param=param)
+            out[i] = texts[i][spans[-keep][0] :]
+            (n,) = encoder.count_tokens([prompt + out[i]], prompt="")
+            if n <= limit:
+                break
+            keep -= n - limit
+    return out, set(long)
 
 
 async def plan_chunks(

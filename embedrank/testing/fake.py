@@ -31,7 +31,7 @@ from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
 from embedrank.models.prompts import select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
-from embedrank.models.tokens import TokenRow
+from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
 from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
@@ -112,6 +112,15 @@ class FakeEncoder(FitsRanges):
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         return word_offsets(texts)
 
+    def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
+        """Words with their spans, ids from the vocabulary hash, between ``[CLS]`` (101) and ``[SEP]`` (102)."""
+        out = []
+        for text, spans in zip(texts, word_offsets(texts), strict=True):
+            row = [TokenSpan(_slot(text[a:b], 30000)[0] + 1000, text[a:b], False, a, b) for a, b in spans]
+            ends = (TokenSpan(101, "[CLS]", True, None, None), TokenSpan(102, "[SEP]", True, None, None))
+            out.append([ends[0], *row, ends[1]] if add_special_tokens else row)
+        return out
+
     def chunk_window(self, prompt: str | None = None) -> int:
         if prompt is None:
             prompt = select_prompt(
@@ -141,13 +150,13 @@ class FakeEncoder(FitsRanges):
             rows.append(TokenRow(kept, len(kept) + 2, len(kept) < len(tokens)))
         return rows
 
-    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+    def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput:
         out = np.zeros((len(rows), self.dimension), dtype=np.float32)  # (N, D)
         for i, row in enumerate(rows):
             for word in row.tokens:
                 slot, sign = _slot(word, self.dimension)
                 out[i, slot] += sign
-        vectors = l2_normalize(out) if self.normalize else out
+        vectors = l2_normalize(out) if (self.normalize if normalize is None else normalize) else out
         return ModelOutput(vectors, [r.length for r in rows], [r.truncated for r in rows])
 
     def encode(self, texts: Sequence[str], **_: object) -> np.ndarray:

@@ -1,0 +1,100 @@
+"""What every route shares: the service state, the documented error responses, and :func:`respond`, which runs
+a request's work unless the client goes away and marks how many inputs were truncated."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Coroutine
+from typing import Any
+
+from litestar import MediaType, Request, Response
+from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
+
+from embedrank.errors import NotReadyError
+from service.errors import APIError
+from service.models import ModelPool
+from service.observability import Metrics
+from service.schemas import ErrorResponse
+from service.settings import Settings
+
+TRUNCATED_HEADER = "X-Truncated-Inputs"
+
+
+@dataclasses.dataclass
+class ServiceState:
+    """What the lifespan owns: the models, their engines, and the service state."""
+
+    settings: Settings
+    pool: ModelPool
+    metrics: Metrics
+    status: str = "loading"  # loading -> ok -> draining; or failed
+    detail: str | None = None
+    load_task: asyncio.Task[None] | None = None
+
+    def ready_pool(self) -> ModelPool:
+        if self.status != "ok":
+            raise NotReadyError(f"service is {self.status}" + (f": {self.detail}" if self.detail else ""))
+        return self.pool
+
+
+def service_of(state: State) -> ServiceState:
+    return state.service  # type: ignore[no-any-return]
+
+
+def pool_of(state: State) -> ModelPool:
+    return service_of(state).ready_pool()
+
+
+ERRORS = {
+    status: ResponseSpec(data_container=ErrorResponse, description=desc)
+    for status, desc in {
+        400: "Invalid request (bad JSON, wrong type, missing field, empty input, limit exceeded, wrong model kind)",
+        401: "Missing, malformed or wrong API key (WWW-Authenticate: Bearer)",
+        408: "The request body did not arrive within body_timeout_seconds",
+        404: "Unknown model (code model_not_found)",
+        413: "Body larger than max_body_bytes",
+        415: "Content-Type is not application/json",
+        429: "Overloaded (estimated wait over max_queue_seconds, or queue full); honour Retry-After",
+        503: "Models loading or service draining; honour Retry-After",
+    }.items()
+}
+
+
+async def respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int]]) -> Response[Any]:
+    """Run ``work`` unless the client goes away first; then its queued items are dropped before compute.
+
+    ``work`` runs in the handler's own task (no extra task per request); a watcher cancels it when the
+    ASGI server reports a disconnect.
+    """
+    handler = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await disconnected(request)
+        gone = True
+        if handler is not None:
+            handler.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        body, truncated = await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        if handler is not None:
+            handler.uncancel()
+        raise APIError(499, "client closed the request", code="client_closed_request") from None
+    finally:
+        watcher.cancel()
+    return Response(content=body, headers={TRUNCATED_HEADER: str(truncated)}, media_type=MediaType.JSON)
+
+
+async def disconnected(request: Request[Any, Any, Any]) -> None:
+    """Return when the ASGI server reports that the client disconnected (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

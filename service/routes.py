@@ -1,0 +1,278 @@
+"""Every route, in one table: the native OpenAI/Cohere-style routes, Cohere's embed, TEI's protocol, and the
+bare aliases vLLM and Infinity serve. Each handler decodes nothing itself (bodies are decoded once, strictly,
+before it runs), calls one adapter function, and shapes nothing but the response.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, get_args, get_type_hints
+
+from litestar import Request, Response, get, head, post
+from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
+from litestar.openapi.spec import Example
+from litestar.params import Body
+
+from service import api, cohere, tei
+from service.decoding import ByField
+from service.handling import ERRORS, respond, service_of
+from service.models import ModelPool
+from service.schemas import (
+    EMBEDDINGS_EXAMPLE_REQUEST,
+    EMBEDDINGS_EXAMPLE_RESPONSE,
+    RERANK_EXAMPLE_REQUEST,
+    RERANK_EXAMPLE_RESPONSE,
+    EmbeddingList,
+    EmbeddingsRequest,
+    Health,
+    ModelList,
+    RerankRequest,
+    RerankResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+
+
+@post(
+    ["/v1/embeddings", "/embeddings"],
+    summary="Create embeddings",
+    description="One vector per input, in input order, as OpenAI's embeddings API returns them; optional Cohere-style "
+    "embedding_types, prompts and chunking. Response header X-Truncated-Inputs counts inputs cut at max tokens.",
+    responses={200: ResponseSpec(EmbeddingList, examples=[Example(value=EMBEDDINGS_EXAMPLE_RESPONSE)]), **ERRORS},
+    status_code=200,
+)
+async def embeddings(
+    data: Annotated[EmbeddingsRequest, Body(examples=[Example(summary="Two texts", value=EMBEDDINGS_EXAMPLE_REQUEST)])],
+    request: Request[Any, Any, Any],
+    state: State,
+) -> Response[EmbeddingList]:
+    rt = service_of(state)
+    return await respond(
+        request, api.create_embeddings(data, rt.ready_pool(), rt.settings.limits, rt.settings.token_ids)
+    )
+
+
+@post(
+    ["/v1/rerank", "/v2/rerank"],
+    summary="Rerank documents",
+    description="Each document scored against the query, as Cohere's (v1 and v2) and Jina's rerank APIs do; results "
+    "sorted by relevance_score, highest first, ties by index. Long documents are scored in windows by default.",
+    responses={200: ResponseSpec(RerankResponse, examples=[Example(value=RERANK_EXAMPLE_RESPONSE)]), **ERRORS},
+    status_code=200,
+)
+async def rerank(
+    data: Annotated[
+        RerankRequest, Body(examples=[Example(summary="Query and two documents", value=RERANK_EXAMPLE_REQUEST)])
+    ],
+    request: Request[Any, Any, Any],
+    state: State,
+) -> Response[RerankResponse]:
+    rt = service_of(state)
+    return await respond(request, api.rerank(data, rt.ready_pool(), rt.settings.limits))
+
+
+@post(
+    "/v1/tokenize",
+    summary="Count tokens",
+    description="Token counts of each input as /v1/embeddings would process it (same prompt selection); "
+    "the tokens themselves with return_tokens. As TEI's and vLLM's tokenize.",
+    responses={200: ResponseSpec(TokenizeResponse), **ERRORS},
+    status_code=200,
+)
+async def tokenize(
+    data: Annotated[
+        TokenizeRequest,
+        Body(
+            examples=[
+                Example(
+                    summary="Two texts",
+                    value={"model": "sentence-transformers/all-MiniLM-L6-v2", "input": ["first text", "second"]},
+                )
+            ]
+        ),
+    ],
+    state: State,
+) -> TokenizeResponse:
+    rt = service_of(state)
+    return await api.tokenize(data, rt.ready_pool(), rt.settings.limits)
+
+
+@get("/v1/models", summary="List loaded models", responses={401: ERRORS[401], 503: ERRORS[503]})
+async def models_route(pool: ModelPool) -> ModelList:
+    return api.list_models(pool)
+
+
+@get(
+    "/health",
+    summary="Readiness (no key needed)",
+    responses={503: ResponseSpec(Health, description="Loading, draining or failed")},
+)
+async def health(state: State) -> Response[Health]:
+    rt = service_of(state)
+    return Response(Health(status=rt.status, detail=rt.detail), status_code=200 if rt.status == "ok" else 503)  # type: ignore[arg-type]
+
+
+@head(
+    "/health",
+    summary="Readiness, status code only (no key needed)",
+    responses={503: ResponseSpec(None, description="Loading, draining or failed")},
+)
+async def health_head(state: State) -> Response[None]:
+    return Response(None, status_code=200 if service_of(state).status == "ok" else 503)
+
+
+@get(
+    "/metrics",
+    summary="Prometheus metrics",
+    media_type="text/plain; version=0.0.4",
+    responses={401: ERRORS[401]},
+)
+async def metrics(state: State) -> bytes:
+    return service_of(state).metrics.render()
+
+
+@post(
+    ["/v1/embed", "/v2/embed"],
+    summary="Create embeddings (Cohere)",
+    description="Cohere's embed API, v1 and v2: texts, input_type, embedding_types (float, int8, uint8, binary, "
+    "ubinary, base64), truncate NONE/START/END, output_dimension. v1 without embedding_types answers "
+    "embeddings_floats, otherwise embeddings_by_type.",
+    responses={200: ResponseSpec(cohere.CohereEmbedResponse), **ERRORS},
+    status_code=200,
+)
+async def cohere_embed(
+    data: Annotated[
+        cohere.CohereEmbedRequest,
+        Body(
+            examples=[
+                Example(
+                    summary="Two documents",
+                    value={
+                        "model": "sentence-transformers/all-MiniLM-L6-v2",
+                        "texts": ["first text", "second text"],
+                        "input_type": "search_document",
+                        "embedding_types": ["float"],
+                    },
+                )
+            ]
+        ),
+    ],
+    request: Request[Any, Any, Any],
+    state: State,
+) -> Response[cohere.CohereEmbedResponse]:
+    rt = service_of(state)
+    version = "2" if request.url.path.startswith("/v2/") else "1"
+    return await respond(request, cohere.embed(data, rt.ready_pool(), rt.settings.limits, version))
+
+
+@post(
+    "/embed",
+    summary="Create embeddings (TEI)",
+    description="Text Embeddings Inference's /embed: a bare array of vectors, L2-normalized unless normalize is false.",
+    responses={200: ResponseSpec(list[list[float]], examples=[Example(value=[[0.0123, -0.0456]])]), **ERRORS},
+    status_code=200,
+)
+async def tei_embed(
+    data: Annotated[tei.TEIEmbedRequest, Body(examples=[Example(summary="Two texts", value={"inputs": ["a", "b"]})])],
+    request: Request[Any, Any, Any],
+    state: State,
+) -> Response[list[list[float]]]:
+    rt = service_of(state)
+    return await respond(request, tei.embed(data, rt.ready_pool(), rt.settings))
+
+
+async def _tei_or_cohere_rerank(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    rt = service_of(state)
+    data = decoded(request)
+    if isinstance(data, tei.TEIRerankRequest):
+        return await respond(request, tei.rerank(data, rt.ready_pool(), rt.settings))
+    return await respond(request, api.rerank(data, rt.ready_pool(), rt.settings.limits))
+
+
+@post(
+    "/rerank",
+    summary="Rerank (TEI's or Cohere's shape)",
+    description="A body with texts is TEI's rerank and answers [{index, score, text?}]; a body with documents is "
+    "Cohere's, as vLLM and Infinity serve it on /rerank, and answers as /v1/rerank.",
+    responses={200: ResponseSpec(RerankResponse, description="Cohere's shape; TEI's for a body with texts"), **ERRORS},
+    status_code=200,
+)
+async def rerank_either(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    return await _tei_or_cohere_rerank(request, state)
+
+
+@post(
+    "/",
+    summary="Embed or rerank (TEI's predict route)",
+    description="TEI's root route: a body with inputs embeds (as /embed), one with texts reranks (as TEI's /rerank).",
+    responses={200: ResponseSpec(list[list[float]], description="As /embed; as TEI's /rerank for texts"), **ERRORS},
+    status_code=200,
+)
+async def tei_root(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    data = decoded(request)
+    if isinstance(data, tei.TEIEmbedRequest):
+        rt = service_of(state)
+        return await respond(request, tei.embed(data, rt.ready_pool(), rt.settings))
+    return await _tei_or_cohere_rerank(request, state)
+
+
+@post(
+    "/tokenize",
+    summary="Tokenize (TEI)",
+    description="Text Embeddings Inference's /tokenize: every token of each input with its id, text and span.",
+    responses={200: ResponseSpec(list[list[tei.SimpleToken]]), **ERRORS},
+    status_code=200,
+)
+async def tei_tokenize(
+    data: Annotated[tei.TEITokenizeRequest, Body(examples=[Example(summary="One text", value={"inputs": "test"})])],
+    state: State,
+) -> list[list[tei.SimpleToken]]:
+    rt = service_of(state)
+    return await tei.tokenize(data, rt.ready_pool(), rt.settings)
+
+
+@get("/info", summary="Model information (TEI)", responses={401: ERRORS[401], 503: ERRORS[503]})
+async def tei_info(pool: ModelPool, state: State) -> tei.Info:
+    return tei.info(pool, service_of(state).settings)
+
+
+def decoded(request: Request[Any, Any, Any]) -> Any:
+    """The body as the strict decoder left it (for routes whose schema depends on the body, :class:`ByField`)."""
+    return request._connection_state.json
+
+
+ROUTE_HANDLERS = (
+    embeddings,
+    rerank,
+    tokenize,
+    models_route,
+    health,
+    health_head,
+    metrics,
+    cohere_embed,
+    tei_embed,
+    rerank_either,
+    tei_root,
+    tei_tokenize,
+    tei_info,
+)
+"""The one route table: the app serves these handlers, metrics label requests by their paths, and each POST
+body is decoded against the type of its handler's ``data`` parameter."""
+ROUTES = frozenset(path for handler in ROUTE_HANDLERS for path in handler.paths)
+
+
+def _body_types() -> dict[str, type]:
+    bodies: dict[str, type] = {}
+    for handler in ROUTE_HANDLERS:
+        data = get_type_hints(handler.fn, include_extras=True).get("data")
+        if data is not None:
+            for path in handler.paths:
+                bodies[path] = get_args(data)[0] if get_args(data) else data
+    return bodies
+
+
+BODIES: dict[str, Any] = {
+    **_body_types(),
+    "/rerank": ByField("texts", tei.TEIRerankRequest, RerankRequest),
+    "/": ByField("texts", tei.TEIRerankRequest, tei.TEIEmbedRequest),
+}
