@@ -150,10 +150,12 @@ class ModelPool:
         return served
 
     def default(self, capability: str) -> str:
-        """The first configured model that serves ``capability`` (for protocols whose bodies name no model)."""
-        for model_id, served in self.models.items():
-            if capability in served.capabilities:
-                return model_id
+        """The first configured model that serves ``capability`` (for protocols whose bodies name no model);
+        for reranking, the first cross-encoder if there is one (an embedding model reranks by cosine)."""
+        able = [m for m, served in self.models.items() if capability in served.capabilities]
+        scorers = [m for m in able if self.models[m].spec.kind != "embedding"] if capability == "rerank" else []
+        if able:
+            return (scorers or able)[0]
         raise ModelKindError(f"no served model can serve {capability}; served: {sorted(self.models)}")
 
     async def drain(self, timeout: float) -> None:

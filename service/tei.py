@@ -2,7 +2,8 @@
 ``/info``, as TEI documents them, over the same core calls as the native routes.
 
 TEI serves one model, so its bodies name none: here an optional ``model`` field picks one, and without it
-the first configured model that can serve the route answers (``/info`` describes that one). TEI's defaults
+the first configured model that can serve the route answers (for reranking, the first cross-encoder;
+``/info`` describes the first configured model). TEI's defaults
 hold: vectors are L2-normalized unless ``normalize`` is false (then they are the model's pooled output before
 any normalization), ``truncate`` null or absent truncates as the server does by default, and
 ``truncation_direction: Left`` keeps a text's end. A TEI rerank scores each text's first window only, as TEI

@@ -347,3 +347,44 @@ def test_a_new_request_waits_only_for_the_batch_in_flight():
         await engine.drain(1)
 
     asyncio.run(main())
+
+
+@pytest.mark.slow  # the real packaged model
+def test_start_side_truncation_and_unnormalized_vectors_on_the_real_model(encoder, st_model):
+    """``truncation_side="left"`` keeps a text's last tokens (what fits beside the prompt and special tokens),
+    checked against sentence-transformers with its tokenizer truncating on the left; ``normalize=False`` is
+    the pooled vector before the model's Normalize module, as sentence-transformers' first two modules give."""
+    import torch
+
+    long = " ".join(
+        f"sentence {i} talks about topic {i % 7} and its unusual-hyphenated, punctuated details." for i in range(60)
+    )
+    texts = [long, "a short text", "naïve café — 東京 " * 80]
+
+    async def main():
+        runner = AsyncEncoder(encoder, EngineConfig(max_wait_ms=0))
+        runner.engine.start()
+        left = await runner.embed(texts, truncation_side="left")
+        right = await runner.embed(texts)
+        raw = await runner.embed(texts, normalize=False)
+        await runner.engine.drain(1)
+        return left, right, raw
+
+    left, right, raw = asyncio.run(main())
+    assert left.truncated == right.truncated == [True, False, True]
+    assert encoder.max_seq_length - 3 <= left.token_counts[0] <= encoder.max_seq_length  # fills the window
+    st_model.tokenizer.truncation_side = "left"
+    try:
+        expected = st_model.encode(texts, convert_to_numpy=True)
+    finally:
+        st_model.tokenizer.truncation_side = "right"
+    cosines = np.sum(left.values * expected, axis=1)
+    # the cut text is tokenized again, so a word cut at the new start is read as a word, not as its last
+    # word pieces as the tokenizer's own left truncation keeps them: a token or two differ
+    assert cosines.min() > 0.99, cosines
+    assert np.sum(left.values[0] * right.values[0]) < 0.99  # the other end of the text
+    with torch.inference_mode():
+        features = st_model.tokenize(texts)
+        pooled = st_model[1](st_model[0](features))["sentence_embedding"].numpy()
+    np.testing.assert_allclose(raw.values, pooled, atol=2e-4)
+    np.testing.assert_allclose(np.linalg.norm(right.values, axis=1), 1.0, atol=1e-6)

@@ -1,0 +1,224 @@
+"""The protocols other clients speak, on weightless fakes (fast suite): Cohere's embed and v2 rerank, TEI's
+routes, the bare aliases, token-id input and JSON null as absent. Each answer is checked against the native
+route's answer for the same input, so the adapters cannot drift from the core."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
+from service.settings import Settings, SettingsError
+from service.token_ids import cl100k_base
+
+EMB, CE = "fake-encoder", "fake-ce"
+TEXTS = ["the cat sat on the mat", "dogs bark at night"]
+LONG = " ".join(f"w{i}" for i in range(40))  # 42 fake tokens: over the 16-token window
+
+
+@pytest.fixture(scope="module")
+def client(fake_service):
+    models = {EMB: FakeEncoder(EMB, dimension=32, max_seq_length=16), CE: FakeCrossEncoder(CE, max_seq_length=16)}
+    with fake_service(models) as c:
+        yield c
+
+
+def native(client, texts, **extra):
+    resp = client.post("/v1/embeddings", json={"model": EMB, "input": texts, **extra})
+    assert resp.status_code == 200, resp.text
+    return np.array([d["embedding"] for d in resp.json()["data"]], dtype=np.float32)
+
+
+def error(resp, status, param=None, code=None):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert param is None or err["param"] == param, err
+    assert code is None or err["code"] == code, err
+    return err
+
+
+# -- Cohere ---------------------------------------------------------------------------------------------
+def test_cohere_v1_embed_answers_floats_as_the_native_route(client):
+    resp = client.post("/v1/embed", json={"model": EMB, "texts": TEXTS, "input_type": "search_document"})
+    body = resp.json()
+    assert resp.status_code == 200 and body["response_type"] == "embeddings_floats"
+    np.testing.assert_allclose(body["embeddings"], native(client, TEXTS), atol=1e-7)
+    assert body["texts"] == TEXTS and body["meta"]["billed_units"]["input_tokens"] > 0
+    assert body["meta"]["api_version"]["version"] == "1" and "warnings" not in body["meta"]
+
+
+def test_cohere_embed_by_type_and_v2_defaults(client):
+    body = client.post(
+        "/v1/embed", json={"model": EMB, "texts": TEXTS, "embedding_types": ["float", "int8", "ubinary", "base64"]}
+    ).json()
+    assert body["response_type"] == "embeddings_by_type"
+    vectors = native(client, TEXTS)
+    compact = client.post(
+        "/v1/embeddings", json={"model": EMB, "input": TEXTS, "embedding_types": ["int8", "ubinary"]}
+    ).json()["data"]
+    assert body["embeddings"]["int8"] == [d["embeddings"]["int8"] for d in compact]
+    assert body["embeddings"]["ubinary"] == [d["embeddings"]["ubinary"] for d in compact]
+    decoded = [np.frombuffer(base64.b64decode(b), dtype="<f4") for b in body["embeddings"]["base64"]]
+    np.testing.assert_allclose(decoded, vectors, atol=1e-7)
+    v2 = client.post("/v2/embed", json={"model": EMB, "texts": TEXTS, "input_type": "search_query"}).json()
+    assert v2["response_type"] == "embeddings_by_type" and set(v2["embeddings"]) == {"float"}
+    assert v2["meta"]["api_version"]["version"] == "2"
+    short = client.post("/v2/embed", json={"model": EMB, "texts": TEXTS, "output_dimension": 24}).json()
+    np.testing.assert_allclose(short["embeddings"]["float"], native(client, TEXTS, dimensions=24), atol=1e-7)
+
+
+def test_cohere_truncate_end_start_and_none(client):
+    words = LONG.split()
+    end = client.post("/v1/embed", json={"model": EMB, "texts": [LONG]})
+    assert end.headers["x-truncated-inputs"] == "1" and "truncated" in end.json()["meta"]["warnings"][0]
+    np.testing.assert_allclose(end.json()["embeddings"], native(client, [" ".join(words[:14])]), atol=1e-7)
+    start = client.post("/v1/embed", json={"model": EMB, "texts": [LONG, "short"], "truncate": "START"})
+    assert start.status_code == 200 and start.headers["x-truncated-inputs"] == "1"
+    expected = native(client, [" ".join(words[-14:]), "short"])  # the last 14 words fill the window
+    np.testing.assert_allclose(start.json()["embeddings"], expected, atol=1e-7)
+    error(
+        client.post("/v1/embed", json={"model": EMB, "texts": ["ok", LONG], "truncate": "NONE"}),
+        400,
+        "input",
+        "input_too_long",
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"images": ["data:image/png;base64,AAAA"]}, "images"),
+        ({"inputs": [{"content": []}]}, "inputs"),
+        ({"max_tokens": 4}, "max_tokens"),  # below the model's window
+        ({"texts": []}, "texts"),
+        ({"truncate": "MIDDLE"}, "truncate"),
+        ({"embedding_types": ["float16"]}, "embedding_types"),
+    ],
+)
+def test_cohere_embed_refuses_what_it_cannot_do(client, body, param):
+    error(client.post("/v2/embed", json={"model": EMB, "texts": TEXTS, **body}), 400, param)
+
+
+def test_cohere_v2_rerank_is_the_native_rerank_with_meta(client):
+    body = {"model": CE, "query": "cat mat", "documents": TEXTS, "top_n": 1, "max_tokens_per_doc": None}
+    v2 = client.post("/v2/rerank", json=body).json()
+    v1 = client.post("/v1/rerank", json={k: v for k, v in body.items() if v is not None}).json()
+    assert v2["results"] == v1["results"] and len(v2["results"]) == 1
+    assert v2["meta"]["billed_units"]["input_tokens"] == v2["usage"]["total_tokens"]
+
+
+# -- JSON null is absent ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", {"model": EMB, "input": "x", "dimensions": None, "user": None, "encoding_format": None}),
+        ("/v1/embeddings", {"model": EMB, "input": "x", "truncate": None, "chunking": None, "priority": None}),
+        ("/v1/rerank", {"model": CE, "query": "q", "documents": ["d"], "top_n": None, "max_tokens_per_doc": None}),
+        ("/v1/rerank", {"model": CE, "query": "q", "documents": ["d"], "return_documents": None, "truncate": None}),
+        ("/v1/tokenize", {"model": EMB, "input": "x", "return_tokens": None, "prompt_name": None}),
+        ("/v2/embed", {"model": EMB, "texts": ["x"], "embedding_types": None, "truncate": None, "images": None}),
+        ("/embed", {"inputs": "x", "normalize": None, "truncate": None, "model": None, "dimensions": None}),
+        ("/rerank", {"query": "q", "texts": ["d"], "raw_scores": None, "return_text": None, "model": None}),
+        ("/tokenize", {"inputs": "x", "add_special_tokens": None, "prompt_name": None}),
+    ],
+)
+def test_null_means_absent_on_every_route(client, path, body):
+    with_nulls = client.post(path, json=body)
+    without = client.post(path, json={k: v for k, v in body.items() if v is not None})
+    assert with_nulls.status_code == without.status_code == 200, with_nulls.text
+    strip = ("id",)
+    a, b = with_nulls.json(), without.json()
+    if isinstance(a, dict):
+        a, b = ({k: v for k, v in d.items() if k not in strip} for d in (a, b))
+    assert a == b
+
+
+def test_null_for_a_required_field_is_a_missing_field(client):
+    error(client.post("/v1/embeddings", json={"model": EMB, "input": None}), 400, "input", "missing_field")
+
+
+# -- TEI --------------------------------------------------------------------------------------------------
+def test_tei_embed_is_a_bare_array_normalized_unless_asked_not_to(client):
+    resp = client.post("/embed", json={"inputs": TEXTS})
+    assert resp.status_code == 200 and isinstance(resp.json(), list)
+    np.testing.assert_allclose(resp.json(), native(client, TEXTS), atol=1e-7)
+    raw = np.array(client.post("/embed", json={"inputs": TEXTS, "normalize": False}).json())
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)  # the fake's pooled counts, before normalization
+    np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), native(client, TEXTS), atol=1e-6)
+    single = client.post("/", json={"inputs": TEXTS[0], "model": EMB}).json()
+    np.testing.assert_allclose(single, native(client, TEXTS[:1]), atol=1e-7)
+
+
+def test_tei_truncation_direction_and_refusal(client):
+    left = client.post("/embed", json={"inputs": [LONG], "truncation_direction": "Left"})
+    np.testing.assert_allclose(left.json(), native(client, [" ".join(LONG.split()[-14:])]), atol=1e-7)
+    error(client.post("/embed", json={"inputs": [LONG], "truncate": False}), 400, "input", "input_too_long")
+    error(client.post("/embed", json={"inputs": [[1, 2]]}), 400, "inputs")  # ids are not read on TEI routes
+    error(client.post("/embed", json={"inputs": "x", "model": CE}), 400, "model", "model_wrong_kind")
+
+
+def test_tei_rerank_shape_and_the_cohere_shape_on_the_same_path(client):
+    tei = client.post("/rerank", json={"query": "cat mat", "texts": TEXTS, "return_text": True}).json()
+    cohere = client.post("/v1/rerank", json={"model": CE, "query": "cat mat", "documents": TEXTS}).json()
+    assert [r["index"] for r in tei] == [r["index"] for r in cohere["results"]]
+    assert [r["score"] for r in tei] == pytest.approx([r["relevance_score"] for r in cohere["results"]])
+    assert [r["text"] for r in tei] == [TEXTS[r["index"]] for r in tei]
+    assert client.post("/", json={"query": "cat mat", "texts": TEXTS}).json() == [
+        {k: v for k, v in r.items() if k != "text"} for r in tei
+    ]
+    vllm = client.post("/rerank", json={"model": CE, "query": "cat mat", "documents": TEXTS}).json()
+    assert vllm["results"] == cohere["results"]
+    error(client.post("/rerank", json={"query": "q", "texts": ["d"], "truncation_direction": "Left"}), 400)
+    assert client.post("/rerank", json={"query": "q", "texts": ["d"], "raw_scores": True}).status_code == 200
+
+
+def test_tei_tokenize_and_info(client):
+    rows = client.post("/tokenize", json={"inputs": ["hello big world"]}).json()
+    assert [t["text"] for t in rows[0]] == ["[CLS]", "hello", "big", "world", "[SEP]"]
+    assert rows[0][1] == {"id": rows[0][1]["id"], "text": "hello", "special": False, "start": 0, "stop": 5}
+    assert rows[0][0]["special"] and rows[0][0]["start"] is None
+    bare = client.post("/tokenize", json={"inputs": "hello", "add_special_tokens": False}).json()
+    assert [t["text"] for t in bare[0]] == ["hello"]
+    info = client.get("/info").json()
+    assert info["served_model_name"] == EMB and info["max_input_length"] == 16
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["auto_truncate"] is True
+
+
+# -- aliases and token ids --------------------------------------------------------------------------------
+def test_bare_embeddings_alias(client):
+    resp = client.post("/embeddings", json={"model": EMB, "input": TEXTS})
+    np.testing.assert_allclose([d["embedding"] for d in resp.json()["data"]], native(client, TEXTS))
+
+
+def test_token_id_input_is_read_as_cl100k_base(client):
+    encoding = cl100k_base()
+    ids = [encoding.encode(t) for t in TEXTS]
+    np.testing.assert_allclose(native(client, ids), native(client, TEXTS), atol=1e-7)  # LangChain's default
+    np.testing.assert_allclose(native(client, ids[0]), native(client, TEXTS[:1]), atol=1e-7)  # one flat array
+    text = "naïve café — 東京 🎉"
+    assert native(client, [encoding.encode(text)]).tolist() == native(client, [text]).tolist()
+    err = error(client.post("/v1/embeddings", json={"model": EMB, "input": [ids[0], [100261]]}), 400, "input")
+    assert "input[1]" in err["message"] and "100261" in err["message"]
+
+
+def test_token_ids_can_be_switched_off(fake_service):
+    settings = Settings.from_env({"EMBEDRANK_API_KEYS": "k", "EMBEDRANK_TOKEN_IDS": "off"})
+    assert settings.token_ids is False
+    with fake_service({EMB: FakeEncoder(EMB)}, key="k", settings=settings) as client:
+        err = error(client.post("/v1/embeddings", json={"model": EMB, "input": [[9906]]}), 400, "input")
+        assert "EMBEDRANK_TOKEN_IDS" in err["message"]
+        schema = client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
+        assert "integer" not in str(schema["properties"]["input"])
+    with pytest.raises(SettingsError, match="EMBEDRANK_TOKEN_IDS"):
+        Settings.from_env({"EMBEDRANK_TOKEN_IDS": "p50k_base"})
+
+
+def test_the_bundled_encoding_is_checked_against_tiktokens_hash():
+    import hashlib
+
+    from service.token_ids import CL100K_SHA256, encoding_file
+
+    assert hashlib.sha256(encoding_file().read_bytes()).hexdigest() == CL100K_SHA256
+    assert cl100k_base().encode("Hello world") == [9906, 1917]
