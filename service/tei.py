@@ -64,6 +64,10 @@ class TEIRerankRequest(Struct, kw_only=True):
         bool, Meta(description="Scores before the model's activation (only for models whose activation is identity)")
     ] = False
     return_text: Annotated[bool, Meta(description="Include each text in its result")] = False
+    top_n: Annotated[
+        Annotated[int, Meta(ge=1, le=INT32_MAX)] | None,
+        Meta(description="embedrank (as LiteLLM sends it): return the best top_n only (default: all)"),
+    ] = None
     truncate: Annotated[
         bool | None, Meta(description="Cut pairs longer than the model's window (null: the server default, true)")
     ] = None
@@ -165,6 +169,7 @@ async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> 
         model=model,
         query=req.query,
         documents=list(req.texts),
+        top_n=req.top_n,
         truncate=req.truncate is not False,
         max_chunks_per_doc=1,  # TEI scores a text's first window
     )
