@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -248,8 +249,26 @@ def test_litellm_rerank(server, reference, provider):
         assert [r["document"]["text"] for r in out.results] == [DOCS[r["index"]] for r in out.results]
 
 
-def test_the_clients_page_lists_every_client():
-    page = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "clients.md").read_text()
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "clients.md"
+SNIPPETS = re.findall(r"^```py\n(.*?)^```", PAGE.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+@pytest.mark.parametrize("number", range(len(SNIPPETS)), ids=lambda n: f"snippet-{n + 1}")
+def test_the_clients_page_runs(server, tiktoken_cache, monkeypatch, number):
+    """Each example on the clients page, against this server: it runs and gets vectors or a ranking."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    code = SNIPPETS[number].replace("http://localhost:8000", server).replace("sk-your-key", KEY)
+    namespace: dict = {}
+    exec(compile(code, f"docs/guides/clients.md py block {number + 1}", "exec"), namespace)
+    assert namespace.get("vectors") or namespace.get("ranked")
+    if namespace.get("vectors"):
+        assert len(namespace["vectors"][0]) == 384  # MiniLM's width
+
+
+def test_the_clients_page_shows_every_client():
+    page = PAGE.read_text(encoding="utf-8")
     for name in ("OpenAI(", "OpenAIEmbeddings(", "OpenAILikeEmbedding(", "OpenAITextEmbedder(", "cohere.Client(",
                  "cohere.ClientV2(", "CohereEmbeddings(", "CohereRerank(", "CohereTextEmbedder(", "CohereRanker(",
                  "TextEmbeddingsInference(", "HuggingFaceAPITextEmbedder(", "HuggingFaceTEIRanker(",
