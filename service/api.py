@@ -195,7 +195,9 @@ async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> Tok
     return TokenizeResponse(model=req.model, max_tokens=limit, data=data)
 
 
-async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[RerankResponse, int]:
+async def rerank(
+    req: RerankRequest, pool: ModelPool, limits: Limits, raw_scores: bool = False
+) -> tuple[RerankResponse, int]:
     """Rerank. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
     served = pool.get(req.model, "rerank")
     # the decoder has refused an empty query, an empty documents list and top_n < 1 (service.decoding)
@@ -217,7 +219,7 @@ async def rerank(req: RerankRequest, pool: ModelPool, limits: Limits) -> tuple[R
         max_tokens=req.max_tokens_per_doc,
     )
     out = await served.runner.rerank(  # type: ignore[union-attr]
-        req.query, texts, truncate=req.truncate, priority=req.priority, chunking=chunking
+        req.query, texts, truncate=req.truncate, priority=req.priority, chunking=chunking, raw_scores=raw_scores
     )
     ranked = rank_scores(out.scores, req.top_n)
     results = [

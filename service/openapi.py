@@ -11,14 +11,15 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Reference, RequestBody, Schema
+from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIType, Reference, RequestBody, Schema
 
 from service.models import ModelPool
-from service.schemas import INT32_MAX
+from service.schemas import INT32_MAX, RERANK_EXAMPLE_REQUEST
 from service.settings import Limits
 from service.tei import Rank, TEIRerankRequest
 
 REF = "#/components/schemas/{name}"
+EXAMPLES = {"/rerank": RERANK_EXAMPLE_REQUEST, "/": {"inputs": ["first text", "second text"]}}
 NULL = Schema(type=OpenAPIType.NULL)
 
 
@@ -173,11 +174,8 @@ def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     rerank["texts"]["items"].update(maxLength=limits.max_text_chars)
     rerank["truncation_direction"] = {"enum": ["Right", "right"], "description": "Only Right is supported for pairs"}
     rerank["model"]["anyOf"][0]["enum"] = _serving(pool, "rerank")
-    if any(
-        getattr(getattr(s.runner, "cross_encoder", None), "activation", "Identity") != "Identity"
-        for s in pool.models.values()
-    ):
-        rerank["raw_scores"] = {"enum": [False], "description": "Only false: scores are the model's activated output"}
+    if any(getattr(getattr(s.runner, "cross_encoder", None), "num_labels", 1) != 1 for s in pool.models.values()):
+        rerank["raw_scores"] = {"enum": [False], "description": "Only false: a served model has several labels"}
     _nullable_optionals(extra["TEIRerankRequest"])
     for name, value in extra.items():
         schemas.setdefault(name, value)  # type: ignore[union-attr, arg-type]
@@ -189,8 +187,14 @@ def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
                 Schema(all_of=[Reference(ref=REF.format(name=other)), Schema(schema_not=Schema(required=["texts"]))]),
             ]
         )
+        examples: dict[str, Example | Reference] = {
+            "tei-rerank": Example(
+                summary="TEI's rerank", value={"query": "What is Deep Learning?", "texts": ["Deep Learning is ..."]}
+            ),
+            "other": Example(summary="Cohere's rerank" if path == "/rerank" else "TEI's embed", value=EXAMPLES[path]),
+        }
         paths[path].post.request_body = RequestBody(  # type: ignore[union-attr]
-            content={"application/json": OpenAPIMediaType(schema=choice)}, required=True
+            content={"application/json": OpenAPIMediaType(schema=choice, examples=examples)}, required=True
         )
     ranks = Schema(type=OpenAPIType.ARRAY, items=Reference(ref=REF.format(name="Rank")))
     answers: tuple[tuple[str, Reference | None], ...] = (

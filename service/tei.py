@@ -61,7 +61,10 @@ class TEIRerankRequest(Struct, kw_only=True):
     query: Annotated[str, Meta(min_length=1, description="The search query")]
     texts: Annotated[list[NonEmptyText], Meta(min_length=1, description="The texts to score against the query")]
     raw_scores: Annotated[
-        bool, Meta(description="Scores before the model's activation (only for models whose activation is identity)")
+        bool,
+        Meta(
+            description="Scores before the model's activation, e.g. logits instead of sigmoid (not for several labels)"
+        ),
     ] = False
     return_text: Annotated[bool, Meta(description="Include each text in its result")] = False
     top_n: Annotated[
@@ -158,13 +161,6 @@ async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> 
             "truncation_direction=Left is not supported for reranking (pairs lose their end); leave it out",
             param="truncation_direction",
         )
-    runner = pool.get(model, "rerank").runner
-    if req.raw_scores and getattr(getattr(runner, "cross_encoder", None), "activation", "Identity") != "Identity":
-        raise invalid(
-            "raw_scores=true is not supported for this model: its scores are its activation's output "
-            f"({runner.cross_encoder.activation}), as raw_scores=false returns them",  # type: ignore[union-attr]
-            param="raw_scores",
-        )
     inner = RerankRequest(
         model=model,
         query=req.query,
@@ -173,7 +169,7 @@ async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> 
         truncate=req.truncate is not False,
         max_chunks_per_doc=1,  # TEI scores a text's first window
     )
-    body, truncated = await api.rerank(inner, pool, settings.limits)
+    body, truncated = await api.rerank(inner, pool, settings.limits, raw_scores=req.raw_scores)
     ranks = [
         Rank(index=r.index, score=r.relevance_score, text=req.texts[r.index] if req.return_text else UNSET)
         for r in body.results

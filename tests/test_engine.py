@@ -388,3 +388,19 @@ def test_start_side_truncation_and_unnormalized_vectors_on_the_real_model(encode
         pooled = st_model[1](st_model[0](features))["sentence_embedding"].numpy()
     np.testing.assert_allclose(raw.values, pooled, atol=2e-4)
     np.testing.assert_allclose(np.linalg.norm(right.values, axis=1), 1.0, atol=1e-6)
+
+
+def test_raw_scores_are_refused_for_several_labels():
+    class ThreeLabels(FakeCrossEncoder):
+        num_labels = 3
+
+    async def main():
+        scorer = AsyncCrossEncoder(ThreeLabels(max_seq_length=10), EngineConfig(max_wait_ms=0))
+        scorer.engine.start()
+        with pytest.raises(InvalidInputError) as info:
+            await scorer.rerank("q", ["a"], raw_scores=True)
+        assert info.value.param == "raw_scores" and "several labels" in str(info.value)
+        assert (await scorer.rerank("q", ["q"])).values.tolist() == [1.0]
+        await scorer.engine.drain(1)
+
+    asyncio.run(main())

@@ -157,3 +157,18 @@ def test_the_same_weights_on_two_backends_agree(client):
         body = client.post("/v1/embeddings", json={"model": model, "input": texts}).json()
         vectors[model] = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
     assert np.abs(vectors[MODEL] - vectors["minilm-torch"]).max() < 1e-4
+
+
+def test_tei_rerank_raw_scores_are_the_logits(client, cross_encoder_dir):
+    query, docs = "What causes the seasons?", DOCS
+    reference = CrossEncoder.from_pretrained(cross_encoder_dir)
+    pairs = [(query, d) for d in docs]
+    logits, probabilities = reference.score_pairs(pairs, apply_activation=False), reference.score(query, docs)
+    for raw, expected in ((True, logits), (False, probabilities)):
+        ranks = client.post("/rerank", json={"query": query, "texts": docs, "raw_scores": raw, "model": "my-ce"}).json()
+        got = np.zeros(len(docs), dtype=np.float32)
+        for r in ranks:
+            got[r["index"]] = r["score"]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    native = client.post("/v1/rerank", json={"model": "my-ce", "query": query, "documents": docs}).json()
+    assert sorted(r["relevance_score"] for r in native["results"]) == pytest.approx(sorted(probabilities), abs=1e-6)

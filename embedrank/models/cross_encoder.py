@@ -204,11 +204,17 @@ class CrossEncoder(RuntimeFacts):
         queries, documents = [q for q, _ in pairs], [d for _, d in pairs]
         return token_rows(*encode_rows(self.tokenizer, queries, documents, max_length=self.max_seq_length))
 
-    def score_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+    def score_rows(self, rows: Sequence[TokenRow], *, apply_activation: bool = True) -> ModelOutput:
         """Relevance scores ``(B,)`` of rows from :meth:`tokenize_rows`, padded together (:meth:`relevance`);
-        what the serving engine runs per pass."""
+        what the serving engine runs per pass. ``apply_activation=False``: a one-label model's raw scores,
+        which :meth:`activate` turns into the scores (the engine batches requests that differ in it)."""
         batch = collate_rows(self.tokenizer, rows)
-        return ModelOutput(self.relevance(self.forward(batch.features)), batch.token_counts, batch.truncated)
+        scores = self.forward(batch.features, apply_activation=apply_activation)
+        return ModelOutput(self.relevance(scores), batch.token_counts, batch.truncated)
+
+    def activate(self, scores: np.ndarray) -> np.ndarray:
+        """The model's activation (:func:`default_activation`) on raw one-label scores ``(N,)``, float32."""
+        return _ACTIVATIONS[self.activation](torch.from_numpy(np.asarray(scores, dtype=np.float32))).numpy()
 
     def relevance(self, scores: np.ndarray) -> np.ndarray:
         """One relevance score per pair: ``(N,)`` scores as they are; ``(N, L)`` logits of several labels ->

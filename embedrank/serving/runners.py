@@ -73,7 +73,7 @@ class PairScorer(Protocol):
 
     def tokenize_rows(self, pairs: Sequence[tuple[str, str]]) -> list[TokenRow]: ...
 
-    def score_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
+    def score_rows(self, rows: Sequence[TokenRow], *, apply_activation: bool = True) -> ModelOutput: ...
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
 
@@ -95,18 +95,30 @@ class EmbeddingBatchModel:
         return self.encoder.embed_rows(items, normalize=False)
 
 
+def activation_of(cross_encoder: Any) -> str | None:
+    """The activation a one-label cross-encoder applies to its raw scores (None: none, or several labels,
+    whose relevance is a softmax probability and has no raw form)."""
+    if getattr(cross_encoder, "num_labels", 1) != 1:
+        return None
+    name = getattr(cross_encoder, "activation", "Identity")
+    return None if name == "Identity" else name
+
+
 class CrossEncoderBatchModel:
-    """Batches of tokenized (query, document) pairs through a cross-encoder; each value is a score."""
+    """Batches of tokenized (query, document) pairs through a cross-encoder; each value is a score, raw
+    for a one-label model with an activation (requests in one batch may differ in wanting raw scores: the
+    runner applies the activation per request)."""
 
     def __init__(self, cross_encoder: PairScorer) -> None:
         self.cross_encoder = cross_encoder
         self.max_seq_length = cross_encoder.max_seq_length
+        self.raw = activation_of(cross_encoder) is not None
 
     def item_tokens(self, item: TokenRow) -> int:
         return item.length
 
     def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
-        out = self.cross_encoder.score_rows(items)
+        out = self.cross_encoder.score_rows(items, apply_activation=not self.raw)
         return ModelOutput(out.values.reshape(len(items)), out.token_counts, out.truncated)  # (B,) relevance
 
 
@@ -239,13 +251,15 @@ class AsyncEncoder:
         truncate: bool = True,
         priority: int = 0,
         chunking: Chunking | None = None,
+        raw_scores: bool = False,
     ) -> ModelOutput:
         """Cosine between the query embedding and each document embedding, each with the model's query or
         document prompt if it has one; token counts cover the query (first) and every document (window).
 
         With ``chunking``, long documents are split into windows (:mod:`embedrank.models.chunking`), all
         windows go through the engine as one job, and each document gets the aggregate of its windows'
-        scores; ``truncated`` then flags the documents whose text past the chunking bounds was left out."""
+        scores; ``truncated`` then flags the documents whose text past the chunking bounds was left out.
+        ``raw_scores`` changes nothing: a cosine has no activation."""
         spec = self.encoder.spec
         query_text = role_prompt(spec.prompts, spec.default_prompt_name, QUERY_NAMES) + query
         document_prompt = role_prompt(spec.prompts, spec.default_prompt_name, DOCUMENT_NAMES)
@@ -285,19 +299,36 @@ class AsyncCrossEncoder:
         truncate: bool = True,
         priority: int = 0,
         chunking: Chunking | None = None,
+        raw_scores: bool = False,
     ) -> ModelOutput:
         """Scores ``(N,)`` of each (query, document) pair in input order; with ``chunking``, each document's
-        windows (sized to fit next to the query) are scored as pairs and aggregated, as :class:`AsyncEncoder`."""
+        windows (sized to fit next to the query) are scored as pairs and aggregated, as :class:`AsyncEncoder`.
+        ``raw_scores``: before the model's activation (the same scores for a model without one).
+
+        Raises:
+            InvalidInputError: ``raw_scores`` for a model with several labels (its score is a probability).
+        """
+        if raw_scores and getattr(self.cross_encoder, "num_labels", 1) != 1:
+            raise InvalidInputError(
+                f"raw_scores: {self.cross_encoder.model_id!r} has several labels and scores by the probability of "
+                "its relevance label, which has no raw form",
+                param="raw_scores",
+            )
+        activation = None if raw_scores else activation_of(self.cross_encoder)
         if chunking is None:
             rows = await self._rows(query, documents, truncate, owners=None)
             out = await self.engine.submit(rows, priority=priority)
-            return ModelOutput(out.values.astype(np.float32), out.token_counts, out.truncated)
+            values = out.values.astype(np.float32)
+            if activation is not None:
+                values = self.cross_encoder.activate(values)  # type: ignore[attr-defined]
+            return ModelOutput(values, out.token_counts, out.truncated)
         window = partial(self.cross_encoder.chunk_window, query)
         plan = await plan_chunks(documents, self.cross_encoder.token_offsets, window, chunking, truncate)
         # a window fits beside the query unless the query leaves it too little room
         rows = await self._rows(query, plan.texts, truncate, owners=plan.windows.owners)
         out = await self.engine.submit(rows, priority=priority)
-        return plan.scores(out.values, out.token_counts, out.truncated)
+        values = out.values if activation is None else self.cross_encoder.activate(out.values)  # type: ignore[attr-defined]
+        return plan.scores(values, out.token_counts, out.truncated)
 
     async def _rows(
         self, query: str, documents: Sequence[str], truncate: bool, *, owners: np.ndarray | None

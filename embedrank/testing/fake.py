@@ -207,7 +207,8 @@ class FakeCrossEncoder:
             rows.append(TokenRow((q, d), len(q) + len(d) + 3, len(q) + len(d) + 3 < full))
         return rows
 
-    def score_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+    def score_rows(self, rows: Sequence[TokenRow], *, apply_activation: bool = True) -> ModelOutput:
+        """The share of query words in the document (no activation: raw scores are the scores)."""
         scores = []
         for row in rows:
             q, d = row.tokens
