@@ -46,6 +46,15 @@ class InputTooLongError(InvalidInputError):
         self.index = index
 
 
+class RequestTooLargeError(InvalidInputError):
+    """One request's work is over a documented bound (the service's ``max_request_tokens``): refused
+    before any of it is queued. ``limit`` names the bound."""
+
+    def __init__(self, message: str, *, param: str | None = None, limit: str = "max_request_tokens") -> None:
+        super().__init__(message, param=param)
+        self.limit = limit
+
+
 class DataNotFoundError(EmbedrankError, FileNotFoundError):
     """A dataset could not be found in the data directory."""
 

@@ -2,11 +2,13 @@
 
 - Every call is counted by operation, phase and generation mode, and the counts are written as JSON to
   ``$EMBEDRANK_FUZZ_COUNTS`` when the run ends, so the harness can show how many cases each endpoint got.
-- One kind of rejection is exempt from ``positive_data_acceptance``, and only that one: a text longer than
+- Two kinds of rejection are exempt from ``positive_data_acceptance``, and only those: a text longer than
   the model's token limit sent with ``"truncate": false`` (Cohere's ``"NONE"``) is refused with 400 ``input_too_long``. A token
   limit cannot be written in JSON Schema (it depends on the tokenizer), so the schema cannot call such a
   request invalid; the server must refuse it rather than cut the text silently. The case is still sent and
   every other check (no 5xx, documented status, content type, response schema) still applies to it.
+  The same holds for a ``chunk_overlap`` over half the window (400 ``chunk_overlap_too_large``): the schema
+  bounds it by the widest window served, but the window depends on the model, its prompt and the query.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
             code = response.json()["error"]["code"]
         except (ValueError, KeyError, TypeError):
             return True
+        if code == "chunk_overlap_too_large":  # over half of this model's window (beside its prompt or query)
+            return False
         return not (code == "input_too_long" and body.get("truncate") in (False, "NONE"))
     return True
 

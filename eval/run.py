@@ -66,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chunk", action="store_true", help="rerank long documents window by window instead of truncating them"
     )
-    p.add_argument("--chunk-overlap", type=int, default=32, help="tokens shared by consecutive windows (default: 32)")
+    p.add_argument(
+        "--chunk-overlap",
+        type=int,
+        default=None,
+        help="tokens shared by consecutive windows (default: 32, or half the window if less; at most half)",
+    )
     p.add_argument(
         "--chunk-aggregation", choices=["max", "mean", "first"], default="max", help="document score from its windows"
     )

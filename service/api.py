@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
 from msgspec import UNSET
 
+from embedrank.errors import InvalidInputError
 from embedrank.math.quantization import quantize
 from embedrank.math.ranking import rank_scores
 from embedrank.models.chunking import Chunking
@@ -49,6 +51,21 @@ def _check_texts(texts: list[str], param: str, limits: Limits) -> None:
                 param=param,
                 code="text_too_long",
             )
+
+
+_FIELDS = {"overlap": "chunk_overlap"}  # the core's argument names that differ from the request's fields
+
+
+@contextlib.contextmanager
+def _request_fields() -> Iterator[None]:
+    """A core error that names an argument names the request field instead (``overlap`` -> ``chunk_overlap``)."""
+    try:
+        yield
+    except InvalidInputError as exc:
+        field = _FIELDS.get(exc.param or "")
+        if field is None:
+            raise
+        raise invalid(str(exc).replace(f"{exc.param}=", f"{field}="), param=field, code=f"{field}_too_large") from None
 
 
 def _checked_inputs(value: str | list[Any], limits: Limits, param: str = "input") -> list[str | list[int]]:
@@ -135,16 +152,18 @@ async def embed_vectors(
         spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
     )
     runner: AsyncEncoder = served.runner  # type: ignore[assignment]
-    out = await runner.embed(
-        texts,
-        dimensions=req.dimensions,
-        truncate=req.truncate,
-        priority=req.priority,
-        prompt=prompt,
-        chunking=Chunking(overlap=req.chunk_overlap) if req.chunking else None,
-        normalize=normalize,
-        truncation_side=truncation_side,
-    )
+    with _request_fields():
+        out = await runner.embed(
+            texts,
+            dimensions=req.dimensions,
+            truncate=req.truncate,
+            priority=req.priority,
+            prompt=prompt,
+            chunking=Chunking(overlap=req.chunk_overlap) if req.chunking else None,
+            normalize=normalize,
+            truncation_side=truncation_side,
+            budget=limits.max_request_tokens,
+        )
     return out, await _compact(out.embeddings, req.embedding_types or [], runner, req.dimensions)
 
 
@@ -218,9 +237,16 @@ async def rerank(
         max_chunks=req.max_chunks_per_doc,
         max_tokens=req.max_tokens_per_doc,
     )
-    out = await served.runner.rerank(  # type: ignore[union-attr]
-        req.query, texts, truncate=req.truncate, priority=req.priority, chunking=chunking, raw_scores=raw_scores
-    )
+    with _request_fields():
+        out = await served.runner.rerank(  # type: ignore[union-attr]
+            req.query,
+            texts,
+            truncate=req.truncate,
+            priority=req.priority,
+            chunking=chunking,
+            raw_scores=raw_scores,
+            budget=limits.max_request_tokens,
+        )
     ranked = rank_scores(out.scores, req.top_n)
     results = [
         RerankResult(

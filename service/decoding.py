@@ -77,9 +77,28 @@ def decode_strict(raw: bytes, schema: Any, content_type: str = "application/json
     except RecursionError:
         raise invalid("request body nests too deeply", code="invalid_json") from None
     except msgspec.ValidationError as exc:
+        if str(exc).startswith("Number out of range"):  # raised while parsing, before any field is known
+            raise invalid(
+                f"{_number_field(raw)} holds a number out of range (JSON numbers here must fit a 64-bit float)",
+                param=_number_field(raw, None),
+                code="invalid_value",
+            ) from None
         raise validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise invalid(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+_HUGE_NUMBER = re.compile(rb'"((?:[^"\\]|\\.){1,200})"\s*:\s*[\[\s]*-?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d{3,}')
+
+
+def _number_field(raw: bytes, default: str | None = "the request body") -> str | None:
+    """The name of the member whose value is a number too large for a float, if a quick scan finds it.
+
+    >>> _number_field(b'{"model": "m", "dimensions": 1e400}'), _number_field(b'[1e400]', None)
+    ('dimensions', None)
+    """
+    match = _HUGE_NUMBER.search(raw)
+    return match.group(1).decode("utf-8", "replace") if match else default
 
 
 def _normalized(value: Any) -> Any:

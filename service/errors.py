@@ -32,6 +32,7 @@ from embedrank.errors import (
     ModelNotFoundError,
     NotReadyError,
     OverloadedError,
+    RequestTooLargeError,
 )
 
 logger = logging.getLogger("embedrank.service")
@@ -64,6 +65,8 @@ def _from_core(exc: EmbedrankError) -> APIError:
         return APIError(404, str(exc), param="model", code="model_not_found")
     if isinstance(exc, ModelKindError):
         return APIError(400, str(exc), param="model", code="model_wrong_kind")
+    if isinstance(exc, RequestTooLargeError):
+        return APIError(413, f"{exc}; see {exc.limit}", param=exc.param, code="request_too_large")
     if isinstance(exc, InputTooLongError):
         return APIError(400, str(exc), param=exc.param, code="input_too_long")
     if isinstance(exc, InvalidInputError):
@@ -98,7 +101,8 @@ def validation_error(message: str) -> APIError:
     match = _PATH.search(message)
     path = match.group(1) if match else None
     detail = message[: match.start()] if match else message
-    field = re.match(r"[A-Za-z_]+", path).group(0) if path else None  # type: ignore[union-attr]
+    named = re.match(r"[A-Za-z_]+", path) if path else None
+    field = named.group(0) if named else None
     missing = re.search(r"Object missing required field `([^`]+)`", detail)
     if missing:
         name = f"{path}.{missing.group(1)}" if path else missing.group(1)

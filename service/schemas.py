@@ -91,9 +91,13 @@ class EmbeddingsRequest(Struct, kw_only=True):
         ),
     ] = False
     chunk_overlap: Annotated[
-        int,
-        Meta(ge=0, le=INT32_MAX, description="With chunking: tokens shared by consecutive windows", examples=[32]),
-    ] = 32
+        Annotated[int, Meta(ge=0, le=INT32_MAX)] | None,
+        Meta(
+            description="With chunking: tokens shared by consecutive windows (default 32, or half the window if "
+            "less); more than half the window is a 400",
+            examples=[32],
+        ),
+    ] = None
     priority: Priority = 0
 
 
@@ -206,8 +210,13 @@ class RerankRequest(Struct, kw_only=True):
         ),
     ] = 4096
     chunk_overlap: Annotated[
-        int, Meta(ge=0, le=INT32_MAX, description="Tokens shared by consecutive windows (default 32)", examples=[32])
-    ] = 32
+        Annotated[int, Meta(ge=0, le=INT32_MAX)] | None,
+        Meta(
+            description="Tokens shared by consecutive windows (default 32, or half the window if less); more than "
+            "half the window is a 400",
+            examples=[32],
+        ),
+    ] = None
     chunk_aggregation: Annotated[
         Literal["max", "mean", "first"],
         Meta(description="A chunked document's score: its best window (default), the mean, or the first window"),

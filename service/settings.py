@@ -26,7 +26,9 @@ Environment variables (all optional):
 - ``EMBEDRANK_TOKEN_IDS`` (``cl100k_base``): token-id arrays in ``/v1/embeddings`` input are OpenAI's token
   ids and are decoded with ``cl100k_base`` (as LangChain's ``OpenAIEmbeddings`` sends them); ``off`` refuses them.
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
-  ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000).
+  ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000),
+  ``EMBEDRANK_MAX_REQUEST_TOKENS`` (1048576: the tokens one request may hold after tokenizing and chunking;
+  past it, 413 ``request_too_large`` before any of its work is queued).
 - ``EMBEDRANK_DRAIN_SECONDS`` (30): on SIGTERM, ``/health`` and new requests answer 503 at once, the work
   in flight gets this long, then every connection is closed and the process exits 0.
   ``EMBEDRANK_BODY_TIMEOUT_SECONDS`` (30): a request body that takes longer to arrive is answered 408.
@@ -66,6 +68,26 @@ from embedrank.errors import InvalidInputError
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.runtime.backends import BACKEND_ENV, PRECISION_ENV, check_backend
 from embedrank.serving.engine import EngineConfig
+
+
+def read_keys_file(path: str) -> list[str]:
+    """The keys in ``path``, one per line (blank lines and ``#`` comments skipped).
+
+    Raises:
+        SettingsError: the file cannot be read, is not UTF-8, or holds no key (a server that starts with a
+            key file meant to hold its keys, but none in it, would refuse every client).
+    """
+    name = f"EMBEDRANK_API_KEYS_FILE={path}"
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{name}: not UTF-8 text (byte {exc.start}); write one key per line") from None
+    except OSError as exc:
+        raise SettingsError(f"{name}: {exc}") from exc
+    keys = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if not keys:
+        raise SettingsError(f"{name}: the file holds no key; write one key per line")
+    return keys
 
 
 class SettingsError(ValueError):
@@ -111,6 +133,7 @@ class Limits:
     max_documents: int = 1000
     max_body_bytes: int = 16 * 1024 * 1024
     max_text_chars: int = 100_000
+    max_request_tokens: int = 1_048_576  # tokens one request may hold after tokenizing (and chunking): 413 past it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -187,14 +210,7 @@ class Settings:
         keys += [str(k) for k in data.get("api_keys", [])]
         keys_file = env.get("EMBEDRANK_API_KEYS_FILE") or data.get("api_keys_file")
         if keys_file:
-            try:
-                keys += [
-                    ln.strip()
-                    for ln in Path(keys_file).expanduser().read_text().splitlines()
-                    if ln.strip() and not ln.startswith("#")
-                ]
-            except OSError as exc:
-                raise SettingsError(f"EMBEDRANK_API_KEYS_FILE={keys_file}: {exc}") from exc
+            keys += read_keys_file(keys_file)
         base = cls()
         limits = Limits(**{f.name: get(f.name, getattr(base.limits, f.name)) for f in dataclasses.fields(Limits)})
         engine = EngineConfig(
@@ -233,7 +249,7 @@ class Settings:
                 check_backend(entry.backend, entry.precision)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None
-        for name in ("max_inputs", "max_documents", "max_body_bytes", "max_text_chars"):
+        for name in ("max_inputs", "max_documents", "max_body_bytes", "max_text_chars", "max_request_tokens"):
             if getattr(self.limits, name) < 1:
                 raise SettingsError(f"limit {name} must be >= 1")
         if self.drain_seconds < 0 or self.body_timeout_seconds <= 0 or self.header_timeout_seconds <= 0:

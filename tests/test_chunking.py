@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from embedrank.errors import InvalidInputError
+from embedrank.errors import InvalidInputError, RequestTooLargeError
 from embedrank.math.chunks import aggregate_window_scores
-from embedrank.models.chunking import Chunking, split_windows
+from embedrank.models.chunking import Chunking, split_windows, window_starts
 from embedrank.models.scorers import BiEncoderScorer
 
 FILLER = [
@@ -62,6 +62,32 @@ def test_windows_overlap_cover_the_text_and_respect_the_bounds():
     assert capped.texts == ["w0 w1 w2 w3", "w3 w4 w5 w6"] and capped.cut == [True]
     short = split_windows([doc], words, window=4, chunking=Chunking(overlap=0, max_tokens=6))
     assert short.texts == ["w0 w1 w2 w3", "w4 w5"] and short.cut == [True]
+
+
+def test_the_overlap_is_at_most_half_the_window_so_work_at_most_doubles():
+    doc = " ".join(f"w{i}" for i in range(1000))
+    default = split_windows([doc], words, window=8, chunking=Chunking())  # 32 > 8 // 2: half the window
+    assert len(default.texts) == len(window_starts(1000, 8, 4)) and default.texts[1].startswith("w4 ")
+    half = split_windows([doc], words, window=8, chunking=Chunking(overlap=4))
+    assert sum(len(t.split()) for t in half.texts) <= 2 * 1000 + 8
+    for too_large in (5, 2**31 - 1):
+        with pytest.raises(InvalidInputError, match="more than half the window of 8 tokens") as info:
+            split_windows([doc], words, window=8, chunking=Chunking(overlap=too_large))
+        assert info.value.param == "overlap"
+
+
+def test_a_budget_stops_the_split_before_the_rest_is_tokenized():
+    docs = [" ".join(f"w{i}" for i in range(100))] * 1000  # 100,000 tokens
+    seen = []
+
+    def counting(texts):
+        seen.append(len(texts))
+        return words(texts)
+
+    with pytest.raises(RequestTooLargeError, match="the limit is 5000 per request"):
+        split_windows(docs, counting, window=16, chunking=Chunking(overlap=0), budget=5000)
+    assert sum(seen) <= 64  # two slices of 32 texts were tokenized, not 1,000
+    assert len(split_windows(docs[:10], words, window=16, chunking=Chunking(), budget=5000).texts) > 10
 
 
 @pytest.mark.parametrize(

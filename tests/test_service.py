@@ -761,3 +761,73 @@ def test_each_input_is_tokenized_once_when_submitted(fake_service):
         assert calls[1] == [("q", "x y"), ("q", "q z")]
         engine = client.app.state.service.pool.models["once"].runner.engine
         assert engine.model.item_tokens(encoder.tokenize_rows(["a b c"])[0]) == 5  # 3 words + 2 special
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (b'{"model": "fake-encoder", "input": "x", "dimensions": 1e400}', "dimensions"),
+        (b'{"model": "fake-encoder", "input": [1e999]}', "input"),
+        (b'{"model": "fake-encoder", "input": "x", "unknown": -1E+400}', "unknown"),
+        (b'{"model": "fake-encoder", "input": "x", "priority": 1e308}', "priority"),
+        (b'{"model": "fake-encoder", "input": "x", "return_tokens": 1e400}', "return_tokens"),
+    ],
+)
+def test_numbers_out_of_range_are_a_400_naming_the_field(client, raw, param):
+    resp = client.post("/v1/embeddings", content=raw, headers={"Content-Type": "application/json"})
+    err = _assert_error(resp, 400, param=param)
+    assert param in err["message"]
+
+
+def test_a_keys_file_without_keys_or_not_utf8_stops_the_start(tmp_path):
+    empty = tmp_path / "keys"
+    empty.write_text("# keys go here\n\n")
+    with pytest.raises(SettingsError, match=r"EMBEDRANK_API_KEYS_FILE=.*holds no key"):
+        Settings.from_env({"EMBEDRANK_API_KEYS_FILE": str(empty)})
+    latin = tmp_path / "latin"
+    latin.write_bytes("clé\n".encode("latin-1"))
+    with pytest.raises(SettingsError, match=r"EMBEDRANK_API_KEYS_FILE=.*not UTF-8"):
+        Settings.from_env({"EMBEDRANK_API_KEYS_FILE": str(latin)})
+
+
+def test_an_over_long_query_is_named_query(client):
+    body = {"model": MODEL, "query": "word " * 40, "documents": ["a"], "truncate": False}
+    err = _assert_error(client.post("/v1/rerank", json=body), 400, "input_too_long", "query")
+    assert err["message"].startswith("query is longer"), err["message"]
+
+
+def test_chunk_overlap_over_half_the_window_is_refused_before_any_work(client):
+    text = "! " * 4100
+    for overlap in (2**31 - 1, 8):  # the schema's bound, then over half of this model's 14-token window
+        body = {"model": MODEL, "input": text, "chunking": True, "chunk_overlap": overlap}
+        err = _assert_error(client.post("/v1/embeddings", json=body), 400, param="chunk_overlap")
+        assert "chunk_overlap" in err["message"]
+    ok = client.post("/v1/embeddings", json={"model": MODEL, "input": text, "chunking": True}).json()
+    assert ok["usage"]["total_tokens"] <= 2 * 4100 + 2 * ok["usage"]["chunked_inputs"] * 600  # at most doubled
+    rerank = {"model": CE, "query": "word " * 6, "documents": [text], "chunk_overlap": 6}
+    _assert_error(client.post("/v1/rerank", json=rerank), 400, "chunk_overlap_too_large", "chunk_overlap")
+    assert client.post("/v1/rerank", json={**rerank, "chunk_overlap": None}).status_code == 200
+
+
+def test_one_request_over_the_token_limit_is_413_before_it_is_queued(fake_service):
+    class Counting(FakeEncoder):
+        batches = 0
+
+        def embed_rows(self, rows, **kwargs):
+            Counting.batches += 1
+            return super().embed_rows(rows, **kwargs)
+
+    settings = dataclasses.replace(BASE, limits=Limits(max_request_tokens=100))
+    encoder = Counting(MODEL, dimension=32, max_seq_length=16)
+    with fake_service({MODEL: encoder, CE: FakeCrossEncoder(CE, max_seq_length=16)}, key=KEY, settings=settings) as c:
+        for path, body in (
+            ("/v1/embeddings", {"model": MODEL, "input": ["a b c d e"] * 30}),  # 30 x 7 tokens
+            ("/v1/embeddings", {"model": MODEL, "input": "w " * 500, "chunking": True}),
+            ("/v1/rerank", {"model": CE, "query": "q", "documents": ["w " * 60] * 3}),  # chunked by default
+            ("/v1/rerank", {"model": MODEL, "query": "q", "documents": ["a b c"] * 30}),
+        ):
+            err = _assert_error(c.post(path, json=body), 413, "request_too_large")
+            assert "max_request_tokens" in err["message"] and "limit is 100" in err["message"]
+        assert Counting.batches == 0  # nothing of the refused requests reached the model
+        assert c.post("/v1/embeddings", json={"model": MODEL, "input": ["a b c"] * 10}).status_code == 200
+        assert Counting.batches == 1

@@ -12,7 +12,10 @@ its window vectors, weighted by the windows' token counts and renormalized (vLLM
 
 ``max_tokens`` (Cohere v2's ``max_tokens_per_doc``) and ``max_chunks`` (Cohere v1's ``max_chunks_per_doc``)
 bound the work per document; text past either bound is not scored, and :attr:`Windows.cut` says which
-documents lost text that way.
+documents lost text that way. The overlap is at most half the window, so a token is in at most two
+windows and chunking at most doubles the work: by default it is 32 tokens or half the window if that is
+less; an overlap asked for that is more than half the window is refused. ``budget`` bounds the tokens of
+all windows together: the split stops and refuses as soon as they pass it, before the rest is tokenized.
 """
 
 from __future__ import annotations
@@ -23,20 +26,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from embedrank.errors import InputTooLongError, InvalidInputError
+from embedrank.errors import InputTooLongError, InvalidInputError, RequestTooLargeError
 from embedrank.math.chunks import AGGREGATIONS, Aggregation, aggregate_window_scores, mean_window_vectors
 from embedrank.math.similarity import l2_normalize
 from embedrank.types import ModelOutput
 
 Offsets = list[tuple[int, int]]  # (start, end) character span of each token, special tokens excluded
+DEFAULT_OVERLAP = 32
+SLICE = 32  # texts tokenized at a time while splitting, so that a budget stops the work early
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Chunking:
     """How to split long documents (see the module docstring). ``window=None``: the model's max length
-    minus what the query and special tokens take."""
+    minus what the query and special tokens take. ``overlap=None``: 32 tokens, or half the window if less."""
 
-    overlap: int = 32
+    overlap: int | None = None
     aggregate: Aggregation = "max"
     max_chunks: int | None = None
     max_tokens: int | None = None
@@ -47,7 +52,7 @@ class Chunking:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise InvalidInputError(f"{name} must be a positive integer, got {value!r}", param=name)
-        if not isinstance(self.overlap, int) or self.overlap < 0:
+        if self.overlap is not None and (not isinstance(self.overlap, int) or self.overlap < 0):
             raise InvalidInputError(f"overlap must be an integer >= 0, got {self.overlap!r}", param="overlap")
         if self.aggregate not in AGGREGATIONS:
             raise InvalidInputError(
@@ -84,17 +89,40 @@ def window_starts(n_tokens: int, window: int, overlap: int) -> list[int]:
     return starts
 
 
+def window_overlap(chunking: Chunking, window: int) -> int:
+    """The overlap of windows of ``window`` tokens: as asked, at most half the window; by default 32 or half.
+
+    >>> window_overlap(Chunking(), 512), window_overlap(Chunking(), 40), window_overlap(Chunking(overlap=0), 9)
+    (32, 20, 0)
+
+    Raises:
+        InvalidInputError: an overlap asked for that is more than half the window (``param="overlap"``).
+    """
+    if chunking.overlap is None:
+        return min(DEFAULT_OVERLAP, window // 2)
+    if chunking.overlap > window // 2:
+        raise InvalidInputError(
+            f"overlap={chunking.overlap} is more than half the window of {window} tokens; at most {window // 2} "
+            "(a larger overlap multiplies the work)",
+            param="overlap",
+        )
+    return chunking.overlap
+
+
 def split_windows(
     documents: Sequence[str],
     offsets: Callable[[Sequence[str]], list[Offsets]],
     *,
     window: int,
     chunking: Chunking,
+    budget: int | None = None,
 ) -> Windows:
     """Split each document into windows of at most ``window`` tokens (see the module docstring).
 
     ``offsets(texts)`` gives each text's token character spans, special tokens excluded (a fast
-    tokenizer's ``return_offsets_mapping``, or the fakes' words).
+    tokenizer's ``return_offsets_mapping``, or the fakes' words). With ``budget``, texts are tokenized a
+    slice at a time and :class:`~embedrank.errors.RequestTooLargeError` is raised as soon as the windows
+    hold more than ``budget`` tokens.
 
     >>> words = lambda texts: [[(m.start(), m.end()) for m in re.finditer(r"\\S+", t)] for t in texts]
     >>> w = split_windows(["a b c d e f", "short"], words, window=4, chunking=Chunking(overlap=2))
@@ -105,26 +133,35 @@ def split_windows(
     """
     if window < 1:
         raise InvalidInputError(f"the window must hold at least one token, got {window}", param="window")
+    overlap = window_overlap(chunking, window)
     texts: list[str] = []
     owners: list[int] = []
-    chunked = 0
+    chunked = total = 0
     cut: list[bool] = []
-    for doc_index, (doc, spans) in enumerate(zip(documents, offsets(documents), strict=True)):
-        spans = [s for s in spans if s[1] > s[0]]  # drop empty spans some tokenizers give
-        kept = len(spans) if chunking.max_tokens is None else min(len(spans), chunking.max_tokens)
-        starts = window_starts(kept, window, min(chunking.overlap, window - 1))
-        if chunking.max_chunks is not None and len(starts) > chunking.max_chunks:
-            starts = starts[: chunking.max_chunks]
-        last_end = min(starts[-1] + window, kept)
-        cut.append(last_end < len(spans))
-        if len(starts) == 1 and not cut[-1]:
-            texts.append(doc)  # fits one window: unchanged
-        else:
-            chunked += len(starts) > 1
-            for start in starts:
-                end = min(start + window, kept)
-                texts.append(doc[spans[start][0] : spans[end - 1][1]] if end > start else doc)
-        owners.extend([doc_index] * (len(texts) - len(owners)))
+    for first in range(0, len(documents), SLICE):
+        part = documents[first : first + SLICE]
+        for doc_index, (doc, spans) in enumerate(zip(part, offsets(part), strict=True), start=first):
+            spans = [s for s in spans if s[1] > s[0]]  # drop empty spans some tokenizers give
+            kept = len(spans) if chunking.max_tokens is None else min(len(spans), chunking.max_tokens)
+            starts = window_starts(kept, window, overlap)
+            if chunking.max_chunks is not None and len(starts) > chunking.max_chunks:
+                starts = starts[: chunking.max_chunks]
+            last_end = min(starts[-1] + window, kept)
+            cut.append(last_end < len(spans))
+            total += sum(min(start + window, kept) - start for start in starts) if kept else 1
+            if len(starts) == 1 and not cut[-1]:
+                texts.append(doc)  # fits one window: unchanged
+            else:
+                chunked += len(starts) > 1
+                for start in starts:
+                    end = min(start + window, kept)
+                    texts.append(doc[spans[start][0] : spans[end - 1][1]] if end > start else doc)
+            owners.extend([doc_index] * (len(texts) - len(owners)))
+        if budget is not None and total > budget:
+            raise RequestTooLargeError(
+                f"the windows of the first {min(first + SLICE, len(documents))} of {len(documents)} texts already "
+                f"hold {total} tokens; the limit is {budget} per request"
+            )
     return Windows(texts=texts, owners=np.asarray(owners, dtype=np.int64), chunked=chunked, cut=cut)
 
 
@@ -150,10 +187,12 @@ class ChunkPlan:
         chunking: Chunking,
         truncate: bool = True,
         param: str = "documents",
+        budget: int | None = None,
     ) -> ChunkPlan:
         """Split ``texts`` (``chunking.window`` wins over ``window``); with ``truncate=False``, refuse a text
-        whose end the chunking bounds would leave out (``InputTooLongError`` naming ``param[i]``)."""
-        windows = split_windows(texts, offsets, window=chunking.window or window, chunking=chunking)
+        whose end the chunking bounds would leave out (``InputTooLongError`` naming ``param[i]``); ``budget``
+        as :func:`split_windows`."""
+        windows = split_windows(texts, offsets, window=chunking.window or window, chunking=chunking, budget=budget)
         if not truncate:
             refuse_cut(windows.cut, chunking, param)
         return cls(windows, chunking.aggregate)

@@ -132,10 +132,12 @@ def collate(tokenizer: Any, rows: Sequence[dict[str, list[int]]], truncated: Seq
 def too_long_error(
     index: int, max_length: int, *, param: str = "input", tokens: int | None = None
 ) -> InputTooLongError:
-    """The error for ``param[index]`` being longer than ``max_length`` tokens when truncation was not allowed."""
+    """The error for ``param[index]`` (``query``: the one query) being longer than ``max_length`` tokens when
+    truncation was not allowed."""
     size = f" ({tokens} tokens)" if tokens is not None else ""
+    where = param if param == "query" else f"{param}[{index}]"
     return InputTooLongError(
-        f"{param}[{index}] is longer{size} than the model's maximum of {max_length} tokens and truncation was disabled",
+        f"{where} is longer{size} than the model's maximum of {max_length} tokens and truncation was disabled",
         param=param,
         index=index,
     )

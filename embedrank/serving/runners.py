@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -24,11 +24,12 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.similarity import check_dimensions, cosine_scores, l2_normalize, truncate_dims
-from embedrank.models.chunking import Chunking, ChunkPlan
+from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
 from embedrank.models.tokens import TokenRow, TokenSpan, too_long_error
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
+from embedrank.serving.inputs import check_budget, cut_starts, field_of, first_cut, plan_chunks
 from embedrank.types import ModelOutput
 
 
@@ -122,24 +123,6 @@ class CrossEncoderBatchModel:
         return ModelOutput(out.values.reshape(len(items)), out.token_counts, out.truncated)  # (B,) relevance
 
 
-def _field(index: int, fields: Sequence[tuple[str, int]]) -> tuple[str, int]:
-    """Map a position in the submitted items to (request field, index in that field).
-
-    >>> _field(0, [("query", 1), ("documents", 3)]), _field(2, [("query", 1), ("documents", 3)])
-    (('query', 0), ('documents', 1))
-    """
-    for name, size in fields:
-        if index < size:
-            return name, index
-        index -= size
-    raise IndexError(index)
-
-
-def first_cut(rows: Sequence[TokenRow], limit: int | None = None) -> int | None:
-    """Index of the first of ``rows[:limit]`` cut at the maximum length, or None."""
-    return next((i for i, row in enumerate(rows[:limit]) if row.truncated), None)
-
-
 class AsyncEncoder:
     """Embeddings and bi-encoder (cosine) reranking through a :class:`BatchEngine`."""
 
@@ -159,17 +142,23 @@ class AsyncEncoder:
         return self.encoder.max_seq_length
 
     async def _rows(
-        self, texts: Sequence[str], fields: Sequence[tuple[str, int]] = (), *, prompt: str = ""
+        self,
+        texts: Sequence[str],
+        fields: Sequence[tuple[str, int]] = (),
+        *,
+        prompt: str = "",
+        budget: int | None = None,
     ) -> list[TokenRow]:
         """``texts`` (``prompt`` already before each) tokenized once, off the event loop. With ``fields``
         (truncation off), the first of the texts they cover that is cut at the maximum length is refused,
         named by request field."""
         skip = self.encoder.prompt_skip(prompt)  # pooling leaves the prompt out for some models
         rows = await asyncio.to_thread(partial(self.encoder.tokenize_rows, list(texts), skip=skip))
+        check_budget(rows, budget)
         at = first_cut(rows, sum(size for _, size in fields)) if fields else None
         if at is not None:
             (length,) = await asyncio.to_thread(partial(self.encoder.count_tokens, [texts[at]], prompt=""))
-            name, index = _field(at, fields)
+            name, index = field_of(at, fields)
             raise too_long_error(index, self.max_seq_length, param=name, tokens=length)
         return rows
 
@@ -185,23 +174,27 @@ class AsyncEncoder:
         chunking: Chunking | None = None,
         normalize: bool | None = None,
         truncation_side: Literal["right", "left"] = "right",
+        budget: int | None = None,
     ) -> ModelOutput:
         """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order; a lower
         ``priority`` is scheduled first. ``prompt`` goes before every text (the model sees and counts it).
         With ``chunking``, long texts are embedded window by window and pooled, as ``Encoder.encode_with_stats``.
         ``normalize`` overrides the model's own L2 normalization (None: the model's). A text longer than the
         model's window loses its end (``truncation_side="right"``) or its start (``"left"``: it keeps its
-        last tokens, the prompt stays first)."""
+        last tokens, the prompt stays first). ``budget``: the most tokens the request may hold after
+        tokenizing and chunking (:class:`~embedrank.errors.RequestTooLargeError`, before anything is queued)."""
         check_dimensions(dimensions, self.dimension)
         norm = self.encoder.normalize if normalize is None else normalize
         if chunking is not None:
-            out = await self._embed_chunked(texts, prompt, chunking, truncate=truncate, priority=priority, norm=norm)
+            out = await self._embed_chunked(
+                texts, prompt, chunking, truncate=truncate, priority=priority, norm=norm, budget=budget
+            )
         else:
             started: set[int] = set()
             if truncate and truncation_side == "left":
                 texts, started = await asyncio.to_thread(cut_starts, self.encoder, list(texts), prompt, param)
             texts = with_prompt(texts, prompt)
-            rows = await self._rows(texts, () if truncate else [(param, len(texts))], prompt=prompt)
+            rows = await self._rows(texts, () if truncate else [(param, len(texts))], prompt=prompt, budget=budget)
             out = await self.engine.submit(rows, priority=priority)
             flags = [cut or i in started for i, cut in enumerate(out.truncated)]
             out = dataclasses.replace(out, values=l2_normalize(out.values) if norm else out.values, truncated=flags)
@@ -209,12 +202,19 @@ class AsyncEncoder:
         return dataclasses.replace(out, values=np.ascontiguousarray(vectors, dtype=np.float32))
 
     async def _embed_chunked(
-        self, texts: Sequence[str], prompt: str, chunking: Chunking, *, truncate: bool, priority: int, norm: bool
+        self,
+        texts: Sequence[str],
+        prompt: str,
+        chunking: Chunking,
+        *,
+        truncate: bool,
+        priority: int,
+        norm: bool,
+        budget: int | None,
     ) -> ModelOutput:
-        plan = await plan_chunks(
-            texts, self.encoder.token_offsets, partial(self.encoder.chunk_window, prompt), chunking, truncate, "input"
-        )
-        rows = await self._rows(with_prompt(plan.texts, prompt), prompt=prompt)  # windows fit: none is cut
+        window = partial(self.encoder.chunk_window, prompt)
+        plan = await plan_chunks(texts, self.encoder.token_offsets, window, chunking, truncate, "input", budget)
+        rows = await self._rows(with_prompt(plan.texts, prompt), prompt=prompt, budget=budget)  # windows fit
         out = await self.engine.submit(rows, priority=priority)
         if norm:  # each window normalized, then their token-weighted mean renormalized
             out = dataclasses.replace(out, values=l2_normalize(out.values))
@@ -252,6 +252,7 @@ class AsyncEncoder:
         priority: int = 0,
         chunking: Chunking | None = None,
         raw_scores: bool = False,
+        budget: int | None = None,
     ) -> ModelOutput:
         """Cosine between the query embedding and each document embedding, each with the model's query or
         document prompt if it has one; token counts cover the query (first) and every document (window).
@@ -265,12 +266,15 @@ class AsyncEncoder:
         document_prompt = role_prompt(spec.prompts, spec.default_prompt_name, DOCUMENT_NAMES)
         if chunking is None:
             texts = [query_text, *with_prompt(documents, document_prompt)]
-            rows = await self._rows(texts, () if truncate else [("query", 1), ("documents", len(documents))])
+            fields = () if truncate else [("query", 1), ("documents", len(documents))]
+            rows = await self._rows(texts, fields, budget=budget)
             out = await self.engine.submit(rows, priority=priority)
             return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
-        plan = await plan_chunks(documents, self.encoder.token_offsets, self.encoder.chunk_window, chunking, truncate)
+        window = self.encoder.chunk_window
+        plan = await plan_chunks(documents, self.encoder.token_offsets, window, chunking, truncate, budget=budget)
         texts = [query_text, *with_prompt(plan.texts, document_prompt)]
-        rows = await self._rows(texts, () if truncate else [("query", 1)])  # windows fit: only the query can be cut
+        # windows fit: only the query can be cut
+        rows = await self._rows(texts, () if truncate else [("query", 1)], budget=budget)
         out = await self.engine.submit(rows, priority=priority)
         cosines = cosine_scores(out.values[0], out.values[1:])
         return plan.scores(cosines, out.token_counts, out.truncated[1:], leading_flags=out.truncated[:1])
@@ -300,6 +304,7 @@ class AsyncCrossEncoder:
         priority: int = 0,
         chunking: Chunking | None = None,
         raw_scores: bool = False,
+        budget: int | None = None,
     ) -> ModelOutput:
         """Scores ``(N,)`` of each (query, document) pair in input order; with ``chunking``, each document's
         windows (sized to fit next to the query) are scored as pairs and aggregated, as :class:`AsyncEncoder`.
@@ -316,74 +321,37 @@ class AsyncCrossEncoder:
             )
         activation = None if raw_scores else activation_of(self.cross_encoder)
         if chunking is None:
-            rows = await self._rows(query, documents, truncate, owners=None)
+            rows = await self._rows(query, documents, truncate, owners=None, budget=budget)
             out = await self.engine.submit(rows, priority=priority)
             values = out.values.astype(np.float32)
             if activation is not None:
                 values = self.cross_encoder.activate(values)  # type: ignore[attr-defined]
             return ModelOutput(values, out.token_counts, out.truncated)
         window = partial(self.cross_encoder.chunk_window, query)
-        plan = await plan_chunks(documents, self.cross_encoder.token_offsets, window, chunking, truncate)
+        plan = await plan_chunks(documents, self.cross_encoder.token_offsets, window, chunking, truncate, budget=budget)
         # a window fits beside the query unless the query leaves it too little room
-        rows = await self._rows(query, plan.texts, truncate, owners=plan.windows.owners)
+        rows = await self._rows(query, plan.texts, truncate, owners=plan.windows.owners, budget=budget)
         out = await self.engine.submit(rows, priority=priority)
         values = out.values if activation is None else self.cross_encoder.activate(out.values)  # type: ignore[attr-defined]
         return plan.scores(values, out.token_counts, out.truncated)
 
     async def _rows(
-        self, query: str, documents: Sequence[str], truncate: bool, *, owners: np.ndarray | None
+        self,
+        query: str,
+        documents: Sequence[str],
+        truncate: bool,
+        *,
+        owners: np.ndarray | None,
+        budget: int | None = None,
     ) -> list[TokenRow]:
         """The (query, document) pairs tokenized once, off the event loop; with truncation off, the first
         cut pair is refused as ``documents[i]`` (``owners[i]`` for a window)."""
         pairs = [(query, d) for d in documents]
         rows = await asyncio.to_thread(self.cross_encoder.tokenize_rows, pairs)
+        check_budget(rows, budget)
         at = None if truncate else first_cut(rows)
         if at is not None:
             (length,) = await asyncio.to_thread(self.cross_encoder.count_tokens, [query], [documents[at]])
             index = at if owners is None else int(owners[at])
             raise too_long_error(index, self.max_seq_length, param="documents", tokens=length)
         return rows
-
-
-def cut_starts(
-    encoder: EmbeddingModel, texts: list[str], prompt: str, param: str = "input"
-) -> tuple[list[str], set[int]]:
-    """``texts`` with each one too long for ``encoder`` (``prompt`` before it) cut from its start so that its
-    last tokens fill the window; returns the texts and the positions that were cut. A cut can join or split
-    a token at the new start, so the count is checked again and the cut moved until the text fits.
-
-    Raises:
-        InvalidInputError: the prompt and special tokens alone fill the window.
-    """
-    limit = encoder.max_seq_length
-    counts = encoder.count_tokens(with_prompt(texts, prompt), prompt="")
-    long = [i for i, n in enumerate(counts) if n > limit]
-    out = list(texts)
-    for i, spans in zip(long, encoder.token_offsets([texts[i] for i in long]), strict=True):
-        keep = limit - (counts[i] - len(spans))  # the window less the prompt and special tokens
-        while True:
-            if keep < 1:
-                raise InvalidInputError(f"the prompt of {param}[{i}] fills the model's window", param=param)
-            out[i] = texts[i][spans[-keep][0] :]
-            (n,) = encoder.count_tokens([prompt + out[i]], prompt="")
-            if n <= limit:
-                break
-            keep -= n - limit
-    return out, set(long)
-
-
-async def plan_chunks(
-    texts: Sequence[str],
-    offsets: Callable[[Sequence[str]], list[list[tuple[int, int]]]],
-    window: Callable[[], int],
-    chunking: Chunking,
-    truncate: bool,
-    param: str = "documents",
-) -> ChunkPlan:
-    """:meth:`ChunkPlan.make <embedrank.models.chunking.ChunkPlan.make>` off the event loop (it tokenizes);
-    ``window()`` (the model's window beside its prompt or query) is called only when ``chunking`` sets none."""
-    return await asyncio.to_thread(
-        lambda: ChunkPlan.make(
-            texts, offsets, window=chunking.window or window(), chunking=chunking, truncate=truncate, param=param
-        )
-    )
