@@ -7,8 +7,8 @@
   limit cannot be written in JSON Schema (it depends on the tokenizer), so the schema cannot call such a
   request invalid; the server must refuse it rather than cut the text silently. The case is still sent and
   every other check (no 5xx, documented status, content type, response schema) still applies to it.
-  The same holds for a ``chunk_overlap`` over half the window (400 ``chunk_overlap_too_large``): the schema
-  bounds it by the widest window served, but the window depends on the model, its prompt and the query.
+  The same holds for a ``chunk_overlap`` over half the window (400 ``chunk_overlap_too_large``): the window
+  depends on the model, its prompt and the query.
 """
 
 from __future__ import annotations

@@ -53,11 +53,11 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
     for body, field in ((embeddings, "dimensions"), (reranking, "top_n"), (reranking, "max_chunks_per_doc")):
         number = body.properties[field].one_of[0]  # type: ignore[index, union-attr]
         number.minimum, number.maximum = 1, INT32_MAX  # type: ignore[union-attr]
-    # an overlap over half the window is refused; the window depends on the model, its prompt and the query,
-    # so the schema states the bound of the widest window served (the server names the exact one)
-    half = max((s.spec.max_seq_length for s in pool.models.values()), default=2) // 2
+    # an overlap over half the window is refused with chunking on (it is unused with chunking off); the window
+    # depends on the model, its prompt and the query, which JSON Schema cannot express
     for body in (embeddings, reranking):
-        body.properties["chunk_overlap"].one_of[0].maximum = half  # type: ignore[index, union-attr]
+        overlap = body.properties["chunk_overlap"].one_of[0]  # type: ignore[index, union-attr]
+        overlap.minimum, overlap.maximum = 0, INT32_MAX  # type: ignore[union-attr]
     types = embeddings.properties["embedding_types"].one_of[0]  # type: ignore[index, union-attr]
     types.min_items, types.max_items = 1, 16  # type: ignore[union-attr]
     dims = [s.spec.dimension for s in pool.models.values() if "embeddings" in s.capabilities and s.spec.dimension]
