@@ -29,7 +29,7 @@ from embedrank.serving.allocator import trim_heap, tune_malloc
 from service import shutdown
 from service.auth import BearerAuth
 from service.connections import HeaderDeadline, asgi_server
-from service.decoding import decode_strict, shorten
+from service.decoding import decode_strict, decompressed, shorten
 from service.errors import APIError, handle_exception
 from service.handling import ServiceState, pool_of, service_of
 from service.middleware import RequestMiddleware
@@ -56,7 +56,8 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
             )
         schema = BODIES.get(request.url.path)
         if schema is not None:
-            timeout = service_of(request.app.state).settings.body_timeout_seconds
+            settings = service_of(request.app.state).settings
+            timeout = settings.body_timeout_seconds
             try:
                 body = await asyncio.wait_for(request.body(), timeout)
             except TimeoutError:
@@ -68,6 +69,7 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
                 ) from None
             # decode once: Litestar reads the JSON of the connection state before parsing the body itself,
             # and passes a value that already has the handler's data type through unchanged
+            body = decompressed(body, request.headers.get("content-encoding", ""), settings.limits.max_body_bytes)
             request._connection_state.json = decode_strict(body, schema, content_type)
 
 
@@ -164,7 +166,7 @@ def create_app(
         cors_config=CORSConfig(
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST", "HEAD", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
         )
         if settings.cors_origins
         else None,

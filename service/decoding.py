@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import zlib
 from typing import Any, TypeVar
 
 import msgspec
 
-from service.errors import invalid, validation_error
+from service.errors import APIError, invalid, validation_error
 
 T = TypeVar("T")
 
@@ -56,6 +57,37 @@ class ByField:
 
     def pick(self, value: Any) -> type:
         return self.present if isinstance(value, dict) and self.field in value else self.absent
+
+
+def decompressed(raw: bytes, encoding: str, limit: int) -> bytes:
+    """The body as sent (``Content-Encoding`` absent or ``identity``) or gunzipped (``gzip``, as clients send
+    large batches), at most ``limit`` bytes once decompressed.
+
+    Raises:
+        APIError: 415 for any other encoding, 400 for a body that is not gzip, 413 past ``limit``.
+
+    >>> import gzip; decompressed(gzip.compress(b'{"a": 1}'), "gzip", 100)
+    b'{"a": 1}'
+    """
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    if encoding not in ("gzip", "x-gzip"):
+        raise APIError(
+            415,
+            f"Content-Encoding {shorten(encoding)!r} is not supported; send the body as is, or gzip",
+            code="unsupported_media_type",
+        )
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip framing
+    try:
+        out = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise invalid(f"the body is labelled gzip but is not gzip data: {exc}", code="invalid_json") from None
+    if len(out) > limit:
+        raise APIError(413, f"the decompressed body is over max_body_bytes={limit}", code="body_too_large")
+    if not inflater.eof:
+        raise invalid("the gzip body ends before its data does", code="invalid_json")
+    return out
 
 
 def decode_strict(raw: bytes, schema: Any, content_type: str = "application/json") -> Any:

@@ -831,3 +831,31 @@ def test_one_request_over_the_token_limit_is_413_before_it_is_queued(fake_servic
         assert Counting.batches == 0  # nothing of the refused requests reached the model
         assert c.post("/v1/embeddings", json={"model": MODEL, "input": ["a b c"] * 10}).status_code == 200
         assert Counting.batches == 1
+
+
+def test_gzip_bodies_are_read_and_other_encodings_refused(client):
+    import gzip
+    import json
+
+    body = json.dumps({"model": MODEL, "input": ["a gzip body", "two"]}).encode()
+    plain = client.post("/v1/embeddings", content=body, headers={"Content-Type": "application/json"})
+    zipped = client.post(
+        "/v1/embeddings",
+        content=gzip.compress(body),
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    assert zipped.status_code == 200 and zipped.json()["data"] == plain.json()["data"]
+    lying = client.post(
+        "/v1/embeddings", content=body, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    )
+    _assert_error(lying, 400, "invalid_json")
+    other = client.post(
+        "/v1/embeddings", content=body, headers={"Content-Type": "application/json", "Content-Encoding": "br"}
+    )
+    _assert_error(other, 415, "unsupported_media_type")
+    bomb = gzip.compress(b'{"model": "x", "input": "' + b"a" * (17 * 2**20) + b'"}')  # 17 MiB inflated
+    assert len(bomb) < 100_000
+    resp = client.post(
+        "/v1/embeddings", content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    )
+    _assert_error(resp, 413, "body_too_large")
