@@ -151,7 +151,9 @@ def create_app(
         await inflight.wait_idle(timeout)
         await service.pool.drain(max(0.0, timeout - (asyncio.get_running_loop().time() - start)))
 
-    middleware = [RequestMiddleware(service.metrics, None if settings.no_auth else BearerAuth(keys), inflight)]
+    auth = None if settings.no_auth else BearerAuth(keys, open_preflights=bool(settings.cors_origins))
+    service.auth = auth  # the exception handler checks it for paths that are no route (no middleware runs there)
+    middleware = [RequestMiddleware(service.metrics, auth, inflight)]
     app = Litestar(
         route_handlers=list(ROUTE_HANDLERS),
         lifespan=[lifespan],

@@ -1,4 +1,7 @@
-"""Bearer-key authentication for every route except ``/health``."""
+"""Bearer-key authentication for every route except ``/health``, and for paths that are no route: without a
+valid key, an unknown path is a 401 like a known one, so routes cannot be discovered without a key. CORS
+preflights (``OPTIONS``), which browsers send without credentials, are open only when CORS is on; with CORS
+off, ``OPTIONS`` needs the key like every other method."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from collections.abc import Iterable
 from litestar.exceptions import NotAuthorizedException
 from litestar.types import Scope
 
-OPEN_PATHS = frozenset({"/health"})  # and CORS preflights (OPTIONS), which never carry credentials
+OPEN_PATHS = frozenset({"/health"})  # and CORS preflights (OPTIONS) when CORS is on
 
 
 def check_bearer(header: str | None, keys: Iterable[bytes]) -> None:
@@ -35,12 +38,13 @@ def check_bearer(header: str | None, keys: Iterable[bytes]) -> None:
 class BearerAuth:
     """The configured keys, checked against a request's ``Authorization`` header (not on ``/health``)."""
 
-    def __init__(self, keys: Iterable[str]) -> None:
+    def __init__(self, keys: Iterable[str], *, open_preflights: bool = False) -> None:
         self.keys = tuple(k.encode() for k in keys)
+        self.open_preflights = open_preflights  # CORS on: browsers send preflights without credentials
 
     def check(self, scope: Scope) -> None:
         """Raise :class:`NotAuthorizedException` unless the request may pass."""
-        if scope["path"] in OPEN_PATHS or scope.get("method") == "OPTIONS":
+        if scope["path"] in OPEN_PATHS or (self.open_preflights and scope.get("method") == "OPTIONS"):
             return
         header = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), None)
         check_bearer(header, self.keys)

@@ -186,6 +186,15 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     if isinstance(exc, MethodNotAllowedException):
         methods = {m for r in request.app.routes if r.path == request.url.path for m in getattr(r, "methods", ())}
         allowed = ", ".join(sorted(methods - {"OPTIONS", "HEAD"}))
+    if isinstance(exc, NotFoundException | MethodNotAllowedException):
+        # no route ran, so no middleware checked the key: check it here, so that paths and methods cannot
+        # be discovered without one
+        auth = getattr(getattr(request.app.state, "service", None), "auth", None)
+        try:
+            if auth is not None:
+                auth.check(request.scope)
+        except NotAuthorizedException as denied:
+            exc = denied
     error = to_api_error(exc, allowed)
     if error.status >= HTTP_500_INTERNAL_SERVER_ERROR and error.status != 503:
         logger.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)

@@ -13,6 +13,7 @@ from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
 
 from embedrank.errors import NotReadyError
+from service.auth import BearerAuth
 from service.errors import APIError
 from service.models import ModelPool
 from service.observability import Metrics
@@ -32,6 +33,7 @@ class ServiceState:
     status: str = "loading"  # loading -> ok -> draining; or failed
     detail: str | None = None
     load_task: asyncio.Task[None] | None = None
+    auth: BearerAuth | None = None  # None: the operator switched authentication off
 
     def ready_pool(self) -> ModelPool:
         if self.status != "ok":

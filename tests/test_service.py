@@ -645,16 +645,18 @@ def test_every_route_but_health_needs_the_key():
     table = sorted(set(_route_table(app)))
     assert ("POST", "/v1/embeddings") in table and ("GET", "/schema/openapi.json") in table
     with TestClient(app) as c:
-        for method, path in table:
-            if method == "OPTIONS":
-                continue  # CORS preflights carry no credentials
+        unknown = [("GET", "/v1/nope"), ("POST", "/admin"), ("DELETE", "/v1/embeddings"), ("GET", "/v1/rerank")]
+        for method, path in [*table, *unknown]:  # OPTIONS too: CORS is off, so no preflight is open
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer  {KEY}"}):
                 resp = c.request(method, path, headers=headers)
                 if path == "/health":
-                    assert resp.status_code == 200, (method, path)
+                    assert resp.status_code in (200, 204), (method, path)
                 else:
                     assert resp.status_code == 401, (method, path, headers, resp.status_code)
         assert c.get("/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200  # RFC 7235
+        assert c.get("/v1/nope", headers=AUTH).status_code == 404  # with the key: what the path is
+        assert c.delete("/v1/embeddings", headers=AUTH).status_code == 405
+        assert c.options("/v1/embeddings", headers=AUTH).status_code == 204
 
 
 def test_cors_is_off_by_default_and_configurable():
