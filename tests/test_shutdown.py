@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
 import time
 
 import httpx
@@ -106,3 +107,35 @@ def test_sigterm_drains_health_503_stalled_body_408_exit_0(server):
     assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer
     assert proc.wait(15) == 0
     assert time.monotonic() - start < 6 + 2  # within the drain deadline
+
+
+def test_the_drain_deadline_bounds_a_half_sent_body(tmp_path):
+    """A body that would take longer than the drain (body timeout 30 s, drain 3 s) does not hold the process:
+    it exits within the drain deadline, whatever its connections are waiting for."""
+    env = {**ENV, "EMBEDRANK_DRAIN_SECONDS": "3", "EMBEDRANK_BODY_TIMEOUT_SECONDS": "30"}
+    with running_server(env, log_path=str(tmp_path / "server.log")) as base:
+        proc, port = base.process, int(base.rsplit(":", 1)[1])
+        stalled = socket.create_connection(("127.0.0.1", port))
+        stalled.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n" + b'{"model": "fake"'
+        )
+        _wait_for(lambda: _in_progress(port) >= 2, "the stalled request to be in progress")
+        stop = threading.Event()
+
+        def trickle() -> None:  # one byte a second: the body keeps arriving, never completes
+            while not stop.wait(1.0):
+                try:
+                    stalled.sendall(b" ")
+                except OSError:
+                    return
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        took = time.monotonic() - start
+        stop.set()
+        stalled.close()
+    assert code == 0 and took < 3 + 2, took
