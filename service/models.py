@@ -96,7 +96,8 @@ class ModelPool:
 
     def load(self) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an
-        entry's ``calibration`` names and fitting embedding ranges on its ``ranges``. Returns the loaded models by id."""
+        entry's ``calibration`` names and fitting embedding models' int8/uint8 ranges (on the texts its
+        ``ranges`` names, else the default sample) before the service is ready. Returns the loaded models by id."""
         loaded: dict[str, Any] = {}
         for model_id, served in self.models.items():
             model = self._built.get(model_id)
@@ -112,6 +113,10 @@ class ModelPool:
                 )
             if served.entry.ranges:
                 model.fit_ranges(served.entry.ranges)  # type: ignore[union-attr]
+            if served.spec.kind == "embedding":  # int8/uint8 ranges now, so that no request pays for them
+                started = time.perf_counter()
+                model.quantization_ranges()  # type: ignore[union-attr]
+                logger.info("%s: int8/uint8 ranges fitted in %.1f s", model_id, time.perf_counter() - started)
             served.backend, served.precision, served.inference_precision = describe_model(model)
             served.fallback_reason = getattr(model, "fallback_reason", None)
             if isinstance(model, Encoder):

@@ -861,3 +861,18 @@ def test_gzip_bodies_are_read_and_other_encodings_refused(client):
         "/v1/embeddings", content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
     )
     _assert_error(resp, 413, "body_too_large")
+
+
+def test_int8_ranges_are_fitted_before_the_service_is_ready(fake_service):
+    class Counting(FakeEncoder):
+        fits = 0
+
+        def embed_for_ranges(self, texts, *, normalize):
+            Counting.fits += 1
+            return super().embed_for_ranges(texts, normalize=normalize)
+
+    with fake_service({MODEL: Counting(MODEL, dimension=32)}, key=KEY, settings=BASE) as c:
+        assert Counting.fits == 1  # at startup
+        body = {"model": MODEL, "input": ["a b", "c d"], "embedding_types": ["int8", "uint8"], "dimensions": 16}
+        assert c.post("/v1/embeddings", json=body).status_code == 200
+        assert Counting.fits == 1  # no request pays for them
