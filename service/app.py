@@ -25,6 +25,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
+from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from service import shutdown
 from service.auth import BearerAuth
@@ -125,6 +126,8 @@ def create_app(
             print(
                 "embedrank: WARNING: running without authentication (EMBEDRANK_NO_AUTH=1)", file=sys.stderr, flush=True
             )
+        threads = limit_threads()  # a container's CPU quota, not the host's cores
+        logger.info("compute threads: %d (usable CPUs: %d)", threads, usable_cpus())
         server = asgi_server()  # before install() puts its handler in front of the server's
         deadline = HeaderDeadline(server, settings.header_timeout_seconds) if server is not None else None
         shutdown.install(partial(setattr, service, "status", "draining"), drain, settings.drain_seconds)

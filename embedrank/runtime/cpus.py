@@ -1,0 +1,58 @@
+"""How many CPUs this process may really use: the CPUs it may run on, bounded by its container's CPU quota.
+
+``torch.get_num_threads()`` counts the host's cores (or the affinity mask), not a container's quota (cgroup
+v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``): a 4-CPU container on a 64-core host would
+run 64 threads and thrash. :func:`limit_threads` lowers torch's thread count (which the OpenVINO and ONNX
+Runtime backends and the serving engine follow) to :func:`usable_cpus`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (``1.5`` for 150 ms per 100 ms), or None without one.
+
+    Reads cgroup v2 ``cpu.max`` (``"<quota> <period>"`` or ``"max <period>"``), else v1's
+    ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us`` (quota ``-1``: none), under ``root`` or ``root/cpu``.
+    """
+    v2 = root / "cpu.max"
+    try:
+        if v2.is_file():
+            quota, _, period = v2.read_text().strip().partition(" ")
+            return None if quota == "max" else int(quota) / int(period or 100_000)
+        for folder in (root, root / "cpu"):
+            quota_file, period_file = folder / "cpu.cfs_quota_us", folder / "cpu.cfs_period_us"
+            if quota_file.is_file() and period_file.is_file():
+                quota_us = int(quota_file.read_text().strip())
+                return None if quota_us < 0 else quota_us / int(period_file.read_text().strip())
+    except (OSError, ValueError):
+        return None  # unreadable or malformed: no quota known
+    return None
+
+
+def usable_cpus(root: Path = CGROUP) -> int:
+    """The CPUs this process may use: its affinity mask, bounded by its cgroup quota (rounded up), at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(root)
+    if quota is not None:
+        cpus = min(cpus, math.ceil(quota))
+    return max(1, cpus)
+
+
+def limit_threads(root: Path = CGROUP) -> int:
+    """Lower torch's intra-op thread count to :func:`usable_cpus` if it is higher; returns the count in use."""
+    import torch
+
+    cpus = usable_cpus(root)
+    if torch.get_num_threads() > cpus:
+        torch.set_num_threads(cpus)
+    return int(torch.get_num_threads())
