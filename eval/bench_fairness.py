@@ -87,6 +87,9 @@ def main() -> int:
     p.add_argument("--interval-ms", type=float, default=100.0, help="between small requests (default 100)")
     p.add_argument("--rounds", type=int, default=2, help="A B rounds (default 2)")
     p.add_argument("--max-batch-tokens", type=int, help="server's EMBEDRANK_MAX_BATCH_TOKENS (default: its own)")
+    p.add_argument(
+        "--target-batch-seconds", type=float, help="server's EMBEDRANK_TARGET_BATCH_SECONDS (default: its own; 0: off)"
+    )
     args = p.parse_args()
     from embedrank.testing.launch import running_server
 
@@ -94,6 +97,8 @@ def main() -> int:
     env = {"EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1"}
     if args.max_batch_tokens:
         env["EMBEDRANK_MAX_BATCH_TOKENS"] = str(args.max_batch_tokens)
+    if args.target_batch_seconds is not None:
+        env["EMBEDRANK_TARGET_BATCH_SECONDS"] = str(args.target_batch_seconds)
     print(f"inputs: {source}; one small request every {args.interval_ms:.0f} ms during the shared case")
     alone_s, shared_s, p50s, p99s = [], [], [], []
     with running_server(env) as base:

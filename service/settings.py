@@ -37,7 +37,7 @@ Environment variables (all optional):
 - Overload: a request whose estimated wait for its first forward pass (the work scheduled before it, at
   the measured speed) exceeds ``EMBEDRANK_MAX_QUEUE_SECONDS`` (30) is answered 429 with ``Retry-After``;
   so is one that would take the queue past ``EMBEDRANK_MAX_QUEUE`` (8192 items).
-- Engine: ``EMBEDRANK_MAX_BATCH_TOKENS`` (4096),
+- Engine: ``EMBEDRANK_TARGET_BATCH_SECONDS`` (0.25; 0: a fixed budget), ``EMBEDRANK_MAX_BATCH_TOKENS`` (8192),
   ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (20.0:
   the most a batch waits for concurrent callers to rejoin, ended early when arrivals stop; a lone request
   never waits).
@@ -215,6 +215,7 @@ class Settings:
         limits = Limits(**{f.name: get(f.name, getattr(base.limits, f.name)) for f in dataclasses.fields(Limits)})
         engine = EngineConfig(
             max_batch_tokens=get("max_batch_tokens", base.engine.max_batch_tokens),
+            target_batch_seconds=get("target_batch_seconds", base.engine.target_batch_seconds or 0.0) or None,
             max_batch_size=get("max_batch_size", base.engine.max_batch_size),
             max_wait_ms=get("batch_wait_ms", base.engine.max_wait_ms),
             max_queue_items=get("max_queue", base.engine.max_queue_items),

@@ -404,3 +404,42 @@ def test_raw_scores_are_refused_for_several_labels():
         await scorer.engine.drain(1)
 
     asyncio.run(main())
+
+
+def test_batches_are_sized_by_the_measured_speed():
+    """With ``target_batch_seconds``, a batch holds what the measured speed computes in that time: the same
+    wait for the batch in flight on a CPU twice as slow. A fake clock makes each 20-token item take 0.1 s."""
+
+    class Clock:
+        now = 0.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+
+    class Timed(FakeBatchModel):
+        def run_batch(self, items):
+            clock.now += 0.1 * len(items)  # 200 tokens per second
+            return super().run_batch(items)
+
+    async def main():
+        model = Timed()
+        config = EngineConfig(max_batch_tokens=400, target_batch_seconds=0.3, max_wait_ms=0)
+        engine = BatchEngine(model, config, clock=clock)
+        assert engine.batch_tokens() == 400  # the cap until a batch is measured
+        engine.start()
+        await engine.submit(["a" * 20] * 20)
+        assert [len(b) for b in model.batches] == [20]  # unmeasured: the cap (400 tokens)
+        assert engine.token_rate == pytest.approx(200.0)
+        assert engine.batch_tokens() == 60  # 0.3 s at 200 tokens/s
+        await engine.submit(["b" * 20] * 9)
+        assert [len(b) for b in model.batches][1:] == [3, 3, 3]
+        engine.token_rate = 10.0  # a slow CPU: never less than one max-length item (50 tokens)
+        assert engine.batch_tokens() == 50
+        fixed = BatchEngine(model, EngineConfig(max_batch_tokens=400, target_batch_seconds=None), clock=clock)
+        fixed.token_rate = 200.0
+        assert fixed.batch_tokens() == 400
+        await engine.drain(1)
+
+    asyncio.run(main())

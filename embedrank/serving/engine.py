@@ -5,7 +5,9 @@ Each call (a "job") gets its own future. Its items (texts, or query/document pai
 waits for at most the batch in flight even behind a 1,024-passage one; a job passed over too often gets its turn; an
 optional ``priority`` goes first). Forward threads pull their next batch themselves the moment they finish
 one (no event-loop turn sits between two forward passes). A batch closes when the next item would push
-the padded cost (longest sequence x batch size, counted from the items, which are tokenized when submitted) over ``max_batch_tokens``,
+the padded cost (longest sequence x batch size, counted from the items, which are tokenized when submitted)
+over the batch budget (:meth:`BatchEngine.batch_tokens`: what the measured speed computes in
+``target_batch_seconds``, capped by ``max_batch_tokens``),
 when ``max_batch_size`` is reached, or when the queue holds about as many items as were recently in
 flight. That last wait lasts at most ``max_wait_ms``, ends sooner when arrivals stop, and never happens
 for a lone caller. ``workers`` > 1 runs several forward threads and splits the torch threads between
@@ -66,9 +68,11 @@ class _Job(QueuedJob):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    max_batch_tokens: int = 4096  # padded tokens per forward pass (16 x 256): bounds how long a new request
-    # waits for the batch in flight (~0.7 s for MiniLM on 2 cores, eval/bench_fairness.py); passage throughput
-    # measured the same as with 8192 (eval/bench_service.py, A B A B)
+    max_batch_tokens: int = 8192  # the most padded tokens per forward pass, whatever the CPU's speed
+    target_batch_seconds: float | None = 0.25  # a batch holds the tokens the measured speed computes in about
+    # this long (at least one max-length item, at most max_batch_tokens): it bounds how long a new request
+    # waits for the batch in flight on any CPU, where a fixed token budget takes twice as long on a CPU half as
+    # fast (eval/bench_fairness.py). None: always max_batch_tokens
     max_batch_size: int = 128
     max_wait_ms: float = 20.0  # upper bound of the adaptive wait; a lone request does not wait
     max_queue_items: int = 8192
@@ -242,10 +246,19 @@ class BatchEngine(Generic[Item]):
     def _estimate_tokens(self, item: Item) -> int:
         return min(self.model.item_tokens(item), self.model.max_seq_length)
 
+    def batch_tokens(self) -> int:
+        """The padded-token budget of the next batch: what the measured speed computes in
+        ``target_batch_seconds``, between one max-length item and ``max_batch_tokens`` (the cap until a
+        batch has been measured)."""
+        cap, target = self.config.max_batch_tokens, self.config.target_batch_seconds
+        if not target or self.token_rate <= 0:
+            return cap
+        return max(min(self.model.max_seq_length, cap), min(cap, int(self.token_rate * target)))
+
     def _take_batch(self) -> list[tuple[_Job, int]]:
         """Pop the next batch of live items (:class:`~embedrank.serving.scheduler.FairQueue`), longest first."""
         self.dropped += self._queue.drop(lambda job: job.future.done())  # type: ignore[attr-defined]
-        batch = self._queue.take(max_tokens=self.config.max_batch_tokens, max_size=self.config.max_batch_size)
+        batch = self._queue.take(max_tokens=self.batch_tokens(), max_size=self.config.max_batch_size)
         jobs: list[tuple[_Job, int]] = batch  # type: ignore[assignment]
         jobs.sort(key=lambda ji: -self.model.item_tokens(ji[0].items[ji[1]]))
         return jobs
@@ -261,7 +274,7 @@ class BatchEngine(Generic[Item]):
         target = min(
             int((self._peak_inflight - self._computing) * 0.9),
             self.config.max_batch_size,
-            self.config.max_batch_tokens // max(1, self._queue.head_estimate()),
+            self.batch_tokens() // max(1, self._queue.head_estimate()),
         )
         gap = self.config.max_wait_ms / 2000
         deadline = self.clock() + self.config.max_wait_ms / 1000
