@@ -8,7 +8,7 @@ export EMBEDRANK_DATA
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients
+EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients,sparse
 RECORD := $(PY) eval/record.py
 
 .PHONY: setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load fuzz eval support-matrix serve notebooks clean

@@ -52,6 +52,7 @@ from embedrank.models.chunking import Chunking
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.scorers import BiEncoderScorer, CrossEncoderScorer, Reranker, load_reranker
+from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
@@ -104,6 +105,7 @@ __all__ = [
     "Reranker",
     "RetrieveRerank",
     "Run",
+    "SparseEncoder",
     "SystemRun",
     "UnsupportedModelError",
     "biggest_differences",

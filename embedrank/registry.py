@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from embedrank.bundled import bundled_path
 from embedrank.errors import ModelNotFoundError, NotAModelError, UnsupportedModelError
 from embedrank.math.pooling import PoolingMode
 
@@ -91,6 +92,9 @@ def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
 
 
 def _packaged_path(model_id: str) -> str | None:
+    bundled = bundled_path(model_id)  # weights another package ships (embedrank.bundled)
+    if bundled is not None:
+        return bundled
     entry = PACKAGED_MODELS.get(model_id)
     if entry is None:
         return None

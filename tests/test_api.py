@@ -50,7 +50,8 @@ BASE = {"errors", "types", "paths"}
 LAYER_IMPORTS: dict[str, set[str]] = {
     "math": set(),
     "texts": set(),  # text sources: files, seeded vocabulary sentences
-    "registry": {"math"},  # a model id -> a local folder and its ModelSpec
+    "bundled": set(),  # weights another package ships, found by its files and checked by hash
+    "registry": {"math", "bundled"},  # a model id -> a local folder and its ModelSpec
     "runtime": {"texts", "registry"},  # what runs the transformer: torch, OpenVINO, ONNX Runtime
     "models": {"math", "texts", "registry", "runtime"},  # encoders, cross-encoders, scorers
     "testing": {"math", "texts", "registry", "runtime", "models"},  # fakes, seeded models, server launcher

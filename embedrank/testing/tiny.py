@@ -24,8 +24,9 @@ from embedrank.texts import vocabulary_texts
 
 RECIPE = 5  # bumped when what is built changes, so cached tiny models are rebuilt
 
-# an embedding model, a sequence classifier, or a causal LM scored as an LLM reranker (Qwen3-Reranker's form)
-Kind = Literal["embedding", "cross-encoder", "causal-lm"]
+# an embedding model, a sequence classifier, a causal LM scored as an LLM reranker (Qwen3-Reranker's form),
+# or a masked LM pooled as SPLADE (sentence-transformers' SparseEncoder layout)
+Kind = Literal["embedding", "cross-encoder", "causal-lm", "masked-lm"]
 
 
 def _trained_tokenizer(arch: Architecture) -> Any:
@@ -164,6 +165,7 @@ def _build(arch: Architecture, kind: Kind, out: Path, seed: int, num_labels: int
         "embedding": transformers.AutoModel,
         "cross-encoder": transformers.AutoModelForSequenceClassification,
         "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
     }[kind]
     with quiet_loading():
         model = loader.from_config(config).eval()
@@ -178,6 +180,12 @@ def _build(arch: Architecture, kind: Kind, out: Path, seed: int, num_labels: int
         tokenizer.save_pretrained(out)
     if kind == "embedding":
         _write_sentence_transformers_layout(out, arch, tokenizer)
+    if kind == "masked-lm":  # SPLADE: the layout sentence-transformers' SparseEncoder saves
+        from sentence_transformers.sparse_encoder import SparseEncoder
+        from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+        with quiet_loading():
+            SparseEncoder(modules=[MLMTransformer(str(out), max_seq_length=120), SpladePooling("max")]).save(str(out))
 
 
 def tiny_model(

@@ -1,0 +1,76 @@
+"""Learned sparse vectors (SPLADE) as pure functions: pooling masked-LM logits into one weight per vocabulary
+entry, pruning to the top weights, and scoring by sparse dot products.
+
+Shapes: ``B`` texts, ``T`` tokens, ``V`` the vocabulary size; ``Q`` queries, ``D`` documents. Sparse
+matrices are ``scipy.sparse.csr_matrix`` of float32, one row per text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from embedrank.errors import InvalidInputError
+
+
+def splade_max(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """SPLADE's pooling: ``max over tokens of log(1 + ReLU(logits))``, padding left out, as
+    sentence-transformers' ``SpladePooling("max")``.
+
+    Args:
+        logits: ``(B, T, V)`` masked-LM logits.
+        attention_mask: ``(B, T)``, 1 for real tokens.
+
+    Returns:
+        ``(B, V)``, every weight >= 0.
+
+    >>> splade_max(torch.tensor([[[1.0, -2.0], [0.0, 3.0], [9.0, 9.0]]]), torch.tensor([[1, 1, 0]])).round(decimals=4)
+    tensor([[0.6931, 1.3863]])
+    """
+    masked = logits * attention_mask.unsqueeze(-1).to(logits.dtype)
+    return torch.log1p(torch.relu(masked)).amax(dim=1)
+
+
+def to_csr(weights: np.ndarray, top_k: int | None = None) -> sp.csr_matrix:
+    """Dense weights ``(B, V)`` as a sparse matrix of their non-zero entries; with ``top_k``, only each row's
+    ``top_k`` largest (ties broken by the lower index).
+
+    >>> to_csr(np.array([[0.0, 0.5, 0.2, 0.9]]), top_k=2).toarray()
+    array([[0. , 0.5, 0. , 0.9]], dtype=float32)
+    """
+    weights = np.asarray(weights, dtype=np.float32)
+    if top_k is not None:
+        if top_k < 1:
+            raise InvalidInputError(f"top_k must be >= 1, got {top_k}", param="top_k")
+        if top_k < weights.shape[1]:
+            order = np.argsort(-weights, axis=1, kind="stable")[:, top_k:]  # what falls outside the top k
+            weights = weights.copy()
+            np.put_along_axis(weights, order, 0.0, axis=1)
+    return sp.csr_matrix(weights)
+
+
+def sparse_scores(queries: sp.csr_matrix, documents: sp.csr_matrix) -> np.ndarray:
+    """Dot products ``(Q, D)`` of sparse query and document vectors, float32: the exact scorer (the oracle
+    any sparse index is checked against).
+
+    >>> q = sp.csr_matrix(np.array([[1.0, 0.0, 2.0]])); d = sp.csr_matrix(np.array([[0.5, 1.0, 1.0], [0.0, 3.0, 0.0]]))
+    >>> sparse_scores(q, d)
+    array([[2.5, 0. ]], dtype=float32)
+    """
+    if queries.shape[1] != documents.shape[1]:
+        raise InvalidInputError(
+            f"queries have {queries.shape[1]} dimensions and documents {documents.shape[1]}", param="documents"
+        )
+    return np.asarray((queries @ documents.T).toarray(), dtype=np.float32)
+
+
+def row_pairs(matrix: sp.csr_matrix, row: int) -> tuple[list[int], list[float]]:
+    """Row ``row`` as ``(indices, values)``, indices ascending (the sparse shape the service returns).
+
+    >>> row_pairs(sp.csr_matrix(np.array([[0.0, 0.5, 0.0, 0.25]])), 0)
+    ([1, 3], [0.5, 0.25])
+    """
+    start, end = matrix.indptr[row], matrix.indptr[row + 1]
+    order = np.argsort(matrix.indices[start:end], kind="stable")
+    return matrix.indices[start:end][order].tolist(), matrix.data[start:end][order].astype(float).tolist()

@@ -1,0 +1,142 @@
+"""SPLADE sparse encoder: text -> one weight per vocabulary entry, as sentence-transformers' ``SparseEncoder``
+with ``MLMTransformer`` and ``SpladePooling("max")``.
+
+A masked language model gives logits over the vocabulary at every token; SPLADE keeps, per vocabulary
+entry, the largest ``log(1 + ReLU(logit))`` over the text's tokens (:func:`~embedrank.math.sparse.splade_max`),
+so a text is a sparse vector of the terms it contains and the terms the model expands it to. Vectors come
+back as ``scipy.sparse.csr_matrix`` rows (``(N, V)``, float32); :func:`~embedrank.math.sparse.sparse_scores`
+scores them by dot product.
+
+Loads a sentence-transformers sparse layout (``modules.json`` with ``MLMTransformer`` and ``SpladePooling``)
+or a plain ``*ForMaskedLM`` checkpoint. Inference runs on torch; texts are batched by token length, and a
+batch's logits (``batch x tokens x vocabulary``) are pooled at once, so ``batch_size`` bounds the memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from embedrank.errors import UnsupportedModelError
+from embedrank.math.sparse import splade_max, to_csr
+from embedrank.models.tokens import check_texts, length_batches
+from embedrank.registry import quiet_loading, resolve_path
+
+_MLM = "MLMTransformer"
+_POOLING = "SpladePooling"
+
+
+def _sparse_layout(path: Path) -> tuple[int | None, bool]:
+    """The max length and lower-casing a sentence-transformers sparse layout sets (None, False without one).
+
+    Raises:
+        UnsupportedModelError: modules other than ``MLMTransformer`` and ``SpladePooling("max")`` with ReLU.
+    """
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return None, False
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    if kinds != [_MLM, _POOLING]:
+        raise UnsupportedModelError(
+            f"{path}: a sparse encoder of modules {kinds} is not supported; supported: [{_MLM}, {_POOLING}]"
+        )
+    pooling_file = path / modules[1]["path"] / "config.json"
+    pooling = json.loads(pooling_file.read_text(encoding="utf-8")) if pooling_file.is_file() else {}
+    if pooling.get("pooling_strategy", "max") != "max" or pooling.get("activation_function", "relu") != "relu":
+        raise UnsupportedModelError(
+            f"{path}: SpladePooling {pooling} is not supported; supported: max pooling of log(1 + ReLU)"
+        )
+    st_config_file = path / "sentence_bert_config.json"
+    st_config = json.loads(st_config_file.read_text(encoding="utf-8")) if st_config_file.is_file() else {}
+    return st_config.get("max_seq_length"), bool(st_config.get("do_lower_case", False))
+
+
+class SparseEncoder:
+    """A SPLADE model: :meth:`encode` texts to sparse vectors over the vocabulary."""
+
+    def __init__(
+        self, model_id: str, model: Any, tokenizer: Any, *, max_seq_length: int, do_lower_case: bool = False
+    ) -> None:
+        self.model_id = model_id
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.do_lower_case = do_lower_case
+
+    @classmethod
+    def from_pretrained(
+        cls, model_id: str, *, max_seq_length: int | None = None, trust_remote_code: bool = False
+    ) -> SparseEncoder:
+        """Load a SPLADE model by hub id or local path (sentence-transformers' sparse layout or a masked LM).
+
+        Raises:
+            UnsupportedModelError: not a masked LM, or sparse modules other than SPLADE's.
+        """
+        from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+
+        path, _ = resolve_path(model_id, trust_remote_code=trust_remote_code)
+        layout_length, lower = _sparse_layout(Path(path))
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        if not any(a.endswith("ForMaskedLM") for a in getattr(config, "architectures", None) or []):
+            raise UnsupportedModelError(
+                f"{model_id!r} is a {getattr(config, 'architectures', None)}, not a masked language model; "
+                "a SPLADE model is one (e.g. BertForMaskedLM)"
+            )
+        with quiet_loading():
+            model = AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=trust_remote_code).eval()
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        limit = max_seq_length or layout_length or min(tokenizer.model_max_length, 512)
+        return cls(model_id, model, tokenizer, max_seq_length=int(limit), do_lower_case=lower)
+
+    @property
+    def vocab_size(self) -> int:
+        """``V``: the length of every sparse vector."""
+        return int(self.model.config.vocab_size)
+
+    def __repr__(self) -> str:
+        return f"SparseEncoder({self.model_id!r}, vocab_size={self.vocab_size}, max_seq_length={self.max_seq_length})"
+
+    @torch.inference_mode()
+    def encode_with_stats(
+        self, texts: Sequence[str], *, batch_size: int = 16, top_k: int | None = None, truncate: bool = True
+    ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
+        """The sparse vectors ``(N, V)`` in input order (only each text's ``top_k`` largest weights with
+        ``top_k``), each text's token count (special tokens included) and whether it was truncated.
+
+        Raises:
+            InputTooLongError: ``truncate=False`` and a text is longer than ``max_seq_length`` tokens.
+        """
+        texts = check_texts(texts)
+        prepared = [t.lower() for t in texts] if self.do_lower_case else list(texts)
+        rows: list[sp.csr_matrix | None] = [None] * len(texts)
+        counts, cut = [0] * len(texts), [False] * len(texts)
+        for positions, batch in length_batches(
+            self.tokenizer, prepared, max_length=self.max_seq_length, batch_size=batch_size, truncate=truncate
+        ):
+            logits = self.model(**batch.features).logits  # (B, T, V)
+            weights = splade_max(logits.float(), batch.features["attention_mask"]).numpy()  # (B, V)
+            matrix = to_csr(weights, top_k)
+            for k, i in enumerate(positions):
+                rows[i], counts[i], cut[i] = matrix[k], batch.token_counts[k], batch.truncated[k]
+        stacked = sp.vstack(rows, format="csr") if rows else sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
+        return stacked.astype(np.float32), counts, cut
+
+    def encode(
+        self, texts: Sequence[str], *, batch_size: int = 16, top_k: int | None = None, truncate: bool = True
+    ) -> sp.csr_matrix:
+        """The sparse vectors ``(N, V)`` of ``texts`` (see :meth:`encode_with_stats`)."""
+        return self.encode_with_stats(texts, batch_size=batch_size, top_k=top_k, truncate=truncate)[0]
+
+    def decode(self, vector: sp.csr_matrix, top: int = 10) -> list[tuple[str, float]]:
+        """The ``top`` heaviest terms of one sparse vector (a ``(1, V)`` row), heaviest first."""
+        row = sp.csr_matrix(vector)
+        order = np.argsort(-row.data, kind="stable")[:top]
+        tokens = self.tokenizer.convert_ids_to_tokens(row.indices[order].tolist())
+        return [(t, float(w)) for t, w in zip(tokens, row.data[order], strict=True)]

