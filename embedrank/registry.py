@@ -26,7 +26,7 @@ from embedrank.bundled import bundled_path
 from embedrank.errors import ModelNotFoundError, NotAModelError, UnsupportedModelError
 from embedrank.math.pooling import PoolingMode
 
-ModelKind = Literal["embedding", "cross-encoder"]
+ModelKind = Literal["embedding", "cross-encoder", "sparse"]
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -263,6 +263,13 @@ def describe(
     limits = [int(v) for v in (position_limit, tok_limit) if isinstance(v, int) and 0 < v < 1_000_000]
     default_len = min(limits) if limits else 512
 
+    listed = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules or [] if isinstance(m, dict)]
+    if "SpladePooling" in listed or (any(a.endswith("ForMaskedLM") for a in architectures) and not modules):
+        st = st_config if isinstance(st_config, dict) else {}  # SPLADE: a masked LM pooled over the vocabulary
+        return ModelSpec(model_id=model_id, path=str(root), source=source, kind="sparse", pooling=None,
+                         normalize=False, max_seq_length=int(st.get("max_seq_length") or default_len),
+                         dimension=int(config.get("vocab_size") or 0) or None, do_lower_case=bool(st.get("do_lower_case")),
+                         trust_remote_code=trust_remote_code, model_type=config.get("model_type"))  # fmt: skip
     if (is_classifier or is_causal_lm) and not modules:
         return ModelSpec(
             model_id=model_id,

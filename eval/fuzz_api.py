@@ -37,7 +37,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from embedrank.testing.launch import running_server  # noqa: E402
 
 KEY = "fuzz-key"
-FAKE_MODELS = "fake-embedder=fake:encoder-with-prompts,fake-reranker=fake:cross-encoder"
+FAKE_MODELS = "fake-embedder=fake:encoder-with-prompts,fake-reranker=fake:cross-encoder,fake-sparse=fake:sparse"
 
 
 def per_operation(counts: dict[str, int]) -> dict[str, collections.Counter[str]]:

@@ -273,7 +273,7 @@ def list_models(pool: ModelPool) -> ModelList:
                 id=model_id,
                 created=served.created,
                 capabilities=served.capabilities,  # type: ignore[arg-type]
-                scorer="bi-encoder" if served.spec.kind == "embedding" else "cross-encoder",
+                scorer={"embedding": "bi-encoder", "cross-encoder": "cross-encoder"}.get(served.spec.kind),  # type: ignore[arg-type]
                 dimension=served.dimension or served.spec.dimension,
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.entry.aliases),

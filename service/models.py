@@ -18,11 +18,13 @@ from typing import Any
 from embedrank.errors import ModelKindError, ModelNotFoundError
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
+from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import check_backend
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
-from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
+from embedrank.serving.sparse import AsyncSparseEncoder
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 from service.decoding import shorten
 from service.observability import Metrics
 from service.settings import ModelEntry, SettingsError
@@ -34,7 +36,7 @@ logger = logging.getLogger("embedrank.service")
 class ServedModel:
     entry: ModelEntry
     spec: ModelSpec
-    runner: AsyncEncoder | AsyncCrossEncoder | None = None
+    runner: AsyncEncoder | AsyncCrossEncoder | AsyncSparseEncoder | None = None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
@@ -44,7 +46,7 @@ class ServedModel:
 
     @property
     def capabilities(self) -> list[str]:
-        return ["embeddings", "rerank"] if self.spec.kind == "embedding" else ["rerank"]
+        return {"embedding": ["embeddings", "rerank"], "sparse": ["sparse"]}.get(self.spec.kind, ["rerank"])
 
 
 class ModelPool:
@@ -71,9 +73,17 @@ class ModelPool:
                 else resolve(entry.path or entry.id, trust_remote_code=entry.trust_remote_code)
             )
             built = self._built.get(entry.id)
-            backend, precision = (
-                check_backend(entry.backend, entry.precision) if built is None else describe_model(built)[:2]
-            )
+            if built is None and spec.kind == "sparse":  # SPLADE runs on torch in fp32 (no export yet)
+                if (entry.backend or "torch") != "torch" or (entry.precision or "fp32") not in ("fp32", "float32"):
+                    raise SettingsError(
+                        f"model {entry.id!r} is a SPLADE model, which runs on torch in fp32 only; its entry (or "
+                        f"EMBEDRANK_BACKEND/EMBEDRANK_PRECISION) asks for {entry.backend}:{entry.precision or 'fp32'}"
+                    )
+                backend, precision = "torch", "fp32"
+            else:
+                backend, precision = (
+                    check_backend(entry.backend, entry.precision) if built is None else describe_model(built)[:2]
+                )
             if entry.calibration is not None and precision != "int8" and spec.kind == "embedding" and not entry.ranges:
                 logger.warning(
                     "model %r: 'calibration' on a model that is not int8 sets its embedding ranges; name that "
@@ -101,6 +111,8 @@ class ModelPool:
         loaded: dict[str, Any] = {}
         for model_id, served in self.models.items():
             model = self._built.get(model_id)
+            if model is None and served.spec.kind == "sparse":
+                model = SparseEncoder.from_spec(served.spec)
             if model is None:
                 cls = Encoder if served.spec.kind == "embedding" else CrossEncoder
                 # a backend named by the entry or the environment is run or refused; with none named, a
@@ -135,7 +147,9 @@ class ModelPool:
         in a forward thread after ``config.idle_seconds`` without work (the service returns heap memory)."""
         for model_id, core in loaded.items():
             served = self.models[model_id]
-            runner_cls = AsyncEncoder if served.spec.kind == "embedding" else AsyncCrossEncoder
+            runner_cls = {"embedding": AsyncEncoder, "sparse": AsyncSparseEncoder}.get(
+                served.spec.kind, AsyncCrossEncoder
+            )
             served.runner = runner_cls(core, config, on_batch=metrics.batch_observer(model_id), on_idle=on_idle)
             served.runner.engine.start()
             engine = served.runner.engine
@@ -180,15 +194,17 @@ def describe_model(model: Any) -> tuple[str, str, str]:
 FAKE_PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5-style, for fake:encoder-with-prompts
 
 
-def fake_model(model_id: str, path: str) -> FakeEncoder | FakeCrossEncoder:
+def fake_model(model_id: str, path: str) -> FakeEncoder | FakeCrossEncoder | FakeSparseEncoder:
     """The weightless model a ``fake:encoder``, ``fake:encoder-with-prompts`` (e5-style query and passage
-    prompts, to try ``input_type``) or ``fake:cross-encoder`` path names."""
+    prompts, to try ``input_type``), ``fake:cross-encoder`` or ``fake:sparse`` path names."""
     if path == "fake:encoder":
         return FakeEncoder(model_id)
     if path == "fake:encoder-with-prompts":
         return FakeEncoder(model_id, prompts=FAKE_PROMPTS)
     if path == "fake:cross-encoder":
         return FakeCrossEncoder(model_id)
+    if path == "fake:sparse":
+        return FakeSparseEncoder(model_id)
     raise ModelNotFoundError(
-        f"unknown fake model {path!r}; use fake:encoder, fake:encoder-with-prompts or fake:cross-encoder"
+        f"unknown fake model {path!r}; use fake:encoder, fake:encoder-with-prompts, fake:cross-encoder or fake:sparse"
     )

@@ -85,6 +85,14 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
     for name in ("EmbeddingsRequest", "TokenizeRequest", "RerankRequest", "CohereEmbedRequest", "TEIEmbedRequest"):
         _nullable_optionals(schemas[name])  # type: ignore[arg-type]
     _nullable_optionals(schemas["TEITokenizeRequest"])  # type: ignore[arg-type]
+    for name, capability in (
+        ("EmbeddingsRequest", "embeddings"),
+        ("TokenizeRequest", "embeddings"),
+        ("CohereEmbedRequest", "embeddings"),
+        ("RerankRequest", "rerank"),
+    ):
+        if not _serving(pool, capability):  # no served model can answer: no body is valid
+            schemas[name] = Schema(schema_not=Schema(), description=f"No served model serves {capability}")
     health = (app.openapi_schema.paths or {})["/health"]
     for operation in (health.get, health.head):
         if operation is not None:
@@ -167,11 +175,25 @@ def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     windows = [s.spec.max_seq_length for s in pool.models.values() if "embeddings" in s.capabilities]
     max_tokens = cohere.properties["max_tokens"].one_of[0]  # type: ignore[index, union-attr]
     max_tokens.minimum, max_tokens.maximum = max(windows, default=1), INT32_MAX  # type: ignore[union-attr]
-    for name in ("TEIEmbedRequest", "TEITokenizeRequest"):
+    for name in ("TEIEmbedRequest", "TEITokenizeRequest", "TEIEmbedSparseRequest"):
         tei = schemas[name].properties  # type: ignore[union-attr]
-        tei["model"].one_of[0].enum = _serving(pool, "embeddings")  # type: ignore[index, union-attr]
-        tei["prompt_name"] = embeddings["prompt_name"]  # type: ignore[index]
-    schemas["TEIEmbedRequest"].properties["dimensions"] = embeddings["dimensions"]  # type: ignore[index, union-attr]
+        capability = "sparse" if name == "TEIEmbedSparseRequest" else "embeddings"
+        tei["model"].one_of[0].enum = _serving(pool, capability) or None  # type: ignore[index, union-attr]
+        prompts = sorted({n for m in pool.models.values() if capability in m.capabilities for n in m.spec.prompts})
+        tei["prompt_name"] = (  # type: ignore[index]
+            Schema(one_of=[Schema(type=OpenAPIType.STRING, enum=prompts), NULL]) if prompts else Schema(one_of=[NULL])
+        )
+        if not _serving(pool, capability):  # no served model can answer: no body is valid
+            schemas[name] = Schema(schema_not=Schema(), description=f"No served model serves {capability}")  # type: ignore[index]
+    sparse = schemas["TEIEmbedSparseRequest"]
+    if isinstance(sparse, Schema) and sparse.properties:
+        _complete_inputs(sparse.properties["inputs"], limits)  # type: ignore[arg-type]
+        sparse.properties["truncation_direction"] = Schema(  # type: ignore[index]
+            enum=["Right", "right"], description="Only Right is supported for sparse models"
+        )
+        _nullable_optionals(sparse)
+    if schemas["TEIEmbedRequest"].properties:  # type: ignore[union-attr]  # (an embedding model is served)
+        schemas["TEIEmbedRequest"].properties["dimensions"] = embeddings["dimensions"]  # type: ignore[index, union-attr]
     _, extra = msgspec.json.schema_components([TEIRerankRequest, Rank], ref_template=REF)
     rerank = extra["TEIRerankRequest"]["properties"]
     rerank["query"].update(maxLength=limits.max_text_chars, pattern=r"\S")

@@ -217,6 +217,25 @@ async def tei_root(request: Request[Any, Any, Any], state: State) -> Response[An
 
 
 @post(
+    "/embed_sparse",
+    summary="Sparse embeddings (TEI)",
+    description="Text Embeddings Inference's /embed_sparse for SPLADE models: per input, its non-zero weights as "
+    "[{index, value}] by vocabulary index.",
+    responses={200: ResponseSpec(list[list[tei.SparseValue]]), **ERRORS},
+    status_code=200,
+)
+async def tei_embed_sparse(
+    data: Annotated[
+        tei.TEIEmbedSparseRequest, Body(examples=[Example(summary="One text", value={"inputs": "green tea"})])
+    ],
+    request: Request[Any, Any, Any],
+    state: State,
+) -> Response[list[list[tei.SparseValue]]]:
+    rt = service_of(state)
+    return await respond(request, tei.embed_sparse(data, rt.ready_pool(), rt.settings))
+
+
+@post(
     "/tokenize",
     summary="Tokenize (TEI)",
     description="Text Embeddings Inference's /tokenize: every token of each input with its id, text and span.",
@@ -251,6 +270,7 @@ ROUTE_HANDLERS = (
     metrics,
     cohere_embed,
     tei_embed,
+    tei_embed_sparse,
     rerank_either,
     tei_root,
     tei_tokenize,

@@ -274,8 +274,14 @@ class ModelCard(Struct, kw_only=True):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "embedrank"
-    capabilities: list[Literal["embeddings", "rerank"]]
-    scorer: Annotated[Literal["cross-encoder", "bi-encoder"], Meta(description="How /v1/rerank scores with this model")]
+    capabilities: Annotated[
+        list[Literal["embeddings", "rerank", "sparse"]],
+        Meta(description="What it serves: embeddings (dense vectors), rerank, sparse (SPLADE vectors, /embed_sparse)"),
+    ]
+    scorer: Annotated[
+        Literal["cross-encoder", "bi-encoder"] | None,
+        Meta(description="How /v1/rerank scores with this model; null for a model that does not rerank"),
+    ]
     dimension: int | None
     max_tokens: int
     aliases: list[str] = msgspec.field(default_factory=list)

@@ -1,5 +1,6 @@
-"""Hugging Face Text Embeddings Inference's protocol: ``/embed``, ``/rerank`` (TEI's shape), ``/tokenize`` and
-``/info``, as TEI documents them, over the same core calls as the native routes.
+"""Hugging Face Text Embeddings Inference's protocol: ``/embed``, ``/rerank`` (TEI's shape), ``/embed_sparse``
+(SPLADE models), ``/tokenize`` and ``/info``, as TEI documents them, over the same core calls as the native
+routes.
 
 TEI serves one model, so its bodies name none: here an optional ``model`` field picks one, and without it
 the first configured model that can serve the route answers (for reranking, the first cross-encoder;
@@ -17,8 +18,10 @@ from typing import Annotated, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from embedrank.math.sparse import row_pairs
 from embedrank.models.prompts import request_prompt
 from embedrank.serving.runners import AsyncEncoder
+from embedrank.serving.sparse import AsyncSparseEncoder
 from service import api
 from service.errors import invalid
 from service.models import ModelPool
@@ -76,6 +79,26 @@ class TEIRerankRequest(Struct, kw_only=True):
     ] = None
     truncation_direction: Annotated[Direction, Meta(description="Only Right is supported for pairs")] = "Right"
     model: ModelField = None
+
+
+class TEIEmbedSparseRequest(Struct, kw_only=True):
+    """TEI's ``/embed_sparse``: SPLADE vectors as the non-zero ``(index, value)`` pairs of each input."""
+
+    inputs: Inputs
+    truncate: Annotated[
+        bool | None, Meta(description="Cut texts longer than the model's window (null: the server default, true)")
+    ] = None
+    truncation_direction: Annotated[Direction, Meta(description="Only Right is supported for sparse models")] = "Right"
+    prompt_name: Annotated[str | None, Meta(description="One of the model's prompts, put before every text")] = None
+    model: Annotated[
+        str | None,
+        Meta(description="embedrank: which served sparse model answers (default: the first configured one)"),
+    ] = None
+
+
+class SparseValue(Struct, kw_only=True):
+    index: Annotated[int, Meta(description="The vocabulary entry (token id)")]
+    value: Annotated[float, Meta(description="Its weight, > 0")]
 
 
 class TEITokenizeRequest(Struct, kw_only=True):
@@ -177,6 +200,29 @@ async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> 
     return ranks, truncated
 
 
+async def embed_sparse(
+    req: TEIEmbedSparseRequest, pool: ModelPool, settings: Settings
+) -> tuple[list[list[SparseValue]], int]:
+    """TEI's ``/embed_sparse``: per input, its non-zero weights by vocabulary index (ascending). Returns them
+    and the truncated count."""
+    if req.truncation_direction.lower() == "left":
+        raise invalid(
+            "truncation_direction=Left is not supported for sparse models; leave it out", param="truncation_direction"
+        )
+    served = pool.get(_model(pool, req.model, "sparse"), "sparse")
+    texts = api.checked_texts(req.inputs, settings.limits, "inputs")
+    prompt = request_prompt(served.spec.prompts, served.spec.default_prompt_name, prompt_name=req.prompt_name)
+    runner: AsyncSparseEncoder = served.runner  # type: ignore[assignment]
+    out = await runner.embed(
+        texts, truncate=req.truncate is not False, prompt=prompt, budget=settings.limits.max_request_tokens
+    )
+    rows = []
+    for i in range(out.vectors.shape[0]):
+        indices, values = row_pairs(out.vectors, i)
+        rows.append([SparseValue(index=k, value=v) for k, v in zip(indices, values, strict=True)])
+    return rows, out.truncated_count
+
+
 async def tokenize(req: TEITokenizeRequest, pool: ModelPool, settings: Settings) -> list[list[SimpleToken]]:
     """TEI's ``/tokenize``: every token of each input, untruncated."""
     served = pool.get(_model(pool, req.model, "embeddings"), "embeddings")
@@ -194,8 +240,8 @@ def info(pool: ModelPool, settings: Settings) -> Info:
     model_id = next(iter(pool.models))
     served = pool.models[model_id]
     spec = served.spec
-    if spec.kind == "embedding":
-        pooling = spec.pooling.value if spec.pooling is not None else "mean"
+    if spec.kind in ("embedding", "sparse"):
+        pooling = "splade" if spec.kind == "sparse" else spec.pooling.value if spec.pooling is not None else "mean"
         model_type = ModelType(embedding=EmbeddingModelInfo(pooling=str(pooling)))
     else:
         model_type = ModelType(reranker=ClassifierInfo(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}))

@@ -91,10 +91,10 @@ HTTP_PAGES = [p for p in USER_PAGES if _curl_requests(p)]
 @pytest.mark.parametrize("page", HTTP_PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_http_examples_are_answered(page, fake_service):
     from embedrank.registry import DEFAULT_EMBEDDING_MODEL
-    from embedrank.testing.fake import FakeEncoder
+    from embedrank.testing.fake import FakeEncoder, FakeSparseEncoder
     from service.settings import ModelEntry, Settings
 
-    models = {DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL)}
+    models = {DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL), "splade": FakeSparseEncoder("splade")}
     settings = Settings(api_keys=("secret",), models=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL),), tune_malloc=False)
     with fake_service(models, key="secret", settings=settings) as client:
         for path, body in _curl_requests(page):

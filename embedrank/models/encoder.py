@@ -118,9 +118,10 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         """
         if spec.kind != "embedding":
             what = "a causal LM scored as an LLM reranker" if spec.scoring == "yes-no" else "a classification head"
+            what, loader = ("SPLADE", "SparseEncoder") if spec.kind == "sparse" else (what, "CrossEncoder")
             raise ModelKindError(
                 f"model {spec.model_id!r} is a {spec.kind} ({what}), not an embedding model; load it with "
-                f"CrossEncoder.from_pretrained"
+                f"{loader}.from_pretrained"
             )
         max_len = max_seq_length or spec.max_seq_length
         tokenizer, model = load_transformer(

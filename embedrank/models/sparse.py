@@ -14,6 +14,7 @@ batch's logits (``batch x tokens x vocabulary``) are pooled at once, so ``batch_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,27 +26,29 @@ import torch
 
 from embedrank.errors import UnsupportedModelError
 from embedrank.math.sparse import splade_max, to_csr
-from embedrank.models.tokens import check_texts, length_batches
-from embedrank.registry import quiet_loading, resolve_path
+from embedrank.models.tokens import TokenRow, check_texts, collate_rows, encode_rows, length_batches, token_rows
+from embedrank.registry import ModelSpec, quiet_loading, resolve
+from embedrank.types import ModelOutput
 
-_MLM = "MLMTransformer"
+_MLM = ("MLMTransformer", "Transformer")  # the older and the newer name of the fill-mask transformer module
 _POOLING = "SpladePooling"
 
 
-def _sparse_layout(path: Path) -> tuple[int | None, bool]:
-    """The max length and lower-casing a sentence-transformers sparse layout sets (None, False without one).
+def _sparse_layout(path: Path) -> None:
+    """Check a sentence-transformers sparse layout, if ``path`` has one (the registry reads its max length).
 
     Raises:
         UnsupportedModelError: modules other than ``MLMTransformer`` and ``SpladePooling("max")`` with ReLU.
     """
     modules_file = path / "modules.json"
     if not modules_file.is_file():
-        return None, False
+        return
     modules = json.loads(modules_file.read_text(encoding="utf-8"))
     kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
-    if kinds != [_MLM, _POOLING]:
+    if len(kinds) != 2 or kinds[0] not in _MLM or kinds[1] != _POOLING:
         raise UnsupportedModelError(
-            f"{path}: a sparse encoder of modules {kinds} is not supported; supported: [{_MLM}, {_POOLING}]"
+            f"{path}: a sparse encoder of modules {kinds} is not supported; supported: a masked-LM "
+            f"Transformer (or MLMTransformer) and {_POOLING}"
         )
     pooling_file = path / modules[1]["path"] / "config.json"
     pooling = json.loads(pooling_file.read_text(encoding="utf-8")) if pooling_file.is_file() else {}
@@ -53,47 +56,57 @@ def _sparse_layout(path: Path) -> tuple[int | None, bool]:
         raise UnsupportedModelError(
             f"{path}: SpladePooling {pooling} is not supported; supported: max pooling of log(1 + ReLU)"
         )
-    st_config_file = path / "sentence_bert_config.json"
-    st_config = json.loads(st_config_file.read_text(encoding="utf-8")) if st_config_file.is_file() else {}
-    return st_config.get("max_seq_length"), bool(st_config.get("do_lower_case", False))
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchFacts:
+    """What runs a SPLADE model (the ``runtime`` facts the service reports): torch, in fp32."""
+
+    backend: str = "torch"
+    precision: str = "fp32"
+    inference_precision: str = "f32"
 
 
 class SparseEncoder:
-    """A SPLADE model: :meth:`encode` texts to sparse vectors over the vocabulary."""
+    """A SPLADE model: :meth:`encode` texts to sparse vectors over the vocabulary (on torch, fp32)."""
 
-    def __init__(
-        self, model_id: str, model: Any, tokenizer: Any, *, max_seq_length: int, do_lower_case: bool = False
-    ) -> None:
-        self.model_id = model_id
+    runtime = TorchFacts()
+
+    def __init__(self, spec: ModelSpec, model: Any, tokenizer: Any, *, max_seq_length: int | None = None) -> None:
+        self.spec = spec
+        self.model_id = spec.model_id
         self.model = model
         self.tokenizer = tokenizer
-        self.max_seq_length = max_seq_length
-        self.do_lower_case = do_lower_case
+        self.max_seq_length = max_seq_length or spec.max_seq_length
+        self.do_lower_case = spec.do_lower_case
 
     @classmethod
     def from_pretrained(
         cls, model_id: str, *, max_seq_length: int | None = None, trust_remote_code: bool = False
     ) -> SparseEncoder:
-        """Load a SPLADE model by hub id or local path (sentence-transformers' sparse layout or a masked LM).
+        """Load a SPLADE model by hub id, local path or bundled name (sentence-transformers' sparse layout or a
+        masked LM).
 
         Raises:
             UnsupportedModelError: not a masked LM, or sparse modules other than SPLADE's.
         """
-        from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+        return cls.from_spec(resolve(model_id, trust_remote_code=trust_remote_code), max_seq_length=max_seq_length)
 
-        path, _ = resolve_path(model_id, trust_remote_code=trust_remote_code)
-        layout_length, lower = _sparse_layout(Path(path))
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-        if not any(a.endswith("ForMaskedLM") for a in getattr(config, "architectures", None) or []):
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, *, max_seq_length: int | None = None) -> SparseEncoder:
+        """Load the weights of a resolved model (:func:`~embedrank.registry.resolve`) of kind ``sparse``."""
+        from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+        if spec.kind != "sparse":
             raise UnsupportedModelError(
-                f"{model_id!r} is a {getattr(config, 'architectures', None)}, not a masked language model; "
-                "a SPLADE model is one (e.g. BertForMaskedLM)"
+                f"{spec.model_id!r} is a {spec.kind} model, not a masked language model pooled as SPLADE "
+                "(a sentence-transformers sparse layout, or a *ForMaskedLM checkpoint)"
             )
+        _sparse_layout(Path(spec.path))  # refuses sparse modules other than SPLADE's
         with quiet_loading():
-            model = AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=trust_remote_code).eval()
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        limit = max_seq_length or layout_length or min(tokenizer.model_max_length, 512)
-        return cls(model_id, model, tokenizer, max_seq_length=int(limit), do_lower_case=lower)
+            model = AutoModelForMaskedLM.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code).eval()
+            tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        return cls(spec, model, tokenizer, max_seq_length=max_seq_length)
 
     @property
     def vocab_size(self) -> int:
@@ -133,6 +146,20 @@ class SparseEncoder:
     ) -> sp.csr_matrix:
         """The sparse vectors ``(N, V)`` of ``texts`` (see :meth:`encode_with_stats`)."""
         return self.encode_with_stats(texts, batch_size=batch_size, top_k=top_k, truncate=truncate)[0]
+
+    # -- the serving engine's interface (embedrank.serving.runners.AsyncSparseEncoder) -------------------
+    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
+        """Texts tokenized once, unpadded, cut at ``max_seq_length`` (what the engine batches)."""
+        prepared = [t.lower() for t in texts] if self.do_lower_case else list(texts)
+        return token_rows(*encode_rows(self.tokenizer, prepared, max_length=self.max_seq_length))
+
+    @torch.inference_mode()
+    def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+        """SPLADE weights ``(B, V)`` of rows from :meth:`tokenize_rows`, padded together (dense float32)."""
+        batch = collate_rows(self.tokenizer, rows)
+        logits = self.model(**batch.features).logits  # (B, T, V)
+        weights = splade_max(logits.float(), batch.features["attention_mask"]).numpy()
+        return ModelOutput(weights, batch.token_counts, batch.truncated)
 
     def decode(self, vector: sp.csr_matrix, top: int = 10) -> list[tuple[str, float]]:
         """The ``top`` heaviest terms of one sparse vector (a ``(1, V)`` row), heaviest first."""

@@ -215,3 +215,38 @@ class FakeCrossEncoder:
             seen = set(d)
             scores.append(sum(w in seen for w in q) / len(q) if q else 0.0)
         return ModelOutput(np.asarray(scores, dtype=np.float32), [r.length for r in rows], [r.truncated for r in rows])
+
+
+class FakeSparseEncoder:
+    """A SPLADE stand-in: each word of a text weighs ``1 + len(word) / 10`` at its hashed vocabulary slot (the
+    largest where words collide), with a real model's token accounting (two special tokens, words cut at the
+    window)."""
+
+    def __init__(self, model_id: str = "fake-sparse", *, vocab_size: int = 1000, max_seq_length: int = 32) -> None:
+        self.spec = ModelSpec(
+            model_id=model_id,
+            path=f"<fake:{model_id}>",
+            source="fake",
+            kind="sparse",
+            pooling=None,
+            normalize=False,
+            max_seq_length=max_seq_length,
+            dimension=vocab_size,
+        )
+        self.model_id, self.vocab_size, self.max_seq_length = model_id, vocab_size, max_seq_length
+
+    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
+        rows = []
+        for text in texts:
+            tokens = words(text)
+            kept = tokens[: self.max_seq_length - 2]
+            rows.append(TokenRow(kept, len(kept) + 2, len(kept) < len(tokens)))
+        return rows
+
+    def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+        out = np.zeros((len(rows), self.vocab_size), dtype=np.float32)  # (N, V)
+        for i, row in enumerate(rows):
+            for word in row.tokens:
+                slot = _slot(word, self.vocab_size)[0]
+                out[i, slot] = max(out[i, slot], 1.0 + len(word) / 10)
+        return ModelOutput(out, [r.length for r in rows], [r.truncated for r in rows])

@@ -1,0 +1,108 @@
+"""A SPLADE model behind a :class:`~embedrank.serving.engine.BatchEngine`: texts from many requests share
+forward passes; each request gets its sparse vectors back as one ``scipy.sparse.csr_matrix`` ``(N, V)``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
+
+import scipy.sparse as sp
+
+from embedrank.math.sparse import to_csr
+from embedrank.models.prompts import with_prompt
+from embedrank.models.tokens import TokenRow, too_long_error
+from embedrank.registry import ModelSpec
+from embedrank.serving.engine import BatchEngine, EngineConfig
+from embedrank.serving.inputs import check_budget, first_cut
+from embedrank.types import ModelOutput
+
+
+@runtime_checkable
+class SparseModel(Protocol):
+    spec: ModelSpec
+    model_id: str
+    max_seq_length: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]: ...
+
+    def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
+
+
+class SparseBatchModel:
+    """Batches of tokenized texts through a SPLADE model; each value is the text's weights ``(V,)``."""
+
+    def __init__(self, model: SparseModel) -> None:
+        self.model = model
+        self.max_seq_length = model.max_seq_length
+
+    def item_tokens(self, item: TokenRow) -> int:
+        return item.length
+
+    def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
+        return self.model.weights_rows(items)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseOutput:
+    """One request's sparse vectors ``(N, V)`` with what the model saw of each input."""
+
+    vectors: sp.csr_matrix
+    token_counts: list[int]
+    truncated: list[bool]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.token_counts)
+
+    @property
+    def truncated_count(self) -> int:
+        return sum(self.truncated)
+
+
+class AsyncSparseEncoder:
+    """Sparse (SPLADE) embeddings through a :class:`BatchEngine`."""
+
+    kind = "sparse"
+    scorer = "sparse"
+
+    def __init__(self, model: SparseModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
+        self.model = model
+        self.engine: BatchEngine[TokenRow] = BatchEngine(SparseBatchModel(model), config, **engine_kwargs)
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.model.max_seq_length
+
+    @property
+    def dimension(self) -> int:
+        return self.model.vocab_size
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        truncate: bool = True,
+        priority: int = 0,
+        param: str = "input",
+        prompt: str = "",
+        top_k: int | None = None,
+        budget: int | None = None,
+    ) -> SparseOutput:
+        """The sparse vectors of ``prompt + text`` for each text, in input order (each text's ``top_k``
+        heaviest terms with ``top_k``). With ``truncate=False`` a text over the window is refused before it
+        is queued, as are requests over ``budget`` tokens."""
+        texts = with_prompt(texts, prompt)
+        rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
+        check_budget(rows, budget)
+        at = None if truncate else first_cut(rows)
+        if at is not None:
+            raise too_long_error(at, self.max_seq_length, param=param)
+        out = await self.engine.submit(rows, priority=priority)
+        vectors = await asyncio.to_thread(partial(to_csr, out.values, top_k))
+        return SparseOutput(vectors, list(out.token_counts), list(out.truncated))
