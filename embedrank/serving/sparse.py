@@ -4,7 +4,6 @@ forward passes; each request gets its sparse vectors back as one ``scipy.sparse.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
@@ -48,21 +47,13 @@ class SparseBatchModel:
         return self.model.weights_rows(items)
 
 
-@dataclasses.dataclass(frozen=True)
-class SparseOutput:
-    """One request's sparse vectors ``(N, V)`` with what the model saw of each input."""
-
-    vectors: sp.csr_matrix
-    token_counts: list[int]
-    truncated: list[bool]
+class SparseOutput(ModelOutput):
+    """One request's sparse vectors with what the model saw of each input: :attr:`vectors` is ``values``,
+    a ``scipy.sparse.csr_matrix`` ``(N, V)``."""
 
     @property
-    def total_tokens(self) -> int:
-        return sum(self.token_counts)
-
-    @property
-    def truncated_count(self) -> int:
-        return sum(self.truncated)
+    def vectors(self) -> sp.csr_matrix:
+        return self.values  # type: ignore[return-value]
 
 
 class AsyncSparseEncoder:
@@ -105,4 +96,4 @@ class AsyncSparseEncoder:
             raise too_long_error(at, self.max_seq_length, param=param)
         out = await self.engine.submit(rows, priority=priority)
         vectors = await asyncio.to_thread(partial(to_csr, out.values, top_k))
-        return SparseOutput(vectors, list(out.token_counts), list(out.truncated))
+        return SparseOutput(vectors, list(out.token_counts), list(out.truncated))  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from embedrank.math.similarity import l2_normalize
 from embedrank.models.prompts import select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
 from embedrank.models.tokens import TokenRow, TokenSpan
-from embedrank.registry import ModelSpec
+from embedrank.registry import ModelKind, ModelSpec
 from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
 
@@ -63,6 +64,23 @@ def _slot(word: str, dimension: int) -> tuple[int, float]:
     return value % dimension, 1.0 if (value >> 63) & 1 else -1.0
 
 
+def _spec(model_id: str, kind: ModelKind, max_seq_length: int, dimension: int | None, **more: Any) -> ModelSpec:
+    """A fake's :class:`ModelSpec`: no files, no pooling unless given."""
+    fields: dict[str, Any] = {"pooling": None, "normalize": False, **more}
+    return ModelSpec(model_id=model_id, path=f"<fake:{model_id}>", source="fake", kind=kind,
+                     max_seq_length=max_seq_length, dimension=dimension, **fields)  # fmt: skip
+
+
+def _word_rows(texts: Sequence[str], max_seq_length: int) -> list[TokenRow]:
+    """Words kept under the maximum length, with the two special tokens counted."""
+    rows = []
+    for text in texts:
+        tokens = words(text)
+        kept = tokens[: max_seq_length - 2]
+        rows.append(TokenRow(kept, len(kept) + 2, len(kept) < len(tokens)))
+    return rows
+
+
 class FakeEncoder(FitsRanges):
     """A bag-of-words feature-hashing encoder with a real model's interface and token accounting."""
 
@@ -75,17 +93,10 @@ class FakeEncoder(FitsRanges):
         normalize: bool = True,
         prompts: dict[str, str] | None = None,
     ) -> None:
-        self.spec = ModelSpec(
-            model_id=model_id,
-            path=f"<fake:{model_id}>",
-            source="fake",
-            kind="embedding",
-            pooling=PoolingMode.MEAN,
-            normalize=normalize,
-            max_seq_length=max_seq_length,
-            dimension=dimension,
+        self.spec = _spec(
+            model_id, "embedding", max_seq_length, dimension, pooling=PoolingMode.MEAN, normalize=normalize,
             prompts=dict(prompts or {}),
-        )
+        )  # fmt: skip
         self.model_id, self.dimension, self.max_seq_length, self.normalize = (
             model_id,
             dimension,
@@ -143,12 +154,7 @@ class FakeEncoder(FitsRanges):
 
     def tokenize_rows(self, texts: Sequence[str], *, skip: int = 0) -> list[TokenRow]:
         """Words kept under the maximum length, with the two special tokens counted."""
-        rows = []
-        for text in texts:
-            tokens = words(text)
-            kept = tokens[: self.max_seq_length - 2]
-            rows.append(TokenRow(kept, len(kept) + 2, len(kept) < len(tokens)))
-        return rows
+        return _word_rows(texts, self.max_seq_length)
 
     def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput:
         out = np.zeros((len(rows), self.dimension), dtype=np.float32)  # (N, D)
@@ -167,17 +173,7 @@ class FakeCrossEncoder:
     """Scores a pair by the share of query words found in the document, with a cross-encoder's accounting."""
 
     def __init__(self, model_id: str = "fake-cross-encoder", *, max_seq_length: int = 64) -> None:
-        self.spec = ModelSpec(
-            model_id=model_id,
-            path=f"<fake:{model_id}>",
-            source="fake",
-            kind="cross-encoder",
-            pooling=None,
-            normalize=False,
-            max_seq_length=max_seq_length,
-            dimension=None,
-            num_labels=1,
-        )
+        self.spec = _spec(model_id, "cross-encoder", max_seq_length, None, num_labels=1)
         self.model_id, self.max_seq_length = model_id, max_seq_length
 
     def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
@@ -223,25 +219,11 @@ class FakeSparseEncoder:
     window)."""
 
     def __init__(self, model_id: str = "fake-sparse", *, vocab_size: int = 1000, max_seq_length: int = 32) -> None:
-        self.spec = ModelSpec(
-            model_id=model_id,
-            path=f"<fake:{model_id}>",
-            source="fake",
-            kind="sparse",
-            pooling=None,
-            normalize=False,
-            max_seq_length=max_seq_length,
-            dimension=vocab_size,
-        )
+        self.spec = _spec(model_id, "sparse", max_seq_length, vocab_size)
         self.model_id, self.vocab_size, self.max_seq_length = model_id, vocab_size, max_seq_length
 
     def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
-        rows = []
-        for text in texts:
-            tokens = words(text)
-            kept = tokens[: self.max_seq_length - 2]
-            rows.append(TokenRow(kept, len(kept) + 2, len(kept) < len(tokens)))
-        return rows
+        return _word_rows(texts, self.max_seq_length)
 
     def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         out = np.zeros((len(rows), self.vocab_size), dtype=np.float32)  # (N, V)
