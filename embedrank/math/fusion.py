@@ -62,12 +62,27 @@ def score_fusion(
     """
     if not 0.0 <= weight <= 1.0:
         raise InvalidInputError(f"weight must be in [0, 1], got {weight}")
+    return weighted_fusion([run_a, run_b], [weight, 1.0 - weight], normalization=normalization)
+
+
+def weighted_fusion(
+    runs: Sequence[Run], weights: Sequence[float], *, normalization: Literal["minmax", "zscore"] = "minmax"
+) -> Run:
+    """``sum_r weights[r] * norm(run_r)``, per query, over any number of runs (:func:`score_fusion` is two).
+
+    A document missing from a run gets that run's lowest normalized score for the query.
+
+    >>> weighted_fusion([{"q": {"x": 1.0, "y": 0.0}}, {"q": {"y": 2.0}}, {"q": {"x": 3.0, "z": 1.0}}], [0.5, 0.25, 0.25])
+    {'q': {'x': 1.0, 'y': 0.25, 'z': 0.25}}
+    """
+    if len(runs) != len(weights) or not runs:
+        raise InvalidInputError(f"{len(runs)} runs and {len(weights)} weights; give one weight per run")
+    if any(w < 0 for w in weights):
+        raise InvalidInputError(f"weights must be >= 0, got {list(weights)}")
     fused: Run = {}
-    for qid in sorted(set(run_a) | set(run_b)):
-        a = normalize_scores(run_a.get(qid, {}), normalization)
-        b = normalize_scores(run_b.get(qid, {}), normalization)
-        floor_a, floor_b = min(a.values(), default=0.0), min(b.values(), default=0.0)
-        fused[qid] = {
-            d: weight * a.get(d, floor_a) + (1.0 - weight) * b.get(d, floor_b) for d in sorted(set(a) | set(b))
-        }
+    for qid in sorted(set().union(*runs)):
+        normed = [normalize_scores(run.get(qid, {}), normalization) for run in runs]
+        floors = [min(n.values(), default=0.0) for n in normed]
+        docs = sorted(set().union(*normed))
+        fused[qid] = {d: sum(w * n.get(d, f) for w, n, f in zip(weights, normed, floors, strict=True)) for d in docs}
     return fused

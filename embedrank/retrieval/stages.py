@@ -1,11 +1,11 @@
-"""First stages besides dense retrieval: the protocol they share, a replayed run, and the fusion of two."""
+"""First stages besides dense retrieval: the protocol they share, a replayed run, and fusions of two or more."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Literal, Protocol, runtime_checkable
 
-from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
+from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion, weighted_fusion
 from embedrank.math.ranking import top_k
 from embedrank.types import Queries, Run
 
@@ -63,9 +63,34 @@ class HybridRetriever:
         return top_k(fused, k)
 
 
+class FusedRetriever:
+    """Fuses any number of first stages by weighted normalized score fusion (equal weights by default)."""
+
+    def __init__(
+        self,
+        stages: list[FirstStage],
+        weights: list[float] | None = None,
+        *,
+        normalization: Literal["minmax", "zscore"] = "minmax",
+        depth: int = 1000,
+    ) -> None:
+        self.stages = stages
+        self.weights = weights or [1.0 / len(stages)] * len(stages)
+        self.normalization, self.depth = normalization, depth
+        self.name = "hybrid:" + "+".join(stage.name for stage in stages)
+
+    def retrieve(self, queries: Queries, k: int) -> Run:
+        depth = max(k, self.depth)
+        runs = [stage.retrieve(queries, depth) for stage in self.stages]
+        return top_k(weighted_fusion(runs, self.weights, normalization=self.normalization), k)
+
+
 def stages_of(stage: FirstStage) -> Iterator[FirstStage]:
     """``stage`` and, for a hybrid, the stages it fuses."""
     yield stage
     if isinstance(stage, HybridRetriever):
         yield from stages_of(stage.first)
         yield from stages_of(stage.second)
+    if isinstance(stage, FusedRetriever):
+        for part in stage.stages:
+            yield from stages_of(part)

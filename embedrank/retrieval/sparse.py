@@ -1,0 +1,62 @@
+"""SPLADE first stage: documents and queries as sparse vectors over the vocabulary, scored by dot product.
+
+The scorer is exact (:func:`~embedrank.math.sparse.sparse_scores`, one sparse matrix product per batch of
+queries), which is what an inverted index approximates; on BEIR-size corpora (up to a few hundred thousand
+documents) it takes milliseconds per query. The documents' vectors are computed once, when the retriever
+is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from embedrank.math.sparse import sparse_scores
+from embedrank.models.sparse import SparseEncoder
+from embedrank.retrieval.data import doc_text
+from embedrank.types import Corpus, Queries, Run
+
+QUERY_BATCH = 256  # queries scored per matrix product: bounds the dense (queries x documents) scores held
+
+
+class SparseRetriever:
+    """Exact SPLADE retrieval over a list of documents with string ids."""
+
+    name = "splade"
+
+    def __init__(
+        self,
+        encoder: SparseEncoder,
+        ids: Sequence[str],
+        texts: Sequence[str],
+        *,
+        batch_size: int = 16,
+        vectors: sp.csr_matrix | None = None,
+    ) -> None:
+        """Encode ``texts`` (or take their ``vectors`` ``(N, V)`` when given)."""
+        self.encoder = encoder
+        self.ids = [str(i) for i in ids]
+        self.vectors = vectors if vectors is not None else encoder.encode(texts, batch_size=batch_size)
+        if self.vectors.shape[0] != len(self.ids):
+            raise ValueError(f"{self.vectors.shape[0]} vectors for {len(self.ids)} documents")
+
+    @classmethod
+    def from_corpus(cls, encoder: SparseEncoder, corpus: Corpus, *, batch_size: int = 16) -> SparseRetriever:
+        """SPLADE over a BEIR corpus; a document's text is ``title + " " + text``."""
+        ids = list(corpus)
+        return cls(encoder, ids, [doc_text(corpus[d]) for d in ids], batch_size=batch_size)
+
+    def retrieve(self, queries: Queries, k: int) -> Run:
+        """Top ``k`` documents per query (score > 0) as a BEIR run, ties broken by document order."""
+        qids = list(queries)
+        run: Run = {}
+        k = min(k, len(self.ids))
+        for start in range(0, len(qids), QUERY_BATCH):
+            batch = qids[start : start + QUERY_BATCH]
+            scores = sparse_scores(self.encoder.encode([queries[q] for q in batch]), self.vectors)  # (Q, D)
+            for row, qid in enumerate(batch):
+                top = np.argsort(-scores[row], kind="stable")[:k]
+                run[qid] = {self.ids[d]: float(scores[row, d]) for d in top if scores[row, d] > 0}
+        return run
