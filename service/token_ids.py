@@ -90,10 +90,7 @@ def decode_inputs(inputs: Sequence[str | Sequence[int]], enabled: bool = True, p
                 param=param,
                 code="invalid_value",
             ) from None
-        text = raw.decode("utf-8", errors="replace")
-        if not text.strip():
-            raise invalid(f"{param}[{i}] decodes to only whitespace", param=param, code=f"empty_{param}")
-        texts.append(text)
+        texts.append(raw.decode("utf-8", errors="replace"))  # at least one byte: never empty, as a text may not be
     return texts
 
 

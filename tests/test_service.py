@@ -879,3 +879,11 @@ def test_int8_ranges_are_fitted_before_the_service_is_ready(fake_service):
         body = {"model": MODEL, "input": ["a b", "c d"], "embedding_types": ["int8", "uint8"], "dimensions": 16}
         assert c.post("/v1/embeddings", json=body).status_code == 200
         assert Counting.fits == 1  # no request pays for them
+
+
+def test_a_query_is_blank_by_json_schemas_whitespace(client):
+    """The schema says a query matches ``\\S`` (ECMA-262): U+0085 is not whitespace there, so it is a query."""
+    ok = client.post("/v1/rerank", json={"model": MODEL, "query": "\u0085", "documents": ["a"]})
+    assert ok.status_code == 200, ok.text
+    blank = client.post("/v1/rerank", json={"model": MODEL, "query": " \t\u3000", "documents": ["a"]})
+    _assert_error(blank, 400, "empty_query", "query")
