@@ -116,7 +116,6 @@ class SparseEncoder:
     def __repr__(self) -> str:
         return f"SparseEncoder({self.model_id!r}, vocab_size={self.vocab_size}, max_seq_length={self.max_seq_length})"
 
-    @torch.inference_mode()
     def encode_with_stats(
         self, texts: Sequence[str], *, batch_size: int = 16, top_k: int | None = None, truncate: bool = True
     ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
@@ -127,15 +126,16 @@ class SparseEncoder:
             InputTooLongError: ``truncate=False`` and a text is longer than ``max_seq_length`` tokens.
         """
         texts = check_texts(texts)
-        prepared = [t.lower() for t in texts] if self.do_lower_case else list(texts)
         rows: list[sp.csr_matrix | None] = [None] * len(texts)
         counts, cut = [0] * len(texts), [False] * len(texts)
         for positions, batch in length_batches(
-            self.tokenizer, prepared, max_length=self.max_seq_length, batch_size=batch_size, truncate=truncate
+            self.tokenizer,
+            self._prepare(texts),
+            max_length=self.max_seq_length,
+            batch_size=batch_size,
+            truncate=truncate,
         ):
-            logits = self.model(**batch.features).logits  # (B, T, V)
-            weights = splade_max(logits.float(), batch.features["attention_mask"]).numpy()  # (B, V)
-            matrix = to_csr(weights, top_k)
+            matrix = to_csr(self._weights(batch.features), top_k)
             for k, i in enumerate(positions):
                 rows[i], counts[i], cut[i] = matrix[k], batch.token_counts[k], batch.truncated[k]
         stacked = sp.vstack(rows, format="csr") if rows else sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
@@ -150,16 +150,21 @@ class SparseEncoder:
     # -- the serving engine's interface (embedrank.serving.runners.AsyncSparseEncoder) -------------------
     def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
         """Texts tokenized once, unpadded, cut at ``max_seq_length`` (what the engine batches)."""
-        prepared = [t.lower() for t in texts] if self.do_lower_case else list(texts)
-        return token_rows(*encode_rows(self.tokenizer, prepared, max_length=self.max_seq_length))
+        return token_rows(*encode_rows(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length))
 
-    @torch.inference_mode()
     def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         """SPLADE weights ``(B, V)`` of rows from :meth:`tokenize_rows`, padded together (dense float32)."""
         batch = collate_rows(self.tokenizer, rows)
-        logits = self.model(**batch.features).logits  # (B, T, V)
-        weights = splade_max(logits.float(), batch.features["attention_mask"]).numpy()
-        return ModelOutput(weights, batch.token_counts, batch.truncated)
+        return ModelOutput(self._weights(batch.features), batch.token_counts, batch.truncated)
+
+    def _prepare(self, texts: Sequence[str]) -> list[str]:
+        return [t.lower() for t in texts] if self.do_lower_case else list(texts)
+
+    @torch.inference_mode()
+    def _weights(self, features: dict[str, torch.Tensor]) -> np.ndarray:
+        """One padded batch through the masked LM, pooled: ``(B, V)`` float32."""
+        logits = self.model(**features).logits  # (B, T, V)
+        return splade_max(logits.float(), features["attention_mask"]).numpy()
 
     def decode(self, vector: sp.csr_matrix, top: int = 10) -> list[tuple[str, float]]:
         """The ``top`` heaviest terms of one sparse vector (a ``(1, V)`` row), heaviest first."""
