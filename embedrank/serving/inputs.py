@@ -32,10 +32,13 @@ def first_cut(rows: Sequence[TokenRow], limit: int | None = None) -> int | None:
     return next((i for i, row in enumerate(rows[:limit]) if row.truncated), None)
 
 
-def cut_starts(encoder: Any, texts: list[str], prompt: str, param: str = "input") -> tuple[list[str], set[int]]:
+def cut_starts(
+    encoder: Any, texts: list[str], prompt: str, param: str = "input", positions: Sequence[int] | None = None
+) -> list[str]:
     """``texts`` with each one too long for ``encoder`` (``prompt`` before it) cut from its start so that its
-    last tokens fill the window; returns the texts and the positions that were cut. A cut can join or split
-    a token at the new start, so the count is checked again and the cut moved until the text fits.
+    last tokens fill the window. A cut can join or split a token at the new start, so the count is checked
+    again and the cut moved until the text fits. ``positions``: where the texts stand in the request (for
+    errors; default their own order).
 
     Raises:
         InvalidInputError: the prompt and special tokens alone fill the window.
@@ -48,13 +51,14 @@ def cut_starts(encoder: Any, texts: list[str], prompt: str, param: str = "input"
         keep = limit - (counts[i] - len(spans))  # the window less the prompt and special tokens
         while True:
             if keep < 1:
-                raise InvalidInputError(f"the prompt of {param}[{i}] fills the model's window", param=param)
+                where = positions[i] if positions is not None else i
+                raise InvalidInputError(f"the prompt of {param}[{where}] fills the model's window", param=param)
             out[i] = texts[i][spans[-keep][0] :]
             (n,) = encoder.count_tokens([prompt + out[i]], prompt="")
             if n <= limit:
                 break
             keep -= n - limit
-    return out, set(long)
+    return out
 
 
 async def plan_chunks(

@@ -190,16 +190,30 @@ class AsyncEncoder:
                 texts, prompt, chunking, truncate=truncate, priority=priority, norm=norm, budget=budget
             )
         else:
+            fields = () if truncate else [(param, len(texts))]
+            rows = await self._rows(with_prompt(texts, prompt), fields, prompt=prompt, budget=budget)
             started: set[int] = set()
             if truncate and truncation_side == "left":
-                texts, started = await asyncio.to_thread(cut_starts, self.encoder, list(texts), prompt, param)
-            texts = with_prompt(texts, prompt)
-            rows = await self._rows(texts, () if truncate else [(param, len(texts))], prompt=prompt, budget=budget)
+                rows, started = await self._cut_at_start(texts, rows, prompt, param)
             out = await self.engine.submit(rows, priority=priority)
             flags = [cut or i in started for i, cut in enumerate(out.truncated)]
             out = dataclasses.replace(out, values=l2_normalize(out.values) if norm else out.values, truncated=flags)
         vectors = truncate_dims(out.values, dimensions, renormalize=norm)
         return dataclasses.replace(out, values=np.ascontiguousarray(vectors, dtype=np.float32))
+
+    async def _cut_at_start(
+        self, texts: Sequence[str], rows: list[TokenRow], prompt: str, param: str
+    ) -> tuple[list[TokenRow], set[int]]:
+        """``rows`` with those cut at their end made again from their texts cut at the start instead (only
+        those are tokenized again); returns the rows and the positions that were cut."""
+        long = [i for i, row in enumerate(rows) if row.truncated]
+        if not long:
+            return rows, set()
+        cut = await asyncio.to_thread(cut_starts, self.encoder, [texts[i] for i in long], prompt, param, long)
+        rows = list(rows)
+        for i, row in zip(long, await self._rows(with_prompt(cut, prompt), prompt=prompt), strict=True):
+            rows[i] = row
+        return rows, set(long)
 
     async def _embed_chunked(
         self,
