@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from embedrank.bundled import bundled_path
+from embedrank.bundled import BUNDLED, bundled_path
 from embedrank.errors import ModelNotFoundError, NotAModelError, UnsupportedModelError
 from embedrank.math.pooling import PoolingMode
 
@@ -177,8 +177,9 @@ def resolve_path(model_id: str, *, trust_remote_code: bool = False) -> tuple[str
     packaged = _packaged_path(model_id)
     if packaged is not None:
         return packaged, "package"
-    if model_id in PACKAGED_MODELS:
-        tried.append(f"package {PACKAGED_MODELS[model_id][0]} (not installed)")
+    if model_id in PACKAGED_MODELS or model_id in BUNDLED:
+        package = PACKAGED_MODELS[model_id][0] if model_id in PACKAGED_MODELS else BUNDLED[model_id][-1]
+        tried.append(f"package {package} (not installed)")
     local = Path(model_id).expanduser()
     if local.exists():
         if not (local / "config.json").is_file() and not (local / "modules.json").is_file():

