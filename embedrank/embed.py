@@ -27,8 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     ray = p.add_argument_group("ray runner")
     ray.add_argument("--address", help="Ray cluster address ('auto': the cluster this machine belongs to)")
-    ray.add_argument("--concurrency", type=int, default=2, help="encoder actors (default: 2)")
-    ray.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per actor, also its torch threads (default: 1)")
+    ray.add_argument("--concurrency", type=int, help="encoder actors (default: one per CPU the cluster has free)")
+    ray.add_argument(
+        "--num-cpus", type=float, help="CPUs per actor, also its torch threads (default: the free CPUs shared)"
+    )
     ray.add_argument("--read-cpus", type=float, default=0.25, help="CPUs per read/parse task (default: 0.25)")
     ray.add_argument("--rows-per-call", type=int, default=128, help="documents per actor call (default: 128)")
     args = p.parse_args(argv)

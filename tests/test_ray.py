@@ -153,3 +153,24 @@ def test_cli_with_the_ray_runner(ray_local, adi, local_job, tmp_path, capsys):
     got, want = read_embeddings(tmp_path / "o"), read_embeddings(local_job)
     assert got[0] == want[0]
     assert main([*argv, "--concurrency", "0"]) == 2
+
+
+def test_the_defaults_are_sized_from_the_cluster_and_finish_on_two_cpus(ray_local, adi, local_job, tmp_path):
+    from embedrank.retrieval.embed_ray import embed_collection_ray
+
+    # Ray's own defaults once (2 actors x 1 CPU + 0.25 for reading on 2 CPUs) never started; no numbers here
+    result = embed_collection_ray(MODEL, adi, tmp_path / "ray", shard_size=30, rows_per_call=16)
+    assert result.documents == 82
+    _assert_same_job(tmp_path / "ray", local_job)
+
+
+def test_a_plan_the_cluster_cannot_schedule_is_refused_with_its_numbers(ray_local, adi, tmp_path, capsys):
+    from embedrank.embed import main
+
+    with pytest.raises(InvalidInputError, match=r"2 actors x 1 CPU \+ 0.25 CPU for reading = 2.25 CPUs.*has 2"):
+        _ray_job(adi, tmp_path / "a", concurrency=2, num_cpus=1.0)
+    with pytest.raises(InvalidInputError, match="largest node 2"):
+        _ray_job(adi, tmp_path / "b", concurrency=1, num_cpus=3.0)
+    argv = [str(adi), "--output", str(tmp_path / "c"), "--runner", "ray", "--num-cpus", "1"]
+    assert main([*argv, "--concurrency", "2"]) == 2
+    assert "Ray would wait for them forever" in capsys.readouterr().err

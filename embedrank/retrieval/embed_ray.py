@@ -56,6 +56,56 @@ def import_ray() -> Any:
     return ray
 
 
+def _cluster_cpus(ray: Any) -> tuple[float, float]:
+    """(CPUs in the cluster, CPUs of its largest node), as Ray counts them now."""
+    nodes = [n.get("Resources", {}).get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+    return float(ray.cluster_resources().get("CPU", 0.0)), float(max(nodes, default=0.0))
+
+
+def actor_plan(
+    cpus: tuple[float, float], concurrency: int | None, num_cpus: float | None, *, reserve: float
+) -> tuple[int, float]:
+    """How many encoder actors of how many CPUs each, so that ``reserve`` CPUs stay free for the read tasks.
+
+    Args:
+        cpus: (CPUs in the cluster, CPUs of its largest node).
+        concurrency, num_cpus: the caller's choice; None sizes it from ``cpus``: one actor per CPU left
+            after ``reserve`` (rounded), sharing those CPUs equally.
+        reserve: CPUs the read and parse tasks need beside the actors.
+
+    Returns:
+        ``(concurrency, num_cpus)``.
+
+    Raises:
+        InvalidInputError: the actors and the reserve do not fit the cluster, or one actor does not fit
+            its largest node (Ray would wait for them forever).
+
+    Examples:
+        >>> actor_plan((2.0, 2.0), None, None, reserve=0.25)
+        (2, 0.87)
+        >>> actor_plan((16.0, 8.0), None, 2.0, reserve=0.25)
+        (7, 2.0)
+        >>> actor_plan((2.0, 2.0), 2, 1.0, reserve=0.25)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        embedrank.errors.InvalidInputError: 2 actors x 1 CPU + 0.25 CPU for reading = 2.25 CPUs, but the cluster has 2 ...
+    """
+    total, largest = cpus
+    free = total - reserve
+    if concurrency is None:
+        concurrency = max(1, int(free // num_cpus) if num_cpus else round(free))
+    if num_cpus is None:
+        num_cpus = max(0.01, min(largest, int(free / concurrency * 100) / 100))
+    need = concurrency * num_cpus + reserve
+    if need > total + 1e-9 or num_cpus > largest + 1e-9:
+        raise InvalidInputError(
+            f"{concurrency} actors x {num_cpus:g} CPU + {reserve:g} CPU for reading = {need:g} CPUs, but the "
+            f"cluster has {total:g} (largest node {largest:g}); Ray would wait for them forever: lower "
+            f"concurrency or num_cpus, or leave them unset to size them from the cluster"
+        )
+    return concurrency, num_cpus
+
+
 def _parse_lines(batch: dict[str, np.ndarray], skip: frozenset[str]) -> dict[str, np.ndarray]:
     """A block of ``corpus.jsonl`` lines -> ``id``/``text`` columns, without the ids in ``skip``."""
     ids, texts = [], []
@@ -115,8 +165,8 @@ def embed_collection_ray(
     shard_size: int = 10_000,
     batch_size: int = 64,
     rows_per_call: int = 128,
-    concurrency: int = 2,
-    num_cpus: float = 1.0,
+    concurrency: int | None = None,
+    num_cpus: float | None = None,
     read_cpus: float = 0.25,
     block_bytes: int = 256 << 10,
     address: str | None = None,
@@ -126,15 +176,18 @@ def embed_collection_ray(
     ``output`` on Ray (module docstring).
 
     ``concurrency`` actors of ``num_cpus`` CPUs each encode ``rows_per_call`` documents per call (in
-    batches of ``batch_size``); reading and parsing take ``read_cpus`` per task, so leave that much beside
-    the actors (on a 2-CPU machine: ``concurrency=2, num_cpus=0.75``, or one actor of 1); a parquet corpus
-    also needs 1 CPU free for Ray's file listing (``num_cpus=0.5`` there). Blocks (the unit of work an actor
-    takes, and of a retry) are cut at ``block_bytes`` of text. Connects to ``address`` (``"auto"``: the cluster this machine is part of)
+    batches of ``batch_size``); reading and parsing take ``read_cpus`` per task, and a parquet corpus needs
+    1 CPU free for Ray's file listing. Left as None, ``concurrency`` and ``num_cpus`` are sized from the
+    cluster's CPUs with that room left (:func:`actor_plan`); a plan the cluster cannot schedule is refused
+    with the numbers (an :class:`InvalidInputError`) rather than left waiting. Blocks (the unit of work an
+    actor takes, and of a retry) are cut at ``block_bytes`` of text. Connects to ``address`` (``"auto"``: the cluster this machine is part of)
     unless Ray is already initialized; with neither, starts a local instance. ``on_batch(ids)`` runs in the
     actor before each call (fault injection in tests)."""
     ray = import_ray()
-    if concurrency < 1 or num_cpus <= 0 or read_cpus < 0 or rows_per_call < 1:
-        raise InvalidInputError("concurrency and rows_per_call must be >= 1, num_cpus > 0 and read_cpus >= 0")
+    if (concurrency is not None and concurrency < 1) or (num_cpus is not None and num_cpus <= 0):
+        raise InvalidInputError("concurrency must be >= 1 and num_cpus > 0 (or None: sized from the cluster)")
+    if read_cpus < 0 or rows_per_call < 1:
+        raise InvalidInputError("rows_per_call must be >= 1 and read_cpus >= 0")
     options = dict(model_options or {})
     path = corpus_file(corpus)
     out = Path(output)
@@ -154,6 +207,14 @@ def embed_collection_ray(
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        concurrency, num_cpus = actor_plan(
+            _cluster_cpus(ray), concurrency, num_cpus, reserve=max(read_cpus, 1.0 if path.suffix == ".parquet" else 0)
+        )
+    except InvalidInputError:
+        if started:
+            ray.shutdown()
+        raise
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
@@ -177,7 +238,7 @@ def embed_collection_ray(
             fn_constructor_kwargs={
                 "model": model,
                 "options": options,
-                "threads": int(num_cpus),
+                "threads": max(1, round(num_cpus)),
                 "batch_size": batch_size,
                 "on_batch": on_batch,
             },
