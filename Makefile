@@ -57,7 +57,7 @@ bench: bench-encode bench-rerank bench-service bench-fairness
 
 # each benchmark records its output, command, date, commit and CPU in eval/results/; the docs' page is rendered from them
 bench-encode: setup
-	$(RECORD) encode "Encoding speed by backend and precision (in-process)" -- $(PY) eval/bench_encode.py --rounds 2 --systems torch:fp32 openvino:fp32 openvino:bf16 openvino:int8 onnx:fp32 onnx:int8
+	$(RECORD) encode "Encoding speed by backend and precision (in-process)" -- $(PY) eval/bench_encode.py --rounds 2 --systems torch:fp32 openvino:fp32 openvino:bf16 openvino:int8 onnx:fp32 onnx:int8 auto:auto
 	$(PY) eval/render_benchmarks.py
 
 bench-rerank: setup

@@ -12,6 +12,10 @@ workload once per round, in the same order, for ``--rounds`` rounds (A B A B): t
 drifts, so each ratio is taken against the sentence-transformers run of the same round, and the median
 over rounds is reported. Quality: mean and minimum cosine of each system's vectors to
 sentence-transformers', and the largest absolute difference.
+
+A ``auto:auto`` system (:mod:`embedrank.runtime.auto`) prints what it chose and why, and the goal lines:
+``auto`` at least 3.5x sentence-transformers on passages and queries where the CPU has VNNI (1.6x and 2x
+on AVX2 only), and never slower than ``openvino:fp32`` (the default) when that runs too.
 """
 
 from __future__ import annotations
@@ -117,7 +121,33 @@ def main() -> None:
         f"batch_size={args.batch_size}; torch threads={torch.get_num_threads()}; rounds={args.rounds} (A B A B); "
         f"ratio = median over rounds of sentence-transformers' time / the system's time in the same round"
     )
-    print(pd.DataFrame(rows).set_index("system").to_string())
+    table = pd.DataFrame(rows).set_index("system")
+    print(table.to_string())
+    for name, system in systems.items():
+        choice = getattr(system, "auto_choice", None)
+        if choice is not None:
+            print(f"{name} chose {choice.summary}")
+            goals(name, table)
+
+
+def goals(name: str, table: object) -> None:
+    """The ``auto`` goal lines for this CPU (module docstring)."""
+    from embedrank.runtime.cpus import cpu_identity
+
+    cpu, flags = cpu_identity()
+    vnni = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
+    want = {"passages": 3.5, "queries": 3.5} if vnni else {"passages": 1.6, "queries": 2.0}
+    kind = "VNNI" if vnni else "no VNNI"
+    for workload, target in want.items():
+        got = float(table.loc[name, f"{workload} ratio"])  # type: ignore[attr-defined]
+        print(
+            f"goal {name} {workload} on {cpu} ({kind}): >= {target}x -> {got:.2f}x {'met' if got >= target else 'NOT met'}"
+        )
+    if "openvino:fp32" in table.index:  # type: ignore[attr-defined]
+        for column, better in (("passages ratio", 1), ("queries ratio", 1), ("single p50 ms", -1)):
+            ours, default = (float(table.loc[n, column]) for n in (name, "openvino:fp32"))  # type: ignore[attr-defined]
+            verdict = "met" if ours * better >= default * better else "NOT met"
+            print(f"goal {name} {column} not worse than openvino:fp32: {ours:g} vs {default:g} -> {verdict}")
 
 
 if __name__ == "__main__":

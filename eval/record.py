@@ -26,25 +26,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "eval" / "results"
-# the CPU features that decide which kernels run (vector width, int8 dot products, bf16, AMX)
-FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
-         "amx_tile", "amx_int8", "amx_bf16")  # fmt: skip
 PACKAGES = ("torch", "transformers", "sentence-transformers", "openvino", "nncf", "onnxruntime", "faiss-cpu",
             "litestar", "uvicorn", "numpy")  # fmt: skip
 
 
 def machine() -> dict:
-    """The CPU's model name, logical cores, the vector flags of :data:`FLAGS` it has, and memory."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    """The CPU's model name, logical cores, the vector flags it has (``cpus.FLAGS``), and memory."""
+    from embedrank.runtime.cpus import cpu_identity
+
+    model, flags = cpu_identity()
     memory = None
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
@@ -54,7 +44,7 @@ def machine() -> dict:
     return {
         "cpu": model,
         "cores": os.cpu_count(),
-        "flags": [f for f in FLAGS if f in flags],
+        "flags": flags,
         "memory_gib": memory,
         "system": f"{platform.system()} {platform.machine()}",
     }

@@ -108,13 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument(
         "--backend",
-        choices=["torch", "openvino", "onnx"],
-        help="what runs the models (default: $EMBEDRANK_BACKEND, else openvino); see embedrank.runtime.backends",
+        choices=["torch", "openvino", "onnx", "auto"],
+        help="what runs the models (default: $EMBEDRANK_BACKEND, else openvino; auto: the fastest within the "
+        "quality bound, measured); see embedrank.runtime.backends",
     )
     p.add_argument(
         "--precision",
-        choices=["fp32", "bf16", "int8"],
-        help="the backend's precision (default: fp32); bf16 and int8 systems are named with ~bf16 / ~int8",
+        choices=["fp32", "bf16", "int8", "auto"],
+        help="the backend's precision (default: fp32; auto: measured, see embedrank.runtime.auto); bf16, int8 "
+        "and auto systems are named with ~bf16 / ~int8 / ~auto",
     )
     p.add_argument(
         "--embeddings",

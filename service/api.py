@@ -286,6 +286,7 @@ def list_models(pool: ModelPool) -> ModelList:
                 precision=served.precision,
                 inference_precision=served.inference_precision,
                 fallback_reason=served.fallback_reason,
+                auto_choice=served.auto_choice,
             )
             for model_id, served in pool.models.items()
         ]

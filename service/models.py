@@ -42,6 +42,7 @@ class ServedModel:
     precision: str = "fp32"
     inference_precision: str | None = None  # what really computes, known once loaded
     fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
+    auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
     dimension: int | None = None  # the embedding width, once loaded (a static model's is measured)
 
     @property
@@ -74,7 +75,11 @@ class ModelPool:
             )
             built = self._built.get(entry.id)
             if built is None and spec.kind == "sparse":  # SPLADE runs on torch in fp32 (no export yet)
-                if (entry.backend or "torch") != "torch" or (entry.precision or "fp32") not in ("fp32", "float32"):
+                if (entry.backend or "torch") not in ("torch", "auto") or (entry.precision or "fp32") not in (
+                    "fp32",
+                    "float32",
+                    "auto",
+                ):
                     raise SettingsError(
                         f"model {entry.id!r} is a SPLADE model, which runs on torch in fp32 only; its entry (or "
                         f"EMBEDRANK_BACKEND/EMBEDRANK_PRECISION) asks for {entry.backend}:{entry.precision or 'fp32'}"
@@ -131,6 +136,8 @@ class ModelPool:
                 logger.info("%s: int8/uint8 ranges fitted in %.1f s", model_id, time.perf_counter() - started)
             served.backend, served.precision, served.inference_precision = describe_model(model)
             served.fallback_reason = getattr(model, "fallback_reason", None)
+            choice = getattr(model, "auto_choice", None)
+            served.auto_choice = choice.summary if choice is not None else None
             if isinstance(model, Encoder):
                 served.dimension = model.dimension
             loaded[model_id] = model

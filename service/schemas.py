@@ -288,8 +288,12 @@ class ModelCard(Struct, kw_only=True):
     prompts: Annotated[
         dict[str, str], Meta(description="The model's named prompts (input_type and prompt_name select them)")
     ] = msgspec.field(default_factory=dict)
-    backend: Annotated[str, Meta(description="What runs the transformer: torch, openvino, onnx (fake: no weights)")]
-    precision: Annotated[str, Meta(description="The configured precision: fp32, bf16 or int8")]
+    backend: Annotated[
+        str, Meta(description="What runs the transformer: torch, openvino, onnx (fake: no weights; auto until loaded)")
+    ]
+    precision: Annotated[
+        str, Meta(description="The precision: fp32, bf16 or int8 (auto until loaded, then what auto chose)")
+    ]
     inference_precision: Annotated[
         str | None,
         Meta(description="What really computes (f32, bf16, int8+f32), read from the runtime; null until loaded"),
@@ -297,6 +301,13 @@ class ModelCard(Struct, kw_only=True):
     fallback_reason: Annotated[
         str | None,
         Meta(description="Why the model runs on torch although no backend was named (its export failed); else null"),
+    ] = None
+    auto_choice: Annotated[
+        str | None,
+        Meta(
+            description="What backend or precision 'auto' chose on this machine and why (the measured speed "
+            "ratios and quality of every candidate); null when both were set explicitly or until loaded"
+        ),
     ] = None
 
 

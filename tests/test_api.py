@@ -52,7 +52,7 @@ LAYER_IMPORTS: dict[str, set[str]] = {
     "texts": set(),  # text sources: files, seeded vocabulary sentences
     "bundled": set(),  # weights another package ships, found by its files and checked by hash
     "registry": {"math", "bundled"},  # a model id -> a local folder and its ModelSpec
-    "runtime": {"texts", "registry"},  # what runs the transformer: torch, OpenVINO, ONNX Runtime
+    "runtime": {"math", "texts", "registry"},  # what runs the transformer: torch, OpenVINO, ONNX Runtime
     "models": {"math", "texts", "registry", "runtime"},  # encoders, cross-encoders, scorers
     "testing": {"math", "texts", "registry", "runtime", "models"},  # fakes, seeded models, server launcher
     "retrieval": {"math", "registry", "models"},

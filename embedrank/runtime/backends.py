@@ -57,25 +57,33 @@ PRECISION_ENV = "EMBEDRANK_PRECISION"
 DEFAULT_BACKEND: Backend = "openvino"
 DEFAULT_PRECISION: Precision = "fp32"
 _PRECISION_ALIASES = {"float32": "fp32", "f32": "fp32", "bfloat16": "bf16", "qint8": "int8"}
+# either setting may be "auto": the fastest runtime within the quality bound, measured (runtime.auto)
+AUTO = "auto"
 
 
 def check_backend(backend: str | None = None, precision: str | None = None) -> tuple[Backend, Precision]:
     """Validate a (backend, precision) pair; ``None`` takes ``$EMBEDRANK_BACKEND`` / ``$EMBEDRANK_PRECISION``,
-    else the defaults (``openvino``, ``fp32``).
+    else the defaults (``openvino``, ``fp32``). Either may be ``"auto"`` (:mod:`embedrank.runtime.auto`; typed
+    as a backend or precision although it names the choice still to make).
 
     >>> check_backend("torch", "float32")
     ('torch', 'fp32')
+    >>> check_backend("auto", "int8")
+    ('auto', 'int8')
     >>> check_backend("torch", "int8")
     Traceback (most recent call last):
     ...
     embedrank.errors.InvalidInputError: backend 'torch' runs precision fp32; got 'int8' (openvino runs fp32, bf16, int8; onnx runs fp32, int8)
     """
     name = (backend or os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND).strip().lower()
-    if name not in PRECISIONS:
-        raise InvalidInputError(f"unknown backend {name!r}; choose one of {sorted(PRECISIONS)}", param="backend")
+    if name not in PRECISIONS and name != AUTO:
+        choices = [*sorted(PRECISIONS), AUTO]
+        raise InvalidInputError(f"unknown backend {name!r}; choose one of {choices}", param="backend")
     prec = (precision or os.environ.get(PRECISION_ENV) or DEFAULT_PRECISION).strip().lower()
     prec = _PRECISION_ALIASES.get(prec, prec)
-    if prec not in PRECISIONS[name]:
+    if name == AUTO and prec not in {p for ps in PRECISIONS.values() for p in ps} | {AUTO}:
+        raise InvalidInputError(f"unknown precision {prec!r}; choose fp32, bf16, int8 or auto", param="precision")
+    if name != AUTO and prec != AUTO and prec not in PRECISIONS[name]:
         others = "; ".join(f"{b} runs {', '.join(p)}" for b, p in PRECISIONS.items() if b != name and len(p) > 1)
         raise InvalidInputError(
             f"backend {name!r} runs precision {', '.join(PRECISIONS[name])}; got {prec!r} ({others})",
@@ -220,6 +228,12 @@ class RuntimeFacts:
         """Why the model runs on torch although no backend was named and the default is another (the export
         failed), else None."""
         return getattr(self.runtime, "fallback_reason", None)
+
+    @property
+    def auto_choice(self) -> Any:
+        """What ``backend``/``precision`` ``"auto"`` chose and why (a :class:`embedrank.runtime.auto.Choice`:
+        ``.summary`` says it in a line, ``.trials`` has every candidate's figures), else None."""
+        return getattr(self.runtime, "auto_choice", None)
 
     @property
     def padding_free(self) -> bool:

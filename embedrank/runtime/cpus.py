@@ -13,6 +13,27 @@ import os
 from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
+# the CPU features that decide which kernels run (vector width, int8 dot products, bf16, AMX)
+FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+         "amx_tile", "amx_int8", "amx_bf16")  # fmt: skip
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, list[str]]:
+    """The CPU's model name and which of :data:`FLAGS` it has (``platform.processor()`` and no flags where
+    ``cpuinfo`` cannot be read)."""
+    import platform
+
+    model, flags = "", set()
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return model or platform.processor() or platform.machine(), [f for f in FLAGS if f in flags]
 
 
 def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:

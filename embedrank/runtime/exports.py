@@ -46,6 +46,7 @@ from embedrank.paths import build_directory, default_cache_dir
 from embedrank.registry import ModelSpec, quiet_loading, weights_fingerprint
 from embedrank.runtime import converters
 from embedrank.runtime.backends import (
+    AUTO,
     BACKEND_ENV,
     PRECISION_ENV,
     Backend,
@@ -156,7 +157,7 @@ def load_transformer(
     backend_name, prec = check_backend(backend, precision)
     with quiet_loading():
         tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
-    if backend_name == "torch":
+    if backend_name == "torch" and prec != AUTO:
         return tokenizer, converters.load_torch(
             spec, head, tokenizer, **({"dtype": torch_dtype} if torch_dtype else {})
         )
@@ -166,6 +167,11 @@ def load_transformer(
             f"apply to backend='torch' only",
             param="backend",
         )
+    if AUTO in (backend_name, prec):
+        return tokenizer, auto_runtime(
+            spec, tokenizer, head, backend_name, prec, max_seq_length=max_seq_length, calibration=calibration,
+            cache_dir=cache_dir,
+        )  # fmt: skip
     try:
         runtime = load_runtime(
             spec,
@@ -324,3 +330,52 @@ def load_runtime(
     if backend == "openvino":
         return OpenVINORuntime(graph, precision, cache_dir=graph.parent / "compiled")
     return ONNXRuntime(graph, precision)
+
+
+def auto_runtime(
+    spec: ModelSpec,
+    tokenizer: Any,
+    head: Head,
+    backend: str,
+    precision: str,
+    *,
+    max_seq_length: int,
+    calibration: Calibration = None,
+    cache_dir: str | Path | None = None,
+) -> Runtime:
+    """The runtime ``backend``/``precision`` ``"auto"`` chooses (:mod:`embedrank.runtime.auto`), measured on
+    first use and cached beside the exports; the decision is the runtime's ``auto_choice``."""
+    import importlib.util
+
+    from embedrank.runtime import auto
+    from embedrank.runtime.cpus import cpu_identity
+
+    cpu, flags = cpu_identity()
+    options = auto.candidates(
+        backend, precision, cpu_flags=flags, installed=lambda module: importlib.util.find_spec(module) is not None
+    )
+    texts, _ = calibration_texts(calibration, tokenizer)  # once: the int8 exports calibrate on the same texts
+    facts = {
+        "recipe": [RECIPE, auto.RECIPE],
+        "model": [spec.path, weights_fingerprint(spec.path)],
+        "head": head,
+        "window": max_seq_length,
+        "options": options,
+        "cpu": [cpu, flags, int(torch.get_num_threads())],
+        "versions": {p: _version(p) for p in sorted(set(_VERSIONED["openvino"] + _VERSIONED["onnx"]))},
+        "texts": hashlib.sha256("\x00".join(texts).encode()).hexdigest(),
+    }
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    cache = export_dir(spec, "auto", "auto", key, Path(cache_dir).expanduser() if cache_dir else None)  # type: ignore[arg-type]
+
+    def load(b: Backend, p: Precision) -> Runtime:
+        if b == "torch":
+            return TorchRuntime(converters.load_torch(spec, head, tokenizer), tokenizer, head)
+        return load_runtime(
+            spec, tokenizer, head, b, p, max_seq_length=max_seq_length, calibration=texts, cache_dir=cache_dir
+        )
+
+    work = auto.workload(tokenizer, head, texts, max_seq_length, spec.pooling)
+    runtime, choice = auto.choose(spec.model_id, options, load, work, cache.with_name(cache.name + ".json"))
+    runtime.auto_choice = choice  # type: ignore[attr-defined]
+    return runtime

@@ -1,0 +1,201 @@
+"""backend/precision "auto": the candidates, the rule, the measurement's bookkeeping and its cache, on tiny
+seeded models and on fake runtimes (no assertion depends on this machine's speed: timings are either
+replaced by fixed ratios or only checked for consistency with the rule)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from embedrank.errors import InvalidInputError, UnsupportedModelError
+from embedrank.models.cross_encoder import CrossEncoder
+from embedrank.models.encoder import Encoder
+from embedrank.runtime import auto
+from embedrank.runtime.backends import check_backend
+from embedrank.testing.tiny import tiny_model
+
+
+def test_auto_is_a_setting_of_either_name_and_nothing_else_is_new():
+    assert check_backend("auto", "auto") == ("auto", "auto")
+    assert check_backend("onnx", "auto") == ("onnx", "auto")
+    with pytest.raises(InvalidInputError, match="choose fp32, bf16, int8 or auto"):
+        check_backend("auto", "int4")
+    with pytest.raises(InvalidInputError, match="'auto'"):
+        check_backend("fastest")
+
+
+def test_candidates_follow_the_cpu_and_what_is_installed():
+    avx2 = auto.candidates("auto", "auto", cpu_flags=["avx", "avx2"], installed=lambda m: True)
+    assert ("openvino", "bf16") not in avx2  # without bf16 hardware bf16 computes in f32: the fp32 candidate
+    assert avx2[0] == auto.REFERENCE
+    with_bf16 = auto.candidates("auto", "auto", cpu_flags=["avx512_bf16"], installed=lambda m: True)
+    assert ("openvino", "bf16") in with_bf16
+    bare = auto.candidates("auto", "auto", cpu_flags=[], installed=lambda m: False)
+    assert bare == [("openvino", "fp32"), ("torch", "fp32")]
+    assert auto.candidates("auto", "fp32", cpu_flags=[], installed=lambda m: True) == [
+        ("openvino", "fp32"),
+        ("torch", "fp32"),
+        ("onnx", "fp32"),
+    ]
+    assert auto.candidates("torch", "auto", cpu_flags=["avx512_bf16"], installed=lambda m: True) == [("torch", "fp32")]
+
+
+def test_agreement_figures_match_a_direct_computation():
+    rng = np.random.default_rng(0)
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    ref, ref_q = unit(rng.normal(size=(40, 8))), unit(rng.normal(size=(12, 8)))
+    cand, cand_q = (
+        unit(ref + rng.normal(scale=0.2, size=ref.shape)),
+        unit(ref_q + rng.normal(scale=0.2, size=ref_q.shape)),
+    )
+    got = auto.embedding_agreement(ref, cand, ref_q, cand_q, k=5)
+    cosines = [float(a @ b) for a, b in zip(ref, cand, strict=True)]
+    overlaps = []
+    for q_ref, q_cand in zip(ref_q, cand_q, strict=True):
+        want = sorted(range(40), key=lambda i: -float(q_ref @ ref[i]))[:5]
+        have = sorted(range(40), key=lambda i: -float(q_cand @ cand[i]))[:5]
+        overlaps.append(len(set(want) & set(have)) / 5)
+    assert got["cosine"] == pytest.approx(min(cosines), abs=1e-6)
+    assert got["overlap"] == pytest.approx(sum(overlaps) / len(overlaps), abs=1e-6)
+    assert 0 < got["overlap"] < 1  # the noise was large enough to change some rankings: the figure is tested
+
+    from scipy.stats import spearmanr
+
+    a, b = rng.normal(size=30), rng.normal(size=30)
+    assert auto.score_agreement(a, b)["rho"] == pytest.approx(spearmanr(a, b).statistic, abs=1e-6)
+
+
+class FakeRuntime:
+    """Embeddings of the reference plus noise of ``scale``; ``calls`` counts forward passes."""
+
+    def __init__(self, backend, precision, scale=0.0):
+        self.backend, self.precision, self.inference_precision = backend, precision, "f32"
+        self.scale, self.calls = scale, 0
+
+    def __call__(self, features):
+        self.calls += 1
+        ids = features["input_ids"].float()
+        base = torch.stack([torch.sin(ids * (j + 1) / 7.0) for j in range(16)], dim=-1)  # (B, T, 16)
+        noise = torch.sin(ids[..., None] * 13.0 + torch.arange(16)) * self.scale
+        return base + noise
+
+
+def _work():
+    features = {"input_ids": torch.arange(1, 41).reshape(4, 10), "attention_mask": torch.ones(4, 10, dtype=torch.long)}
+    return auto.Workload(checks=[features], queries=[features], batch=features, single=features, pooling="mean")
+
+
+def test_choose_keeps_the_rule_leaves_out_what_fails_and_caches_the_decision(monkeypatch, tmp_path):
+    ratios = {"torch": (0.9, 1.5), "onnx": (2.0, 1.8), "openvino-int8": (3.0, 2.5), "openvino-bf16": (1.5, 1.2)}
+    runtimes = {
+        ("openvino", "fp32"): FakeRuntime("openvino", "fp32"),
+        ("torch", "fp32"): FakeRuntime("torch", "fp32"),  # slower on batches: not eligible
+        ("openvino", "int8"): FakeRuntime("openvino", "int8", scale=5.0),  # fastest, but wrong: out of bound
+        ("openvino", "bf16"): FakeRuntime("openvino", "bf16", scale=1e-4),
+    }
+
+    def load(backend, precision):
+        if backend == "onnx":
+            raise UnsupportedModelError("could not export 'm' to onnx fp32 (RuntimeError: no)")
+        return runtimes[backend, precision]
+
+    def fixed_ratios(reference, runtime, work):
+        return ratios[runtime.backend if runtime.precision == "fp32" else f"{runtime.backend}-{runtime.precision}"]
+
+    monkeypatch.setattr(auto, "_ratios", fixed_ratios)
+    options = [("openvino", "fp32"), ("torch", "fp32"), ("onnx", "fp32"), ("openvino", "bf16"), ("openvino", "int8")]
+    cache = tmp_path / "m-auto.json"
+    runtime, choice = auto.choose("m", options, load, _work(), cache)
+    assert (choice.backend, choice.precision) == ("openvino", "bf16") and runtime is runtimes["openvino", "bf16"]
+    trials = {t.name: t for t in choice.trials}
+    assert trials["onnx fp32"].excluded.startswith("not loaded (UnsupportedModelError: could not export")
+    assert trials["openvino int8"].excluded.startswith("outside the quality bound (cosine")
+    assert trials["torch fp32"].excluded is None and not trials["torch fp32"].batch_ratio >= 1  # measured, slower
+    assert "openvino bf16: 1.50x batch, 1.20x single text vs openvino fp32" in choice.summary
+    assert json.loads(cache.read_text())["backend"] == "openvino"
+
+    for r in runtimes.values():
+        r.calls = 0
+    again, cached = auto.choose("m", options, load, _work(), cache)
+    assert cached.cached and again is runtimes["openvino", "bf16"]
+    assert sum(r.calls for r in runtimes.values()) == 0  # read from the cache: nothing measured
+
+    monkeypatch.setattr(auto, "BOUNDS", {"cosine": 1.01, "overlap": 0.9})  # nothing is that close: the reference
+    _, strict = auto.choose("m", options, load, _work(), tmp_path / "strict.json")
+    assert (strict.backend, strict.precision) == ("openvino", "fp32")
+
+
+def test_a_reference_that_fails_gives_its_place_to_the_next_fp32_runtime(tmp_path, monkeypatch):
+    monkeypatch.setattr(auto, "_ratios", lambda reference, runtime, work: (1.0, 1.0))
+
+    def load(backend, precision):
+        if backend == "openvino":
+            raise UnsupportedModelError("no")
+        return FakeRuntime(backend, precision)
+
+    _, choice = auto.choose("m", [("openvino", "fp32"), ("torch", "fp32")], load, _work(), tmp_path / "c.json")
+    assert choice.reference == "torch fp32" and choice.backend == "torch"
+    with pytest.raises(UnsupportedModelError, match="found no runtime that loads 'm'"):
+        auto.choose("m", [("openvino", "fp32")], load, _work(), tmp_path / "none.json")
+
+
+def _consistent(choice):
+    chosen = next(t for t in choice.trials if (t.backend, t.precision) == (choice.backend, choice.precision))
+    assert auto.pick(choice.trials) is chosen
+    assert chosen.within_bound and chosen.batch_ratio >= 1.0 and chosen.single_ratio >= 1.0
+    return chosen
+
+
+def test_an_encoder_with_auto_runs_what_was_chosen_within_the_bound(tmp_path, monkeypatch):
+    path = tiny_model("bert")
+    encoder = Encoder.from_pretrained(path, backend="auto", precision="auto", cache_dir=tmp_path)
+    choice = encoder.auto_choice
+    chosen = _consistent(choice)
+    assert (encoder.backend, encoder.precision) == (choice.backend, choice.precision)
+    assert {t.name for t in choice.trials} >= {"openvino fp32", "torch fp32", "openvino int8"}
+    texts = ["a first text about retrieval", "another one, longer than the first, about reranking"]
+    reference = Encoder.from_pretrained(path, backend="torch").encode(texts)
+    cosines = np.sum(reference * encoder.encode(texts), axis=1) / np.linalg.norm(reference, axis=1) ** 2
+    assert cosines.min() >= auto.BOUNDS["cosine"] or chosen.precision == "fp32"
+
+    def measured(*args):
+        raise AssertionError("a cached decision measured again")
+
+    monkeypatch.setattr(auto, "_ratios", measured)
+    again = Encoder.from_pretrained(path, backend="auto", precision="auto", cache_dir=tmp_path)
+    assert again.auto_choice.cached and again.backend == encoder.backend and again.precision == encoder.precision
+    explicit = Encoder.from_pretrained(path, backend="openvino", precision="fp32", cache_dir=tmp_path)
+    assert explicit.auto_choice is None  # an explicit setting always wins, and measures nothing
+
+
+def test_a_cross_encoder_with_auto_precision_stays_on_its_backend(tmp_path):
+    model = CrossEncoder.from_pretrained(
+        tiny_model("bert", "cross-encoder"), backend="openvino", precision="auto", cache_dir=tmp_path
+    )
+    choice = model.auto_choice
+    _consistent(choice)
+    assert {t.backend for t in choice.trials} == {"openvino"} and model.backend == "openvino"
+    assert set(choice.trials[1].quality) == {"rho"}
+
+
+def test_the_service_reports_what_auto_chose(tmp_path, monkeypatch):
+    from litestar.testing import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    monkeypatch.setenv("EMBEDRANK_CACHE", str(tmp_path))
+    models = f"m={tiny_model('bert')}@auto:fp32"
+    settings = Settings.from_env({"EMBEDRANK_API_KEYS": "k", "EMBEDRANK_MODELS": models})
+    with TestClient(create_app(settings, wait_for_models=True)) as client:
+        (card,) = client.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"]
+        got = client.post("/v1/embeddings", json={"model": "m", "input": "hi"}, headers={"Authorization": "Bearer k"})
+    assert card["backend"] in ("openvino", "torch", "onnx") and card["precision"] == "fp32"
+    assert card["auto_choice"].startswith(f"{card['backend']} fp32: ")
+    assert got.status_code == 200
