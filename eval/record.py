@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     assert proc.stdout is not None
     for line in proc.stdout:
         sys.stdout.write(line)
-        lines.append(line.rsplit("\r", 1)[-1])  # a line redrawn in place: what the terminal shows last
+        shown_last = line.rsplit("\r", 1)[-1]  # a line redrawn in place: what the terminal shows last
+        if "━" not in shown_last:  # a library's progress bar printed to stdout (NNCF's) is not a result
+            lines.append(shown_last)
     code = proc.wait()
     if code != 0:
         print(f"[record] {shlex.join(shown)} exited with {code}: nothing recorded", file=sys.stderr)

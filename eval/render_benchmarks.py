@@ -84,7 +84,9 @@ the card's prompt template (`<Instruct>`, `<Query>`, `<Document>` inside the cha
 the max length from the document's end, padded on the left, and scored by the probability of "yes" against
 "no" as the next token. Batching, long-document chunking, token counts and `/v1/rerank` work as for any
 cross-encoder. The test suite checks the scores against the card's own code, written out with plain
-transformers, on a tiny seeded Qwen3 on torch, OpenVINO and ONNX.
+transformers, on a tiny seeded Qwen3 on torch, OpenVINO and ONNX; the matrix's `llm-reranker` row does the
+same on every backend and precision (int8 is calibrated on pairs written into the template, the inputs
+the model will see).
 
 ```python
 from embedrank import CrossEncoder

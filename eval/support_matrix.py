@@ -15,6 +15,9 @@ the architecture's own tokenizer kind and padding side), loads it with embedrank
 - **tokens**: whether every text's token count equals sentence-transformers';
 - **export s**: seconds of the first export (from the export's ``export.json``), ``cached`` if it was made
   before, ``-`` on torch;
+- **llm-reranker** rows (a causal LM scored by P(yes), as Qwen3-Reranker's card does) are checked against the
+  card's recipe written with plain transformers (:mod:`embedrank.testing.model_cards`) instead of
+  sentence-transformers, for scores, token counts and speed;
 - **speed**: texts per second of embedrank over sentence-transformers (torch fp32) on the same 256 texts,
   the median of alternated rounds. The models are tiny, so this shows regressions, not what a real model gains;
 - **status**: ``parity`` when the figure is within the bound (1e-5 torch, 1e-4 exported fp32), ``bf16 ok`` /
@@ -45,6 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from embedrank import CrossEncoder, Encoder  # noqa: E402
 from embedrank.testing.architectures import ARCHITECTURES, CROSS_ENCODERS  # noqa: E402
+from embedrank.testing.model_cards import load_qwen3_reranker, qwen3_reranker_scores  # noqa: E402
 from embedrank.testing.tiny import tiny_model  # noqa: E402
 from embedrank.texts import vocabulary_texts  # noqa: E402
 
@@ -144,6 +148,52 @@ def cross_encoder_row(name: str, system: str, texts: list[str], rounds: int, ref
     return _row(name, "cross-encoder", system, ce, shown, ok, tokens_equal, started, speed)
 
 
+LLM_RERANKERS = {"qwen3": "Qwen3-Reranker-0.6B/4B/8B (causal-LM form, the model card's yes/no recipe)"}
+"""Decoders built as causal-LM rerankers, checked against their model card's recipe (not sentence-transformers)."""
+
+
+def llm_reranker_row(name: str, system: str, texts: list[str], rounds: int, reference: dict) -> dict:
+    backend, precision = system.split(":")
+    path = tiny_model(name, "causal-lm")
+    pairs = [(QUERY, t) for t in TEXTS]
+    started = time.time()
+    ce = _load(CrossEncoder, path, backend, precision, texts)
+    if ("llm-reranker", name) not in reference:
+        card = load_qwen3_reranker(path)
+        reference["llm-reranker", name] = (card, qwen3_reranker_scores(path, pairs, ce.max_seq_length, loaded=card))
+    card, expected = reference["llm-reranker", name]
+    out = ce.score_pairs_with_stats(pairs, batch_size=2)
+    many = [(QUERY, t) for t in texts]
+
+    def by_card() -> np.ndarray:
+        return np.concatenate(
+            [
+                qwen3_reranker_scores(path, many[i : i + 32], ce.max_seq_length, loaded=card)
+                for i in range(0, len(many), 32)
+            ]
+        )
+
+    if precision in ("bf16", "int8"):
+        rho = float(spearmanr(ce.score_pairs(many, batch_size=32), by_card())[0])
+        shown, ok = f"rho {rho:.3f}", rho >= BOUND[f"{precision}-rho"]
+    else:
+        figure = float(np.abs(out.scores - expected).max())
+        shown, ok = f"{figure:.1e}", figure <= BOUND["torch" if backend == "torch" else "fp32"]
+    speed = _speed(lambda: ce.score_pairs(many, batch_size=32), by_card, rounds)
+    counts = ce.tokenizer([QUERY] * len(TEXTS), TEXTS, truncation=True, max_length=ce.max_seq_length)["input_ids"]
+    card_counts = card[0](  # the card's own count: prefix + body cut at the room left + suffix
+        [ce.tokenizer.format(QUERY, t) for t in TEXTS],
+        truncation=True,
+        max_length=ce.max_seq_length - len(ce.tokenizer.prefix_ids) - len(ce.tokenizer.suffix_ids),
+    )["input_ids"]
+    tokens_equal = (
+        out.token_counts
+        == [len(ids) for ids in counts]
+        == [len(ids) + len(ce.tokenizer.prefix_ids) + len(ce.tokenizer.suffix_ids) for ids in card_counts]
+    )
+    return _row(name, "llm-reranker", system, ce, shown, ok, tokens_equal, started, speed)
+
+
 def _row(name, kind, system, model, shown, ok, tokens_equal, started, speed) -> dict:
     backend = system.split(":")[0]
     if model.backend != backend:
@@ -188,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), help="backend:precision pairs")
     parser.add_argument("--architectures", nargs="+", default=list(ARCHITECTURES))
-    parser.add_argument("--kinds", nargs="+", default=["embedding", "cross-encoder"])
+    parser.add_argument("--kinds", nargs="+", default=["embedding", "cross-encoder", "llm-reranker"])
     parser.add_argument("--rounds", type=int, default=2, help="alternated speed rounds (median)")
     parser.add_argument("--texts", type=int, default=256, help="texts per speed round")
     args = parser.parse_args(argv)
@@ -200,9 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     rows, reference = [], {}
     jobs = [("embedding", a) for a in args.architectures if "embedding" in args.kinds]
     jobs += [("cross-encoder", a) for a in args.architectures if "cross-encoder" in args.kinds and a in CROSS_ENCODERS]
+    jobs += [("llm-reranker", a) for a in args.architectures if "llm-reranker" in args.kinds and a in LLM_RERANKERS]
     for kind, name in jobs:
         for system in args.systems:
-            build = embedding_row if kind == "embedding" else cross_encoder_row
+            build = {"embedding": embedding_row, "cross-encoder": cross_encoder_row, "llm-reranker": llm_reranker_row}[
+                kind
+            ]
             try:  # what libraries print (NNCF's progress bars, exporters' blank lines) goes to stderr
                 with _stdout_to_stderr():
                     rows.append(build(name, system, texts, args.rounds, reference))
@@ -227,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = {r["system"]: r for r in rows if (r["kind"], r["architecture"]) == (kind, name)}
         shown = [_cell(cells[system]) for system in args.systems]
         arch = ARCHITECTURES[name]
-        examples = ", ".join(arch.examples if kind == "embedding" else arch.rerankers)
+        examples = ", ".join(
+            {"embedding": arch.examples, "cross-encoder": arch.rerankers}.get(kind, (LLM_RERANKERS.get(name, ""),))
+        )
         print(f"| {name} | {kind} | {examples} | " + " | ".join(shown) + " |")
     print("\n| architecture | kind | backend:precision | parity | tokens | export s | speed vs ST | status |")
     print("|---|---|---|---|---|---|---|---|")

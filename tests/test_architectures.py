@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from embedrank import CrossEncoder, Encoder
 from embedrank.errors import UnsupportedModelError
 from embedrank.registry import resolve
 from embedrank.testing.architectures import ARCHITECTURES, CROSS_ENCODERS
+from embedrank.testing.model_cards import qwen3_reranker_scores
 from embedrank.testing.tiny import tiny_model
 
 TEXTS = [
@@ -223,51 +223,43 @@ def test_the_service_serves_the_architectures_on_the_default_backend(monkeypatch
         for r in body.json()["results"]:
             assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-4)
         body = client.post("/v1/rerank", json={"model": "llm-reranker", "query": "green tea", "documents": docs})
-        ref = _model_card_scores(tiny_model("qwen3", "causal-lm"), [("green tea", d) for d in docs], 256)
+        ref = qwen3_reranker_scores(tiny_model("qwen3", "causal-lm"), [("green tea", d) for d in docs], 256)
         assert [r["index"] for r in body.json()["results"]] == sorted(range(len(docs)), key=lambda i: -ref[i])
         for r in body.json()["results"]:
             assert r["relevance_score"] == pytest.approx(float(ref[r["index"]]), abs=1e-4)
 
 
-def _model_card_scores(path: str, pairs: list[tuple[str, str]], max_length: int) -> np.ndarray:
-    """Qwen3-Reranker's recipe exactly as its model card writes it, with plain transformers."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
-    token_false_id = tokenizer.convert_tokens_to_ids("no")
-    token_true_id = tokenizer.convert_tokens_to_ids("yes")
-    prefix = (
-        "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
-        'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
-    )
-    suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    prefix_tokens = tokenizer.encode(prefix, add_special_tokens=False)
-    suffix_tokens = tokenizer.encode(suffix, add_special_tokens=False)
-    instruction = "Given a web search query, retrieve relevant passages that answer the query"
-    texts = [f"<Instruct>: {instruction}\n<Query>: {q}\n<Document>: {d}" for q, d in pairs]
-    inputs = tokenizer(
-        texts,
-        padding=False,
-        truncation="longest_first",
-        return_attention_mask=False,
-        max_length=max_length - len(prefix_tokens) - len(suffix_tokens),
-    )
-    for i, ele in enumerate(inputs["input_ids"]):
-        inputs["input_ids"][i] = prefix_tokens + ele + suffix_tokens
-    with warnings.catch_warnings():  # the card pads with max_length, which transformers says it ignores
-        warnings.simplefilter("ignore", UserWarning)
-        inputs = tokenizer.pad(inputs, padding=True, return_tensors="pt", max_length=max_length)
-    with torch.no_grad():
-        batch_scores = model(**inputs).logits[:, -1, :]
-    true_vector = batch_scores[:, token_true_id]
-    false_vector = batch_scores[:, token_false_id]
-    batch_scores = torch.nn.functional.log_softmax(torch.stack([false_vector, true_vector], dim=1), dim=1)
-    return batch_scores[:, 1].exp().numpy()
-
-
 LLM_PAIRS = [*PAIRS, ("long", "retrieval " * 300)]
+
+
+def test_an_llm_reranker_calibrates_int8_on_its_template(monkeypatch, tmp_path):
+    from embedrank.runtime import converters, exports
+    from embedrank.texts import vocabulary_texts
+
+    path = tiny_model("qwen3", "causal-lm")
+    seen = []
+    calibrate = converters.calibration_batches
+
+    def recorded(tokenizer, head, texts, max_length):
+        batches = calibrate(tokenizer, head, texts, max_length)
+        seen.append((tokenizer, batches))
+        return batches
+
+    monkeypatch.setattr(converters, "calibration_batches", recorded)
+    monkeypatch.setattr(exports.converters, "calibration_batches", recorded)
+    ce = CrossEncoder.from_pretrained(path, backend="openvino", precision="int8", cache_dir=tmp_path)
+    (tokenizer, batches), *_ = seen
+    prefix, suffix = tokenizer.prefix_ids, tokenizer.suffix_ids
+    for batch in batches:  # every calibration row is a templated pair, padded on the left
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True):
+            real = [int(i) for i, m in zip(ids, mask, strict=True) if m]
+            assert real[: len(prefix)] == prefix and real[-len(suffix) :] == suffix and mask[-1] == 1
+    texts = vocabulary_texts(tokenizer.get_vocab(), n=64)
+    many = [("green tea", t) for t in texts]
+    from scipy.stats import spearmanr
+
+    rho = spearmanr(np.ravel(ce.score_pairs(many)), qwen3_reranker_scores(path, many, ce.max_seq_length)).statistic
+    assert rho >= 0.9
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("openvino", marks=pytest.mark.slow),
@@ -276,7 +268,7 @@ def test_a_causal_lm_reranker_scores_as_its_model_card_says(backend):
     path = tiny_model("qwen3", "causal-lm")
     ce = CrossEncoder.from_pretrained(path, backend=backend)
     assert (ce.backend, ce.num_labels, ce.activation) == (backend, 1, "Sigmoid")
-    expected = _model_card_scores(path, LLM_PAIRS, ce.max_seq_length)
+    expected = qwen3_reranker_scores(path, LLM_PAIRS, ce.max_seq_length)
     out = ce.score_pairs_with_stats(LLM_PAIRS, batch_size=3)  # batches mix lengths: left padding matters
     assert np.abs(out.scores - expected).max() < (1e-5 if backend == "torch" else 1e-4)
     assert out.truncated == [False, False, False, True, True]
@@ -341,9 +333,10 @@ def test_the_support_matrix_runs_and_every_row_holds():
     command = [sys.executable, str(script), "--systems", *SYSTEMS_TESTED, "--rounds", "1", "--texts", "16"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    detail = re.compile(r"\| \S+ \| (embedding|cross-encoder) \| \w+:fp32 \|")
+    detail = re.compile(r"\| \S+ \| (embedding|cross-encoder|llm-reranker) \| \w+:fp32 \|")
     rows = [line for line in run.stdout.splitlines() if detail.match(line)]
-    assert len(rows) == len(SYSTEMS_TESTED) * (len(ARCHITECTURES) + len(CROSS_ENCODERS))
+    llm_rerankers = 1  # qwen3, checked against its model card's recipe
+    assert len(rows) == len(SYSTEMS_TESTED) * (len(ARCHITECTURES) + len(CROSS_ENCODERS) + llm_rerankers)
     assert all(line.endswith("| parity |") for line in rows), [r for r in rows if not r.endswith("| parity |")]
 
 

@@ -90,7 +90,8 @@ def test_an_on_disk_merge_loads_and_searches_like_the_in_memory_merge(tmp_path, 
     on_disk = index_from_embeddings(job, config, sample_size=1000, on_disk=tmp_path / "ix")
     assert sorted(p.name for p in (tmp_path / "ix").iterdir()) == [
         "embedrank_index.json",
-        "ids.json",
+        "ids.offsets.npy",
+        "ids.utf8",
         "index.faiss",
         "index.ivfdata",
     ]

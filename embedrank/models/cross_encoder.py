@@ -164,12 +164,13 @@ class CrossEncoder(RuntimeFacts):
             max_seq_length=max_len,
             calibration=data_dir_sample if calibration is None else calibration,
             cache_dir=cache_dir,
+            # an LLM reranker reads pairs through its prompt template: int8 calibrates on templated pairs too
+            wrap_tokenizer=YesNoTokenizer if spec.scoring == "yes-no" else None,
         )
         config = getattr(model, "config", None) or AutoConfig.from_pretrained(
             spec.path, trust_remote_code=spec.trust_remote_code
         )
-        if spec.scoring == "yes-no":  # an LLM reranker: its prompt template, one score, P(yes) by the sigmoid
-            tokenizer = YesNoTokenizer(tokenizer)
+        if spec.scoring == "yes-no":  # an LLM reranker: one score, P(yes) by the sigmoid
             config = copy.copy(config)
             config.num_labels = 1
         return cls(spec, model, tokenizer, device=device, max_seq_length=max_len, config=config)

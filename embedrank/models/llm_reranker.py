@@ -79,7 +79,12 @@ class YesNoTokenizer:
             room = max(1, max_length - len(self.prefix_ids) - len(self.suffix_ids))
         body_ids = self.inner(bodies, truncation=room is not None, max_length=room, verbose=False)["input_ids"]
         ids = [self.prefix_ids + b + self.suffix_ids for b in body_ids]
-        return {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
+        rows = {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
+        if options.get("padding") or options.get("return_tensors"):  # as a tokenizer call with these does
+            return self.inner.pad(
+                rows, padding=options.get("padding") or True, return_tensors=options.get("return_tensors")
+            )
+        return rows
 
     def pad(self, rows: Any, **options: Any) -> Any:
         return self.inner.pad(rows, **options)
@@ -91,4 +96,6 @@ class YesNoTokenizer:
         return len(self([""], [""])["input_ids"][0])
 
     def __getattr__(self, name: str) -> Any:  # vocabulary, special tokens, decoding: the wrapped tokenizer's
+        if name == "inner":  # not set yet (a copy being built): no delegation, no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)

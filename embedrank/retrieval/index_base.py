@@ -16,6 +16,7 @@ import numpy as np
 
 from embedrank.errors import IndexMismatchError, InvalidInputError
 from embedrank.math.similarity import l2_normalize
+from embedrank.retrieval.ids import IdTable
 
 Metric = Literal["cosine", "dot", "l2"]
 IndexKind = Literal["numpy", "flat", "ivf", "hnsw", "pq", "sq8", "binary", "factory"]
@@ -93,14 +94,13 @@ class BaseIndex:
         # the vectors' embedding settings (EmbeddingSignature.to_dict()), recorded by the retrieval pipeline
         # and the sharded build; None for an index built by hand (then only model and dimension are known)
         self.signature: dict[str, Any] | None = None
-        self.ids: list[str] = []
-        self._positions: dict[str, int] = {}  # doc id -> row in the index (insertion order)
+        self.ids = IdTable()  # doc ids in row order, compact, with a hashed lookup (retrieval.ids)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __contains__(self, doc_id: object) -> bool:
-        return doc_id in self._positions
+        return doc_id in self.ids
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.config.kind}, metric={self.config.metric}, dim={self.dimension}, n={len(self)})"
@@ -113,18 +113,17 @@ class BaseIndex:
         ids = [str(i) for i in ids]
         if len(ids) != n:
             raise InvalidInputError(f"got {len(ids)} ids for {n} vectors")
-        dupes = [i for i in ids if i in self._positions]
-        if dupes or len(set(ids)) != len(ids):
-            raise InvalidInputError(f"duplicate document ids, e.g. {(dupes or ids)[0]!r}")
+        duplicate = self.ids.first_duplicate(ids)
+        if duplicate is not None:
+            raise InvalidInputError(f"duplicate document ids, e.g. {duplicate!r}")
         return ids
 
-    def _commit(self, ids: list[str]) -> None:
-        self._positions.update((doc_id, len(self.ids) + i) for i, doc_id in enumerate(ids))
+    def _commit(self, ids: Sequence[str]) -> None:
         self.ids.extend(ids)
 
     def _rows(self, ids: Sequence[str]) -> list[int]:
         """Index rows of ``ids`` (KeyError for an id the index does not hold)."""
-        return [self._positions[d] for d in ids]
+        return self.ids.rows(ids)
 
     def check_compatible(self, *, model_id: str | None = None, dimension: int | None = None) -> None:
         """Refuse a model or dimension other than the one the index was built with."""
@@ -168,7 +167,8 @@ class BaseIndex:
         }
 
     def _write_meta(self, directory: Path) -> None:
-        (directory / "ids.json").write_text(json.dumps(self.ids))
+        self.ids.save(directory)
+        (directory / "ids.json").unlink(missing_ok=True)  # an older save's list, which would disagree
         (directory / META_FILE).write_text(json.dumps(self._meta(), indent=2))
 
     def _read(self, directory: Path) -> None:
@@ -190,7 +190,7 @@ class BaseIndex:
         index.signature = meta.get("signature")
         index.check_compatible(model_id=model_id, dimension=dimension)
         index._read(root)
-        index._commit(json.loads((root / "ids.json").read_text()))
+        index.ids = IdTable.load(root)
         if len(index) != meta["count"]:
-            raise IndexMismatchError(f"{root}: metadata says {meta['count']} vectors, ids.json has {len(index)}")
+            raise IndexMismatchError(f"{root}: metadata says {meta['count']} vectors, the ids file has {len(index)}")
         return index

@@ -28,6 +28,7 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.retrieval.embed_job import read_manifest, read_shard
+from embedrank.retrieval.ids import IdTable
 from embedrank.retrieval.index import FaissIndex, IndexConfig
 
 Runner = Literal["threads", "ray"]
@@ -70,9 +71,9 @@ def merge_shards(shards: Sequence[FaissIndex]) -> FaissIndex:
     for shard in shards[1:]:
         if (shard.dimension, shard.config, shard.model_id) != (merged.dimension, merged.config, merged.model_id):
             raise InvalidInputError("shards differ in dimension, configuration or model")
-        duplicated = set(shard.ids) & set(merged._positions)
-        if duplicated:
-            raise InvalidInputError(f"document {sorted(duplicated)[0]!r} is in two shards")
+        duplicated = merged.ids.first_duplicate(list(shard.ids))
+        if duplicated is not None:
+            raise InvalidInputError(f"document {duplicated!r} is in two shards")
         # IVF lists store row numbers (shift them); flat codes are appended in order (FAISS refuses a shift)
         merged._index.merge_from(shard._index, len(merged) if faiss.try_extract_index_ivf(merged._index) else 0)
         merged._commit(list(shard.ids))
@@ -90,7 +91,7 @@ def merge_shards_on_disk(trained: FaissIndex, shards: Iterator[FaissIndex], dire
     out = Path(directory)
     parts = out / "shards.tmp"
     parts.mkdir(parents=True, exist_ok=True)
-    ids: list[str] = []
+    ids = IdTable()
     files = []
     try:
         for number, shard in enumerate(shards):
@@ -98,7 +99,10 @@ def merge_shards_on_disk(trained: FaissIndex, shards: Iterator[FaissIndex], dire
             # in faiss 1.15: rows of later shards collide with earlier ones)
             shifted = faiss.clone_index(trained._index)
             shifted.merge_from(shard._index, len(ids))
-            ids += shard.ids
+            duplicated = ids.first_duplicate(list(shard.ids))
+            if duplicated is not None:
+                raise InvalidInputError(f"document {duplicated!r} is in two shards")
+            ids.extend(list(shard.ids))
             files.append(str(parts / f"{number:05d}.faiss"))
             faiss.write_index(shifted, files[-1])
             del shifted, shard
@@ -106,8 +110,7 @@ def merge_shards_on_disk(trained: FaissIndex, shards: Iterator[FaissIndex], dire
         merged.signature = trained.signature
         merged._index = faiss.clone_index(trained._index)
         merge_ondisk(merged._index, files, str(out / "index.ivfdata"))
-        merged._register(ids, len(ids))  # refuses an id found in two shards
-        merged._commit(ids)
+        merged.ids = ids
         merged.save(out)
     finally:
         shutil.rmtree(parts, ignore_errors=True)

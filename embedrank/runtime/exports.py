@@ -63,7 +63,7 @@ log = logging.getLogger("embedrank.exports")
 
 # bumped whenever the way we export changes (attention implementation, converter options), so old
 # exports in the cache are not reused
-RECIPE = 5
+RECIPE = 6
 CALIBRATION_SIZE = 300  # texts for static int8 (NNCF's default subset is 300 samples)
 _VERSIONED = {
     "openvino": ("openvino", "nncf", "torch", "transformers"),
@@ -136,6 +136,7 @@ def load_transformer(
     max_seq_length: int,
     calibration: Calibration = None,
     cache_dir: str | Path | None = None,
+    wrap_tokenizer: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, torch.nn.Module | Runtime]:
     """The tokenizer and what runs the transformer: the torch module (backend ``torch``) or the runtime
     of the (cached) export, as :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>` and
@@ -143,7 +144,9 @@ def load_transformer(
 
     When neither the arguments nor ``$EMBEDRANK_BACKEND``/``$EMBEDRANK_PRECISION`` name the backend and the
     model cannot be exported to the default one, the model runs on torch, with one warning that gives the
-    reason; a named backend that cannot run the model is an error.
+    reason; a named backend that cannot run the model is an error. ``wrap_tokenizer`` turns the loaded
+    tokenizer into the one the model is fed through (an LLM reranker's prompt template), so that int8
+    calibration and the checks of exports see the inputs the model will see; the wrapped one is returned.
 
     Raises:
         InvalidInputError: an unknown backend or precision, or ``device``/``torch_dtype`` with an exported
@@ -157,6 +160,8 @@ def load_transformer(
     backend_name, prec = check_backend(backend, precision)
     with quiet_loading():
         tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+    if wrap_tokenizer is not None:
+        tokenizer = wrap_tokenizer(tokenizer)
     if backend_name == "torch" and prec != AUTO:
         return tokenizer, converters.load_torch(
             spec, head, tokenizer, **({"dtype": torch_dtype} if torch_dtype else {})
