@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM ?= false
 EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients,sparse
 RECORD := $(PY) eval/record.py
 
-.PHONY: setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load fuzz eval support-matrix serve notebooks clean
+.PHONY: setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -74,6 +74,10 @@ bench-fairness: setup
 
 bench-load: setup
 	$(RECORD) load "Load: 64 clients, mixed requests" -- $(PY) eval/bench_load.py
+	$(PY) eval/render_benchmarks.py
+
+bench-index-memory: setup
+	$(RECORD) index-memory "Index memory per vector, built from shards" -- $(PY) eval/bench_index_memory.py --vectors 1000000 --shard-size 100000
 	$(PY) eval/render_benchmarks.py
 
 fuzz: setup  ## schemathesis --checks all, 1,000 fuzzing cases per operation (the suite runs 100)

@@ -8,8 +8,8 @@ Writes ``--vectors`` seeded random unit vectors (``--dimension``, 384 as MiniLM)
 from them with :func:`~embedrank.retrieval.sharded_index.index_from_embeddings` (``--pq-m`` sub-quantizers
 of 8 bits), and prints:
 
-- the process's resident memory before the build and after it (shards freed), and the difference per
-  vector: what holding the index costs;
+- resident memory per vector: of a fresh process that loads the saved index (what holding it costs), and
+  of this process after the build (shards freed; it includes the allocator pools the build leaves);
 - the index's serialized FAISS size per vector (codes and lists), and its ids' bytes per vector
   (``IdTable.nbytes``) beside what a Python list and dict of the same ids take (``tracemalloc``), the
   layout before ``IdTable``.
@@ -36,6 +36,21 @@ def rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _load_in_fresh_process(saved: Path) -> dict:
+    """RSS of a new process before and after ``load_index(saved)``: what holding the index costs, without
+    the allocator pools a build leaves behind."""
+    import subprocess
+
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[2]); from bench_index_memory import rss_mib; "
+        "from embedrank.retrieval.index import load_index; before = rss_mib(); index = load_index(sys.argv[1]); "
+        "print(json.dumps({'before': before, 'after': rss_mib(), 'n': len(index)}))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    run = subprocess.run([sys.executable, "-c", code, str(saved), here], capture_output=True, text=True, check=True)
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -85,6 +100,7 @@ def main() -> None:
         saved = out / "index"
         index.save(saved)
         faiss_bytes = (saved / "index.faiss").stat().st_size
+        loaded = _load_in_fresh_process(saved)
     n = len(index)
     assert isinstance(index.ids, IdTable)
     report = {
@@ -94,7 +110,8 @@ def main() -> None:
         "build_seconds": round(seconds, 1),
         "rss_before_mib": round(before, 1),
         "rss_after_mib": round(after, 1),
-        "rss_bytes_per_vector": round((after - before) * 2**20 / n, 1),
+        "rss_bytes_per_vector_after_build": round((after - before) * 2**20 / n, 1),
+        "rss_bytes_per_vector_loaded": round((loaded["after"] - loaded["before"]) * 2**20 / n, 1),
         "faiss_bytes_per_vector": round(faiss_bytes / n, 1),
         "ids_bytes_per_vector": round(index.ids.nbytes / n, 1),
         "id_text_bytes_per_vector": round(id_bytes_text / n, 1),
@@ -102,8 +119,9 @@ def main() -> None:
     }
     print(json.dumps(report, indent=2))
     print(
-        f"\n{n:,} vectors: the index holds {report['rss_bytes_per_vector']} B per vector in memory "
-        f"(FAISS codes and lists {report['faiss_bytes_per_vector']} B, ids {report['ids_bytes_per_vector']} B "
+        f"\n{n:,} vectors: loaded in a fresh process the index holds {report['rss_bytes_per_vector_loaded']} B per "
+        f"vector (right after the build, with the allocator pools it leaves: {report['rss_bytes_per_vector_after_build']} B; "
+        f"FAISS codes and lists {report['faiss_bytes_per_vector']} B, ids {report['ids_bytes_per_vector']} B "
         f"of which {report['id_text_bytes_per_vector']} B are the ids' characters); the same ids as a Python "
         f"list and dict: {report['list_and_dict_bytes_per_vector']} B per vector"
     )
