@@ -248,6 +248,9 @@ def run_benchmark(
         timings["index_s"] = time.perf_counter() - t0
         assert retriever.corpus_embeddings is not None
         notes.append(retriever.corpus_embeddings.describe())
+        choice = cached_encoder(cfg.model, cfg.backend, cfg.precision).auto_choice
+        if choice is not None:  # backend/precision auto: say what runs and why
+            notes.append(f"auto chose {choice.summary}")
         size = getattr(retriever.index, "bytes_per_vector", None)
         if size is not None:
             sizes.append(size)
