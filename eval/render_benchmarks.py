@@ -18,8 +18,19 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "eval" / "results"
 PAGE = REPO / "docs" / "benchmarks.md"
 # the order of the page; results not named here follow, by name
-ORDER = ("quality", "quality-dl19", "quality-auto", "quantization", "encode", "rerank", "service", "fairness", "load", "embed-job",
-         "index-memory")
+ORDER = (
+    "quality",
+    "quality-dl19",
+    "quality-auto",
+    "quantization",
+    "encode",
+    "rerank",
+    "service",
+    "fairness",
+    "load",
+    "embed-job",
+    "index-memory",
+)
 # results rendered on a page of their own (name -> page, its introduction), not on the benchmarks page
 MODELS_PAGE = REPO / "docs" / "models.md"
 MODELS_INTRO = """# Supported models
