@@ -69,8 +69,8 @@ def actor_plan(
 
     Args:
         cpus: (CPUs in the cluster, CPUs of its largest node).
-        concurrency, num_cpus: the caller's choice; None sizes it from ``cpus``: one actor per CPU left
-            after ``reserve`` (rounded), sharing those CPUs equally.
+        concurrency: the caller's choice of actors; None: one per CPU left after ``reserve`` (rounded).
+        num_cpus: the caller's CPUs per actor; None: the CPUs left after ``reserve``, shared equally.
         reserve: CPUs the read and parse tasks need beside the actors.
 
     Returns:

@@ -145,8 +145,8 @@ def candidates(
     """The (backend, precision) pairs ``auto`` measures, the reference's first.
 
     Args:
-        backend, precision: as validated by :func:`~embedrank.runtime.backends.check_backend`; ``"auto"``
-            leaves it open.
+        backend: as validated by :func:`~embedrank.runtime.backends.check_backend`; ``"auto"`` leaves it open.
+        precision: likewise.
         cpu_flags: the CPU's flags (``/proc/cpuinfo``); bf16 is a candidate only with ``avx512_bf16`` or
             ``amx_bf16``.
         installed: whether a module can be imported (``nncf`` for OpenVINO int8, ``onnxruntime`` for ONNX).
@@ -196,8 +196,10 @@ def embedding_agreement(
     """How closely a candidate's embeddings follow the reference's.
 
     Args:
-        reference, candidate: ``(N, D)`` normalized document vectors of the same texts.
-        ref_queries, cand_queries: ``(Q, D)`` normalized query vectors of the same queries.
+        reference: ``(N, D)`` normalized document vectors by the reference runtime.
+        candidate: ``(N, D)`` the same texts' vectors by the candidate.
+        ref_queries: ``(Q, D)`` normalized query vectors by the reference runtime.
+        cand_queries: ``(Q, D)`` the same queries' vectors by the candidate.
         k: the ranking depth compared.
 
     Returns:
