@@ -56,7 +56,8 @@ def test_batches_across_concurrent_jobs_and_keeps_order():
     async def main():
         model = FakeBatchModel()
         model.gate.clear()  # the first batch holds the worker while every other job queues
-        engine = BatchEngine(model, EngineConfig(max_batch_size=128, max_wait_ms=0))
+        # batches sized by tokens only: a measured speed (the gated first batch's) must not shape them
+        engine = BatchEngine(model, EngineConfig(max_batch_size=128, max_wait_ms=0, target_batch_seconds=None))
         engine.start()
         jobs = [[f"job{j}-item{i}" + "x" * (i * 3 % 7) for i in range(1 + j % 4)] for j in range(40)]
         first = asyncio.ensure_future(engine.submit(jobs[0]))
@@ -79,7 +80,7 @@ def test_batches_across_concurrent_jobs_and_keeps_order():
 def test_token_budget_closes_batches():
     async def main():
         model = FakeBatchModel()
-        engine = BatchEngine(model, EngineConfig(max_batch_tokens=40, max_wait_ms=0))
+        engine = BatchEngine(model, EngineConfig(max_batch_tokens=40, max_wait_ms=0, target_batch_seconds=None))
         engine.start()
         await engine.submit(["a" * 18] * 6)  # est. 20 tokens each -> two per batch
         assert [len(b) for b in model.batches] == [2, 2, 2]
@@ -333,7 +334,8 @@ def test_a_new_request_waits_only_for_the_batch_in_flight():
     async def main():
         model = FakeBatchModel()
         model.gate.clear()
-        engine = BatchEngine(model, EngineConfig(max_batch_tokens=200, max_wait_ms=0))  # 4 long items per batch
+        config = EngineConfig(max_batch_tokens=200, max_wait_ms=0, target_batch_seconds=None)
+        engine = BatchEngine(model, config)  # 4 long items per batch
         engine.start()
         bulk = asyncio.ensure_future(engine.submit([f"{i:02d}" + "p" * 400 for i in range(20)]))
         await _entered(model)  # the first bulk batch is computing
