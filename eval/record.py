@@ -26,6 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "eval" / "results"
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 PACKAGES = ("torch", "transformers", "sentence-transformers", "openvino", "nncf", "onnxruntime", "faiss-cpu",
             "litestar", "uvicorn", "numpy")  # fmt: skip
 
@@ -47,6 +48,8 @@ def machine() -> dict:
         "flags": flags,
         "memory_gib": memory,
         "system": f"{platform.system()} {platform.machine()}",
+        # instruction-set limits set for the run (emulating an older CPU in the kernels that honour them)
+        "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if os.environ.get(k)},
     }
 
 

@@ -142,7 +142,9 @@ def load_results(directory: Path = RESULTS) -> list[dict]:
 
 def cpu_line(machine: dict) -> str:
     flags = ", ".join(machine.get("flags") or []) or "no AVX flags read"
-    return f"{machine.get('cpu', 'unknown CPU')}, {machine.get('cores')} cores ({flags})"
+    limits = ", ".join(f"{k}={v}" for k, v in (machine.get("isa_limits") or {}).items())
+    limited = f"; run with {limits}: the kernels that honour it use that instruction set only" if limits else ""
+    return f"{machine.get('cpu', 'unknown CPU')}, {machine.get('cores')} cores ({flags}){limited}"
 
 
 def _provenance(r: dict) -> str:

@@ -354,8 +354,11 @@ def choose(
         trials.append(trial)
         try:
             runtime = load(backend, precision)
-        except (ImportError, UnsupportedModelError) as exc:  # an ExportError carries the converter's reason
-            trial.excluded = f"not loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        except MemoryError:
+            raise
+        except Exception as exc:  # an export error (with the converter's reason), a graph the plugin cannot compile
+            log.info("embedrank: %s: auto leaves %s %s out: %s", model_id, backend, precision, exc)
+            trial.excluded = f"not loaded ({type(exc).__name__}: {' '.join(str(exc).split())[:240]})"
             continue
         if reference is None:
             if precision != "fp32":

@@ -366,7 +366,8 @@ def auto_runtime(
         "head": head,
         "window": max_seq_length,
         "options": options,
-        "cpu": [cpu, flags, int(torch.get_num_threads())],
+        # the ISA limit oneDNN honours (OpenVINO's and torch's kernels) changes what is fastest, like the CPU
+        "cpu": [cpu, flags, int(torch.get_num_threads()), os.environ.get("ONEDNN_MAX_CPU_ISA")],
         "versions": {p: _version(p) for p in sorted(set(_VERSIONED["openvino"] + _VERSIONED["onnx"]))},
         "texts": hashlib.sha256("\x00".join(texts).encode()).hexdigest(),
     }
