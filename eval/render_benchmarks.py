@@ -143,7 +143,11 @@ def load_results(directory: Path = RESULTS) -> list[dict]:
 def cpu_line(machine: dict) -> str:
     flags = ", ".join(machine.get("flags") or []) or "no AVX flags read"
     limits = ", ".join(f"{k}={v}" for k, v in (machine.get("isa_limits") or {}).items())
-    limited = f"; run with {limits}: the kernels that honour it use that instruction set only" if limits else ""
+    limited = (
+        f"; run with {limits} (OpenVINO and torch keep to that instruction set; ONNX Runtime ignores them)"
+        if limits
+        else ""
+    )
     return f"{machine.get('cpu', 'unknown CPU')}, {machine.get('cores')} cores ({flags}){limited}"
 
 
