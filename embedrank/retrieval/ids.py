@@ -35,6 +35,13 @@ def hash_ids(ids: Sequence[str]) -> np.ndarray:
     return pd.util.hash_array(np.asarray(ids, dtype=object), categorize=False)
 
 
+def _sorted_run(ids: Sequence[str], start: int) -> tuple[np.ndarray, np.ndarray]:
+    """The hashes of ``ids`` sorted ``(N,)`` uint64, and the row of each ``(N,)`` int64 (``start`` onwards)."""
+    hashes = hash_ids(ids)
+    order = np.argsort(hashes, kind="stable")
+    return hashes[order], (order + start).astype(np.int64)
+
+
 class IdTable(Sequence[str]):
     """Ids in row order: ``table[i]`` is row ``i``'s id, :meth:`rows` finds rows by id (module docstring)."""
 
@@ -132,9 +139,7 @@ class IdTable(Sequence[str]):
         for doc_id in ids:
             self._bytes += doc_id.encode()
             self._offsets.append(len(self._bytes))
-        hashes = hash_ids(ids)
-        order = np.argsort(hashes, kind="stable")
-        self._runs.append((hashes[order], (order + start).astype(np.int64)))
+        self._runs.append(_sorted_run(ids, start))
         while len(self._runs) > 1 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
             (h1, r1), (h2, r2) = self._runs.pop(), self._runs.pop()
             hashes_all, rows_all = np.concatenate([h2, h1]), np.concatenate([r2, r1])
@@ -157,8 +162,5 @@ class IdTable(Sequence[str]):
         table._bytes = bytearray(data)
         table._offsets = array.array("q", offsets.astype(np.int64).tobytes())
         ids = [data[offsets[i] : offsets[i + 1]].decode() for i in range(len(offsets) - 1)]
-        hashes = hash_ids(ids)
-        del ids
-        order = np.argsort(hashes, kind="stable")
-        table._runs = [(hashes[order], order.astype(np.int64))] if len(order) else []
+        table._runs = [_sorted_run(ids, 0)] if ids else []
         return table

@@ -61,6 +61,15 @@ def build_shard(trained: FaissIndex, ids: Sequence[str], vectors: np.ndarray) ->
     return shard
 
 
+def _unseen(merged: IdTable, shard: Sequence[str]) -> list[str]:
+    """``shard``'s ids as a list, refused if one of them is already in ``merged`` (or twice in ``shard``)."""
+    ids = list(shard)
+    duplicated = merged.first_duplicate(ids)
+    if duplicated is not None:
+        raise InvalidInputError(f"document {duplicated!r} is in two shards")
+    return ids
+
+
 def merge_shards(shards: Sequence[FaissIndex]) -> FaissIndex:
     """One index holding every shard's vectors, in shard order (the first shard is extended in place)."""
     import faiss
@@ -71,12 +80,10 @@ def merge_shards(shards: Sequence[FaissIndex]) -> FaissIndex:
     for shard in shards[1:]:
         if (shard.dimension, shard.config, shard.model_id) != (merged.dimension, merged.config, merged.model_id):
             raise InvalidInputError("shards differ in dimension, configuration or model")
-        duplicated = merged.ids.first_duplicate(list(shard.ids))
-        if duplicated is not None:
-            raise InvalidInputError(f"document {duplicated!r} is in two shards")
+        shard_ids = _unseen(merged.ids, shard.ids)
         # IVF lists store row numbers (shift them); flat codes are appended in order (FAISS refuses a shift)
         merged._index.merge_from(shard._index, len(merged) if faiss.try_extract_index_ivf(merged._index) else 0)
-        merged._commit(list(shard.ids))
+        merged._commit(shard_ids)
     return merged
 
 
@@ -99,10 +106,7 @@ def merge_shards_on_disk(trained: FaissIndex, shards: Iterator[FaissIndex], dire
             # in faiss 1.15: rows of later shards collide with earlier ones)
             shifted = faiss.clone_index(trained._index)
             shifted.merge_from(shard._index, len(ids))
-            duplicated = ids.first_duplicate(list(shard.ids))
-            if duplicated is not None:
-                raise InvalidInputError(f"document {duplicated!r} is in two shards")
-            ids.extend(list(shard.ids))
+            ids.extend(_unseen(ids, shard.ids))
             files.append(str(parts / f"{number:05d}.faiss"))
             faiss.write_index(shifted, files[-1])
             del shifted, shard
