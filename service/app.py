@@ -29,7 +29,7 @@ from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from service import shutdown
 from service.auth import BearerAuth
-from service.connections import HeaderDeadline, asgi_server
+from service.connections import HeaderDeadline, asgi_server, json_parse_errors
 from service.decoding import decode_strict, decompressed, shorten
 from service.errors import APIError, handle_exception
 from service.handling import ServiceState, pool_of, service_of
@@ -130,6 +130,8 @@ def create_app(
         logger.info("compute threads: %d (usable CPUs: %d)", threads, usable_cpus())
         server = asgi_server()  # before install() puts its handler in front of the server's
         deadline = HeaderDeadline(server, settings.header_timeout_seconds) if server is not None else None
+        if server is not None:
+            json_parse_errors(server)
         shutdown.install(partial(setattr, service, "status", "draining"), drain, settings.drain_seconds)
         service.load_task = asyncio.get_running_loop().create_task(_load(service))
         if deadline is not None:

@@ -1,4 +1,6 @@
-"""A deadline for request headers: slowloris connections are closed, not held forever.
+"""The HTTP connections under the app: a deadline for request headers, and errors in the API's shape.
+
+**Header deadline.**
 
 uvicorn (under ``litestar run``) times out keep-alive connections that are idle *after* a response, but a
 connection that has not finished sending a request's headers has no deadline: a client that opens
@@ -9,7 +11,12 @@ no keep-alive timer running) for longer than ``timeout`` seconds gets a 408 in t
 closed. Requests whose headers have arrived are not touched: their body has its own timeout (408 from
 the app), and their compute is bounded by the engine.
 
-It reads uvicorn's protocol objects (``server_state.connections``, ``cycle``, ``timeout_keep_alive_task``),
+**Parse errors.** uvicorn answers a request it cannot parse (a malformed request line or header, a bad
+``Content-Length`` or chunk size, both ``Content-Length`` and ``Transfer-Encoding``) with a plain-text 400
+before any app code runs. :func:`json_parse_errors` makes the server's protocol class answer them in the
+API's error shape instead (400, ``code: "invalid_http"``, then the connection is closed, as before).
+
+Both read uvicorn's protocol objects (``server_state.connections``, ``cycle``, ``timeout_keep_alive_task``),
 which both of its HTTP implementations share; ``tests/test_server_process.py`` checks it against the real
 server, so an upgrade that changes them is caught.
 """
@@ -38,22 +45,39 @@ def asgi_server() -> Any | None:
     return server if hasattr(getattr(server, "server_state", None), "connections") else None
 
 
-def _response_408(timeout: float) -> bytes:
-    body = json.dumps(
-        {
-            "error": {
-                "message": f"the request headers did not arrive within {timeout:g} s",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "request_timeout",
-            }
-        }
-    ).encode()
-    head = (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+def error_bytes(status: int, reason: str, message: str, code: str, headers: Any = ()) -> bytes:
+    """A complete HTTP/1.1 response in the API's error shape that closes the connection; ``headers`` are
+    ``(name, value)`` byte pairs sent first (the server's ``date`` and ``server``).
+
+    >>> error_bytes(408, "Request Timeout", "late", "request_timeout").split(b"\\r\\n")[0]
+    b'HTTP/1.1 408 Request Timeout'
+    """
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    body = json.dumps({"error": error}).encode()
+    extra = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    head = f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    return f"HTTP/1.1 {status} {reason}\r\n".encode() + extra + head.encode() + body
+
+
+def json_parse_errors(server: Any) -> None:
+    """Make ``server`` (a uvicorn ``Server``) answer requests it cannot parse in the API's error shape.
+
+    uvicorn builds each connection's protocol from ``server.config.http_protocol_class`` when the
+    connection is made, so replacing it during the app's startup covers every connection."""
+    base = server.config.http_protocol_class
+    if getattr(base, "json_parse_errors", False):
+        return
+
+    def send_400_response(self: Any, msg: str) -> None:
+        detail = msg.rstrip(".").lower() or "invalid HTTP request received"
+        message = f"the request is not valid HTTP/1.1 ({detail}): check its request line, headers and body framing"
+        headers = getattr(getattr(self, "server_state", None), "default_headers", ())
+        self.transport.write(error_bytes(400, "Bad Request", message, "invalid_http", headers))
+        self.transport.close()
+
+    server.config.http_protocol_class = type(
+        base.__name__, (base,), {"send_400_response": send_400_response, "json_parse_errors": True}
     )
-    return head.encode() + body
 
 
 class HeaderDeadline:
@@ -87,7 +111,14 @@ class HeaderDeadline:
                 transport = getattr(protocol, "transport", None)
                 if transport is not None and not transport.is_closing():
                     with contextlib.suppress(Exception):
-                        transport.write(_response_408(self.timeout))
+                        transport.write(
+                            error_bytes(
+                                408,
+                                "Request Timeout",
+                                f"the request headers did not arrive within {self.timeout:g} s",
+                                "request_timeout",
+                            )
+                        )
                     transport.close()
                     self.closed += 1
                     logger.info("closed a connection that sent no complete request headers in %g s", self.timeout)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
 import pytest
 
 from embedrank.testing.launch import running_server
-from service.connections import HeaderDeadline
+from service.connections import HeaderDeadline, json_parse_errors
 
 
 class Transport:
@@ -99,3 +100,62 @@ def test_the_real_server_closes_slow_header_connections(tmp_path, trickle):
             got, seconds = _read_until_closed(sock, trickle, seconds=30)
         assert got.startswith(b"HTTP/1.1 408 "), got[:200]
         assert seconds < 30  # closed by the deadline (1 s, checked every second), not by the test
+
+
+class PlainProtocol:
+    def __init__(self) -> None:
+        self.transport = Transport()
+
+    def send_400_response(self, msg: str) -> None:  # what uvicorn's protocols do
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n\r\n" + msg.encode())
+        self.transport.close()
+
+
+def test_parse_errors_get_the_error_shape_from_the_servers_protocol_class():
+    server = type("Server", (), {"config": type("Config", (), {"http_protocol_class": PlainProtocol})()})()
+    json_parse_errors(server)
+    json_parse_errors(server)  # idempotent: one subclass
+    cls = server.config.http_protocol_class
+    assert issubclass(cls, PlainProtocol) and cls.__mro__[1] is PlainProtocol
+    protocol = cls()
+    protocol.send_400_response("Invalid HTTP request received.")
+    head, _, body = protocol.transport.written.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head
+    assert int(head.split(b"content-length: ")[1].split(b"\r\n")[0]) == len(body)
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_http" and "invalid http request received" in error["message"]
+    assert protocol.transport.closed
+
+
+MALFORMED = {
+    "garbage request line": b"\x00\x01\x02 nonsense\r\n\r\n",
+    "bad HTTP version": b"GET /health HTTP/9.x\r\nHost: x\r\n\r\n",
+    "space in header name": b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+    "Content-Length not a number": b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    "negative Content-Length": b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    "two framings": (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ),
+    "bad chunk size": b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n",
+    "control character in header value": b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n",
+}
+
+
+@pytest.mark.slow  # starts a real server
+def test_the_real_server_answers_unparsable_requests_in_the_error_shape(tmp_path):
+    env = {"EMBEDRANK_MODELS": "fake=fake:encoder", "EMBEDRANK_API_KEYS": "k"}
+    answers = {}
+    with running_server(env, log_path=str(tmp_path / "server.log")) as base:
+        host, port = base.removeprefix("http://").split(":")
+        for name, raw in MALFORMED.items():
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(raw)
+                got = b""
+                while chunk := sock.recv(4096):
+                    got += chunk
+            answers[name] = got
+    for name, got in answers.items():
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), (name, got[:300])
+        assert b"content-type: application/json" in head.lower() and b"\r\ndate: " in head.lower(), (name, head)
+        assert json.loads(body)["error"]["code"] == "invalid_http", (name, body)
