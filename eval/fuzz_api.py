@@ -12,6 +12,10 @@ each operation got, and exempts one rejection from ``positive_data_acceptance``:
 token limit sent with ``"truncate": false`` is a 400, which JSON Schema cannot express (see that file).
 ``eval/schemathesis.toml`` adds 413 (body over ``EMBEDRANK_MAX_BODY_BYTES``) to the accepted statuses.
 
+Then, on the same server, the edge cases JSON Schema cannot make schemathesis send (``eval/fuzz_edges.py``):
+numbers out of a 64-bit float's range in every integer field, in unknown fields and as inputs, and every
+integer field (the chunking ones included, with texts long enough to chunk) at and past its bounds.
+
 Goal: 0 failures of any kind, with at least 1,000 generated cases per POST endpoint.
 
     python eval/fuzz_api.py                 # 1,000 fuzzing cases per operation (make fuzz)
@@ -95,7 +99,36 @@ def run(cases: int, seed: int, workers: int, real: bool, log_path: str | None = 
         result = json.loads(report.read_text()) if report.is_file() else {}
         result["per_operation"] = per_operation(json.loads(counts.read_text())) if counts.is_file() else {}
         result["stdout_tail"] = proc.stdout[-3000:]
-        return proc.returncode, result
+        result["edges"] = run_edges(base)
+        for message in result["edges"]["failures"][:20]:
+            print(message, file=sys.stderr)
+        return proc.returncode or int(bool(result["edges"]["failures"])), result
+
+
+def run_edges(base: str) -> dict:
+    """Send every case of :func:`fuzz_edges.edges` to the server at ``base``; ``{"cases", "failures", "by_status"}``."""
+    import fuzz_edges
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    with httpx.Client(base_url=base, headers=headers, timeout=120) as client:
+        schema = client.get("/schema/openapi.json").raise_for_status().json()
+        models = [m["id"] for m in client.get("/v1/models").raise_for_status().json()["data"]]
+        bases = fuzz_edges.bases(schema, models, lambda path, body: client.post(path, content=body).status_code)
+        cases = fuzz_edges.edges(schema, bases)
+        failures, statuses = [], collections.Counter()
+        for edge in cases:
+            response = client.post(edge.path, content=edge.body)
+            statuses[response.status_code] += 1
+            why = fuzz_edges.failure(edge, response.status_code, response.text)
+            if why is not None:
+                failures.append(f"POST {edge.path} {edge.body[:160]!r}: {why}")
+    return {
+        "cases": len(cases),
+        "operations": sorted(bases),
+        "failures": failures,
+        "by_status": dict(sorted(statuses.items())),
+    }
 
 
 def main() -> int:
@@ -119,6 +152,11 @@ def main() -> int:
     print(
         f"generated {cases.get('generated')} cases, {cases.get('with_failures')} with failures, "
         f"{len(result.get('failures', []))} failures, {len(result.get('errors', []))} errors"
+    )
+    edges = result["edges"]
+    print(
+        f"edge cases (out-of-range numbers, bounds, chunking): {edges['cases']} over {len(edges['operations'])} "
+        f"operations, statuses {edges['by_status']}, {len(edges['failures'])} failures"
     )
     return code
 
