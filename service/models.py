@@ -18,6 +18,7 @@ from typing import Any
 from embedrank.errors import ModelKindError, ModelNotFoundError
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
+from embedrank.models.router import RouteTable, pick_route
 from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import check_backend
@@ -44,6 +45,16 @@ class ServedModel:
     fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
     auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
     dimension: int | None = None  # the embedding width, once loaded (a static model's is measured)
+    # a sentence-transformers Router model: a runner (and engine) per route; ``runner`` runs the default one
+    route_runners: dict[str, AsyncEncoder] = dataclasses.field(default_factory=dict)
+    route_table: RouteTable | None = None
+
+    def runner_for(self, task: str | None) -> Any:
+        """The runner of ``task``'s route (:func:`~embedrank.models.router.pick_route`); ``runner`` when
+        the model has one route."""
+        if self.route_table is None:
+            return self.runner
+        return self.route_runners[pick_route(self.route_table, task)]
 
     @property
     def capabilities(self) -> list[str]:
@@ -128,12 +139,13 @@ class ModelPool:
                     precision=served.entry.precision,
                     calibration=served.entry.calibration,
                 )
-            if served.entry.ranges:
-                model.fit_ranges(served.entry.ranges)  # type: ignore[union-attr]
-            if served.spec.kind == "embedding":  # int8/uint8 ranges now, so that no request pays for them
-                started = time.perf_counter()
-                model.quantization_ranges()  # type: ignore[union-attr]
-                logger.info("%s: int8/uint8 ranges fitted in %.1f s", model_id, time.perf_counter() - started)
+            for route in {id(m): m for m in (getattr(model, "routes", None) or {None: model}).values()}.values():
+                if served.entry.ranges:
+                    route.fit_ranges(served.entry.ranges)
+                if served.spec.kind == "embedding":  # int8/uint8 ranges now, so that no request pays for them
+                    started = time.perf_counter()
+                    route.quantization_ranges()
+                    logger.info("%s: int8/uint8 ranges fitted in %.1f s", model_id, time.perf_counter() - started)
             served.backend, served.precision, served.inference_precision = describe_model(model)
             served.fallback_reason = getattr(model, "fallback_reason", None)
             choice = getattr(model, "auto_choice", None)
@@ -157,10 +169,20 @@ class ModelPool:
             runner_cls = {"embedding": AsyncEncoder, "sparse": AsyncSparseEncoder}.get(
                 served.spec.kind, AsyncCrossEncoder
             )
-            served.runner = runner_cls(core, config, on_batch=metrics.batch_observer(model_id), on_idle=on_idle)
-            served.runner.engine.start()
-            engine = served.runner.engine
-            metrics.track_engine(model_id, partial(getattr, engine, "queue_depth"), partial(getattr, engine, "dropped"))
+            routes = getattr(core, "routes", None) or {None: core}  # a Router model: an engine per route
+            for route, model in routes.items():
+                label = model_id if model is core else f"{model_id}:{route}"  # the metrics' model label
+                runner = runner_cls(model, config, on_batch=metrics.batch_observer(label), on_idle=on_idle)
+                runner.engine.start()
+                engine = runner.engine
+                metrics.track_engine(
+                    label, partial(getattr, engine, "queue_depth"), partial(getattr, engine, "dropped")
+                )
+                if model is core:
+                    served.runner = runner
+                if route is not None:
+                    served.route_runners[route] = runner
+            served.route_table = getattr(core, "route_table", None)
 
     def get(self, model_id: str, capability: str) -> ServedModel:
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
@@ -186,8 +208,8 @@ class ModelPool:
 
     async def drain(self, timeout: float) -> None:
         for served in self.models.values():
-            if served.runner is not None:
-                await served.runner.engine.drain(timeout)
+            for runner in {id(r): r for r in [served.runner, *served.route_runners.values()] if r is not None}.values():
+                await runner.engine.drain(timeout)
 
 
 def describe_model(model: Any) -> tuple[str, str, str]:

@@ -20,6 +20,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from embedrank.math.sparse import row_pairs
 from embedrank.models.prompts import request_prompt
+from embedrank.models.router import task_of
 from embedrank.serving.runners import AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
 from service import api
@@ -228,7 +229,7 @@ async def tokenize(req: TEITokenizeRequest, pool: ModelPool, settings: Settings)
     served = pool.get(_model(pool, req.model, "embeddings"), "embeddings")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
     prompt = request_prompt(served.spec.prompts, served.spec.default_prompt_name, prompt_name=req.prompt_name)
-    runner: AsyncEncoder = served.runner  # type: ignore[assignment]
+    runner: AsyncEncoder = served.runner_for(task_of(None, req.prompt_name))
     spans = await runner.token_spans(texts, prompt=prompt, add_special_tokens=req.add_special_tokens)
     return [
         [SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop) for t in row] for row in spans

@@ -51,7 +51,8 @@ LAYER_IMPORTS: dict[str, set[str]] = {
     "math": set(),
     "texts": set(),  # text sources: files, seeded vocabulary sentences
     "bundled": set(),  # weights another package ships, found by its files and checked by hash
-    "registry": {"math", "bundled"},  # a model id -> a local folder and its ModelSpec
+    "hub": set(),  # what to download of a hub model, and where the hub cache has it
+    "registry": {"math", "bundled", "hub"},  # a model id -> a local folder and its ModelSpec
     "runtime": {"math", "texts", "registry"},  # what runs the transformer: torch, OpenVINO, ONNX Runtime
     "models": {"math", "texts", "registry", "runtime"},  # encoders, cross-encoders, scorers
     "testing": {"math", "texts", "registry", "runtime", "models"},  # fakes, seeded models, server launcher

@@ -21,6 +21,7 @@ from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.dense import apply_dense, load_dense
 from embedrank.models.prompts import PromptRoles, select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
+from embedrank.models.router import Routed, routed
 from embedrank.models.tokens import (
     PROGRESS_THRESHOLD,
     Tokenized,
@@ -42,8 +43,9 @@ from embedrank.texts import data_dir_sample, vocabulary_texts
 from embedrank.types import ModelOutput
 
 
-class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
-    """A transformer encoder with embedrank's own pooling and normalization.
+class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
+    """A transformer encoder with embedrank's own pooling and normalization; a sentence-transformers
+    ``Router`` model is its default route, with the others in :attr:`routes` (``task=`` picks one).
 
     Use :meth:`from_pretrained`; the constructor takes already-loaded parts.
     """
@@ -103,6 +105,7 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         normalize: bool | None = None,
         max_seq_length: int | None = None,
         torch_dtype: torch.dtype | None = None,
+        in_router: bool = False,
     ) -> Encoder:
         """Load an already resolved model (:func:`~embedrank.registry.resolve`).
 
@@ -110,7 +113,8 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         ``"bf16"``, ``"int8"``) choose what runs the transformer (:mod:`embedrank.runtime.backends`; a static
         model runs in torch, :mod:`embedrank.runtime.static`); the first OpenVINO or ONNX load exports into the
         cache (``cache_dir``, :mod:`embedrank.runtime.exports`), and int8 calibrates on ``calibration`` (texts
-        or a ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory).
+        or a ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory). Every route of a Router
+        model loads with the same settings, except that a static route runs in torch (``in_router``).
 
         Raises:
             ModelKindError: the model is a cross-encoder.
@@ -124,18 +128,18 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
                 f"{loader}.from_pretrained"
             )
         max_len = max_seq_length or spec.max_seq_length
-        tokenizer, model = load_transformer(
-            spec,
-            "encoder",
-            backend=backend,
-            precision=precision,
-            device=device,
-            torch_dtype=torch_dtype,
-            max_seq_length=max_len,
-            calibration=data_dir_sample if calibration is None else calibration,
-            cache_dir=cache_dir,
+        if (
+            in_router or spec.routes
+        ) and spec.static:  # a Router's static route runs in torch, whatever runs the other routes
+            backend = precision = None
+        runs: dict[str, Any] = dict(
+            backend=backend, precision=precision, device=device, torch_dtype=torch_dtype, cache_dir=cache_dir
         )
-        return cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
+        calibrate = data_dir_sample if calibration is None else calibration
+        tokenizer, model = load_transformer(spec, "encoder", **runs, max_seq_length=max_len, calibration=calibrate)
+        enc = cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
+        enc.add_routes(lambda route: cls.from_spec(route, **runs, calibration=calibration, in_router=True))
+        return enc
 
     # -- facts -----------------------------------------------------------------------------------
     @property
@@ -151,11 +155,8 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         return self._dimension
 
     def __repr__(self) -> str:
-        return (
-            f"Encoder({self.model_id!r}, dim={self.dimension}, pooling={self.pooling.value}, "
-            f"normalize={self.normalize}, max_seq_length={self.max_seq_length}, backend={self.backend}, "
-            f"precision={self.precision})"
-        )
+        facts = f"pooling={self.pooling.value}, normalize={self.normalize}, max_seq_length={self.max_seq_length}"
+        return f"Encoder({self.model_id!r}, dim={self.dimension}, {facts}, backend={self.backend}, precision={self.precision})"
 
     # -- the three steps -------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], *, truncate: bool = True) -> Tokenized:
@@ -282,10 +283,12 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         return len(ids) - int(bool(ids) and ids[-1] in self.tokenizer.all_special_ids)
 
     # -- convenience -----------------------------------------------------------------------------
+    @routed
     def encode_with_stats(
         self,
         texts: Iterable[str],
         *,
+        task: str | None = None,
         batch_size: int = 32,
         show_progress: bool | None = None,
         normalize: bool | None = None,
@@ -305,10 +308,8 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
         check_dimensions(dimensions, self.dimension)  # before any work
+        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
         if chunking is not None:
-            chosen = select_prompt(
-                self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt
-            )
             window, texts = self.chunk_window(chosen), check_texts(texts)
             plan = ChunkPlan.make(
                 texts, self.token_offsets, window=window, chunking=chunking, truncate=truncate, param="texts"
@@ -319,7 +320,6 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
             pooled = plan.vectors(parts, normalize=do_norm)
             vectors = truncate_dims(pooled.values, dimensions, renormalize=do_norm)
             return dataclasses.replace(pooled, values=vectors)
-        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
         items, skip = with_prompt(check_texts(texts), chosen), self.prompt_skip(chosen)
         out = np.empty((len(items), dimensions or self.dimension), dtype=np.float32)
         counts = [0] * len(items)
@@ -341,10 +341,12 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
                 bar.update(len(positions))
         return ModelOutput(out, counts, truncated)
 
+    @routed
     def encode(
         self,
         texts: Iterable[str],
         *,
+        task: str | None = None,
         batch_size: int = 32,
         show_progress: bool | None = None,
         normalize: bool | None = None,
@@ -362,6 +364,7 @@ class Encoder(PromptRoles, FitsRanges, RuntimeFacts):
         and renormalizes. ``prompt_name`` (one of :attr:`prompts`) or ``prompt`` (any text) is put before
         each text, as sentence-transformers does; without either, the model's default prompt applies, if
         it has one. ``chunking`` embeds long texts window by window (see :meth:`encode_with_stats`).
+        ``task`` picks a Router model's route (``"query"``, ``"document"``; None: its default route).
         ``embedding_type`` is ``float32`` (or ``float``), ``int8``, ``uint8``, ``binary`` or ``ubinary``,
         with sentence-transformers' ``quantize_embeddings`` semantics (:mod:`embedrank.math.quantization`);
         int8/uint8 use ``ranges`` ``(2, D)`` if given, else :meth:`quantization_ranges`. A progress bar

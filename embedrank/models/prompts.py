@@ -112,7 +112,8 @@ def with_prompt(texts: Sequence[str], prompt: str) -> list[str]:
 
 class PromptRoles:
     """The query and document prompts of a model with ``spec.prompts``, and ``encode_query`` /
-    ``encode_document`` over its ``encode``, as sentence-transformers 5 names them."""
+    ``encode_document`` over its ``encode`` (with ``task`` ``"query"`` / ``"document"``, which picks a
+    Router model's route), as sentence-transformers 5 names them."""
 
     spec: Any
     encode: Callable[..., Any]  # the model's own
@@ -131,11 +132,11 @@ class PromptRoles:
         """:meth:`encode` with the model's query prompt (``"query"``; else its default prompt) unless
         ``prompt_name`` says otherwise, as sentence-transformers' ``encode_query``."""
         chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.query_prompt}
-        return self.encode(texts, **chosen, **options)
+        return self.encode(texts, **chosen, **{"task": "query", **options})
 
     def encode_document(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> Any:
         """:meth:`encode` with the model's document prompt (the first of ``"document"``, ``"passage"``,
         ``"corpus"`` it has; else its default prompt) unless ``prompt_name`` says otherwise, as
         sentence-transformers' ``encode_document``."""
         chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.document_prompt}
-        return self.encode(texts, **chosen, **options)
+        return self.encode(texts, **chosen, **{"task": "document", **options})

@@ -276,9 +276,11 @@ class AsyncEncoder:
         chunking: Chunking | None = None,
         raw_scores: bool = False,
         budget: int | None = None,
+        query_runner: AsyncEncoder | None = None,
     ) -> ModelOutput:
         """Cosine between the query embedding and each document embedding, each with the model's query or
         document prompt if it has one; token counts cover the query (first) and every document (window).
+        ``query_runner`` embeds the query when another model does (a Router model's query route).
 
         With ``chunking``, long documents are split into windows (:mod:`embedrank.models.chunking`), all
         windows go through the engine as one job, and each document gets the aggregate of its windows'
@@ -287,19 +289,28 @@ class AsyncEncoder:
         spec = self.encoder.spec
         query_text = role_prompt(spec.prompts, spec.default_prompt_name, QUERY_NAMES) + query
         document_prompt = role_prompt(spec.prompts, spec.default_prompt_name, DOCUMENT_NAMES)
-        if chunking is None:
-            texts = [query_text, *with_prompt(documents, document_prompt)]
-            fields = () if truncate else [("query", 1), ("documents", len(documents))]
-            rows = await self._rows(texts, fields, budget=budget)
+        plan = None
+        if chunking is not None:
+            window = self.encoder.chunk_window
+            plan = await plan_chunks(documents, self.encoder.token_offsets, window, chunking, truncate, budget=budget)
+        docs = with_prompt(documents if plan is None else plan.texts, document_prompt)
+        # truncation off: the query and (windows fit) unchunked documents are refused when cut
+        fields = [("query", 1)] + ([("documents", len(documents))] if plan is None else [])
+        if query_runner is None or query_runner is self:  # one job: the query and the documents
+            rows = await self._rows([query_text, *docs], () if truncate else fields, budget=budget)
             out = await self.engine.submit(rows, priority=priority)
-            return ModelOutput(cosine_scores(out.values[0], out.values[1:]), out.token_counts, out.truncated)
-        window = self.encoder.chunk_window
-        plan = await plan_chunks(documents, self.encoder.token_offsets, window, chunking, truncate, budget=budget)
-        texts = [query_text, *with_prompt(plan.texts, document_prompt)]
-        # windows fit: only the query can be cut
-        rows = await self._rows(texts, () if truncate else [("query", 1)], budget=budget)
-        out = await self.engine.submit(rows, priority=priority)
+        else:
+            rows = await self._rows(docs, () if truncate else fields[1:], budget=budget)
+            asked = await query_runner._rows([query_text], () if truncate else fields[:1], budget=budget)
+            q, d = await asyncio.gather(
+                query_runner.engine.submit(asked, priority=priority), self.engine.submit(rows, priority=priority)
+            )
+            out = ModelOutput(
+                np.concatenate([q.values, d.values]), q.token_counts + d.token_counts, q.truncated + d.truncated
+            )
         cosines = cosine_scores(out.values[0], out.values[1:])
+        if plan is None:
+            return ModelOutput(cosines, out.token_counts, out.truncated)
         return plan.scores(cosines, out.token_counts, out.truncated[1:], leading_flags=out.truncated[:1])
 
 
