@@ -51,6 +51,7 @@ from embedrank.math.similarity import cosine_scores, l2_normalize, similarity, t
 from embedrank.models.chunking import Chunking
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
+from embedrank.models.m3 import M3Encoder
 from embedrank.models.scorers import BiEncoderScorer, CrossEncoderScorer, Reranker, load_reranker
 from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
@@ -92,6 +93,7 @@ __all__ = [
     "IndexTrainingError",
     "InputTooLongError",
     "InvalidInputError",
+    "M3Encoder",
     "ModelKindError",
     "ModelNotFoundError",
     "ModelOutput",

@@ -214,3 +214,36 @@ def tiny_model(
         if (Path(out) / "config.json").is_file():
             return str(out)
     return build_directory(out, lambda tmp: build(arch, kind, tmp, seed, num_labels))
+
+
+def _m3_heads(out: Path, seed: int) -> None:
+    """bge-m3's two heads, seeded, beside the transformer: ``sparse_linear.pt`` (a positive bias, so most
+    tokens get a weight) and ``colbert_linear.pt``, as FlagEmbedding saves them."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    sparse = {"weight": torch.randn(1, HIDDEN, generator=generator) * 0.1, "bias": torch.tensor([0.3])}
+    colbert = {"weight": torch.randn(HIDDEN, HIDDEN, generator=generator) * 0.2,
+               "bias": torch.randn(HIDDEN, generator=generator) * 0.02}  # fmt: skip
+    torch.save(sparse, out / "sparse_linear.pt")
+    torch.save(colbert, out / "colbert_linear.pt")
+
+
+def tiny_bge_m3(out: str | Path | None = None, *, seed: int = 0) -> str:
+    """A tiny XLM-R (:func:`tiny_model`) with seeded bge-m3 heads beside it (bge-m3's layout); returns its path."""
+    import shutil
+
+    import transformers
+
+    if out is None:
+        key = hashlib.sha256(f"{RECIPE}:{transformers.__version__}:{seed}".encode()).hexdigest()[:10]
+        out = default_cache_dir() / "models" / f"tiny-bge-m3-{key}"
+        if (Path(out) / "colbert_linear.pt").is_file():
+            return str(out)
+    source = tiny_model("xlm-roberta", seed=seed)
+
+    def build(tmp: Path) -> None:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        _m3_heads(tmp, seed)
+
+    return build_directory(out, build)

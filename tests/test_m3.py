@@ -1,0 +1,92 @@
+"""bge-m3's dense vector, lexical weights and multi-vectors against FlagEmbedding's ``BGEM3FlagModel`` on a
+tiny seeded XLM-R with seeded heads in bge-m3's layout, on every backend that exports the transformer; the
+late-interaction and lexical scores against direct computations."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from embedrank.errors import UnsupportedModelError
+from embedrank.math.late import lexical_scores, maxsim, maxsim_scores, token_max_weights, weighted_sum
+from embedrank.models.m3 import M3Encoder
+from embedrank.testing.tiny import tiny_bge_m3, tiny_model
+
+TEXTS = [
+    "green tea health benefits",
+    "what causes the seasons on earth and why do they change",
+    "a b",
+    "Ünïcödé 日本語 text",
+    "tea tea tea green green",
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from FlagEmbedding import BGEM3FlagModel
+
+    path = tiny_bge_m3()
+    model = BGEM3FlagModel(path, use_fp16=False, devices="cpu")
+    out = model.encode(TEXTS, return_dense=True, return_sparse=True, return_colbert_vecs=True, max_length=120)
+    pairs = [[TEXTS[0], t] for t in TEXTS[1:]]  # one pair per batch: FlagEmbedding pads a batch's passages
+    scores = model.compute_score(pairs, max_query_length=120, max_passage_length=120, batch_size=1,
+                                 weights_for_different_modes=[0.4, 0.2, 0.4])  # fmt: skip
+    return path, out, scores
+
+
+@pytest.mark.parametrize(("backend", "tolerance"), [("torch", 1e-5), ("openvino", 1e-4), ("onnx", 1e-4)])
+def test_three_outputs_match_flagembedding(reference, backend, tolerance):
+    path, want, want_scores = reference
+    m3 = M3Encoder.from_pretrained(path, backend=backend)
+    got = m3.encode(TEXTS, batch_size=2)  # batches of different padding than FlagEmbedding's
+    assert np.abs(got.dense - want["dense_vecs"]).max() < tolerance
+    assert sum(len(w) for w in want["lexical_weights"]) > len(TEXTS)  # the heads give real weights
+    for i, weights in enumerate(want["lexical_weights"]):
+        row = got.sparse[i]
+        ours = {str(k): float(v) for k, v in zip(row.indices, row.data, strict=True)}
+        assert ours.keys() == weights.keys(), i
+        assert max(abs(ours[k] - float(w)) for k, w in weights.items()) < tolerance
+        assert got.multi[i].shape == want["colbert_vecs"][i].shape
+        assert np.abs(got.multi[i] - want["colbert_vecs"][i]).max() < tolerance
+    tokens = m3.encoder.tokenizer(TEXTS, truncation=True, max_length=120)["input_ids"]
+    assert got.token_counts == [len(t) for t in tokens] and not any(got.truncated)
+    scores = m3.score(TEXTS[0], TEXTS[1:])
+    for ours, theirs in (("dense", "dense"), ("sparse", "sparse"), ("multi", "colbert"), ("combined", "colbert+sparse+dense")):  # fmt: skip
+        assert np.abs(scores[ours] - np.array(want_scores[theirs])).max() < tolerance * 10, ours
+
+
+def test_a_model_without_the_heads_is_named():
+    with pytest.raises(UnsupportedModelError, match=r"sparse_linear\.pt, colbert_linear\.pt missing"):
+        M3Encoder.from_pretrained(tiny_model("xlm-roberta"))
+
+
+def test_a_missing_head_is_named(tmp_path):
+    path = tmp_path / "m3"
+    shutil.copytree(tiny_bge_m3(), path)
+    (path / "colbert_linear.pt").unlink()
+    with pytest.raises(UnsupportedModelError, match=r"colbert_linear\.pt missing"):
+        M3Encoder.from_pretrained(str(path))
+
+
+def test_scores_equal_direct_computations():
+    rng = np.random.default_rng(0)
+    query, documents = rng.normal(size=(4, 8)), [rng.normal(size=(n, 8)) for n in (1, 5, 9)]
+    direct = [np.mean([max(q @ d for d in doc) for q in query]) for doc in documents]
+    assert np.allclose(maxsim_scores(query, documents), direct, atol=1e-6)
+    assert maxsim(query, np.zeros((0, 8))) == 0.0
+    weights = rng.uniform(-1, 1, size=(3, 7)).astype(np.float32)
+    ids = rng.integers(0, 6, size=(3, 7))
+    mask = np.ones((3, 7), int)
+    mask[2, 4:] = 0
+    got = token_max_weights(weights, ids, mask, vocab_size=6, drop=[0]).toarray()
+    for b in range(3):
+        for v in range(6):
+            kept = [w for w, i, m in zip(weights[b], ids[b], mask[b], strict=True) if i == v and m and w > 0 and v != 0]
+            assert got[b, v] == pytest.approx(max(kept, default=0.0))
+    q, d = sp.csr_matrix(got[:1]), sp.csr_matrix(got)
+    assert np.allclose(lexical_scores(q, d), got @ got[0], atol=1e-6)
+    with pytest.raises(ValueError, match="one weight per score"):
+        weighted_sum([np.zeros(2)], [0.5, 0.5])
