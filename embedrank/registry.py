@@ -85,6 +85,7 @@ class ModelSpec:
     router: str | None = None
     routes: tuple[str, ...] = ()
     route: str | None = None
+    m3: bool = False  # bge-m3's lexical and multi-vector heads beside the weights (models.m3)
 
 
 def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
@@ -321,6 +322,7 @@ def _describe(
         static=static,
         include_prompt=include_prompt,
         model_type=config.get("model_type"),
+        m3=all((root / head).is_file() for head in ("sparse_linear.pt", "colbert_linear.pt")),
     )
 
 

@@ -70,16 +70,17 @@ def dense_text(chars: int, seed: int) -> str:
     return "".join(random.Random(seed).choices("!?.,;:()[]-+=*/#0123456789", k=chars))
 
 
-def window_tokens(n_tokens: int, window: int, overlap: int) -> int:
-    """Tokens the service counts for one text of ``n_tokens`` split into windows (its request budget)."""
+def window_tokens(n_tokens: int, window: int, overlap: int, extra: int) -> int:
+    """Tokens the service counts for one text of ``n_tokens`` split into windows (its request budget): each
+    window's text tokens and ``extra`` more (special tokens, and a rerank query's tokens)."""
     from embedrank.models.chunking import window_starts
 
-    return sum(min(start + window, n_tokens) - start for start in window_starts(n_tokens, window, overlap))
+    return sum(min(start + window, n_tokens) - start + extra for start in window_starts(n_tokens, window, overlap))
 
 
-def fill(budget: int, max_chars: int, offsets, window: int, overlap: int) -> list[str]:
+def fill(budget: int, max_chars: int, offsets, window: int, overlap: int, extra: int) -> list[str]:
     """Token-dense texts of at most ``max_chars`` whose windows hold as many tokens as ``budget`` admits."""
-    count = lambda text: window_tokens(len(offsets([text])[0]), window, overlap)  # noqa: E731
+    count = lambda text: window_tokens(len(offsets([text])[0]), window, overlap, extra)  # noqa: E731
     full = dense_text(max_chars, 0)
     per_text = count(full)
     texts = [dense_text(max_chars, i) for i in range(budget // per_text)]
@@ -100,11 +101,16 @@ def worst_bodies(embed_model: str, rerank_model: str, reranker_path: str) -> dic
 
     limits = Limits()
     encoder = Encoder.from_pretrained(MODEL, backend="torch")
-    window = encoder.chunk_window()
-    embed_texts = fill(limits.max_request_tokens, limits.max_text_chars, encoder.token_offsets, window, window // 2)
+    window, specials = encoder.chunk_window(), encoder.tokenizer.num_special_tokens_to_add(pair=False)
+    embed_texts = fill(
+        limits.max_request_tokens, limits.max_text_chars, encoder.token_offsets, window, window // 2, specials
+    )
     reranker = CrossEncoder.from_pretrained(reranker_path, backend="torch")
     window = reranker.chunk_window(QUERY)
-    documents = fill(limits.max_request_tokens, limits.max_text_chars, reranker.token_offsets, window, window // 2)
+    extra = reranker.tokenizer.num_special_tokens_to_add(pair=True) + len(reranker.token_offsets([QUERY])[0])
+    documents = fill(
+        limits.max_request_tokens, limits.max_text_chars, reranker.token_offsets, window, window // 2, extra
+    )
     documents = documents[: limits.max_documents]
     return {
         "chunked-embed": {"model": embed_model, "input": embed_texts, "chunking": True,

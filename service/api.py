@@ -11,16 +11,19 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.quantization import quantize
 from embedrank.math.ranking import rank_scores
+from embedrank.math.sparse import row_pairs
 from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import request_prompt
 from embedrank.models.router import task_of
+from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncEncoder
 from embedrank.types import ModelOutput
+from service.decoding import shorten
 from service.errors import invalid
 from service.models import ModelPool
 from service.schemas import (
@@ -36,6 +39,7 @@ from service.schemas import (
     RerankResponse,
     RerankResult,
     RerankUsage,
+    SparseVector,
     TokenCount,
     TokenizeRequest,
     TokenizeResponse,
@@ -157,6 +161,15 @@ async def embed_vectors(
         spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
     )
     runner: AsyncEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
+    outputs = {"sparse", "multivector"} & set(req.embedding_types or [])
+    extra: dict[str, Any] = {}
+    if outputs and not isinstance(runner, AsyncM3Encoder):
+        raise InvalidInputError(
+            f"model {shorten(req.model)!r} has no {' or '.join(sorted(outputs))} output (bge-m3 models have)",
+            param="embedding_types",
+        )
+    if "multivector" in outputs:
+        extra["multi_budget"] = limits.max_multivector_tokens
     with _request_fields():
         out = await runner.embed(
             texts,
@@ -168,8 +181,10 @@ async def embed_vectors(
             normalize=normalize,
             truncation_side=truncation_side,
             budget=limits.max_request_tokens,
+            **extra,
         )
-    return out, await _compact(out.embeddings, req.embedding_types or [], runner, req.dimensions)
+    compact = [t for t in req.embedding_types or [] if t not in outputs]
+    return out, await _compact(out.embeddings, compact, runner, req.dimensions)
 
 
 async def create_embeddings(
@@ -178,15 +193,19 @@ async def create_embeddings(
     """Embeddings. Returns the body and the number of inputs that were truncated."""
     out, compact = await embed_vectors(req, pool, limits, token_ids=token_ids)
     fmt = req.encoding_format
+    types = set(req.embedding_types or [])
+
+    def others(i: int) -> CompactEmbeddings | UnsetType:
+        fields: dict[str, Any] = {t: _encode_vector(c[i], fmt) for t, c in compact.items()}
+        if "sparse" in types:  # bge-m3's lexical weights and token vectors (embed_vectors checked the model)
+            indices, values = row_pairs(out.sparse, i)  # type: ignore[attr-defined]
+            fields["sparse"] = SparseVector(indices=indices, values=values)
+        if "multivector" in types:
+            fields["multivector"] = [_encode_vector(v, fmt) for v in out.multi[i]]  # type: ignore[attr-defined]
+        return CompactEmbeddings(**fields) if fields else UNSET
+
     data = [
-        Embedding(
-            index=i,
-            embedding=_encode_vector(v, fmt),
-            embeddings=CompactEmbeddings(**{t: _encode_vector(c[i], fmt) for t, c in compact.items()})
-            if compact
-            else UNSET,
-        )
-        for i, v in enumerate(out.embeddings)
+        Embedding(index=i, embedding=_encode_vector(v, fmt), embeddings=others(i)) for i, v in enumerate(out.embeddings)
     ]
     usage = EmbeddingUsage(
         prompt_tokens=out.total_tokens,
@@ -281,7 +300,9 @@ def list_models(pool: ModelPool) -> ModelList:
                 id=model_id,
                 created=served.created,
                 capabilities=served.capabilities,  # type: ignore[arg-type]
-                scorer={"embedding": "bi-encoder", "cross-encoder": "cross-encoder"}.get(served.spec.kind),  # type: ignore[arg-type]
+                scorer="bge-m3"
+                if served.spec.m3
+                else {"embedding": "bi-encoder", "cross-encoder": "cross-encoder"}.get(served.spec.kind),  # type: ignore[arg-type]
                 dimension=served.dimension or served.spec.dimension,
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.entry.aliases),

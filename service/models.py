@@ -18,11 +18,13 @@ from typing import Any
 from embedrank.errors import ModelKindError, ModelNotFoundError
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
+from embedrank.models.m3 import M3Encoder
 from embedrank.models.router import RouteTable, pick_route
 from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import check_backend
 from embedrank.serving.engine import EngineConfig
+from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
@@ -58,6 +60,8 @@ class ServedModel:
 
     @property
     def capabilities(self) -> list[str]:
+        if self.spec.m3:  # bge-m3: dense, lexical weights and multi-vectors from one pass
+            return ["embeddings", "rerank", "sparse"]
         return {"embedding": ["embeddings", "rerank"], "sparse": ["sparse"]}.get(self.spec.kind, ["rerank"])
 
 
@@ -129,6 +133,13 @@ class ModelPool:
             model = self._built.get(model_id)
             if model is None and served.spec.kind == "sparse":
                 model = SparseEncoder.from_spec(served.spec)
+            if model is None and served.spec.m3:
+                model = M3Encoder.from_spec(
+                    served.spec,
+                    backend=served.entry.backend,
+                    precision=served.entry.precision,
+                    calibration=served.entry.calibration,
+                )
             if model is None:
                 cls = Encoder if served.spec.kind == "embedding" else CrossEncoder
                 # a backend named by the entry or the environment is run or refused; with none named, a
@@ -150,7 +161,7 @@ class ModelPool:
             served.fallback_reason = getattr(model, "fallback_reason", None)
             choice = getattr(model, "auto_choice", None)
             served.auto_choice = choice.summary if choice is not None else None
-            if isinstance(model, Encoder):
+            if isinstance(model, Encoder | M3Encoder):
                 served.dimension = model.dimension
             loaded[model_id] = model
         return loaded
@@ -169,6 +180,7 @@ class ModelPool:
             runner_cls = {"embedding": AsyncEncoder, "sparse": AsyncSparseEncoder}.get(
                 served.spec.kind, AsyncCrossEncoder
             )
+            runner_cls = AsyncM3Encoder if isinstance(core, M3Encoder) else runner_cls
             routes = getattr(core, "routes", None) or {None: core}  # a Router model: an engine per route
             for route, model in routes.items():
                 label = model_id if model is core else f"{model_id}:{route}"  # the metrics' model label

@@ -21,6 +21,7 @@ Priority = Annotated[
 
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
+OutputType = Literal[EmbeddingType, "sparse", "multivector"]  # /v1/embeddings: bge-m3's other outputs too
 Compact = Annotated[
     list[float] | str,
     Meta(
@@ -74,11 +75,14 @@ class EmbeddingsRequest(Struct, kw_only=True):
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
     ] = True
     embedding_types: Annotated[
-        Annotated[list[EmbeddingType], Meta(min_length=1, max_length=16)] | None,
+        Annotated[list[OutputType], Meta(min_length=1, max_length=16)] | None,
         Meta(
             description="Cohere's compact vectors: each data object also gets `embeddings` with one vector per "
             "type listed (`int8`/`uint8`: calibrated 8-bit buckets; `binary`/`ubinary`: sign bits packed 8 per "
-            "byte, as sentence-transformers' quantize_embeddings). `embedding` stays the float vector",
+            "byte, as sentence-transformers' quantize_embeddings). `embedding` stays the float vector. bge-m3 "
+            "models also give `sparse` (lexical weights: `{indices, values}`, token ids ascending) and "
+            "`multivector` (one normalized vector per token after CLS; at most EMBEDRANK_MAX_MULTIVECTOR_TOKENS "
+            "token vectors per request)",
             examples=[["int8", "ubinary"]],
         ),
     ] = None
@@ -134,6 +138,13 @@ class TokenizeResponse(Struct, kw_only=True):
     data: list[TokenCount]
 
 
+class SparseVector(Struct, kw_only=True):
+    """A sparse vector: its non-zero weights by vocabulary index, indices ascending."""
+
+    indices: list[int]
+    values: list[float]
+
+
 class CompactEmbeddings(Struct, kw_only=True, omit_defaults=True):
     """One vector per requested ``embedding_types`` entry (Cohere's ``embeddings`` object)."""
 
@@ -142,6 +153,10 @@ class CompactEmbeddings(Struct, kw_only=True, omit_defaults=True):
     uint8: Compact | UnsetType = UNSET
     binary: Compact | UnsetType = UNSET
     ubinary: Compact | UnsetType = UNSET
+    sparse: Annotated[SparseVector | UnsetType, Meta(description="bge-m3's lexical weights")] = UNSET
+    multivector: Annotated[
+        list[Compact] | UnsetType, Meta(description="bge-m3's token vectors (a base64 string each with base64)")
+    ] = UNSET
 
 
 class Embedding(Struct, kw_only=True):
@@ -279,8 +294,11 @@ class ModelCard(Struct, kw_only=True):
         Meta(description="What it serves: embeddings (dense vectors), rerank, sparse (SPLADE vectors, /embed_sparse)"),
     ]
     scorer: Annotated[
-        Literal["cross-encoder", "bi-encoder"] | None,
-        Meta(description="How /v1/rerank scores with this model; null for a model that does not rerank"),
+        Literal["cross-encoder", "bi-encoder", "bge-m3"] | None,
+        Meta(
+            description="How /v1/rerank scores with this model (bge-m3: its dense, lexical and multi-vector scores "
+            "weighted 0.4, 0.2, 0.4); null for a model that does not rerank"
+        ),
     ]
     dimension: int | None
     max_tokens: int

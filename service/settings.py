@@ -28,7 +28,8 @@ Environment variables (all optional):
 - Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
   ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000),
   ``EMBEDRANK_MAX_REQUEST_TOKENS`` (1048576: the tokens one request may hold after tokenizing and chunking;
-  past it, 413 ``request_too_large`` before any of its work is queued).
+  past it, 413 ``request_too_large`` before any of its work is queued), ``EMBEDRANK_MAX_MULTIVECTOR_TOKENS``
+  (8192: the token vectors a bge-m3 ``multivector`` answer may hold; past it, 400 before any work).
 - ``EMBEDRANK_DRAIN_SECONDS`` (30): on SIGTERM, ``/health`` and new requests answer 503 at once, the work
   in flight gets this long, then every connection is closed and the process exits 0.
   ``EMBEDRANK_BODY_TIMEOUT_SECONDS`` (30): a request body that takes longer to arrive is answered 408.
@@ -134,6 +135,7 @@ class Limits:
     max_body_bytes: int = 16 * 1024 * 1024
     max_text_chars: int = 100_000
     max_request_tokens: int = 1_048_576  # tokens one request may hold after tokenizing (and chunking): 413 past it
+    max_multivector_tokens: int = 8192  # bge-m3 token vectors one /v1/embeddings response may hold: 400 past it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -250,7 +252,7 @@ class Settings:
                 check_backend(entry.backend, entry.precision)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None
-        for name in ("max_inputs", "max_documents", "max_body_bytes", "max_text_chars", "max_request_tokens"):
+        for name in (f.name for f in dataclasses.fields(Limits)):
             if getattr(self.limits, name) < 1:
                 raise SettingsError(f"limit {name} must be >= 1")
         if self.drain_seconds < 0 or self.body_timeout_seconds <= 0 or self.header_timeout_seconds <= 0:

@@ -90,3 +90,48 @@ def test_scores_equal_direct_computations():
     assert np.allclose(lexical_scores(q, d), got @ got[0], atol=1e-6)
     with pytest.raises(ValueError, match="one weight per score"):
         weighted_sum([np.zeros(2)], [0.5, 0.5])
+
+
+def test_the_service_serves_every_output_and_refuses_what_does_not_apply(fake_service):
+    from embedrank.testing.fake import FakeEncoder
+    from service.settings import Limits
+
+    m3 = M3Encoder.from_pretrained(tiny_bge_m3(), backend="torch")
+    want = m3.encode(TEXTS)
+    with fake_service({"m3": m3, "plain": FakeEncoder()}) as client:
+        (card,) = [c for c in client.get("/v1/models").json()["data"] if c["id"] == "m3"]
+        assert (card["scorer"], sorted(card["capabilities"])) == ("bge-m3", ["embeddings", "rerank", "sparse"])
+        body = {"model": "m3", "input": TEXTS, "embedding_types": ["sparse", "multivector", "int8"]}
+        response = client.post("/v1/embeddings", json=body)
+        assert response.status_code == 200, response.text
+        data = response.json()["data"]
+        assert np.abs(np.array([d["embedding"] for d in data]) - want.dense).max() < 1e-5
+        for i, d in enumerate(data):
+            sparse = d["embeddings"]["sparse"]
+            assert sparse["indices"] == want.sparse[i].indices.tolist()
+            assert np.allclose(sparse["values"], want.sparse[i].data, atol=1e-6)
+            assert np.abs(np.array(d["embeddings"]["multivector"]) - want.multi[i]).max() < 1e-5
+            assert len(d["embeddings"]["int8"]) == want.dense.shape[1]
+        tei = client.post("/embed_sparse", json={"model": "m3", "inputs": TEXTS[:2]}).json()
+        assert [[v["index"] for v in row] for row in tei] == [want.sparse[i].indices.tolist() for i in range(2)]
+        rerank = client.post("/v1/rerank", json={"model": "m3", "query": TEXTS[0], "documents": TEXTS[1:]}).json()
+        scores = {r["index"]: r["relevance_score"] for r in rerank["results"]}
+        combined = m3.score(TEXTS[0], TEXTS[1:])["combined"]
+        assert np.abs(np.array([scores[i] for i in range(len(TEXTS) - 1)]) - combined).max() < 1e-5
+        refused = {
+            "sparse from another model": client.post(
+                "/v1/embeddings", json={"model": "plain", "input": ["x"], "embedding_types": ["sparse"]}
+            ),
+            "chunking": client.post("/v1/embeddings", json={"model": "m3", "input": ["x"], "chunking": True}),
+            "rerank windows": client.post(
+                "/v1/rerank", json={"model": "m3", "query": "q", "documents": ["d"], "chunk_overlap": 8}
+            ),
+        }
+        for name, response in refused.items():
+            assert response.status_code == 400, (name, response.text)
+        assert "bge-m3 models have" in refused["sparse from another model"].json()["error"]["message"]
+    with fake_service({"m3": m3}, limits=Limits(max_multivector_tokens=10)) as client:
+        body = {"model": "m3", "input": TEXTS, "embedding_types": ["multivector"]}
+        response = client.post("/v1/embeddings", json=body)
+        assert response.status_code == 400 and "EMBEDRANK_MAX_MULTIVECTOR_TOKENS" in response.text
+        assert client.post("/v1/embeddings", json={**body, "input": ["a b"]}).status_code == 200

@@ -31,8 +31,8 @@ from embedrank.errors import UnsupportedModelError
 from embedrank.math.late import lexical_scores, maxsim_scores, token_max_weights, weighted_sum
 from embedrank.math.pooling import PoolingMode
 from embedrank.models.encoder import Encoder
-from embedrank.models.tokens import check_texts, collate_rows
-from embedrank.registry import resolve
+from embedrank.models.tokens import TokenRow, check_texts, collate_rows
+from embedrank.registry import ModelSpec, resolve
 
 HEADS = ("sparse_linear.pt", "colbert_linear.pt")
 DEFAULT_WEIGHTS = (0.4, 0.2, 0.4)  # dense, sparse, multi-vector: the weights bge-m3's authors use
@@ -47,6 +47,27 @@ class M3Output:
     multi: list[np.ndarray]  # N arrays (T_i - 1, H) float32, normalized
     token_counts: list[int]
     truncated: list[bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class M3Row:
+    """One text's outputs: its CLS state ``(H,)`` (not normalized), lexical weights ``(1, V)`` CSR and
+    multi-vectors ``(T - 1, H)`` (normalized)."""
+
+    cls_state: np.ndarray
+    lexical: sp.csr_matrix
+    multi: np.ndarray
+
+
+def gather(
+    rows: Sequence[M3Row], token_counts: list[int], truncated: list[bool], vocab_size: int, *, normalize: bool = True
+) -> M3Output:
+    """:class:`M3Output` of ``rows`` in order; ``normalize=False`` keeps the dense vectors' raw CLS states."""
+    dense = np.stack([r.cls_state for r in rows]).astype(np.float32) if rows else np.zeros((0, 0), np.float32)
+    if normalize and len(dense):
+        dense = dense / np.maximum(np.linalg.norm(dense, axis=1, keepdims=True), 1e-12)
+    sparse = sp.vstack([r.lexical for r in rows], format="csr") if rows else sp.csr_matrix((0, vocab_size))
+    return M3Output(dense, sparse, [r.multi for r in rows], token_counts, truncated)
 
 
 def _linear(path: Path) -> torch.nn.Linear:
@@ -77,48 +98,63 @@ class M3Encoder:
         Raises:
             UnsupportedModelError: the model has no ``sparse_linear.pt`` and ``colbert_linear.pt``.
         """
-        spec = resolve(model_id, trust_remote_code=trust_remote_code)
+        return cls.from_spec(resolve(model_id, trust_remote_code=trust_remote_code), **options)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, **options: Any) -> M3Encoder:
+        """:meth:`from_pretrained` of an already resolved model."""
         missing = [name for name in HEADS if not (Path(spec.path) / name).is_file()]
         if missing:
             raise UnsupportedModelError(
-                f"model {model_id!r} is not in bge-m3's layout: {', '.join(missing)} missing beside its weights"
+                f"model {spec.model_id!r} is not in bge-m3's layout: {', '.join(missing)} missing beside its weights"
             )
         encoder = Encoder.from_spec(spec, pooling=PoolingMode.CLS, normalize=True, **options)
         return cls(encoder, *(_linear(Path(spec.path) / name) for name in HEADS))
 
     @property
+    def spec(self) -> ModelSpec:
+        return self.encoder.spec
+
+    def __getattr__(self, name: str) -> Any:
+        """What the transformer's :class:`~embedrank.models.encoder.Encoder` knows (``runtime``, ``backend``,
+        ``fallback_reason``, ``quantization_ranges``, ...)."""
+        if name == "encoder":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.encoder, name)
+
+    @property
     def vocab_size(self) -> int:
         return len(self.encoder.tokenizer)
 
+    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
+        """Texts tokenized once, unpadded (cut at ``encoder.max_seq_length``), for :meth:`outputs_rows`."""
+        return self.encoder.tokenize_rows(texts)
+
     @torch.inference_mode()
+    def outputs_rows(self, rows: Sequence[TokenRow]) -> list[M3Row]:
+        """One forward pass over ``rows`` padded together; each row's three outputs (what an engine runs)."""
+        batch = collate_rows(self.encoder.tokenizer, rows)
+        states = self.encoder.forward(batch.features).float()  # (B, T, H)
+        mask = batch.features["attention_mask"].to(states.device)
+        weights = torch.relu(self.sparse_linear(states)).squeeze(-1)  # (B, T)
+        ids = batch.features["input_ids"].cpu().numpy()
+        lexical = token_max_weights(weights.cpu().numpy(), ids, mask.cpu().numpy(), self.vocab_size, self.dropped)
+        vectors = torch.nn.functional.normalize(self.colbert_linear(states[:, 1:]) * mask[:, 1:, None], dim=-1)
+        cls_states = states[:, 0].cpu().numpy()
+        return [
+            M3Row(cls_states[j], lexical[j], vectors[j, : int(mask[j].sum()) - 1].cpu().numpy())
+            for j in range(len(rows))
+        ]
+
     def encode(self, texts: Sequence[str], *, batch_size: int = 32) -> M3Output:
         """All three outputs for ``texts`` (cut at ``encoder.max_seq_length`` tokens), batched by length."""
-        texts = check_texts(texts)
-        rows = self.encoder.tokenize_rows(texts)
-        dense = np.zeros((len(texts), 0), np.float32)
-        sparse_rows: list[sp.csr_matrix] = [sp.csr_matrix((1, self.vocab_size), dtype=np.float32)] * len(texts)
-        multi: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * len(texts)
+        rows = self.tokenize_rows(check_texts(texts))
+        out: list[M3Row | None] = [None] * len(rows)
         order = np.argsort([-r.length for r in rows], kind="stable")  # longest first: little padding
         for positions in (order[start : start + batch_size] for start in range(0, len(rows), batch_size)):
-            batch = collate_rows(self.encoder.tokenizer, [rows[i] for i in positions])
-            states = self.encoder.forward(batch.features).float()  # (B, T, H)
-            mask = batch.features["attention_mask"].to(states.device)
-            cls_vectors = torch.nn.functional.normalize(states[:, 0], dim=-1).cpu().numpy()
-            if dense.shape[1] == 0:
-                dense = np.zeros((len(texts), cls_vectors.shape[1]), np.float32)
-            dense[positions] = cls_vectors
-            weights = torch.relu(self.sparse_linear(states)).squeeze(-1)  # (B, T)
-            ids = batch.features["input_ids"]
-            lexical = token_max_weights(
-                weights.cpu().numpy(), ids.cpu().numpy(), mask.cpu().numpy(), self.vocab_size, self.dropped
-            )
-            vectors = torch.nn.functional.normalize(self.colbert_linear(states[:, 1:]) * mask[:, 1:, None], dim=-1)
-            for j, i in enumerate(positions):
-                sparse_rows[i] = lexical[j]
-                multi[i] = vectors[j, : int(mask[j].sum()) - 1].cpu().numpy()
-        return M3Output(
-            dense, sp.vstack(sparse_rows, format="csr"), multi, [r.length for r in rows], [r.truncated for r in rows]
-        )
+            for i, row in zip(positions, self.outputs_rows([rows[i] for i in positions]), strict=True):
+                out[i] = row
+        return gather(out, [r.length for r in rows], [r.truncated for r in rows], self.vocab_size)  # type: ignore[arg-type]
 
     def score(
         self, query: str, documents: Sequence[str], *, weights: Sequence[float] = DEFAULT_WEIGHTS, batch_size: int = 32

@@ -1,0 +1,181 @@
+"""bge-m3 behind a :class:`~embedrank.serving.engine.BatchEngine`: one forward pass per batch gives every
+text's dense vector, lexical weights and multi-vectors (:mod:`embedrank.models.m3`), and texts from many
+requests share passes. Embedding requests take the outputs they ask for; rerank requests score a query
+against documents with bge-m3's combined score."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from embedrank.errors import InvalidInputError
+from embedrank.math.late import lexical_scores, maxsim_scores, weighted_sum
+from embedrank.math.similarity import check_dimensions, truncate_dims
+from embedrank.models.chunking import Chunking
+from embedrank.models.m3 import DEFAULT_WEIGHTS, M3Encoder, M3Output, M3Row, gather
+from embedrank.models.prompts import with_prompt
+from embedrank.models.tokens import TokenRow, too_long_error
+from embedrank.serving.engine import BatchEngine, EngineConfig
+from embedrank.serving.inputs import check_budget, first_cut
+from embedrank.types import ModelOutput
+
+
+class M3BatchModel:
+    """Batches of tokenized texts through bge-m3; each value is the text's :class:`M3Row`."""
+
+    def __init__(self, model: M3Encoder) -> None:
+        self.model = model
+        self.max_seq_length = model.encoder.max_seq_length
+
+    def item_tokens(self, item: TokenRow) -> int:
+        return item.length
+
+    def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
+        rows = np.empty(len(items), dtype=object)  # one M3Row per item (the engine stacks them per request)
+        rows[:] = self.model.outputs_rows(items)
+        return ModelOutput(rows, [r.length for r in items], [r.truncated for r in items])
+
+
+class M3Result(ModelOutput):
+    """One request's bge-m3 outputs: ``values`` (:attr:`embeddings`) the dense vectors ``(N, D)``,
+    :attr:`sparse` the lexical weights ``(N, V)`` (also :attr:`vectors`, as a sparse model's result),
+    :attr:`multi` the multi-vectors."""
+
+    def __init__(self, out: M3Output, dense: np.ndarray) -> None:
+        super().__init__(dense, out.token_counts, out.truncated)
+        self.sparse = out.sparse
+        self.multi = out.multi
+
+    @property
+    def vectors(self) -> Any:
+        return self.sparse
+
+
+class AsyncM3Encoder:
+    """bge-m3's outputs and scores through a :class:`BatchEngine`."""
+
+    kind = "m3"
+    scorer = "bge-m3"
+
+    def __init__(self, model: M3Encoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
+        self.model = model
+        self.encoder = model.encoder
+        self.engine: BatchEngine[TokenRow] = BatchEngine(M3BatchModel(model), config, **engine_kwargs)
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.encoder.max_seq_length
+
+    @property
+    def dimension(self) -> int:
+        return self.encoder.dimension
+
+    async def _outputs(
+        self,
+        texts: Sequence[str],
+        *,
+        truncate: bool,
+        priority: int,
+        param: str,
+        budget: int | None,
+        multi_budget: int | None = None,
+    ) -> M3Output:
+        """Tokenize, check the bounds (``budget`` tokens; ``multi_budget`` multi-vectors), then compute.
+        ``param`` ``"query"`` names the first text the query and the rest ``documents[i]``."""
+        rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
+        check_budget(rows, budget)
+        vectors = sum(r.length - 1 for r in rows)
+        if multi_budget is not None and vectors > multi_budget:
+            raise InvalidInputError(
+                f"the request's multi-vectors would be {vectors} token vectors; the limit is {multi_budget} per "
+                "request (EMBEDRANK_MAX_MULTIVECTOR_TOKENS): send fewer or shorter texts",
+                param="embedding_types",
+            )
+        at = None if truncate else first_cut(rows)
+        if at is not None:
+            if param == "query":
+                raise (
+                    too_long_error(0, self.max_seq_length, param="query")
+                    if at == 0
+                    else too_long_error(at - 1, self.max_seq_length, param="documents")
+                )
+            raise too_long_error(at, self.max_seq_length, param=param)
+        out = await self.engine.submit(rows, priority=priority)
+        m3_rows: list[M3Row] = list(out.values)
+        return gather(m3_rows, list(out.token_counts), list(out.truncated), self.model.vocab_size, normalize=False)
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        dimensions: int | None = None,
+        truncate: bool = True,
+        priority: int = 0,
+        prompt: str = "",
+        chunking: Chunking | None = None,
+        normalize: bool | None = None,
+        truncation_side: str = "right",
+        param: str = "input",
+        budget: int | None = None,
+        multi_budget: int | None = None,
+        **_: Any,
+    ) -> M3Result:
+        """The outputs of ``prompt + text`` for each text; the dense vectors normalized (unless ``normalize``
+        is False) and cut to ``dimensions``. Chunking and left truncation are refused: bge-m3 reads 8,192
+        tokens at once."""
+        if chunking is not None:
+            raise InvalidInputError(
+                "chunking is not supported for bge-m3 models (they read 8,192 tokens)", param="chunking"
+            )
+        if truncation_side != "right":
+            raise InvalidInputError("bge-m3 models cut over-long texts at the end only", param="truncation_direction")
+        check_dimensions(dimensions, self.dimension)
+        texts = with_prompt(texts, prompt)
+        out = await self._outputs(
+            texts, truncate=truncate, priority=priority, param=param, budget=budget, multi_budget=multi_budget
+        )
+        do_norm = normalize is not False
+        dense = (
+            out.dense / np.maximum(np.linalg.norm(out.dense, axis=1, keepdims=True), 1e-12) if do_norm else out.dense
+        )
+        return M3Result(out, truncate_dims(dense.astype(np.float32), dimensions, renormalize=do_norm))
+
+    async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
+        return await asyncio.to_thread(partial(self.encoder.quantization_ranges, dimensions))
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = True,
+        priority: int = 0,
+        budget: int | None = None,
+        chunking: Chunking | None = None,
+        weights: Sequence[float] = DEFAULT_WEIGHTS,
+        **_: Any,
+    ) -> ModelOutput:
+        """bge-m3's combined score (dense, lexical, MaxSim with ``weights``) of ``query`` against each
+        document, one job for all texts; token counts cover the query (first) and every document. Documents
+        are read whole up to the model's window (8,192 tokens for bge-m3), and cut there: ``chunking`` that
+        asks for windows (an overlap or a number of chunks) is refused."""
+        if chunking is not None and (chunking.overlap is not None or chunking.max_chunks is not None):
+            raise InvalidInputError(
+                "bge-m3 models read each document whole up to their window; chunk_overlap and max_chunks_per_doc "
+                "do not apply",
+                param="chunk_overlap" if chunking.overlap is not None else "max_chunks_per_doc",
+            )
+        texts = [query, *documents]
+        out = await self._outputs(texts, truncate=truncate, priority=priority, param="query", budget=budget)
+        dense = out.dense / np.maximum(np.linalg.norm(out.dense, axis=1, keepdims=True), 1e-12)
+        parts = [
+            dense[1:] @ dense[0],
+            lexical_scores(out.sparse[0], out.sparse[1:]),
+            maxsim_scores(out.multi[0], out.multi[1:]),
+        ]
+        scores = weighted_sum(parts, weights).astype(np.float32)
+        return ModelOutput(scores, out.token_counts, out.truncated)
