@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import torch
 
 from embedrank import bundled
-from embedrank.errors import ModelNotFoundError, UnsupportedModelError
+from embedrank.errors import InvalidInputError, ModelNotFoundError, UnsupportedModelError
 from embedrank.math.sparse import row_pairs, sparse_scores, splade_max, to_csr
 from embedrank.models.sparse import SparseEncoder
 from embedrank.testing.tiny import tiny_model
@@ -140,6 +140,22 @@ def test_the_sparse_retriever_returns_the_exact_top_k(tiny_splade):
         order = np.argsort(-scores, kind="stable")[:5]
         assert list(run[qid]) == [f"d{i}" for i in order]
         np.testing.assert_allclose(list(run[qid].values()), scores[order], rtol=1e-5)
+
+
+def test_the_seismic_index_gives_the_exact_run(tiny_splade):
+    from embedrank.retrieval.sparse import SparseRetriever
+
+    pytest.importorskip("seismic")
+    encoder = SparseEncoder.from_pretrained(tiny_splade)
+    docs = {f"d{i}": {"title": "", "text": t} for i, t in enumerate(TEXTS * 3 + ["tea ranking", "green text"])}
+    queries = {"q1": "green tea", "q2": "ranking text", "q3": "x"}
+    exact = SparseRetriever.from_corpus(encoder, docs).retrieve(queries, k=5)
+    indexed = SparseRetriever.from_corpus(encoder, docs, index="seismic").retrieve(queries, k=5)
+    assert {q: list(r) for q, r in indexed.items()} == {q: list(r) for q, r in exact.items()}
+    for qid in queries:
+        np.testing.assert_allclose(list(indexed[qid].values()), list(exact[qid].values()), rtol=1e-6)
+    with pytest.raises(InvalidInputError, match="index must be"):
+        SparseRetriever.from_corpus(encoder, docs, index="faiss")  # type: ignore[arg-type]
 
 
 @pytest.mark.slow  # the packaged MiniLM for the dense part
