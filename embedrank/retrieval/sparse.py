@@ -44,7 +44,7 @@ class SparseRetriever:
         scored (see the module doc)."""
         self.encoder = encoder
         self.ids = [str(i) for i in ids]
-        self.vectors = vectors if vectors is not None else encoder.encode(texts, batch_size=batch_size)
+        self.vectors = vectors if vectors is not None else encoder.encode_document(texts, batch_size=batch_size)
         if self.vectors.shape[0] != len(self.ids):
             raise ValueError(f"{self.vectors.shape[0]} vectors for {len(self.ids)} documents")
         if index not in ("exact", "seismic"):
@@ -73,7 +73,7 @@ class SparseRetriever:
         k = min(k, len(self.ids))
         for start in range(0, len(qids), QUERY_BATCH):
             batch = qids[start : start + QUERY_BATCH]
-            vectors = self.encoder.encode([queries[q] for q in batch])
+            vectors = self.encoder.encode_query([queries[q] for q in batch])
             if self.index is not None:
                 run.update({qid: dict(found) for qid, found in zip(batch, self.index.search(vectors, k), strict=True)})
                 continue
