@@ -227,9 +227,9 @@ def _describe(
     root = Path(path)
     config = _read_json(root / "config.json")
     listed = modules if isinstance(modules, list) else []
-    static = any(str(m.get("type", "")).endswith("StaticEmbedding") for m in listed if isinstance(m, dict))
-    if not isinstance(config, dict) or (static and "model_type" not in config):
-        if not static:
+    is_static = any(str(m.get("type", "")).endswith("StaticEmbedding") for m in listed if isinstance(m, dict))
+    if not isinstance(config, dict) or (is_static and "model_type" not in config):
+        if not is_static:
             raise NotAModelError(f"{path!r} has no readable config.json, so it is not a model directory")
         config = {}  # a static model (a vector per token) has no transformer (a config.json holds its module's)
     _check_architecture(model_id, config, trust_remote_code)

@@ -90,8 +90,9 @@ send to one), and `encode(texts)` takes the default route. In the service, `inpu
 `search_query`, `document`, `search_document`, `passage`) or `prompt_name` picks the route on every
 embedding route, a request that names neither takes the default route, `/v1/rerank` with such a model
 embeds the query on the query route and the documents on the document route, and each route has its own
-batching engine (`/metrics` labels it `model:route`). Routes whose modules embedrank does not run (the
-sparse `SparseStaticEmbedding` of inference-free SPLADE) are refused with the module's name.
+batching engine (`/metrics` labels it `model:route`). Inference-free SPLADE models (a `SparseStaticEmbedding`
+query route, a masked-LM document route) load the same way with `SparseEncoder`. A route of modules
+embedrank does not run is refused with the module's name.
 
 ## Cross-encoders with several labels
 

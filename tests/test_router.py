@@ -143,10 +143,11 @@ def test_a_router_without_its_config_or_with_an_unknown_route_is_named(static_qu
     (path / "router_config.json").unlink()
     with pytest.raises(UnsupportedModelError, match=r"Router has no readable router_config\.json"):
         resolve(str(path))
-    config = {"types": {"q": "x.SparseStaticEmbedding"}, "structure": {"q": ["q"]}, "parameters": {}}
+    config = {"types": {"q": "x.CLIPModel"}, "structure": {"q": ["q"]}, "parameters": {}}
     (path / "router_config.json").write_text(json.dumps(config))
     (path / "q").mkdir()
-    with pytest.raises(UnsupportedModelError, match="SparseStaticEmbedding"):
+    (path / "q" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(UnsupportedModelError, match="CLIPModel"):
         resolve(str(path))
 
 
