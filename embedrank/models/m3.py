@@ -30,6 +30,7 @@ import torch
 from embedrank.errors import UnsupportedModelError
 from embedrank.math.late import lexical_scores, maxsim_scores, token_max_weights, weighted_sum
 from embedrank.math.pooling import PoolingMode
+from embedrank.math.similarity import l2_normalize
 from embedrank.models.encoder import Encoder
 from embedrank.models.tokens import TokenRow, check_texts, collate_rows
 from embedrank.registry import ModelSpec, resolve
@@ -65,7 +66,7 @@ def gather(
     """:class:`M3Output` of ``rows`` in order; ``normalize=False`` keeps the dense vectors' raw CLS states."""
     dense = np.stack([r.cls_state for r in rows]).astype(np.float32) if rows else np.zeros((0, 0), np.float32)
     if normalize and len(dense):
-        dense = dense / np.maximum(np.linalg.norm(dense, axis=1, keepdims=True), 1e-12)
+        dense = l2_normalize(dense)
     sparse = sp.vstack([r.lexical for r in rows], format="csr") if rows else sp.csr_matrix((0, vocab_size))
     return M3Output(dense, sparse, [r.multi for r in rows], token_counts, truncated)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.late import lexical_scores, maxsim_scores, weighted_sum
-from embedrank.math.similarity import check_dimensions, truncate_dims
+from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models.chunking import Chunking
 from embedrank.models.m3 import DEFAULT_WEIGHTS, M3Encoder, M3Output, M3Row, gather
 from embedrank.models.prompts import with_prompt
@@ -139,9 +139,7 @@ class AsyncM3Encoder:
             texts, truncate=truncate, priority=priority, param=param, budget=budget, multi_budget=multi_budget
         )
         do_norm = normalize is not False
-        dense = (
-            out.dense / np.maximum(np.linalg.norm(out.dense, axis=1, keepdims=True), 1e-12) if do_norm else out.dense
-        )
+        dense = l2_normalize(out.dense) if do_norm else out.dense
         return M3Result(out, truncate_dims(dense.astype(np.float32), dimensions, renormalize=do_norm))
 
     async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
@@ -171,7 +169,7 @@ class AsyncM3Encoder:
             )
         texts = [query, *documents]
         out = await self._outputs(texts, truncate=truncate, priority=priority, param="query", budget=budget)
-        dense = out.dense / np.maximum(np.linalg.norm(out.dense, axis=1, keepdims=True), 1e-12)
+        dense = l2_normalize(out.dense)
         parts = [
             dense[1:] @ dense[0],
             lexical_scores(out.sparse[0], out.sparse[1:]),
