@@ -196,19 +196,26 @@ def describe(
             that needs its own code without ``trust_remote_code``.
     """
     modules = _read_json(Path(path) / "modules.json")
-    router = _read_json(Path(path) / "router_config.json")
-    if isinstance(modules, list) and modules and str(modules[0].get("type", "")).endswith("Router"):
-        if not isinstance(router, dict) or not isinstance(router.get("structure"), dict) or not router["structure"]:
-            raise UnsupportedModelError(f"model {model_id!r}: its Router has no readable router_config.json")
-        routes = tuple(router["structure"])
-        params = router.get("parameters") or {}
-        route = route or params.get("default_route") or routes[0]
-        if route not in routes:
-            raise UnsupportedModelError(f"model {model_id!r}: no route {route!r}; its routes are {list(routes)}")
-        ids = [str(i) for i in router["structure"][route]]
-        base = Path(path, ids[0])
-        listed = [{"type": router["types"][i], "path": os.path.relpath(Path(path, i), base)} for i in ids]
-        listed += [{**m, "path": os.path.relpath(Path(path, m.get("path", "")), base)} for m in modules[1:]]
+    router: Any = _read_json(Path(path) / "router_config.json")
+    if (
+        isinstance(modules, list)
+        and modules
+        and isinstance(modules[0], dict)
+        and str(modules[0].get("type", "")).endswith("Router")
+    ):
+        try:
+            routes = tuple(router["structure"])
+            route = route or (router.get("parameters") or {}).get("default_route") or routes[0]
+            if route not in routes:
+                raise UnsupportedModelError(f"model {model_id!r}: no route {route!r}; its routes are {list(routes)}")
+            ids = [str(i) for i in router["structure"][route]]
+            base = Path(path, ids[0])
+            listed = [{"type": router["types"][i], "path": os.path.relpath(Path(path, i), base)} for i in ids]
+            listed += [{**m, "path": os.path.relpath(Path(path, m.get("path", "")), base)} for m in modules[1:]]
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+            raise UnsupportedModelError(
+                f"model {model_id!r}: its Router has no readable router_config.json (types, structure, parameters)"
+            ) from None
         spec = _describe(model_id, str(base), source, listed, Path(path), trust_remote_code)
         return dataclasses.replace(spec, router=str(Path(path)), routes=routes, route=route)
     return _describe(model_id, path, source, modules, Path(path), trust_remote_code)

@@ -143,6 +143,9 @@ def test_a_router_without_its_config_or_with_an_unknown_route_is_named(static_qu
     (path / "router_config.json").unlink()
     with pytest.raises(UnsupportedModelError, match=r"Router has no readable router_config\.json"):
         resolve(str(path))
+    (path / "router_config.json").write_text(json.dumps({"structure": {"q": ["q"]}}))  # no types
+    with pytest.raises(UnsupportedModelError, match=r"no readable router_config\.json"):
+        resolve(str(path))
     config = {"types": {"q": "x.CLIPModel"}, "structure": {"q": ["q"]}, "parameters": {}}
     (path / "router_config.json").write_text(json.dumps(config))
     (path / "q").mkdir()
