@@ -8,7 +8,8 @@
   request invalid; the server must refuse it rather than cut the text silently. The case is still sent and
   every other check (no 5xx, documented status, content type, response schema) still applies to it.
   The same holds for a ``chunk_overlap`` over half the window (400 ``chunk_overlap_too_large``): the window
-  depends on the model, its prompt and the query.
+  depends on the model, its prompt and the query. And ``output_not_available``: ``sparse`` or ``multivector``
+  asked of a model that is not bge-m3 while one is served (the schema offers them only then).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
         except (ValueError, KeyError, TypeError):
             return True
         if code == "chunk_overlap_too_large":  # over half of this model's window (beside its prompt or query)
+            return False
+        if code == "output_not_available":  # bge-m3's sparse/multivector asked of another served model
             return False
         return not (code == "input_too_long" and body.get("truncate") in (False, "NONE"))
     return True

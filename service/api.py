@@ -164,9 +164,10 @@ async def embed_vectors(
     outputs = {"sparse", "multivector"} & set(req.embedding_types or [])
     extra: dict[str, Any] = {}
     if outputs and not isinstance(runner, AsyncM3Encoder):
-        raise InvalidInputError(
+        raise invalid(
             f"model {shorten(req.model)!r} has no {' or '.join(sorted(outputs))} output (bge-m3 models have)",
             param="embedding_types",
+            code="output_not_available",
         )
     if "multivector" in outputs:
         extra["multi_budget"] = limits.max_multivector_tokens
