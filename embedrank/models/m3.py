@@ -71,6 +71,19 @@ def gather(
     return M3Output(dense, sparse, [r.multi for r in rows], token_counts, truncated)
 
 
+def query_scores(out: M3Output, weights: Sequence[float] = DEFAULT_WEIGHTS) -> dict[str, np.ndarray]:
+    """Text 0 of ``out`` (the query, dense vectors normalized) against each other text: ``{"dense", "sparse",
+    "multi", "combined"}``, each ``(N - 1,)`` float32; ``combined`` is :func:`~embedrank.math.late.weighted_sum`
+    of the three with ``weights`` (dense, sparse, multi-vector)."""
+    scores = {
+        "dense": (out.dense[1:] @ out.dense[0]).astype(np.float32),
+        "sparse": lexical_scores(out.sparse[0], out.sparse[1:]),
+        "multi": maxsim_scores(out.multi[0], out.multi[1:]),
+    }
+    combined = weighted_sum([scores["dense"], scores["sparse"], scores["multi"]], weights)
+    return {**scores, "combined": combined.astype(np.float32)}
+
+
 def _linear(path: Path) -> torch.nn.Linear:
     state = torch.load(path, map_location="cpu", weights_only=True)
     out_features, in_features = state["weight"].shape
@@ -163,13 +176,4 @@ class M3Encoder:
         """``query`` against each document: ``{"dense", "sparse", "multi", "combined"}``, each ``(N,)``;
         ``combined`` is :func:`~embedrank.math.late.weighted_sum` of the three with ``weights`` (dense,
         sparse, multi-vector)."""
-        out = self.encode([query, *documents], batch_size=batch_size)
-        scores = {
-            "dense": (out.dense[1:] @ out.dense[0]).astype(np.float32),
-            "sparse": lexical_scores(out.sparse[0], out.sparse[1:]),
-            "multi": maxsim_scores(out.multi[0], out.multi[1:]),
-        }
-        scores["combined"] = weighted_sum([scores["dense"], scores["sparse"], scores["multi"]], weights).astype(
-            np.float32
-        )
-        return scores
+        return query_scores(self.encode([query, *documents], batch_size=batch_size), weights)

@@ -6,6 +6,7 @@ against documents with bge-m3's combined score."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -13,10 +14,9 @@ from typing import Any
 import numpy as np
 
 from embedrank.errors import InvalidInputError
-from embedrank.math.late import lexical_scores, maxsim_scores, weighted_sum
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models.chunking import Chunking
-from embedrank.models.m3 import DEFAULT_WEIGHTS, M3Encoder, M3Output, M3Row, gather
+from embedrank.models.m3 import DEFAULT_WEIGHTS, M3Encoder, M3Output, M3Row, gather, query_scores
 from embedrank.models.prompts import with_prompt
 from embedrank.models.tokens import TokenRow, too_long_error
 from embedrank.serving.engine import BatchEngine, EngineConfig
@@ -169,11 +169,5 @@ class AsyncM3Encoder:
             )
         texts = [query, *documents]
         out = await self._outputs(texts, truncate=truncate, priority=priority, param="query", budget=budget)
-        dense = l2_normalize(out.dense)
-        parts = [
-            dense[1:] @ dense[0],
-            lexical_scores(out.sparse[0], out.sparse[1:]),
-            maxsim_scores(out.multi[0], out.multi[1:]),
-        ]
-        scores = weighted_sum(parts, weights).astype(np.float32)
+        scores = query_scores(dataclasses.replace(out, dense=l2_normalize(out.dense)), weights)["combined"]
         return ModelOutput(scores, out.token_counts, out.truncated)
