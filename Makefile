@@ -22,7 +22,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-setup: $(VENV)/.installed
+# PyLate, the ColBERT reference of the parity tests, pins sentence-transformers 5.3: its own environment
+PYLATE_VENV := .venv-pylate
+$(PYLATE_VENV)/.installed: tests/reference/pylate.txt constraints.txt
+	$(PYTHON) -m venv $(PYLATE_VENV)
+	$(PYLATE_VENV)/bin/python -m pip install -q -c constraints.txt "torch==2.13.0"
+	$(PYLATE_VENV)/bin/python -m pip install -q --no-deps -r tests/reference/pylate.txt
+	touch $@
+
+setup: $(VENV)/.installed $(PYLATE_VENV)/.installed
 
 lock:  ## resolve the newest allowed versions in a fresh environment, write them to constraints.txt, run the suite on them
 	rm -rf .venv-lock
@@ -102,4 +110,4 @@ serve: setup
 	$(VENV)/bin/litestar run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build
+	rm -rf $(VENV) $(PYLATE_VENV) .pytest_cache .ruff_cache .mypy_cache build

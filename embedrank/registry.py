@@ -27,7 +27,8 @@ from embedrank.errors import ModelNotFoundError, NotAModelError, UnsupportedMode
 from embedrank.hub import hub_path
 from embedrank.math.pooling import PoolingMode
 
-ModelKind = Literal["embedding", "cross-encoder", "sparse"]
+# "multi-vector": a ColBERT model in PyLate's layout (models.colbert)
+ModelKind = Literal["embedding", "cross-encoder", "sparse", "multi-vector"]
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -283,7 +284,7 @@ def _describe(
             model_type=config.get("model_type"),
         )
 
-    pooling = PoolingMode.MEAN
+    pooling: PoolingMode | None = PoolingMode.MEAN
     normalize = False
     dimension = hidden
     dense: list[str] = []  # Dense module folders, in order, after pooling
@@ -317,12 +318,15 @@ def _describe(
                 normalize = True
     max_len = st_config.get("max_seq_length") if isinstance(st_config, dict) else None
     max_len = STATIC_MAX_TOKENS if static is not None else max_len  # sentence-transformers does not truncate them
+    colbert = isinstance(modules, list) and any(str(m.get("type", "")).startswith("pylate.") for m in modules)
+    if colbert:  # PyLate's ColBERT: per-token projections, no pooling; its window is the document length
+        pooling, normalize, max_len = None, True, (_read_json(prompts_root / "config_sentence_transformers.json") or {}).get("document_length", 180)  # type: ignore[union-attr,assignment]  # fmt: skip
     prompts, default_prompt = _prompts(prompts_root, model_id)
     return ModelSpec(
         model_id=model_id,
         path=str(root),
         source=source,
-        kind="embedding",
+        kind="multi-vector" if colbert else "embedding",
         pooling=pooling,
         normalize=normalize,
         max_seq_length=int(max_len) if max_len else default_len,

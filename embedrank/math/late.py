@@ -9,32 +9,39 @@ token (ColBERT; bge-m3 divides by the query's token count the same way).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 
 
-def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+def maxsim(query: np.ndarray, document: np.ndarray, *, reduce: Literal["mean", "sum"] = "mean") -> float:
     """MaxSim of one query and one document.
 
     Args:
         query: ``(Tq, D)`` token vectors of the query.
         document: ``(Td, D)`` token vectors of the document.
+        reduce: over the query's tokens, ``"mean"`` (bge-m3) or ``"sum"`` (ColBERT, PyLate).
 
     Returns:
-        ``mean over i of max over j of query[i] . document[j]``; 0.0 for an empty query or document.
+        ``mean`` (or sum) ``over i of max over j of query[i] . document[j]``; 0.0 for an empty query or document.
 
     >>> maxsim(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([[1.0, 0.0], [0.6, 0.8]]))
     0.9
+    >>> maxsim(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([[1.0, 0.0], [0.6, 0.8]]), reduce="sum")
+    1.8
     """
     if len(query) == 0 or len(document) == 0:
         return 0.0
-    return float(np.max(np.asarray(query, np.float64) @ np.asarray(document, np.float64).T, axis=1).mean())
+    best = np.max(np.asarray(query, np.float64) @ np.asarray(document, np.float64).T, axis=1)  # (Tq,)
+    return float(best.sum() if reduce == "sum" else best.mean())
 
 
-def maxsim_scores(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
+def maxsim_scores(
+    query: np.ndarray, documents: Sequence[np.ndarray], *, reduce: Literal["mean", "sum"] = "mean"
+) -> np.ndarray:
     """:func:`maxsim` of one query ``(Tq, D)`` against each document ``(Td_i, D)``: ``(N,)`` float32."""
-    return np.array([maxsim(query, d) for d in documents], dtype=np.float32)
+    return np.array([maxsim(query, d, reduce=reduce) for d in documents], dtype=np.float32)
 
 
 def token_max_weights(

@@ -122,7 +122,7 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
         """
         if spec.kind != "embedding":
             what = "a causal LM scored as an LLM reranker" if spec.scoring == "yes-no" else "a classification head"
-            what, loader = ("SPLADE", "SparseEncoder") if spec.kind == "sparse" else (what, "CrossEncoder")
+            what, loader = {"sparse": ("SPLADE", "SparseEncoder"), "multi-vector": ("ColBERT", "ColBERTEncoder")}.get(spec.kind, (what, "CrossEncoder"))  # fmt: skip
             raise ModelKindError(
                 f"model {spec.model_id!r} is a {spec.kind} ({what}), not an embedding model; load it with "
                 f"{loader}.from_pretrained"
@@ -220,9 +220,9 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
         return with_prompt(texts, text)
 
     @torch.inference_mode()
-    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Step 2: features -> token embeddings ``(B, T, H)``, by the backend (:attr:`runtime`)."""
-        return self.runtime(features)
+    def forward(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
+        """Step 2: features -> token states ``(B, T, H)`` by :attr:`runtime` (``all_positions``: masked ones too)."""
+        return self.runtime(features, all_positions=all_positions)
 
     @torch.inference_mode()
     def postprocess(

@@ -99,7 +99,10 @@ class Runtime(Protocol):
     precision: Precision
     inference_precision: str  # what really computes: "f32", "bf16", "int8+f32", ...
 
-    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor: ...
+    def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
+        """``all_positions``: compute the states of masked-out positions too, as the model's own padded
+        forward does (ColBERT's query expansion reads them); the exported graphs always do."""
+        ...
 
 
 class TorchRuntime:
@@ -121,10 +124,10 @@ class TorchRuntime:
         )
 
     @torch.inference_mode()
-    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
         inputs = {k: v.to(self.device) for k, v in features.items()}
         if self.head == "encoder":
-            if self.padding_free:
+            if self.padding_free and not all_positions:
                 return packed.packed_forward(
                     self.module, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
                 )
@@ -172,7 +175,7 @@ class OpenVINORuntime:
         self.inference_precision = f"int8+{real}" if precision == "int8" else real
         self._local = threading.local()
 
-    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
         request = getattr(self._local, "request", None)
         if request is None:
             request = self._local.request = self.compiled.create_infer_request()
@@ -200,7 +203,7 @@ class ONNXRuntime:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.inference_precision = "int8+f32" if precision == "int8" else "f32"
 
-    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
         (out,) = self.session.run(None, _feed(self.input_names, features))[:1]
         return torch.from_numpy(np.asarray(out, dtype=np.float32))
 

@@ -30,7 +30,7 @@ class StaticRuntime:
     def __init__(self, weights: torch.Tensor) -> None:
         self.weights = weights.float()  # (V, H)
 
-    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
         return torch.nn.functional.embedding(features["input_ids"], self.weights)
 
 

@@ -247,3 +247,57 @@ def tiny_bge_m3(out: str | Path | None = None, *, seed: int = 0) -> str:
         _m3_heads(tmp, seed)
 
     return build_directory(out, build)
+
+
+COLBERT_SETTINGS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 12, "document_length": 40,
+                    "attend_to_expansion_tokens": False, "do_query_expansion": True}  # fmt: skip
+
+
+def tiny_colbert(out: str | Path | None = None, *, seed: int = 0, **settings: Any) -> str:
+    """A tiny BERT (:func:`tiny_model`) in PyLate's ColBERT layout: ``[Q] ``/``[D] `` marker tokens added
+    (embeddings resized), a seeded projection to 16 dimensions in ``1_Dense`` and the ColBERT settings in
+    ``config_sentence_transformers.json`` (:data:`COLBERT_SETTINGS` updated by ``settings``: a 12-token
+    query, 40-token documents); returns its path."""
+    import shutil
+
+    import transformers
+
+    config = {**COLBERT_SETTINGS, **settings}
+    if out is None:
+        recipe = f"{RECIPE}:{transformers.__version__}:{seed}:{sorted(config.items())}"
+        out = default_cache_dir() / "models" / f"tiny-colbert-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
+        if (Path(out) / "1_Dense" / "model.safetensors").is_file():
+            return str(out)
+    source = tiny_model("bert", seed=seed)
+
+    def build(tmp: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                     "special_tokens_map.json", "sentence_bert_config.json"):  # fmt: skip
+            if (Path(source) / name).is_file():
+                shutil.copy(Path(source) / name, tmp / name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp))
+        tokenizer.add_tokens([p for p in (config["query_prefix"], config["document_prefix"]) if p])
+        torch.manual_seed(seed)
+        with quiet_loading():
+            model = transformers.AutoModel.from_pretrained(str(tmp))
+            model.resize_token_embeddings(len(tokenizer))
+            model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]  # fmt: skip
+        (tmp / "modules.json").write_text(json.dumps(modules, indent=2))
+        (tmp / "1_Dense").mkdir()
+        dense = {"in_features": HIDDEN, "out_features": 16, "bias": False,
+                 "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}  # fmt: skip
+        (tmp / "1_Dense" / "config.json").write_text(json.dumps(dense))
+        generator = torch.Generator().manual_seed(seed + 1)
+        save_file({"linear.weight": torch.randn(16, HIDDEN, generator=generator) * 0.2},
+                  str(tmp / "1_Dense" / "model.safetensors"))  # fmt: skip
+        st = {**config, "skiplist_words": list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"), "similarity_fn_name": "MaxSim",
+              "model_type": "ColBERT", "prompts": {}, "default_prompt_name": None}  # fmt: skip
+        (tmp / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2))
+
+    return build_directory(out, build)

@@ -1,0 +1,228 @@
+"""ColBERT (late interaction) in PyLate's layout: one vector per token, scored by MaxSim, as PyLate computes it.
+
+A PyLate model is a transformer, one or more ``Dense`` projections applied to every token state
+(``1_Dense/``, typically hidden -> 128) and its settings in ``config_sentence_transformers.json``
+(:class:`ColBERTSettings`). From text to vectors:
+
+- **queries**: ``[CLS] [Q] text [SEP]``, cut at ``query_length`` tokens; with query expansion (the default)
+  filled up to ``query_length`` with the mask token, which the other tokens do not attend to
+  (``attend_to_expansion_tokens`` False) but whose own states are kept: every one of the ``query_length``
+  positions gives a vector;
+- **documents**: ``[CLS] [D] text [SEP]``, cut at ``document_length`` tokens; tokens in the skiplist
+  (punctuation by default) are encoded but give no vector;
+- each kept state goes through the projections and is L2-normalized: ``(T_i, D)`` per text.
+
+The score of a query against a document is :func:`~embedrank.math.late.maxsim` with ``reduce="sum"``: the sum
+over query vectors of the best dot product with any document vector (PyLate's ``colbert_scores``). The
+transformer runs on any backend (:class:`~embedrank.models.encoder.Encoder`); the projections in torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import string
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedrank.errors import ModelKindError, UnsupportedModelError
+from embedrank.math.late import maxsim_scores
+from embedrank.models.chunking import Chunking, score_chunked
+from embedrank.models.dense import apply_dense, load_dense
+from embedrank.models.encoder import Encoder
+from embedrank.models.tokens import TokenRow, check_texts, encode_rows
+from embedrank.registry import ModelSpec, resolve
+
+
+@dataclasses.dataclass(frozen=True)
+class ColBERTSettings:
+    """PyLate's settings (``config_sentence_transformers.json``), with PyLate's defaults."""
+
+    query_prefix: str = "[Q] "
+    document_prefix: str = "[D] "
+    query_length: int = 32
+    document_length: int = 180
+    do_query_expansion: bool = True
+    attend_to_expansion_tokens: bool = False
+    skiplist_words: tuple[str, ...] = tuple(string.punctuation)
+
+    @classmethod
+    def read(cls, root: str | Path) -> ColBERTSettings:
+        """The settings saved with the model in ``root`` (absent keys keep PyLate's defaults)."""
+        path = Path(root) / "config_sentence_transformers.json"
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        values = {f.name: saved[f.name] for f in dataclasses.fields(cls) if saved.get(f.name) is not None}
+        settings = cls(**{**values, "skiplist_words": tuple(values.get("skiplist_words", cls.skiplist_words))})
+        if not settings.do_query_expansion:  # PyLate: no expansion tokens, so none to attend to
+            settings = dataclasses.replace(settings, attend_to_expansion_tokens=False)
+        if settings.query_length < 3 or settings.document_length < 3:
+            raise UnsupportedModelError(f"{path}: query_length and document_length must be at least 3 tokens")
+        return settings
+
+
+class ColBERTEncoder:
+    """A PyLate ColBERT model: per-token vectors for queries and documents, and MaxSim scores; use
+    :meth:`from_pretrained`."""
+
+    def __init__(self, encoder: Encoder, settings: ColBERTSettings, projections: Sequence[Any] = ()) -> None:
+        self.encoder = encoder
+        self.settings = settings
+        self.projections = list(projections)
+        tok = encoder.tokenizer
+        self.prefix_ids: dict[bool, int | None] = {}  # query? -> the marker's token id (None: no marker)
+        for is_query, prefix in ((True, settings.query_prefix), (False, settings.document_prefix)):
+            token_id = tok.convert_tokens_to_ids(prefix) if prefix else None
+            if prefix and (token_id is None or token_id == tok.unk_token_id):
+                raise UnsupportedModelError(
+                    f"model {encoder.model_id!r}: its marker {prefix!r} is not a token of its tokenizer (a PyLate "
+                    "model saves its markers with the tokenizer)"
+                )
+            self.prefix_ids[is_query] = token_id
+        # PyLate expands queries with the mask token (an encoder), else EOS (a decoder), else padding
+        fill = next((i for i in (tok.mask_token_id, tok.eos_token_id, tok.pad_token_id) if i is not None), None)
+        if fill is None:
+            raise UnsupportedModelError(f"model {encoder.model_id!r} has no mask, EOS or pad token to expand queries")
+        self.fill_id: int = int(fill)
+        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else fill)
+        self.skiplist = np.array([tok.convert_tokens_to_ids(w) for w in settings.skiplist_words], dtype=np.int64)
+
+    @classmethod
+    def from_pretrained(cls, model_id: str, *, trust_remote_code: bool = False, **options: Any) -> ColBERTEncoder:
+        """Load a PyLate ColBERT model by id or path; ``options`` as :meth:`Encoder.from_spec
+        <embedrank.models.encoder.Encoder.from_spec>` (``backend``, ``precision``, ...).
+
+        Raises:
+            ModelKindError: the model is not a ColBERT model in PyLate's layout.
+        """
+        return cls.from_spec(resolve(model_id, trust_remote_code=trust_remote_code), **options)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, **options: Any) -> ColBERTEncoder:
+        """:meth:`from_pretrained` of an already resolved model."""
+        if spec.kind != "multi-vector":
+            raise ModelKindError(
+                f"model {spec.model_id!r} is a {spec.kind} model, not a ColBERT model in PyLate's layout"
+            )
+        settings = ColBERTSettings.read(spec.path)
+        window = max(settings.query_length, settings.document_length)
+        transformer = dataclasses.replace(spec, kind="embedding", dense=(), max_seq_length=window)
+        encoder = Encoder.from_spec(transformer, normalize=False, **options)
+        return cls(encoder, settings, load_dense(spec.path, spec.dense))
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.encoder.spec
+
+    @property
+    def model_id(self) -> str:
+        return self.encoder.model_id
+
+    @property
+    def dimension(self) -> int:
+        """Width of each token vector (the last projection's output)."""
+        return int(self.projections[-1].weight.shape[0]) if self.projections else self.encoder.dimension
+
+    @property
+    def max_seq_length(self) -> int:
+        """A document's window in tokens (markers and special tokens included)."""
+        return self.settings.document_length
+
+    def __getattr__(self, name: str) -> Any:
+        """What the transformer's :class:`~embedrank.models.encoder.Encoder` knows (``runtime``, ``backend``,
+        ``fallback_reason``, ...)."""
+        if name == "encoder":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.encoder, name)
+
+    def chunk_window(self) -> int:
+        """Text tokens of a document that fit its window (special tokens and the marker left out)."""
+        used = self.encoder.tokenizer.num_special_tokens_to_add(pair=False) + (self.prefix_ids[False] is not None)
+        return max(1, self.settings.document_length - used)
+
+    def tokenize_rows(self, texts: Sequence[str], *, query: bool) -> list[TokenRow]:
+        """Texts tokenized as queries or documents (marker inserted after the first token; queries expanded),
+        unpadded: one :class:`~embedrank.models.tokens.TokenRow` each, its ``tokens`` holding the model's
+        features and ``keep``, the positions that give a vector."""
+        s = self.settings
+        length = s.query_length if query else s.document_length
+        prefix = self.prefix_ids[query]
+        rows, cut = encode_rows(self.encoder.tokenizer, self.encoder._prepare(texts), max_length=length - (prefix is not None))  # fmt: skip
+        out = []
+        for row, was_cut in zip(rows, cut, strict=True):
+            features = {k: list(v) for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            if prefix is not None:
+                for key, value in (("input_ids", prefix), ("attention_mask", 1), ("token_type_ids", 0)):
+                    if key in features:
+                        features[key].insert(1, value)
+            ids = np.asarray(features["input_ids"], dtype=np.int64)
+            if query and s.do_query_expansion:
+                fill = length - len(ids)
+                features["input_ids"] += [self.fill_id] * fill
+                features["attention_mask"] = [1] * length if s.attend_to_expansion_tokens else features["attention_mask"] + [0] * fill  # fmt: skip
+                if "token_type_ids" in features:
+                    features["token_type_ids"] += [0] * fill
+                keep = np.ones(length, dtype=bool)
+            elif query:
+                keep = np.ones(len(ids), dtype=bool)
+            else:
+                keep = ~np.isin(ids, self.skiplist)
+            out.append(TokenRow({**features, "keep": keep}, len(features["input_ids"]), was_cut))
+        return out
+
+    def _collate(self, rows: Sequence[TokenRow]) -> dict[str, torch.Tensor]:
+        width = max(r.length for r in rows)
+        names = [k for k in rows[0].tokens if k != "keep"]
+        pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0}
+        return {
+            k: torch.tensor([r.tokens[k] + [pads[k]] * (width - r.length) for r in rows], dtype=torch.long)
+            for k in names
+        }
+
+    @torch.inference_mode()
+    def vectors_rows(self, rows: Sequence[TokenRow]) -> list[np.ndarray]:
+        """One forward pass over ``rows`` (queries, documents or both) padded together: each row's kept token
+        vectors, projected and normalized, ``(T_i, D)`` float32 (what an engine runs)."""
+        features = self._collate(rows)
+        # an expanded query's masked positions give vectors: the padded forward computes them
+        expanded = any(r.tokens["attention_mask"].count(0) for r in rows)
+        states = self.encoder.forward(features, all_positions=expanded).float()  # (B, T, H)
+        vectors = torch.nn.functional.normalize(apply_dense(states, self.projections), dim=-1).cpu().numpy()
+        return [vectors[j, : r.length][r.tokens["keep"]].astype(np.float32) for j, r in enumerate(rows)]
+
+    def encode(self, texts: Sequence[str], *, query: bool, batch_size: int = 32) -> list[np.ndarray]:
+        """Token vectors of ``texts`` as queries or documents: ``(T_i, D)`` float32 each, in input order."""
+        rows = self.tokenize_rows(check_texts(texts), query=query)
+        out: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * len(rows)
+        order = np.argsort([-r.length for r in rows], kind="stable")  # longest first: little padding
+        for positions in (order[start : start + batch_size] for start in range(0, len(rows), batch_size)):
+            for i, vectors in zip(positions, self.vectors_rows([rows[i] for i in positions]), strict=True):
+                out[i] = vectors
+        return out
+
+    def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32) -> list[np.ndarray]:
+        return self.encode(texts, query=True, batch_size=batch_size)
+
+    def encode_documents(self, texts: Sequence[str], *, batch_size: int = 32) -> list[np.ndarray]:
+        return self.encode(texts, query=False, batch_size=batch_size)
+
+    def score(
+        self, query: str, documents: Sequence[str], *, batch_size: int = 32, chunking: Chunking | None = None
+    ) -> np.ndarray:
+        """MaxSim (sum over the query's vectors) of ``query`` against each document, ``(N,)`` float32. Documents
+        longer than their window are cut there, or with ``chunking`` scored window by window and aggregated."""
+        (q,) = self.encode_queries(check_texts([query], "query"))
+        docs = check_texts(documents, "documents")
+
+        def maxsims(texts: list[str]) -> np.ndarray:
+            return maxsim_scores(q, self.encode_documents(texts, batch_size=batch_size), reduce="sum")
+
+        if chunking is None:
+            return maxsims(docs)
+        scores, _ = score_chunked(
+            docs, maxsims, offsets=self.encoder.token_offsets, window=self.chunk_window(), chunking=chunking
+        )
+        return scores

@@ -1,0 +1,133 @@
+"""ColBERT (PyLate's layout) against PyLate 1.6.0 itself on a tiny seeded BERT with a projection head, on
+every backend that exports the transformer; MaxSim against direct computations; the model kind and its errors.
+
+PyLate pins sentence-transformers 5.3, so it runs in its own environment (``.venv-pylate``, built by
+``make setup`` from ``tests/reference/pylate.txt``) and hands its vectors over in a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedrank.errors import ModelKindError, UnsupportedModelError
+from embedrank.math.late import maxsim
+from embedrank.models.chunking import Chunking
+from embedrank.models.colbert import ColBERTEncoder, ColBERTSettings
+from embedrank.models.encoder import Encoder
+from embedrank.registry import resolve
+from embedrank.testing.tiny import tiny_colbert, tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+PYLATE = ROOT / ".venv-pylate" / "bin" / "python"
+QUERIES = ["what is green tea", "seasons on earth and why they change, explained in many more words than fit", "a"]
+DOCUMENTS = [
+    "Green tea, a drink; it's healthy!",
+    "The seasons change because the earth's axis is tilted (23.4 degrees) relative to its orbit around the sun, "
+    "so that each hemisphere leans toward the sun for half of the year and away from it for the other half.",
+    "?!",
+    "Ünïcödé 日本語 text",
+    "  leading and trailing spaces  ",
+]
+
+
+def pylate_reference(model_dir: str, tmp_path: Path) -> dict[str, np.ndarray]:
+    if not PYLATE.is_file():
+        if os.environ.get("CI"):
+            pytest.fail("the PyLate reference environment .venv-pylate is missing (make setup builds it)")
+        pytest.skip("the PyLate reference environment .venv-pylate is missing (make setup builds it)")
+    source, target = tmp_path / "in.json", tmp_path / "out.npz"
+    source.write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": ""}
+    subprocess.run([str(PYLATE), str(ROOT / "tests/reference/pylate_vectors.py"), model_dir, str(source), str(target)],
+                   check=True, env=env, capture_output=True)  # fmt: skip
+    return dict(np.load(target))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = {}
+    for name, settings in {"default": {}, "no-expansion": {"do_query_expansion": False},
+                           "attend": {"attend_to_expansion_tokens": True}}.items():  # fmt: skip
+        path = tiny_colbert(**settings)
+        out[name] = (path, pylate_reference(path, tmp_path_factory.mktemp(name)))
+    return out
+
+
+@pytest.mark.parametrize(("backend", "tolerance"), [("torch", 1e-5), ("openvino", 1e-4), ("onnx", 1e-4)])
+def test_vectors_and_scores_match_pylate(reference, backend, tolerance):
+    path, want = reference["default"]
+    model = ColBERTEncoder.from_pretrained(path, backend=backend)
+    queries = model.encode_queries(QUERIES, batch_size=2)  # other batches (and padding) than PyLate's
+    documents = model.encode_documents(DOCUMENTS, batch_size=2)
+    for i, got in enumerate(queries):
+        assert got.shape == want[f"q{i}"].shape == (12, 16)  # expanded to query_length with mask tokens
+        np.testing.assert_allclose(got, want[f"q{i}"], atol=tolerance)
+    for j, got in enumerate(documents):
+        assert got.shape == want[f"d{j}"].shape
+        np.testing.assert_allclose(got, want[f"d{j}"], atol=tolerance)
+    assert documents[1].shape[0] < 40 and documents[2].shape[0] == 3  # punctuation skipped; cut at 40 tokens
+    for i, query in enumerate(QUERIES):
+        np.testing.assert_allclose(
+            model.score(query, DOCUMENTS), want["scores"][i], rtol=tolerance, atol=tolerance * 10
+        )
+
+
+@pytest.mark.parametrize("settings", ["no-expansion", "attend"])
+def test_query_settings_match_pylate(reference, settings):
+    path, want = reference[settings]
+    model = ColBERTEncoder.from_pretrained(path, backend="torch")
+    for i, got in enumerate(model.encode_queries(QUERIES)):
+        np.testing.assert_allclose(got, want[f"q{i}"], atol=1e-5)
+    np.testing.assert_allclose(model.score(QUERIES[0], DOCUMENTS), want["scores"][0], rtol=1e-5, atol=1e-4)
+
+
+def test_maxsim_sums_over_the_query_and_scores_equal_direct_computation():
+    model = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")
+    (q,) = model.encode_queries([QUERIES[0]])
+    docs = model.encode_documents(DOCUMENTS)
+    direct = [float(np.sum(np.max(q.astype(np.float64) @ d.T.astype(np.float64), axis=1))) for d in docs]
+    np.testing.assert_allclose(model.score(QUERIES[0], DOCUMENTS), direct, rtol=1e-6)
+    assert maxsim(q, docs[0], reduce="sum") == pytest.approx(maxsim(q, docs[0]) * len(q))
+
+
+def test_chunked_scores_are_the_best_window():
+    model = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")
+    long = DOCUMENTS[1] + " " + DOCUMENTS[0] * 6
+    chunked = model.score(QUERIES[0], [long], chunking=Chunking(overlap=4))
+    offsets = model.encoder.token_offsets([long])[0]
+    window = model.chunk_window()
+    starts = range(0, len(offsets), window - 4)
+    windows = [long[offsets[s][0] : offsets[min(s + window, len(offsets)) - 1][1]] for s in starts]
+    assert chunked[0] == pytest.approx(max(model.score(QUERIES[0], windows)), rel=1e-5)
+    assert chunked[0] >= model.score(QUERIES[0], [long])[0] - 1e-4
+
+
+def test_the_kind_is_read_from_the_files_and_other_loaders_refuse_it(tmp_path):
+    spec = resolve(tiny_colbert())
+    assert (spec.kind, spec.pooling, spec.dimension, spec.max_seq_length) == ("multi-vector", None, 16, 40)
+    with pytest.raises(ModelKindError, match="ColBERTEncoder"):
+        Encoder.from_pretrained(spec.path)
+    with pytest.raises(ModelKindError, match="not a ColBERT model"):
+        ColBERTEncoder.from_pretrained(tiny_model("bert"))
+    broken = tmp_path / "colbert"
+    shutil.copytree(spec.path, broken)
+    settings = json.loads((broken / "config_sentence_transformers.json").read_text())
+    (broken / "config_sentence_transformers.json").write_text(json.dumps({**settings, "query_prefix": "[NOPE]"}))
+    with pytest.raises(UnsupportedModelError, match=r"marker '\[NOPE\]' is not a token"):
+        ColBERTEncoder.from_pretrained(str(broken), backend="torch")
+
+
+def test_settings_default_to_pylates(tmp_path):
+    assert ColBERTSettings.read(tmp_path) == ColBERTSettings()
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({"do_query_expansion": False,
+                                                                            "attend_to_expansion_tokens": True}))  # fmt: skip
+    assert not ColBERTSettings.read(tmp_path).attend_to_expansion_tokens
+    assert sys.version_info >= (3, 10)
