@@ -49,16 +49,24 @@ from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.ranking import rank_scores, ranked_ids, top_k
 from embedrank.math.similarity import cosine_scores, l2_normalize, similarity, truncate_dims
 from embedrank.models.chunking import Chunking
+from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
-from embedrank.models.scorers import BiEncoderScorer, CrossEncoderScorer, Reranker, load_reranker
+from embedrank.models.scorers import (
+    BiEncoderScorer,
+    CrossEncoderScorer,
+    LateInteractionScorer,
+    Reranker,
+    load_reranker,
+)
 from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
 from embedrank.retrieval.data import BeirDataset, doc_text, load_beir, load_trec_run, resolve_dataset, write_trec_run
 from embedrank.retrieval.index import IndexConfig, build_index, load_index, recall_at_k
+from embedrank.retrieval.late import MultiVectorRetriever
 from embedrank.retrieval.pipeline import (
     DenseRetriever,
     HybridRetriever,
@@ -79,6 +87,7 @@ __all__ = [
     "BenchmarkResult",
     "BiEncoderScorer",
     "Chunking",
+    "ColBERTEncoder",
     "Corpus",
     "CrossEncoder",
     "CrossEncoderScorer",
@@ -93,11 +102,13 @@ __all__ = [
     "IndexTrainingError",
     "InputTooLongError",
     "InvalidInputError",
+    "LateInteractionScorer",
     "M3Encoder",
     "ModelKindError",
     "ModelNotFoundError",
     "ModelOutput",
     "ModelSpec",
+    "MultiVectorRetriever",
     "NotAModelError",
     "PipelineResult",
     "PoolingMode",

@@ -20,6 +20,7 @@ from embedrank.math.sparse import row_pairs
 from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import request_prompt
 from embedrank.models.router import task_of
+from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncEncoder
 from embedrank.types import ModelOutput
@@ -163,12 +164,24 @@ async def embed_vectors(
     runner: AsyncEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
     outputs = {"sparse", "multivector"} & set(req.embedding_types or [])
     extra: dict[str, Any] = {}
-    if outputs and not isinstance(runner, AsyncM3Encoder):
+    has: set[str] = {"multivector"} if isinstance(runner, AsyncColBERTEncoder) else set(outputs) if isinstance(runner, AsyncM3Encoder) else set()  # fmt: skip
+    if outputs - has:
         raise invalid(
-            f"model {shorten(req.model)!r} has no {' or '.join(sorted(outputs))} output (bge-m3 models have)",
+            f"model {shorten(req.model)!r} has no {' or '.join(sorted(outputs - has))} output (bge-m3 models have "
+            "sparse and multivector, ColBERT models multivector)",
             param="embedding_types",
             code="output_not_available",
         )
+    if isinstance(runner, AsyncColBERTEncoder):  # token vectors only: a query's or a document's
+        if "multivector" not in outputs or set(req.embedding_types or []) - {"multivector", "float"}:
+            raise invalid(
+                f'model {shorten(req.model)!r} is a ColBERT model: ask for embedding_types ["multivector"] (its '
+                "token vectors); compact types do not apply",
+                param="embedding_types",
+                code="output_not_available",
+            )
+        extra["query"] = task_of(req.input_type, req.prompt_name) == "query"
+        prompt = ""
     if "multivector" in outputs:
         extra["multi_budget"] = limits.max_multivector_tokens
     with _request_fields():
@@ -303,7 +316,9 @@ def list_models(pool: ModelPool) -> ModelList:
                 capabilities=served.capabilities,  # type: ignore[arg-type]
                 scorer="bge-m3"
                 if served.spec.m3
-                else {"embedding": "bi-encoder", "cross-encoder": "cross-encoder"}.get(served.spec.kind),  # type: ignore[arg-type]
+                else {"embedding": "bi-encoder", "cross-encoder": "cross-encoder", "multi-vector": "colbert"}.get(
+                    served.spec.kind
+                ),  # type: ignore[arg-type]
                 dimension=served.dimension or served.spec.dimension,
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.entry.aliases),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from embedrank.errors import ModelKindError, ModelNotFoundError
+from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
@@ -23,6 +24,7 @@ from embedrank.models.router import RouteTable, pick_route
 from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import check_backend
+from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
@@ -39,7 +41,7 @@ logger = logging.getLogger("embedrank.service")
 class ServedModel:
     entry: ModelEntry
     spec: ModelSpec
-    runner: AsyncEncoder | AsyncCrossEncoder | AsyncSparseEncoder | None = None
+    runner: AsyncEncoder | AsyncCrossEncoder | AsyncSparseEncoder | AsyncColBERTEncoder | None = None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
@@ -62,7 +64,13 @@ class ServedModel:
     def capabilities(self) -> list[str]:
         if self.spec.m3:  # bge-m3: dense, lexical weights and multi-vectors from one pass
             return ["embeddings", "rerank", "sparse"]
-        return {"embedding": ["embeddings", "rerank"], "sparse": ["sparse"]}.get(self.spec.kind, ["rerank"])
+        # a ColBERT model: token vectors (embedding_types multivector) and MaxSim reranking
+        capable = {
+            "embedding": ["embeddings", "rerank"],
+            "multi-vector": ["embeddings", "rerank"],
+            "sparse": ["sparse"],
+        }
+        return capable.get(self.spec.kind, ["rerank"])
 
 
 class ModelPool:
@@ -133,8 +141,8 @@ class ModelPool:
             model = self._built.get(model_id)
             if model is None and served.spec.kind == "sparse":
                 model = SparseEncoder.from_spec(served.spec)
-            if model is None and served.spec.m3:
-                model = M3Encoder.from_spec(
+            if model is None and (served.spec.m3 or served.spec.kind == "multi-vector"):
+                model = (M3Encoder if served.spec.m3 else ColBERTEncoder).from_spec(
                     served.spec,
                     backend=served.entry.backend,
                     precision=served.entry.precision,
@@ -161,7 +169,7 @@ class ModelPool:
             served.fallback_reason = getattr(model, "fallback_reason", None)
             choice = getattr(model, "auto_choice", None)
             served.auto_choice = choice.summary if choice is not None else None
-            if isinstance(model, Encoder | M3Encoder):
+            if isinstance(model, Encoder | M3Encoder | ColBERTEncoder):
                 served.dimension = model.dimension
             loaded[model_id] = model
         return loaded
@@ -177,9 +185,11 @@ class ModelPool:
         in a forward thread after ``config.idle_seconds`` without work (the service returns heap memory)."""
         for model_id, core in loaded.items():
             served = self.models[model_id]
-            runner_cls = {"embedding": AsyncEncoder, "sparse": AsyncSparseEncoder}.get(
-                served.spec.kind, AsyncCrossEncoder
-            )
+            runner_cls = {
+                "embedding": AsyncEncoder,
+                "sparse": AsyncSparseEncoder,
+                "multi-vector": AsyncColBERTEncoder,
+            }.get(served.spec.kind, AsyncCrossEncoder)
             runner_cls = AsyncM3Encoder if isinstance(core, M3Encoder) else runner_cls
             routes = getattr(core, "routes", None) or {None: core}  # a Router model: an engine per route
             for route, model in routes.items():

@@ -82,7 +82,9 @@ class EmbeddingsRequest(Struct, kw_only=True):
             "byte, as sentence-transformers' quantize_embeddings). `embedding` stays the float vector. bge-m3 "
             "models also give `sparse` (lexical weights: `{indices, values}`, token ids ascending) and "
             "`multivector` (one normalized vector per token after CLS; at most EMBEDRANK_MAX_MULTIVECTOR_TOKENS "
-            "token vectors per request)",
+            "token vectors per request). ColBERT models answer only with `multivector` asked for: a query's token "
+            "vectors for input_type query/search_query, else a document's; `embedding` then holds the normalized "
+            "mean of the text's token vectors",
             examples=[["int8", "ubinary"]],
         ),
     ] = None
@@ -155,7 +157,8 @@ class CompactEmbeddings(Struct, kw_only=True, omit_defaults=True):
     ubinary: Compact | UnsetType = UNSET
     sparse: Annotated[SparseVector | UnsetType, Meta(description="bge-m3's lexical weights")] = UNSET
     multivector: Annotated[
-        list[Compact] | UnsetType, Meta(description="bge-m3's token vectors (a base64 string each with base64)")
+        list[Compact] | UnsetType,
+        Meta(description="bge-m3's or a ColBERT model's token vectors (a base64 string each with base64)"),
     ] = UNSET
 
 
@@ -294,10 +297,11 @@ class ModelCard(Struct, kw_only=True):
         Meta(description="What it serves: embeddings (dense vectors), rerank, sparse (SPLADE vectors, /embed_sparse)"),
     ]
     scorer: Annotated[
-        Literal["cross-encoder", "bi-encoder", "bge-m3"] | None,
+        Literal["cross-encoder", "bi-encoder", "bge-m3", "colbert"] | None,
         Meta(
             description="How /v1/rerank scores with this model (bge-m3: its dense, lexical and multi-vector scores "
-            "weighted 0.4, 0.2, 0.4); null for a model that does not rerank"
+            "weighted 0.4, 0.2, 0.4; colbert: MaxSim, the sum over the query's token vectors of the best dot "
+            "product with the document's); null for a model that does not rerank"
         ),
     ]
     dimension: int | None

@@ -13,17 +13,21 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from embedrank.errors import ModelKindError, UnsupportedModelError
-from embedrank.math.late import maxsim
+from embedrank.math.late import maxsim, maxsim_stacked
 from embedrank.models.chunking import Chunking
 from embedrank.models.colbert import ColBERTEncoder, ColBERTSettings
 from embedrank.models.encoder import Encoder
+from embedrank.models.m3 import M3Encoder
+from embedrank.models.scorers import load_reranker
 from embedrank.registry import resolve
-from embedrank.testing.tiny import tiny_colbert, tiny_model
+from embedrank.retrieval.late import MultiVectorRetriever
+from embedrank.testing.tiny import tiny_bge_m3, tiny_colbert, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PYLATE = ROOT / ".venv-pylate" / "bin" / "python"
@@ -131,3 +135,101 @@ def test_settings_default_to_pylates(tmp_path):
                                                                             "attend_to_expansion_tokens": True}))  # fmt: skip
     assert not ColBERTSettings.read(tmp_path).attend_to_expansion_tokens
     assert sys.version_info >= (3, 10)
+
+
+def test_maxsim_stacked_equals_one_document_at_a_time():
+    rng = np.random.default_rng(0)
+    query = rng.normal(size=(5, 8))
+    documents = [rng.normal(size=(n, 8)) for n in (3, 0, 1, 7, 0)]
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])])
+    for reduce in ("sum", "mean"):
+        want = [maxsim(query, d, reduce=reduce) for d in documents]
+        got = maxsim_stacked(query, np.concatenate(documents), starts, reduce=reduce)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("late", ["colbert", "bge-m3"])
+def test_exact_retrieval_and_reranking_equal_direct_scores(late):
+    if late == "colbert":
+        model: Any = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")
+        direct = model.score(QUERIES[1], DOCUMENTS)
+    else:
+        model = M3Encoder.from_pretrained(tiny_bge_m3(), backend="torch")
+        direct = model.score(QUERIES[1], DOCUMENTS)["multi"]
+    ids = [f"d{i}" for i in range(len(DOCUMENTS))]
+    retriever = MultiVectorRetriever(model, ids, DOCUMENTS, batch_size=2)
+    run = retriever.retrieve({"q": QUERIES[1]}, k=3)["q"]
+    want = np.argsort(-direct, kind="stable")[:3]
+    assert list(run) == [ids[i] for i in want]
+    np.testing.assert_allclose(list(run.values()), direct[want], rtol=1e-5)
+    scorer = load_reranker(model.spec.path, backend="torch")
+    assert scorer.kind == "late-interaction"
+    reranked = scorer.score(QUERIES[1], DOCUMENTS)
+    np.testing.assert_allclose(
+        reranked, direct if late == "colbert" else model.score(QUERIES[1], DOCUMENTS)["combined"], rtol=1e-5
+    )
+
+
+def test_the_service_serves_token_vectors_and_maxsim_and_refuses_what_does_not_apply(fake_service):
+    from embedrank.testing.fake import FakeEncoder
+    from service.settings import Limits
+
+    model = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")
+    with fake_service({"colbert": model, "plain": FakeEncoder()}) as client:
+        (card,) = [c for c in client.get("/v1/models").json()["data"] if c["id"] == "colbert"]
+        assert (card["scorer"], sorted(card["capabilities"]), card["dimension"]) == (
+            "colbert",
+            ["embeddings", "rerank"],
+            16,
+        )
+        for input_type, want in (
+            ("search_query", model.encode_queries(QUERIES)),
+            (None, model.encode_documents(QUERIES)),
+        ):
+            body = {"model": "colbert", "input": QUERIES, "embedding_types": ["multivector"], "input_type": input_type}
+            response = client.post("/v1/embeddings", json={k: v for k, v in body.items() if v is not None})
+            assert response.status_code == 200, response.text
+            for i, d in enumerate(response.json()["data"]):
+                got = np.array(d["embeddings"]["multivector"])
+                assert got.shape == want[i].shape and np.abs(got - want[i]).max() < 1e-5
+                mean = want[i].mean(axis=0)
+                assert np.abs(np.array(d["embedding"]) - mean / np.linalg.norm(mean)).max() < 1e-5
+        rerank = client.post(
+            "/v1/rerank", json={"model": "colbert", "query": QUERIES[0], "documents": DOCUMENTS}
+        ).json()
+        scores = {r["index"]: r["relevance_score"] for r in rerank["results"]}
+        np.testing.assert_allclose(
+            [scores[i] for i in range(len(DOCUMENTS))], model.score(QUERIES[0], DOCUMENTS), rtol=1e-5
+        )
+        long = DOCUMENTS[1] * 3
+        chunked = client.post(
+            "/v1/rerank", json={"model": "colbert", "query": QUERIES[0], "documents": [long], "chunk_overlap": 4}
+        ).json()
+        assert chunked["results"][0]["relevance_score"] == pytest.approx(
+            model.score(QUERIES[0], [long], chunking=Chunking(overlap=4))[0], rel=1e-5
+        )
+        assert chunked["usage"]["chunked_documents"] == 1
+        refused = {
+            "no multivector asked": {"model": "colbert", "input": ["x"]},
+            "compact types": {"model": "colbert", "input": ["x"], "embedding_types": ["multivector", "int8"]},
+            "multivector from another model": {"model": "plain", "input": ["x"], "embedding_types": ["multivector"]},
+            "dimensions": {"model": "colbert", "input": ["x"], "embedding_types": ["multivector"], "dimensions": 8},
+            "chunking": {"model": "colbert", "input": ["x"], "embedding_types": ["multivector"], "chunking": True},
+            "too long": {"model": "colbert", "input": [long], "embedding_types": ["multivector"], "truncate": False},
+        }
+        for name, body in refused.items():
+            response = client.post("/v1/embeddings", json=body)
+            assert response.status_code == 400, (name, response.text)
+        assert (
+            client.post("/v1/embeddings", json=refused["no multivector asked"]).json()["error"]["code"]
+            == "output_not_available"
+        )
+        assert "input[0]" in client.post("/v1/embeddings", json=refused["too long"]).text
+        schema = client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
+        enum = schema["properties"]["embedding_types"]["oneOf"][0]["items"]["enum"]
+        assert "multivector" in enum and "sparse" not in enum
+    with fake_service({"colbert": model}, limits=Limits(max_multivector_tokens=30)) as client:
+        body = {"model": "colbert", "input": QUERIES, "embedding_types": ["multivector"], "input_type": "query"}
+        response = client.post("/v1/embeddings", json=body)  # 3 expanded queries: 36 token vectors
+        assert response.status_code == 400 and "EMBEDRANK_MAX_MULTIVECTOR_TOKENS" in response.text
+        assert client.post("/v1/embeddings", json={**body, "input": QUERIES[:2]}).status_code == 200

@@ -192,6 +192,24 @@ def test_backend_failure_fails_the_batch_not_the_engine():
     asyncio.run(main())
 
 
+def test_values_that_do_not_stack_fail_the_job_instead_of_leaving_it_waiting():
+    class Ragged(FakeBatchModel):
+        def run_batch(self, items):  # a value per item of a different shape each: np.stack refuses them
+            values = np.empty(len(items), dtype=object)
+            values[:] = [np.zeros(len(t)) for t in items]
+            return ModelOutput(values, [len(t) for t in items], [False] * len(items))
+
+    async def main():
+        engine = BatchEngine(Ragged(), EngineConfig(max_wait_ms=0))
+        engine.start()
+        with pytest.raises(ValueError):
+            await asyncio.wait_for(engine.submit(["a", "bcd"]), WAIT)
+        assert (await engine.submit(["ab"])).values.shape == (1, 2)
+        await engine.drain(1)
+
+    asyncio.run(main())
+
+
 def test_forward_thread_pulls_batches_while_the_event_loop_is_blocked():
     async def main():
         model = FakeBatchModel()

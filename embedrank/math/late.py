@@ -44,6 +44,35 @@ def maxsim_scores(
     return np.array([maxsim(query, d, reduce=reduce) for d in documents], dtype=np.float32)
 
 
+def maxsim_stacked(
+    query: np.ndarray, vectors: np.ndarray, starts: np.ndarray, *, reduce: Literal["mean", "sum"] = "mean"
+) -> np.ndarray:
+    """:func:`maxsim` of one query against many documents whose token vectors are stacked in one matrix.
+
+    Args:
+        query: ``(Tq, D)`` token vectors of the query.
+        vectors: ``(M, D)`` every document's token vectors, one document after another.
+        starts: ``(N + 1,)`` int, document ``i``'s rows are ``vectors[starts[i]:starts[i + 1]]``.
+        reduce: as :func:`maxsim`.
+
+    Returns:
+        ``(N,)`` float32; 0.0 for a document without vectors.
+
+    >>> docs = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    >>> maxsim_stacked(np.array([[1.0, 0.0], [0.0, 1.0]]), docs, np.array([0, 2, 2, 3]), reduce="sum")
+    array([1.8, 0. , 1. ], dtype=float32)
+    """
+    starts = np.asarray(starts, np.int64)
+    out = np.zeros(len(starts) - 1, np.float64)
+    filled = np.flatnonzero(np.diff(starts) > 0)  # documents with at least one vector
+    if len(query) == 0 or len(filled) == 0:
+        return out.astype(np.float32)
+    sims = np.asarray(query, np.float64) @ np.asarray(vectors, np.float64).T  # (Tq, M)
+    best = np.maximum.reduceat(sims, starts[filled], axis=1)  # (Tq, filled): reduceat runs to the next start
+    out[filled] = best.sum(axis=0) if reduce == "sum" else best.mean(axis=0)
+    return out.astype(np.float32)
+
+
 def token_max_weights(
     weights: np.ndarray, input_ids: np.ndarray, mask: np.ndarray, vocab_size: int, drop: Sequence[int] = ()
 ) -> sp.csr_matrix:

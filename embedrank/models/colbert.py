@@ -68,8 +68,15 @@ class ColBERTEncoder:
     """A PyLate ColBERT model: per-token vectors for queries and documents, and MaxSim scores; use
     :meth:`from_pretrained`."""
 
-    def __init__(self, encoder: Encoder, settings: ColBERTSettings, projections: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        encoder: Encoder,
+        settings: ColBERTSettings,
+        projections: Sequence[Any] = (),
+        spec: ModelSpec | None = None,
+    ) -> None:
         self.encoder = encoder
+        self.spec = spec or encoder.spec  # the model's own (kind multi-vector); the encoder's is its transformer's
         self.settings = settings
         self.projections = list(projections)
         tok = encoder.tokenizer
@@ -108,14 +115,13 @@ class ColBERTEncoder:
                 f"model {spec.model_id!r} is a {spec.kind} model, not a ColBERT model in PyLate's layout"
             )
         settings = ColBERTSettings.read(spec.path)
+        if options.get("max_seq_length"):  # a shorter (or longer) document window than the model's
+            settings = dataclasses.replace(settings, document_length=int(options.pop("max_seq_length")))
+        options.pop("max_seq_length", None)
         window = max(settings.query_length, settings.document_length)
         transformer = dataclasses.replace(spec, kind="embedding", dense=(), max_seq_length=window)
         encoder = Encoder.from_spec(transformer, normalize=False, **options)
-        return cls(encoder, settings, load_dense(spec.path, spec.dense))
-
-    @property
-    def spec(self) -> ModelSpec:
-        return self.encoder.spec
+        return cls(encoder, settings, load_dense(spec.path, spec.dense), spec)
 
     @property
     def model_id(self) -> str:

@@ -1,7 +1,8 @@
 """Rerankers: anything that scores (query, document) pairs.
 
-Two implementations: :class:`embedrank.models.cross_encoder.CrossEncoder` (true joint scoring) and
-:class:`BiEncoderScorer` (cosine of an embedding model), which is the offline default.
+Three kinds: :class:`CrossEncoderScorer` (true joint scoring), :class:`BiEncoderScorer` (cosine of an
+embedding model, the offline default) and :class:`LateInteractionScorer` (ColBERT's MaxSim, bge-m3's combined
+score).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import numpy as np
 from embedrank.errors import InvalidInputError
 from embedrank.math.similarity import cosine_scores
 from embedrank.models.chunking import Chunking, score_chunked
+from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
+from embedrank.models.m3 import M3Encoder
 from embedrank.models.tokens import check_texts
 from embedrank.registry import resolve
 
-ScorerKind = Literal["cross-encoder", "bi-encoder"]
+ScorerKind = Literal["cross-encoder", "bi-encoder", "late-interaction"]
 
 
 @runtime_checkable
@@ -98,6 +101,41 @@ class BiEncoderScorer:
         return cosine_scores(query_vector, document_vectors)
 
 
+class LateInteractionScorer:
+    """Reranks by late interaction: a ColBERT model's MaxSim (:class:`~embedrank.models.colbert.ColBERTEncoder`)
+    or bge-m3's combined dense, lexical and MaxSim score (:class:`~embedrank.models.m3.M3Encoder`)."""
+
+    kind: ScorerKind = "late-interaction"
+
+    def __init__(
+        self, model: ColBERTEncoder | M3Encoder, *, batch_size: int = 32, chunking: Chunking | None = None
+    ) -> None:
+        self.model = model
+        self.model_id = model.spec.model_id
+        self.batch_size = batch_size
+        self.chunking = chunking  # None: long documents are cut at the model's window
+
+    def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        if not isinstance(query, str):
+            raise InvalidInputError(f"query must be a string, got {type(query).__name__}", param="query")
+        docs = check_texts(documents, "documents")
+        if isinstance(self.model, ColBERTEncoder):
+            return self.model.score(query, docs, batch_size=self.batch_size, chunking=self.chunking)
+        m3 = self.model
+
+        def combined(texts: list[str]) -> np.ndarray:
+            return m3.score(query, texts, batch_size=self.batch_size)["combined"]
+
+        if self.chunking is None:
+            return combined(docs)
+        window = m3.encoder.chunk_window()
+        return score_chunked(docs, combined, offsets=m3.encoder.token_offsets, window=window, chunking=self.chunking)[0]
+
+    def with_chunking(self, chunking: Chunking | None) -> LateInteractionScorer:
+        """The same model, scoring with ``chunking`` (None: truncation)."""
+        return LateInteractionScorer(self.model, batch_size=self.batch_size, chunking=chunking)
+
+
 def load_reranker(
     model_id: str,
     *,
@@ -107,8 +145,9 @@ def load_reranker(
     max_seq_length: int | None = None,
     backend: str | None = None,
     precision: str | None = None,
-) -> CrossEncoderScorer | BiEncoderScorer:
-    """Load a reranker; the kind (cross-encoder or bi-encoder scorer) comes from the model's own files.
+) -> CrossEncoderScorer | BiEncoderScorer | LateInteractionScorer:
+    """Load a reranker; the kind (cross-encoder, late interaction for ColBERT and bge-m3 models, else a
+    bi-encoder scorer) comes from the model's own files.
     With ``chunking``, long documents are scored window by window (:mod:`embedrank.models.chunking`);
     ``max_seq_length`` overrides the model's own window; ``backend`` and ``precision`` choose what runs it
     (:mod:`embedrank.runtime.backends`).
@@ -117,6 +156,12 @@ def load_reranker(
     by the same cosine); :class:`~embedrank.retrieval.pipeline.RetrieveRerank` warns when it sees that.
     """
     spec = resolve(model_id)
+    if spec.kind == "multi-vector" or spec.m3:  # ColBERT's MaxSim; bge-m3's combined score
+        loader = ColBERTEncoder if spec.kind == "multi-vector" else M3Encoder
+        late = loader.from_spec(
+            spec, device=device, max_seq_length=max_seq_length, backend=backend, precision=precision
+        )
+        return LateInteractionScorer(late, batch_size=batch_size, chunking=chunking)
     if spec.kind == "cross-encoder":
         model = CrossEncoder.from_spec(
             spec, device=device, max_seq_length=max_seq_length, backend=backend, precision=precision

@@ -356,7 +356,10 @@ class BatchEngine(Generic[Item]):
             job.truncated[i] = outcome.truncated[row]
             job.remaining -= 1
             if job.remaining == 0:
-                job.future.set_result(job.output())
+                try:
+                    job.future.set_result(job.output())
+                except Exception as exc:  # values that do not stack: fail the job, never leave it waiting
+                    job.future.set_exception(exc)
         with self._cond:
             self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
         if self.on_batch is not None:

@@ -1,0 +1,169 @@
+"""A ColBERT model behind a :class:`~embedrank.serving.engine.BatchEngine`: queries and documents of many
+requests share forward passes (:mod:`embedrank.models.colbert`). Embedding requests get each text's token
+vectors; rerank requests score the query against each document (or each window of it) by MaxSim."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from embedrank.errors import InvalidInputError
+from embedrank.math.late import maxsim_scores
+from embedrank.math.similarity import l2_normalize
+from embedrank.models.chunking import Chunking
+from embedrank.models.colbert import ColBERTEncoder
+from embedrank.models.tokens import TokenRow, too_long_error
+from embedrank.serving.engine import BatchEngine, EngineConfig
+from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks
+from embedrank.types import ModelOutput
+
+
+class ColBERTBatchModel:
+    """Batches of tokenized queries and documents through the model; each value is a text's ``(T, D)`` vectors."""
+
+    def __init__(self, model: ColBERTEncoder) -> None:
+        self.model = model
+        self.max_seq_length = model.max_seq_length
+
+    def item_tokens(self, item: TokenRow) -> int:
+        return item.length
+
+    def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
+        # one (T, D) array per item, held so that the engine stacks them per request as objects
+        vectors = np.empty(len(items), dtype=object)
+        vectors[:] = [TokenVectors(v) for v in self.model.vectors_rows(items)]
+        return ModelOutput(vectors, [r.length for r in items], [r.truncated for r in items])
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenVectors:
+    """One text's ``(T, D)`` token vectors as a single value (arrays of different lengths do not stack)."""
+
+    vectors: np.ndarray
+
+
+class MultiVectorResult(ModelOutput):
+    """One request's token vectors (:attr:`multi`, ``(T_i, D)`` each); ``values`` (:attr:`embeddings`) holds
+    each text's mean token vector, normalized ``(N, D)``: a summary for the ``embedding`` field, not a vector
+    the model was trained to compare."""
+
+    def __init__(self, multi: list[np.ndarray], token_counts: list[int], truncated: list[bool]) -> None:
+        means = np.stack([m.mean(axis=0) if len(m) else np.zeros(m.shape[1], np.float32) for m in multi])
+        super().__init__(l2_normalize(means.astype(np.float32)), token_counts, truncated)
+        self.multi = multi
+
+
+class AsyncColBERTEncoder:
+    """A ColBERT model's token vectors and MaxSim scores through a :class:`BatchEngine`."""
+
+    kind = "multi-vector"
+    scorer = "colbert"
+
+    def __init__(self, model: ColBERTEncoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
+        self.model = model
+        self.encoder = model.encoder
+        self.engine: BatchEngine[TokenRow] = BatchEngine(ColBERTBatchModel(model), config, **engine_kwargs)
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.model.max_seq_length
+
+    @property
+    def dimension(self) -> int:
+        return self.model.dimension
+
+    async def _rows(
+        self,
+        texts: Sequence[str],
+        *,
+        query: bool,
+        fields: Sequence[tuple[str, int]] = (),
+        budget: int | None = None,
+        multi_budget: int | None = None,
+    ) -> list[TokenRow]:
+        """Tokenize off the event loop and check the bounds: ``budget`` tokens, ``multi_budget`` token vectors;
+        with ``fields`` (truncation off), the first cut text is refused, named by request field."""
+        rows = await asyncio.to_thread(partial(self.model.tokenize_rows, list(texts), query=query))
+        check_budget(rows, budget)
+        vectors = sum(int(r.tokens["keep"].sum()) for r in rows)
+        if multi_budget is not None and vectors > multi_budget:
+            raise InvalidInputError(
+                f"the request's multi-vectors would be {vectors} token vectors; the limit is {multi_budget} per "
+                "request (EMBEDRANK_MAX_MULTIVECTOR_TOKENS): send fewer or shorter texts",
+                param="embedding_types",
+            )
+        at = first_cut(rows, sum(size for _, size in fields)) if fields else None
+        if at is not None:
+            name, index = field_of(at, fields)
+            limit = self.model.settings.query_length if query else self.model.settings.document_length
+            raise too_long_error(index, limit, param=name)
+        return rows
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        dimensions: int | None = None,
+        truncate: bool = True,
+        priority: int = 0,
+        prompt: str = "",
+        chunking: Chunking | None = None,
+        truncation_side: str = "right",
+        param: str = "input",
+        budget: int | None = None,
+        multi_budget: int | None = None,
+        query: bool = False,
+        **_: Any,
+    ) -> MultiVectorResult:
+        """Token vectors of each text as a query (``query``: marker, expansion to the query length) or a document
+        (marker, skiplist). Chunking, left truncation, ``dimensions`` and prompts do not apply and are refused."""
+        for given, name, why in (
+            (chunking is not None, "chunking", "ColBERT models return a document's token vectors up to its window"),
+            (truncation_side != "right", "truncation_direction", "ColBERT models cut over-long texts at the end only"),
+            (dimensions is not None, "dimensions", "ColBERT token vectors keep the model's width"),
+            (
+                bool(prompt),
+                "input_type",
+                "ColBERT models mark queries and documents with their own tokens, not prompts",
+            ),
+        ):
+            if given:
+                raise InvalidInputError(why, param=name)
+        fields = () if truncate else [(param, len(texts))]
+        rows = await self._rows(texts, query=query, fields=fields, budget=budget, multi_budget=multi_budget)
+        out = await self.engine.submit(rows, priority=priority)
+        return MultiVectorResult([v.vectors for v in out.values], list(out.token_counts), list(out.truncated))
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = True,
+        priority: int = 0,
+        chunking: Chunking | None = None,
+        budget: int | None = None,
+        **_: Any,
+    ) -> ModelOutput:
+        """MaxSim of ``query`` against each document, one job for all texts; token counts cover the query
+        (first) and every document (window). With ``chunking``, documents are split into windows of the
+        document length and each gets the aggregate of its windows' scores."""
+        plan = None
+        if chunking is not None:
+            plan = await plan_chunks(documents, self.encoder.token_offsets, self.model.chunk_window, chunking, truncate, budget=budget)  # fmt: skip
+        docs = list(documents if plan is None else plan.texts)
+        asked = await self._rows([query], query=True, fields=() if truncate else [("query", 1)], budget=budget)
+        fields = () if truncate or plan is not None else [("documents", len(docs))]
+        rows = await self._rows(
+            docs, query=False, fields=fields, budget=None if budget is None else budget - asked[0].length
+        )
+        out = await self.engine.submit(asked + rows, priority=priority)
+        scores = maxsim_scores(out.values[0].vectors, [v.vectors for v in out.values[1:]], reduce="sum")
+        if plan is None:
+            return ModelOutput(scores, out.token_counts, out.truncated)
+        return plan.scores(scores, out.token_counts, out.truncated[1:], leading_flags=out.truncated[:1])
