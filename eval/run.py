@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="FOLDS",
         help="also fuse dense and bm25 (both in --retriever) with the weight (RRF: k) chosen by FOLDS-fold "
-        "cross-validation over queries, as system hybrid-cv",
+        "cross-validation over queries, as system hybrid-cv; and each hybrid:a+b(+c) whose parts ran, with the "
+        "weight vector so chosen (multiples of 0.1 summing to 1), as hybrid:a+b(+c)-cv",
     )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the corpus embedding cache")
     p.add_argument("--cache-dir", help="embedding cache directory (default: $EMBEDRANK_CACHE or ~/.cache/embedrank)")
@@ -211,12 +212,14 @@ def _print_comparison(runs, comparisons, metrics, baseline) -> None:
 
 
 def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> list:
-    """System ``hybrid-cv`` on each dataset that has both ``dense`` and ``bm25`` runs: their fusion with
-    the weight chosen by cross-validation (:func:`~embedrank.evaluation.fusion_cv.cross_validate_fusion`)."""
+    """Cross-validated fusions on each dataset: ``hybrid-cv`` when ``dense`` and ``bm25`` ran (their fusion
+    with the weight chosen by :func:`~embedrank.evaluation.fusion_cv.cross_validate_fusion`), and
+    ``hybrid:a+b(+c)-cv`` for each such fusion that ran with its parts (the weight vector chosen by
+    :func:`~embedrank.evaluation.fusion_cv.cross_validate_weights` over the parts' runs)."""
     from embedrank.errors import InvalidInputError
     from embedrank.evaluation.benchmark import relevance_level
     from embedrank.evaluation.compare import SystemRun
-    from embedrank.evaluation.fusion_cv import cross_validate_fusion
+    from embedrank.evaluation.fusion_cv import cross_validate_fusion, cross_validate_weights
     from embedrank.math.metrics import evaluate_per_query, parse_measures
     from embedrank.retrieval.data import load_beir
 
@@ -224,26 +227,44 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> li
     out = []
     for dataset in dict.fromkeys(r.dataset for r in runs):
         dense, bm25 = by_key.get((dataset, "dense")), by_key.get((dataset, "bm25"))
-        if dense is None or bm25 is None:
-            raise InvalidInputError("--fusion-cv needs both dense and bm25 in --retriever")
+        fusions = [
+            r.system
+            for r in runs
+            if r.dataset == dataset
+            and r.system.startswith("hybrid:")
+            and all((dataset, part) in by_key for part in r.system.split(":", 1)[1].split("+"))
+        ]
+        if (dense is None or bm25 is None) and not fusions:
+            raise InvalidInputError(
+                "--fusion-cv needs dense and bm25 in --retriever, or a hybrid:a+b(+c) with each of its parts"
+            )
         qrels = load_beir(sources.get(dataset, dataset), data_dir=args.data_dir).qrels
         level = relevance_level(dataset)
-        cv = cross_validate_fusion(
-            dense.run or {},
-            bm25.run or {},
-            qrels,
-            method=args.hybrid_method,
-            normalization=args.hybrid_normalization,
-            fixed=args.hybrid_weight if args.hybrid_method == "score" else None,
-            folds=args.fusion_cv,
-            seed=args.seed,
-            relevance_level=level,
-        )
-        print(f"[{dataset}] hybrid-cv: {cv.summary()}")
+        found = {}
+        if dense is not None and bm25 is not None:
+            found["hybrid-cv"] = cross_validate_fusion(
+                dense.run or {},
+                bm25.run or {},
+                qrels,
+                method=args.hybrid_method,
+                normalization=args.hybrid_normalization,
+                fixed=args.hybrid_weight if args.hybrid_method == "score" else None,
+                folds=args.fusion_cv,
+                seed=args.seed,
+                relevance_level=level,
+            )
+        for system in fusions:  # each part's top-k run (the depth the harness keeps), fused
+            parts = [by_key[(dataset, part)].run or {} for part in system.split(":", 1)[1].split("+")]
+            found[f"{system}-cv"] = cross_validate_weights(
+                parts, qrels, normalization=args.hybrid_normalization, folds=args.fusion_cv, seed=args.seed,
+                relevance_level=level,
+            )  # fmt: skip
         _, ks = parse_measures(args.metrics)
-        per_query = evaluate_per_query(qrels, cv.run, ks, relevance_level=level, queries="qrels")[args.metrics]
-        out.append(SystemRun(dataset, "hybrid-cv", per_query, cv.run))
-        write_run(run_dir, out[-1])
+        for name, cv in found.items():
+            print(f"[{dataset}] {name}: {cv.summary()}")
+            per_query = evaluate_per_query(qrels, cv.run, ks, relevance_level=level, queries="qrels")[args.metrics]
+            out.append(SystemRun(dataset, name, per_query, cv.run))
+            write_run(run_dir, out[-1])
     return out
 
 

@@ -90,14 +90,16 @@ HTTP_PAGES = [p for p in USER_PAGES if _curl_requests(p)]
 
 @pytest.mark.parametrize("page", HTTP_PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_http_examples_are_answered(page, fake_service):
+    from embedrank.models.colbert import ColBERTEncoder
     from embedrank.models.m3 import M3Encoder
     from embedrank.registry import DEFAULT_EMBEDDING_MODEL
     from embedrank.testing.fake import FakeEncoder, FakeSparseEncoder
-    from embedrank.testing.tiny import tiny_bge_m3
+    from embedrank.testing.tiny import tiny_bge_m3, tiny_colbert
     from service.settings import ModelEntry, Settings
 
     models = {DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL), "splade": FakeSparseEncoder("splade")}
     models["bge-m3"] = M3Encoder.from_pretrained(tiny_bge_m3(), backend="torch")  # a tiny one in bge-m3's layout
+    models["colbert"] = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")  # in PyLate's layout
     settings = Settings(api_keys=("secret",), models=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL),), tune_malloc=False)
     with fake_service(models, key="secret", settings=settings) as client:
         for path, body in _curl_requests(page):

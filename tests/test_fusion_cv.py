@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from embedrank.errors import InvalidInputError
-from embedrank.evaluation.fusion_cv import cross_validate_fusion, fold_of, fuse
+from embedrank.evaluation.fusion_cv import cross_validate_fusion, cross_validate_weights, fold_of, fuse, simplex
+from embedrank.math.fusion import weighted_fusion
 from embedrank.math.metrics import evaluate_per_query
 
 
@@ -52,3 +53,27 @@ def test_rrf_grid_and_bad_folds():
     assert len(cv.per_query) == len(qrels)
     with pytest.raises(InvalidInputError, match="folds"):
         cross_validate_fusion(good, noisy, qrels, folds=1)
+
+
+def test_weights_of_two_runs_choose_what_the_two_run_grid_chooses():
+    qrels, good, noisy = _collection()
+    two = cross_validate_fusion(good, noisy, qrels, folds=4, seed=3)
+    many = cross_validate_weights([good, noisy], qrels, folds=4, seed=3)
+    assert [w for w, _ in many.chosen] == two.chosen
+    assert np.allclose(many.per_query, two.per_query)
+
+
+def test_weights_of_three_runs_are_chosen_on_the_other_folds():
+    qrels, good, noisy = _collection()
+    _, _, other = _collection(seed=1)
+    runs = [good, noisy, other]
+    cv = cross_validate_weights(runs, qrels, folds=3, seed=0)
+    assert len(simplex(3)) == 66 and all(abs(sum(w) - 1) < 1e-9 for w in cv.chosen)
+    assert all(w[0] >= 0.5 for w in cv.chosen)  # the informative run dominates
+    folds = fold_of(list(qrels), 3, 0)
+    for fold, weights in enumerate(cv.chosen):
+        fused = weighted_fusion(runs, weights)
+        per = evaluate_per_query(qrels, fused, [10], queries="qrels")["ndcg@10"]
+        inside = [q for q in qrels if folds[q] == fold]
+        assert np.allclose(cv.per_query[inside], per[inside])
+    assert "(0.333333/0.333333/0.333333)" in cv.summary()

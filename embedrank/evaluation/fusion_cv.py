@@ -10,14 +10,15 @@ hindsight (which is not a fair figure, and is labelled so).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from embedrank.errors import InvalidInputError
-from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion
+from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion, weighted_fusion
 from embedrank.math.metrics import evaluate_per_query, parse_measures
 from embedrank.types import Qrels, Run
 
@@ -65,9 +66,9 @@ class FusionCV:
     normalization: str
     metric: str
     per_query: pd.Series
-    chosen: list[float]
-    grid: dict[float, float]
-    fixed_param: float
+    chosen: list[Any]  # a float, or (score fusion of several runs) a tuple of weights
+    grid: dict[Any, float]
+    fixed_param: Any
     fixed: pd.Series
     run: Run
 
@@ -77,13 +78,18 @@ class FusionCV:
 
     def summary(self) -> str:
         best = max(self.grid, key=lambda p: self.grid[p])
-        name = "weight" if self.method == "score" else "k"
+        name = {"score": "weight", "rrf": "k"}.get(self.method, "weights")
         return (
             f"{self.method} fusion ({self.normalization}), {len(self.chosen)}-fold cross-validated {self.metric}: "
-            f"{self.mean:.4f} ({name} per fold: {', '.join(f'{p:g}' for p in self.chosen)}); fixed {name} "
-            f"{self.fixed_param:g} on the same candidates: {float(self.fixed.mean()):.4f}; best {name} in "
-            f"hindsight ({best:g}, not a fair figure): {self.grid[best]:.4f}"
+            f"{self.mean:.4f} ({name} per fold: {', '.join(map(_show, self.chosen))}); fixed {name} "
+            f"{_show(self.fixed_param)} on the same candidates: {float(self.fixed.mean()):.4f}; best {name} in "
+            f"hindsight ({_show(best)}, not a fair figure): {self.grid[best]:.4f}"
         )
+
+
+def _show(param: Any) -> str:
+    """A grid value as the summary prints it: ``0.3``, or ``(0.2/0.3/0.5)`` for a weight vector."""
+    return "(" + "/".join(f"{w:g}" for w in param) + ")" if isinstance(param, tuple) else f"{param:g}"
 
 
 def cross_validate_fusion(
@@ -104,35 +110,80 @@ def cross_validate_fusion(
     every judged query counts (a query no run has scores 0). ``fixed`` defaults to 0.5 (score) or 60 (RRF)."""
     values = list(grid or (WEIGHTS if method == "score" else RRF_KS))
     fixed = fixed if fixed is not None else (0.5 if method == "score" else 60)
-    (name,), ks = parse_measures([metric])
     runs = {p: fuse(run_a, run_b, method=method, param=p, normalization=normalization) for p in {*values, fixed}}
+    return _choose_by_folds(runs, values, fixed, qrels, method, normalization, folds, seed, metric, relevance_level)
+
+
+def simplex(parts: int, step: float = 0.1) -> list[tuple[float, ...]]:
+    """Every weight vector of ``parts`` non-negative multiples of ``step`` that sum to 1, in lexicographic order.
+
+    >>> simplex(2, 0.5)
+    [(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)]
+    """
+    n = round(1 / step)
+    return [tuple(round(c * step, 10) for c in combo) for combo in itertools.product(range(n + 1), repeat=parts) if sum(combo) == n]  # fmt: skip
+
+
+def cross_validate_weights(
+    runs: Sequence[Run],
+    qrels: Qrels,
+    *,
+    normalization: Literal["minmax", "zscore"] = "minmax",
+    step: float = 0.1,
+    folds: int = 5,
+    seed: int = 0,
+    metric: str = "ndcg@10",
+    relevance_level: int = 1,
+) -> FusionCV:
+    """Score fusion of any number of ``runs`` (:func:`~embedrank.math.fusion.weighted_fusion`) with the weight
+    vector chosen on the other folds among every vector of multiples of ``step`` summing to 1 (:func:`simplex`;
+    3 runs at 0.1: 66 vectors); the fixed comparison is equal weights."""
+    values = simplex(len(runs), step)
+    fixed = tuple([1.0 / len(runs)] * len(runs))
+    fused = {p: weighted_fusion(runs, p, normalization=normalization) for p in {*values, fixed}}
+    return _choose_by_folds(
+        fused, values, fixed, qrels, "weighted", normalization, folds, seed, metric, relevance_level
+    )
+
+
+def _choose_by_folds(
+    runs: dict[Any, Run],
+    values: list[Any],
+    fixed: Any,
+    qrels: Qrels,
+    method: str,
+    normalization: str,
+    folds: int,
+    seed: int,
+    metric: str,
+    relevance_level: int,
+) -> FusionCV:
+    """Each fold fused with the first of ``values`` (keys of ``runs``) best on the other folds."""
+    (name,), ks = parse_measures([metric])
     scores = {
         p: evaluate_per_query(qrels, run, ks, relevance_level=relevance_level, queries="qrels")[name]
         for p, run in runs.items()
     }
     qids = list(scores[values[0]].index)
     assignment = pd.Series(fold_of(qids, folds, seed)).reindex(qids)
-    table = pd.DataFrame({p: scores[p] for p in values})  # (queries, grid)
+    table = pd.DataFrame({i: scores[p] for i, p in enumerate(values)})  # (queries, grid)
     per_query = pd.Series(0.0, index=table.index, name=name)
-    chosen: list[float] = []
+    chosen: list[Any] = []
     run: Run = {}
     for fold in range(folds):
         inside = (assignment == fold).to_numpy()
-        training_means = table[~inside].mean()
-        means = training_means.to_numpy()
-        param = values[
-            int(np.flatnonzero(means >= means.max() - 1e-12)[0])
-        ]  # first best in grid order (ties: float noise)
-        chosen.append(param)
-        per_query[inside] = table.loc[inside, param]
-        run.update({q: runs[param].get(q, {}) for q in table.index[inside]})
+        means = table[~inside].mean().to_numpy()
+        best = int(np.flatnonzero(means >= means.max() - 1e-12)[0])  # first best in grid order (ties: float noise)
+        chosen.append(values[best])
+        per_query[inside] = table.loc[inside, best]
+        run.update({q: runs[values[best]].get(q, {}) for q in table.index[inside]})
     return FusionCV(
         method=method,
         normalization=normalization,
         metric=name,
         per_query=per_query,
         chosen=chosen,
-        grid={p: float(table[p].mean()) for p in values},
+        grid={p: float(table[i].mean()) for i, p in enumerate(values)},
         fixed_param=fixed,
         fixed=scores[fixed],
         run=run,
