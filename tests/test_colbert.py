@@ -42,27 +42,30 @@ DOCUMENTS = [
 ]
 
 
-def pylate_reference(model_dir: str, tmp_path: Path) -> dict[str, np.ndarray]:
+def pylate_reference(models: dict[str, str], tmp_path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """PyLate's vectors and scores for each named model directory, from one run of its environment."""
     if not PYLATE.is_file():
         if os.environ.get("CI"):
             pytest.fail("the PyLate reference environment .venv-pylate is missing (make setup builds it)")
         pytest.skip("the PyLate reference environment .venv-pylate is missing (make setup builds it)")
-    source, target = tmp_path / "in.json", tmp_path / "out.npz"
+    source = tmp_path / "in.json"
     source.write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}), encoding="utf-8")
+    pairs = [str(x) for name, path in models.items() for x in (path, tmp_path / f"{name}.npz")]
     env = {**os.environ, "PYTHONPATH": ""}
-    subprocess.run([str(PYLATE), str(ROOT / "tests/reference/pylate_vectors.py"), model_dir, str(source), str(target)],
+    subprocess.run([str(PYLATE), str(ROOT / "tests/reference/pylate_vectors.py"), str(source), *pairs],
                    check=True, env=env, capture_output=True)  # fmt: skip
-    return dict(np.load(target))
+    return {name: dict(np.load(tmp_path / f"{name}.npz")) for name in models}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    out = {}
-    for name, settings in {"default": {}, "no-expansion": {"do_query_expansion": False},
-                           "attend": {"attend_to_expansion_tokens": True}}.items():  # fmt: skip
-        path = tiny_colbert(**settings)
-        out[name] = (path, pylate_reference(path, tmp_path_factory.mktemp(name)))
-    return out
+    paths = {
+        "default": tiny_colbert(),
+        "no-expansion": tiny_colbert(do_query_expansion=False),
+        "attend": tiny_colbert(attend_to_expansion_tokens=True),
+    }
+    vectors = pylate_reference(paths, tmp_path_factory.mktemp("pylate"))
+    return {name: (path, vectors[name]) for name, path in paths.items()}
 
 
 @pytest.mark.parametrize(("backend", "tolerance"), [("torch", 1e-5), ("openvino", 1e-4), ("onnx", 1e-4)])
