@@ -221,11 +221,16 @@ class ModelPool:
 
     def default(self, capability: str) -> str:
         """The first configured model that serves ``capability`` (for protocols whose bodies name no model);
-        for reranking, the first cross-encoder if there is one (an embedding model reranks by cosine)."""
+        for reranking, the first that is not a plain embedding model if there is one (an embedding model
+        reranks by cosine); for embeddings, the first dense embedding model if there is one."""
         able = [m for m, served in self.models.items() if capability in served.capabilities]
-        scorers = [m for m in able if self.models[m].spec.kind != "embedding"] if capability == "rerank" else []
+        kinds = {m: self.models[m].spec.kind for m in able}
+        if capability == "rerank":
+            preferred = [m for m in able if kinds[m] != "embedding"]
+        else:  # a dense embedding model before a ColBERT model (whose vectors are per token)
+            preferred = [m for m in able if kinds[m] == "embedding"]
         if able:
-            return (scorers or able)[0]
+            return (preferred or able)[0]
         raise ModelKindError(f"no served model can serve {capability}; served: {sorted(self.models)}")
 
     async def drain(self, timeout: float) -> None:

@@ -178,7 +178,7 @@ def test_the_service_serves_token_vectors_and_maxsim_and_refuses_what_does_not_a
     from service.settings import Limits
 
     model = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")
-    with fake_service({"colbert": model, "plain": FakeEncoder()}) as client:
+    with fake_service({"colbert": model, "plain": FakeEncoder()}) as client:  # ColBERT configured first
         (card,) = [c for c in client.get("/v1/models").json()["data"] if c["id"] == "colbert"]
         assert (card["scorer"], sorted(card["capabilities"]), card["dimension"]) == (
             "colbert",
@@ -228,6 +228,16 @@ def test_the_service_serves_token_vectors_and_maxsim_and_refuses_what_does_not_a
             == "output_not_available"
         )
         assert "input[0]" in client.post("/v1/embeddings", json=refused["too long"]).text
+        counted = client.post("/v1/tokenize", json={"model": "colbert", "input": [DOCUMENTS[0]], "return_tokens": True})
+        assert counted.status_code == 200, counted.text
+        (row,) = counted.json()["data"]
+        marker = model.encoder.tokenizer.convert_ids_to_tokens(model.prefix_ids[False])
+        assert row["tokens"][:2] == ["[CLS]", marker] and row["untruncated_count"] == len(row["tokens"])
+        assert len(model.encode_documents([DOCUMENTS[0]])[0]) < len(row["tokens"])  # punctuation gives no vector
+        spans = client.post("/tokenize", json={"model": "colbert", "inputs": DOCUMENTS[0]})
+        assert spans.status_code == 200, spans.text
+        tei = client.post("/embed", json={"inputs": "x"})  # no model named: the dense model answers, not ColBERT
+        assert tei.status_code == 200 and len(tei.json()[0]) == FakeEncoder().dimension
         schema = client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
         enum = schema["properties"]["embedding_types"]["oneOf"][0]["items"]["enum"]
         assert "multivector" in enum and "sparse" not in enum

@@ -112,6 +112,11 @@ def test_the_service_serves_every_output_and_refuses_what_does_not_apply(fake_se
             assert np.allclose(sparse["values"], want.sparse[i].data, atol=1e-6)
             assert np.abs(np.array(d["embeddings"]["multivector"]) - want.multi[i]).max() < 1e-5
             assert len(d["embeddings"]["int8"]) == want.dense.shape[1]
+        counted = client.post("/v1/tokenize", json={"model": "m3", "input": TEXTS[:2]})
+        assert counted.status_code == 200 and [d["untruncated_count"] for d in counted.json()["data"]] == [
+            len(t) for t in m3.encoder.tokenizer(TEXTS[:2])["input_ids"]
+        ]
+        assert client.post("/tokenize", json={"model": "m3", "inputs": TEXTS[0]}).status_code == 200
         tei = client.post("/embed_sparse", json={"model": "m3", "inputs": TEXTS[:2]}).json()
         assert [[v["index"] for v in row] for row in tei] == [want.sparse[i].indices.tolist() for i in range(2)]
         rerank = client.post("/v1/rerank", json={"model": "m3", "query": TEXTS[0], "documents": TEXTS[1:]}).json()

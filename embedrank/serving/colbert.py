@@ -20,6 +20,7 @@ from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.tokens import TokenRow, too_long_error
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks
+from embedrank.serving.runners import EncoderTokens
 from embedrank.types import ModelOutput
 
 
@@ -58,7 +59,7 @@ class MultiVectorResult(ModelOutput):
         self.multi = multi
 
 
-class AsyncColBERTEncoder:
+class AsyncColBERTEncoder(EncoderTokens):
     """A ColBERT model's token vectors and MaxSim scores through a :class:`BatchEngine`."""
 
     kind = "multi-vector"
@@ -76,6 +77,19 @@ class AsyncColBERTEncoder:
     @property
     def dimension(self) -> int:
         return self.model.dimension
+
+    async def count(
+        self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False
+    ) -> tuple[list[int], list[list[str]] | None]:
+        """Untruncated token counts of each text as a document (its marker included), and on request the
+        tokens the model sees as a document (marker inserted, cut at the document length)."""
+        marker = int(self.model.prefix_ids[False] is not None)
+        counts = await asyncio.to_thread(partial(self.encoder.count_tokens, list(texts), prompt=""))
+        tokens = None
+        if return_tokens:
+            rows = await asyncio.to_thread(partial(self.model.tokenize_rows, list(texts), query=False))
+            tokens = [self.encoder.tokenizer.convert_ids_to_tokens(r.tokens["input_ids"]) for r in rows]
+        return [n + marker for n in counts], tokens
 
     async def _rows(
         self,

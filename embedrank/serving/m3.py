@@ -21,6 +21,7 @@ from embedrank.models.prompts import with_prompt
 from embedrank.models.tokens import TokenRow, too_long_error
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, first_cut
+from embedrank.serving.runners import EncoderTokens
 from embedrank.types import ModelOutput
 
 
@@ -55,7 +56,7 @@ class M3Result(ModelOutput):
         return self.sparse
 
 
-class AsyncM3Encoder:
+class AsyncM3Encoder(EncoderTokens):
     """bge-m3's outputs and scores through a :class:`BatchEngine`."""
 
     kind = "m3"

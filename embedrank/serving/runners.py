@@ -129,7 +129,31 @@ class CrossEncoderBatchModel:
 INLINE_TOKENIZE_CHARS = 2048
 
 
-class AsyncEncoder:
+class EncoderTokens:
+    """``count`` and ``token_spans`` (``/v1/tokenize``, TEI's ``/tokenize``) for a runner over an ``encoder``."""
+
+    encoder: Any
+
+    async def count(
+        self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False
+    ) -> tuple[list[int], list[list[str]] | None]:
+        """Untruncated token counts of ``prompt + text`` (what :meth:`embed` would see before truncation),
+        and on request the tokens the model sees (cut at the max length), in a worker thread."""
+        texts = with_prompt(texts, prompt)
+        counts = await asyncio.to_thread(partial(self.encoder.count_tokens, texts, prompt=""))
+        tokens = await asyncio.to_thread(partial(self.encoder.tokens, texts, prompt="")) if return_tokens else None
+        return counts, tokens
+
+    async def token_spans(
+        self, texts: Sequence[str], *, prompt: str = "", add_special_tokens: bool = True
+    ) -> list[list[TokenSpan]]:
+        """Every token of ``prompt + text`` with its id and character span, untruncated, in a worker thread."""
+        return await asyncio.to_thread(
+            partial(self.encoder.token_spans, with_prompt(texts, prompt), add_special_tokens=add_special_tokens)
+        )
+
+
+class AsyncEncoder(EncoderTokens):
     """Embeddings and bi-encoder (cosine) reranking through a :class:`BatchEngine`."""
 
     kind = "embedding"
@@ -247,24 +271,6 @@ class AsyncEncoder:
         """int8/uint8 ranges ``(2, dimensions or D)`` from the model's calibration (computed once, in a
         worker thread, outside the batching engine)."""
         return await asyncio.to_thread(self.encoder.quantization_ranges, dimensions)
-
-    async def count(
-        self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False
-    ) -> tuple[list[int], list[list[str]] | None]:
-        """Untruncated token counts of ``prompt + text`` (what :meth:`embed` would see before truncation),
-        and on request the tokens the model sees (cut at the max length), in a worker thread."""
-        texts = with_prompt(texts, prompt)
-        counts = await asyncio.to_thread(partial(self.encoder.count_tokens, texts, prompt=""))
-        tokens = await asyncio.to_thread(partial(self.encoder.tokens, texts, prompt="")) if return_tokens else None
-        return counts, tokens
-
-    async def token_spans(
-        self, texts: Sequence[str], *, prompt: str = "", add_special_tokens: bool = True
-    ) -> list[list[TokenSpan]]:
-        """Every token of ``prompt + text`` with its id and character span, untruncated, in a worker thread."""
-        return await asyncio.to_thread(
-            partial(self.encoder.token_spans, with_prompt(texts, prompt), add_special_tokens=add_special_tokens)
-        )
 
     async def rerank(
         self,
