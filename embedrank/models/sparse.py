@@ -26,11 +26,14 @@ import scipy.sparse as sp
 import torch
 
 from embedrank.errors import UnsupportedModelError
-from embedrank.math.sparse import splade_max, to_csr
+from embedrank.math.sparse import to_csr
 from embedrank.models.router import Routed, routed
 from embedrank.models.tokens import TokenRow, check_texts, collate_rows, encode_rows, length_batches, token_rows
-from embedrank.registry import ModelSpec, quiet_loading, resolve
+from embedrank.registry import ModelSpec, resolve
+from embedrank.runtime.backends import TorchRuntime
+from embedrank.runtime.exports import load_transformer
 from embedrank.runtime.static import static_tokenizer
+from embedrank.texts import data_dir_sample
 from embedrank.types import ModelOutput
 
 _MLM = ("MLMTransformer", "Transformer")  # the older and the newer name of the fill-mask transformer module
@@ -104,21 +107,31 @@ class SparseEncoder(Routed):
 
     @classmethod
     def from_pretrained(
-        cls, model_id: str, *, max_seq_length: int | None = None, trust_remote_code: bool = False
+        cls, model_id: str, *, max_seq_length: int | None = None, trust_remote_code: bool = False, **options: Any
     ) -> SparseEncoder:
         """Load a SPLADE model by hub id, local path or bundled name (sentence-transformers' sparse layout or a
-        masked LM).
+        masked LM); ``options`` as :meth:`from_spec`.
 
         Raises:
             UnsupportedModelError: not a masked LM, or sparse modules other than SPLADE's.
         """
-        return cls.from_spec(resolve(model_id, trust_remote_code=trust_remote_code), max_seq_length=max_seq_length)
+        spec = resolve(model_id, trust_remote_code=trust_remote_code)
+        return cls.from_spec(spec, max_seq_length=max_seq_length, **options)
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, *, max_seq_length: int | None = None) -> SparseEncoder:
-        """Load the weights of a resolved model (:func:`~embedrank.registry.resolve`) of kind ``sparse``."""
-        from transformers import AutoModelForMaskedLM, AutoTokenizer
-
+    def from_spec(
+        cls,
+        spec: ModelSpec,
+        *,
+        max_seq_length: int | None = None,
+        backend: str | None = None,
+        precision: str | None = None,
+        calibration: Any = None,
+        cache_dir: str | Path | None = None,
+    ) -> SparseEncoder:
+        """Load the weights of a resolved model (:func:`~embedrank.registry.resolve`) of kind ``sparse``.
+        ``backend`` (``"torch"`` unless named: ``"openvino"``, ``"onnx"``) and ``precision`` choose what runs
+        the masked LM; an exported graph includes SPLADE's pooling, so it hands back ``(B, V)`` weights."""
         if spec.kind != "sparse":
             raise UnsupportedModelError(
                 f"{spec.model_id!r} is a {spec.kind} model, not a masked language model pooled as SPLADE "
@@ -132,17 +145,23 @@ class SparseEncoder(Routed):
             weight = load_file(str(root / "model.safetensors"))["weight"]
             encoder = cls(spec, StaticSparse(weight), static_tokenizer(root), max_seq_length=max_seq_length)
         else:
-            with quiet_loading():
-                model = AutoModelForMaskedLM.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
-                tokenizer = AutoTokenizer.from_pretrained(spec.path)
-            encoder = cls(spec, model.eval(), tokenizer, max_seq_length=max_seq_length)
-        encoder.add_routes(partial(cls.from_spec, max_seq_length=max_seq_length))  # a Router's other routes
+            window = max_seq_length or spec.max_seq_length
+            calibrate = data_dir_sample if calibration is None else calibration
+            tokenizer, model = load_transformer(spec, "splade", backend=backend or "torch", precision=precision,
+                                                max_seq_length=window, calibration=calibrate, cache_dir=cache_dir)  # fmt: skip
+            runtime = TorchRuntime(model, tokenizer, "splade") if isinstance(model, torch.nn.Module) else model
+            encoder = cls(spec, runtime, tokenizer, max_seq_length=max_seq_length)
+            encoder.runtime = runtime  # type: ignore[assignment]
+        options = {"backend": backend, "precision": precision, "calibration": calibration, "cache_dir": cache_dir}
+        encoder.add_routes(partial(cls.from_spec, max_seq_length=max_seq_length, **options))  # a Router's other routes
         return encoder
 
     @property
     def vocab_size(self) -> int:
         """``V``: the length of every sparse vector."""
-        return int(self.model.config.vocab_size)
+        if isinstance(self.model, StaticSparse):
+            return int(self.model.config.vocab_size)
+        return int(json.loads(Path(self.spec.path, "config.json").read_text(encoding="utf-8"))["vocab_size"])
 
     def __repr__(self) -> str:
         return f"SparseEncoder({self.model_id!r}, vocab_size={self.vocab_size}, max_seq_length={self.max_seq_length})"
@@ -220,8 +239,7 @@ class SparseEncoder(Routed):
         """One padded batch through the masked LM, pooled: ``(B, V)`` float32."""
         if isinstance(self.model, StaticSparse):
             return self.model(features)
-        logits = self.model(**features).logits  # (B, T, V)
-        return splade_max(logits.float(), features["attention_mask"]).numpy()
+        return self.model(features).float().numpy()  # the runtime pools: (B, V)
 
     def decode(self, vector: sp.csr_matrix, top: int = 10) -> list[tuple[str, float]]:
         """The ``top`` heaviest terms of one sparse vector (a ``(1, V)`` row), heaviest first."""

@@ -43,7 +43,8 @@ Backend = Literal["torch", "openvino", "onnx"]
 Precision = Literal["fp32", "bf16", "int8"]
 # token embeddings (B, T, H), logits (B, L), or a causal LM's answer logit (B, 1): "yes" minus "no" at the
 # last position (runtime.converters.YesNoLogit)
-Head = Literal["encoder", "classifier", "yes-no"]
+# "splade": a masked LM pooled by SPLADE inside the graph, (B, V) out
+Head = Literal["encoder", "classifier", "yes-no", "splade"]
 
 PRECISIONS: dict[str, tuple[str, ...]] = {
     "torch": ("fp32",),

@@ -66,6 +66,24 @@ class YesNoLogit(torch.nn.Module):
         return SequenceClassifierOutput(logits=(pair[:, :1] - pair[:, 1:]).float())
 
 
+class SpladeMax(torch.nn.Module):
+    """A masked LM pooled as SPLADE (:func:`~embedrank.math.sparse.splade_max`) in the graph: ``logits``
+    ``(B, V)``, the largest ``log(1 + ReLU)`` of each vocabulary entry's logit over the real tokens."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: Any) -> Any:
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        from embedrank.math.sparse import splade_max
+
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits  # (B, T, V)
+        return SequenceClassifierOutput(logits=splade_max(logits.float(), attention_mask))
+
+
 def answer_ids(spec: ModelSpec, tokenizer: Any) -> tuple[int, int]:
     """Token ids of ``spec.answer_tokens`` (``yes``, ``no``) in the model's vocabulary (``tokenizer``'s).
 
@@ -87,14 +105,17 @@ def load_torch(spec: ModelSpec, head: Head, tokenizer: Any, **options: Any) -> t
     ``AutoModelForSequenceClassification`` (classifier) or a causal LM as :class:`YesNoLogit` (its answer
     tokens found in ``tokenizer``), with ``options`` for ``from_pretrained``, in eval mode."""
     import transformers
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    loader = {"encoder": AutoModel, "classifier": AutoModelForSequenceClassification, "yes-no": AutoModelForCausalLM}
+    loader = {"encoder": AutoModel, "classifier": AutoModelForSequenceClassification, "yes-no": AutoModelForCausalLM,
+              "splade": AutoModelForMaskedLM}  # fmt: skip
     cls = loader[head]
     if head == "encoder" and spec.model_type in ENCODER_OF:  # an encoder-decoder embeds with its encoder
         cls = getattr(transformers, ENCODER_OF[spec.model_type])
     with quiet_loading():
         model = cls.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **options).eval()
+    if head == "splade":
+        return SpladeMax(model).eval()
     return YesNoLogit(model, *answer_ids(spec, tokenizer)).eval() if head == "yes-no" else model
 
 
@@ -147,7 +168,7 @@ def example_inputs(tokenizer: Any, head: Head) -> dict[str, torch.Tensor]:
     if head == "yes-no" and tokenizer.padding_side != "left":  # the answer is read at the last position
         tokenizer = copy.copy(tokenizer)
         tokenizer.padding_side = "left"
-    if head == "encoder":
+    if head in ("encoder", "splade"):
         enc = tokenizer([short, long], padding=True, return_tensors="pt")
     else:
         enc = tokenizer(["a query", "another, longer query"], [short, long], padding=True, return_tensors="pt")
@@ -161,7 +182,7 @@ def calibration_batches(tokenizer: Any, head: Head, texts: list[str], max_length
     batches = []
     for start in range(0, len(order), CALIBRATION_BATCH):
         chunk = [texts[i] for i in order[start : start + CALIBRATION_BATCH]]
-        if head == "encoder":
+        if head in ("encoder", "splade"):
             enc = tokenizer(chunk, padding=True, truncation=True, max_length=max_length, return_tensors="np")
         else:
             queries = [" ".join(t.split()[:12]) for t in chunk]
