@@ -181,15 +181,17 @@ def _bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> Firs
     return BM25Retriever.from_corpus(ds.corpus)
 
 
-_SPLADE: dict[tuple[str, str], SparseRetriever] = {}  # (model, collection) -> the encoded corpus, per process
+_SPLADE: dict[tuple[str, str, str | None], SparseRetriever] = {}  # (model, collection, backend) -> encoded corpus
 
 
 def _splade_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
     """SPLADE over the collection (the corpus is encoded once per process and model)."""
     notes.append(f"SPLADE: {cfg.sparse_model}, exact sparse dot products")
-    key = (cfg.sparse_model, str(ds.path))
+    key = (cfg.sparse_model, str(ds.path), cfg.backend)
     if key not in _SPLADE:
-        _SPLADE[key] = SparseRetriever.from_corpus(SparseEncoder.from_pretrained(cfg.sparse_model), ds.corpus)
+        named = cfg.backend if cfg.backend not in (None, "auto") else None  # fp32 on the named backend
+        encoder = SparseEncoder.from_pretrained(cfg.sparse_model, backend=named)
+        _SPLADE[key] = SparseRetriever.from_corpus(encoder, ds.corpus)
     return _SPLADE[key]
 
 
