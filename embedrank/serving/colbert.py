@@ -18,9 +18,8 @@ from embedrank.math.similarity import l2_normalize
 from embedrank.models.chunking import Chunking
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.tokens import TokenRow, too_long_error
-from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks
-from embedrank.serving.runners import EncoderTokens
+from embedrank.serving.late import LateInteractionRunner
 from embedrank.types import ModelOutput
 
 
@@ -59,24 +58,14 @@ class MultiVectorResult(ModelOutput):
         self.multi = multi
 
 
-class AsyncColBERTEncoder(EncoderTokens):
+class AsyncColBERTEncoder(LateInteractionRunner):
     """A ColBERT model's token vectors and MaxSim scores through a :class:`BatchEngine`."""
 
     kind = "multi-vector"
     scorer = "colbert"
 
-    def __init__(self, model: ColBERTEncoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
-        self.model = model
-        self.encoder = model.encoder
-        self.engine: BatchEngine[TokenRow] = BatchEngine(ColBERTBatchModel(model), config, **engine_kwargs)
-
-    @property
-    def max_seq_length(self) -> int:
-        return self.model.max_seq_length
-
-    @property
-    def dimension(self) -> int:
-        return self.model.dimension
+    batch_model = ColBERTBatchModel
+    model: ColBERTEncoder
 
     async def count(
         self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False

@@ -19,9 +19,8 @@ from embedrank.models.chunking import Chunking
 from embedrank.models.m3 import DEFAULT_WEIGHTS, M3Encoder, M3Output, M3Row, gather, query_scores
 from embedrank.models.prompts import with_prompt
 from embedrank.models.tokens import TokenRow, too_long_error
-from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, first_cut
-from embedrank.serving.runners import EncoderTokens
+from embedrank.serving.late import LateInteractionRunner
 from embedrank.types import ModelOutput
 
 
@@ -56,24 +55,14 @@ class M3Result(ModelOutput):
         return self.sparse
 
 
-class AsyncM3Encoder(EncoderTokens):
+class AsyncM3Encoder(LateInteractionRunner):
     """bge-m3's outputs and scores through a :class:`BatchEngine`."""
 
     kind = "m3"
     scorer = "bge-m3"
 
-    def __init__(self, model: M3Encoder, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
-        self.model = model
-        self.encoder = model.encoder
-        self.engine: BatchEngine[TokenRow] = BatchEngine(M3BatchModel(model), config, **engine_kwargs)
-
-    @property
-    def max_seq_length(self) -> int:
-        return self.encoder.max_seq_length
-
-    @property
-    def dimension(self) -> int:
-        return self.encoder.dimension
+    batch_model = M3BatchModel
+    model: M3Encoder
 
     async def _outputs(
         self,
