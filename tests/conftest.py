@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+# scripts run by the reference environments (tests/reference: PyLate), not by this one
+collect_ignore = ["reference"]
+
 SHARED_DATA = Path(os.environ.get("EMBEDRANK_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 

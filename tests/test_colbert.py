@@ -68,6 +68,7 @@ def reference(tmp_path_factory):
     return {name: (path, vectors[name]) for name, path in paths.items()}
 
 
+@pytest.mark.slow  # runs PyLate's environment in a process
 @pytest.mark.parametrize(("backend", "tolerance"), [("torch", 1e-5), ("openvino", 1e-4), ("onnx", 1e-4)])
 def test_vectors_and_scores_match_pylate(reference, backend, tolerance):
     path, want = reference["default"]
@@ -87,6 +88,7 @@ def test_vectors_and_scores_match_pylate(reference, backend, tolerance):
         )
 
 
+@pytest.mark.slow  # runs PyLate's environment in a process
 @pytest.mark.parametrize("settings", ["no-expansion", "attend"])
 def test_query_settings_match_pylate(reference, settings):
     path, want = reference[settings]
