@@ -34,7 +34,7 @@ from embedrank.math.late import maxsim_scores
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.dense import apply_dense, load_dense
 from embedrank.models.encoder import Encoder
-from embedrank.models.tokens import TokenRow, check_texts, encode_rows
+from embedrank.models.tokens import TokenRow, check_texts, encode_rows, run_by_length
 from embedrank.registry import ModelSpec, resolve
 
 
@@ -115,9 +115,9 @@ class ColBERTEncoder:
                 f"model {spec.model_id!r} is a {spec.kind} model, not a ColBERT model in PyLate's layout"
             )
         settings = ColBERTSettings.read(spec.path)
-        if options.get("max_seq_length"):  # a shorter (or longer) document window than the model's
-            settings = dataclasses.replace(settings, document_length=int(options.pop("max_seq_length")))
-        options.pop("max_seq_length", None)
+        document_length = options.pop("max_seq_length", None)  # a shorter (or longer) window than the model's
+        if document_length:
+            settings = dataclasses.replace(settings, document_length=int(document_length))
         window = max(settings.query_length, settings.document_length)
         transformer = dataclasses.replace(spec, kind="embedding", dense=(), max_seq_length=window)
         encoder = Encoder.from_spec(transformer, normalize=False, **options)
@@ -202,12 +202,7 @@ class ColBERTEncoder:
     def encode(self, texts: Sequence[str], *, query: bool, batch_size: int = 32) -> list[np.ndarray]:
         """Token vectors of ``texts`` as queries or documents: ``(T_i, D)`` float32 each, in input order."""
         rows = self.tokenize_rows(check_texts(texts), query=query)
-        out: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * len(rows)
-        order = np.argsort([-r.length for r in rows], kind="stable")  # longest first: little padding
-        for positions in (order[start : start + batch_size] for start in range(0, len(rows), batch_size)):
-            for i, vectors in zip(positions, self.vectors_rows([rows[i] for i in positions]), strict=True):
-                out[i] = vectors
-        return out
+        return run_by_length(rows, batch_size, self.vectors_rows)
 
     def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32) -> list[np.ndarray]:
         return self.encode(texts, query=True, batch_size=batch_size)

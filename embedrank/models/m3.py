@@ -32,7 +32,7 @@ from embedrank.math.late import lexical_scores, maxsim_scores, token_max_weights
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
 from embedrank.models.encoder import Encoder
-from embedrank.models.tokens import TokenRow, check_texts, collate_rows
+from embedrank.models.tokens import TokenRow, check_texts, collate_rows, run_by_length
 from embedrank.registry import ModelSpec, resolve
 
 HEADS = ("sparse_linear.pt", "colbert_linear.pt")
@@ -163,12 +163,8 @@ class M3Encoder:
     def encode(self, texts: Sequence[str], *, batch_size: int = 32) -> M3Output:
         """All three outputs for ``texts`` (cut at ``encoder.max_seq_length`` tokens), batched by length."""
         rows = self.tokenize_rows(check_texts(texts))
-        out: list[M3Row | None] = [None] * len(rows)
-        order = np.argsort([-r.length for r in rows], kind="stable")  # longest first: little padding
-        for positions in (order[start : start + batch_size] for start in range(0, len(rows), batch_size)):
-            for i, row in zip(positions, self.outputs_rows([rows[i] for i in positions]), strict=True):
-                out[i] = row
-        return gather(out, [r.length for r in rows], [r.truncated for r in rows], self.vocab_size)  # type: ignore[arg-type]
+        out = run_by_length(rows, batch_size, self.outputs_rows)
+        return gather(out, [r.length for r in rows], [r.truncated for r in rows], self.vocab_size)
 
     def score(
         self, query: str, documents: Sequence[str], *, weights: Sequence[float] = DEFAULT_WEIGHTS, batch_size: int = 32

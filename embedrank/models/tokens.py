@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from embedrank.errors import InputTooLongError, InvalidInputError
@@ -52,6 +53,24 @@ def token_rows(rows: Sequence[dict[str, list[int]]], truncated: Sequence[bool], 
 def collate_rows(tokenizer: Any, rows: Sequence[TokenRow]) -> Tokenized:
     """Pad :class:`TokenRow` items of a transformer into one batch (:func:`collate`)."""
     return collate(tokenizer, [r.tokens for r in rows], [r.truncated for r in rows])
+
+
+def run_by_length(
+    rows: Sequence[TokenRow], batch_size: int, run: Callable[[list[TokenRow]], Sequence[Any]]
+) -> list[Any]:
+    """``run`` over batches of ``rows`` of the closest lengths, longest first (little padding); its values
+    (one per row) back in input order.
+
+    >>> run_by_length(token_rows([{"input_ids": [1]}, {"input_ids": [1, 2, 3]}], [False, False]), 1, lambda b: [b[0].length])
+    [1, 3]
+    """
+    out: list[Any] = [None] * len(rows)
+    order = np.argsort([-r.length for r in rows], kind="stable")
+    for start in range(0, len(rows), batch_size):
+        positions = order[start : start + batch_size]
+        for i, value in zip(positions, run([rows[i] for i in positions]), strict=True):
+            out[i] = value
+    return out
 
 
 def check_texts(texts: Any, name: str = "texts") -> list[str]:
