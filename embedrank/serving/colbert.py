@@ -5,7 +5,6 @@ vectors; rerank requests score the query against each document (or each window o
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -21,30 +20,6 @@ from embedrank.models.tokens import TokenRow, too_long_error
 from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks
 from embedrank.serving.late import LateInteractionRunner
 from embedrank.types import ModelOutput
-
-
-class ColBERTBatchModel:
-    """Batches of tokenized queries and documents through the model; each value is a text's ``(T, D)`` vectors."""
-
-    def __init__(self, model: ColBERTEncoder) -> None:
-        self.model = model
-        self.max_seq_length = model.max_seq_length
-
-    def item_tokens(self, item: TokenRow) -> int:
-        return item.length
-
-    def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
-        # one (T, D) array per item, held so that the engine stacks them per request as objects
-        vectors = np.empty(len(items), dtype=object)
-        vectors[:] = [TokenVectors(v) for v in self.model.vectors_rows(items)]
-        return ModelOutput(vectors, [r.length for r in items], [r.truncated for r in items])
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenVectors:
-    """One text's ``(T, D)`` token vectors as a single value (arrays of different lengths do not stack)."""
-
-    vectors: np.ndarray
 
 
 class MultiVectorResult(ModelOutput):
@@ -64,8 +39,10 @@ class AsyncColBERTEncoder(LateInteractionRunner):
     kind = "multi-vector"
     scorer = "colbert"
 
-    batch_model = ColBERTBatchModel
     model: ColBERTEncoder
+
+    def run_rows(self, rows: Sequence[TokenRow]) -> list[np.ndarray]:
+        return self.model.vectors_rows(rows)
 
     async def count(
         self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False
@@ -139,8 +116,8 @@ class AsyncColBERTEncoder(LateInteractionRunner):
                 raise InvalidInputError(why, param=name)
         fields = () if truncate else [(param, len(texts))]
         rows = await self._rows(texts, query=query, fields=fields, budget=budget, multi_budget=multi_budget)
-        out = await self.engine.submit(rows, priority=priority)
-        return MultiVectorResult([v.vectors for v in out.values], list(out.token_counts), list(out.truncated))
+        vectors, out = await self.submit_rows(rows, priority)
+        return MultiVectorResult(vectors, list(out.token_counts), list(out.truncated))
 
     async def rerank(
         self,
@@ -165,8 +142,8 @@ class AsyncColBERTEncoder(LateInteractionRunner):
         rows = await self._rows(
             docs, query=False, fields=fields, budget=None if budget is None else budget - asked[0].length
         )
-        out = await self.engine.submit(asked + rows, priority=priority)
-        scores = maxsim_scores(out.values[0].vectors, [v.vectors for v in out.values[1:]], reduce="sum")
+        vectors, out = await self.submit_rows(asked + rows, priority)
+        scores = maxsim_scores(vectors[0], vectors[1:], reduce="sum")
         if plan is None:
             return ModelOutput(scores, out.token_counts, out.truncated)
         return plan.scores(scores, out.token_counts, out.truncated[1:], leading_flags=out.truncated[:1])

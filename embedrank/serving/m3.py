@@ -24,22 +24,6 @@ from embedrank.serving.late import LateInteractionRunner
 from embedrank.types import ModelOutput
 
 
-class M3BatchModel:
-    """Batches of tokenized texts through bge-m3; each value is the text's :class:`M3Row`."""
-
-    def __init__(self, model: M3Encoder) -> None:
-        self.model = model
-        self.max_seq_length = model.encoder.max_seq_length
-
-    def item_tokens(self, item: TokenRow) -> int:
-        return item.length
-
-    def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
-        rows = np.empty(len(items), dtype=object)  # one M3Row per item (the engine stacks them per request)
-        rows[:] = self.model.outputs_rows(items)
-        return ModelOutput(rows, [r.length for r in items], [r.truncated for r in items])
-
-
 class M3Result(ModelOutput):
     """One request's bge-m3 outputs: ``values`` (:attr:`embeddings`) the dense vectors ``(N, D)``,
     :attr:`sparse` the lexical weights ``(N, V)`` (also :attr:`vectors`, as a sparse model's result),
@@ -61,8 +45,10 @@ class AsyncM3Encoder(LateInteractionRunner):
     kind = "m3"
     scorer = "bge-m3"
 
-    batch_model = M3BatchModel
     model: M3Encoder
+
+    def run_rows(self, rows: Sequence[TokenRow]) -> list[M3Row]:
+        return self.model.outputs_rows(rows)
 
     async def _outputs(
         self,
@@ -94,8 +80,7 @@ class AsyncM3Encoder(LateInteractionRunner):
                     else too_long_error(at - 1, self.max_seq_length, param="documents")
                 )
             raise too_long_error(at, self.max_seq_length, param=param)
-        out = await self.engine.submit(rows, priority=priority)
-        m3_rows: list[M3Row] = list(out.values)
+        m3_rows, out = await self.submit_rows(rows, priority)
         return gather(m3_rows, list(out.token_counts), list(out.truncated), self.model.vocab_size, normalize=False)
 
     async def embed(
