@@ -13,15 +13,22 @@ import argparse
 import dataclasses
 import os
 import sys
+import typing
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from embedrank.training.finetune import FinetuneConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, FinetuneConfig]:
+    """The command line and the training configuration it names."""
     from embedrank.training.finetune import FinetuneConfig
 
     defaults = FinetuneConfig()
+    hints = typing.get_type_hints(FinetuneConfig)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", help="BEIR collection with a train split (qrels/train.tsv), name or path")
     p.add_argument("--output", required=True, help="directory for the fine-tuned model")
@@ -32,14 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(default, bool):
             p.add_argument(flag, action="store_true", help=f"(default: {default})")
         else:
-            kind = float if isinstance(default, float) else int if isinstance(default, int) else str
+            hint = hints[field.name]  # "int | None" -> int: the option's type, not its default's
+            kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
             p.add_argument(flag, type=kind, default=default, help=f"(default: {default})")
     args = p.parse_args(argv)
+    return args, FinetuneConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig)})
 
+
+def main(argv: list[str] | None = None) -> int:
     from embedrank.errors import EmbedrankError
     from embedrank.training.finetune import finetune
 
-    cfg = FinetuneConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig)})
+    args, cfg = parse(argv)
     try:
         result = finetune(args.dataset, args.output, cfg, data_dir=args.data_dir)
     except EmbedrankError as exc:

