@@ -23,6 +23,7 @@ from embedrank.models.router import task_of
 from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncEncoder
+from embedrank.serving.sparse import AsyncSparseEncoder
 from embedrank.types import ModelOutput
 from service.decoding import shorten
 from service.errors import invalid
@@ -162,24 +163,27 @@ async def embed_vectors(
         spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
     )
     runner: AsyncEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
-    outputs = {"sparse", "multivector"} & set(req.embedding_types or [])
+    types = set(req.embedding_types or [])
+    outputs = {"sparse", "multivector"} & types
     extra: dict[str, Any] = {}
-    has: set[str] = {"multivector"} if isinstance(runner, AsyncColBERTEncoder) else set(outputs) if isinstance(runner, AsyncM3Encoder) else set()  # fmt: skip
+    # ColBERT and SPLADE models have one output each, bge-m3 both
+    sole = {AsyncColBERTEncoder: "multivector", AsyncSparseEncoder: "sparse"}.get(type(runner))
+    has: set[str] = {sole} if sole else set(outputs) if isinstance(runner, AsyncM3Encoder) else set()
     if outputs - has:
         raise invalid(
             f"model {shorten(req.model)!r} has no {' or '.join(sorted(outputs - has))} output (bge-m3 models have "
-            "sparse and multivector, ColBERT models multivector)",
+            "sparse and multivector, SPLADE models sparse, ColBERT models multivector)",
             param="embedding_types",
             code="output_not_available",
         )
-    if isinstance(runner, AsyncColBERTEncoder):  # token vectors only: a query's or a document's
-        if "multivector" not in outputs or set(req.embedding_types or []) - {"multivector", "float"}:
-            raise invalid(
-                f'model {shorten(req.model)!r} is a ColBERT model: ask for embedding_types ["multivector"] (its '
-                "token vectors); compact types do not apply",
-                param="embedding_types",
-                code="output_not_available",
-            )
+    if sole is not None and (sole not in outputs or types - {sole, "float"}):
+        what = "a ColBERT model" if sole == "multivector" else "a SPLADE model (or use /embed_sparse)"
+        raise invalid(
+            f'model {shorten(req.model)!r} is {what}: ask for embedding_types ["{sole}"]; compact types do not apply',
+            param="embedding_types",
+            code="output_not_available",
+        )
+    if sole == "multivector":  # a query's or a document's token vectors, marked by the model's own tokens
         extra["query"] = task_of(req.input_type, req.prompt_name) == "query"
         prompt = ""
     if "multivector" in outputs:
@@ -197,7 +201,7 @@ async def embed_vectors(
             budget=limits.max_request_tokens,
             **extra,
         )
-    compact = [t for t in req.embedding_types or [] if t not in outputs]
+    compact = [t for t in req.embedding_types or [] if t not in outputs]  # a SPLADE's "float" is empty
     return out, await _compact(out.embeddings, compact, runner, req.dimensions)
 
 
@@ -211,7 +215,7 @@ async def create_embeddings(
 
     def others(i: int) -> CompactEmbeddings | UnsetType:
         fields: dict[str, Any] = {t: _encode_vector(c[i], fmt) for t, c in compact.items()}
-        if "sparse" in types:  # bge-m3's lexical weights and token vectors (embed_vectors checked the model)
+        if "sparse" in types:  # SPLADE or bge-m3 lexical weights, token vectors (embed_vectors checked the model)
             indices, values = row_pairs(out.sparse, i)  # type: ignore[attr-defined]
             fields["sparse"] = SparseVector(indices=indices, values=values)
         if "multivector" in types:
@@ -314,6 +318,7 @@ def list_models(pool: ModelPool) -> ModelList:
                 id=model_id,
                 created=served.created,
                 capabilities=served.capabilities,  # type: ignore[arg-type]
+                outputs=served.outputs,  # type: ignore[arg-type]
                 scorer="bge-m3"
                 if served.spec.m3
                 else {"embedding": "bi-encoder", "cross-encoder": "cross-encoder", "multi-vector": "colbert"}.get(

@@ -64,13 +64,21 @@ class ServedModel:
     def capabilities(self) -> list[str]:
         if self.spec.m3:  # bge-m3: dense, lexical weights and multi-vectors from one pass
             return ["embeddings", "rerank", "sparse"]
-        # a ColBERT model: token vectors (embedding_types multivector) and MaxSim reranking
+        # ColBERT (token vectors, MaxSim reranking) and SPLADE models answer /v1/embeddings only with their own
+        # embedding_types (multivector, sparse)
         capable = {
             "embedding": ["embeddings", "rerank"],
             "multi-vector": ["embeddings", "rerank"],
-            "sparse": ["sparse"],
+            "sparse": ["embeddings", "sparse"],  # /v1/embeddings with embedding_types ["sparse"], /embed_sparse
         }
         return capable.get(self.spec.kind, ["rerank"])
+
+    @property
+    def outputs(self) -> list[str]:
+        """The vectors it gives (``/v1/models``): dense, sparse, multivector."""
+        if self.spec.m3:
+            return ["dense", "sparse", "multivector"]
+        return {"embedding": ["dense"], "multi-vector": ["multivector"], "sparse": ["sparse"]}.get(self.spec.kind, [])
 
 
 class ModelPool:
@@ -224,7 +232,7 @@ class ModelPool:
         kinds = {m: self.models[m].spec.kind for m in able}
         if capability == "rerank":
             preferred = [m for m in able if kinds[m] != "embedding"]
-        else:  # a dense embedding model before a ColBERT model (whose vectors are per token)
+        else:  # a dense embedding model before a ColBERT or SPLADE model (whose vectors are not dense)
             preferred = [m for m in able if kinds[m] == "embedding"]
         if able:
             return (preferred or able)[0]

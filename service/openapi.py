@@ -33,9 +33,9 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
     - the served models: ``model`` is an ``enum`` of the ids and aliases that serve the route (those of
       ``/v1/models``), ``dimensions`` is at most the largest served embedding dimension, ``prompt_name``
       one of the served prompts (only null when no model has prompts), and not given with ``input_type``;
-    - ``embedding_types`` offers ``sparse`` only when a bge-m3 model is served, ``multivector`` when a bge-m3 or
-      ColBERT model is (with
-      other models too, asking one of those for them is a 400 ``output_not_available``);
+    - ``embedding_types`` offers ``sparse`` only when a bge-m3 or SPLADE model is served, ``multivector`` when a
+      bge-m3 or ColBERT model is (with other models too, asking one of those for them is a 400
+      ``output_not_available``);
     - ``/health`` needs no key.
     """
     schemas = app.openapi_schema.components.schemas or {}
@@ -63,11 +63,10 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
         overlap.minimum, overlap.maximum = 0, INT32_MAX  # type: ignore[union-attr]
     types = embeddings.properties["embedding_types"].one_of[0]  # type: ignore[index, union-attr]
     types.min_items, types.max_items = 1, 16  # type: ignore[union-attr]
-    # sparse: a bge-m3 model's; multivector: a bge-m3 or ColBERT model's (the others answer 400)
-    m3 = any(s.spec.m3 for s in pool.models.values())
-    late = m3 or any(s.spec.kind == "multi-vector" for s in pool.models.values())
-    types.items.enum = [*get_args(EmbeddingType), *(["sparse"] if m3 else []), *(["multivector"] if late else [])]  # type: ignore[union-attr]
-    dims = [s.spec.dimension for s in pool.models.values() if "embeddings" in s.capabilities and s.spec.dimension]
+    # sparse: a bge-m3 or SPLADE model's; multivector: a bge-m3 or ColBERT model's (the others answer 400)
+    given = {o for s in pool.models.values() for o in s.outputs}
+    types.items.enum = [*get_args(EmbeddingType), *(o for o in ("sparse", "multivector") if o in given)]  # type: ignore[union-attr]
+    dims = [s.spec.dimension for s in pool.models.values() if "dense" in s.outputs and s.spec.dimension]
     if dims:
         embeddings.properties["dimensions"].one_of[0].maximum = max(dims)  # type: ignore[index, union-attr]
     for body, capability in ((embeddings, "embeddings"), (tokenizing, "embeddings"), (reranking, "rerank")):

@@ -84,7 +84,10 @@ class EmbeddingsRequest(Struct, kw_only=True):
             "`multivector` (one normalized vector per token after CLS; at most EMBEDRANK_MAX_MULTIVECTOR_TOKENS "
             "token vectors per request). ColBERT models answer only with `multivector` asked for: a query's token "
             "vectors for input_type query/search_query, else a document's; `embedding` then holds the normalized "
-            "mean of the text's token vectors",
+            "mean of the text's token vectors. SPLADE models answer only with `sparse` asked for (`{indices, "
+            "values}`: the text's non-zero weights over the vocabulary, the query route's for an inference-free "
+            'SPLADE with input_type query); `embedding` is then empty (`[]`, or `""` with base64): such a '
+            "model has no dense vector",
             examples=[["int8", "ubinary"]],
         ),
     ] = None
@@ -155,7 +158,9 @@ class CompactEmbeddings(Struct, kw_only=True, omit_defaults=True):
     uint8: Compact | UnsetType = UNSET
     binary: Compact | UnsetType = UNSET
     ubinary: Compact | UnsetType = UNSET
-    sparse: Annotated[SparseVector | UnsetType, Meta(description="bge-m3's lexical weights")] = UNSET
+    sparse: Annotated[
+        SparseVector | UnsetType, Meta(description="A SPLADE's weights or bge-m3's lexical weights over the vocabulary")
+    ] = UNSET
     multivector: Annotated[
         list[Compact] | UnsetType,
         Meta(description="bge-m3's or a ColBERT model's token vectors (a base64 string each with base64)"),
@@ -294,8 +299,19 @@ class ModelCard(Struct, kw_only=True):
     owned_by: str = "embedrank"
     capabilities: Annotated[
         list[Literal["embeddings", "rerank", "sparse"]],
-        Meta(description="What it serves: embeddings (dense vectors), rerank, sparse (SPLADE vectors, /embed_sparse)"),
+        Meta(
+            description="What it serves: embeddings (/v1/embeddings and the other embedding routes), rerank, sparse "
+            "(/embed_sparse)"
+        ),
     ]
+    outputs: Annotated[
+        list[Literal["dense", "sparse", "multivector"]],
+        Meta(
+            description="The vectors it gives: dense (embedding_types float and the compact types), sparse "
+            '(embedding_types ["sparse"]: {indices, values} over the vocabulary) and multivector (one vector per '
+            "token); empty for a model that only reranks"
+        ),
+    ] = msgspec.field(default_factory=list)
     scorer: Annotated[
         Literal["cross-encoder", "bi-encoder", "bge-m3", "colbert"] | None,
         Meta(

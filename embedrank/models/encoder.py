@@ -31,6 +31,7 @@ from embedrank.models.tokens import (
     collate_rows,
     encode_rows,
     length_batches,
+    seen_tokens,
     token_lengths,
     token_rows,
     token_spans,
@@ -179,10 +180,7 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
         """The tokens the model sees for each text (prompt and special tokens included; cut at
         ``max_seq_length`` unless ``truncate=False``), as the tokenizer spells them."""
         prepared = self._prepare(self.apply_prompt(check_texts(texts), prompt_name, prompt))
-        enc = self.tokenizer(
-            prepared, truncation=truncate, max_length=self.max_seq_length if truncate else None, verbose=False
-        )
-        return [self.tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]]
+        return seen_tokens(self.tokenizer, prepared, self.max_seq_length if truncate else None)
 
     def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
         """Each token of each text (ids, text, special, character span), untruncated (:func:`token_spans`)."""

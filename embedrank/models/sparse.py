@@ -27,8 +27,20 @@ import torch
 
 from embedrank.errors import UnsupportedModelError
 from embedrank.math.sparse import to_csr
+from embedrank.models.prompts import with_prompt
 from embedrank.models.router import Routed, routed
-from embedrank.models.tokens import TokenRow, check_texts, collate_rows, encode_rows, length_batches, token_rows
+from embedrank.models.tokens import (
+    TokenRow,
+    TokenSpan,
+    check_texts,
+    collate_rows,
+    encode_rows,
+    length_batches,
+    seen_tokens,
+    token_lengths,
+    token_rows,
+    token_spans,
+)
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import TorchRuntime
 from embedrank.runtime.exports import load_transformer
@@ -230,6 +242,20 @@ class SparseEncoder(Routed):
         """SPLADE weights ``(B, V)`` of rows from :meth:`tokenize_rows`, padded together (dense float32)."""
         batch = collate_rows(self.tokenizer, rows)
         return ModelOutput(self._weights(batch.features), batch.token_counts, batch.truncated)
+
+    # -- token accounting (/v1/tokenize, TEI's /tokenize) --------------------------------------------
+    def count_tokens(self, texts: Sequence[str], *, prompt: str = "") -> list[int]:
+        """Untruncated token count of each ``prompt + text`` as the model sees it, special tokens included."""
+        return token_lengths(self.tokenizer, self._prepare(with_prompt(check_texts(texts), prompt)))
+
+    def tokens(self, texts: Sequence[str], *, prompt: str = "", truncate: bool = True) -> list[list[str]]:
+        """The tokens the model sees for each ``prompt + text`` (cut at ``max_seq_length`` unless ``truncate=False``)."""
+        prepared = self._prepare(with_prompt(check_texts(texts), prompt))
+        return seen_tokens(self.tokenizer, prepared, self.max_seq_length if truncate else None)
+
+    def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
+        """Each token of each text (id, text, special, character span), untruncated."""
+        return token_spans(self.tokenizer, self._prepare(texts), add_special_tokens=add_special_tokens)
 
     def _prepare(self, texts: Sequence[str]) -> list[str]:
         return [t.lower() for t in texts] if self.do_lower_case else list(texts)

@@ -219,6 +219,13 @@ def token_lengths(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | N
     return [len(ids) for ids in enc["input_ids"]]
 
 
+def seen_tokens(tokenizer: Any, texts: Sequence[str], max_length: int | None) -> list[list[str]]:
+    """The tokens of each text as the tokenizer spells them, special tokens included, cut at ``max_length``
+    (None: untruncated)."""
+    enc = tokenizer(list(texts), truncation=max_length is not None, max_length=max_length, verbose=False)
+    return [tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]]
+
+
 def first_too_long(lengths: Sequence[int], max_length: int) -> int | None:
     """Index of the first length over ``max_length``, or None.
 

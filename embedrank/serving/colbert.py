@@ -17,7 +17,7 @@ from embedrank.math.similarity import l2_normalize
 from embedrank.models.chunking import Chunking
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.tokens import TokenRow, too_long_error
-from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks
+from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks, refuse_given
 from embedrank.serving.late import LateInteractionRunner
 from embedrank.types import ModelOutput
 
@@ -102,7 +102,7 @@ class AsyncColBERTEncoder(LateInteractionRunner):
     ) -> MultiVectorResult:
         """Token vectors of each text as a query (``query``: marker, expansion to the query length) or a document
         (marker, skiplist). Chunking, left truncation, ``dimensions`` and prompts do not apply and are refused."""
-        for given, name, why in (
+        refuse_given(
             (chunking is not None, "chunking", "ColBERT models return a document's token vectors up to its window"),
             (truncation_side != "right", "truncation_direction", "ColBERT models cut over-long texts at the end only"),
             (dimensions is not None, "dimensions", "ColBERT token vectors keep the model's width"),
@@ -111,9 +111,7 @@ class AsyncColBERTEncoder(LateInteractionRunner):
                 "input_type",
                 "ColBERT models mark queries and documents with their own tokens, not prompts",
             ),
-        ):
-            if given:
-                raise InvalidInputError(why, param=name)
+        )
         fields = () if truncate else [(param, len(texts))]
         rows = await self._rows(texts, query=query, fields=fields, budget=budget, multi_budget=multi_budget)
         vectors, out = await self.submit_rows(rows, priority)

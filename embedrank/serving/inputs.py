@@ -1,6 +1,6 @@
 """What a runner does to a request's inputs before any of them is queued: find the field a position belongs
 to, find the first cut row, cut over-long texts from their start, split long texts into windows (off the
-event loop), and hold a request to its token budget."""
+event loop), hold a request to its token budget, and refuse options that do not apply to the model."""
 
 from __future__ import annotations
 
@@ -25,6 +25,20 @@ def field_of(index: int, fields: Sequence[tuple[str, int]]) -> tuple[str, int]:
             return name, index
         index -= size
     raise IndexError(index)
+
+
+def refuse_given(*options: tuple[bool, str, str]) -> None:
+    """Refuse the first request option that was ``given`` but does not apply to the model: ``(given, param,
+    why)``, a 400 naming ``param``.
+
+    >>> refuse_given((False, "dimensions", "fixed width"))
+    >>> refuse_given((True, "chunking", "one vector per text"))
+    Traceback (most recent call last):
+    embedrank.errors.InvalidInputError: one vector per text
+    """
+    for given, param, why in options:
+        if given:
+            raise InvalidInputError(why, param=param)
 
 
 def first_cut(rows: Sequence[TokenRow], limit: int | None = None) -> int | None:

@@ -1,5 +1,6 @@
 """A SPLADE model behind a :class:`~embedrank.serving.engine.BatchEngine`: texts from many requests share
-forward passes; each request gets its sparse vectors back as one ``scipy.sparse.csr_matrix`` ``(N, V)``."""
+forward passes; each request gets its sparse vectors back as one ``scipy.sparse.csr_matrix`` ``(N, V)``.
+The runner takes the embedding runners' keyword arguments and refuses those that do not apply."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import scipy.sparse as sp
 
 from embedrank.math.sparse import to_csr
+from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import with_prompt
-from embedrank.models.tokens import TokenRow, too_long_error
+from embedrank.models.tokens import TokenRow, TokenSpan, too_long_error
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
-from embedrank.serving.inputs import check_budget, first_cut
+from embedrank.serving.inputs import check_budget, first_cut, refuse_given
+from embedrank.serving.runners import EncoderTokens
 from embedrank.types import ModelOutput
 
 
@@ -31,6 +35,12 @@ class SparseModel(Protocol):
     def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]: ...
 
     def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
+
+    def count_tokens(self, texts: Sequence[str], *, prompt: str = "") -> list[int]: ...
+
+    def tokens(self, texts: Sequence[str], *, prompt: str = "", truncate: bool = True) -> list[list[str]]: ...
+
+    def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]: ...
 
 
 class SparseBatchModel:
@@ -48,22 +58,31 @@ class SparseBatchModel:
 
 
 class SparseOutput(ModelOutput):
-    """One request's sparse vectors with what the model saw of each input: :attr:`vectors` is ``values``,
-    a ``scipy.sparse.csr_matrix`` ``(N, V)``."""
+    """One request's sparse vectors with what the model saw of each input: :attr:`vectors` (also
+    :attr:`sparse`) is ``values``, a ``scipy.sparse.csr_matrix`` ``(N, V)``. A SPLADE has no dense vector:
+    :attr:`embeddings` is empty, ``(N, 0)``."""
 
     @property
     def vectors(self) -> sp.csr_matrix:
         return self.values  # type: ignore[return-value]
 
+    @property
+    def sparse(self) -> sp.csr_matrix:
+        return self.values  # type: ignore[return-value]
 
-class AsyncSparseEncoder:
-    """Sparse (SPLADE) embeddings through a :class:`BatchEngine`."""
+    @property
+    def embeddings(self) -> np.ndarray:
+        return np.zeros((self.values.shape[0], 0), dtype=np.float32)
+
+
+class AsyncSparseEncoder(EncoderTokens):
+    """Sparse (SPLADE) embeddings through a :class:`BatchEngine`; token counting as any encoder's."""
 
     kind = "sparse"
     scorer = "sparse"
 
     def __init__(self, model: SparseModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
-        self.model = model
+        self.model = self.encoder = model
         self.engine: BatchEngine[TokenRow] = BatchEngine(SparseBatchModel(model), config, **engine_kwargs)
 
     @property
@@ -78,16 +97,26 @@ class AsyncSparseEncoder:
         self,
         texts: Sequence[str],
         *,
+        dimensions: int | None = None,
         truncate: bool = True,
         priority: int = 0,
         param: str = "input",
         prompt: str = "",
+        chunking: Chunking | None = None,
+        truncation_side: str = "right",
         top_k: int | None = None,
         budget: int | None = None,
+        **_: Any,
     ) -> SparseOutput:
         """The sparse vectors of ``prompt + text`` for each text, in input order (each text's ``top_k``
         heaviest terms with ``top_k``). With ``truncate=False`` a text over the window is refused before it
-        is queued, as are requests over ``budget`` tokens."""
+        is queued, as are requests over ``budget`` tokens. ``dimensions``, chunking and left truncation do
+        not apply to a vector over the vocabulary and are refused."""
+        refuse_given(
+            (chunking is not None, "chunking", "SPLADE models return one vector per text; chunking does not apply"),
+            (truncation_side != "right", "truncation_direction", "SPLADE models cut over-long texts at the end only"),
+            (dimensions is not None, "dimensions", "a SPLADE vector spans the vocabulary; dimensions does not apply"),
+        )
         texts = with_prompt(texts, prompt)
         rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
         check_budget(rows, budget)

@@ -81,7 +81,38 @@ def _word_rows(texts: Sequence[str], max_seq_length: int) -> list[TokenRow]:
     return rows
 
 
-class FakeEncoder(FitsRanges):
+class WordTokens:
+    """A fake model's token accounting: words between two special tokens, cut at ``max_seq_length``."""
+
+    spec: ModelSpec
+    max_seq_length: int
+
+    def count_tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
+    ) -> list[int]:
+        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
+        return [len(words(t)) + 2 for t in with_prompt(texts, chosen)]
+
+    def tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
+    ) -> list[list[str]]:
+        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
+        out = [["[CLS]", *words(t), "[SEP]"] for t in with_prompt(texts, chosen)]
+        return [
+            [*t[: self.max_seq_length - 1], "[SEP]"] if truncate and len(t) > self.max_seq_length else t for t in out
+        ]
+
+    def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
+        """Words with their spans, ids from the vocabulary hash, between ``[CLS]`` (101) and ``[SEP]`` (102)."""
+        out = []
+        for text, spans in zip(texts, word_offsets(texts), strict=True):
+            row = [TokenSpan(_slot(text[a:b], 30000)[0] + 1000, text[a:b], False, a, b) for a, b in spans]
+            ends = (TokenSpan(101, "[CLS]", True, None, None), TokenSpan(102, "[SEP]", True, None, None))
+            out.append([ends[0], *row, ends[1]] if add_special_tokens else row)
+        return out
+
+
+class FakeEncoder(WordTokens, FitsRanges):
     """A bag-of-words feature-hashing encoder with a real model's interface and token accounting."""
 
     def __init__(
@@ -105,32 +136,8 @@ class FakeEncoder(FitsRanges):
         )
         self._range_sample: RangeSample | None = None
 
-    def count_tokens(
-        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
-    ) -> list[int]:
-        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
-        return [len(words(t)) + 2 for t in with_prompt(texts, chosen)]
-
-    def tokens(
-        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
-    ) -> list[list[str]]:
-        chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
-        out = [["[CLS]", *words(t), "[SEP]"] for t in with_prompt(texts, chosen)]
-        return [
-            [*t[: self.max_seq_length - 1], "[SEP]"] if truncate and len(t) > self.max_seq_length else t for t in out
-        ]
-
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         return word_offsets(texts)
-
-    def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
-        """Words with their spans, ids from the vocabulary hash, between ``[CLS]`` (101) and ``[SEP]`` (102)."""
-        out = []
-        for text, spans in zip(texts, word_offsets(texts), strict=True):
-            row = [TokenSpan(_slot(text[a:b], 30000)[0] + 1000, text[a:b], False, a, b) for a, b in spans]
-            ends = (TokenSpan(101, "[CLS]", True, None, None), TokenSpan(102, "[SEP]", True, None, None))
-            out.append([ends[0], *row, ends[1]] if add_special_tokens else row)
-        return out
 
     def chunk_window(self, prompt: str | None = None) -> int:
         if prompt is None:
@@ -213,7 +220,7 @@ class FakeCrossEncoder:
         return ModelOutput(np.asarray(scores, dtype=np.float32), [r.length for r in rows], [r.truncated for r in rows])
 
 
-class FakeSparseEncoder:
+class FakeSparseEncoder(WordTokens):
     """A SPLADE stand-in: each word of a text weighs ``1 + len(word) / 10`` at its hashed vocabulary slot (the
     largest where words collide), with a real model's token accounting (two special tokens, words cut at the
     window)."""

@@ -163,11 +163,11 @@ def _kind(path: str, sparse: bool, cfg: FinetuneConfig) -> _Kind:
     )
     from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
-    model = SentenceTransformer(path, device="cpu")
+    dense = SentenceTransformer(path, device="cpu")
     loss = (
-        CachedMultipleNegativesRankingLoss(model, mini_batch_size=cfg.mini_batch_size)
+        CachedMultipleNegativesRankingLoss(dense, mini_batch_size=cfg.mini_batch_size)
         if cfg.cached_loss
-        else MultipleNegativesRankingLoss(model)
+        else MultipleNegativesRankingLoss(dense)
     )
     return _Kind(
         model, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, loss, "eval_validation_cosine_ndcg@10"
