@@ -227,3 +227,16 @@ class ColBERTEncoder:
             docs, maxsims, offsets=self.encoder.token_offsets, window=self.chunk_window(), chunking=chunking
         )
         return scores
+
+    # -- the late-interaction interface (LateInteractionScorer, MultiVectorRetriever), as M3Encoder's ---------
+    maxsim_reduce = "sum"  # ColBERT sums the query's best matches
+
+    def multi_vectors(self, texts: Sequence[str], *, query: bool, batch_size: int = 32) -> list[np.ndarray]:
+        """:meth:`encode`: the token vectors of ``texts`` as queries or documents."""
+        return self.encode(texts, query=query, batch_size=batch_size)
+
+    def rerank_scores(
+        self, query: str, documents: Sequence[str], *, batch_size: int = 32, chunking: Chunking | None = None
+    ) -> np.ndarray:
+        """:meth:`score`: MaxSim of ``query`` against each document."""
+        return self.score(query, documents, batch_size=batch_size, chunking=chunking)

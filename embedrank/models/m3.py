@@ -31,6 +31,7 @@ from embedrank.errors import UnsupportedModelError
 from embedrank.math.late import lexical_scores, maxsim_scores, token_max_weights, weighted_sum
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
+from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.encoder import Encoder
 from embedrank.models.tokens import TokenRow, check_texts, collate_rows, run_by_length
 from embedrank.registry import ModelSpec, resolve
@@ -173,3 +174,25 @@ class M3Encoder:
         ``combined`` is :func:`~embedrank.math.late.weighted_sum` of the three with ``weights`` (dense,
         sparse, multi-vector)."""
         return query_scores(self.encode([query, *documents], batch_size=batch_size), weights)
+
+    # -- the late-interaction interface (LateInteractionScorer, MultiVectorRetriever), as ColBERTEncoder's ----
+    maxsim_reduce = "mean"  # bge-m3 averages the query's best matches
+
+    def multi_vectors(self, texts: Sequence[str], *, query: bool, batch_size: int = 32) -> list[np.ndarray]:
+        """The multi-vectors of ``texts``, ``(T_i - 1, H)`` each; bge-m3 encodes queries and documents alike."""
+        return self.encode(texts, batch_size=batch_size).multi
+
+    def rerank_scores(
+        self, query: str, documents: Sequence[str], *, batch_size: int = 32, chunking: Chunking | None = None
+    ) -> np.ndarray:
+        """The combined score of ``query`` against each document, ``(N,)``; documents over the window are cut
+        there, or with ``chunking`` scored window by window and aggregated."""
+        docs = check_texts(documents, "documents")
+
+        def combined(texts: list[str]) -> np.ndarray:
+            return self.score(query, texts, batch_size=batch_size)["combined"]
+
+        if chunking is None:
+            return combined(docs)
+        window = self.encoder.chunk_window()
+        return score_chunked(docs, combined, offsets=self.encoder.token_offsets, window=window, chunking=chunking)[0]

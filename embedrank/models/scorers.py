@@ -118,18 +118,7 @@ class LateInteractionScorer:
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}", param="query")
-        docs = check_texts(documents, "documents")
-        if isinstance(self.model, ColBERTEncoder):
-            return self.model.score(query, docs, batch_size=self.batch_size, chunking=self.chunking)
-        m3 = self.model
-
-        def combined(texts: list[str]) -> np.ndarray:
-            return m3.score(query, texts, batch_size=self.batch_size)["combined"]
-
-        if self.chunking is None:
-            return combined(docs)
-        window = m3.encoder.chunk_window()
-        return score_chunked(docs, combined, offsets=m3.encoder.token_offsets, window=window, chunking=self.chunking)[0]
+        return self.model.rerank_scores(query, documents, batch_size=self.batch_size, chunking=self.chunking)
 
     def with_chunking(self, chunking: Chunking | None) -> LateInteractionScorer:
         """The same model, scoring with ``chunking`` (None: truncation)."""

@@ -38,7 +38,7 @@ class MultiVectorRetriever:
         self.starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])]).astype(np.int64)  # (N + 1,)
         width = max((d.shape[1] for d in documents if d.ndim == 2 and len(d)), default=0)
         self.vectors = np.concatenate([d.reshape(-1, width) for d in documents]).astype(np.float32)  # (M, D)
-        self.reduce = "sum" if isinstance(model, ColBERTEncoder) else "mean"
+        self.reduce = model.maxsim_reduce
 
     @classmethod
     def from_corpus(
@@ -49,9 +49,7 @@ class MultiVectorRetriever:
         return cls(model, ids, [doc_text(corpus[d]) for d in ids], batch_size=batch_size)
 
     def _encode(self, texts: Sequence[str], *, query: bool, batch_size: int = 32) -> list[np.ndarray]:
-        if isinstance(self.model, ColBERTEncoder):
-            return self.model.encode(list(texts), query=query, batch_size=batch_size)
-        return self.model.encode(list(texts), batch_size=batch_size).multi
+        return self.model.multi_vectors(list(texts), query=query, batch_size=batch_size)
 
     def scores(self, query: str) -> np.ndarray:
         """MaxSim of ``query`` against every document, ``(N,)`` float32 in document order."""
