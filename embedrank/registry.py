@@ -6,9 +6,9 @@ A model id resolves, in this order, to:
 2. a local directory;
 3. the Hugging Face hub cache, then the hub itself unless ``HF_HUB_OFFLINE`` is set.
 
-The description (kind, pooling, normalization, max length, dimension) is read from the model's
-sentence-transformers files (``modules.json``, ``1_Pooling/config.json``,
-``sentence_bert_config.json``) and ``config.json``.
+The description (kind, pooling, normalization, max length, dimension) is read from the model's own files:
+sentence-transformers' (``modules.json``, ``1_Pooling/config.json``, ...), ``config.json`` and a Stanford
+ColBERT checkpoint's ``artifact.metadata``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from embedrank.errors import ModelNotFoundError, NotAModelError, UnsupportedMode
 from embedrank.hub import hub_path
 from embedrank.math.pooling import PoolingMode
 
-# "multi-vector": a ColBERT model in PyLate's layout (models.colbert)
-ModelKind = Literal["embedding", "cross-encoder", "sparse", "multi-vector"]
+ModelKind = Literal["embedding", "cross-encoder", "sparse", "multi-vector"]  # multi-vector: ColBERT (models.colbert)
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -284,6 +283,11 @@ def _describe(
             model_type=config.get("model_type"),
         )
 
+    if "HF_ColBERT" in architectures and not modules:  # a Stanford ColBERT checkpoint (colbert-ir/colbertv2.0's)
+        meta: dict = _read_json(root / "artifact.metadata") or {}  # type: ignore[assignment]
+        return ModelSpec(model_id=model_id, path=str(root), source=source, kind="multi-vector", pooling=None, normalize=True,
+                         max_seq_length=int(meta.get("doc_maxlen") or 180), dimension=int(meta.get("dim") or 128),
+                         trust_remote_code=trust_remote_code, model_type=config.get("model_type"))  # fmt: skip
     pooling: PoolingMode | None = PoolingMode.MEAN
     normalize = False
     dimension = hidden

@@ -27,7 +27,7 @@ from embedrank.models.m3 import M3Encoder
 from embedrank.models.scorers import load_reranker
 from embedrank.registry import resolve
 from embedrank.retrieval.late import MultiVectorRetriever
-from embedrank.testing.tiny import tiny_bge_m3, tiny_colbert, tiny_model
+from embedrank.testing.tiny import tiny_bge_m3, tiny_colbert, tiny_model, tiny_stanford_colbert
 
 ROOT = Path(__file__).resolve().parents[1]
 PYLATE = ROOT / ".venv-pylate" / "bin" / "python"
@@ -63,15 +63,17 @@ def reference(tmp_path_factory):
         "default": tiny_colbert(),
         "no-expansion": tiny_colbert(do_query_expansion=False),
         "attend": tiny_colbert(attend_to_expansion_tokens=True),
+        "stanford": tiny_stanford_colbert(),  # colbert-ir's checkpoint layout, read by PyLate too
     }
     vectors = pylate_reference(paths, tmp_path_factory.mktemp("pylate"))
     return {name: (path, vectors[name]) for name, path in paths.items()}
 
 
 @pytest.mark.slow  # runs PyLate's environment in a process
+@pytest.mark.parametrize("layout", ["default", "stanford"])
 @pytest.mark.parametrize(("backend", "tolerance"), [("torch", 1e-5), ("openvino", 1e-4), ("onnx", 1e-4)])
-def test_vectors_and_scores_match_pylate(reference, backend, tolerance):
-    path, want = reference["default"]
+def test_vectors_and_scores_match_pylate(reference, backend, tolerance, layout):
+    path, want = reference[layout]
     model = ColBERTEncoder.from_pretrained(path, backend=backend)
     queries = model.encode_queries(QUERIES, batch_size=2)  # other batches (and padding) than PyLate's
     documents = model.encode_documents(DOCUMENTS, batch_size=2)
@@ -132,6 +134,36 @@ def test_the_kind_is_read_from_the_files_and_other_loaders_refuse_it(tmp_path):
     (broken / "config_sentence_transformers.json").write_text(json.dumps({**settings, "query_prefix": "[NOPE]"}))
     with pytest.raises(UnsupportedModelError, match=r"marker '\[NOPE\]' is not a token"):
         ColBERTEncoder.from_pretrained(str(broken), backend="torch")
+
+
+def test_a_stanford_checkpoint_is_read_as_pylate_reads_it(tmp_path):
+    path = tiny_stanford_colbert()
+    spec = resolve(path)
+    assert (spec.kind, spec.pooling, spec.dimension, spec.max_seq_length) == ("multi-vector", None, 16, 40)
+    with pytest.raises(ModelKindError, match="ColBERTEncoder"):
+        Encoder.from_pretrained(path)
+    settings = ColBERTSettings.read(path)
+    assert (settings.query_prefix, settings.document_prefix) == ("[unused0]", "[unused1]")
+    assert (settings.query_length, settings.document_length) == (12, 40)
+    model = ColBERTEncoder.from_pretrained(path, backend="torch")
+    (row,) = model.tokenize_rows(["tea"], query=True)
+    assert row.tokens["input_ids"][1] == model.encoder.tokenizer.convert_tokens_to_ids("[unused0]")
+    assert model.dimension == 16 and model.projections[0].bias is None
+    bare = tmp_path / "no-metadata"  # PyLate's defaults then, with the Stanford markers
+    shutil.copytree(path, bare)
+    (bare / "artifact.metadata").unlink()
+    defaults = ColBERTSettings.read(bare)
+    assert (defaults.query_prefix, defaults.query_length, defaults.document_length) == ("[unused0]", 32, 180)
+    assert resolve(str(bare)).max_seq_length == 180
+    without = tmp_path / "no-projection"
+    shutil.copytree(path, without)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(without / "model.safetensors"))
+    del weights["linear.weight"]
+    save_file(weights, str(without / "model.safetensors"))
+    with pytest.raises(UnsupportedModelError, match="without linear.weight"):
+        ColBERTEncoder.from_pretrained(str(without), backend="torch")
 
 
 def test_settings_default_to_pylates(tmp_path):

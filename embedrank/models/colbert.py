@@ -32,7 +32,7 @@ import torch
 from embedrank.errors import ModelKindError, UnsupportedModelError
 from embedrank.math.late import maxsim_scores
 from embedrank.models.chunking import Chunking, score_chunked
-from embedrank.models.dense import apply_dense, load_dense
+from embedrank.models.dense import apply_dense, load_dense, load_stanford_projection
 from embedrank.models.encoder import Encoder
 from embedrank.models.tokens import TokenRow, check_texts, encode_rows, run_by_length
 from embedrank.registry import ModelSpec, resolve
@@ -52,9 +52,21 @@ class ColBERTSettings:
 
     @classmethod
     def read(cls, root: str | Path) -> ColBERTSettings:
-        """The settings saved with the model in ``root`` (absent keys keep PyLate's defaults)."""
+        """The settings saved with the model in ``root`` (absent keys keep PyLate's defaults). A Stanford
+        checkpoint's come from ``artifact.metadata``, its markers ``[unused0]``/``[unused1]`` unless it names
+        others, as PyLate reads them."""
         path = Path(root) / "config_sentence_transformers.json"
         saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        if is_stanford(root):
+            meta_path = Path(root) / "artifact.metadata"
+            meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+            saved = {
+                "query_prefix": meta.get("query_token_id") or "[unused0]",
+                "document_prefix": meta.get("doc_token_id") or "[unused1]",
+                "query_length": meta.get("query_maxlen"),
+                "document_length": meta.get("doc_maxlen"),
+                "attend_to_expansion_tokens": meta.get("attend_to_mask_tokens"),
+            }
         values = {f.name: saved[f.name] for f in dataclasses.fields(cls) if saved.get(f.name) is not None}
         settings = cls(**{**values, "skiplist_words": tuple(values.get("skiplist_words", cls.skiplist_words))})
         if not settings.do_query_expansion:  # PyLate: no expansion tokens, so none to attend to
@@ -64,8 +76,17 @@ class ColBERTSettings:
         return settings
 
 
+def is_stanford(root: str | Path) -> bool:
+    """Whether ``root`` holds a Stanford ColBERT checkpoint: ``config.json`` names ``HF_ColBERT`` and there is
+    no sentence-transformers layout (``modules.json``)."""
+    config = Path(root) / "config.json"
+    if (Path(root) / "modules.json").is_file() or not config.is_file():
+        return False
+    return "HF_ColBERT" in (json.loads(config.read_text(encoding="utf-8")).get("architectures") or [])
+
+
 class ColBERTEncoder:
-    """A PyLate ColBERT model: per-token vectors for queries and documents, and MaxSim scores; use
+    """A PyLate ColBERT model (or a Stanford checkpoint, read as PyLate reads it): per-token vectors for queries and documents, and MaxSim scores; use
     :meth:`from_pretrained`."""
 
     def __init__(
@@ -121,7 +142,10 @@ class ColBERTEncoder:
         window = max(settings.query_length, settings.document_length)
         transformer = dataclasses.replace(spec, kind="embedding", dense=(), max_seq_length=window)
         encoder = Encoder.from_spec(transformer, normalize=False, **options)
-        return cls(encoder, settings, load_dense(spec.path, spec.dense), spec)
+        projections = (
+            [load_stanford_projection(spec.path)] if is_stanford(spec.path) else load_dense(spec.path, spec.dense)
+        )
+        return cls(encoder, settings, projections, spec)
 
     @property
     def model_id(self) -> str:

@@ -74,6 +74,25 @@ def load_dense(root: str | Path, folders: Sequence[str]) -> list[DenseLayer]:
     return layers
 
 
+def load_stanford_projection(root: str | Path) -> DenseLayer:
+    """A Stanford ColBERT checkpoint's projection: ``linear.weight`` ``(D, H)`` saved beside the transformer's
+    weights in ``model.safetensors`` (or ``pytorch_model.bin``), no bias, no activation."""
+    path = Path(root)
+    if (path / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as f:
+            if "linear.weight" not in f.keys():  # noqa: SIM118  (safe_open has keys(), not __contains__)
+                raise UnsupportedModelError(f"{path}: a Stanford ColBERT checkpoint without linear.weight")
+            weight = f.get_tensor("linear.weight")
+    else:
+        weights = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        if "linear.weight" not in weights:
+            raise UnsupportedModelError(f"{path}: a Stanford ColBERT checkpoint without linear.weight")
+        weight = weights["linear.weight"]
+    return DenseLayer(weight.float(), None, "Identity")
+
+
 def apply_dense(pooled: torch.Tensor, layers: Sequence[DenseLayer]) -> torch.Tensor:
     """``(B, H) -> (B, D)`` through every layer in order (no layers: unchanged)."""
     for layer in layers:

@@ -301,3 +301,50 @@ def tiny_colbert(out: str | Path | None = None, *, seed: int = 0, **settings: An
         (tmp / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2))
 
     return build_directory(out, build)
+
+
+def tiny_stanford_colbert(out: str | Path | None = None, *, seed: int = 0) -> str:
+    """A tiny BERT in the Stanford ColBERT checkpoint layout (``colbert-ir/colbertv2.0``'s): ``config.json``
+    naming ``HF_ColBERT``, one ``model.safetensors`` holding the transformer under ``bert.`` and the projection
+    as ``linear.weight`` (to 16 dimensions), the ``[unused0]``/``[unused1]`` markers in the vocabulary, and
+    the settings in ``artifact.metadata`` (a 12-token query, 40-token documents); returns its path."""
+    import shutil
+
+    import transformers
+
+    if out is None:
+        recipe = f"{RECIPE}:{transformers.__version__}:{seed}:stanford"
+        out = (
+            default_cache_dir() / "models" / f"tiny-stanford-colbert-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
+        )
+        if (Path(out) / "artifact.metadata").is_file():
+            return str(out)
+    source = tiny_model("bert", seed=seed)
+
+    def build(tmp: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                     "special_tokens_map.json"):  # fmt: skip
+            if (Path(source) / name).is_file():
+                shutil.copy(Path(source) / name, tmp / name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp))
+        tokenizer.add_tokens(["[unused0]", "[unused1]"], special_tokens=False)  # in BERT's own vocabulary
+        with quiet_loading():
+            model = transformers.AutoModel.from_pretrained(str(tmp))
+            model.resize_token_embeddings(len(tokenizer))
+        tokenizer.save_pretrained(tmp)
+        (tmp / "model.safetensors").unlink()
+        generator = torch.Generator().manual_seed(seed + 1)
+        weights = {f"bert.{k}": v.contiguous() for k, v in model.state_dict().items()}
+        weights["linear.weight"] = torch.randn(16, HIDDEN, generator=generator) * 0.2
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config["architectures"] = ["HF_ColBERT"]
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        metadata = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 12, "doc_maxlen": 40,
+                    "dim": 16, "similarity": "cosine", "attend_to_mask_tokens": False, "mask_punctuation": True}  # fmt: skip
+        (tmp / "artifact.metadata").write_text(json.dumps(metadata, indent=2))
+
+    return build_directory(out, build)
