@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
         "cross-validation over queries, as system hybrid-cv; and each hybrid:a+b(+c) whose parts ran, with the "
         "weight vector so chosen (multiples of 0.1 summing to 1), as hybrid:a+b(+c)-cv",
     )
+    p.add_argument(
+        "--fusion-cv-normalization",
+        choices=["fixed", "cv"],
+        default="fixed",
+        help="hybrid:a+b(+c)-cv: fixed: normalize by --hybrid-normalization; cv: each fold chooses min-max or "
+        "z-score together with the weights, on the other folds",
+    )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the corpus embedding cache")
     p.add_argument("--cache-dir", help="embedding cache directory (default: $EMBEDRANK_CACHE or ~/.cache/embedrank)")
     p.add_argument(
@@ -226,25 +233,36 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> li
     by_key = {(r.dataset, r.system): r for r in runs}
     out = []
     for dataset in dict.fromkeys(r.dataset for r in runs):
-        dense, bm25 = by_key.get((dataset, "dense")), by_key.get((dataset, "bm25"))
+
+        def parts(system: str, dataset: str = dataset) -> list[str]:
+            """The systems a fusion fuses; with a second --model (``...@model``) its own dense run, the
+            model-free ones (bm25, splade) as they are."""
+            base, _, model = system.partition("@")
+            names = base.split(":", 1)[1].split("+")
+            return [f"{p}@{model}" if model and (dataset, f"{p}@{model}") in by_key else p for p in names]
+
         fusions = [
             r.system
             for r in runs
             if r.dataset == dataset
             and r.system.startswith("hybrid:")
-            and all((dataset, part) in by_key for part in r.system.split(":", 1)[1].split("+"))
+            and all((dataset, part) in by_key for part in parts(r.system))
         ]
-        if (dense is None or bm25 is None) and not fusions:
+        # hybrid-cv: bm25 with each model's dense run ("dense", "dense@model")
+        bm25 = by_key.get((dataset, "bm25"))
+        pairs = [(s.partition("@")[2], r) for (d, s), r in by_key.items() if d == dataset and s.partition("@")[0] == "dense"]  # fmt: skip
+        pairs = pairs if bm25 is not None else []
+        if not pairs and not fusions:
             raise InvalidInputError(
                 "--fusion-cv needs dense and bm25 in --retriever, or a hybrid:a+b(+c) with each of its parts"
             )
         qrels = load_beir(sources.get(dataset, dataset), data_dir=args.data_dir).qrels
         level = relevance_level(dataset)
         found = {}
-        if dense is not None and bm25 is not None:
-            found["hybrid-cv"] = cross_validate_fusion(
+        for model, dense in pairs:
+            found["hybrid-cv" + (f"@{model}" if model else "")] = cross_validate_fusion(
                 dense.run or {},
-                bm25.run or {},
+                bm25.run or {},  # type: ignore[union-attr]
                 qrels,
                 method=args.hybrid_method,
                 normalization=args.hybrid_normalization,
@@ -254,11 +272,12 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> li
                 relevance_level=level,
             )
         for system in fusions:  # each part's top-k run (the depth the harness keeps), fused
-            parts = [by_key[(dataset, part)].run or {} for part in system.split(":", 1)[1].split("+")]
-            found[f"{system}-cv"] = cross_validate_weights(
-                parts, qrels, normalization=args.hybrid_normalization, folds=args.fusion_cv, seed=args.seed,
-                relevance_level=level,
-            )  # fmt: skip
+            runs_of = [by_key[(dataset, part)].run or {} for part in parts(system)]
+            base, at, model = system.partition("@")
+            norms = ("minmax", "zscore") if args.fusion_cv_normalization == "cv" else args.hybrid_normalization
+            found[f"{base}-cv{at}{model}"] = cross_validate_weights(
+                runs_of, qrels, normalization=norms, folds=args.fusion_cv, seed=args.seed, relevance_level=level
+            )
         _, ks = parse_measures(args.metrics)
         for name, cv in found.items():
             print(f"[{dataset}] {name}: {cv.summary()}")

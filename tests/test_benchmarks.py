@@ -104,3 +104,22 @@ def test_cli_help():
     assert out.returncode == 0
     for flag in ("--retriever", "--reranker", "--k-retrieve", "--index", "--max-queries", "--json-out", "--no-cache"):
         assert flag in out.stdout
+
+
+@pytest.mark.slow  # runs eval/run.py as a subprocess
+def test_cli_fusion_cv_covers_every_model(tmp_path):
+    from embedrank.testing.tiny import tiny_model
+
+    second = tiny_model("bert")
+    name = Path(second).name.lower()
+    out = _run_cli(
+        "--model", "sentence-transformers/all-MiniLM-L6-v2", second, "--sparse-model", tiny_model("bert", "masked-lm"),
+        "--retriever", "bm25", "dense", "hybrid", "splade", "hybrid:dense+splade", "--fusion-cv", "2",
+        "--fusion-cv-normalization", "cv", "--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
+        "--fresh-bm25", cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for system in ("hybrid-cv", f"hybrid-cv@{name}", "hybrid:dense+splade-cv", f"hybrid:dense+splade-cv@{name}"):
+        assert f"] {system}: " in out.stdout, system  # each fusion of each model, cross-validated
+    assert f"hybrid:dense+splade@{name}: TREC run" in out.stdout
+    assert "minmax or zscore, chosen per fold" in out.stdout

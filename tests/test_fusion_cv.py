@@ -77,3 +77,24 @@ def test_weights_of_three_runs_are_chosen_on_the_other_folds():
         inside = [q for q in qrels if folds[q] == fold]
         assert np.allclose(cv.per_query[inside], per[inside])
     assert "(0.333333/0.333333/0.333333)" in cv.summary()
+
+
+def test_normalization_and_weights_are_chosen_together_on_the_other_folds():
+    qrels, good, noisy = _collection()
+    _, _, other = _collection(seed=1)
+    runs = [good, noisy, other]
+    cv = cross_validate_weights(runs, qrels, normalization=("minmax", "zscore"), folds=3, seed=0)
+    folds = fold_of(list(qrels), 3, 0)
+    grid = [(n, w) for n in ("minmax", "zscore") for w in simplex(3)]
+    per = {p: evaluate_per_query(qrels, weighted_fusion(runs, p[1], normalization=p[0]), [10], queries="qrels")["ndcg@10"] for p in grid}  # fmt: skip
+    for fold, chosen in enumerate(cv.chosen):
+        train = [q for q in qrels if folds[q] != fold]
+        means = np.array([per[p][train].mean() for p in grid])
+        assert chosen == grid[int(np.flatnonzero(means >= means.max() - 1e-12)[0])]
+        inside = [q for q in qrels if folds[q] == fold]
+        assert np.allclose(cv.per_query[inside], per[chosen][inside])
+    assert set(cv.grid) == set(grid)  # both normalizations were candidates
+    assert cv.fixed_param == ("minmax", (1 / 3, 1 / 3, 1 / 3))
+    assert "minmax or zscore, chosen per fold" in cv.summary() and "zscore (" in cv.summary()
+    only = cross_validate_weights(runs, qrels, normalization="minmax", folds=3, seed=0)
+    assert only.grid == {w: m for (n, w), m in cv.grid.items() if n == "minmax"}  # the same fusions

@@ -88,7 +88,10 @@ class FusionCV:
 
 
 def _show(param: Any) -> str:
-    """A grid value as the summary prints it: ``0.3``, or ``(0.2/0.3/0.5)`` for a weight vector."""
+    """A grid value as the summary prints it: ``0.3``, ``(0.2/0.3/0.5)`` for a weight vector, ``zscore
+    (0.2/0.8)`` for a normalization and weights chosen together."""
+    if isinstance(param, tuple) and param and isinstance(param[0], str):
+        return f"{param[0]} {_show(param[1])}"
     return "(" + "/".join(f"{w:g}" for w in param) + ")" if isinstance(param, tuple) else f"{param:g}"
 
 
@@ -128,7 +131,7 @@ def cross_validate_weights(
     runs: Sequence[Run],
     qrels: Qrels,
     *,
-    normalization: Literal["minmax", "zscore"] = "minmax",
+    normalization: str | Sequence[str] = "minmax",
     step: float = 0.1,
     folds: int = 5,
     seed: int = 0,
@@ -137,13 +140,23 @@ def cross_validate_weights(
 ) -> FusionCV:
     """Score fusion of any number of ``runs`` (:func:`~embedrank.math.fusion.weighted_fusion`) with the weight
     vector chosen on the other folds among every vector of multiples of ``step`` summing to 1 (:func:`simplex`;
-    3 runs at 0.1: 66 vectors); the fixed comparison is equal weights."""
-    values = simplex(len(runs), step)
-    fixed = tuple([1.0 / len(runs)] * len(runs))
-    fused = {p: weighted_fusion(runs, p, normalization=normalization) for p in {*values, fixed}}
-    return _choose_by_folds(
-        fused, values, fixed, qrels, "weighted", normalization, folds, seed, metric, relevance_level
-    )
+    3 runs at 0.1: 66 vectors); the fixed comparison is equal weights. With several normalizations
+    (``("minmax", "zscore")``) each fold chooses the normalization and the weights together, the grid
+    values being ``(normalization, weights)``; the fixed comparison uses the first normalization."""
+    weights = simplex(len(runs), step)
+    equal = tuple([1.0 / len(runs)] * len(runs))
+    if isinstance(normalization, str):
+        norm: Any = normalization  # "minmax" or "zscore" (weighted_fusion refuses others)
+        by_weights: dict[Any, Run] = {p: weighted_fusion(runs, p, normalization=norm) for p in {*weights, equal}}
+        return _choose_by_folds(
+            by_weights, weights, equal, qrels, "weighted", normalization, folds, seed, metric, relevance_level
+        )
+    norms = list(dict.fromkeys(normalization))
+    values = [(n, w) for n in norms for w in weights]
+    fixed = (norms[0], equal)
+    fused: dict[Any, Run] = {(n, w): weighted_fusion(runs, w, normalization=n) for n, w in {*values, fixed}}  # type: ignore[arg-type]
+    label = " or ".join(norms) + ", chosen per fold"
+    return _choose_by_folds(fused, values, fixed, qrels, "weighted", label, folds, seed, metric, relevance_level)
 
 
 def _choose_by_folds(
