@@ -94,6 +94,23 @@ batching engine (`/metrics` labels it `model:route`). Inference-free SPLADE mode
 query route, a masked-LM document route) load the same way with `SparseEncoder`. A route of modules
 embedrank does not run is refused with the module's name.
 
+## Sparse and late-interaction models
+
+The kind of model is read from its files, so one loader never runs another kind's weights by mistake:
+
+| layout | loader | what it gives |
+|---|---|---|
+| sentence-transformers sparse (`SpladePooling`), or a bare `*ForMaskedLM` checkpoint | `SparseEncoder` | a SPLADE vector over the vocabulary |
+| `sparse_linear.pt` and `colbert_linear.pt` beside the transformer (`BAAI/bge-m3`) | `M3Encoder` | dense, lexical weights and token vectors from one pass |
+| PyLate (`modules.json` with a `pylate.models.Dense` module) | `ColBERTEncoder` | token vectors, MaxSim |
+| Stanford ColBERT (`config.json` naming `HF_ColBERT`, `linear.weight` beside the transformer, `artifact.metadata`: `colbert-ir/colbertv2.0`) | `ColBERTEncoder` | token vectors, MaxSim |
+
+Each is checked against its reference library on tiny seeded models: SPLADE against sentence-transformers'
+`SparseEncoder`, bge-m3 against FlagEmbedding's `BGEM3FlagModel`, both ColBERT layouts against PyLate
+(which reads Stanford checkpoints the same way), on torch, OpenVINO and ONNX Runtime. The
+[Python API guide](guides/python-api.md) shows each; the [service guide](guides/service.md) says what each
+answers over HTTP.
+
 ## Cross-encoders with several labels
 
 A reranker's score is one number per document. For a classifier with one label it is that label's score
