@@ -10,7 +10,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
+import msgspec
 import numpy as np
+import orjson
 from msgspec import UNSET, UnsetType
 
 from embedrank.errors import InvalidInputError
@@ -127,13 +129,21 @@ async def _input_texts(value: str | list[Any], limits: Limits, token_ids: bool) 
     return texts
 
 
+def float_json(values: np.ndarray) -> Any:
+    """A float array (a vector or a matrix) as JSON numbers at float32 precision: the shortest decimal that
+    reads back to the same float32 (at most 9 significant digits, as OpenAI returns them), not the 17 digits
+    of the float64 it would be widened to; about 40% fewer bytes, formatted in one call (orjson), then placed
+    into the response as it is (``msgspec.Raw``)."""
+    return msgspec.Raw(orjson.dumps(np.ascontiguousarray(values, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY))
+
+
 def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    """A float32 vector as numbers or base64 of little-endian float32; an int8/uint8 one as integers or
-    base64 of its bytes."""
+    """A float32 vector as numbers (:func:`float_json`) or base64 of little-endian float32; an int8/uint8 one
+    as integers or base64 of its bytes."""
     if encoding_format == "base64":
         raw = vector.astype("<f4", copy=False) if vector.dtype.kind == "f" else vector
         return base64.b64encode(raw.tobytes()).decode("ascii")
-    return vector.tolist()
+    return float_json(vector) if vector.dtype.kind == "f" else vector.tolist()  # type: ignore[no-any-return]
 
 
 async def _compact(

@@ -117,12 +117,12 @@ async def embed(
     common: dict[str, Any] = {"id": str(uuid.uuid4()), "texts": list(req.texts), "meta": body_meta}
     if not types:
         return CohereEmbedResponse(
-            response_type="embeddings_floats", embeddings=out.embeddings.tolist(), **common
+            response_type="embeddings_floats", embeddings=api.float_json(out.embeddings), **common
         ), out.truncated_count
     by_type: dict[str, Any] = {}
     for kind in dict.fromkeys(types):
         if kind == "float":
-            by_type["float_"] = out.embeddings.tolist()
+            by_type["float_"] = api.float_json(out.embeddings)
         elif kind == "base64":
             by_type["base64"] = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in out.embeddings]
         else:

@@ -181,7 +181,7 @@ async def embed(req: TEIEmbedRequest, pool: ModelPool, settings: Settings) -> tu
     out, _ = await api.embed_vectors(
         inner, pool, settings.limits, token_ids=False, normalize=req.normalize, truncation_side=side
     )
-    return out.embeddings.tolist(), out.truncated_count
+    return api.float_json(out.embeddings), out.truncated_count
 
 
 async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> tuple[list[Rank], int]:

@@ -887,3 +887,33 @@ def test_a_query_is_blank_by_json_schemas_whitespace(client):
     assert ok.status_code == 200, ok.text
     blank = client.post("/v1/rerank", json={"model": MODEL, "query": " \t\u3000", "documents": ["a"]})
     _assert_error(blank, 400, "empty_query", "query")
+
+
+def test_vectors_are_written_at_float32_precision_on_every_embedding_route(client):
+    texts = ["the tilt of the earth causes seasons", "bananas are rich in potassium"]
+    want = ENCODER.encode(texts).astype(np.float32)  # (2, 32)
+
+    def numbers(raw: str) -> list[str]:
+        return re.findall(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", raw)
+
+    bodies = {
+        "openai": _embed(client, input=texts),
+        "tei": client.post("/embed", json={"inputs": texts, "model": MODEL}),
+        "cohere": client.post("/v2/embed", json={"model": MODEL, "texts": texts, "input_type": "search_document"}),
+    }
+    for route, resp in bodies.items():
+        assert resp.status_code == 200, (route, resp.text)
+        body = resp.json()
+        got = {
+            "openai": lambda b: [d["embedding"] for d in b["data"]],
+            "tei": lambda b: b,
+            "cohere": lambda b: b["embeddings"]["float"],
+        }[route](body)
+        # each number reads back to exactly the model's float32 value ...
+        np.testing.assert_array_equal(np.asarray(got, dtype=np.float32), want, err_msg=route)
+        # ... and is written with no more digits than float32 needs (not float64's 17)
+        vector_text = resp.text[resp.text.index("[") :]
+        digits = [
+            len(n.lstrip("-").split("e")[0].split("E")[0].replace(".", "").lstrip("0")) for n in numbers(vector_text)
+        ]
+        assert max(digits) <= 9, (route, max(digits))
