@@ -60,6 +60,7 @@ def test_finetune_a_few_steps_saves_a_model_embedrank_loads(data_dir, tmp_path, 
     assert 0.9 < float((after * before).sum(axis=1).min()) < 1 - 1e-6  # moved a little, not destroyed
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta:UserWarning")  # torch, in ST's evaluator
 def test_finetune_a_splade_keeps_it_sparse_and_loadable(data_dir, tmp_path, monkeypatch):
     pytest.importorskip("cognition", reason="the sparse extra ships the SPLADE")
     from embedrank.models.sparse import SparseEncoder

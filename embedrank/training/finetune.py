@@ -170,7 +170,7 @@ def _kind(path: str, sparse: bool, cfg: FinetuneConfig) -> _Kind:
         else MultipleNegativesRankingLoss(dense)
     )
     return _Kind(
-        model, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, loss, "eval_validation_cosine_ndcg@10"
+        dense, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, loss, "eval_validation_cosine_ndcg@10"
     )
 
 
