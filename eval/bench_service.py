@@ -15,8 +15,8 @@ right before and after each of its cases: ``default`` (the service as configured
 ``int8`` (``EMBEDRANK_PRECISION=int8``), ``torch`` (``EMBEDRANK_BACKEND=torch``), and ``infinity``:
 Infinity (``infinity-emb`` 0.0.78, its ONNX engine ``--engine optimum``, the same MiniLM exported by
 embedrank's ONNX backend to ``model.onnx`` at the top of a model folder, ``--pooling-method mean``) from the
-virtualenv ``--infinity-venv``, created on first use with ``pip install "infinity-emb[optimum,server]==0.0.78"``
-(torch pinned by ``constraints.txt``). Servers compared with each other (``default`` against
+virtualenv ``--infinity-venv``, created on first use from ``eval/infinity-lock.txt`` (infinity-emb 0.0.78 and
+its dependencies, pinned apart from embedrank's ``constraints.txt``, whose pins they conflict with). Servers compared with each other (``default`` against
 ``infinity``) are compared through their ratios to the in-process baseline of the same moment, which
 cancels most of this machine's drift; ``--rounds 2`` repeats the whole sequence (A B A B) and reports medians.
 """
@@ -306,11 +306,11 @@ def ensure_infinity(venv: Path) -> Path:
     if exe.exists():
         return exe
     print(f"creating {venv} with infinity-emb 0.0.78 (once; a few minutes)", flush=True)
-    constraints = Path(__file__).resolve().parents[1] / "constraints.txt"
+    lock = Path(__file__).with_name("infinity-lock.txt")  # its own pins: they conflict with constraints.txt
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(constraints)]
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)
-    subprocess.run([*pip, "infinity-emb[optimum,server]==0.0.78"], check=True)
+    subprocess.run([*pip, "--no-deps", "-r", str(lock)], check=True)
     return exe
 
 
