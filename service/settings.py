@@ -39,9 +39,9 @@ Environment variables (all optional):
   the measured speed) exceeds ``EMBEDRANK_MAX_QUEUE_SECONDS`` (30) is answered 429 with ``Retry-After``;
   so is one that would take the queue past ``EMBEDRANK_MAX_QUEUE`` (8192 items).
 - Engine: ``EMBEDRANK_TARGET_BATCH_SECONDS`` (0.25; 0: a fixed budget), ``EMBEDRANK_MAX_BATCH_TOKENS`` (8192),
-  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (20.0:
+  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (0: off;
   the most a batch waits for concurrent callers to rejoin, ended early when arrivals stop; a lone request
-  never waits).
+  never waits. Off because the wait left the forward thread idle and cost throughput in every measured load).
 
 A model path ``fake:encoder``, ``fake:encoder-with-prompts`` or ``fake:cross-encoder`` serves a weightless fake model
 (:mod:`embedrank.testing.fake`), for trying the API or testing a client without loading weights.
