@@ -162,7 +162,7 @@ def test_a_stanford_checkpoint_is_read_as_pylate_reads_it(tmp_path):
     weights = load_file(str(without / "model.safetensors"))
     del weights["linear.weight"]
     save_file(weights, str(without / "model.safetensors"))
-    with pytest.raises(UnsupportedModelError, match="without linear.weight"):
+    with pytest.raises(UnsupportedModelError, match=r"without linear\.weight"):
         ColBERTEncoder.from_pretrained(str(without), backend="torch")
 
 
