@@ -9,7 +9,8 @@
   every other check (no 5xx, documented status, content type, response schema) still applies to it.
   The same holds for a ``chunk_overlap`` over half the window (400 ``chunk_overlap_too_large``): the window
   depends on the model, its prompt and the query. And ``output_not_available``: ``sparse`` or ``multivector``
-  asked of a model that is not bge-m3 while one is served (the schema offers them only then).
+  asked of a model that lacks it while one that has it is served (the schema offers them only then); and a
+  ``prompt_name`` (an enum of every served model's prompts) asked of a model that does not have it.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
             return True
         if code == "chunk_overlap_too_large":  # over half of this model's window (beside its prompt or query)
             return False
-        if code == "output_not_available":  # bge-m3's sparse/multivector asked of another served model
+        if code == "output_not_available":  # sparse/multivector asked of a served model that lacks it
             return False
+        if code == "invalid_value" and response.json()["error"].get("param") == "prompt_name":
+            return False  # a prompt another served model has, asked of one without it (a SPLADE has none)
         return not (code == "input_too_long" and body.get("truncate") in (False, "NONE"))
     return True
 
