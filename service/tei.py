@@ -225,8 +225,8 @@ async def embed_sparse(
         texts, truncate=req.truncate is not False, prompt=prompt, budget=settings.limits.max_request_tokens
     )
     rows = []
-    for i in range(out.vectors.shape[0]):
-        indices, values = row_pairs(out.vectors, i)
+    for i in range(out.sparse.shape[0]):
+        indices, values = row_pairs(out.sparse, i)
         rows.append([SparseValue(index=k, value=v) for k, v in zip(indices, values, strict=True)])
     return rows, out.truncated_count
 

@@ -58,13 +58,9 @@ class SparseBatchModel:
 
 
 class SparseOutput(ModelOutput):
-    """One request's sparse vectors with what the model saw of each input: :attr:`vectors` (also
-    :attr:`sparse`) is ``values``, a ``scipy.sparse.csr_matrix`` ``(N, V)``. A SPLADE has no dense vector:
-    :attr:`embeddings` is empty, ``(N, 0)``."""
-
-    @property
-    def vectors(self) -> sp.csr_matrix:
-        return self.values  # type: ignore[return-value]
+    """One request's sparse vectors with what the model saw of each input: :attr:`sparse` (the name bge-m3's
+    output gives its lexical weights) is ``values``, a ``scipy.sparse.csr_matrix`` ``(N, V)``. A SPLADE has no
+    dense vector: :attr:`embeddings` is empty, ``(N, 0)``."""
 
     @property
     def sparse(self) -> sp.csr_matrix:
