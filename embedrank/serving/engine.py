@@ -82,7 +82,8 @@ class EngineConfig:
     max_queue_seconds: float = 30.0  # a job whose estimated wait for its first batch is longer is refused
     # (OverloadedError, Retry-After: when that wait would be short enough); its own compute time does not count
     workers: int | None = None  # forward threads (default 1: on few cores, concurrent OpenMP teams
-    # spin against each other and lose throughput; measured in eval/bench_service.py)
+    # spin against each other and lose throughput; measured in eval/bench_service.py, and two OpenVINO
+    # streams of one core each, one per thread, split 32 one-query clients into batches of ~7 and lost 4-8%)
     threads: int | None = None  # torch threads, split evenly between the workers; default torch's
     idle_seconds: float = 30.0  # after this long without work, a forward thread calls on_idle once
 
