@@ -8,7 +8,9 @@ inputs/s, tokens/s and p50/p95/p99 latency, and the ratio to in-process
 ``SentenceTransformer.encode(batch_size=32)`` throughput on the same inputs, measured in the same run.
 It also compares the latency of a single short text over HTTP with in-process encoding of one text, and
 reads the server's ``/metrics`` around each timed window: ``batch`` is the mean number of items per forward
-pass, ``busy`` the share of the window the forward thread spent computing.
+pass, ``busy`` the share of the window the forward thread spent computing. ``cpu`` says where the window's CPU
+went, in cores: the server's event loop (its main thread), the whole server process, and the load generator,
+which shares the machine's cores with the server.
 
 ``--servers`` runs several servers one after the other, each against the same in-process baseline taken
 right before and after each of its cases: ``default`` (the service as configured: OpenVINO fp32),
@@ -56,7 +58,21 @@ def make_texts(n: int, words: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(words)) + f" {i}" for i in range(n)]
 
 
-async def drive(base: str, texts: list[str], per_request: int, clients: int, requests: int) -> dict:
+def cpu_seconds(pid: int | None) -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by process ``pid`` and by its main thread (zeros without a pid)."""
+    if pid is None:
+        return 0.0, 0.0
+    import psutil
+
+    process = psutil.Process(pid)
+    total = process.cpu_times()
+    main = next((t for t in process.threads() if t.id == pid), None)
+    return total.user + total.system, (main.user_time + main.system_time) if main else 0.0
+
+
+async def drive(
+    base: str, texts: list[str], per_request: int, clients: int, requests: int, pid: int | None = None
+) -> dict:
     """Closed-loop load: ``clients`` keep-alive connections, each sending its next request on reply.
 
     A lean HTTP/1.1 client (pre-encoded requests, msgspec for the reply) keeps the load generator's
@@ -114,14 +130,19 @@ async def drive(base: str, texts: list[str], per_request: int, clients: int, req
     for _ in range(clients):  # start the clock only once every warm-up request has been answered
         await warm.acquire()
     engine_start = engine_totals(base)
+    server_start, client_start = cpu_seconds(pid), time.process_time()
     t0 = time.perf_counter()
     ready.set()
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - t0
+    server_end, client_end = cpu_seconds(pid), time.process_time()
     engine_end = engine_totals(base)
     batches = max(1.0, engine_end["batches"] - engine_start["batches"])
     return {
         "busy": (engine_end["seconds"] - engine_start["seconds"]) / elapsed,
+        "server_cpu": (server_end[0] - server_start[0]) / elapsed,
+        "loop_cpu": (server_end[1] - server_start[1]) / elapsed,
+        "client_cpu": (client_end - client_start) / elapsed,
         "mean_batch": (engine_end["items"] - engine_start["items"]) / batches,
         "inputs_s": requests * per_request / elapsed,
         "tokens_s": tokens / elapsed,
@@ -158,22 +179,23 @@ def engine_totals(base: str) -> dict[str, float]:
 
 
 def run_client(base: str, texts: list[str], per_request: int, clients: int, requests: int) -> dict:
-    """Runs the load generator in a child process so it does not share the benchmark's interpreter."""
+    """Runs the load generator in a child process so it does not share the benchmark's interpreter (``base``
+    from :func:`start_server` carries the server's process id, for its CPU use)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(_client_entry, (base, texts, per_request, clients, requests))
+        return pool.apply(_client_entry, (str(base), texts, per_request, clients, requests, getattr(base, "pid", None)))
 
 
-def _client_entry(base, texts, per_request, clients, requests):
+def _client_entry(base, texts, per_request, clients, requests, pid):
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    return asyncio.run(drive(base, texts, per_request, clients, requests))
+    return asyncio.run(drive(base, texts, per_request, clients, requests, pid))
 
 
 def main() -> None:
@@ -263,7 +285,8 @@ def main() -> None:
                             f"[{server} round {round_no}] {per_request:>2} {kind:<7}/req  {clients:>2} clients: "
                             f"{r['inputs_s']:7.1f} inputs/s {r['tokens_s']:8.0f} tokens/s  p50 {r['p50_ms']:7.1f} ms  "
                             f"p95 {r['p95_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms | batch {r['mean_batch']:5.1f} "
-                            f"busy {r['busy']:4.0%} | in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x"
+                            f"busy {r['busy']:4.0%} | cpu: loop {r['loop_cpu']:.2f} server {r['server_cpu']:.2f} "
+                            f"client {r['client_cpu']:.2f} | in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x"
                             + own,
                             flush=True,
                         )
@@ -294,6 +317,8 @@ def report(rows: list[dict]) -> None:
         "p50_ms",
         "p99_ms",
         "mean_batch",
+        "loop_cpu",
+        "client_cpu",
     ]
     print("of_runtime: to the same runtime in-process (embedrank's Encoder, batch 32) at the same moment")
     print(table[columns].round(2).to_string())
