@@ -80,6 +80,23 @@ def test_exports_choose_the_attention_the_architecture_has(name, st_encoders):
     assert info["attention"] == ("sdpa" if name == "bert" else "eager")
 
 
+FUSED_ONNX = {"bert", "distilbert", "roberta", "xlm-roberta", "electra"}  # ONNX Runtime fuses their attention
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_onnx_exports_fuse_attention_where_onnx_runtime_can_and_stay_exact(name, st_encoders):
+    """The ONNX backend takes ONNX Runtime's fused-attention graph where its optimizer fuses every layer and
+    the graph agrees with torch on two batch shapes; elsewhere torch.export's graph. Either way the vectors
+    are sentence-transformers' own."""
+    path, st = _st(name, st_encoders)
+    enc = Encoder.from_pretrained(path, backend="onnx")
+    assert np.abs(enc.encode(TEXTS, batch_size=2) - st.encode(TEXTS, batch_size=2)).max() < 1e-4
+    info = json.loads((enc.runtime.path.parent / "export.json").read_text())
+    assert (info["attention"] == "eager, fused by ONNX Runtime") == (name in FUSED_ONNX), info["attention"]
+    assert sorted(p.name for p in enc.runtime.path.parent.iterdir()) == ["export.json", "model.onnx"]
+
+
 @pytest.fixture(scope="module")
 def st_cross_encoders():
     return {}

@@ -1,5 +1,6 @@
 """Converters from a transformers model to an exported graph: OpenVINO (``openvino.convert_model`` on
-``torch.export``, NNCF for int8) and ONNX (``torch.onnx.export``, ONNX Runtime's dynamic quantizer).
+``torch.export``, NNCF for int8) and ONNX (``torch.onnx.export``, ONNX Runtime's transformer optimizer where
+it fuses the attention, ONNX Runtime's dynamic quantizer).
 
 Only maintained tools convert; nothing rewrites a graph by hand. :mod:`embedrank.runtime.exports` decides
 what to export and caches the result.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -161,17 +163,27 @@ def disagreement(
     return None if error <= 1e-3 * scale else f"largest difference {error:.2e} at output scale {scale:.2e}"
 
 
-def example_inputs(tokenizer: Any, head: Head) -> dict[str, torch.Tensor]:
-    """A batch of two inputs of clearly different lengths, padded as the tokenizer pads (the export traces
-    it, and :func:`disagreement` checks the graph's padded rows on it)."""
-    short, long = "an example text", "a second example text, with many more words than the first one has"
+EXAMPLE = ("an example text", "a second example text, with many more words than the first one has")
+# a batch of another size and length: a graph traced on EXAMPLE must compute this one right as well
+OTHER_EXAMPLE = (
+    "three",
+    "a third example, of yet another length",
+    "the last example text of the second batch is the longest of all of them, so that the traced graph has to "
+    "handle a sequence much longer than the one it was traced on, and more rows than the first batch had",
+)
+
+
+def example_inputs(tokenizer: Any, head: Head, texts: tuple[str, ...] = EXAMPLE) -> dict[str, torch.Tensor]:
+    """A padded batch of ``texts`` (default: two of clearly different lengths), padded as the tokenizer pads
+    (the export traces it, and :func:`disagreement` checks the graph's padded rows on it)."""
     if head == "yes-no" and tokenizer.padding_side != "left":  # the answer is read at the last position
         tokenizer = copy.copy(tokenizer)
         tokenizer.padding_side = "left"
     if head in ("encoder", "splade"):
-        enc = tokenizer([short, long], padding=True, return_tensors="pt")
+        enc = tokenizer(list(texts), padding=True, return_tensors="pt")
     else:
-        enc = tokenizer(["a query", "another, longer query"], [short, long], padding=True, return_tensors="pt")
+        queries = [f"query {i}: " + " ".join(text.split()[:3]) for i, text in enumerate(texts)]
+        enc = tokenizer(queries, list(texts), padding=True, return_tensors="pt")
     return dict(enc)
 
 
@@ -251,3 +263,72 @@ def to_onnx(model: Narrow, example: dict[str, torch.Tensor], out: Path, precisio
 
         quantize_dynamic(str(target), str(out / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
         target.unlink()
+
+
+FUSED_MAX_PARAMETERS = 400_000_000  # larger graphs pass 2 GB, which the one-file ONNX format cannot hold
+
+
+def to_onnx_fused(model: Narrow, tokenizer: Any, head: Head, out: Path, precision: Precision) -> str | None:
+    """ONNX Runtime's own recipe for transformer encoders: ``torch.onnx.export`` (the TorchScript exporter,
+    eager attention; its graph is the pattern ONNX Runtime's fusions know), then
+    ``onnxruntime.transformers.optimizer`` fuses each layer's attention into one ``Attention`` operator (and
+    layer norms, GELU), and for int8 ``quantize_dynamic`` turns those into ``QAttention``. On SciFact passages
+    with all-MiniLM-L6-v2 on an AVX2 CPU this ran int8 1.6x as fast as the unfused int8 graph.
+
+    Writes ``out/model.onnx`` and returns None, or returns why the recipe does not apply to this model (and
+    leaves ``out`` empty): not every layer's attention fused, a graph too large for one file, or the fused
+    fp32 graph differing from torch by more than 1e-3 of the output's scale on either of two batches of
+    different sizes and lengths (a traced graph must not have kept the first one's shape).
+    """
+    require("onnxruntime", "onnx", "the ONNX backend")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers import optimizer
+
+    config = model.model.config
+    layers, heads, hidden = (getattr(config, k, 0) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
+    if sum(p.numel() for p in model.parameters()) > FUSED_MAX_PARAMETERS:
+        return f"over {FUSED_MAX_PARAMETERS:,} parameters"
+    example = example_inputs(tokenizer, head)
+    traced = out / "model_traced.onnx"
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in example]  # Narrow.forward's order
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in [*names, model.output]}
+    torch.onnx.export(model, tuple(example[n] for n in names), str(traced), input_names=names,
+                      output_names=[model.output], dynamic_axes=dynamic, opset_version=17, dynamo=False)  # fmt: skip
+    fused = optimizer.optimize_model(str(traced), model_type="bert", num_heads=heads, hidden_size=hidden)
+    traced.unlink()
+    found = fused.get_fused_operator_statistics().get("Attention", 0)
+    if not layers or found != layers:
+        return f"ONNX Runtime fused the attention of {found} of {layers} layers"
+    fused.save_model_to_file(str(out / "model.onnx"))
+    for texts in (EXAMPLE, OTHER_EXAMPLE):
+        problem = disagreement(out, "onnx", "fp32", model, example_inputs(tokenizer, head, texts))
+        if problem is not None:
+            (out / "model.onnx").unlink()
+            return f"the fused graph disagrees with torch: {problem}"
+    if precision == "int8":
+        (out / "model.onnx").rename(out / "model_fp32.onnx")
+        # the fused operators are ONNX Runtime's own: shape inference cannot type their outputs, which are float
+        options = {"DefaultTensorType": 1}  # onnx.TensorProto.FLOAT
+        quantize_dynamic(str(out / "model_fp32.onnx"), str(out / "model.onnx"), weight_type=QuantType.QInt8,
+                         per_channel=True, extra_options=options)  # fmt: skip
+        (out / "model_fp32.onnx").unlink()
+    return None
+
+
+def onnx_fused_or_reason(spec: ModelSpec, tokenizer: Any, head: Head, out: Path, precision: Precision) -> str | None:
+    """:func:`to_onnx_fused` on ``spec`` (eager attention): None when ``out`` holds the fused graph, else why
+    not (an exporter or optimizer error included), with ``out`` left empty for another recipe."""
+    try:
+        model = model_to_export(spec, head, tokenizer, "eager")
+        narrow = Narrow(model, head, "token_type_ids" in example_inputs(tokenizer, head)).eval()
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")  # the exporter's notes on tracing go nowhere: not the user's concern
+            reason = to_onnx_fused(narrow, tokenizer, head, out, precision)
+    except (ImportError, MemoryError):
+        raise
+    except Exception as exc:  # the exporter and optimizer raise many types; all mean: use the other recipe
+        reason = f"{type(exc).__name__}: {first_line(exc)}"
+    if reason is not None:
+        for item in out.iterdir():
+            item.unlink()
+    return reason

@@ -15,8 +15,9 @@ Converters (maintained tools only, :mod:`embedrank.runtime.converters`):
 - OpenVINO: ``openvino.convert_model`` on the transformers model (whose output is narrowed to
   ``last_hidden_state`` or ``logits``), saved uncompressed (fp32 weights); int8: ``nncf.quantize``
   (static, ``ModelType.TRANSFORMER``) on the calibration texts, tokenized as the model will see them.
-- ONNX: ``torch.onnx.export`` with dynamic batch and sequence axes; int8:
-  ``onnxruntime.quantization.quantize_dynamic`` (per-channel int8 weights, dynamic activations).
+- ONNX: ONNX Runtime's fused-attention graph where its optimizer fuses every layer
+  (:func:`~embedrank.runtime.converters.to_onnx_fused`), else ``torch.onnx.export`` with dynamic batch and
+  sequence axes; int8: ``onnxruntime.quantization.quantize_dynamic`` (per-channel weights, dynamic activations).
 
 Calibration texts for int8 are the caller's (:data:`Calibration`: a list, a ``.txt``/``.jsonl`` file, or a
 provider called only when an int8 export is made; at most :data:`CALIBRATION_SIZE`, seeded), else the
@@ -63,7 +64,7 @@ log = logging.getLogger("embedrank.exports")
 
 # bumped whenever the way we export changes (attention implementation, converter options), so old
 # exports in the cache are not reused
-RECIPE = 6
+RECIPE = 7
 CALIBRATION_SIZE = 300  # texts for static int8 (NNCF's default subset is 300 samples)
 _VERSIONED = {
     "openvino": ("openvino", "nncf", "torch", "transformers"),
@@ -295,6 +296,11 @@ def _convert(
     graph disagrees with torch (OpenVINO returned NaN for padded rows of decoders' boolean masks: Gemma3,
     a causal LM's left padding)."""
     example = converters.example_inputs(tokenizer, head)
+    if backend == "onnx" and head != "yes-no":  # ONNX Runtime's fused attention, where its optimizer fuses it
+        reason = converters.onnx_fused_or_reason(spec, tokenizer, head, out, precision)
+        if reason is None:
+            return "eager, fused by ONNX Runtime"
+        log.info("embedrank: %s: no fused ONNX graph (%s); exporting with torch.export", spec.model_id, reason)
     for attention in ("sdpa", "eager"):
         try:
             model = converters.model_to_export(spec, head, tokenizer, attention)
