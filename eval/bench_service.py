@@ -14,7 +14,8 @@ which shares the machine's cores with the server.
 
 ``--servers`` runs several servers one after the other, each against the same in-process baseline taken
 right before and after each of its cases: ``default`` (the service as configured: OpenVINO fp32),
-``int8`` (``EMBEDRANK_PRECISION=int8``), ``torch`` (``EMBEDRANK_BACKEND=torch``), and ``infinity``:
+``int8`` (``EMBEDRANK_PRECISION=int8``), ``torch`` (``EMBEDRANK_BACKEND=torch``), ``auto``
+(``EMBEDRANK_BACKEND=auto EMBEDRANK_PRECISION=auto``: the runtime ``auto`` chooses on this CPU), and ``infinity``:
 Infinity (``infinity-emb`` 0.0.78, its ONNX engine ``--engine optimum``, the same MiniLM exported by
 embedrank's ONNX backend to ``model.onnx`` at the top of a model folder, ``--pooling-method mean``) from the
 virtualenv ``--infinity-venv``, created on first use from ``eval/infinity-lock.txt`` (infinity-emb 0.0.78 and
@@ -94,25 +95,33 @@ async def drive(
     latencies: list[float] = []
     tokens = 0
     next_request = 0
+    refused = 0  # 429 answers (the server's queue is full), each retried after its Retry-After
 
     async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> int:
-        writer.write(raw)
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        length = int(
-            next(line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
-        )
-        body = await reader.readexactly(length)
-        if status != 200:
-            raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
-        return int(usage.decode(body)["usage"]["total_tokens"])
+        nonlocal refused
+        while True:
+            writer.write(raw)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
+            fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
+            body = await reader.readexactly(int(fields[b"content-length"]))
+            if status == 429:  # as the OpenAI SDK does: wait as told, send again
+                refused += 1
+                await asyncio.sleep(float(fields.get(b"retry-after", b"1")))
+                continue
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
+            return int(usage.decode(body)["usage"]["total_tokens"])
 
     async def client() -> None:
         nonlocal tokens, next_request
         reader, writer = await asyncio.open_connection(host, int(port))
-        await one(reader, writer, bodies[0])  # warm-up, not counted
-        writer.close()  # the server drops connections idle for 5 s, and the slowest warm-up can take longer
-        warm.release()
+        try:
+            await one(reader, writer, bodies[0])  # warm-up, not counted
+        finally:
+            writer.close()  # the server drops connections idle for 5 s, and the slowest warm-up can take longer
+            warm.release()  # also on an error: the clock must not wait for a client that failed
         await ready.wait()
         reader, writer = await asyncio.open_connection(host, int(port))
         while next_request < requests:
@@ -129,6 +138,7 @@ async def drive(
     tasks = [asyncio.ensure_future(client()) for _ in range(clients)]
     for _ in range(clients):  # start the clock only once every warm-up request has been answered
         await warm.acquire()
+    refused = 0  # the warm-up's are not counted
     engine_start = engine_totals(base)
     server_start, client_start = cpu_seconds(pid), time.process_time()
     t0 = time.perf_counter()
@@ -144,6 +154,7 @@ async def drive(
         "loop_cpu": (server_end[1] - server_start[1]) / elapsed,
         "client_cpu": (client_end - client_start) / elapsed,
         "mean_batch": (engine_end["items"] - engine_start["items"]) / batches,
+        "refused": refused,
         "inputs_s": requests * per_request / elapsed,
         "tokens_s": tokens / elapsed,
         "p50_ms": 1000 * percentile(latencies, 50),
@@ -204,7 +215,9 @@ def main() -> None:
     p.add_argument("--kinds", nargs="+", choices=["query", "passage"], default=["query", "passage"])
     p.add_argument("--seconds-per-case", type=float, default=8.0, help="approximate load duration per case")
     p.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra environment for the server")
-    p.add_argument("--servers", nargs="+", choices=["default", "int8", "torch", "infinity"], default=["default"])
+    p.add_argument(
+        "--servers", nargs="+", choices=["default", "int8", "torch", "auto", "infinity"], default=["default"]
+    )
     p.add_argument(
         "--infinity-venv", default=".venv-infinity", help="virtualenv with infinity-emb (created if missing)"
     )
@@ -235,7 +248,8 @@ def main() -> None:
         """The server's own runtime in-process (embedrank's Encoder with the server's backend and precision)."""
         from embedrank import Encoder
 
-        options = {"int8": {"precision": "int8"}, "torch": {"backend": "torch"}}.get(server, {})
+        options = {"int8": {"precision": "int8"}, "torch": {"backend": "torch"},
+                   "auto": {"backend": "auto", "precision": "auto"}}.get(server, {})  # fmt: skip
         return Encoder.from_pretrained(MODEL, **options) if server in SERVER_ENV else None
 
     single = []
@@ -287,7 +301,8 @@ def main() -> None:
                             f"p95 {r['p95_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms | batch {r['mean_batch']:5.1f} "
                             f"busy {r['busy']:4.0%} | cpu: loop {r['loop_cpu']:.2f} server {r['server_cpu']:.2f} "
                             f"client {r['client_cpu']:.2f} | in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x"
-                            + own,
+                            + own
+                            + (f" | {r['refused']} answers 429, retried after Retry-After" if r["refused"] else ""),
                             flush=True,
                         )
                         before = after
@@ -337,14 +352,15 @@ def report(rows: list[dict]) -> None:
             print(
                 f"goal {server} at 32 clients, {kind}: >= {goal}x -> {got:.2f}x {'met' if got >= goal else 'NOT met'}"
             )
-    for kind in ("query", "passage"):
-        ours, theirs = ("default", kind, 32), ("infinity", kind, 32)
+    for server, kind in ((s, k) for s in ("default", "auto") for k in ("query", "passage")):
+        ours, theirs = (server, kind, 32), ("infinity", kind, 32)
         if ours in table.index and theirs in table.index:
             x = table.loc[ours, "ratio"] / table.loc[theirs, "ratio"]
-            print(f"goal default >= 1.5x Infinity at 32 clients, {kind}: {x:.2f}x {'met' if x >= 1.5 else 'NOT met'}")
+            print(f"goal {server} >= 1.5x Infinity at 32 clients, {kind}: {x:.2f}x {'met' if x >= 1.5 else 'NOT met'}")
 
 
-SERVER_ENV = {"default": {}, "int8": {"EMBEDRANK_PRECISION": "int8"}, "torch": {"EMBEDRANK_BACKEND": "torch"}}
+SERVER_ENV = {"default": {}, "int8": {"EMBEDRANK_PRECISION": "int8"}, "torch": {"EMBEDRANK_BACKEND": "torch"},
+              "auto": {"EMBEDRANK_BACKEND": "auto", "EMBEDRANK_PRECISION": "auto"}}  # fmt: skip
 
 
 @contextlib.contextmanager
