@@ -200,6 +200,9 @@ class ONNXRuntime:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # idle worker threads sleep instead of spinning: a spinning one takes a core from the service's event
+        # loop and the tokenizer; in-process it measured the same or faster (batch 16 queries: +8%)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.inference_precision = "int8+f32" if precision == "int8" else "f32"
