@@ -8,9 +8,12 @@ what to export and caches the result.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
+import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,28 @@ from embedrank.registry import ModelSpec, quiet_loading
 from embedrank.runtime.backends import Head, Precision
 
 CALIBRATION_BATCH = 8
+log = logging.getLogger("embedrank.exports")
+
+
+@contextlib.contextmanager
+def exporting(model_id: str) -> Iterator[None]:
+    """Run an exporter or converter outside inference mode and without gradients; the warnings they give
+    about their own internals (deprecations, tracing notes) go to the debug log, not to the user's terminal."""
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for w in caught:
+                log.debug("while exporting %s: %s: %s", model_id, w.category.__name__, w.message)
+
+
+def empty(out: Path) -> None:
+    """Remove what a failed export left in ``out``, for the next recipe."""
+    for item in out.iterdir():
+        item.unlink()
+
+
 # encoder-decoder models whose encoder alone embeds (sentence-t5, GTR), as sentence-transformers loads them
 ENCODER_OF = {
     "t5": "T5EncoderModel",
@@ -268,17 +293,20 @@ def to_onnx(model: Narrow, example: dict[str, torch.Tensor], out: Path, precisio
 FUSED_MAX_PARAMETERS = 400_000_000  # larger graphs pass 2 GB, which the one-file ONNX format cannot hold
 
 
-def to_onnx_fused(model: Narrow, tokenizer: Any, head: Head, out: Path, precision: Precision) -> str | None:
+def to_onnx_fused(
+    model: Narrow, tokenizer: Any, head: Head, example: dict[str, torch.Tensor], out: Path, precision: Precision
+) -> str | None:
     """ONNX Runtime's own recipe for transformer encoders: ``torch.onnx.export`` (the TorchScript exporter,
     eager attention; its graph is the pattern ONNX Runtime's fusions know), then
     ``onnxruntime.transformers.optimizer`` fuses each layer's attention into one ``Attention`` operator (and
     layer norms, GELU), and for int8 ``quantize_dynamic`` turns those into ``QAttention``. On SciFact passages
     with all-MiniLM-L6-v2 on an AVX2 CPU this ran int8 1.6x as fast as the unfused int8 graph.
 
-    Writes ``out/model.onnx`` and returns None, or returns why the recipe does not apply to this model (and
-    leaves ``out`` empty): not every layer's attention fused, a graph too large for one file, or the fused
-    fp32 graph differing from torch by more than 1e-3 of the output's scale on either of two batches of
-    different sizes and lengths (a traced graph must not have kept the first one's shape).
+    Writes ``out/model.onnx`` and returns None, or returns why the recipe does not apply to this model (what
+    it wrote in ``out`` is then the caller's to remove): not every layer's attention fused, a graph too large
+    for one file, or the fused fp32 graph differing from torch by more than 1e-3 of the output's scale on
+    either of two batches of different sizes and lengths (a traced graph must not have kept the first one's
+    shape).
     """
     require("onnxruntime", "onnx", "the ONNX backend")
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -288,7 +316,6 @@ def to_onnx_fused(model: Narrow, tokenizer: Any, head: Head, out: Path, precisio
     layers, heads, hidden = (getattr(config, k, 0) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
     if sum(p.numel() for p in model.parameters()) > FUSED_MAX_PARAMETERS:
         return f"over {FUSED_MAX_PARAMETERS:,} parameters"
-    example = example_inputs(tokenizer, head)
     traced = out / "model_traced.onnx"
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in example]  # Narrow.forward's order
     dynamic = {name: {0: "batch", 1: "sequence"} for name in [*names, model.output]}
@@ -300,10 +327,9 @@ def to_onnx_fused(model: Narrow, tokenizer: Any, head: Head, out: Path, precisio
     if not layers or found != layers:
         return f"ONNX Runtime fused the attention of {found} of {layers} layers"
     fused.save_model_to_file(str(out / "model.onnx"))
-    for texts in (EXAMPLE, OTHER_EXAMPLE):
-        problem = disagreement(out, "onnx", "fp32", model, example_inputs(tokenizer, head, texts))
+    for other in (example, example_inputs(tokenizer, head, OTHER_EXAMPLE)):
+        problem = disagreement(out, "onnx", "fp32", model, other)
         if problem is not None:
-            (out / "model.onnx").unlink()
             return f"the fused graph disagrees with torch: {problem}"
     if precision == "int8":
         (out / "model.onnx").rename(out / "model_fp32.onnx")
@@ -315,20 +341,20 @@ def to_onnx_fused(model: Narrow, tokenizer: Any, head: Head, out: Path, precisio
     return None
 
 
-def onnx_fused_or_reason(spec: ModelSpec, tokenizer: Any, head: Head, out: Path, precision: Precision) -> str | None:
+def onnx_fused_or_reason(
+    spec: ModelSpec, tokenizer: Any, head: Head, example: dict[str, torch.Tensor], out: Path, precision: Precision
+) -> str | None:
     """:func:`to_onnx_fused` on ``spec`` (eager attention): None when ``out`` holds the fused graph, else why
     not (an exporter or optimizer error included), with ``out`` left empty for another recipe."""
     try:
         model = model_to_export(spec, head, tokenizer, "eager")
-        narrow = Narrow(model, head, "token_type_ids" in example_inputs(tokenizer, head)).eval()
-        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(record=True):
-            warnings.simplefilter("always")  # the exporter's notes on tracing go nowhere: not the user's concern
-            reason = to_onnx_fused(narrow, tokenizer, head, out, precision)
+        narrow = Narrow(model, head, "token_type_ids" in example).eval()
+        with exporting(spec.model_id):
+            reason = to_onnx_fused(narrow, tokenizer, head, example, out, precision)
     except (ImportError, MemoryError):
         raise
     except Exception as exc:  # the exporter and optimizer raise many types; all mean: use the other recipe
         reason = f"{type(exc).__name__}: {first_line(exc)}"
     if reason is not None:
-        for item in out.iterdir():
-            item.unlink()
+        empty(out)
     return reason

@@ -35,7 +35,6 @@ import logging
 import os
 import re
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -297,7 +296,7 @@ def _convert(
     a causal LM's left padding)."""
     example = converters.example_inputs(tokenizer, head)
     if backend == "onnx" and head != "yes-no":  # ONNX Runtime's fused attention, where its optimizer fuses it
-        reason = converters.onnx_fused_or_reason(spec, tokenizer, head, out, precision)
+        reason = converters.onnx_fused_or_reason(spec, tokenizer, head, example, out, precision)
         if reason is None:
             return "eager, fused by ONNX Runtime"
         log.info("embedrank: %s: no fused ONNX graph (%s); exporting with torch.export", spec.model_id, reason)
@@ -309,24 +308,18 @@ def _convert(
                 continue
             raise
         narrow = converters.Narrow(model, head, "token_type_ids" in example).eval()
-        # the exporters and converters warn about their own internals (deprecations, tracing notes): those go
-        # to the log, not to the user's terminal
-        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with converters.exporting(spec.model_id):
             if backend == "openvino":
                 converters.to_openvino(narrow, example, out, precision, calib)
             else:
                 converters.to_onnx(narrow, example, out, precision)
-        for w in caught:
-            log.debug("while exporting %s: %s: %s", spec.model_id, w.category.__name__, w.message)
         problem = converters.disagreement(out, backend, precision, narrow, example)
         if problem is None:
             return attention
         if attention == "eager":
             raise RuntimeError(f"the exported graph disagrees with torch on a padded example: {problem}")
         log.info("embedrank: %s with SDPA attention exported wrong (%s); exporting with eager", spec.model_id, problem)
-        for item in out.iterdir():
-            item.unlink()
+        converters.empty(out)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
