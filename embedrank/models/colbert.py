@@ -34,7 +34,7 @@ from embedrank.math.late import maxsim_scores
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.dense import apply_dense, load_dense, load_stanford_projection
 from embedrank.models.encoder import Encoder
-from embedrank.models.tokens import TokenRow, check_texts, encode_rows, run_by_length
+from embedrank.models.tokens import TokenRow, check_texts, encode_rows, pad_features, run_by_length
 from embedrank.registry import ModelSpec, resolve
 
 
@@ -204,13 +204,9 @@ class ColBERTEncoder:
         return out
 
     def _collate(self, rows: Sequence[TokenRow]) -> dict[str, torch.Tensor]:
-        width = max(r.length for r in rows)
         names = [k for k in rows[0].tokens if k != "keep"]
         pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0}
-        return {
-            k: torch.tensor([r.tokens[k] + [pads[k]] * (width - r.length) for r in rows], dtype=torch.long)
-            for k in names
-        }
+        return pad_features([r.tokens for r in rows], names, pads)
 
     @torch.inference_mode()
     def vectors_rows(self, rows: Sequence[TokenRow]) -> list[np.ndarray]:
