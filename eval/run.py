@@ -149,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="hybrid:a+b(+c)-cv: fixed: normalize by --hybrid-normalization; cv: each fold chooses min-max or "
         "z-score together with the weights, on the other folds",
     )
+    p.add_argument(
+        "--fusion-cv-depth",
+        type=int,
+        metavar="N",
+        help="hybrid:a+b(+c)-cv: fuse each part's top N (as the fixed-weight hybrid:a+b(+c) fuses their top "
+        "1000), then keep the top --k-retrieve. Default: the parts' top --k-retrieve",
+    )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the corpus embedding cache")
     p.add_argument("--cache-dir", help="embedding cache directory (default: $EMBEDRANK_CACHE or ~/.cache/embedrank)")
     p.add_argument(
@@ -158,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="metrics of the tables and the significance tests (default: ndcg@10 recall@100 mrr@10)",
     )
     p.add_argument("--baseline", metavar="SYSTEM", help="system the others are tested against (default: the first)")
+    p.add_argument(
+        "--test",
+        nargs="+",
+        metavar="SYSTEM",
+        help="test only these systems against the baseline (named in advance: Holm's correction then covers "
+        "only these comparisons; the other systems are reported, untested). Default: every system",
+    )
     p.add_argument("--permutations", type=int, default=10_000, help="randomization test permutations (10000)")
     p.add_argument("--seed", type=int, default=0, help="randomization test seed (default: 0)")
     p.add_argument(
@@ -218,11 +232,13 @@ def _print_comparison(runs, comparisons, metrics, baseline) -> None:
             print(pd.DataFrame(rows).to_string(index=False))
 
 
-def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> list:
+def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep: dict | None = None) -> list:
     """Cross-validated fusions on each dataset: ``hybrid-cv`` when ``dense`` and ``bm25`` ran (their fusion
     with the weight chosen by :func:`~embedrank.evaluation.fusion_cv.cross_validate_fusion`), and
     ``hybrid:a+b(+c)-cv`` for each such fusion that ran with its parts (the weight vector chosen by
-    :func:`~embedrank.evaluation.fusion_cv.cross_validate_weights` over the parts' runs)."""
+    :func:`~embedrank.evaluation.fusion_cv.cross_validate_weights` over the parts' runs: their top
+    ``--fusion-cv-depth`` (``deep``: (dataset, system) -> run) when the harness kept them, else their top
+    ``--k-retrieve``)."""
     from embedrank.errors import InvalidInputError
     from embedrank.evaluation.benchmark import relevance_level
     from embedrank.evaluation.compare import SystemRun
@@ -271,12 +287,21 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str]) -> li
                 seed=args.seed,
                 relevance_level=level,
             )
-        for system in fusions:  # each part's top-k run (the depth the harness keeps), fused
-            runs_of = [by_key[(dataset, part)].run or {} for part in parts(system)]
+        for system in fusions:  # each part's deep run when kept, else its top-k run, fused
+            keys = [(dataset, part) for part in parts(system)]
+            runs_of = [(deep or {}).get(key) or by_key[key].run or {} for key in keys]
+            if args.fusion_cv_depth and not all((deep or {}).get(key) for key in keys):
+                print(f"[{dataset}] {system}-cv: fusing the parts' top {args.k_retrieve} (no deeper run kept)")
             base, at, model = system.partition("@")
             norms = ("minmax", "zscore") if args.fusion_cv_normalization == "cv" else args.hybrid_normalization
             found[f"{base}-cv{at}{model}"] = cross_validate_weights(
-                runs_of, qrels, normalization=norms, folds=args.fusion_cv, seed=args.seed, relevance_level=level
+                runs_of,
+                qrels,
+                normalization=norms,
+                folds=args.fusion_cv,
+                seed=args.seed,
+                relevance_level=level,
+                keep=args.k_retrieve,
             )
         _, ks = parse_measures(args.metrics)
         for name, cv in found.items():
@@ -335,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         sparse_model=args.sparse_model,
         prf_k=args.prf_k,
         prf_beta=args.prf_beta,
+        fusion_depth=args.fusion_cv_depth if args.fusion_cv else None,
         show_progress=None,
     )
     from embedrank.errors import InvalidInputError
@@ -375,12 +401,18 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(system)
             print(f"[{system.dataset}] {system.system}: TREC run written to {write_run(run_dir, system)}")
         if args.fusion_cv:
-            runs += _fusion_cv_systems(runs, args, run_dir, sources)
+            deep = {(r.dataset, r.system): r.fusion_run for r in results if r.fusion_run is not None}
+            runs += _fusion_cv_systems(runs, args, run_dir, sources, deep)
         systems = list(dict.fromkeys(r.system for r in runs))
         baseline = args.baseline or systems[0]
         comparisons = (
             compare_systems(
-                runs, baseline=baseline, metrics=args.metrics, permutations=args.permutations, seed=args.seed
+                runs,
+                baseline=baseline,
+                metrics=args.metrics,
+                permutations=args.permutations,
+                seed=args.seed,
+                tested=args.test,
             )
             if len(systems) > 1
             else []

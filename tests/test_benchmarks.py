@@ -34,9 +34,15 @@ def test_dl19_published_bm25_run_scores_as_published(data_dir):
 
 @pytest.mark.data
 def test_scifact_bm25(scifact):
-    result = run_benchmark(scifact, BenchmarkConfig(retriever="bm25"))
+    result = run_benchmark(scifact, BenchmarkConfig(retriever="bm25", fusion_depth=1000))
     assert result.first_stage == "bm25"
     assert result.metrics["ndcg@10"] >= 0.66
+    deep = result.fusion_run  # kept for fusions made later (eval/run.py --fusion-cv-depth)
+    assert deep is not None and set(deep) == set(result.run)
+    assert max(map(len, deep.values())) == 1000 and max(map(len, result.run.values())) == 100
+    for q, docs in result.run.items():  # the same scores, deeper (ties may cut at 100 either way)
+        assert all(deep[q][d] == s for d, s in docs.items())
+        assert sorted(deep[q].values(), reverse=True)[:100] == sorted(docs.values(), reverse=True)
 
 
 @pytest.mark.slow
@@ -116,9 +122,13 @@ def test_cli_fusion_cv_covers_every_model(tmp_path):
         "--model", "sentence-transformers/all-MiniLM-L6-v2", second, "--sparse-model", tiny_model("bert", "masked-lm"),
         "--retriever", "bm25", "dense", "hybrid", "splade", "hybrid:dense+splade", "--fusion-cv", "2",
         "--fusion-cv-normalization", "cv", "--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
-        "--fresh-bm25", cwd=tmp_path,
+        "--fresh-bm25", "--fusion-cv-depth", "1000", "--test", "hybrid:dense+splade-cv", "--baseline", "hybrid",
+        "--json-out", str(tmp_path / "r.json"), cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
+    assert "no deeper run kept" not in out.stdout
+    tested = {(c["system"], c["metric"]) for c in json.loads((tmp_path / "r.json").read_text())["comparisons"]}
+    assert tested == {("hybrid:dense+splade-cv", m) for m in ("ndcg@10", "recall@100", "mrr@10")}
     for system in ("hybrid-cv", f"hybrid-cv@{name}", "hybrid:dense+splade-cv", f"hybrid:dense+splade-cv@{name}"):
         assert f"] {system}: " in out.stdout, system  # each fusion of each model, cross-validated
     assert f"hybrid:dense+splade@{name}: TREC run" in out.stdout

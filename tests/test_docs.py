@@ -121,3 +121,33 @@ def test_python_examples_run(page, scifact_dense, cross_encoder_dir, monkeypatch
     assert printed.strip()
     if page.name == "retrieval.md":
         assert "embedding cache: hit (" in printed and "'ndcg@10'" in printed
+
+
+def _script_commands(script: str) -> list[tuple[Path, list[str]]]:
+    """Every ``python eval/<script>`` command in the user pages' bash blocks: (page, its arguments)."""
+    found = []
+    for page in USER_PAGES:
+        for block in _blocks(page, "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:2] == ["python", f"eval/{script}"]:
+                    found.append((page, words[2:]))
+    return found
+
+
+def test_documented_harness_commands_parse():
+    """The eval/run.py and eval/train.py commands the manual shows are accepted as written (parsed, not run)."""
+    import run
+    import train
+
+    commands = _script_commands("run.py")
+    assert len(commands) >= 10
+    for page, argv in commands:
+        try:
+            run.build_parser().parse_args(argv)
+        except SystemExit as exc:  # argparse exits 0 for --help, 2 for a bad option
+            assert exc.code == 0 and "--help" in argv, (page.name, argv)
+    training = _script_commands("train.py")
+    assert training
+    for _page, argv in training:
+        train.parse(argv)  # exits (failing the test) on a bad option

@@ -98,3 +98,15 @@ def test_normalization_and_weights_are_chosen_together_on_the_other_folds():
     assert "minmax or zscore, chosen per fold" in cv.summary() and "zscore (" in cv.summary()
     only = cross_validate_weights(runs, qrels, normalization="minmax", folds=3, seed=0)
     assert only.grid == {w: m for (n, w), m in cv.grid.items() if n == "minmax"}  # the same fusions
+
+
+def test_keeping_the_top_of_each_fused_run_changes_no_metric_within_it():
+    qrels, good, noisy = _collection()
+    _, _, other = _collection(seed=1)
+    runs = [good, noisy, other]
+    full = cross_validate_weights(runs, qrels, normalization=("minmax", "zscore"), folds=3, seed=0)
+    kept = cross_validate_weights(runs, qrels, normalization=("minmax", "zscore"), folds=3, seed=0, keep=10)
+    assert kept.chosen == full.chosen and kept.grid == full.grid  # nDCG@10 sees only the top 10
+    assert max(len(docs) for docs in kept.run.values()) == 10 < max(len(docs) for docs in full.run.values())
+    for q, docs in kept.run.items():
+        assert set(docs) == set(sorted(full.run[q], key=full.run[q].get, reverse=True)[:10])

@@ -101,6 +101,22 @@ def test_compare_systems_marks_the_real_difference_only():
         compare_systems(runs, baseline="nope")
 
 
+def test_systems_named_in_advance_form_the_whole_family():
+    runs = _runs()
+    every = compare_systems(runs, metrics=["ndcg@10"], permutations=2000)
+    planned = compare_systems(runs, metrics=["ndcg@10"], permutations=2000, tested=["noise"])
+    assert {(c.dataset, c.system) for c in planned} == {("d1", "noise"), ("d2", "noise")}
+    raw = sorted(c.randomization_p for c in planned)
+    assert sorted(c.p_holm for c in planned) == pytest.approx([min(1.0, 2 * raw[0]), min(1.0, max(2 * raw[0], raw[1]))])
+    by = {(c.dataset, c.system): c for c in every}
+    for c in planned:  # the same test, corrected over 2 comparisons instead of 4
+        assert c.randomization_p == by[(c.dataset, c.system)].randomization_p
+        assert c.p_holm <= by[(c.dataset, c.system)].p_holm
+    assert "noise" in metric_table(runs, "ndcg@10", planned).index  # untested systems are still reported
+    with pytest.raises(Exception, match="nope"):
+        compare_systems(runs, tested=["nope"])
+
+
 def test_biggest_differences_lists_queries_with_texts():
     from embedrank.retrieval.data import BeirDataset
 

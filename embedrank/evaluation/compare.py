@@ -100,23 +100,30 @@ def compare_systems(
     permutations: int = 10_000,
     seed: int = 0,
     alpha: float = 0.05,
+    tested: Sequence[str] | None = None,
 ) -> list[Comparison]:
-    """Every system against ``baseline`` (default: the first system) on each collection and metric.
+    """Every system (or only those in ``tested``) against ``baseline`` (default: the first system) on each
+    collection and metric.
 
     ``significant`` is ``p_holm < alpha``, where ``p_holm`` is the randomization test's p-value with Holm's
-    correction over all comparisons of that metric (the cells of one table).
+    correction over all comparisons of that metric (the cells of one table). Naming the systems under test
+    in advance (``tested``) keeps the family to the comparisons that were planned: the other systems are
+    reported but not tested, and do not dilute the correction.
     """
     systems = list(dict.fromkeys(r.system for r in runs))
     baseline = baseline or (systems[0] if systems else None)
     if baseline not in systems:
         raise InvalidInputError(f"baseline {baseline!r} is not one of the systems {systems}", param="baseline")
+    unknown = sorted(set(tested or ()) - set(systems))
+    if unknown:
+        raise InvalidInputError(f"systems to test {unknown} are not among the systems {systems}", param="tested")
     by_key = {(r.dataset, r.system): r for r in runs}
     out: list[Comparison] = []
     for metric in metrics:
         family: list[Comparison] = []
         for run in runs:
             base = by_key.get((run.dataset, baseline))
-            if run.system == baseline or base is None:
+            if run.system == baseline or base is None or (tested is not None and run.system not in tested):
                 continue
             if metric not in run.per_query.columns:
                 raise InvalidInputError(f"metric {metric!r} was not computed; have {list(run.per_query.columns)}")

@@ -20,6 +20,7 @@ import pandas as pd
 from embedrank.errors import InvalidInputError
 from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion, weighted_fusion
 from embedrank.math.metrics import evaluate_per_query, parse_measures
+from embedrank.math.ranking import top_k
 from embedrank.types import Qrels, Run
 
 WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))  # score fusion: weight of the first run
@@ -137,24 +138,32 @@ def cross_validate_weights(
     seed: int = 0,
     metric: str = "ndcg@10",
     relevance_level: int = 1,
+    keep: int | None = None,
 ) -> FusionCV:
     """Score fusion of any number of ``runs`` (:func:`~embedrank.math.fusion.weighted_fusion`) with the weight
     vector chosen on the other folds among every vector of multiples of ``step`` summing to 1 (:func:`simplex`;
     3 runs at 0.1: 66 vectors); the fixed comparison is equal weights. With several normalizations
     (``("minmax", "zscore")``) each fold chooses the normalization and the weights together, the grid
-    values being ``(normalization, weights)``; the fixed comparison uses the first normalization."""
+    values being ``(normalization, weights)``; the fixed comparison uses the first normalization. ``keep``:
+    each fused run's top ``keep`` documents per query are kept (default: all; fusing deep runs, keeping them
+    all would hold every grid value's union of the runs)."""
     weights = simplex(len(runs), step)
     equal = tuple([1.0 / len(runs)] * len(runs))
+
+    def fused_run(w: tuple[float, ...], norm: Any) -> Run:
+        run = weighted_fusion(runs, w, normalization=norm)
+        return run if keep is None else top_k(run, keep)
+
     if isinstance(normalization, str):
         norm: Any = normalization  # "minmax" or "zscore" (weighted_fusion refuses others)
-        by_weights: dict[Any, Run] = {p: weighted_fusion(runs, p, normalization=norm) for p in {*weights, equal}}
+        by_weights: dict[Any, Run] = {p: fused_run(p, norm) for p in {*weights, equal}}
         return _choose_by_folds(
             by_weights, weights, equal, qrels, "weighted", normalization, folds, seed, metric, relevance_level
         )
     norms = list(dict.fromkeys(normalization))
     values = [(n, w) for n in norms for w in weights]
     fixed = (norms[0], equal)
-    fused: dict[Any, Run] = {(n, w): weighted_fusion(runs, w, normalization=n) for n, w in {*values, fixed}}  # type: ignore[arg-type]
+    fused: dict[Any, Run] = {(n, w): fused_run(w, n) for n, w in {*values, fixed}}
     label = " or ".join(norms) + ", chosen per fold"
     return _choose_by_folds(fused, values, fixed, qrels, "weighted", label, folds, seed, metric, relevance_level)
 
