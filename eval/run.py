@@ -153,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--fusion-cv-depth",
         type=int,
         metavar="N",
-        help="hybrid:a+b(+c)-cv: fuse each part's top N (as the fixed-weight hybrid:a+b(+c) fuses their top "
-        "1000), then keep the top --k-retrieve. Default: the parts' top --k-retrieve",
+        help="hybrid-cv and hybrid:a+b(+c)-cv: fuse each part's top N (as the fixed-weight hybrid systems fuse "
+        "their top 1000), then keep the top --k-retrieve. Default: the parts' top --k-retrieve",
     )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the corpus embedding cache")
     p.add_argument("--cache-dir", help="embedding cache directory (default: $EMBEDRANK_CACHE or ~/.cache/embedrank)")
@@ -236,9 +236,9 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
     """Cross-validated fusions on each dataset: ``hybrid-cv`` when ``dense`` and ``bm25`` ran (their fusion
     with the weight chosen by :func:`~embedrank.evaluation.fusion_cv.cross_validate_fusion`), and
     ``hybrid:a+b(+c)-cv`` for each such fusion that ran with its parts (the weight vector chosen by
-    :func:`~embedrank.evaluation.fusion_cv.cross_validate_weights` over the parts' runs: their top
+    :func:`~embedrank.evaluation.fusion_cv.cross_validate_weights`). Both fuse the parts' top
     ``--fusion-cv-depth`` (``deep``: (dataset, system) -> run) when the harness kept them, else their top
-    ``--k-retrieve``)."""
+    ``--k-retrieve``, and keep each fused run's top ``--k-retrieve``."""
     from embedrank.errors import InvalidInputError
     from embedrank.evaluation.benchmark import relevance_level
     from embedrank.evaluation.compare import SystemRun
@@ -247,6 +247,7 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
     from embedrank.retrieval.data import load_beir
 
     by_key = {(r.dataset, r.system): r for r in runs}
+    kept = deep or {}  # (dataset, system) -> the system's top --fusion-cv-depth
     out = []
     for dataset in dict.fromkeys(r.dataset for r in runs):
 
@@ -275,10 +276,19 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
         qrels = load_beir(sources.get(dataset, dataset), data_dir=args.data_dir).qrels
         level = relevance_level(dataset)
         found = {}
+
+        def deepest(keys: list[tuple[str, str]], name: str, dataset: str = dataset) -> list:
+            """The parts' runs: their top --fusion-cv-depth when the harness kept them, else their top-k."""
+            if args.fusion_cv_depth and not all(kept.get(key) for key in keys):
+                print(f"[{dataset}] {name}: fusing the parts' top {args.k_retrieve} (no deeper run kept)")
+            return [kept.get(key) or by_key[key].run or {} for key in keys]
+
         for model, dense in pairs:
-            found["hybrid-cv" + (f"@{model}" if model else "")] = cross_validate_fusion(
-                dense.run or {},
-                bm25.run or {},  # type: ignore[union-attr]
+            name = "hybrid-cv" + (f"@{model}" if model else "")
+            dense_run, bm25_run = deepest([(dataset, dense.system), (dataset, "bm25")], name)
+            found[name] = cross_validate_fusion(
+                dense_run,
+                bm25_run,
                 qrels,
                 method=args.hybrid_method,
                 normalization=args.hybrid_normalization,
@@ -286,13 +296,11 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
                 folds=args.fusion_cv,
                 seed=args.seed,
                 relevance_level=level,
+                keep=args.k_retrieve,
             )
-        for system in fusions:  # each part's deep run when kept, else its top-k run, fused
-            keys = [(dataset, part) for part in parts(system)]
-            runs_of = [(deep or {}).get(key) or by_key[key].run or {} for key in keys]
-            if args.fusion_cv_depth and not all((deep or {}).get(key) for key in keys):
-                print(f"[{dataset}] {system}-cv: fusing the parts' top {args.k_retrieve} (no deeper run kept)")
+        for system in fusions:
             base, at, model = system.partition("@")
+            runs_of = deepest([(dataset, part) for part in parts(system)], f"{base}-cv{at}{model}")
             norms = ("minmax", "zscore") if args.fusion_cv_normalization == "cv" else args.hybrid_normalization
             found[f"{base}-cv{at}{model}"] = cross_validate_weights(
                 runs_of,

@@ -110,3 +110,11 @@ def test_keeping_the_top_of_each_fused_run_changes_no_metric_within_it():
     assert max(len(docs) for docs in kept.run.values()) == 10 < max(len(docs) for docs in full.run.values())
     for q, docs in kept.run.items():
         assert set(docs) == set(sorted(full.run[q], key=full.run[q].get, reverse=True)[:10])
+
+
+def test_keeping_the_top_of_a_two_run_fusion_changes_no_metric_within_it():
+    qrels, good, noisy = _collection()
+    full = cross_validate_fusion(good, noisy, qrels, folds=3, seed=0)
+    kept = cross_validate_fusion(good, noisy, qrels, folds=3, seed=0, keep=10)
+    assert kept.chosen == full.chosen and kept.grid == full.grid
+    assert max(len(docs) for docs in kept.run.values()) == 10 < max(len(docs) for docs in full.run.values())

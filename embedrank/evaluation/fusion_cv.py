@@ -109,12 +109,19 @@ def cross_validate_fusion(
     seed: int = 0,
     metric: str = "ndcg@10",
     relevance_level: int = 1,
+    keep: int | None = None,
 ) -> FusionCV:
     """Fuse ``run_a`` and ``run_b`` with the grid value chosen on the other folds (module docstring);
-    every judged query counts (a query no run has scores 0). ``fixed`` defaults to 0.5 (score) or 60 (RRF)."""
+    every judged query counts (a query no run has scores 0). ``fixed`` defaults to 0.5 (score) or 60 (RRF).
+    ``keep``: each fused run's top ``keep`` documents per query are kept (default: all)."""
     values = list(grid or (WEIGHTS if method == "score" else RRF_KS))
     fixed = fixed if fixed is not None else (0.5 if method == "score" else 60)
-    runs = {p: fuse(run_a, run_b, method=method, param=p, normalization=normalization) for p in {*values, fixed}}
+
+    def fused_run(p: float) -> Run:
+        run = fuse(run_a, run_b, method=method, param=p, normalization=normalization)
+        return run if keep is None else top_k(run, keep)
+
+    runs = {p: fused_run(p) for p in {*values, fixed}}
     return _choose_by_folds(runs, values, fixed, qrels, method, normalization, folds, seed, metric, relevance_level)
 
 
