@@ -320,6 +320,28 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
     return out
 
 
+def planned_systems(args, base) -> list[str]:
+    """The names of the systems a run of ``args`` will report (``base``: the configuration every run starts
+    from), before anything runs: each (model, retriever, reranker), a reranked system's first stage, and the
+    ``-cv`` fusions ``--fusion-cv`` adds. ``--test`` and ``--baseline`` are checked against them."""
+    from embedrank.evaluation.benchmark import first_stage_name, system_name
+
+    names: list[str] = []
+    for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None]):
+        if retriever in ("bm25", "splade") and model != args.model[0]:
+            continue  # as main() skips them
+        cfg = dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker)
+        names += [first_stage_name(cfg), system_name(cfg)]
+    if args.fusion_cv:
+        for name in list(names):
+            first, at, model = name.partition("@")
+            if first == "dense" and "bm25" in names:
+                names.append(f"hybrid-cv{at}{model}")
+            elif first.startswith("hybrid:") and ">" not in name:
+                names.append(f"{first}-cv{at}{model}")
+    return list(dict.fromkeys(names))
+
+
 def write_run(run_dir: Path, system) -> Path:
     """Write a system's run to its stable file name under ``run_dir``; returns the path."""
     from embedrank.evaluation.compare import run_file_name
@@ -381,6 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     except EmbedrankError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not args.compare:  # a misspelt system would otherwise fail only after every run is done
+        planned = planned_systems(args, base)
+        unknown = [s for s in [*(args.test or []), *([args.baseline] if args.baseline else [])] if s not in planned]
+        if unknown:
+            print(f"error: {unknown} will not run; the systems of this run are {planned}", file=sys.stderr)
+            return 2
     demo = not args.datasets
     if args.compare and len(args.datasets) != 1:
         print("error: --compare needs exactly one dataset, whose qrels score the run files", file=sys.stderr)

@@ -127,9 +127,33 @@ def test_cli_fusion_cv_covers_every_model(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "no deeper run kept" not in out.stdout
-    tested = {(c["system"], c["metric"]) for c in json.loads((tmp_path / "r.json").read_text())["comparisons"]}
+    report = json.loads((tmp_path / "r.json").read_text())
+    tested = {(c["system"], c["metric"]) for c in report["comparisons"]}
     assert tested == {("hybrid:dense+splade-cv", m) for m in ("ndcg@10", "recall@100", "mrr@10")}
+    sys.path.insert(0, str(ROOT / "eval"))
+    import run
+
+    args = run.build_parser().parse_args(["--model", "sentence-transformers/all-MiniLM-L6-v2", second, "--retriever",
+        "bm25", "dense", "hybrid", "splade", "hybrid:dense+splade", "--fusion-cv", "2"])  # fmt: skip
+    reported = {r["system"] for r in report["runs"]} | {c["system"] for c in report["comparisons"]}
+    assert reported <= set(run.planned_systems(args, BenchmarkConfig()))  # what --test and --baseline may name
     for system in ("hybrid-cv", f"hybrid-cv@{name}", "hybrid:dense+splade-cv", f"hybrid:dense+splade-cv@{name}"):
         assert f"] {system}: " in out.stdout, system  # each fusion of each model, cross-validated
     assert f"hybrid:dense+splade@{name}: TREC run" in out.stdout
     assert "minmax or zscore, chosen per fold" in out.stdout
+
+
+def test_cli_refuses_a_system_that_will_not_run_before_running_anything(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "eval"))
+    import run
+
+    argv = ["scifact", "--retriever", "bm25", "dense", "splade", "hybrid:bm25+splade", "--fusion-cv", "5",
+            "--run-dir", str(tmp_path)]  # fmt: skip
+    planned = run.planned_systems(run.build_parser().parse_args(argv), BenchmarkConfig())
+    assert planned == ["bm25", "dense", "splade", "hybrid:bm25+splade", "hybrid-cv", "hybrid:bm25+splade-cv"]
+    reranked = run.build_parser().parse_args(["--model", "m/My-Model", "--retriever", "dense", "--reranker", "x/CE"])
+    assert run.planned_systems(reranked, BenchmarkConfig()) == ["dense@my-model", "dense@my-model>ce"]
+    for extra in (["--test", "hybrid:bm25+splade-cv", "hybrid-cvv"], ["--baseline", "hybird"]):
+        assert run.main(argv + extra) == 2  # at once: no collection is loaded, no model encodes
+        assert f"{extra[-1]!r}" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -95,30 +95,13 @@ class BenchmarkResult:
 
     @property
     def system(self) -> str:
-        """The system's name: the retriever, then ``>`` and the reranker's short name when there is one."""
-        first = self.first_stage_system
-        if not self.config.reranker:
-            return first
-        return f"{first}>{Path(self.config.reranker.rstrip('/')).name.lower()}{self.runtime_suffix}"
+        """The system's name (:func:`system_name`)."""
+        return system_name(self.config)
 
     @property
     def first_stage_system(self) -> str:
-        """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not
-        the default one (BM25 alone uses no model)."""
-        cfg = self.config
-        if cfg.retriever in ("bm25", "splade"):  # no dense model in them
-            return cfg.retriever
-        name: str = cfg.retriever
-        if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"):
-            name += f"@{Path(cfg.model.rstrip('/')).name.lower()}"
-        return name + self.runtime_suffix
-
-    @property
-    def runtime_suffix(self) -> str:
-        """``~bf16``/``~int8`` for a precision other than fp32 (its results differ); fp32 backends agree to
-        1e-4 and share names."""
-        precision = check_backend(self.config.backend, self.config.precision)[1]
-        return "" if precision == "fp32" else f"~{precision}"
+        """The first stage's name (:func:`first_stage_name`)."""
+        return first_stage_name(self.config)
 
     def systems(self, metrics: Sequence[str] | None = None) -> list[SystemRun]:
         """The reranked system and, when there is a reranker, its first stage alone (``metrics``: columns kept)."""
@@ -162,6 +145,41 @@ def cached_reranker(
     model_id: str, max_seq_length: int | None = None, backend: str | None = None, precision: str | None = None
 ):
     return load_reranker(model_id, max_seq_length=max_seq_length, backend=backend, precision=precision)
+
+
+def _runtime_suffix(cfg: BenchmarkConfig) -> str:
+    """``~bf16``/``~int8`` for a precision other than fp32 (its results differ); fp32 backends agree to 1e-4
+    and share names."""
+    precision = check_backend(cfg.backend, cfg.precision)[1]
+    return "" if precision == "fp32" else f"~{precision}"
+
+
+def first_stage_name(cfg: BenchmarkConfig) -> str:
+    """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not the
+    default one (BM25 and SPLADE use no dense model), ``~int8``/``~bf16`` for a lower precision.
+
+    >>> first_stage_name(BenchmarkConfig(retriever="hybrid", model="models/MiniLM-SciFact/"))
+    'hybrid@minilm-scifact'
+    """
+    if cfg.retriever in ("bm25", "splade"):
+        return cfg.retriever
+    name: str = cfg.retriever
+    if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"):
+        name += f"@{Path(cfg.model.rstrip('/')).name.lower()}"
+    return name + _runtime_suffix(cfg)
+
+
+def system_name(cfg: BenchmarkConfig) -> str:
+    """The name a configuration's system is reported under: its first stage's, then ``>`` and the
+    reranker's short name when there is one.
+
+    >>> system_name(BenchmarkConfig(retriever="bm25", reranker="cross-encoder/ms-marco-MiniLM-L6-v2"))
+    'bm25>ms-marco-minilm-l6-v2'
+    """
+    first = first_stage_name(cfg)
+    if not cfg.reranker:
+        return first
+    return f"{first}>{Path(cfg.reranker.rstrip('/')).name.lower()}{_runtime_suffix(cfg)}"
 
 
 def subset(ds: BeirDataset, max_queries: int | None) -> BeirDataset:
