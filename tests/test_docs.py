@@ -140,13 +140,19 @@ def test_documented_harness_commands_parse():
     import run
     import train
 
+    from embedrank.evaluation.benchmark import BenchmarkConfig
+
     commands = _script_commands("run.py")
     assert len(commands) >= 10
     for page, argv in commands:
         try:
-            run.build_parser().parse_args(argv)
+            args = run.build_parser().parse_args(argv)
         except SystemExit as exc:  # argparse exits 0 for --help, 2 for a bad option
             assert exc.code == 0 and "--help" in argv, (page.name, argv)
+            continue
+        if not args.compare:  # the systems it names for the tests are systems it runs
+            named = [*(args.test or []), *([args.baseline] if args.baseline else [])]
+            assert set(named) <= set(run.planned_systems(args, BenchmarkConfig())), (page.name, argv)
     training = _script_commands("train.py")
     assert training
     for _page, argv in training:
