@@ -400,15 +400,15 @@ def main(argv: list[str] | None = None) -> int:
         _, ks = parse_measures(args.metrics)
         if not set(ks) <= set(DEFAULT_K) | {args.k_retrieve}:
             raise InvalidInputError(f"--metrics cut-offs must be among {sorted(set(DEFAULT_K) | {args.k_retrieve})}")
+        if not args.compare:  # a misspelt system would otherwise fail only after every run is done
+            planned = planned_systems(args, base)
+            named = [*(args.test or []), *([args.baseline] if args.baseline else [])]
+            unknown = [s for s in named if s not in planned]
+            if unknown:
+                raise InvalidInputError(f"{unknown} will not run; the systems of this run are {planned}")
     except EmbedrankError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not args.compare:  # a misspelt system would otherwise fail only after every run is done
-        planned = planned_systems(args, base)
-        unknown = [s for s in [*(args.test or []), *([args.baseline] if args.baseline else [])] if s not in planned]
-        if unknown:
-            print(f"error: {unknown} will not run; the systems of this run are {planned}", file=sys.stderr)
-            return 2
     demo = not args.datasets
     if args.compare and len(args.datasets) != 1:
         print("error: --compare needs exactly one dataset, whose qrels score the run files", file=sys.stderr)
