@@ -96,6 +96,12 @@ def _show(param: Any) -> str:
     return "(" + "/".join(f"{w:g}" for w in param) + ")" if isinstance(param, tuple) else f"{param:g}"
 
 
+def _kept(run: Run, keep: int | None) -> Run:
+    """``run`` cut to each query's top ``keep`` documents (:func:`~embedrank.math.ranking.top_k`); all of it
+    when ``keep`` is None."""
+    return run if keep is None else top_k(run, keep)
+
+
 def cross_validate_fusion(
     run_a: Run,
     run_b: Run,
@@ -116,12 +122,10 @@ def cross_validate_fusion(
     ``keep``: each fused run's top ``keep`` documents per query are kept (default: all)."""
     values = list(grid or (WEIGHTS if method == "score" else RRF_KS))
     fixed = fixed if fixed is not None else (0.5 if method == "score" else 60)
-
-    def fused_run(p: float) -> Run:
-        run = fuse(run_a, run_b, method=method, param=p, normalization=normalization)
-        return run if keep is None else top_k(run, keep)
-
-    runs = {p: fused_run(p) for p in {*values, fixed}}
+    runs = {
+        p: _kept(fuse(run_a, run_b, method=method, param=p, normalization=normalization), keep)
+        for p in {*values, fixed}
+    }
     return _choose_by_folds(runs, values, fixed, qrels, method, normalization, folds, seed, metric, relevance_level)
 
 
@@ -158,8 +162,7 @@ def cross_validate_weights(
     equal = tuple([1.0 / len(runs)] * len(runs))
 
     def fused_run(w: tuple[float, ...], norm: Any) -> Run:
-        run = weighted_fusion(runs, w, normalization=norm)
-        return run if keep is None else top_k(run, keep)
+        return _kept(weighted_fusion(runs, w, normalization=norm), keep)
 
     if isinstance(normalization, str):
         norm: Any = normalization  # "minmax" or "zscore" (weighted_fusion refuses others)
