@@ -267,9 +267,9 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
         ]
         # hybrid-cv: bm25 with each model's dense run ("dense", "dense@model")
         bm25 = by_key.get((dataset, "bm25"))
-        pairs = [(s.partition("@")[2], r) for (d, s), r in by_key.items() if d == dataset and s.partition("@")[0] == "dense"]  # fmt: skip
-        pairs = pairs if bm25 is not None else []
-        if not pairs and not fusions:
+        denses = [r for (d, s), r in by_key.items() if d == dataset and s.partition("@")[0] == "dense"]
+        denses = denses if bm25 is not None else []
+        if not denses and not fusions:
             raise InvalidInputError(
                 "--fusion-cv needs dense and bm25 in --retriever, or a hybrid:a+b(+c) with each of its parts"
             )
@@ -283,8 +283,8 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
                 print(f"[{dataset}] {name}: fusing the parts' top {args.k_retrieve} (no deeper run kept)")
             return [kept.get(key) or by_key[key].run or {} for key in keys]
 
-        for model, dense in pairs:
-            name = "hybrid-cv" + (f"@{model}" if model else "")
+        for dense in denses:
+            name = cv_system(dense.system)
             dense_run, bm25_run = deepest([(dataset, dense.system), (dataset, "bm25")], name)
             found[name] = cross_validate_fusion(
                 dense_run,
@@ -299,10 +299,10 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
                 keep=args.k_retrieve,
             )
         for system in fusions:
-            base, at, model = system.partition("@")
-            runs_of = deepest([(dataset, part) for part in parts(system)], f"{base}-cv{at}{model}")
+            name = cv_system(system)
+            runs_of = deepest([(dataset, part) for part in parts(system)], name)
             norms = ("minmax", "zscore") if args.fusion_cv_normalization == "cv" else args.hybrid_normalization
-            found[f"{base}-cv{at}{model}"] = cross_validate_weights(
+            found[name] = cross_validate_weights(
                 runs_of,
                 qrels,
                 normalization=norms,
@@ -320,25 +320,41 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
     return out
 
 
+def configurations(args, base) -> list:
+    """The configuration of each run the command makes: every (model, retriever, reranker) from ``base``,
+    BM25 and SPLADE (and what reranks them) with the first model only, since they use no embedding model."""
+    return [
+        dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker)
+        for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None])
+        if retriever not in ("bm25", "splade") or model == args.model[0]
+    ]
+
+
+def cv_system(name: str) -> str | None:
+    """The ``-cv`` system ``--fusion-cv`` derives from a first stage's system (``dense@m`` gives
+    ``hybrid-cv@m``, with BM25; ``hybrid:a+b@m`` gives ``hybrid:a+b-cv@m``), or None.
+
+    >>> cv_system("dense@minilm-scifact"), cv_system("hybrid:bm25+dense+splade"), cv_system("bm25")
+    ('hybrid-cv@minilm-scifact', 'hybrid:bm25+dense+splade-cv', None)
+    """
+    first, at, model = name.partition("@")
+    if first == "dense":
+        return f"hybrid-cv{at}{model}"
+    if first.startswith("hybrid:"):
+        return f"{first}-cv{at}{model}"
+    return None
+
+
 def planned_systems(args, base) -> list[str]:
     """The names of the systems a run of ``args`` will report (``base``: the configuration every run starts
     from), before anything runs: each (model, retriever, reranker), a reranked system's first stage, and the
     ``-cv`` fusions ``--fusion-cv`` adds. ``--test`` and ``--baseline`` are checked against them."""
     from embedrank.evaluation.benchmark import first_stage_name, system_name
 
-    names: list[str] = []
-    for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None]):
-        if retriever in ("bm25", "splade") and model != args.model[0]:
-            continue  # as main() skips them
-        cfg = dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker)
-        names += [first_stage_name(cfg), system_name(cfg)]
+    names = [name for cfg in configurations(args, base) for name in (first_stage_name(cfg), system_name(cfg))]
     if args.fusion_cv:
-        for name in list(names):
-            first, at, model = name.partition("@")
-            if first == "dense" and "bm25" in names:
-                names.append(f"hybrid-cv{at}{model}")
-            elif first.startswith("hybrid:") and ">" not in name:
-                names.append(f"{first}-cv{at}{model}")
+        derived = [cv_system(name) for name in names]
+        names += [d for d in derived if d and (d.startswith("hybrid:") or "bm25" in names)]  # hybrid-cv needs BM25
     return list(dict.fromkeys(names))
 
 
@@ -424,10 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = [system_from_run_file(f, ds, relevance_level=relevance_level(ds.name)) for f in args.compare]
             runs = [dataclasses.replace(r, per_query=r.per_query[args.metrics]) for r in runs]
         for name in datasets if not args.compare else []:
-            for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None]):
-                if retriever in ("bm25", "splade") and model != args.model[0]:
-                    continue  # BM25 (and what reranks it) does not depend on the embedding model
-                cfg = dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker)
+            for cfg in configurations(args, base):
                 result = run_benchmark(name, cfg, data_dir=args.data_dir)
                 results.append(result)
                 sources[result.dataset] = name
