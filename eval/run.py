@@ -450,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(system)
             print(f"[{system.dataset}] {system.system}: TREC run written to {write_run(run_dir, system)}")
         if args.fusion_cv:
-            deep = {(r.dataset, r.system): r.fusion_run for r in results if r.fusion_run is not None}
+            # a deep run is its first stage's: keyed by that system, which a reranked run reports too
+            deep = {(r.dataset, r.first_stage_system): r.fusion_run for r in results if r.fusion_run is not None}
             runs += _fusion_cv_systems(runs, args, run_dir, sources, deep)
         systems = list(dict.fromkeys(r.system for r in runs))
         baseline = args.baseline or systems[0]

@@ -157,3 +157,15 @@ def test_cli_refuses_a_system_that_will_not_run_before_running_anything(tmp_path
         assert run.main(argv + extra) == 2  # at once: no collection is loaded, no model encodes
         assert f"{extra[-1]!r}" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_deep_runs_are_kept_only_for_the_stages_fusions_fuse(tmp_path):
+    from embedrank.retrieval.data import write_demo_collection
+
+    root = str(write_demo_collection(tmp_path))
+    for retriever, kept in (("bm25", True), ("hybrid", False)):
+        cfg = BenchmarkConfig(retriever=retriever, k_retrieve=2, fusion_depth=4, use_cache=False)
+        result = run_benchmark(root, cfg)
+        assert (result.fusion_run is not None) == kept, retriever
+        if kept:
+            assert max(map(len, result.fusion_run.values())) > max(map(len, result.run.values())) == 2

@@ -91,7 +91,7 @@ class BenchmarkResult:
     notes: list[str]
     index_bytes_per_vector: float | None = None
     first_stage_run: Run | None = None
-    fusion_run: Run | None = None  # the first stage's top ``config.fusion_depth``, when asked and deeper
+    fusion_run: Run | None = None  # the first stage's top ``config.fusion_depth``, when asked, deeper and FUSABLE
 
     @property
     def system(self) -> str:
@@ -145,6 +145,9 @@ def cached_reranker(
     model_id: str, max_seq_length: int | None = None, backend: str | None = None, precision: str | None = None
 ):
     return load_reranker(model_id, max_seq_length=max_seq_length, backend=backend, precision=precision)
+
+
+FUSABLE = ("bm25", "dense", "splade")  # the first stages that hybrid:a+b(+c) and the -cv fusions fuse
 
 
 def _runtime_suffix(cfg: BenchmarkConfig) -> str:
@@ -336,7 +339,8 @@ def run_benchmark(
     per_query = evaluate_per_query(ds.qrels, result.run, k_values, relevance_level=level, queries="qrels")
     first_pq = evaluate_per_query(ds.qrels, result.first_stage_run, k_values, relevance_level=level, queries="qrels")
     timings["total_s"] = time.perf_counter() - start  # load, index, retrieval and reranking
-    deep = cfg.fusion_depth is not None and cfg.fusion_depth > cfg.k_retrieve
+    # only the stages that later fusions fuse (bm25, dense, splade) need their deeper run
+    deep = cfg.fusion_depth is not None and cfg.fusion_depth > cfg.k_retrieve and cfg.retriever in FUSABLE
     fusion_run = first.retrieve(ds.queries, cfg.fusion_depth) if deep else None  # type: ignore[arg-type]
     if level > 1:
         notes.append(f"graded qrels: recall/MRR/MAP/P count relevance >= {level} (TREC DL); nDCG uses grades")
