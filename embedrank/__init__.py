@@ -73,6 +73,7 @@ from embedrank.retrieval.pipeline import (
     PipelineResult,
     PrecomputedRun,
     RetrieveRerank,
+    WindowedDenseRetriever,
     embed_corpus,
 )
 from embedrank.types import Corpus, ModelOutput, Qrels, Queries, Run
@@ -121,6 +122,7 @@ __all__ = [
     "SparseEncoder",
     "SystemRun",
     "UnsupportedModelError",
+    "WindowedDenseRetriever",
     "biggest_differences",
     "build_index",
     "compare_systems",

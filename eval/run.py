@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="embedding model ids or paths; several run side by side (systems 'dense@<name>' for all but the default)",
     )
     p.add_argument(
+        "--dense-windows",
+        action="store_true",
+        help="dense stages (dense, hybrid, hybrid:a+b) embed every window of a long document (the model's length, "
+        "32 tokens overlap) and score it by its best window (MaxP) instead of truncating it; systems '...@<model>~maxp'",
+    )
+    p.add_argument(
         "--reranker",
         nargs="+",
         metavar="ID",
@@ -406,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         sparse_model=args.sparse_model,
         prf_k=args.prf_k,
         prf_beta=args.prf_beta,
+        dense_windows=args.dense_windows,
         fusion_depth=args.fusion_cv_depth if args.fusion_cv else None,
         show_progress=None,
     )

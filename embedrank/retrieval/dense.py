@@ -11,7 +11,9 @@ from typing import Literal
 
 import numpy as np
 
-from embedrank.errors import IndexMismatchError
+from embedrank.errors import IndexMismatchError, InvalidInputError
+from embedrank.math.ranking import top_k
+from embedrank.models.chunking import Chunking, split_windows
 from embedrank.models.encoder import Encoder
 from embedrank.models.signature import EmbeddingSignature
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
@@ -166,6 +168,74 @@ class DenseRetriever:
         qids = list(queries)
         scores, ids = self.index.search(self.query_vectors(queries), k)
         return {qid: dict(zip(ids[i], map(float, scores[i]), strict=True)) for i, qid in enumerate(qids)}
+
+
+class WindowedDenseRetriever:
+    """Dense retrieval over long documents' windows, a document scoring as its best window (MaxP).
+
+    Each document longer than one forward pass is split into windows of the model's length (overlapping
+    by ``chunking.overlap``, 32 tokens by default, :mod:`embedrank.models.chunking`); every window is
+    embedded (through the embedding cache) and indexed, so no text past the model's length is left out. A
+    query's score for a document is the highest of its windows' (``chunking.aggregate`` must be ``max``:
+    a mean or the first window would need every window scored). :meth:`retrieve` searches the top
+    ``k x`` (the most windows a document has) windows, which always holds the best window of each of the
+    top ``k`` documents, so on an exact index the result is exact.
+    """
+
+    name = "dense"
+
+    def __init__(self, windows: DenseRetriever, owners: Sequence[str]) -> None:
+        """``windows``: a retriever over the window vectors; ``owners``: the document id of each window id,
+        in window order (window ``i`` has id ``str(i)``)."""
+        self.windows, self.owners = windows, list(owners)
+        self.encoder, self.corpus_embeddings = windows.encoder, windows.corpus_embeddings
+        self.per_document = int(max(np.unique(np.asarray(self.owners), return_counts=True)[1], default=1))
+
+    @classmethod
+    def from_corpus(
+        cls,
+        encoder: Encoder,
+        corpus: Corpus,
+        *,
+        chunking: Chunking | None = None,
+        index: IndexConfig | None = None,
+        batch_size: int = 64,
+        cache: EmbeddingCache | bool = True,
+        show_progress: bool | None = None,
+    ) -> WindowedDenseRetriever:
+        """Split ``corpus`` (title + text) into windows, embed and index them."""
+        chunking = chunking or Chunking()
+        if chunking.aggregate != "max":
+            raise InvalidInputError(
+                f"a windowed first stage scores a document by its best window: aggregate must be 'max', got "
+                f"{chunking.aggregate!r}",
+                param="aggregate",
+            )
+        ids = list(corpus)
+        plan = split_windows(
+            [doc_text(corpus[d]) for d in ids],
+            encoder.token_offsets,
+            window=chunking.window or encoder.chunk_window(),
+            chunking=chunking,
+        )
+        owners = [ids[i] for i in plan.owners.tolist()]
+        windows = {str(i): {"text": text} for i, text in enumerate(plan.texts)}
+        inner = DenseRetriever.from_corpus(
+            encoder, windows, index=index, batch_size=batch_size, cache=cache, show_progress=show_progress
+        )
+        return cls(inner, owners)
+
+    def retrieve(self, queries: Queries, k: int) -> Run:
+        """Each query's top ``k`` documents by their best window's score."""
+        deep = min(k * self.per_document, len(self.owners))
+        run: Run = {}
+        for qid, hits in self.windows.retrieve(queries, deep).items():
+            best: dict[str, float] = {}
+            for window, score in hits.items():
+                doc = self.owners[int(window)]
+                best[doc] = max(score, best.get(doc, score))
+            run[qid] = best
+        return top_k(run, k)
 
 
 def _check_covers(ids: Sequence[str], corpus: Corpus | None, what: str) -> None:

@@ -20,7 +20,13 @@ from embedrank.math.ranking import ranked_ids, top_k
 from embedrank.models.scorers import BiEncoderScorer, Reranker
 from embedrank.models.tokens import PROGRESS_THRESHOLD
 from embedrank.retrieval.data import doc_text
-from embedrank.retrieval.dense import CorpusEmbeddings, DenseRetriever, embed_corpus, encoder_cache_key
+from embedrank.retrieval.dense import (
+    CorpusEmbeddings,
+    DenseRetriever,
+    WindowedDenseRetriever,
+    embed_corpus,
+    encoder_cache_key,
+)
 from embedrank.retrieval.stages import FirstStage, HybridRetriever, PrecomputedRun, stages_of
 from embedrank.types import Corpus, Queries, Run
 
@@ -32,6 +38,7 @@ __all__ = [
     "PipelineResult",
     "PrecomputedRun",
     "RetrieveRerank",
+    "WindowedDenseRetriever",
     "embed_corpus",
     "encoder_cache_key",
 ]

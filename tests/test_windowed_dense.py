@@ -1,0 +1,68 @@
+"""The windowed dense first stage (MaxP): every window of a long document embedded and indexed, a document
+scored by its best window; checked against scoring every window by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedrank import DenseRetriever, EmbeddingCache, Encoder
+from embedrank.errors import InvalidInputError
+from embedrank.models.chunking import Chunking, split_windows
+from embedrank.retrieval.data import DEMO_CORPUS, DEMO_QUERIES, doc_text
+from embedrank.retrieval.dense import WindowedDenseRetriever
+
+pytestmark = pytest.mark.slow  # the packaged MiniLM
+
+
+@pytest.fixture(scope="module")
+def short_encoder():
+    return Encoder.from_pretrained(max_seq_length=16)  # 14 text tokens a window: the demo documents split
+
+
+def by_hand(encoder, corpus, queries, overlap=None):
+    """Each query's score for each document: the maximum over its windows, every window encoded alone."""
+    ids = list(corpus)
+    chunking = Chunking(overlap=overlap)
+    windows = split_windows(
+        [doc_text(corpus[d]) for d in ids], encoder.token_offsets, window=encoder.chunk_window(), chunking=chunking
+    )
+    scores = encoder.encode_query(list(queries.values())) @ encoder.encode_document(windows.texts).T
+    best = np.full((len(queries), len(ids)), -np.inf)
+    for j, owner in enumerate(windows.owners):
+        best[:, owner] = np.maximum(best[:, owner], scores[:, j])
+    return {q: dict(zip(ids, best[i].tolist(), strict=True)) for i, q in enumerate(queries)}, windows
+
+
+def test_documents_score_as_their_best_window(short_encoder, tmp_path):
+    oracle, windows = by_hand(short_encoder, DEMO_CORPUS, DEMO_QUERIES)
+    assert windows.chunked >= 3  # the test means something: several documents are split
+    retriever = WindowedDenseRetriever.from_corpus(short_encoder, DEMO_CORPUS, cache=EmbeddingCache(tmp_path))
+    for k in (1, 3, len(DEMO_CORPUS)):
+        run = retriever.retrieve(DEMO_QUERIES, k)
+        for q, docs in run.items():
+            expected = sorted(oracle[q].items(), key=lambda item: -item[1])[:k]
+            assert list(docs) == [d for d, _ in expected]
+            np.testing.assert_allclose(list(docs.values()), [s for _, s in expected], atol=1e-5)
+
+
+def test_short_documents_score_as_the_plain_dense_stage(tmp_path):
+    encoder = Encoder.from_pretrained()  # 256 tokens: every demo document fits one window
+    plain = DenseRetriever.from_corpus(encoder, DEMO_CORPUS, cache=False).retrieve(DEMO_QUERIES, 3)
+    windowed = WindowedDenseRetriever.from_corpus(encoder, DEMO_CORPUS, cache=False).retrieve(DEMO_QUERIES, 3)
+    for q in DEMO_QUERIES:
+        assert list(windowed[q]) == list(plain[q])
+        np.testing.assert_allclose(list(windowed[q].values()), list(plain[q].values()), atol=1e-6)
+
+
+def test_window_vectors_go_through_the_cache(short_encoder, tmp_path):
+    cache = EmbeddingCache(tmp_path)
+    first = WindowedDenseRetriever.from_corpus(short_encoder, DEMO_CORPUS, cache=cache)
+    second = WindowedDenseRetriever.from_corpus(short_encoder, DEMO_CORPUS, cache=cache)
+    assert (first.corpus_embeddings.cache, second.corpus_embeddings.cache) == ("miss", "hit")
+    assert len(first.owners) > len(DEMO_CORPUS)
+
+
+def test_only_the_best_window_can_rank_a_document(short_encoder):
+    with pytest.raises(InvalidInputError, match="aggregate must be 'max'"):
+        WindowedDenseRetriever.from_corpus(short_encoder, DEMO_CORPUS, chunking=Chunking(aggregate="mean"), cache=False)
