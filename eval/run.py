@@ -71,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dense-windows",
-        action="store_true",
-        help="dense stages (dense, hybrid, hybrid:a+b) embed every window of a long document (the model's length, "
-        "32 tokens overlap) and score it by its best window (MaxP) instead of truncating it; systems '...@<model>~maxp'",
+        nargs="*",
+        metavar="MODEL",
+        help="the dense stages (dense, hybrid, hybrid:a+b) of the named --model entries, all of them when none is "
+        "named, embed every window of a long document (the model's length, 32 tokens overlap) and score it by its "
+        "best window (MaxP) instead of truncating it; their systems are named '...@<model>~maxp'",
     )
     p.add_argument(
         "--reranker",
@@ -328,9 +330,11 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
 
 def configurations(args, base) -> list:
     """The configuration of each run the command makes: every (model, retriever, reranker) from ``base``,
-    BM25 and SPLADE (and what reranks them) with the first model only, since they use no embedding model."""
+    BM25 and SPLADE (and what reranks them) with the first model only, since they use no embedding model; the
+    dense stages of the models ``--dense-windows`` names (all, when it names none) windowed."""
+    windowed = args.model if args.dense_windows == [] else args.dense_windows or []
     return [
-        dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker)
+        dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker, dense_windows=model in windowed)
         for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None])
         if retriever not in ("bm25", "splade") or model == args.model[0]
     ]
@@ -412,7 +416,6 @@ def main(argv: list[str] | None = None) -> int:
         sparse_model=args.sparse_model,
         prf_k=args.prf_k,
         prf_beta=args.prf_beta,
-        dense_windows=args.dense_windows,
         fusion_depth=args.fusion_cv_depth if args.fusion_cv else None,
         show_progress=None,
     )
@@ -423,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         _, ks = parse_measures(args.metrics)
         if not set(ks) <= set(DEFAULT_K) | {args.k_retrieve}:
             raise InvalidInputError(f"--metrics cut-offs must be among {sorted(set(DEFAULT_K) | {args.k_retrieve})}")
+        if set(args.dense_windows or []) - set(args.model):
+            raise InvalidInputError(f"--dense-windows names models that are not in --model {args.model}")
         if not args.compare:  # a misspelt system would otherwise fail only after every run is done
             planned = planned_systems(args, base)
             named = [*(args.test or []), *([args.baseline] if args.baseline else [])]

@@ -153,6 +153,14 @@ def test_cli_refuses_a_system_that_will_not_run_before_running_anything(tmp_path
     assert planned == ["bm25", "dense", "splade", "hybrid:bm25+splade", "hybrid-cv", "hybrid:bm25+splade-cv"]
     reranked = run.build_parser().parse_args(["--model", "m/My-Model", "--retriever", "dense", "--reranker", "x/CE"])
     assert run.planned_systems(reranked, BenchmarkConfig()) == ["dense@my-model", "dense@my-model>ce"]
+    windowed = ["--model", "m/Plain", "m/Long", "--retriever", "bm25", "hybrid:bm25+dense+splade", "--fusion-cv", "5"]
+    assert run.planned_systems(run.build_parser().parse_args([*windowed, "--dense-windows", "m/Long"]), BenchmarkConfig()) == [
+        "bm25", "hybrid:bm25+dense+splade@plain", "hybrid:bm25+dense+splade@long~maxp",
+        "hybrid:bm25+dense+splade-cv@plain", "hybrid:bm25+dense+splade-cv@long~maxp"]  # fmt: skip
+    every = run.planned_systems(run.build_parser().parse_args([*windowed, "--dense-windows"]), BenchmarkConfig())
+    assert every[1:3] == ["hybrid:bm25+dense+splade@plain~maxp", "hybrid:bm25+dense+splade@long~maxp"]
+    assert run.main([*argv, "--dense-windows", "m/Other"]) == 2  # only models that run can be windowed
+    assert "--dense-windows names models that are not in --model" in capsys.readouterr().err
     for extra in (["--test", "hybrid:bm25+splade-cv", "hybrid-cvv"], ["--baseline", "hybird"]):
         assert run.main(argv + extra) == 2  # at once: no collection is loaded, no model encodes
         assert f"{extra[-1]!r}" in capsys.readouterr().err
