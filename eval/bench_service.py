@@ -216,7 +216,7 @@ def main() -> None:
     p.add_argument("--seconds-per-case", type=float, default=8.0, help="approximate load duration per case")
     p.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra environment for the server")
     p.add_argument(
-        "--servers", nargs="+", choices=["default", "int8", "torch", "auto", "granian", "infinity"], default=["default"]
+        "--servers", nargs="+", choices=["default", "int8", "torch", "auto", "infinity"], default=["default"]
     )
     p.add_argument(
         "--infinity-venv", default=".venv-infinity", help="virtualenv with infinity-emb (created if missing)"
@@ -360,7 +360,7 @@ def report(rows: list[dict]) -> None:
 
 
 SERVER_ENV = {"default": {}, "int8": {"EMBEDRANK_PRECISION": "int8"}, "torch": {"EMBEDRANK_BACKEND": "torch"},
-              "auto": {"EMBEDRANK_BACKEND": "auto", "EMBEDRANK_PRECISION": "auto"}, "granian": {}}  # fmt: skip
+              "auto": {"EMBEDRANK_BACKEND": "auto", "EMBEDRANK_PRECISION": "auto"}}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -372,15 +372,7 @@ def start_server(name: str, extra: dict[str, str], infinity_venv: str) -> Iterat
             yield base
         return
     env = {"EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1", **SERVER_ENV[name], **extra}
-    port, command = None, None
-    if name == "granian":  # the same app and defaults under Granian's Rust HTTP server (one worker process)
-        from embedrank.testing.launch import free_port
-
-        port = free_port()
-        command = [sys.executable, "-m", "granian", "--interface", "asgi", "--factory", "--host", "127.0.0.1",
-                   "--port", str(port), "--workers", "1", "--runtime-threads", "1", "--loop", "uvloop",
-                   "app:create_app"]  # fmt: skip
-    with running_server(env, port=port, timeout=600, command=command) as base:
+    with running_server(env, timeout=600) as base:
         yield base
 
 
