@@ -66,3 +66,22 @@ def test_window_vectors_go_through_the_cache(short_encoder, tmp_path):
 def test_only_the_best_window_can_rank_a_document(short_encoder):
     with pytest.raises(InvalidInputError, match="aggregate must be 'max'"):
         WindowedDenseRetriever.from_corpus(short_encoder, DEMO_CORPUS, chunking=Chunking(aggregate="mean"), cache=False)
+
+
+def test_the_search_deepens_when_one_document_fills_the_top_windows(short_encoder, monkeypatch):
+    corpus = {
+        "long": {"text": "Green tea and its health benefits. " * 12},  # many windows, all about the query
+        "tea": {"text": "Black tea is brewed from oxidized leaves."},
+        "cars": {"text": "Electric cars need charging stations."},
+    }
+    queries = {"q": "health benefits of green tea"}
+    oracle, windows = by_hand(short_encoder, corpus, queries)
+    assert (windows.owners == 0).sum() >= 8  # the top 2k = 4 windows are all the long document's
+    retriever = WindowedDenseRetriever.from_corpus(short_encoder, corpus, cache=False)
+    depths, search = [], retriever.windows.index.search
+    monkeypatch.setattr(retriever.windows.index, "search", lambda v, k: depths.append(k) or search(v, k))
+    run = retriever.retrieve(queries, 2)
+    assert depths[0] == 4 and len(depths) > 1  # the first 4 windows named one document: it searched deeper
+    expected = sorted(oracle["q"].items(), key=lambda item: -item[1])[:2]
+    assert list(run["q"]) == [d for d, _ in expected] and expected[0][0] == "long"
+    np.testing.assert_allclose(list(run["q"].values()), [s for _, s in expected], atol=1e-5)

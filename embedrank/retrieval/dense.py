@@ -177,9 +177,9 @@ class WindowedDenseRetriever:
     by ``chunking.overlap``, 32 tokens by default, :mod:`embedrank.models.chunking`); every window is
     embedded (through the embedding cache) and indexed, so no text past the model's length is left out. A
     query's score for a document is the highest of its windows' (``chunking.aggregate`` must be ``max``:
-    a mean or the first window would need every window scored). :meth:`retrieve` searches the top
-    ``k x`` (the most windows a document has) windows, which always holds the best window of each of the
-    top ``k`` documents, so on an exact index the result is exact.
+    a mean or the first window would need every window scored). :meth:`retrieve` searches as many of the
+    top windows as it takes to find ``k`` documents, which then hold the best window of each of the top
+    ``k`` documents: on an exact index the result is exact.
     """
 
     name = "dense"
@@ -189,7 +189,6 @@ class WindowedDenseRetriever:
         in window order (window ``i`` has id ``str(i)``)."""
         self.windows, self.owners = windows, list(owners)
         self.encoder, self.corpus_embeddings = windows.encoder, windows.corpus_embeddings
-        self.per_document = int(max(np.unique(np.asarray(self.owners), return_counts=True)[1], default=1))
 
     @classmethod
     def from_corpus(
@@ -226,16 +225,32 @@ class WindowedDenseRetriever:
         return cls(inner, owners)
 
     def retrieve(self, queries: Queries, k: int) -> Run:
-        """Each query's top ``k`` documents by their best window's score."""
-        deep = min(k * self.per_document, len(self.owners))
+        """Each query's top ``k`` documents by their best window's score.
+
+        The top ``2k`` windows are searched first, and the search deepens (doubling) for the queries whose
+        windows so far name fewer than ``k`` documents: a document with a window among the top ``D`` has its
+        best window there too, and a document with none scores at most the ``D``-th window, so once ``k``
+        documents are found their order is final.
+        """
+        qids = list(queries)
+        vectors = self.windows.query_vectors(queries)
+        total = len(self.owners)
         run: Run = {}
-        for qid, hits in self.windows.retrieve(queries, deep).items():
-            best: dict[str, float] = {}
-            for window, score in hits.items():
-                doc = self.owners[int(window)]
-                best[doc] = max(score, best.get(doc, score))
-            run[qid] = best
-        return top_k(run, k)
+        pending, depth = list(range(len(qids))), min(2 * k, total)
+        while pending:
+            scores, ids = self.windows.index.search(vectors[pending], depth)
+            short = []
+            for row, hit_scores, hit_ids in zip(pending, scores, ids, strict=True):
+                best: dict[str, float] = {}
+                for window, score in zip(hit_ids, map(float, hit_scores), strict=True):
+                    doc = self.owners[int(window)]
+                    best[doc] = max(score, best.get(doc, score))
+                if len(best) < k and depth < total:
+                    short.append(row)
+                else:
+                    run[qids[row]] = best
+            pending, depth = short, min(2 * depth, total)
+        return top_k({qid: run[qid] for qid in qids}, k)
 
 
 def _check_covers(ids: Sequence[str], corpus: Corpus | None, what: str) -> None:
