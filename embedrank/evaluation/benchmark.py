@@ -13,6 +13,7 @@ import pandas as pd
 
 from embedrank.errors import InvalidInputError
 from embedrank.evaluation.compare import SystemRun
+from embedrank.evaluation.names import first_stage_name, system_name
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
 from embedrank.models.chunking import Chunking
 from embedrank.models.encoder import Encoder
@@ -34,7 +35,6 @@ from embedrank.retrieval.pipeline import (
 from embedrank.retrieval.prf import DensePRFRetriever
 from embedrank.retrieval.sparse import SparseRetriever
 from embedrank.retrieval.stages import FusedRetriever
-from embedrank.runtime.backends import check_backend
 from embedrank.types import Run
 
 RetrieverName = Literal[
@@ -151,44 +151,6 @@ def cached_reranker(
 
 
 FUSABLE = ("bm25", "dense", "splade")  # the first stages that hybrid:a+b(+c) and the -cv fusions fuse
-
-
-def _runtime_suffix(cfg: BenchmarkConfig) -> str:
-    """``~bf16``/``~int8`` for a precision other than fp32 (its results differ); fp32 backends agree to 1e-4
-    and share names."""
-    precision = check_backend(cfg.backend, cfg.precision)[1]
-    return "" if precision == "fp32" else f"~{precision}"
-
-
-def first_stage_name(cfg: BenchmarkConfig) -> str:
-    """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not the
-    default one (BM25 and SPLADE use no dense model), ``~maxp`` for windowed dense stages (which name their
-    model, default or not), ``~int8``/``~bf16`` for a lower precision.
-
-    >>> first_stage_name(BenchmarkConfig(retriever="hybrid", model="models/MiniLM-SciFact/"))
-    'hybrid@minilm-scifact'
-    >>> first_stage_name(BenchmarkConfig(retriever="hybrid:bm25+dense+splade", dense_windows=True))
-    'hybrid:bm25+dense+splade@all-minilm-l6-v2~maxp'
-    """
-    if cfg.retriever in ("bm25", "splade"):
-        return cfg.retriever
-    name: str = cfg.retriever
-    if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2") or cfg.dense_windows:
-        name += f"@{Path(cfg.model.rstrip('/')).name.lower()}"
-    return name + ("~maxp" if cfg.dense_windows else "") + _runtime_suffix(cfg)
-
-
-def system_name(cfg: BenchmarkConfig) -> str:
-    """The name a configuration's system is reported under: its first stage's, then ``>`` and the
-    reranker's short name when there is one.
-
-    >>> system_name(BenchmarkConfig(retriever="bm25", reranker="cross-encoder/ms-marco-MiniLM-L6-v2"))
-    'bm25>ms-marco-minilm-l6-v2'
-    """
-    first = first_stage_name(cfg)
-    if not cfg.reranker:
-        return first
-    return f"{first}>{Path(cfg.reranker.rstrip('/')).name.lower()}{_runtime_suffix(cfg)}"
 
 
 def subset(ds: BeirDataset, max_queries: int | None) -> BeirDataset:
