@@ -218,48 +218,33 @@ def run_benchmark(
         t0 = time.perf_counter()
         cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else False
         index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
+        encoder = cached_encoder(cfg.model, cfg.backend, cfg.precision)
         retriever: DenseRetriever | WindowedDenseRetriever
-        if cfg.dense_windows:
-            retriever = WindowedDenseRetriever.from_corpus(
-                cached_encoder(cfg.model, cfg.backend, cfg.precision),
+        if cfg.embeddings and is_index_dir(cfg.embeddings):
+            retriever = DenseRetriever.from_index(encoder, cfg.embeddings, corpus=ds.corpus, batch_size=cfg.batch_size)
+        elif cfg.embeddings:
+            retriever = DenseRetriever.from_embeddings(
+                encoder, cfg.embeddings, corpus=ds.corpus, index=index, batch_size=cfg.batch_size
+            )
+        else:  # windowed stages were refused above with --embeddings
+            kind = WindowedDenseRetriever if cfg.dense_windows else DenseRetriever
+            retriever = kind.from_corpus(
+                encoder,
                 ds.corpus,
                 index=index,
                 batch_size=cfg.batch_size,
                 cache=cache,
                 show_progress=cfg.show_progress,
             )
+        if isinstance(retriever, WindowedDenseRetriever):
             notes.append(
                 f"dense: {len(retriever.owners)} windows of the {len(ds.corpus)} documents embedded, a document "
                 "scored by its best window (MaxP)"
             )
-        elif cfg.embeddings and is_index_dir(cfg.embeddings):
-            retriever = DenseRetriever.from_index(
-                cached_encoder(cfg.model, cfg.backend, cfg.precision),
-                cfg.embeddings,
-                corpus=ds.corpus,
-                batch_size=cfg.batch_size,
-            )
-        elif cfg.embeddings:
-            retriever = DenseRetriever.from_embeddings(
-                cached_encoder(cfg.model, cfg.backend, cfg.precision),
-                cfg.embeddings,
-                corpus=ds.corpus,
-                index=index,
-                batch_size=cfg.batch_size,
-            )
-        else:
-            retriever = DenseRetriever.from_corpus(
-                cached_encoder(cfg.model, cfg.backend, cfg.precision),
-                ds.corpus,
-                index=index,
-                batch_size=cfg.batch_size,
-                cache=cache,
-                show_progress=cfg.show_progress,
-            )
         timings["index_s"] = time.perf_counter() - t0
         assert retriever.corpus_embeddings is not None
         notes.append(retriever.corpus_embeddings.describe())
-        choice = cached_encoder(cfg.model, cfg.backend, cfg.precision).auto_choice
+        choice = encoder.auto_choice
         if choice is not None:  # backend/precision auto: say what runs and why
             notes.append(f"auto chose {choice.summary}")
         searched = retriever.windows.index if isinstance(retriever, WindowedDenseRetriever) else retriever.index

@@ -13,7 +13,7 @@ import numpy as np
 
 from embedrank.errors import IndexMismatchError, InvalidInputError
 from embedrank.math.ranking import top_k
-from embedrank.models.chunking import Chunking, split_windows
+from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.encoder import Encoder
 from embedrank.models.signature import EmbeddingSignature
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
@@ -211,13 +211,10 @@ class WindowedDenseRetriever:
                 param="aggregate",
             )
         ids = list(corpus)
-        plan = split_windows(
-            [doc_text(corpus[d]) for d in ids],
-            encoder.token_offsets,
-            window=chunking.window or encoder.chunk_window(),
-            chunking=chunking,
+        plan = ChunkPlan.make(
+            [doc_text(corpus[d]) for d in ids], encoder.token_offsets, window=encoder.chunk_window(), chunking=chunking
         )
-        owners = [ids[i] for i in plan.owners.tolist()]
+        owners = [ids[i] for i in plan.windows.owners.tolist()]
         windows = {str(i): {"text": text} for i, text in enumerate(plan.texts)}
         inner = DenseRetriever.from_corpus(
             encoder, windows, index=index, batch_size=batch_size, cache=cache, show_progress=show_progress
