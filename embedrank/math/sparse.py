@@ -76,3 +76,54 @@ def row_pairs(matrix: sp.csr_matrix, row: int) -> tuple[list[int], list[float]]:
     start, end = matrix.indptr[row], matrix.indptr[row + 1]
     order = np.argsort(matrix.indices[start:end], kind="stable")
     return matrix.indices[start:end][order].tolist(), matrix.data[start:end][order].astype(float).tolist()
+
+
+def max_rows(rows: sp.csr_matrix, owners: np.ndarray, n: int) -> sp.csr_matrix:
+    """Per owner, the largest value of each column over its rows: the SPLADE vector of a text read window by
+    window (the max over tokens that SPLADE pools with, taken over every window's tokens).
+
+    Args:
+        rows: ``(W, V)`` non-negative sparse rows (one per window).
+        owners: ``(W,)`` the text (``0 <= owner < n``) of each row.
+        n: ``N``, the number of texts.
+
+    Returns:
+        ``(N, V)`` float32; a text with no row is empty.
+
+    >>> rows = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [3.0, 0.0, 1.0], [0.0, 5.0, 0.0]]))
+    >>> max_rows(rows, np.array([0, 0, 2]), 3).toarray()
+    array([[3., 0., 2.],
+           [0., 0., 0.],
+           [0., 5., 0.]], dtype=float32)
+    """
+    coo = sp.csr_matrix(rows).tocoo()
+    owners = np.asarray(owners, dtype=np.int64)
+    if owners.shape != (coo.shape[0],):
+        raise ValueError(f"{owners.shape[0]} owners for {coo.shape[0]} rows")
+    keys = owners[coo.row] * coo.shape[1] + coo.col.astype(np.int64)  # one key per (text, column)
+    order = np.lexsort((coo.data, keys))  # by key, then value: each key's largest value last
+    keys, data = keys[order], coo.data[order]
+    last = np.append(keys[1:] != keys[:-1], True) if keys.size else np.zeros(0, dtype=bool)
+    keys, data = keys[last], data[last]
+    shape = (n, coo.shape[1])
+    return sp.csr_matrix((data.astype(np.float32), (keys // coo.shape[1], keys % coo.shape[1])), shape=shape)
+
+
+def prune_rows(matrix: sp.csr_matrix, top_k: int) -> sp.csr_matrix:
+    """Only each row's ``top_k`` largest values (ties broken by the lower column), as :func:`to_csr` prunes
+    dense weights; ``(N, V)`` in, ``(N, V)`` out.
+
+    >>> prune_rows(sp.csr_matrix(np.array([[0.0, 0.5, 0.2, 0.9], [0.3, 0.0, 0.0, 0.0]])), 2).toarray()
+    array([[0. , 0.5, 0. , 0.9],
+           [0.3, 0. , 0. , 0. ]], dtype=float32)
+    """
+    if top_k < 1:
+        raise InvalidInputError(f"top_k must be >= 1, got {top_k}", param="top_k")
+    matrix = sp.csr_matrix(matrix, dtype=np.float32)
+    matrix.sort_indices()
+    keep = np.zeros(matrix.nnz, dtype=bool)
+    for row in range(matrix.shape[0]):
+        start, end = matrix.indptr[row], matrix.indptr[row + 1]
+        keep[start + np.argsort(-matrix.data[start:end], kind="stable")[:top_k]] = True
+    rows = np.repeat(np.arange(matrix.shape[0]), np.diff(matrix.indptr))
+    return sp.csr_matrix((matrix.data[keep], (rows[keep], matrix.indices[keep])), shape=matrix.shape)

@@ -24,6 +24,7 @@ from embedrank.models.tokens import (
     collate_rows,
     encode_rows,
     length_batches,
+    text_offsets,
     token_lengths,
     token_rows,
     tokenize,
@@ -300,10 +301,7 @@ class CrossEncoder(RuntimeFacts):
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
-        enc = self.tokenizer(
-            list(texts), add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False
-        )
-        return [[(int(a), int(b)) for a, b in spans] for spans in enc["offset_mapping"]]
+        return text_offsets(self.tokenizer, texts)
 
     def chunk_window(self, query: str) -> int:
         """Document tokens that fit one forward pass next to ``query`` (at least 16; a longer query is then

@@ -32,6 +32,7 @@ from embedrank.models.tokens import (
     encode_rows,
     length_batches,
     seen_tokens,
+    text_offsets,
     token_lengths,
     token_rows,
     token_spans,
@@ -188,10 +189,7 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
-        enc = self.tokenizer(
-            self._prepare(texts), add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False
-        )
-        return [[(int(a), int(b)) for a, b in spans] for spans in enc["offset_mapping"]]
+        return text_offsets(self.tokenizer, self._prepare(texts))
 
     def chunk_window(self, prompt: str | None = None) -> int:
         """Text tokens that fit one forward pass: the max length minus special tokens and ``prompt`` (None:

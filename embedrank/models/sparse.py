@@ -25,8 +25,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from embedrank.errors import UnsupportedModelError
-from embedrank.math.sparse import to_csr
+from embedrank.errors import InvalidInputError, UnsupportedModelError
+from embedrank.math.sparse import max_rows, prune_rows, to_csr
+from embedrank.models.chunking import Chunking, ChunkPlan, document_flags
 from embedrank.models.prompts import with_prompt
 from embedrank.models.router import Routed, routed
 from embedrank.models.tokens import (
@@ -37,6 +38,7 @@ from embedrank.models.tokens import (
     encode_rows,
     length_batches,
     seen_tokens,
+    text_offsets,
     token_lengths,
     token_rows,
     token_spans,
@@ -187,15 +189,26 @@ class SparseEncoder(Routed):
         batch_size: int = 16,
         top_k: int | None = None,
         truncate: bool = True,
+        chunking: Chunking | None = None,
     ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
         """The sparse vectors ``(N, V)`` in input order (only each text's ``top_k`` largest weights with
         ``top_k``), each text's token count (special tokens included) and whether it was truncated; ``task``
         picks a Router model's route (``"query"``, ``"document"``; None: its default route).
 
+        With ``chunking``, a text longer than one forward pass is read window by window
+        (:mod:`embedrank.models.chunking`; ``chunking.aggregate`` must be ``"max"``) and its vector holds each
+        term's largest weight over all its windows (:func:`~embedrank.math.sparse.max_rows`): SPLADE's max
+        over tokens, over every token of the text. Token counts are then summed over the windows, and
+        ``truncated`` flags text the chunking bounds left out.
+
         Raises:
-            InputTooLongError: ``truncate=False`` and a text is longer than ``max_seq_length`` tokens.
+            InputTooLongError: ``truncate=False`` and a text is longer than ``max_seq_length`` tokens (with
+                ``chunking``: than its bounds allow).
+            InvalidInputError: ``chunking.aggregate`` is not ``"max"``.
         """
         texts = check_texts(texts)
+        if chunking is not None:
+            return self._encode_windows(texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking)
         rows: list[sp.csr_matrix | None] = [None] * len(texts)
         counts, cut = [0] * len(texts), [False] * len(texts)
         for positions, batch in length_batches(
@@ -220,9 +233,32 @@ class SparseEncoder(Routed):
         batch_size: int = 16,
         top_k: int | None = None,
         truncate: bool = True,
+        chunking: Chunking | None = None,
     ) -> sp.csr_matrix:
         """The sparse vectors ``(N, V)`` of ``texts`` (see :meth:`encode_with_stats`)."""
-        return self.encode_with_stats(texts, batch_size=batch_size, top_k=top_k, truncate=truncate)[0]
+        return self.encode_with_stats(texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking)[
+            0
+        ]
+
+    def _encode_windows(
+        self, texts: list[str], *, batch_size: int, top_k: int | None, truncate: bool, chunking: Chunking
+    ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
+        """:meth:`encode_with_stats` window by window, each text's weights the max over its windows."""
+        if chunking.aggregate != "max":
+            raise InvalidInputError(
+                f"a SPLADE vector is a max over tokens, so its windows combine by max: aggregate must be 'max', "
+                f"got {chunking.aggregate!r}",
+                param="aggregate",
+            )
+        plan = ChunkPlan.make(
+            texts, self.token_offsets, window=self.chunk_window(), chunking=chunking, truncate=truncate, param="texts"
+        )
+        rows, counts, cut = self.encode_with_stats(plan.texts, batch_size=batch_size, truncate=truncate)
+        owners, n = plan.windows.owners, len(texts)
+        vectors = max_rows(rows, owners, n)
+        totals = np.bincount(owners, weights=np.asarray(counts, dtype=np.float64), minlength=n).astype(np.int64)
+        vectors = prune_rows(vectors, top_k) if top_k is not None else vectors
+        return vectors, totals.tolist(), document_flags(plan.windows, cut)
 
     def encode_query(self, texts: Sequence[str], **options: Any) -> sp.csr_matrix:
         """:meth:`encode` on the query route (an inference-free SPLADE's weights per token), as
@@ -243,7 +279,15 @@ class SparseEncoder(Routed):
         batch = collate_rows(self.tokenizer, rows)
         return ModelOutput(self._weights(batch.features), batch.token_counts, batch.truncated)
 
-    # -- token accounting (/v1/tokenize, TEI's /tokenize) --------------------------------------------
+    # -- token accounting (/v1/tokenize, TEI's /tokenize) and long texts ---------------------------
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
+        return text_offsets(self.tokenizer, self._prepare(texts))
+
+    def chunk_window(self) -> int:
+        """Text tokens that fit one forward pass: the max length minus the special tokens."""
+        return max(1, self.max_seq_length - self.tokenizer.num_special_tokens_to_add(pair=False))
+
     def count_tokens(self, texts: Sequence[str], *, prompt: str = "") -> list[int]:
         """Untruncated token count of each ``prompt + text`` as the model sees it, special tokens included."""
         return token_lengths(self.tokenizer, self._prepare(with_prompt(check_texts(texts), prompt)))

@@ -260,6 +260,13 @@ class TokenSpan:
     stop: int | None
 
 
+def text_offsets(tokenizer: Any, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+    """Character span of each token of each text, special tokens excluded, untruncated (what
+    :func:`~embedrank.models.chunking.split_windows` splits long texts on)."""
+    enc = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False)
+    return [[(int(a), int(b)) for a, b in spans] for spans in enc["offset_mapping"]]
+
+
 def token_spans(tokenizer: Any, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
     """Every token of each text, untruncated: a text token's ``text`` is the input's characters it covers,
     a special token's is its spelling (as TEI's ``/tokenize``)."""

@@ -17,6 +17,7 @@ import scipy.sparse as sp
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.sparse import sparse_scores
+from embedrank.models.chunking import Chunking
 from embedrank.models.sparse import SparseEncoder
 from embedrank.retrieval.data import doc_text
 from embedrank.retrieval.sparse_index import SparseIndex
@@ -39,12 +40,18 @@ class SparseRetriever:
         batch_size: int = 16,
         vectors: sp.csr_matrix | None = None,
         index: Literal["exact", "seismic"] = "exact",
+        chunking: Chunking | None = None,
     ) -> None:
         """Encode ``texts`` (or take their ``vectors`` ``(N, V)`` when given); ``index``: how queries are
-        scored (see the module doc)."""
+        scored (see the module doc); ``chunking``: read a long document window by window, each term weighing
+        its largest weight over the windows (:meth:`SparseEncoder.encode_with_stats
+        <embedrank.models.sparse.SparseEncoder.encode_with_stats>`), instead of its first ``max_seq_length``
+        tokens."""
         self.encoder = encoder
         self.ids = [str(i) for i in ids]
-        self.vectors = vectors if vectors is not None else encoder.encode_document(texts, batch_size=batch_size)
+        if vectors is None:
+            vectors = encoder.encode_document(texts, batch_size=batch_size, chunking=chunking)
+        self.vectors = vectors
         if self.vectors.shape[0] != len(self.ids):
             raise ValueError(f"{self.vectors.shape[0]} vectors for {len(self.ids)} documents")
         if index not in ("exact", "seismic"):
@@ -61,10 +68,13 @@ class SparseRetriever:
         *,
         batch_size: int = 16,
         index: Literal["exact", "seismic"] = "exact",
+        chunking: Chunking | None = None,
     ) -> SparseRetriever:
-        """SPLADE over a BEIR corpus; a document's text is ``title + " " + text``."""
+        """SPLADE over a BEIR corpus; a document's text is ``title + " " + text`` (``chunking`` as in the
+        constructor)."""
         ids = list(corpus)
-        return cls(encoder, ids, [doc_text(corpus[d]) for d in ids], batch_size=batch_size, index=index)
+        texts = [doc_text(corpus[d]) for d in ids]
+        return cls(encoder, ids, texts, batch_size=batch_size, index=index, chunking=chunking)
 
     def retrieve(self, queries: Queries, k: int) -> Run:
         """Top ``k`` documents per query (score > 0) as a BEIR run, ties broken by document order."""
