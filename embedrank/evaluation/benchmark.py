@@ -77,6 +77,8 @@ class BenchmarkConfig:
     prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
     prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
     dense_windows: bool = False  # dense stages embed every window of a long document, scoring its best (MaxP)
+    sparse_windows: bool = False  # the SPLADE stage reads every window of a long document, each term's max over them
+    sparse_max_seq_length: int | None = None  # the SPLADE model's window in tokens (default: the model's)
     fusion_depth: int | None = None  # also keep the first stage's top N (fusion_run), for fusions made later
     show_progress: bool | None = None
 
@@ -124,6 +126,9 @@ class BenchmarkResult:
             "model": self.config.model if self.config.retriever != "bm25" else None,
             "reranker": self.config.reranker,
             "rerank_max_seq_length": self.config.rerank_max_seq_length,
+            "sparse_model": self.config.sparse_model if "splade" in self.config.retriever else None,
+            "sparse_max_seq_length": self.config.sparse_max_seq_length,
+            "sparse_windows": self.config.sparse_windows,
             "chunking": dataclasses.asdict(self.config.chunking) if self.config.chunking else None,
             "k_retrieve": self.config.k_retrieve,
             "index": self.config.index if self.config.retriever != "bm25" else None,
@@ -172,17 +177,22 @@ def _bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> Firs
     return BM25Retriever.from_corpus(ds.corpus)
 
 
-_SPLADE: dict[tuple[str, str, str | None], SparseRetriever] = {}  # (model, collection, backend) -> encoded corpus
+_SPLADE: dict[tuple[str, str, str | None, bool, int | None], SparseRetriever] = {}  # a corpus encoded once per setting
 
 
 def _splade_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
     """SPLADE over the collection (the corpus is encoded once per process and model)."""
-    notes.append(f"SPLADE: {cfg.sparse_model}, exact sparse dot products")
-    key = (cfg.sparse_model, str(ds.path), cfg.backend)
+    key = (cfg.sparse_model, str(ds.path), cfg.backend, cfg.sparse_windows, cfg.sparse_max_seq_length)
     if key not in _SPLADE:
         named = cfg.backend if cfg.backend not in (None, "auto") else None  # fp32 on the named backend
-        encoder = SparseEncoder.from_pretrained(cfg.sparse_model, backend=named)
-        _SPLADE[key] = SparseRetriever.from_corpus(encoder, ds.corpus)
+        encoder = SparseEncoder.from_pretrained(
+            cfg.sparse_model, backend=named, max_seq_length=cfg.sparse_max_seq_length
+        )
+        chunking = Chunking() if cfg.sparse_windows else None
+        _SPLADE[key] = SparseRetriever.from_corpus(encoder, ds.corpus, chunking=chunking)
+    reads = "every window of a long document (max per term)" if cfg.sparse_windows else "the first window"
+    window = _SPLADE[key].encoder.max_seq_length
+    notes.append(f"SPLADE: {cfg.sparse_model}, exact sparse dot products; reads {reads} of {window} tokens")
     return _SPLADE[key]
 
 
