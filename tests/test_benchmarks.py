@@ -207,3 +207,22 @@ def test_windowed_dense_stages_are_named_and_fused(tmp_path):
         cfg = BenchmarkConfig(retriever=retriever, dense_windows=True, embeddings=embeddings, use_cache=False)
         with pytest.raises(InvalidInputError, match="do not combine"):
             run_benchmark(root, cfg)
+
+
+def test_another_split_runs_its_own_queries_under_its_own_name(tmp_path, capsys):
+    """--split: the queries judged in qrels/<split>.tsv, reported as '<name>:<split>' with BM25 computed (a
+    collection's published BM25 run is for its test queries); a split the collection lacks is refused."""
+    from embedrank.retrieval.data import load_beir, write_demo_collection
+
+    root = write_demo_collection(tmp_path / "data")
+    test_qrels = (root / "qrels" / "test.tsv").read_text(encoding="utf-8").splitlines()
+    (root / "qrels" / "train.tsv").write_text("\n".join(test_qrels[:1] + test_qrels[3:]) + "\n", encoding="utf-8")
+    train = load_beir(root, split="train")
+    result = run_benchmark(str(root), BenchmarkConfig(retriever="bm25", split="train", use_cache=False))
+    assert result.dataset == f"{train.name}:train" and set(result.run) == set(train.queries)
+    assert set(train.queries) < set(load_beir(root).queries) and result.config.fresh_bm25
+    sys.path.insert(0, str(ROOT / "eval"))
+    import run
+
+    assert run.main([str(root), "--retriever", "bm25", "--split", "dev", "--run-dir", str(tmp_path / "runs")]) == 2
+    assert "no qrels/dev.tsv" in capsys.readouterr().err

@@ -66,6 +66,7 @@ class BenchmarkConfig:
     rescore_multiplier: int = 4  # binary index: Hamming candidates per result kept
     batch_size: int = 64
     max_queries: int | None = None
+    split: str = "test"  # the judged queries: qrels/<split>.tsv (results of another split are named "<name>:<split>")
     use_cache: bool = True
     cache_dir: str | None = None
     fresh_bm25: bool = False
@@ -215,7 +216,10 @@ def run_benchmark(
     timings: dict[str, float] = {}
     sizes: list[float] = []  # bytes per vector of the dense index, when it can tell
     start = time.perf_counter()
-    ds = dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, data_dir=data_dir)
+    ds = dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, split=cfg.split, data_dir=data_dir)
+    if cfg.split != "test":  # another split's queries: never mistaken for the test figures, nor their BM25 run
+        ds = dataclasses.replace(ds, name=f"{ds.name}:{cfg.split}")
+        cfg = dataclasses.replace(cfg, fresh_bm25=True)
     ds = subset(ds, cfg.max_queries)
     timings["load_s"] = time.perf_counter() - start
     level = relevance_level(ds.name)
