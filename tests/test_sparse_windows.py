@@ -95,7 +95,7 @@ def test_the_sparse_retriever_reads_every_window(short_splade):
 @pytest.mark.slow  # runs eval/run.py as a subprocess
 def test_the_harness_names_a_windowed_splade_and_fuses_it(short_splade, tmp_path):
     """--sparse-windows: the splade stage reads every window and is named ``splade~windows`` alone and in the
-    fusions, whose -cv systems find it; --sparse-max-seq-length sets the window it reads."""
+    fusions, whose -cv systems find it; --sparse-max-seq-length sets the window it reads (``splade~N``)."""
     import json
     import subprocess
     import sys
@@ -111,23 +111,23 @@ def test_the_harness_names_a_windowed_splade_and_fuses_it(short_splade, tmp_path
     windowed = run_benchmark(
         collection, BenchmarkConfig(**{**base.__dict__, "retriever": "splade", "sparse_windows": True})
     )
-    assert windowed.system == "splade~windows"
+    assert windowed.system == "splade~16~windows"
     assert any("every window of a long document (max per term) of 16 tokens" in n for n in windowed.notes)
     ds = load_beir(collection)
     expected = SparseRetriever.from_corpus(short_splade, ds.corpus, chunking=Chunking()).retrieve(ds.queries, 100)
     assert windowed.run == expected
     first = run_benchmark(collection, BenchmarkConfig(**{**base.__dict__, "retriever": "splade"}))
-    assert first.system == "splade" and first.run != windowed.run  # the demo's documents are longer than 16 tokens
+    assert first.system == "splade~16" and first.run != windowed.run  # the demo's documents are longer than 16 tokens
     assert windowed.to_json()["sparse_windows"] and first.to_json()["sparse_max_seq_length"] == 16
 
     out = subprocess.run(
         [sys.executable, str(root / "eval" / "run.py"), "--sparse-model", short_splade.spec.path,
          "--sparse-max-seq-length", "16", "--sparse-windows", "--retriever", "bm25", "splade", "hybrid:bm25+splade",
          "--fusion-cv", "2", "--fresh-bm25", "--no-cache", "--run-dir", str(tmp_path / "runs"),
-         "--test", "hybrid:bm25+splade~windows-cv", "--baseline", "bm25", "--json-out", str(tmp_path / "r.json")],
+         "--test", "hybrid:bm25+splade~16~windows-cv", "--baseline", "bm25", "--json-out", str(tmp_path / "r.json")],
         capture_output=True, text=True, cwd=tmp_path, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
-    assert {r["system"] for r in report["runs"]} >= {"splade~windows", "hybrid:bm25+splade~windows"}
-    assert {c["system"] for c in report["comparisons"]} == {"hybrid:bm25+splade~windows-cv"}
+    assert {r["system"] for r in report["runs"]} >= {"splade~16~windows", "hybrid:bm25+splade~16~windows"}
+    assert {c["system"] for c in report["comparisons"]} == {"hybrid:bm25+splade~16~windows-cv"}

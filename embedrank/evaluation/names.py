@@ -25,8 +25,9 @@ def _runtime_suffix(cfg: BenchmarkConfig) -> str:
 def first_stage_name(cfg: BenchmarkConfig) -> str:
     """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not the
     default one (BM25 and SPLADE use no dense model), ``~maxp`` for windowed dense stages (which name their
-    model, default or not), ``splade~windows`` for a SPLADE stage reading every window (alone or as a
-    fusion's part), ``~int8``/``~bf16`` for a lower precision.
+    model, default or not), ``splade~N`` for a SPLADE stage reading ``N`` tokens instead of its model's own
+    window and ``splade~windows`` for one reading every window (alone or as a fusion's part), ``~int8``/``~bf16``
+    for a lower precision.
 
     >>> from embedrank.evaluation.benchmark import BenchmarkConfig
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid", model="models/MiniLM-SciFact/"))
@@ -35,11 +36,15 @@ def first_stage_name(cfg: BenchmarkConfig) -> str:
     'hybrid:bm25+dense+splade@all-minilm-l6-v2~maxp'
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid:bm25+dense+splade", sparse_windows=True))
     'hybrid:bm25+dense+splade~windows'
+    >>> first_stage_name(BenchmarkConfig(retriever="splade", sparse_max_seq_length=512))
+    'splade~512'
     """
     name: str = cfg.retriever
-    if cfg.sparse_windows:  # the SPLADE part is named where it stands, so a fusion's parts keep their names
+    length = f"~{cfg.sparse_max_seq_length}" if cfg.sparse_max_seq_length else ""
+    sparse = "splade" + length + ("~windows" if cfg.sparse_windows else "")
+    if sparse != "splade":  # the SPLADE part is named where it stands, so a fusion's parts keep their names
         kind, colon, parts = name.rpartition(":")
-        name = kind + colon + "+".join(p + "~windows" if p == "splade" else p for p in parts.split("+"))
+        name = kind + colon + "+".join(sparse if p == "splade" else p for p in parts.split("+"))
     if cfg.retriever in ("bm25", "splade"):
         return name
     if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2") or cfg.dense_windows:
