@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--reranker",
         nargs="+",
         metavar="ID",
-        help="cross-encoder ids/paths, or embedding models (bi-encoder scorer); kind is detected. Each reranks "
+        help="cross-encoder ids/paths, embedding models (bi-encoder scorer), ColBERT models (MaxSim) or bge-m3 models "
+        "(its combined dense, lexical and MaxSim score); kind is detected. Each reranks "
         "every first stage; the first stages alone are reported too",
     )
     p.add_argument(

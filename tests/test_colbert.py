@@ -280,3 +280,20 @@ def test_the_service_serves_token_vectors_and_maxsim_and_refuses_what_does_not_a
         response = client.post("/v1/embeddings", json=body)  # 3 expanded queries: 36 token vectors
         assert response.status_code == 400 and "EMBEDRANK_MAX_MULTIVECTOR_TOKENS" in response.text
         assert client.post("/v1/embeddings", json={**body, "input": QUERIES[:2]}).status_code == 200
+
+
+def test_the_harness_reranks_with_a_colbert_model(tmp_path):
+    """eval/run.py --reranker <ColBERT>: the first stage's candidates reordered by MaxSim."""
+    from embedrank.evaluation.benchmark import BenchmarkConfig, run_benchmark
+    from embedrank.retrieval.data import doc_text, load_beir, write_demo_collection
+
+    root = write_demo_collection(tmp_path)
+    path = tiny_colbert()
+    cfg = BenchmarkConfig(retriever="bm25", reranker=path, k_retrieve=5, backend="torch", use_cache=False)
+    result = run_benchmark(str(root), cfg)
+    assert result.system == f"bm25>{Path(path).name.lower()}"
+    ds, model = load_beir(root), ColBERTEncoder.from_pretrained(path, backend="torch")
+    for qid, ranked in result.run.items():
+        assert set(ranked) == set(result.first_stage_run[qid])  # the candidates, reordered
+        scores = model.score(ds.queries[qid], [doc_text(ds.corpus[d]) for d in ranked])  # MaxSim, alone
+        np.testing.assert_allclose(list(ranked.values()), scores, rtol=1e-5)
