@@ -375,6 +375,41 @@ def cv_system(name: str) -> str | None:
     return None
 
 
+def base_config(args):
+    """The configuration every run of ``args`` starts from (what :func:`configurations` varies is left at
+    its default)."""
+    from embedrank.evaluation.benchmark import BenchmarkConfig
+    from embedrank.models.chunking import Chunking
+
+    return BenchmarkConfig(
+        backend=args.backend,
+        precision=args.precision,
+        rerank_max_seq_length=args.rerank_max_seq_length,
+        chunking=Chunking(overlap=args.chunk_overlap, aggregate=args.chunk_aggregation) if args.chunk else None,
+        k_retrieve=args.k_retrieve,
+        index=args.index,
+        rescore=args.rescore,
+        rescore_multiplier=args.rescore_multiplier,
+        batch_size=args.batch_size,
+        max_queries=args.max_queries,
+        split=args.split,
+        use_cache=not args.no_cache,
+        cache_dir=args.cache_dir,
+        fresh_bm25=args.fresh_bm25,
+        hybrid_weight=args.hybrid_weight,
+        hybrid_method=args.hybrid_method,
+        hybrid_normalization=args.hybrid_normalization,
+        embeddings=args.embeddings,
+        sparse_model=args.sparse_model,
+        sparse_windows=args.sparse_windows,
+        sparse_max_seq_length=args.sparse_max_seq_length,
+        prf_k=args.prf_k,
+        prf_beta=args.prf_beta,
+        fusion_depth=args.fusion_cv_depth if args.fusion_cv else None,
+        show_progress=None,
+    )
+
+
 def planned_systems(args, base) -> list[str]:
     """The names of the systems a run of ``args`` will report (``base``: the configuration every run starts
     from), before anything runs: each (model, retriever, reranker), a reranked system's first stage, and the
@@ -405,43 +440,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedrank.errors import EmbedrankError
     from embedrank.evaluation.benchmark import (
-        BenchmarkConfig,
         relevance_level,
         results_table,
         run_benchmark,
         unique_systems,
     )
     from embedrank.evaluation.compare import compare_systems, system_from_run_file
-    from embedrank.models.chunking import Chunking
     from embedrank.retrieval.data import load_beir, write_demo_collection
 
-    base = BenchmarkConfig(
-        backend=args.backend,
-        precision=args.precision,
-        rerank_max_seq_length=args.rerank_max_seq_length,
-        chunking=Chunking(overlap=args.chunk_overlap, aggregate=args.chunk_aggregation) if args.chunk else None,
-        k_retrieve=args.k_retrieve,
-        index=args.index,
-        rescore=args.rescore,
-        rescore_multiplier=args.rescore_multiplier,
-        batch_size=args.batch_size,
-        max_queries=args.max_queries,
-        split=args.split,
-        use_cache=not args.no_cache,
-        cache_dir=args.cache_dir,
-        fresh_bm25=args.fresh_bm25,
-        hybrid_weight=args.hybrid_weight,
-        hybrid_method=args.hybrid_method,
-        hybrid_normalization=args.hybrid_normalization,
-        embeddings=args.embeddings,
-        sparse_model=args.sparse_model,
-        sparse_windows=args.sparse_windows,
-        sparse_max_seq_length=args.sparse_max_seq_length,
-        prf_k=args.prf_k,
-        prf_beta=args.prf_beta,
-        fusion_depth=args.fusion_cv_depth if args.fusion_cv else None,
-        show_progress=None,
-    )
+    base = base_config(args)
     from embedrank.errors import InvalidInputError
     from embedrank.math.metrics import DEFAULT_K, parse_measures
 

@@ -162,7 +162,7 @@ def test_cli_refuses_a_system_that_will_not_run_before_running_anything(tmp_path
     assert run.main([*argv, "--dense-windows", "m/Other"]) == 2  # only models that run can be windowed
     assert "--dense-windows names models that are not in --model" in capsys.readouterr().err
     sparse = run.build_parser().parse_args([*windowed, "--dense-windows", "m/Long", "--sparse-windows"])
-    assert run.planned_systems(sparse, BenchmarkConfig(sparse_windows=True))[2:] == [
+    assert run.planned_systems(sparse, run.base_config(sparse))[2:] == [
         "hybrid:bm25+dense+splade~windows@long~maxp", "hybrid:bm25+dense+splade~windows-cv@plain",
         "hybrid:bm25+dense+splade~windows-cv@long~maxp"]  # fmt: skip
     for flag in (["--sparse-windows"], ["--sparse-max-seq-length", "256"]):

@@ -140,8 +140,6 @@ def test_documented_harness_commands_parse():
     import run
     import train
 
-    from embedrank.evaluation.benchmark import BenchmarkConfig
-
     commands = _script_commands("run.py")
     assert len(commands) >= 10
     for page, argv in commands:
@@ -152,7 +150,7 @@ def test_documented_harness_commands_parse():
             continue
         if not args.compare:  # the systems it names for the tests are systems it runs
             named = [*(args.test or []), *([args.baseline] if args.baseline else [])]
-            assert set(named) <= set(run.planned_systems(args, BenchmarkConfig())), (page.name, argv)
+            assert set(named) <= set(run.planned_systems(args, run.base_config(args))), (page.name, argv)
     training = _script_commands("train.py")
     assert training
     for _page, argv in training:
