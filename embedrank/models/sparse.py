@@ -236,9 +236,10 @@ class SparseEncoder(Routed):
         chunking: Chunking | None = None,
     ) -> sp.csr_matrix:
         """The sparse vectors ``(N, V)`` of ``texts`` (see :meth:`encode_with_stats`)."""
-        return self.encode_with_stats(texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking)[
-            0
-        ]
+        vectors, _, _ = self.encode_with_stats(
+            texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking
+        )
+        return vectors
 
     def _encode_windows(
         self, texts: list[str], *, batch_size: int, top_k: int | None, truncate: bool, chunking: Chunking
