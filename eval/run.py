@@ -157,6 +157,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hybrid-method", choices=["score", "rrf"], default="score", help="fusion for --retriever hybrid")
     p.add_argument("--hybrid-weight", type=float, default=0.5, help="dense weight in score fusion (default: 0.5)")
     p.add_argument(
+        "--fusion-weights",
+        type=float,
+        nargs="+",
+        metavar="W",
+        help="the weights of a hybrid:a+b(+c) fusion's stages, in the order it names them (default: equal); normalized "
+        "as --hybrid-normalization says. E.g. weights fitted on held-out training queries, applied to the test queries",
+    )
+    p.add_argument(
+        "--query-ids",
+        metavar="FILE",
+        help="run only the judged queries whose ids FILE lists, one per line (e.g. the validation_queries.txt that "
+        "eval/train.py writes: training queries the fine-tuned model never trained on, with --split train)",
+    )
+    p.add_argument(
         "--hybrid-normalization", choices=["minmax", "zscore"], default="minmax", help="score fusion normalization"
     )
     p.add_argument("--prf-k", type=int, default=3, help="*-prf: feedback documents (default: 3)")
@@ -375,9 +389,9 @@ def cv_system(name: str) -> str | None:
     return None
 
 
-def base_config(args):
+def base_config(args, query_ids: tuple[str, ...] | None = None):
     """The configuration every run of ``args`` starts from (what :func:`configurations` varies is left at
-    its default)."""
+    its default); ``query_ids``: the ids ``--query-ids`` lists, read by the caller."""
     from embedrank.evaluation.benchmark import BenchmarkConfig
     from embedrank.models.chunking import Chunking
 
@@ -392,6 +406,8 @@ def base_config(args):
         rescore_multiplier=args.rescore_multiplier,
         batch_size=args.batch_size,
         max_queries=args.max_queries,
+        query_ids=query_ids,
+        fusion_weights=tuple(args.fusion_weights) if args.fusion_weights else None,
         split=args.split,
         use_cache=not args.no_cache,
         cache_dir=args.cache_dir,
@@ -438,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import pandas as pd
 
-    from embedrank.errors import EmbedrankError
+    from embedrank.errors import EmbedrankError, InvalidInputError
     from embedrank.evaluation.benchmark import (
         relevance_level,
         results_table,
@@ -446,13 +462,20 @@ def main(argv: list[str] | None = None) -> int:
         unique_systems,
     )
     from embedrank.evaluation.compare import compare_systems, system_from_run_file
+    from embedrank.math.metrics import DEFAULT_K, parse_measures
     from embedrank.retrieval.data import load_beir, write_demo_collection
 
-    base = base_config(args)
-    from embedrank.errors import InvalidInputError
-    from embedrank.math.metrics import DEFAULT_K, parse_measures
-
     try:
+        if args.query_ids and not Path(args.query_ids).is_file():
+            raise InvalidInputError(f"--query-ids {args.query_ids}: no such file")
+        query_ids = tuple(Path(args.query_ids).read_text(encoding="utf-8").split()) if args.query_ids else None
+        fusions = [r for r in args.retriever if r.startswith("hybrid:")]
+        if args.fusion_weights and (not fusions or any(len(r.split("+")) != len(args.fusion_weights) for r in fusions)):
+            raise InvalidInputError(
+                f"--fusion-weights gives {len(args.fusion_weights)} weights; every hybrid:a+b(+c) in --retriever must "
+                f"fuse as many stages (got {fusions})"
+            )
+        base = base_config(args, query_ids)
         _, ks = parse_measures(args.metrics)
         if not set(ks) <= set(DEFAULT_K) | {args.k_retrieve}:
             raise InvalidInputError(f"--metrics cut-offs must be among {sorted(set(DEFAULT_K) | {args.k_retrieve})}")

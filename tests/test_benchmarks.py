@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -226,3 +227,38 @@ def test_another_split_runs_its_own_queries_under_its_own_name(tmp_path, capsys)
 
     assert run.main([str(root), "--retriever", "bm25", "--split", "dev", "--run-dir", str(tmp_path / "runs")]) == 2
     assert "no qrels/dev.tsv" in capsys.readouterr().err
+
+
+def test_listed_queries_and_fixed_fusion_weights(tmp_path, capsys):
+    """--query-ids runs only the listed judged queries (an unjudged id is refused); --fusion-weights fuses a
+    hybrid:a+b(+c)'s stages with those weights, normalized as --hybrid-normalization says."""
+    from embedrank.errors import InvalidInputError
+    from embedrank.math.fusion import weighted_fusion
+    from embedrank.math.ranking import top_k
+    from embedrank.retrieval.data import load_beir, write_demo_collection
+
+    root = str(write_demo_collection(tmp_path / "data"))
+    listed = sorted(load_beir(root).queries)[:2]
+    base = BenchmarkConfig(retriever="bm25", use_cache=False, query_ids=tuple(listed))
+    assert set(run_benchmark(root, base).run) == set(listed)
+    with pytest.raises(InvalidInputError, match="not judged queries"):
+        run_benchmark(root, dataclasses.replace(base, query_ids=("nope",)))
+    weighted = dataclasses.replace(
+        base, retriever="hybrid:bm25+dense", fusion_weights=(0.8, 0.2), hybrid_normalization="zscore"
+    )
+    fused = run_benchmark(root, weighted)
+    parts = [
+        run_benchmark(root, dataclasses.replace(base, retriever=r, k_retrieve=1000)).run for r in ("bm25", "dense")
+    ]
+    assert fused.run == top_k(weighted_fusion(parts, [0.8, 0.2], normalization="zscore"), 100)
+    assert any("zscore normalized scores, weights [0.8, 0.2]" in note for note in fused.notes)
+    with pytest.raises(InvalidInputError, match="fuses 2 stages; 3 fusion weights"):
+        run_benchmark(root, dataclasses.replace(weighted, fusion_weights=(0.2, 0.3, 0.5)))
+    sys.path.insert(0, str(ROOT / "eval"))
+    import run
+
+    argv = [root, "--retriever", "bm25", "hybrid:bm25+splade", "--run-dir", str(tmp_path / "runs")]
+    assert run.main([*argv, "--fusion-weights", "0.5", "0.3", "0.2"]) == 2
+    assert "every hybrid:a+b(+c) in --retriever must fuse as many stages" in capsys.readouterr().err
+    assert run.main([*argv, "--query-ids", str(tmp_path / "missing.txt")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -52,6 +52,9 @@ def test_finetune_a_few_steps_saves_a_model_embedrank_loads(data_dir, tmp_path, 
     assert result.steps == 2 and result.best_validation_ndcg is not None and len(result.history) == 2
     record = json.loads((tmp_path / "model" / "embedrank_training.json").read_text())
     assert record["train_queries"] == 18 and record["validation_queries"] == 6 and record["steps"] == 2
+    held = (tmp_path / "model" / "validation_queries.txt").read_text().split()  # for eval/run.py --query-ids
+    tiny = _tiny(data_dir)
+    assert held == split_queries([q for q in tiny.qrels if q in tiny.queries], 0.25, cfg.seed)[1]  # the held-out six
     tuned = Encoder.from_pretrained(str(tmp_path / "model"))
     texts = ["the tilt of the earth causes seasons", "bananas are rich in potassium"]
     after, before = tuned.encode(texts), encoder.encode(texts)

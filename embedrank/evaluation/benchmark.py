@@ -66,6 +66,8 @@ class BenchmarkConfig:
     rescore_multiplier: int = 4  # binary index: Hamming candidates per result kept
     batch_size: int = 64
     max_queries: int | None = None
+    query_ids: tuple[str, ...] | None = None  # only these judged queries (e.g. a fine-tune's held-out ones)
+    fusion_weights: tuple[float, ...] | None = None  # hybrid:a+b(+c): a weight per part, in order (None: equal)
     split: str = "test"  # the judged queries: qrels/<split>.tsv (results of another split are named "<name>:<split>")
     use_cache: bool = True
     cache_dir: str | None = None
@@ -159,11 +161,18 @@ def cached_reranker(
 FUSABLE = ("bm25", "dense", "splade")  # the first stages that hybrid:a+b(+c) and the -cv fusions fuse
 
 
-def subset(ds: BeirDataset, max_queries: int | None) -> BeirDataset:
-    """The first ``max_queries`` judged queries (file order), with their qrels."""
-    if max_queries is None or max_queries >= len(ds.queries):
+def subset(ds: BeirDataset, max_queries: int | None, query_ids: Sequence[str] | None = None) -> BeirDataset:
+    """The judged queries ``query_ids`` names (all when None; one it names that is not judged is refused), the
+    first ``max_queries`` of them (file order), with their qrels."""
+    keep = list(ds.queries)
+    if query_ids is not None:
+        unknown = sorted(set(query_ids) - set(keep))
+        if unknown:
+            raise InvalidInputError(f"{len(unknown)} query ids are not judged queries of {ds.name}: {unknown[:5]}")
+        keep = [q for q in keep if q in set(query_ids)]
+    if max_queries is None and query_ids is None:
         return ds
-    keep = list(ds.queries)[:max_queries]
+    keep = keep[:max_queries]
     return dataclasses.replace(ds, queries={q: ds.queries[q] for q in keep}, qrels={q: dict(ds.qrels[q]) for q in keep})
 
 
@@ -220,7 +229,7 @@ def run_benchmark(
     if cfg.split != "test":  # another split's queries: never mistaken for the test figures, nor their BM25 run
         ds = dataclasses.replace(ds, name=f"{ds.name}:{cfg.split}")
         cfg = dataclasses.replace(cfg, fresh_bm25=True)
-    ds = subset(ds, cfg.max_queries)
+    ds = subset(ds, cfg.max_queries, cfg.query_ids)
     timings["load_s"] = time.perf_counter() - start
     level = relevance_level(ds.name)
 
@@ -300,14 +309,18 @@ def run_benchmark(
         first = DensePRFRetriever(plain_dense(), k=cfg.prf_k, beta=cfg.prf_beta)
     elif cfg.retriever == "splade":
         first = _splade_stage(ds, cfg, notes)
-    elif cfg.retriever.startswith("hybrid:"):  # equal-weight min-max score fusion of the named stages
+    elif cfg.retriever.startswith("hybrid:"):  # weighted (default: equal) normalized score fusion of the stages
         parts = {
             "bm25": lambda: _bm25_stage(ds, cfg, notes),
             "dense": dense,
             "splade": lambda: _splade_stage(ds, cfg, notes),
         }
-        first = FusedRetriever([parts[name]() for name in cfg.retriever.split(":", 1)[1].split("+")])
-        notes.append(f"{cfg.retriever}: min-max normalized scores, equal weights")
+        names, weights = cfg.retriever.split(":", 1)[1].split("+"), cfg.fusion_weights
+        if weights is not None and len(weights) != len(names):
+            raise InvalidInputError(f"{cfg.retriever} fuses {len(names)} stages; {len(weights)} fusion weights given")
+        stages = [parts[name]() for name in names]
+        first = FusedRetriever(stages, list(weights) if weights else None, normalization=cfg.hybrid_normalization)
+        notes.append(f"{cfg.retriever}: {cfg.hybrid_normalization} normalized scores, weights {first.weights}")
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
     reranker = (

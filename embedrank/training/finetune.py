@@ -19,7 +19,8 @@ The recipe (:func:`finetune`), the same for both kinds of model:
 5. The best model is saved in sentence-transformers' format: ``Encoder.from_pretrained(output)`` (or
    ``SparseEncoder.from_pretrained``), ``eval/run.py --model output`` (``--sparse-model``) and the service
    load it as any local model. ``embedrank_training.json``
-   next to it records the configuration and the validation history.
+   next to it records the configuration and the validation history, ``validation_queries.txt`` the ids of the
+   held-out queries (``eval/run.py --split train --query-ids``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from embedrank.errors import InvalidInputError
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve, weights_fingerprint
 from embedrank.retrieval.cache import default_cache_dir
 from embedrank.retrieval.data import BeirDataset, doc_text, load_beir
+
+VALIDATION_QUERIES = "validation_queries.txt"  # beside the model: the held-out query ids, one per line
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -288,4 +291,5 @@ def finetune(
         "seconds": seconds,
     }
     (out / "embedrank_training.json").write_text(json.dumps(record, indent=2))
+    (out / VALIDATION_QUERIES).write_text("".join(f"{q}\n" for q in val_q), encoding="utf-8")  # never trained on
     return FinetuneResult(out, best, history, trainer.state.global_step, seconds)
