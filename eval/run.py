@@ -161,8 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         nargs="+",
         metavar="W",
-        help="the weights of a hybrid:a+b(+c) fusion's stages, in the order it names them (default: equal); normalized "
-        "as --hybrid-normalization says. E.g. weights fitted on held-out training queries, applied to the test queries",
+        help="the weights of a hybrid:a+b(+c) fusion's stages, in the order it names them (default: equal), e.g. "
+        "weights fitted on held-out training queries, applied to the test queries",
+    )
+    p.add_argument(
+        "--fusion-normalization",
+        choices=["minmax", "zscore"],
+        default="minmax",
+        help="how a hybrid:a+b(+c) fusion normalizes its stages' scores (default: minmax; plain hybrid follows "
+        "--hybrid-normalization)",
     )
     p.add_argument(
         "--query-ids",
@@ -408,6 +415,7 @@ def base_config(args, query_ids: tuple[str, ...] | None = None):
         max_queries=args.max_queries,
         query_ids=query_ids,
         fusion_weights=tuple(args.fusion_weights) if args.fusion_weights else None,
+        fusion_normalization=args.fusion_normalization,
         split=args.split,
         use_cache=not args.no_cache,
         cache_dir=args.cache_dir,

@@ -231,7 +231,7 @@ def test_another_split_runs_its_own_queries_under_its_own_name(tmp_path, capsys)
 
 def test_listed_queries_and_fixed_fusion_weights(tmp_path, capsys):
     """--query-ids runs only the listed judged queries (an unjudged id is refused); --fusion-weights fuses a
-    hybrid:a+b(+c)'s stages with those weights, normalized as --hybrid-normalization says."""
+    hybrid:a+b(+c)'s stages with those weights, normalized as --fusion-normalization says."""
     from embedrank.errors import InvalidInputError
     from embedrank.math.fusion import weighted_fusion
     from embedrank.math.ranking import top_k

@@ -68,6 +68,7 @@ class BenchmarkConfig:
     max_queries: int | None = None
     query_ids: tuple[str, ...] | None = None  # only these judged queries (e.g. a fine-tune's held-out ones)
     fusion_weights: tuple[float, ...] | None = None  # hybrid:a+b(+c): a weight per part, in order (None: equal)
+    fusion_normalization: Literal["minmax", "zscore"] = "minmax"  # hybrid:a+b(+c)'s score normalization
     split: str = "test"  # the judged queries: qrels/<split>.tsv (results of another split are named "<name>:<split>")
     use_cache: bool = True
     cache_dir: str | None = None
@@ -319,8 +320,8 @@ def run_benchmark(
         if weights is not None and len(weights) != len(names):
             raise InvalidInputError(f"{cfg.retriever} fuses {len(names)} stages; {len(weights)} fusion weights given")
         stages = [parts[name]() for name in names]
-        first = FusedRetriever(stages, list(weights) if weights else None, normalization=cfg.hybrid_normalization)
-        notes.append(f"{cfg.retriever}: {cfg.hybrid_normalization} normalized scores, weights {first.weights}")
+        first = FusedRetriever(stages, list(weights) if weights else None, normalization=cfg.fusion_normalization)
+        notes.append(f"{cfg.retriever}: {cfg.fusion_normalization} normalized scores, weights {first.weights}")
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
     reranker = (
