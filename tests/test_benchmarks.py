@@ -244,7 +244,7 @@ def test_listed_queries_and_fixed_fusion_weights(tmp_path, capsys):
     with pytest.raises(InvalidInputError, match="not judged queries"):
         run_benchmark(root, dataclasses.replace(base, query_ids=("nope",)))
     weighted = dataclasses.replace(
-        base, retriever="hybrid:bm25+dense", fusion_weights=(0.8, 0.2), hybrid_normalization="zscore"
+        base, retriever="hybrid:bm25+dense", fusion_weights=(0.8, 0.2), fusion_normalization="zscore"
     )
     fused = run_benchmark(root, weighted)
     parts = [
