@@ -323,6 +323,8 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
                 "--fusion-cv needs dense and bm25 in --retriever, or a hybrid:a+b(+c) with each of its parts"
             )
         qrels = load_beir(sources.get(dataset, dataset), split=args.split, data_dir=args.data_dir).qrels
+        scored = set(next(r for r in runs if r.dataset == dataset).per_query.index)  # --query-ids, --max-queries
+        qrels = {q: judged for q, judged in qrels.items() if q in scored}
         level = relevance_level(dataset)
         found = {}
 

@@ -262,3 +262,24 @@ def test_listed_queries_and_fixed_fusion_weights(tmp_path, capsys):
     assert "every hybrid:a+b(+c) in --retriever must fuse as many stages" in capsys.readouterr().err
     assert run.main([*argv, "--query-ids", str(tmp_path / "missing.txt")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_cross_validated_fusions_score_only_the_listed_queries(tmp_path):
+    """With --query-ids (or --max-queries), a -cv system is scored on the same queries as its parts, not on
+    every query the split judges."""
+    from embedrank.retrieval.data import load_beir, write_demo_collection
+
+    root = str(write_demo_collection(tmp_path / "data"))
+    listed = sorted(load_beir(root).queries)[:4]
+    (tmp_path / "ids.txt").write_text("\n".join(listed) + "\n")
+    sys.path.insert(0, str(ROOT / "eval"))
+    import run
+
+    out = tmp_path / "r.json"
+    argv = [root, "--retriever", "bm25", "dense", "--fusion-cv", "2", "--query-ids", str(tmp_path / "ids.txt"),
+            "--no-cache", "--run-dir", str(tmp_path / "runs"), "--json-out", str(out)]  # fmt: skip
+    assert run.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert {r["system"] for r in report["runs"]} == {"bm25", "dense", "hybrid-cv"}
+    for r in report["runs"]:
+        assert sorted(r["per_query"]["ndcg@10"]) == listed, r["system"]
