@@ -165,14 +165,15 @@ FUSABLE = ("bm25", "dense", "splade")  # the first stages that hybrid:a+b(+c) an
 def subset(ds: BeirDataset, max_queries: int | None, query_ids: Sequence[str] | None = None) -> BeirDataset:
     """The judged queries ``query_ids`` names (all when None; one it names that is not judged is refused), the
     first ``max_queries`` of them (file order), with their qrels."""
-    keep = list(ds.queries)
-    if query_ids is not None:
-        unknown = sorted(set(query_ids) - set(keep))
-        if unknown:
-            raise InvalidInputError(f"{len(unknown)} query ids are not judged queries of {ds.name}: {unknown[:5]}")
-        keep = [q for q in keep if q in set(query_ids)]
     if max_queries is None and query_ids is None:
         return ds
+    keep = list(ds.queries)
+    if query_ids is not None:
+        listed = set(query_ids)
+        unknown = sorted(listed - set(keep))
+        if unknown:
+            raise InvalidInputError(f"{len(unknown)} query ids are not judged queries of {ds.name}: {unknown[:5]}")
+        keep = [q for q in keep if q in listed]
     keep = keep[:max_queries]
     return dataclasses.replace(ds, queries={q: ds.queries[q] for q in keep}, qrels={q: dict(ds.qrels[q]) for q in keep})
 

@@ -260,9 +260,22 @@ def pool_windows(out: ModelOutput, windows: Windows, *, normalize: bool) -> Mode
     n = len(windows.cut)
     weights = np.asarray(out.token_counts, dtype=np.float64)
     vectors = mean_window_vectors(out.values, windows.owners, n, weights)  # (N, D)
-    counts = np.bincount(windows.owners, weights=weights, minlength=n).astype(np.int64).tolist()
     flags = document_flags(windows, out.truncated)
-    return ModelOutput(l2_normalize(vectors) if normalize else vectors, counts, flags, windows.chunked)
+    return ModelOutput(
+        l2_normalize(vectors) if normalize else vectors, summed_counts(windows, weights), flags, windows.chunked
+    )
+
+
+def summed_counts(windows: Windows, token_counts: Sequence[float] | np.ndarray) -> list[int]:
+    """Per text: the token counts of its windows (``(W,)``), summed."""
+    weights = np.asarray(token_counts, dtype=np.float64)
+    return np.bincount(windows.owners, weights=weights, minlength=len(windows.cut)).astype(np.int64).tolist()
+
+
+def require_max(chunking: Chunking, why: str) -> None:
+    """Refuse ``chunking`` unless its windows combine by max (``why``: the reason, said in the error)."""
+    if chunking.aggregate != "max":
+        raise InvalidInputError(f"{why}: aggregate must be 'max', got {chunking.aggregate!r}", param="aggregate")
 
 
 def document_flags(windows: Windows, windows_truncated: Sequence[bool]) -> list[bool]:

@@ -25,9 +25,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from embedrank.errors import InvalidInputError, UnsupportedModelError
+from embedrank.errors import UnsupportedModelError
 from embedrank.math.sparse import max_rows, prune_rows, to_csr
-from embedrank.models.chunking import Chunking, ChunkPlan, document_flags
+from embedrank.models.chunking import Chunking, ChunkPlan, document_flags, require_max, summed_counts
 from embedrank.models.prompts import with_prompt
 from embedrank.models.router import Routed, routed
 from embedrank.models.tokens import (
@@ -245,21 +245,14 @@ class SparseEncoder(Routed):
         self, texts: list[str], *, batch_size: int, top_k: int | None, truncate: bool, chunking: Chunking
     ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
         """:meth:`encode_with_stats` window by window, each text's weights the max over its windows."""
-        if chunking.aggregate != "max":
-            raise InvalidInputError(
-                f"a SPLADE vector is a max over tokens, so its windows combine by max: aggregate must be 'max', "
-                f"got {chunking.aggregate!r}",
-                param="aggregate",
-            )
+        require_max(chunking, "a SPLADE vector is a max over tokens, so its windows combine by max")
         plan = ChunkPlan.make(
             texts, self.token_offsets, window=self.chunk_window(), chunking=chunking, truncate=truncate, param="texts"
         )
         rows, counts, cut = self.encode_with_stats(plan.texts, batch_size=batch_size, truncate=truncate)
-        owners, n = plan.windows.owners, len(texts)
-        vectors = max_rows(rows, owners, n)
-        totals = np.bincount(owners, weights=np.asarray(counts, dtype=np.float64), minlength=n).astype(np.int64)
+        vectors = max_rows(rows, plan.windows.owners, len(texts))
         vectors = prune_rows(vectors, top_k) if top_k is not None else vectors
-        return vectors, totals.tolist(), document_flags(plan.windows, cut)
+        return vectors, summed_counts(plan.windows, counts), document_flags(plan.windows, cut)
 
     def encode_query(self, texts: Sequence[str], **options: Any) -> sp.csr_matrix:
         """:meth:`encode` on the query route (an inference-free SPLADE's weights per token), as

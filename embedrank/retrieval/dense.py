@@ -11,9 +11,9 @@ from typing import Literal
 
 import numpy as np
 
-from embedrank.errors import IndexMismatchError, InvalidInputError
+from embedrank.errors import IndexMismatchError
 from embedrank.math.ranking import top_k
-from embedrank.models.chunking import Chunking, ChunkPlan
+from embedrank.models.chunking import Chunking, ChunkPlan, require_max
 from embedrank.models.encoder import Encoder
 from embedrank.models.signature import EmbeddingSignature
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
@@ -204,12 +204,7 @@ class WindowedDenseRetriever:
     ) -> WindowedDenseRetriever:
         """Split ``corpus`` (title + text) into windows, embed and index them."""
         chunking = chunking or Chunking()
-        if chunking.aggregate != "max":
-            raise InvalidInputError(
-                f"a windowed first stage scores a document by its best window: aggregate must be 'max', got "
-                f"{chunking.aggregate!r}",
-                param="aggregate",
-            )
+        require_max(chunking, "a windowed first stage scores a document by its best window")
         ids = list(corpus)
         plan = ChunkPlan.make(
             [doc_text(corpus[d]) for d in ids], encoder.token_offsets, window=encoder.chunk_window(), chunking=chunking
