@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         "best window (MaxP) instead of truncating it; their systems are named '...@<model>~maxp'",
     )
     p.add_argument(
+        "--dense-window",
+        type=int,
+        metavar="N",
+        help="with --dense-windows: windows of N tokens (32 overlap, or half of N if less; at most the model's "
+        "length) instead of the model's length; their systems are named '...@<model>~maxpN'",
+    )
+    p.add_argument(
         "--split",
         default="test",
         help="the judged queries to run: the collection's qrels/<SPLIT>.tsv (default: test); another split's results "
@@ -374,10 +381,18 @@ def _fusion_cv_systems(runs, args, run_dir: Path, sources: dict[str, str], deep:
 def configurations(args, base) -> list:
     """The configuration of each run the command makes: every (model, retriever, reranker) from ``base``,
     BM25 and SPLADE (and what reranks them) with the first model only, since they use no embedding model; the
-    dense stages of the models ``--dense-windows`` names (all, when it names none) windowed."""
+    dense stages of the models ``--dense-windows`` names (all, when it names none) windowed (in windows of
+    ``--dense-window`` tokens when given)."""
     windowed = args.model if args.dense_windows == [] else args.dense_windows or []
     return [
-        dataclasses.replace(base, model=model, retriever=retriever, reranker=reranker, dense_windows=model in windowed)
+        dataclasses.replace(
+            base,
+            model=model,
+            retriever=retriever,
+            reranker=reranker,
+            dense_windows=model in windowed,
+            dense_window=args.dense_window if model in windowed else None,
+        )
         for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None])
         if retriever not in ("bm25", "splade") or model == args.model[0]
     ]
@@ -491,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidInputError(f"--metrics cut-offs must be among {sorted(set(DEFAULT_K) | {args.k_retrieve})}")
         if set(args.dense_windows or []) - set(args.model):
             raise InvalidInputError(f"--dense-windows names models that are not in --model {args.model}")
+        if args.dense_window is not None and (args.dense_windows is None or args.dense_window < 1):
+            raise InvalidInputError(f"--dense-window needs --dense-windows and N >= 1, got {args.dense_window}")
         for flag, value in (("--sparse-windows", args.sparse_windows), ("--sparse-max-seq-length", args.sparse_max_seq_length)):  # fmt: skip
             if value and not any("splade" in r for r in args.retriever):
                 raise InvalidInputError(f"{flag} needs a SPLADE stage in --retriever (splade, hybrid:...+splade)")

@@ -162,6 +162,12 @@ def test_cli_refuses_a_system_that_will_not_run_before_running_anything(tmp_path
     assert every[1:3] == ["hybrid:bm25+dense+splade@plain~maxp", "hybrid:bm25+dense+splade@long~maxp"]
     assert run.main([*argv, "--dense-windows", "m/Other"]) == 2  # only models that run can be windowed
     assert "--dense-windows names models that are not in --model" in capsys.readouterr().err
+    short = run.build_parser().parse_args([*windowed, "--dense-windows", "m/Long", "--dense-window", "128"])
+    assert run.planned_systems(short, run.base_config(short))[1:3] == [
+        "hybrid:bm25+dense+splade@plain", "hybrid:bm25+dense+splade@long~maxp128"]  # fmt: skip
+    for flags in (["--dense-window", "128"], ["--dense-windows", "--dense-window", "0"]):
+        assert run.main([*argv, *flags]) == 2
+        assert "--dense-window needs --dense-windows and N >= 1" in capsys.readouterr().err
     sparse = run.build_parser().parse_args([*windowed, "--dense-windows", "m/Long", "--sparse-windows"])
     assert run.planned_systems(sparse, run.base_config(sparse))[2:] == [
         "hybrid:bm25+dense+splade~windows@long~maxp", "hybrid:bm25+dense+splade~windows-cv@plain",
@@ -208,6 +214,19 @@ def test_windowed_dense_stages_are_named_and_fused(tmp_path):
         cfg = BenchmarkConfig(retriever=retriever, dense_windows=True, embeddings=embeddings, use_cache=False)
         with pytest.raises(InvalidInputError, match="do not combine"):
             run_benchmark(root, cfg)
+    # windows of 8 tokens: more windows than at the model's length, each document scored by its best one
+    default, short = (
+        run_benchmark(root, BenchmarkConfig(dense_windows=True, dense_window=w, k_retrieve=3, use_cache=False))
+        for w in (None, 8)
+    )
+    assert short.system == "dense@all-minilm-l6-v2~maxp8"
+    assert any("windows of up to 8 tokens" in note for note in short.notes)
+    count = lambda result: int(next(n for n in result.notes if n.startswith("dense: ")).split()[1])  # noqa: E731
+    assert count(short) > count(default)
+    with pytest.raises(InvalidInputError, match="longer than the 254 tokens"):
+        run_benchmark(root, BenchmarkConfig(dense_windows=True, dense_window=1000, use_cache=False))
+    with pytest.raises(InvalidInputError, match="set dense_windows too"):
+        run_benchmark(root, BenchmarkConfig(dense_window=8, use_cache=False))
 
 
 def test_another_split_runs_its_own_queries_under_its_own_name(tmp_path, capsys):

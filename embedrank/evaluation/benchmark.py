@@ -14,26 +14,20 @@ import pandas as pd
 from embedrank.errors import InvalidInputError
 from embedrank.evaluation.compare import SystemRun
 from embedrank.evaluation.names import first_stage_name, system_name
+from embedrank.evaluation.stages import bm25_stage, dense_stage, splade_stage
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
 from embedrank.models.chunking import Chunking
-from embedrank.models.encoder import Encoder
 from embedrank.models.scorers import load_reranker
-from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL
-from embedrank.retrieval.bm25 import BM25Retriever
-from embedrank.retrieval.cache import EmbeddingCache
-from embedrank.retrieval.data import BeirDataset, load_beir, load_trec_run
-from embedrank.retrieval.index import IndexConfig, is_index_dir
+from embedrank.retrieval.data import BeirDataset, load_beir
 from embedrank.retrieval.pipeline import (
     DenseRetriever,
     FirstStage,
     HybridRetriever,
-    PrecomputedRun,
     RetrieveRerank,
     WindowedDenseRetriever,
 )
 from embedrank.retrieval.prf import DensePRFRetriever
-from embedrank.retrieval.sparse import SparseRetriever
 from embedrank.retrieval.stages import FusedRetriever
 from embedrank.types import Run
 
@@ -81,6 +75,7 @@ class BenchmarkConfig:
     prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
     prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
     dense_windows: bool = False  # dense stages embed every window of a long document, scoring its best (MaxP)
+    dense_window: int | None = None  # those windows' length in tokens (None: the model's length)
     sparse_windows: bool = False  # the SPLADE stage reads every window of a long document, each term's max over them
     sparse_max_seq_length: int | None = None  # the SPLADE model's window in tokens (default: the model's)
     fusion_depth: int | None = None  # also keep the first stage's top N (fusion_run), for fusions made later
@@ -148,10 +143,6 @@ class BenchmarkResult:
 
 
 @functools.lru_cache(maxsize=4)
-def cached_encoder(model_id: str, backend: str | None = None, precision: str | None = None) -> Encoder:
-    return Encoder.from_pretrained(model_id, backend=backend, precision=precision)
-
-
 @functools.lru_cache(maxsize=4)
 def cached_reranker(
     model_id: str, max_seq_length: int | None = None, backend: str | None = None, precision: str | None = None
@@ -176,36 +167,6 @@ def subset(ds: BeirDataset, max_queries: int | None, query_ids: Sequence[str] | 
         keep = [q for q in keep if q in listed]
     keep = keep[:max_queries]
     return dataclasses.replace(ds, queries={q: ds.queries[q] for q in keep}, qrels={q: dict(ds.qrels[q]) for q in keep})
-
-
-def _bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
-    shipped = ds.first_stage_runs
-    if shipped and not cfg.fresh_bm25:
-        notes.append(
-            f"BM25: using the collection's published run {shipped[0].name} (pass --fresh-bm25 to compute BM25)"
-        )
-        return PrecomputedRun(load_trec_run(shipped[0]), name=f"bm25[{shipped[0].name}]")
-    notes.append("BM25: computed with bm25s (k1=0.9, b=0.4, Lucene IDF, English stemming)")
-    return BM25Retriever.from_corpus(ds.corpus)
-
-
-_SPLADE: dict[tuple[str, str, str | None, bool, int | None], SparseRetriever] = {}  # a corpus encoded once per setting
-
-
-def _splade_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
-    """SPLADE over the collection (the corpus is encoded once per process and model)."""
-    key = (cfg.sparse_model, str(ds.path), cfg.backend, cfg.sparse_windows, cfg.sparse_max_seq_length)
-    if key not in _SPLADE:
-        named = cfg.backend if cfg.backend not in (None, "auto") else None  # fp32 on the named backend
-        encoder = SparseEncoder.from_pretrained(
-            cfg.sparse_model, backend=named, max_seq_length=cfg.sparse_max_seq_length
-        )
-        chunking = Chunking() if cfg.sparse_windows else None
-        _SPLADE[key] = SparseRetriever.from_corpus(encoder, ds.corpus, chunking=chunking)
-    reads = "every window of a long document (max per term)" if cfg.sparse_windows else "the first window"
-    window = _SPLADE[key].encoder.max_seq_length
-    notes.append(f"SPLADE: {cfg.sparse_model}, exact sparse dot products; reads {reads} of {window} tokens")
-    return _SPLADE[key]
 
 
 def relevance_level(dataset: str) -> int:
@@ -235,53 +196,14 @@ def run_benchmark(
     timings["load_s"] = time.perf_counter() - start
     level = relevance_level(ds.name)
 
+    if cfg.dense_window is not None and not cfg.dense_windows:
+        raise InvalidInputError("dense_window sets the windows of windowed dense stages: set dense_windows too")
     if cfg.dense_windows and (cfg.embeddings or cfg.retriever in ("dense-prf", "hybrid-prf")):
         what = "--embeddings (vectors of whole documents)" if cfg.embeddings else cfg.retriever
         raise InvalidInputError(f"windowed dense stages (MaxP) do not combine with {what}")
 
     def dense() -> DenseRetriever | WindowedDenseRetriever:
-        t0 = time.perf_counter()
-        cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else False
-        index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
-        encoder = cached_encoder(cfg.model, cfg.backend, cfg.precision)
-        retriever: DenseRetriever | WindowedDenseRetriever
-        if cfg.embeddings and is_index_dir(cfg.embeddings):
-            retriever = DenseRetriever.from_index(encoder, cfg.embeddings, corpus=ds.corpus, batch_size=cfg.batch_size)
-        elif cfg.embeddings:
-            retriever = DenseRetriever.from_embeddings(
-                encoder, cfg.embeddings, corpus=ds.corpus, index=index, batch_size=cfg.batch_size
-            )
-        else:  # windowed stages were refused above with --embeddings
-            kind = WindowedDenseRetriever if cfg.dense_windows else DenseRetriever
-            retriever = kind.from_corpus(
-                encoder,
-                ds.corpus,
-                index=index,
-                batch_size=cfg.batch_size,
-                cache=cache,
-                show_progress=cfg.show_progress,
-            )
-        if isinstance(retriever, WindowedDenseRetriever):
-            notes.append(
-                f"dense: {len(retriever.owners)} windows of the {len(ds.corpus)} documents embedded, a document "
-                "scored by its best window (MaxP)"
-            )
-        timings["index_s"] = time.perf_counter() - t0
-        assert retriever.corpus_embeddings is not None
-        notes.append(retriever.corpus_embeddings.describe())
-        choice = encoder.auto_choice
-        if choice is not None:  # backend/precision auto: say what runs and why
-            notes.append(f"auto chose {choice.summary}")
-        searched = retriever.windows.index if isinstance(retriever, WindowedDenseRetriever) else retriever.index
-        size = getattr(searched, "bytes_per_vector", None)
-        if size is not None:
-            sizes.append(size)
-            rescored = f", rescored by {cfg.rescore} x{cfg.rescore_multiplier}" if cfg.index == "binary" else ""
-            notes.append(
-                f"index: {cfg.index}{rescored}, {size:.0f} bytes per vector "
-                f"({size * len(searched) / 2**20:.2f} MiB for {len(searched)} {'windows' if cfg.dense_windows else 'documents'})"
-            )
-        return retriever
+        return dense_stage(ds, cfg, notes, sizes, timings)
 
     def plain_dense() -> DenseRetriever:
         """The dense stage of the *-prf retrievers, which need whole-document vectors (refused above)."""
@@ -293,16 +215,16 @@ def run_benchmark(
     if cfg.retriever == "dense":
         first = dense()
     elif cfg.retriever == "bm25":
-        first = _bm25_stage(ds, cfg, notes)
+        first = bm25_stage(ds, cfg, notes)
     elif cfg.retriever in ("hybrid", "hybrid-prf"):
-        dense_stage: FirstStage = (
+        dense_part: FirstStage = (
             DensePRFRetriever(plain_dense(), k=cfg.prf_k, beta=cfg.prf_beta)
             if cfg.retriever == "hybrid-prf"
             else dense()
         )
         first = HybridRetriever(
-            dense_stage,
-            _bm25_stage(ds, cfg, notes),
+            dense_part,
+            bm25_stage(ds, cfg, notes),
             method=cfg.hybrid_method,
             weight=cfg.hybrid_weight,
             normalization=cfg.hybrid_normalization,
@@ -310,12 +232,12 @@ def run_benchmark(
     elif cfg.retriever == "dense-prf":
         first = DensePRFRetriever(plain_dense(), k=cfg.prf_k, beta=cfg.prf_beta)
     elif cfg.retriever == "splade":
-        first = _splade_stage(ds, cfg, notes)
+        first = splade_stage(ds, cfg, notes)
     elif cfg.retriever.startswith("hybrid:"):  # weighted (default: equal) normalized score fusion of the stages
         parts = {
-            "bm25": lambda: _bm25_stage(ds, cfg, notes),
+            "bm25": lambda: bm25_stage(ds, cfg, notes),
             "dense": dense,
-            "splade": lambda: _splade_stage(ds, cfg, notes),
+            "splade": lambda: splade_stage(ds, cfg, notes),
         }
         names, weights = cfg.retriever.split(":", 1)[1].split("+"), cfg.fusion_weights
         if weights is not None and len(weights) != len(names):

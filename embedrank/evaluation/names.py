@@ -25,7 +25,7 @@ def _runtime_suffix(cfg: BenchmarkConfig) -> str:
 def first_stage_name(cfg: BenchmarkConfig) -> str:
     """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not the
     default one (BM25 and SPLADE use no dense model), ``~maxp`` for windowed dense stages (which name their
-    model, default or not), ``splade~N`` for a SPLADE stage reading ``N`` tokens instead of its model's own
+    model, default or not; ``~maxpN`` for windows of ``N`` tokens), ``splade~N`` for a SPLADE stage reading ``N`` tokens instead of its model's own
     window and ``splade~windows`` for one reading every window (alone or as a fusion's part), ``~int8``/``~bf16``
     for a lower precision.
 
@@ -34,6 +34,8 @@ def first_stage_name(cfg: BenchmarkConfig) -> str:
     'hybrid@minilm-scifact'
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid:bm25+dense+splade", dense_windows=True))
     'hybrid:bm25+dense+splade@all-minilm-l6-v2~maxp'
+    >>> first_stage_name(BenchmarkConfig(retriever="dense", dense_windows=True, dense_window=128))
+    'dense@all-minilm-l6-v2~maxp128'
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid:bm25+dense+splade", sparse_windows=True))
     'hybrid:bm25+dense+splade~windows'
     >>> first_stage_name(BenchmarkConfig(retriever="splade", sparse_max_seq_length=512))
@@ -49,7 +51,8 @@ def first_stage_name(cfg: BenchmarkConfig) -> str:
         return name
     if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2") or cfg.dense_windows:
         name += f"@{Path(cfg.model.rstrip('/')).name.lower()}"
-    return name + ("~maxp" if cfg.dense_windows else "") + _runtime_suffix(cfg)
+    maxp = f"~maxp{cfg.dense_window or ''}" if cfg.dense_windows else ""
+    return name + maxp + _runtime_suffix(cfg)
 
 
 def system_name(cfg: BenchmarkConfig) -> str:

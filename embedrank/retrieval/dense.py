@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from embedrank.errors import IndexMismatchError
+from embedrank.errors import IndexMismatchError, InvalidInputError
 from embedrank.math.ranking import top_k
 from embedrank.models.chunking import Chunking, ChunkPlan, require_max
 from embedrank.models.encoder import Encoder
@@ -202,13 +202,18 @@ class WindowedDenseRetriever:
         cache: EmbeddingCache | bool = True,
         show_progress: bool | None = None,
     ) -> WindowedDenseRetriever:
-        """Split ``corpus`` (title + text) into windows, embed and index them."""
+        """Split ``corpus`` (title + text) into windows (of ``chunking.window`` tokens, at most the model's length,
+        or the model's length), embed and index them."""
         chunking = chunking or Chunking()
         require_max(chunking, "a windowed first stage scores a document by its best window")
+        fits = encoder.chunk_window()
+        if chunking.window is not None and chunking.window > fits:  # its windows would be cut again
+            raise InvalidInputError(
+                f"window {chunking.window} is longer than the {fits} tokens of a document the model reads",
+                param="window",
+            )
         ids = list(corpus)
-        plan = ChunkPlan.make(
-            [doc_text(corpus[d]) for d in ids], encoder.token_offsets, window=encoder.chunk_window(), chunking=chunking
-        )
+        plan = ChunkPlan.make([doc_text(corpus[d]) for d in ids], encoder.token_offsets, window=fits, chunking=chunking)
         owners = [ids[i] for i in plan.windows.owners.tolist()]
         windows = {str(i): {"text": text} for i, text in enumerate(plan.texts)}
         inner = DenseRetriever.from_corpus(

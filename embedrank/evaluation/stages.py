@@ -1,0 +1,111 @@
+"""The first stages a benchmark configuration builds (:func:`~embedrank.evaluation.benchmark.run_benchmark`):
+BM25, SPLADE and the dense stage, each saying in ``notes`` what it runs."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from embedrank.models.chunking import Chunking
+from embedrank.models.encoder import Encoder
+from embedrank.models.sparse import SparseEncoder
+from embedrank.retrieval.bm25 import BM25Retriever
+from embedrank.retrieval.cache import EmbeddingCache
+from embedrank.retrieval.data import BeirDataset, load_trec_run
+from embedrank.retrieval.index import IndexConfig, is_index_dir
+from embedrank.retrieval.pipeline import DenseRetriever, FirstStage, PrecomputedRun, WindowedDenseRetriever
+from embedrank.retrieval.sparse import SparseRetriever
+
+if TYPE_CHECKING:
+    from embedrank.evaluation.benchmark import BenchmarkConfig
+
+__all__ = ["bm25_stage", "cached_encoder", "dense_stage", "splade_stage"]
+
+
+def cached_encoder(model_id: str, backend: str | None = None, precision: str | None = None) -> Encoder:
+    return Encoder.from_pretrained(model_id, backend=backend, precision=precision)
+
+
+def bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
+    """The collection's published BM25 run when it ships one (unless ``cfg.fresh_bm25``), else bm25s."""
+    shipped = ds.first_stage_runs
+    if shipped and not cfg.fresh_bm25:
+        notes.append(
+            f"BM25: using the collection's published run {shipped[0].name} (pass --fresh-bm25 to compute BM25)"
+        )
+        return PrecomputedRun(load_trec_run(shipped[0]), name=f"bm25[{shipped[0].name}]")
+    notes.append("BM25: computed with bm25s (k1=0.9, b=0.4, Lucene IDF, English stemming)")
+    return BM25Retriever.from_corpus(ds.corpus)
+
+
+_SPLADE: dict[tuple[str, str, str | None, bool, int | None], SparseRetriever] = {}  # a corpus encoded once per setting
+
+
+def splade_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
+    """SPLADE over the collection (the corpus is encoded once per process and model)."""
+    key = (cfg.sparse_model, str(ds.path), cfg.backend, cfg.sparse_windows, cfg.sparse_max_seq_length)
+    if key not in _SPLADE:
+        named = cfg.backend if cfg.backend not in (None, "auto") else None  # fp32 on the named backend
+        encoder = SparseEncoder.from_pretrained(
+            cfg.sparse_model, backend=named, max_seq_length=cfg.sparse_max_seq_length
+        )
+        chunking = Chunking() if cfg.sparse_windows else None
+        _SPLADE[key] = SparseRetriever.from_corpus(encoder, ds.corpus, chunking=chunking)
+    reads = "every window of a long document (max per term)" if cfg.sparse_windows else "the first window"
+    window = _SPLADE[key].encoder.max_seq_length
+    notes.append(f"SPLADE: {cfg.sparse_model}, exact sparse dot products; reads {reads} of {window} tokens")
+    return _SPLADE[key]
+
+
+def dense_stage(
+    ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str], sizes: list[float], timings: dict[str, float]
+) -> DenseRetriever | WindowedDenseRetriever:
+    """The dense stage: ``cfg.model`` over the corpus (windowed with ``cfg.dense_windows``, in windows of
+    ``cfg.dense_window`` tokens or the model's length), or over ``cfg.embeddings``; adds the index's bytes per
+    vector to ``sizes`` and its build time to ``timings``."""
+    t0 = time.perf_counter()
+    cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else False
+    index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
+    encoder = cached_encoder(cfg.model, cfg.backend, cfg.precision)
+    retriever: DenseRetriever | WindowedDenseRetriever
+    if cfg.embeddings and is_index_dir(cfg.embeddings):
+        retriever = DenseRetriever.from_index(encoder, cfg.embeddings, corpus=ds.corpus, batch_size=cfg.batch_size)
+    elif cfg.embeddings:
+        retriever = DenseRetriever.from_embeddings(
+            encoder, cfg.embeddings, corpus=ds.corpus, index=index, batch_size=cfg.batch_size
+        )
+    elif cfg.dense_windows:
+        retriever = WindowedDenseRetriever.from_corpus(
+            encoder,
+            ds.corpus,
+            chunking=Chunking(window=cfg.dense_window),
+            index=index,
+            batch_size=cfg.batch_size,
+            cache=cache,
+            show_progress=cfg.show_progress,
+        )
+        window = min(cfg.dense_window or encoder.chunk_window(), encoder.chunk_window())
+        notes.append(
+            f"dense: {len(retriever.owners)} windows of up to {window} tokens of the {len(ds.corpus)} documents "
+            "embedded, a document scored by its best window (MaxP)"
+        )
+    else:
+        retriever = DenseRetriever.from_corpus(
+            encoder, ds.corpus, index=index, batch_size=cfg.batch_size, cache=cache, show_progress=cfg.show_progress
+        )
+    timings["index_s"] = time.perf_counter() - t0
+    assert retriever.corpus_embeddings is not None
+    notes.append(retriever.corpus_embeddings.describe())
+    choice = encoder.auto_choice
+    if choice is not None:  # backend/precision auto: say what runs and why
+        notes.append(f"auto chose {choice.summary}")
+    searched = retriever.windows.index if isinstance(retriever, WindowedDenseRetriever) else retriever.index
+    size = getattr(searched, "bytes_per_vector", None)
+    if size is not None:
+        sizes.append(size)
+        rescored = f", rescored by {cfg.rescore} x{cfg.rescore_multiplier}" if cfg.index == "binary" else ""
+        notes.append(
+            f"index: {cfg.index}{rescored}, {size:.0f} bytes per vector "
+            f"({size * len(searched) / 2**20:.2f} MiB for {len(searched)} {'windows' if cfg.dense_windows else 'documents'})"
+        )
+    return retriever
