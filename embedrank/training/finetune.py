@@ -9,6 +9,9 @@ The recipe (:func:`finetune`), the same for both kinds of model:
    ``mining_model``, a dense model, MiniLM unless named): the highest-ranked documents that are not judged
    relevant to that query, skipping the top ``skip_top`` and any whose similarity comes within
    ``relative_margin`` of the positive's (likely unjudged positives). Embeddings are cached on disk.
+   With ``window`` (dense models), each positive and negative document is then replaced by its window of
+   that many tokens that the model embeds nearest the query (:func:`to_windows`), for a model that will
+   score documents by their best window (``eval/run.py --dense-windows --dense-window``).
 3. ``MultipleNegativesRankingLoss`` (in-batch negatives plus the mined ones; the cached variant with
    ``mini_batch_size`` when ``cached_loss``), batches without duplicate texts. A SPLADE trains with
    ``SpladeLoss``: the sparse version of that loss plus FLOPS regularizers on query and document vectors
@@ -64,6 +67,7 @@ class FinetuneConfig:
     mining_model: str | None = None  # mines the negatives; None: the model itself (a SPLADE: MiniLM)
     query_regularizer_weight: float = 5e-5  # SPLADE only: FLOPS regularizer on query vectors
     document_regularizer_weight: float = 3e-5  # SPLADE only: FLOPS regularizer on document vectors
+    window: int | None = None  # dense only: train on each document's window of this many tokens nearest the query
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +104,49 @@ def training_pairs(ds: BeirDataset, query_ids: list[str]) -> dict[str, list[str]
                 anchors.append(ds.queries[q])
                 positives.append(doc_text(ds.corpus[doc_id]))
     return {"anchor": anchors, "positive": positives}
+
+
+def best_window_rows(
+    query_vectors: np.ndarray, window_vectors: np.ndarray, owners: np.ndarray, documents: np.ndarray
+) -> np.ndarray:
+    """For each row, the window of its document that scores highest against its query.
+
+    ``query_vectors``: ``(R, D)``, one per row; ``window_vectors``: ``(W, D)``; ``owners``: ``(W,)`` the
+    document of each window; ``documents``: ``(R,)`` each row's document. Returns ``(R,)`` window indices.
+
+    >>> q = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> w = np.array([[0.9, 0.1], [0.1, 0.9], [1.0, 0.0]])
+    >>> best_window_rows(q, w, np.array([0, 0, 1]), np.array([0, 0])).tolist()
+    [0, 1]
+    """
+    out = np.empty(len(documents), dtype=np.int64)
+    for row, doc in enumerate(documents):
+        candidates = np.flatnonzero(owners == doc)
+        out[row] = candidates[int(np.argmax(window_vectors[candidates] @ query_vectors[row]))]
+    return out
+
+
+def to_windows(pairs: Any, model: Any, window: int) -> Any:
+    """``pairs`` with every document column (positive, negative, negative_N) replaced by the document's window
+    of ``window`` tokens (32 overlap, or half the window if less) that ``model`` embeds nearest the row's
+    anchor; a document that fits one window stays whole."""
+    from embedrank.models.chunking import Chunking, split_windows
+    from embedrank.models.tokens import text_offsets
+
+    columns = [c for c in pairs.column_names if c != "anchor"]
+    documents = sorted({text for c in columns for text in pairs[c]})
+    split = split_windows(
+        documents, lambda texts: text_offsets(model.tokenizer, texts), window=window, chunking=Chunking(window=window)
+    )
+    encode = dict(batch_size=64, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    window_vectors = model.encode(split.texts, **encode)
+    query_vectors = model.encode(list(pairs["anchor"]), **encode)
+    number = {text: i for i, text in enumerate(documents)}
+    for column in columns:
+        rows = np.array([number[text] for text in pairs[column]])
+        picked = best_window_rows(query_vectors, window_vectors, split.owners, rows)
+        pairs = pairs.remove_columns(column).add_column(column, [split.texts[i] for i in picked])
+    return pairs.select_columns(["anchor", *columns])
 
 
 def validation_evaluator(
@@ -213,6 +260,10 @@ def finetune(
     if spec.kind not in ("embedding", "sparse"):
         raise InvalidInputError(f"{cfg.model} is a {spec.kind} model; this trains embedding and SPLADE models")
     sparse = spec.kind == "sparse"
+    if cfg.window is not None and (sparse or cfg.window < 1):
+        raise InvalidInputError(
+            f"window trains a dense model on windows of >= 1 tokens; got {cfg.window} for {cfg.model}"
+        )
     kind = _kind(spec.path, sparse, cfg)
     model = kind.model
     if cfg.max_seq_length:
@@ -235,6 +286,8 @@ def finetune(
             cache_folder=str(_mining_cache(miner_path)),
             verbose=True,
         )
+    if cfg.window is not None:
+        pairs = to_windows(pairs, model, cfg.window)
     evaluator = validation_evaluator(ds, val_q, cfg.validation_distractors, cfg.seed, sparse=sparse)
     metric = kind.metric
     args = kind.arguments(
