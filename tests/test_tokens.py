@@ -90,3 +90,19 @@ def test_a_slow_tokenizer_keeps_its_own_path():
     assert tokens._backend(Slow(), 4) is None
     rows, cut = tokens.encode_rows(Slow(), ["a b c d e", "a"], max_length=4)
     assert [r["input_ids"] for r in rows] == [[1, 5, 5, 5], [1, 5, 2]] and cut == [True, False]
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "256"])
+def test_every_loader_refuses_a_window_that_is_not_a_positive_integer(value):
+    """max_seq_length=0 used to fall back to the model's own window without a word; every kind of model
+    refuses it, before any weights load."""
+    from embedrank.errors import InvalidInputError
+    from embedrank.models.cross_encoder import CrossEncoder
+    from embedrank.models.encoder import Encoder
+    from embedrank.models.sparse import SparseEncoder
+    from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
+
+    spec = resolve(DEFAULT_EMBEDDING_MODEL)
+    for loader in (Encoder, CrossEncoder, SparseEncoder):
+        with pytest.raises(InvalidInputError, match="max_seq_length must be a positive integer"):
+            loader.from_spec(spec, max_seq_length=value)

@@ -20,6 +20,7 @@ from embedrank.models.tokens import (
     PROGRESS_THRESHOLD,
     Tokenized,
     TokenRow,
+    check_max_seq_length,
     check_texts,
     collate_rows,
     encode_rows,
@@ -146,6 +147,7 @@ class CrossEncoder(RuntimeFacts):
             ModelKindError: the model has no sequence-classification head.
             InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
+        check_max_seq_length(max_seq_length)
         from transformers import AutoConfig
 
         if spec.kind != "cross-encoder":

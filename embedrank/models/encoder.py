@@ -27,6 +27,7 @@ from embedrank.models.tokens import (
     Tokenized,
     TokenRow,
     TokenSpan,
+    check_max_seq_length,
     check_texts,
     collate_rows,
     encode_rows,
@@ -122,6 +123,7 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
             ModelKindError: the model is a cross-encoder.
             InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
+        check_max_seq_length(max_seq_length)
         if spec.kind != "embedding":
             what = "a causal LM scored as an LLM reranker" if spec.scoring == "yes-no" else "a classification head"
             what, loader = {"sparse": ("SPLADE", "SparseEncoder"), "multi-vector": ("ColBERT", "ColBERTEncoder")}.get(spec.kind, (what, "CrossEncoder"))  # fmt: skip

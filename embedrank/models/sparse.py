@@ -33,6 +33,7 @@ from embedrank.models.router import Routed, routed
 from embedrank.models.tokens import (
     TokenRow,
     TokenSpan,
+    check_max_seq_length,
     check_texts,
     collate_rows,
     encode_rows,
@@ -146,6 +147,7 @@ class SparseEncoder(Routed):
         """Load the weights of a resolved model (:func:`~embedrank.registry.resolve`) of kind ``sparse``.
         ``backend`` (``"torch"`` unless named: ``"openvino"``, ``"onnx"``) and ``precision`` choose what runs
         the masked LM; an exported graph includes SPLADE's pooling, so it hands back ``(B, V)`` weights."""
+        check_max_seq_length(max_seq_length)
         if spec.kind != "sparse":
             raise UnsupportedModelError(
                 f"{spec.model_id!r} is a {spec.kind} model, not a masked language model pooled as SPLADE "

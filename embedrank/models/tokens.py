@@ -260,6 +260,19 @@ class TokenSpan:
     stop: int | None
 
 
+def check_max_seq_length(value: int | None) -> None:
+    """Refuse a model window that is not a positive number of tokens (None: the model's own).
+
+    >>> check_max_seq_length(0)
+    Traceback (most recent call last):
+    embedrank.errors.InvalidInputError: max_seq_length must be a positive integer (None: the model's own), got 0
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidInputError(
+            f"max_seq_length must be a positive integer (None: the model's own), got {value!r}", param="max_seq_length"
+        )
+
+
 def text_offsets(tokenizer: Any, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
     """Character span of each token of each text, special tokens excluded, untruncated (what
     :func:`~embedrank.models.chunking.split_windows` splits long texts on)."""
