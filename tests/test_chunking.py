@@ -54,6 +54,22 @@ def test_aggregation_equals_a_plain_loop(how):
     np.testing.assert_allclose(got, expected[how], rtol=1e-6)
 
 
+def test_best_window_of_each_row_equals_a_plain_loop():
+    from embedrank.math.chunks import best_window_rows
+
+    rng = np.random.default_rng(1)
+    owners = np.sort(np.concatenate([np.arange(20), rng.integers(0, 20, size=100)]))  # each document has a window
+    windows, queries = rng.normal(size=(len(owners), 8)), rng.normal(size=(50, 8))
+    documents = rng.integers(0, 20, size=50)
+    expected = [
+        int(np.flatnonzero(owners == d)[np.argmax(windows[owners == d] @ q)])
+        for q, d in zip(queries, documents, strict=True)
+    ]
+    assert best_window_rows(queries, windows, owners, documents).tolist() == expected
+    with pytest.raises(ValueError, match="own at least one window"):
+        best_window_rows(queries[:1], windows, owners, np.array([25]))
+
+
 def test_windows_overlap_cover_the_text_and_respect_the_bounds():
     doc = " ".join(f"w{i}" for i in range(10))
     w = split_windows([doc], words, window=4, chunking=Chunking(overlap=1))

@@ -81,3 +81,28 @@ def mean_window_vectors(
     sums = np.zeros((n_documents, vectors.shape[1]))
     np.add.at(sums, owners, vectors * w[:, None])
     return (sums / np.where(totals > 0, totals, 1)[:, None]).astype(np.float32)
+
+
+def best_window_rows(
+    query_vectors: np.ndarray, window_vectors: np.ndarray, owners: np.ndarray, documents: np.ndarray
+) -> np.ndarray:
+    """For each row, the window of its document that scores highest (dot product) against the row's query.
+
+    ``query_vectors``: ``(R, D)``, one per row; ``window_vectors``: ``(W, D)``; ``owners``: ``(W,)`` the
+    document of each window, non-decreasing (windows in document order, as
+    :func:`~embedrank.models.chunking.split_windows` gives them); ``documents``: ``(R,)`` each row's document,
+    which must own a window. Returns ``(R,)`` window indices (the first of equal scores).
+
+    >>> q = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    >>> w = np.array([[0.9, 0.1], [0.1, 0.9], [1.0, 0.0]])
+    >>> best_window_rows(q, w, np.array([0, 0, 1]), np.array([0, 0, 1])).tolist()
+    [0, 1, 2]
+    """
+    starts = np.searchsorted(owners, documents, side="left")
+    ends = np.searchsorted(owners, documents, side="right")
+    if np.any(ends <= starts):
+        raise ValueError("every row's document must own at least one window")
+    return np.array(
+        [a + int(np.argmax(window_vectors[a:b] @ q)) for q, a, b in zip(query_vectors, starts, ends, strict=True)],
+        dtype=np.int64,
+    )

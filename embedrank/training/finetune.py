@@ -106,30 +106,11 @@ def training_pairs(ds: BeirDataset, query_ids: list[str]) -> dict[str, list[str]
     return {"anchor": anchors, "positive": positives}
 
 
-def best_window_rows(
-    query_vectors: np.ndarray, window_vectors: np.ndarray, owners: np.ndarray, documents: np.ndarray
-) -> np.ndarray:
-    """For each row, the window of its document that scores highest against its query.
-
-    ``query_vectors``: ``(R, D)``, one per row; ``window_vectors``: ``(W, D)``; ``owners``: ``(W,)`` the
-    document of each window; ``documents``: ``(R,)`` each row's document. Returns ``(R,)`` window indices.
-
-    >>> q = np.array([[1.0, 0.0], [0.0, 1.0]])
-    >>> w = np.array([[0.9, 0.1], [0.1, 0.9], [1.0, 0.0]])
-    >>> best_window_rows(q, w, np.array([0, 0, 1]), np.array([0, 0])).tolist()
-    [0, 1]
-    """
-    out = np.empty(len(documents), dtype=np.int64)
-    for row, doc in enumerate(documents):
-        candidates = np.flatnonzero(owners == doc)
-        out[row] = candidates[int(np.argmax(window_vectors[candidates] @ query_vectors[row]))]
-    return out
-
-
 def to_windows(pairs: Any, model: Any, window: int) -> Any:
     """``pairs`` with every document column (positive, negative, negative_N) replaced by the document's window
     of ``window`` tokens (32 overlap, or half the window if less) that ``model`` embeds nearest the row's
     anchor; a document that fits one window stays whole."""
+    from embedrank.math.chunks import best_window_rows
     from embedrank.models.chunking import Chunking, split_windows
     from embedrank.models.tokens import text_offsets
 
@@ -268,6 +249,9 @@ def finetune(
     model = kind.model
     if cfg.max_seq_length:
         model.max_seq_length = cfg.max_seq_length
+    fits = model.max_seq_length - model.tokenizer.num_special_tokens_to_add(pair=False)
+    if cfg.window is not None and cfg.window > fits:  # its windows would be cut again
+        raise InvalidInputError(f"window {cfg.window} is longer than the {fits} tokens of a document the model reads")
     corpus_texts = [doc_text(ds.corpus[d]) for d in sorted(ds.corpus)]
     if cfg.negatives > 0:
         miner_path = resolve(cfg.mining_model or (DEFAULT_EMBEDDING_MODEL if sparse else cfg.model)).path
