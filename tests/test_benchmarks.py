@@ -223,6 +223,9 @@ def test_windowed_dense_stages_are_named_and_fused(tmp_path):
     assert any("windows of up to 8 tokens" in note for note in short.notes)
     count = lambda result: int(next(n for n in result.notes if n.startswith("dense: ")).split()[1])  # noqa: E731
     assert count(short) > count(default)
+    from embedrank.evaluation.stages import cached_encoder
+
+    assert cached_encoder.cache_info().hits > 0  # the runs share one loaded model
     with pytest.raises(InvalidInputError, match="longer than the 254 tokens"):
         run_benchmark(root, BenchmarkConfig(dense_windows=True, dense_window=1000, use_cache=False))
     with pytest.raises(InvalidInputError, match="set dense_windows too"):

@@ -143,7 +143,6 @@ class BenchmarkResult:
 
 
 @functools.lru_cache(maxsize=4)
-@functools.lru_cache(maxsize=4)
 def cached_reranker(
     model_id: str, max_seq_length: int | None = None, backend: str | None = None, precision: str | None = None
 ):

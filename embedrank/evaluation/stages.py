@@ -3,6 +3,7 @@ BM25, SPLADE and the dense stage, each saying in ``notes`` what it runs."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["bm25_stage", "cached_encoder", "dense_stage", "splade_stage"]
 
 
+@functools.lru_cache(maxsize=4)  # several runs of one command share a model
 def cached_encoder(model_id: str, backend: str | None = None, precision: str | None = None) -> Encoder:
     return Encoder.from_pretrained(model_id, backend=backend, precision=precision)
 
@@ -84,7 +86,7 @@ def dense_stage(
             cache=cache,
             show_progress=cfg.show_progress,
         )
-        window = min(cfg.dense_window or encoder.chunk_window(), encoder.chunk_window())
+        window = cfg.dense_window or encoder.chunk_window()  # a longer window was refused
         notes.append(
             f"dense: {len(retriever.owners)} windows of up to {window} tokens of the {len(ds.corpus)} documents "
             "embedded, a document scored by its best window (MaxP)"

@@ -278,6 +278,15 @@ def require_max(chunking: Chunking, why: str) -> None:
         raise InvalidInputError(f"{why}: aggregate must be 'max', got {chunking.aggregate!r}", param="aggregate")
 
 
+def require_fits(window: int | None, fits: int) -> None:
+    """Refuse a ``window`` longer than the ``fits`` tokens of a text the model reads (its windows would be
+    cut again); None: the model's length."""
+    if window is not None and window > fits:
+        raise InvalidInputError(
+            f"window {window} is longer than the {fits} tokens of a document the model reads", param="window"
+        )
+
+
 def document_flags(windows: Windows, windows_truncated: Sequence[bool]) -> list[bool]:
     """Per document: whether text was left out, by the chunking bounds or by a window cut at the max length."""
     flags = list(windows.cut)

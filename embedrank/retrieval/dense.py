@@ -11,9 +11,9 @@ from typing import Literal
 
 import numpy as np
 
-from embedrank.errors import IndexMismatchError, InvalidInputError
+from embedrank.errors import IndexMismatchError
 from embedrank.math.ranking import top_k
-from embedrank.models.chunking import Chunking, ChunkPlan, require_max
+from embedrank.models.chunking import Chunking, ChunkPlan, require_fits, require_max
 from embedrank.models.encoder import Encoder
 from embedrank.models.signature import EmbeddingSignature
 from embedrank.retrieval.cache import EmbeddingCache, corpus_key
@@ -207,11 +207,7 @@ class WindowedDenseRetriever:
         chunking = chunking or Chunking()
         require_max(chunking, "a windowed first stage scores a document by its best window")
         fits = encoder.chunk_window()
-        if chunking.window is not None and chunking.window > fits:  # its windows would be cut again
-            raise InvalidInputError(
-                f"window {chunking.window} is longer than the {fits} tokens of a document the model reads",
-                param="window",
-            )
+        require_fits(chunking.window, fits)
         ids = list(corpus)
         plan = ChunkPlan.make([doc_text(corpus[d]) for d in ids], encoder.token_offsets, window=fits, chunking=chunking)
         owners = [ids[i] for i in plan.windows.owners.tolist()]

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from embedrank.errors import InvalidInputError
+from embedrank.models.chunking import require_fits
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve, weights_fingerprint
 from embedrank.retrieval.cache import default_cache_dir
 from embedrank.retrieval.data import BeirDataset, doc_text, load_beir
@@ -249,9 +250,7 @@ def finetune(
     model = kind.model
     if cfg.max_seq_length:
         model.max_seq_length = cfg.max_seq_length
-    fits = model.max_seq_length - model.tokenizer.num_special_tokens_to_add(pair=False)
-    if cfg.window is not None and cfg.window > fits:  # its windows would be cut again
-        raise InvalidInputError(f"window {cfg.window} is longer than the {fits} tokens of a document the model reads")
+    require_fits(cfg.window, model.max_seq_length - model.tokenizer.num_special_tokens_to_add(pair=False))
     corpus_texts = [doc_text(ds.corpus[d]) for d in sorted(ds.corpus)]
     if cfg.negatives > 0:
         miner_path = resolve(cfg.mining_model or (DEFAULT_EMBEDDING_MODEL if sparse else cfg.model)).path
