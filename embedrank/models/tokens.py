@@ -183,7 +183,13 @@ def _encode_backend(tokenizer: Any, backend: Any, texts: list[str]) -> tuple[lis
     """:func:`encode_rows` of single texts on the Rust tokenizer of :func:`_backend`: the same rows (the
     features ``tokenizer.model_input_names`` lists, attention mask always) and cut flags (overflow)."""
     names = [n for n in _FEATURES if n in tokenizer.model_input_names or n == "attention_mask"]
-    encodings = backend.encode_batch(texts, add_special_tokens=True)
+    # one text: encode holds the GIL for its ~20 us; encode_batch releases and takes it back, which on a busy
+    # server waits for the forward thread's Python work and switches threads
+    encodings = (
+        [backend.encode(texts[0], add_special_tokens=True)]
+        if len(texts) == 1
+        else backend.encode_batch(texts, add_special_tokens=True)
+    )
     rows = [{n: getattr(e, _FEATURES[n]) for n in names} for e in encodings]
     return rows, [bool(e.overflowing) for e in encodings]
 
