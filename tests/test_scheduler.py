@@ -97,3 +97,27 @@ def test_jobs_of_one_size_class_go_in_arrival_order_and_a_much_smaller_one_first
     small = QueuedJob(est=[14])
     q.push(small)
     assert q.take(max_tokens=4096, max_size=16)[0][0] is small  # far less work: still first
+
+
+def test_queued_work_is_the_sum_of_the_work_left_after_any_pushes_takes_and_drops():
+    """``FairQueue.work`` (what the engine's admission compares with its limit before ordering anything)
+    stays the sum of every queued job's ``work_left``."""
+    import random
+
+    rng = random.Random(7)
+    q = FairQueue(starve_after=2)
+    gone: set[int] = set()
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.5:
+            q.push(QueuedJob(est=[rng.randint(1, 300) for _ in range(rng.randint(1, 12))], priority=rng.choice([0, 1])))
+        elif op < 0.85:
+            q.take(max_tokens=rng.choice([64, 512, 2048]), max_size=rng.choice([1, 8, 64]))
+        elif op < 0.97 and q.jobs:
+            gone.add(id(rng.choice(q.jobs)))
+            q.drop(lambda job: id(job) in gone)
+        else:
+            q.clear()
+        assert q.work == sum(job.work_left for job in q.jobs)
+        assert q.queued == sum(job.waiting for job in q.jobs)
+        assert all(q.work_ahead(p, w) <= q.work for p in (0, 1, 2) for w in (1, 10**6))

@@ -233,12 +233,18 @@ class BatchEngine(Generic[Item]):
             return 0.0
         return (self._computing_tokens + self._queue.work_ahead(priority, work)) / self.token_rate
 
+    def _wait_bound(self) -> float:
+        """An upper bound of :meth:`estimated_wait` for any job: all queued work ahead (under ``self._cond``)."""
+        return 0.0 if self.token_rate <= 0 else (self._computing_tokens + self._queue.work) / self.token_rate
+
     def _admit_by_wait(self, priority: int, work: int) -> None:
         """Refuse a job that would wait longer than ``max_queue_seconds`` for its first batch, with the
         time after which it would not (under ``self._cond``). A small job is refused only when the work
         ahead of *it* is too long; a bulk job queued behind other bulk work is refused first."""
-        wait = self.estimated_wait(priority, work)
         limit = self.config.max_queue_seconds
+        if self._wait_bound() <= limit:  # all the queued work fits: no need to order it
+            return
+        wait = self.estimated_wait(priority, work)
         if wait > limit:
             raise OverloadedError(
                 f"the engine is overloaded: this request would wait about {wait:.0f} s for its first batch "

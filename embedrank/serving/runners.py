@@ -229,10 +229,10 @@ class AsyncEncoder(EncoderTokens):
             if truncate and truncation_side == "left":
                 rows, started = await self._cut_at_start(texts, rows, prompt, param)
             out = await self.engine.submit(rows, priority=priority)
-            flags = [cut or i in started for i, cut in enumerate(out.truncated)]
-            out = dataclasses.replace(out, values=l2_normalize(out.values) if norm else out.values, truncated=flags)
+            flags = [cut or i in started for i, cut in enumerate(out.truncated)] if started else out.truncated
+            out = ModelOutput(l2_normalize(out.values) if norm else out.values, out.token_counts, flags, out.chunked)
         vectors = truncate_dims(out.values, dimensions, renormalize=norm)
-        return dataclasses.replace(out, values=np.ascontiguousarray(vectors, dtype=np.float32))
+        return ModelOutput(np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated, out.chunked)
 
     async def _cut_at_start(
         self, texts: Sequence[str], rows: list[TokenRow], prompt: str, param: str

@@ -90,6 +90,7 @@ class FairQueue:
         self.short_tokens = short_tokens
         self.jobs: list[QueuedJob] = []
         self.queued = 0  # unscheduled items over all jobs
+        self.work = 0  # estimated tokens not yet scheduled over all jobs (the sum of their work_left)
         self._arrivals = itertools.count()
         self._since_rescue = 0  # batches since a starving job was last made the head
 
@@ -98,6 +99,7 @@ class FairQueue:
         job.total = sum(job.est)
         self.jobs.append(job)
         self.queued += job.waiting
+        self.work += job.work_left
 
     def drop(self, gone: Callable[[QueuedJob], bool]) -> int:
         """Forget the jobs for which ``gone(job)`` is true (their caller left); returns their unscheduled items."""
@@ -106,6 +108,7 @@ class FairQueue:
         for job in self.jobs:
             if gone(job):
                 dropped += job.waiting
+                self.work -= job.work_left
             else:
                 kept.append(job)
         self.jobs = kept
@@ -113,7 +116,7 @@ class FairQueue:
         return dropped
 
     def clear(self) -> list[QueuedJob]:
-        jobs, self.jobs, self.queued = self.jobs, [], 0
+        jobs, self.jobs, self.queued, self.work = self.jobs, [], 0, 0
         return jobs
 
     def order(self) -> list[QueuedJob]:
@@ -184,4 +187,5 @@ class FairQueue:
             job.skipped = 0 if id(job) in taken else job.skipped + 1
         self.jobs = [j for j in self.jobs if j.waiting]
         self.queued -= len(batch)
+        self.work -= sum(job.est[i] for job, i in batch)
         return batch
