@@ -232,7 +232,9 @@ class AsyncEncoder(EncoderTokens):
             flags = [cut or i in started for i, cut in enumerate(out.truncated)] if started else out.truncated
             out = ModelOutput(l2_normalize(out.values) if norm else out.values, out.token_counts, flags, out.chunked)
         vectors = truncate_dims(out.values, dimensions, renormalize=norm)
-        return ModelOutput(np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated, out.chunked)
+        return ModelOutput(
+            np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated, out.chunked
+        )
 
     async def _cut_at_start(
         self, texts: Sequence[str], rows: list[TokenRow], prompt: str, param: str
