@@ -30,9 +30,10 @@ from embedrank.serving.allocator import trim_heap, tune_malloc
 from service import shutdown
 from service.auth import BearerAuth
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
-from service.decoding import decode_strict, decompressed, shorten
+from service.decoding import shorten
 from service.errors import APIError, handle_exception
-from service.handling import ServiceState, pool_of, service_of
+from service.fast_path import EmbeddingsFastPath
+from service.handling import ServiceState, pool_of, read_json_body, service_of
 from service.middleware import RequestMiddleware
 from service.models import ModelPool
 from service.observability import Metrics
@@ -45,7 +46,7 @@ logger = logging.getLogger("embedrank.service")
 
 async def _json_body(request: Request[Any, Any, Any]) -> None:
     """415 unless the body is declared as JSON (Content-Type: application/json); then the body is decoded,
-    once, strictly against the route's schema (:mod:`service.decoding`), so a wrong type is a 400 that names
+    once, strictly against the route's schema (:func:`~service.handling.read_json_body`), so a wrong type is a 400 that names
     the field rather than a silent coercion, and the handler receives that decoded value."""
     if request.method == "POST":
         content_type = request.headers.get("content-type", "")
@@ -57,21 +58,10 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
             )
         schema = BODIES.get(request.url.path)
         if schema is not None:
-            settings = service_of(request.app.state).settings
-            timeout = settings.body_timeout_seconds
-            try:
-                body = await asyncio.wait_for(request.body(), timeout)
-            except TimeoutError:
-                raise APIError(
-                    408,
-                    f"the request body did not arrive within {timeout:g} s",
-                    code="request_timeout",
-                    headers={"Connection": "close"},
-                ) from None
             # decode once: Litestar reads the JSON of the connection state before parsing the body itself,
             # and passes a value that already has the handler's data type through unchanged
-            body = decompressed(body, request.headers.get("content-encoding", ""), settings.limits.max_body_bytes)
-            request._connection_state.json = decode_strict(body, schema, content_type)
+            settings = service_of(request.app.state).settings
+            request._connection_state.json = await read_json_body(request, schema, settings)
 
 
 async def _load(service: ServiceState) -> None:
@@ -189,4 +179,6 @@ def create_app(
         debug=False,
     )
     complete_openapi(app, settings.limits, service.pool, settings.token_ids)
+    if not settings.cors_origins:  # CORS headers come from Litestar's middleware: those requests take the routes
+        app.asgi_handler = EmbeddingsFastPath(app, app.asgi_handler, service, inflight)
     return app

@@ -14,6 +14,7 @@ from litestar.openapi import ResponseSpec
 
 from embedrank.errors import NotReadyError
 from service.auth import BearerAuth
+from service.decoding import decode_strict, decompressed
 from service.errors import APIError
 from service.models import ModelPool
 from service.observability import Metrics
@@ -92,6 +93,23 @@ async def respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tup
     finally:
         watcher.cancel()
     return Response(content=body, headers={TRUNCATED_HEADER: str(truncated)}, media_type=MediaType.JSON)
+
+
+async def read_json_body(request: Request[Any, Any, Any], schema: Any, settings: Settings) -> Any:
+    """The request's body, decompressed and decoded strictly against ``schema`` (:mod:`service.decoding`);
+    408 when it does not arrive within ``settings.body_timeout_seconds``."""
+    timeout = settings.body_timeout_seconds
+    try:
+        body = await asyncio.wait_for(request.body(), timeout)
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"the request body did not arrive within {timeout:g} s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
+    body = decompressed(body, request.headers.get("content-encoding", ""), settings.limits.max_body_bytes)
+    return decode_strict(body, schema, request.headers.get("content-type", ""))
 
 
 async def disconnected(request: Request[Any, Any, Any]) -> None:

@@ -1,0 +1,94 @@
+"""The embeddings route without Litestar's per-request layers, for the requests that need none of them.
+
+On 2 cores the event loop's time per request is taken from the model, and one-query embedding requests are
+where it shows: routing, the exception and middleware layers, the before-request hook, dependency
+injection and the handler signature cost more per request than the service's own work.
+:class:`EmbeddingsFastPath` sits in front of the app's ASGI handler and answers ``POST /v1/embeddings``
+(and ``/embeddings``) itself, with the same parts the routed handler runs: the bearer check
+(:class:`~service.auth.BearerAuth`), the strict body decoding (:func:`service.handling.read_json_body`),
+:func:`service.handling.respond` over :func:`service.api.create_embeddings`, the request count, latency
+and in-flight tracking, and :func:`service.errors.handle_exception` for every error. So the responses,
+errors included, are the routed handler's, byte for byte (``tests/test_fast_path.py``).
+
+Everything else goes to the app untouched, before anything is read: other routes and methods, a missing
+or wrong key (the 401 comes from the app), a body that is not declared as plain ``application/json``
+or is compressed, a service that is not ready, and any server with CORS on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from litestar import Litestar, Request
+from litestar.exceptions import NotAuthorizedException
+from litestar.routes import HTTPRoute
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from service import api
+from service.errors import handle_exception
+from service.handling import ServiceState, read_json_body, respond
+from service.schemas import EmbeddingsRequest
+from service.shutdown import InFlight
+
+PATHS = ("/v1/embeddings", "/embeddings")
+
+
+class EmbeddingsFastPath:
+    """ASGI handler: ``POST /v1/embeddings`` and ``/embeddings`` answered directly, the rest by ``app_handler``."""
+
+    def __init__(self, app: Litestar, app_handler: ASGIApp, service: ServiceState, inflight: InFlight) -> None:
+        self.app_handler = app_handler
+        self.service = service
+        self.inflight = inflight
+        # the routed handler, for what Litestar's request reads from the scope (its body size limit)
+        self.handlers = {
+            route.path: route.route_handler_map["POST"][0]
+            for route in app.routes
+            if isinstance(route, HTTPRoute) and route.path in PATHS
+        }
+
+    def _takes(self, scope: Scope) -> bool:
+        """Whether this request is one the fast path answers (decided before reading anything)."""
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope["path"] not in self.handlers:
+            return False
+        if self.service.status != "ok":
+            return False
+        content_type = encoding = None
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value
+            elif name == b"content-encoding":
+                encoding = value
+        if content_type != b"application/json" or encoding not in (None, b"identity"):
+            return False
+        if self.service.auth is not None:
+            try:
+                self.service.auth.check(scope)
+            except NotAuthorizedException:
+                return False
+        return True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._takes(scope):
+            await self.app_handler(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+        scope["route_handler"] = self.handlers[scope["path"]]
+        scope["path_params"] = {}
+        request: Request[Any, Any, Any] = Request(scope, receive, send)
+        self.inflight.enter()
+        try:
+            try:
+                settings = self.service.settings
+                req: EmbeddingsRequest = await read_json_body(request, EmbeddingsRequest, settings)
+                work = api.create_embeddings(req, self.service.ready_pool(), settings.limits, settings.token_ids)
+                response = await respond(request, work)
+            except Exception as exc:
+                response = handle_exception(request, exc)
+            status = response.status_code or 200  # the route's status (errors carry their own)
+            await response.to_asgi_response(app=None, request=request, status_code=status)(scope, receive, send)
+        finally:
+            self.inflight.exit()
+            self.service.metrics.observe_request(scope["path"], "POST", status, time.perf_counter() - start)
