@@ -54,13 +54,8 @@ class EmbeddingsFastPath:
             return False
         if self.service.status != "ok":
             return False
-        content_type = encoding = None
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                content_type = value
-            elif name == b"content-encoding":
-                encoding = value
-        if content_type != b"application/json" or encoding not in (None, b"identity"):
+        content_types = [value for name, value in scope["headers"] if name in (b"content-type", b"content-encoding")]
+        if content_types != [b"application/json"]:  # exactly one header, plain JSON, not compressed
             return False
         if self.service.auth is not None:
             try:

@@ -104,8 +104,9 @@ def test_metrics_count_fast_path_requests_as_the_route():
         ({"Content-Type": "text/plain"}, 415),
         ({"Content-Type": "application/json; charset=utf-8"}, 200),
         ({"Content-Encoding": "gzip"}, 200),
+        ({"Content-Encoding": "identity"}, 200),
     ],
-    ids=["no-key", "wrong-key", "not-json", "charset", "gzip"],
+    ids=["no-key", "wrong-key", "not-json", "charset", "gzip", "identity"],
 )
 def test_requests_it_does_not_take_go_to_the_app_untouched(headers, status):
     body = json.dumps({"model": MODEL, "input": "hello world"}).encode()
@@ -117,6 +118,16 @@ def test_requests_it_does_not_take_go_to_the_app_untouched(headers, status):
         b = routed.post("/v1/embeddings", content=body, headers={"Content-Type": "application/json", **headers})
         assert calls == ["/v1/embeddings"]
         assert (a.status_code, a.content) == (b.status_code, b.content) and a.status_code == status
+
+
+def test_two_content_types_go_to_the_app():
+    body = json.dumps({"model": MODEL, "input": "x"}).encode()
+    headers = [("content-type", "text/plain"), ("content-type", "application/json")]
+    with clients() as (fast, routed, app):
+        calls = count_routed(app)
+        a = fast.post("/v1/embeddings", content=body, headers=headers)
+        b = routed.post("/v1/embeddings", content=body, headers=headers)
+        assert calls == ["/v1/embeddings"] and (a.status_code, a.content) == (b.status_code, b.content)
 
 
 def test_other_routes_and_cors_go_to_the_app():
