@@ -148,7 +148,8 @@ def create_app(
 
     auth = None if settings.no_auth else BearerAuth(keys, open_preflights=bool(settings.cors_origins))
     service.auth = auth  # the exception handler checks it for paths that are no route (no middleware runs there)
-    middleware = [RequestMiddleware(service.metrics, auth, inflight)]
+    tracking = RequestMiddleware(service.metrics, auth, inflight)
+    middleware = [tracking]
     app = Litestar(
         route_handlers=list(ROUTE_HANDLERS),
         lifespan=[lifespan],
@@ -180,5 +181,5 @@ def create_app(
     )
     complete_openapi(app, settings.limits, service.pool, settings.token_ids)
     if not settings.cors_origins:  # CORS headers come from Litestar's middleware: those requests take the routes
-        app.asgi_handler = EmbeddingsFastPath(app, app.asgi_handler, service, inflight)
+        app.asgi_handler = EmbeddingsFastPath(app, app.asgi_handler, service, tracking)
     return app

@@ -7,7 +7,7 @@ injection and the handler signature cost more per request than the service's own
 (and ``/embeddings``) itself, with the same parts the routed handler runs: the bearer check
 (:class:`~service.auth.BearerAuth`), the strict body decoding (:func:`service.handling.read_json_body`),
 :func:`service.handling.respond` over :func:`service.api.create_embeddings`, the request count, latency
-and in-flight tracking, and :func:`service.errors.handle_exception` for every error. So the responses,
+and in-flight tracking (:meth:`service.middleware.RequestMiddleware.track`), and :func:`service.errors.handle_exception` for every error. So the responses,
 errors included, are the routed handler's, byte for byte (``tests/test_fast_path.py``).
 
 Everything else goes to the app untouched, before anything is read: other routes and methods, a missing
@@ -17,7 +17,6 @@ or is compressed, a service that is not ready, and any server with CORS on.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from litestar import Litestar, Request
@@ -28,8 +27,8 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from service import api
 from service.errors import handle_exception
 from service.handling import ServiceState, read_json_body, respond
+from service.middleware import RequestMiddleware
 from service.schemas import EmbeddingsRequest
-from service.shutdown import InFlight
 
 PATHS = ("/v1/embeddings", "/embeddings")
 
@@ -37,10 +36,12 @@ PATHS = ("/v1/embeddings", "/embeddings")
 class EmbeddingsFastPath:
     """ASGI handler: ``POST /v1/embeddings`` and ``/embeddings`` answered directly, the rest by ``app_handler``."""
 
-    def __init__(self, app: Litestar, app_handler: ASGIApp, service: ServiceState, inflight: InFlight) -> None:
+    def __init__(
+        self, app: Litestar, app_handler: ASGIApp, service: ServiceState, middleware: RequestMiddleware
+    ) -> None:
         self.app_handler = app_handler
         self.service = service
-        self.inflight = inflight
+        self.middleware = middleware  # its request count, latency and in-flight tracking
         # the routed handler, for what Litestar's request reads from the scope (its body size limit)
         self.handlers = {
             route.path: route.route_handler_map["POST"][0]
@@ -65,25 +66,22 @@ class EmbeddingsFastPath:
         return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._takes(scope):
+        if self._takes(scope):
+            await self.middleware.track(scope, receive, send, self._answer)  # the key was checked in _takes
+        else:
             await self.app_handler(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = 500
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """What the routed handler answers: the decoded body through the adapter, or the error's response."""
         scope["route_handler"] = self.handlers[scope["path"]]
         scope["path_params"] = {}
         request: Request[Any, Any, Any] = Request(scope, receive, send)
-        self.inflight.enter()
         try:
-            try:
-                settings = self.service.settings
-                req: EmbeddingsRequest = await read_json_body(request, EmbeddingsRequest, settings)
-                work = api.create_embeddings(req, self.service.ready_pool(), settings.limits, settings.token_ids)
-                response = await respond(request, work)
-            except Exception as exc:
-                response = handle_exception(request, exc)
-            status = response.status_code or 200  # the route's status (errors carry their own)
-            await response.to_asgi_response(app=None, request=request, status_code=status)(scope, receive, send)
-        finally:
-            self.inflight.exit()
-            self.service.metrics.observe_request(scope["path"], "POST", status, time.perf_counter() - start)
+            settings = self.service.settings
+            req: EmbeddingsRequest = await read_json_body(request, EmbeddingsRequest, settings)
+            work = api.create_embeddings(req, self.service.ready_pool(), settings.limits, settings.token_ids)
+            response = await respond(request, work)
+        except Exception as exc:
+            response = handle_exception(request, exc)
+        status = response.status_code or 200  # the route's status (errors carry their own)
+        await response.to_asgi_response(app=None, request=request, status_code=status)(scope, receive, send)

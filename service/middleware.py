@@ -26,6 +26,13 @@ class RequestMiddleware(ASGIMiddleware):
         self.inflight = inflight or InFlight()  # what a SIGTERM drain waits for
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        await self.track(scope, receive, send, next_app, auth=self.auth)
+
+    async def track(
+        self, scope: Scope, receive: Receive, send: Send, app: ASGIApp, *, auth: BearerAuth | None = None
+    ) -> None:
+        """Run ``app`` as one request in flight, counted with its status and latency; ``auth`` checks the
+        key first (the embeddings fast path, :mod:`service.fast_path`, has checked it already)."""
         start = time.perf_counter()
         status = 0
 
@@ -37,9 +44,9 @@ class RequestMiddleware(ASGIMiddleware):
 
         self.inflight.enter()
         try:
-            if self.auth is not None:
-                self.auth.check(scope)
-            await next_app(scope, receive, send_wrapper)
+            if auth is not None:
+                auth.check(scope)
+            await app(scope, receive, send_wrapper)
         except Exception as exc:
             if not status:  # the app's exception handler answers outside this layer, with this status
                 status = to_api_error(exc).status
