@@ -6,7 +6,8 @@ injection and the handler signature cost more per request than the service's own
 :class:`EmbeddingsFastPath` sits in front of the app's ASGI handler and answers ``POST /v1/embeddings``
 (and ``/embeddings``) itself, with the same parts the routed handler runs: the bearer check
 (:class:`~service.auth.BearerAuth`), the strict body decoding (:func:`service.handling.read_json_body`),
-:func:`service.handling.respond` over :func:`service.api.create_embeddings`, the request count, latency
+:func:`service.handling.finish` over :func:`service.api.create_embeddings` (the response is sent as
+:func:`service.handling.respond` builds it), the request count, latency
 and in-flight tracking (:meth:`service.middleware.RequestMiddleware.track`), and :func:`service.errors.handle_exception` for every error. So the responses,
 errors included, are the routed handler's, byte for byte (``tests/test_fast_path.py``).
 
@@ -22,15 +23,17 @@ from typing import Any
 from litestar import Litestar, Request
 from litestar.exceptions import NotAuthorizedException
 from litestar.routes import HTTPRoute
+from litestar.serialization import encode_json
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service import api
 from service.errors import handle_exception
-from service.handling import ServiceState, read_json_body, respond
+from service.handling import TRUNCATED_HEADER, ServiceState, finish, read_json_body
 from service.middleware import RequestMiddleware
 from service.schemas import EmbeddingsRequest
 
 PATHS = ("/v1/embeddings", "/embeddings")
+TRUNCATED_NAME = TRUNCATED_HEADER.lower().encode()
 
 
 class EmbeddingsFastPath:
@@ -80,8 +83,18 @@ class EmbeddingsFastPath:
             settings = self.service.settings
             req: EmbeddingsRequest = await read_json_body(request, EmbeddingsRequest, settings)
             work = api.create_embeddings(req, self.service.ready_pool(), settings.limits, settings.token_ids)
-            response = await respond(request, work)
+            body, truncated = await finish(receive, work)
+            content = encode_json(body)
         except Exception as exc:
             response = handle_exception(request, exc)
-        status = response.status_code or 200  # the route's status (errors carry their own)
-        await response.to_asgi_response(app=None, request=request, status_code=status)(scope, receive, send)
+            status = response.status_code or 200  # errors carry their own status
+            await response.to_asgi_response(app=None, request=request, status_code=status)(scope, receive, send)
+            return
+        # what Litestar's Response(content=body, headers={TRUNCATED_HEADER: ...}) sends, without building one
+        headers = [
+            (TRUNCATED_NAME, str(truncated).encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(content)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": content, "more_body": False})

@@ -11,6 +11,7 @@ from typing import Any
 from litestar import MediaType, Request, Response
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
+from litestar.types import Receive
 
 from embedrank.errors import NotReadyError
 from service.auth import BearerAuth
@@ -66,24 +67,31 @@ ERRORS = {
 
 
 async def respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int]]) -> Response[Any]:
-    """Run ``work`` unless the client goes away first; then its queued items are dropped before compute.
+    """The response of ``work`` (:func:`finish`), with the number of truncated inputs in its header."""
+    body, truncated = await finish(request.receive, work)
+    return Response(content=body, headers={TRUNCATED_HEADER: str(truncated)}, media_type=MediaType.JSON)
 
-    ``work`` runs in the handler's own task (no extra task per request); a watcher cancels it when the
-    ASGI server reports a disconnect.
+
+async def finish(receive: Receive, work: Coroutine[Any, Any, tuple[Any, int]]) -> tuple[Any, int]:
+    """Run ``work`` unless the client goes away first (then its queued items are dropped before compute and
+    the request ends in a 499); returns what ``work`` returns: the body and the number of truncated inputs.
+
+    ``work`` runs in the caller's own task (no extra task per request); a watcher cancels it when the
+    ASGI server reports a disconnect on ``receive`` (the body is already read).
     """
     handler = asyncio.current_task()
     gone = False
 
     async def watch() -> None:
         nonlocal gone
-        await disconnected(request)
+        await disconnected(receive)
         gone = True
         if handler is not None:
             handler.cancel()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        body, truncated = await work
+        return await work
     except asyncio.CancelledError:
         if not gone:
             raise
@@ -92,7 +100,6 @@ async def respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tup
         raise APIError(499, "client closed the request", code="client_closed_request") from None
     finally:
         watcher.cancel()
-    return Response(content=body, headers={TRUNCATED_HEADER: str(truncated)}, media_type=MediaType.JSON)
 
 
 async def read_json_body(request: Request[Any, Any, Any], schema: Any, settings: Settings) -> Any:
@@ -112,9 +119,9 @@ async def read_json_body(request: Request[Any, Any, Any], schema: Any, settings:
     return decode_strict(body, schema, request.headers.get("content-type", ""))
 
 
-async def disconnected(request: Request[Any, Any, Any]) -> None:
+async def disconnected(receive: Receive) -> None:
     """Return when the ASGI server reports that the client disconnected (the body is already read)."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return

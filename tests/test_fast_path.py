@@ -3,12 +3,14 @@ included), and leaves every request it does not take to the app untouched."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import json
+import time
 
 import pytest
-from litestar.testing import TestClient
+from litestar.testing import AsyncTestClient, TestClient
 
 from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
@@ -84,7 +86,7 @@ def test_same_answer_as_the_routed_handler(path, body):
         a, b = send(fast, path, body), send(routed, path, body)
         assert calls == []  # answered by the fast path itself
         assert (a.status_code, a.content) == (b.status_code, b.content)
-        assert dict(a.headers) == dict(b.headers)
+        assert a.headers.raw == b.headers.raw  # the same headers, in the same order and spelling
 
 
 def test_metrics_count_fast_path_requests_as_the_route():
@@ -138,3 +140,39 @@ def test_other_routes_and_cors_go_to_the_app():
         assert calls == ["/v1/embeddings", "/v1/rerank"]
     cors = Settings(api_keys=(KEY,), models=(ModelEntry(id=MODEL),), cors_origins=("https://app.example",))
     assert not isinstance(create_app(cors, models={MODEL: FakeEncoder(MODEL)}).asgi_handler, EmbeddingsFastPath)
+
+
+class SlowEncoder(FakeEncoder):
+    def embed_rows(self, rows, *, normalize=None):
+        time.sleep(0.3)  # the client goes away while this batch computes
+        return super().embed_rows(rows, normalize=normalize)
+
+
+def test_client_gone_while_computing_is_499():
+    app = create_app(SETTINGS, wait_for_models=True, models={MODEL: SlowEncoder(MODEL, dimension=32)})
+    body = json.dumps({"model": MODEL, "input": ["a b", "c"]}).encode()
+
+    async def main():
+        async with AsyncTestClient(app) as c:
+            calls = count_routed(app)
+            sent, messages = [], [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                if messages:
+                    return messages.pop(0)
+                await asyncio.sleep(0.05)
+                return {"type": "http.disconnect"}
+
+            async def send(message):
+                sent.append(message)
+
+            headers = [(b"content-type", b"application/json"), (b"authorization", f"Bearer {KEY}".encode())]
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/v1/embeddings", "raw_path": b"/v1/embeddings", "query_string": b"",
+                     "root_path": "", "headers": headers, "client": ("127.0.0.1", 1), "server": ("t", 80)}  # fmt: skip
+            await app(scope, receive, send)
+            assert calls == [] and sent[0]["status"] == 499
+            return (await c.get("/metrics", headers={"Authorization": f"Bearer {KEY}"})).text
+
+    text = asyncio.run(main())
+    assert 'route="/v1/embeddings",status="499"' in text
