@@ -2,6 +2,7 @@
 
 Layers, bottom first; each imports only those before it in this list:
 
+- :mod:`embedrank.openmp`: run first, before anything loads torch (bounds its idle OpenMP threads' spinning);
 - :mod:`embedrank.errors`, :mod:`embedrank.types`, :mod:`embedrank.paths`: exceptions, the BEIR dict types
   and ``ModelOutput``, the cache and data directories;
 - :mod:`embedrank.math`: pure functions (pooling, similarity, ranking, fusion, metrics, quantization);
@@ -22,6 +23,7 @@ Everything a notebook needs is importable from here; these names are the stable 
 True
 """
 
+import embedrank.openmp  # noqa: F401  first, before torch loads: it bounds libgomp's idle spinning
 from embedrank.errors import (
     DataNotFoundError,
     EmbedrankError,

@@ -44,6 +44,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from latency import percentile  # eval/latency.py, next to this script
 
+import embedrank  # noqa: F401  before torch, as in the server: it bounds libgomp's idle spinning (embedrank.openmp)
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "bench-key"
 WORDS = (
@@ -234,14 +236,17 @@ def main() -> None:
     q_tokens = statistics.mean(len(tok(t)["input_ids"]) for t in queries[:200])
     p_tokens = statistics.mean(len(tok(t)["input_ids"]) for t in passages[:100])
 
-    def in_process(texts: list[str], seconds: float, model=st) -> float:
+    def in_process(texts: list[str], seconds: float, model=st, batch: int = 32) -> float:
         """Throughput of ``model.encode(batch_size=32)`` (sentence-transformers unless another model is given)
-        over about ``seconds`` worth of ``texts``."""
-        model.encode(texts[:32], batch_size=32)
+        over about ``seconds`` worth of ``texts``, 64 texts per call (sorted by length into two batches).
+        With another ``batch``: one call per ``batch`` texts, as the server's batches are formed (in arrival
+        order, not sorted across batches)."""
+        per_call = 64 if batch == 32 else batch
+        model.encode(texts[:batch], batch_size=batch)
         done, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds or done < 64:
-            model.encode([texts[(done + j) % len(texts)] for j in range(64)], batch_size=32)
-            done += 64
+            model.encode([texts[(done + j) % len(texts)] for j in range(per_call)], batch_size=batch)
+            done += per_call
         return done / (time.perf_counter() - t0)
 
     def same_runtime(server: str):
@@ -294,6 +299,11 @@ def main() -> None:
                             row["of_runtime"] = r["inputs_s"] / ((own_before + own_after) / 2)
                             own = f" | same runtime in-process {own_before:6.1f} -> {own_after:6.1f}/s, served {row['of_runtime']:.0%}"  # fmt: skip
                             own_before = own_after
+                            if kind == "query":  # what the batches the server formed cost in-process
+                                size = max(1, round(r["mean_batch"]))
+                                at_batch = in_process(texts, args.seconds_per_case, runtime, batch=size)
+                                row["of_runtime_at_batch"] = r["inputs_s"] / at_batch
+                                own += f", at its mean batch {size}: {at_batch:6.1f}/s, served {row['of_runtime_at_batch']:.0%}"  # fmt: skip
                         rows.append(row)
                         print(
                             f"[{server} round {round_no}] {per_request:>2} {kind:<7}/req  {clients:>2} clients: "
@@ -328,7 +338,7 @@ def report(rows: list[dict]) -> None:
     columns = [
         "inputs_s",
         "ratio",
-        *(["of_runtime"] if "of_runtime" in table else []),
+        *(c for c in ("of_runtime", "of_runtime_at_batch") if c in table),
         "p50_ms",
         "p99_ms",
         "mean_batch",
@@ -336,6 +346,10 @@ def report(rows: list[dict]) -> None:
         "client_cpu",
     ]
     print("of_runtime: to the same runtime in-process (embedrank's Encoder, batch 32) at the same moment")
+    print(
+        "of_runtime_at_batch: to the same runtime in-process in batches of the server's mean batch size, one call "
+        "per batch in arrival order: what is left is the cost of HTTP and the event loop"
+    )
     print(table[columns].round(2).to_string())
     for server in dict.fromkeys(k[0] for k in table.index):
         key = (server, "query", 32)

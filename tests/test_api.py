@@ -46,7 +46,7 @@ def _imports(path: Path) -> set[str]:
 
 
 # The layers, bottom first; each may import the base modules and the layers listed for it, nothing else.
-BASE = {"errors", "types", "paths"}
+BASE = {"errors", "types", "paths", "openmp"}  # openmp: imported first of all, before torch loads
 LAYER_IMPORTS: dict[str, set[str]] = {
     "math": set(),
     "texts": set(),  # text sources: files, seeded vocabulary sentences
