@@ -3,10 +3,11 @@
 torch's CPU ops run on GNU OpenMP (libgomp) threads, which after each parallel region spin for a while before
 they sleep (300,000 turns by default). With an exported runtime the only torch ops are the small ones around
 the forward pass (pooling, padding): their threads then spin through the start of the next OpenVINO or ONNX
-Runtime forward pass and take a core from it. Measured on 2 cores (MiniLM, 1-query batches of 16): the
-OpenVINO int8 forward pass took 9.0 ms after a pooling step instead of 6.2 ms; with the spin bounded to
-10,000 turns, in-process encoding ran 5% (fp32) to 17% (int8, batches of 16) faster and the torch backend's
-speed did not change (``OMP_WAIT_POLICY=PASSIVE``, no spinning at all, cost the torch backend 13%).
+Runtime forward pass and take a core from it. Measured on 2 cores (MiniLM, batches of 16 short
+queries): the OpenVINO int8 forward pass took 9.0 ms right after a pooling step instead of 6.2 ms; with the
+spin bounded to 10,000 turns, ``Encoder.encode`` of such a batch ran 17% (int8) and 6% (fp32) faster, batches
+of 32 SciFact queries 2-8%, and the torch backend's speed did not change (``OMP_WAIT_POLICY=PASSIVE``, no
+spinning at all, cost the torch backend 13%).
 
 libgomp reads its settings once, when torch loads it, so :func:`bound_spinning` runs when this module is
 imported, first thing in ``import embedrank``; imported after torch, it can change nothing (a notebook that imported torch first keeps
