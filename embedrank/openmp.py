@@ -39,4 +39,4 @@ def bound_spinning(environ: MutableMapping[str, str] = os.environ, loaded: Mappi
     return True
 
 
-bound_spinning()
+BOUNDED = bound_spinning()  # whether this import set GOMP_SPINCOUNT (child processes inherit it)

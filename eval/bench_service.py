@@ -44,7 +44,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from latency import percentile  # eval/latency.py, next to this script
 
-import embedrank  # noqa: F401  before torch, as in the server: it bounds libgomp's idle spinning (embedrank.openmp)
+import embedrank.openmp  # before torch, as in the server: it bounds libgomp's idle spinning
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "bench-key"
@@ -424,8 +424,10 @@ def infinity_server(venv: Path) -> Iterator[str]:
         cmd += ["--device", "cpu", "--pooling-method", "mean", "--url-prefix", "/v1", "--port", str(port)]
         # run in the model folder with model id "." : given an absolute folder, infinity 0.0.78 asks optimum
         # for the ONNX file by its absolute path, which optimum does not find
-        env = {"HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-        with running_server(env, port=port, timeout=300, command=cmd, cwd=folder) as base:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+        if embedrank.openmp.BOUNDED:  # Infinity runs with libgomp's default, as its users run it
+            env.pop("GOMP_SPINCOUNT", None)
+        with running_server(env, port=port, timeout=300, command=cmd, cwd=folder, inherit_env=False) as base:
             yield base
 
 
