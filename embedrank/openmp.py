@@ -10,8 +10,8 @@ of 32 SciFact queries 2-8%, and the torch backend's speed did not change (``OMP_
 spinning at all, cost the torch backend 13%).
 
 libgomp reads its settings once, when torch loads it, so :func:`bound_spinning` runs when this module is
-imported, first thing in ``import embedrank``; imported after torch, it can change nothing (a notebook that imported torch first keeps
-libgomp's default). A ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` the user set is kept.
+imported, first thing in ``import embedrank``; imported after torch, it can change nothing (a notebook that
+imported torch first keeps libgomp's default). A ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` the user set is kept.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import embedrank  # noqa: F401  before torch, as in the server: it bounds libgomp's idle spinning (embedrank.openmp)
+import embedrank.openmp  # noqa: F401  before torch, as in the server: it bounds libgomp's idle spinning
 
 DEFAULT_SYSTEMS = ["torch:fp32", "openvino:fp32", "openvino:bf16", "openvino:int8"]
 

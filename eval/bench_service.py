@@ -236,12 +236,11 @@ def main() -> None:
     q_tokens = statistics.mean(len(tok(t)["input_ids"]) for t in queries[:200])
     p_tokens = statistics.mean(len(tok(t)["input_ids"]) for t in passages[:100])
 
-    def in_process(texts: list[str], seconds: float, model=st, batch: int = 32) -> float:
-        """Throughput of ``model.encode(batch_size=32)`` (sentence-transformers unless another model is given)
-        over about ``seconds`` worth of ``texts``, 64 texts per call (sorted by length into two batches).
-        With another ``batch``: one call per ``batch`` texts, as the server's batches are formed (in arrival
+    def in_process(texts: list[str], seconds: float, model=st, batch: int = 32, per_call: int = 64) -> float:
+        """Throughput of ``model.encode(batch_size=batch)`` (sentence-transformers unless another model is
+        given) over about ``seconds`` worth of ``texts``, ``per_call`` texts per call: 64 by default (sorted by
+        length into two batches of 32); ``per_call=batch`` feeds batches as the server forms them (in arrival
         order, not sorted across batches)."""
-        per_call = 64 if batch == 32 else batch
         model.encode(texts[:batch], batch_size=batch)
         done, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds or done < 64:
@@ -301,7 +300,7 @@ def main() -> None:
                             own_before = own_after
                             if kind == "query":  # what the batches the server formed cost in-process
                                 size = max(1, round(r["mean_batch"]))
-                                at_batch = in_process(texts, args.seconds_per_case, runtime, batch=size)
+                                at_batch = in_process(texts, args.seconds_per_case, runtime, batch=size, per_call=size)
                                 row["of_runtime_at_batch"] = r["inputs_s"] / at_batch
                                 own += f", at its mean batch {size}: {at_batch:6.1f}/s, served {row['of_runtime_at_batch']:.0%}"  # fmt: skip
                         rows.append(row)
