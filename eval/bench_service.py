@@ -10,7 +10,10 @@ It also compares the latency of a single short text over HTTP with in-process en
 reads the server's ``/metrics`` around each timed window: ``batch`` is the mean number of items per forward
 pass, ``busy`` the share of the window the forward thread spent computing. ``cpu`` says where the window's CPU
 went, in cores: the server's event loop (its main thread), the whole server process, and the load generator,
-which shares the machine's cores with the server.
+which shares the machine's cores with the server. For one-query requests it also runs the server's runtime
+behind embedrank's batching engine in this process, driven by as many concurrent callers as there are
+clients (no HTTP, no web app): the share of the runtime's batch-32 speed that this load allows at all, and
+how much of it the server delivers.
 
 ``--servers`` runs several servers one after the other, each against the same in-process baseline taken
 right before and after each of its cases: ``default`` (the service as configured: OpenVINO fp32),
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import shutil
 import statistics
@@ -248,6 +252,38 @@ def main() -> None:
             done += per_call
         return done / (time.perf_counter() - t0)
 
+    def through_engine(runtime, texts: list[str], clients: int, seconds: float) -> tuple[float, float]:
+        """The same runtime behind embedrank's batching engine in this process (the server's default engine
+        settings), ``clients`` concurrent callers sending one text each and waiting for its vector: no HTTP and
+        no web app. Returns inputs/s and the mean batch size."""
+        import uvloop
+
+        from embedrank.serving.runners import AsyncEncoder
+
+        sizes: list[int] = []
+
+        async def run() -> float:
+            encoder = AsyncEncoder(runtime, on_batch=lambda report: sizes.append(report.items))
+            encoder.engine.start()
+            counter = itertools.count()
+
+            async def caller(deadline: float) -> None:
+                while time.perf_counter() < deadline:
+                    await encoder.embed([texts[next(counter) % len(texts)]])
+
+            await asyncio.gather(*(caller(time.perf_counter() + 0.5) for _ in range(clients)))  # warm up
+            sizes.clear()
+            start = next(counter)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(caller(t0 + seconds) for _ in range(clients)))
+            done = next(counter) - start - clients  # each caller drew one index past its deadline
+            elapsed = time.perf_counter() - t0
+            await encoder.engine.drain()
+            return done / elapsed
+
+        rate = uvloop.run(run())
+        return rate, statistics.mean(sizes) if sizes else 0.0
+
     def same_runtime(server: str):
         """The server's own runtime in-process (embedrank's Encoder with the server's backend and precision)."""
         from embedrank import Encoder
@@ -303,6 +339,12 @@ def main() -> None:
                                 at_batch = in_process(texts, args.seconds_per_case, runtime, batch=size, per_call=size)
                                 row["of_runtime_at_batch"] = r["inputs_s"] / at_batch
                                 own += f", at its mean batch {size}: {at_batch:6.1f}/s, served {row['of_runtime_at_batch']:.0%}"  # fmt: skip
+                                # the same load without HTTP: the engine alone, as many callers in this process
+                                engine, engine_batch = through_engine(runtime, texts, clients, args.seconds_per_case)
+                                row["engine_of_runtime"] = engine / ((own_before + own_after) / 2)
+                                row["of_engine"] = r["inputs_s"] / engine
+                                own += (f"; engine alone with {clients} callers {engine:6.1f}/s (batch {engine_batch:4.1f}),"
+                                        f" {row['engine_of_runtime']:.0%} of the runtime, served {row['of_engine']:.0%} of it")  # fmt: skip
                         rows.append(row)
                         print(
                             f"[{server} round {round_no}] {per_request:>2} {kind:<7}/req  {clients:>2} clients: "
@@ -337,7 +379,7 @@ def report(rows: list[dict]) -> None:
     columns = [
         "inputs_s",
         "ratio",
-        *(c for c in ("of_runtime", "of_runtime_at_batch") if c in table),
+        *(c for c in ("of_runtime", "of_runtime_at_batch", "engine_of_runtime", "of_engine") if c in table),
         "p50_ms",
         "p99_ms",
         "mean_batch",
@@ -348,6 +390,10 @@ def report(rows: list[dict]) -> None:
     print(
         "of_runtime_at_batch: to the same runtime in-process in batches of the server's mean batch size, one call "
         "per batch in arrival order: what is left is the cost of HTTP and the event loop"
+    )
+    print(
+        "engine_of_runtime: the same runtime behind embedrank's batching engine in this process, as many callers as "
+        "clients sending one text each (no HTTP, no web app), to the runtime at batch 32; of_engine: served to that"
     )
     print(table[columns].round(2).to_string())
     for server in dict.fromkeys(k[0] for k in table.index):
