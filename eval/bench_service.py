@@ -265,19 +265,20 @@ def main() -> None:
         async def run() -> float:
             encoder = AsyncEncoder(runtime, on_batch=lambda report: sizes.append(report.items))
             encoder.engine.start()
-            counter = itertools.count()
+            counter = itertools.count()  # which text each request sends
 
-            async def caller(deadline: float) -> None:
+            async def caller(deadline: float) -> int:
+                answered = 0
                 while time.perf_counter() < deadline:
                     await encoder.embed([texts[next(counter) % len(texts)]])
+                    answered += 1
+                return answered
 
             await asyncio.gather(*(caller(time.perf_counter() + 0.5) for _ in range(clients)))  # warm up
             sizes.clear()
-            start = next(counter)
             t0 = time.perf_counter()
-            await asyncio.gather(*(caller(t0 + seconds) for _ in range(clients)))
-            done = next(counter) - start - clients  # each caller drew one index past its deadline
-            elapsed = time.perf_counter() - t0
+            done = sum(await asyncio.gather(*(caller(t0 + seconds) for _ in range(clients))))
+            elapsed = time.perf_counter() - t0  # until the last answer, which the count includes
             await encoder.engine.drain()
             return done / elapsed
 
