@@ -332,7 +332,8 @@ def main() -> None:
                         own = ""
                         if runtime is not None and own_before is not None:
                             own_after = in_process(texts, args.seconds_per_case, runtime)
-                            row["of_runtime"] = r["inputs_s"] / ((own_before + own_after) / 2)
+                            own_speed = (own_before + own_after) / 2  # the runtime at batch 32 around this case
+                            row["of_runtime"] = r["inputs_s"] / own_speed
                             own = f" | same runtime in-process {own_before:6.1f} -> {own_after:6.1f}/s, served {row['of_runtime']:.0%}"  # fmt: skip
                             own_before = own_after
                             if kind == "query":  # what the batches the server formed cost in-process
@@ -342,7 +343,7 @@ def main() -> None:
                                 own += f", at its mean batch {size}: {at_batch:6.1f}/s, served {row['of_runtime_at_batch']:.0%}"  # fmt: skip
                                 # the same load without HTTP: the engine alone, as many callers in this process
                                 engine, engine_batch = through_engine(runtime, texts, clients, args.seconds_per_case)
-                                row["engine_of_runtime"] = engine / ((own_before + own_after) / 2)
+                                row["engine_of_runtime"] = engine / own_speed
                                 row["of_engine"] = r["inputs_s"] / engine
                                 own += (f"; engine alone with {clients} callers {engine:6.1f}/s (batch {engine_batch:4.1f}),"
                                         f" {row['engine_of_runtime']:.0%} of the runtime, served {row['of_engine']:.0%} of it")  # fmt: skip
