@@ -15,6 +15,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from embedrank.errors import ModelKindError, ModelNotFoundError
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
@@ -123,7 +125,7 @@ class ModelPool:
                     "file 'ranges' ('calibration' calibrates an int8 runtime only; deprecated, removed next release)",
                     entry.id,
                 )
-                entry = dataclasses.replace(entry, ranges=entry.calibration, calibration=None)
+                entry = msgspec.structs.replace(entry, ranges=entry.calibration, calibration=None)
             for field, allowed, what in (
                 ("ranges", spec.kind == "embedding", "an embedding model"),
                 ("calibration", precision == "int8", "a model with precision int8"),

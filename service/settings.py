@@ -1,98 +1,88 @@
-"""Service settings from environment variables, or from a TOML file named by ``EMBEDRANK_CONFIG``.
+"""The service's settings: one typed table, :class:`Config`, read from a TOML file and from the environment.
 
-Environment variables (all optional):
+Every setting is a field of :class:`Config` with one name, one type, one default and one line of help. Its
+TOML key is that name; its environment variable is the name in upper case after ``EMBEDRANK_``
+(``max_inputs``: ``EMBEDRANK_MAX_INPUTS``). The TOML file is the one ``EMBEDRANK_CONFIG`` names. For each
+setting, the environment variable wins over the file's key, and the file's key over the default; an empty
+environment variable counts as unset. In the environment a list is comma-separated
+(``EMBEDRANK_API_KEYS=key-1,key-2``); in the file it is a TOML array (``api_keys = ["key-1", "key-2"]``).
 
-- ``EMBEDRANK_MODELS``: comma-separated ``id`` or ``id=path_or_hub_id`` entries, each optionally ending in
-  ``@backend[:precision]`` (``mini-int8=sentence-transformers/all-MiniLM-L6-v2@openvino:int8``): the same
-  weights can be served under several ids with different backends. Every embedding model
-  serves ``/v1/embeddings`` and, as a bi-encoder (cosine) scorer, ``/v1/rerank``; a cross-encoder serves
-  ``/v1/rerank`` only, with its own scores. Default: the packaged ``sentence-transformers/all-MiniLM-L6-v2``.
-- ``EMBEDRANK_BACKEND`` (``openvino``; or ``torch``, ``onnx``) and ``EMBEDRANK_PRECISION`` (``fp32``; or
-  ``bf16``, ``int8``): what runs every model whose entry names no backend (:mod:`embedrank.runtime.backends`).
-  An OpenVINO or ONNX model is exported on its first start and read from the export cache after that.
-- ``EMBEDRANK_TRUST_REMOTE_CODE``: comma-separated model ids whose own Python code (``auto_map`` in their
-  config: nomic-embed, gte-*-v1.5, jina-embeddings) may run. Off for every model unless named here or by
-  ``trust_remote_code = true`` in its ``[[models]]`` table; a model that needs it is refused at startup with
-  a message that says so.
-- ``EMBEDRANK_API_KEYS`` (comma-separated) and/or ``EMBEDRANK_API_KEYS_FILE`` (one key per line).
-- ``EMBEDRANK_NO_AUTH=1``: run without authentication (a warning is printed at startup).
-- ``EMBEDRANK_CORS_ORIGINS``: comma-separated origins (``https://app.example.com``, or ``*``) allowed to
-  call the API from a browser; CORS is off when unset.
-- ``EMBEDRANK_ACCESS_LOG=1``: keep the ASGI server's per-request access log (off by default; ``/metrics``
-  counts requests by route and status).
-- ``EMBEDRANK_TUNE_MALLOC=0``: keep glibc's default allocator settings (by default the service calls
-  :func:`embedrank.serving.allocator.tune_malloc` so activation memory is reused, not page-faulted per
-  layer, and gives it back with ``malloc_trim`` after ``EMBEDRANK_IDLE_SECONDS`` (30) without work).
-- ``EMBEDRANK_TOKEN_IDS`` (``cl100k_base``): token-id arrays in ``/v1/embeddings`` input are OpenAI's token
-  ids and are decoded with ``cl100k_base`` (as LangChain's ``OpenAIEmbeddings`` sends them); ``off`` refuses them.
-- Limits: ``EMBEDRANK_MAX_INPUTS`` (2048), ``EMBEDRANK_MAX_DOCUMENTS`` (1000),
-  ``EMBEDRANK_MAX_BODY_BYTES`` (16 MiB), ``EMBEDRANK_MAX_TEXT_CHARS`` (100000),
-  ``EMBEDRANK_MAX_REQUEST_TOKENS`` (1048576: the tokens one request may hold after tokenizing and chunking;
-  past it, 413 ``request_too_large`` before any of its work is queued), ``EMBEDRANK_MAX_MULTIVECTOR_TOKENS``
-  (8192: the token vectors a bge-m3 ``multivector`` answer may hold; past it, 400 before any work).
-- ``EMBEDRANK_DRAIN_SECONDS`` (30): on SIGTERM, ``/health`` and new requests answer 503 at once, the work
-  in flight gets this long, then every connection is closed and the process exits 0.
-  ``EMBEDRANK_BODY_TIMEOUT_SECONDS`` (30): a request body that takes longer to arrive is answered 408.
-  ``EMBEDRANK_HEADER_TIMEOUT_SECONDS`` (20): a connection that waits longer than this for a request's
-  headers (slowloris, or one opened and never used) gets 408 and is closed (:mod:`service.connections`).
-- Overload: a request whose estimated wait for its first forward pass (the work scheduled before it, at
-  the measured speed) exceeds ``EMBEDRANK_MAX_QUEUE_SECONDS`` (30) is answered 429 with ``Retry-After``;
-  so is one that would take the queue past ``EMBEDRANK_MAX_QUEUE`` (8192 items).
-- Engine: ``EMBEDRANK_TARGET_BATCH_SECONDS`` (0.25; 0: a fixed budget), ``EMBEDRANK_MAX_BATCH_TOKENS`` (8192),
-  ``EMBEDRANK_MAX_BATCH_SIZE`` (128), ``EMBEDRANK_BATCH_WAIT_MS`` (0: off;
-  the most a batch waits for concurrent callers to rejoin, ended early when arrivals stop; a lone request
-  never waits. Off because the wait left the forward thread idle and cost throughput in every measured load).
+Anything the table cannot read stops the start with a :class:`SettingsError` naming the setting and where its
+value came from: a value of the wrong type or out of range, a TOML key or ``[[models]]`` key the table does
+not have, an ``EMBEDRANK_`` variable that no part of embedrank reads, an API key list that is set but holds no
+key, a key that a client could not send. The configuration reference in the manual is rendered from the table
+(:func:`render_reference`; ``python -m service.settings`` prints it).
 
-A model path ``fake:encoder``, ``fake:encoder-with-prompts`` or ``fake:cross-encoder`` serves a weightless fake model
-(:mod:`embedrank.testing.fake`), for trying the API or testing a client without loading weights.
-
-The TOML file has the same keys in lower case without the prefix, and ``[[models]]`` tables with
-``id``, optional ``path``, optional ``aliases``, optional ``backend`` and ``precision``, optional
-``trust_remote_code`` (``true`` lets the model's own code run), optional
-``ranges``: a ``.txt`` (one text per line) or BEIR ``.jsonl`` file whose embeddings set an embedding
-model's int8/uint8 ranges for ``embedding_types`` (default: :mod:`embedrank.models.ranges`' seeded
-vocabulary sentences), and optional ``calibration``: such a file to calibrate the int8 runtime of a model
-with ``precision = "int8"`` (default: :mod:`embedrank.runtime.exports`). A ``calibration`` on an embedding
-model that is not int8 is read as ``ranges``, with a deprecation warning (it used to set both). Top-level
-``backend`` and ``precision`` are the defaults for every model.
+>>> settings = Settings.from_env({"EMBEDRANK_API_KEYS": "key-1,key-2", "EMBEDRANK_MAX_INPUTS": "64"})
+>>> settings.api_keys, settings.limits.max_inputs
+(('key-1', 'key-2'), 64)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import re
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
 
 from embedrank.errors import InvalidInputError
+from embedrank.paths import CACHE_ENV, DATA_ENV
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL
-from embedrank.runtime.backends import BACKEND_ENV, PRECISION_ENV, check_backend
+from embedrank.runtime.backends import check_backend
 from embedrank.serving.engine import EngineConfig
 
-
-def read_keys_file(path: str) -> list[str]:
-    """The keys in ``path``, one per line (blank lines and ``#`` comments skipped).
-
-    Raises:
-        SettingsError: the file cannot be read, is not UTF-8, or holds no key (a server that starts with a
-            key file meant to hold its keys, but none in it, would refuse every client).
-    """
-    name = f"EMBEDRANK_API_KEYS_FILE={path}"
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SettingsError(f"{name}: not UTF-8 text (byte {exc.start}); write one key per line") from None
-    except OSError as exc:
-        raise SettingsError(f"{name}: {exc}") from exc
-    keys = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    if not keys:
-        raise SettingsError(f"{name}: the file holds no key; write one key per line")
-    return keys
+PREFIX = "EMBEDRANK_"
+CONFIG_ENV = "EMBEDRANK_CONFIG"
 
 
 class SettingsError(ValueError):
-    """A setting is malformed; raised at startup with the variable's name."""
+    """A setting is malformed; raised at startup with the setting's name and where its value came from."""
+
+
+def env_name(key: str) -> str:
+    """The environment variable of the setting ``key``.
+
+    >>> env_name("max_inputs")
+    'EMBEDRANK_MAX_INPUTS'
+    """
+    return PREFIX + key.upper()
+
+
+class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One served model: an ``EMBEDRANK_MODELS`` entry or a ``[[models]]`` table of the TOML file."""
+
+    id: Annotated[str, Meta(min_length=1, description="the name clients send as `model`")]
+    path: Annotated[str | None, Meta(description="a local folder or a hub id (default: the id)")] = None
+    aliases: Annotated[tuple[str, ...], Meta(description="other names clients may send for this model")] = ()
+    ranges: Annotated[
+        str | None,
+        Meta(
+            description="a `.txt` (one text per line) or BEIR `.jsonl` file whose embeddings set the int8/uint8 "
+            "ranges of `embedding_types` (default: seeded vocabulary sentences)"
+        ),
+    ] = None
+    calibration: Annotated[
+        str | None,
+        Meta(description='such a file to calibrate the int8 runtime of a model with `precision = "int8"`'),
+    ] = None
+    backend: Annotated[
+        str | None, Meta(description="`openvino`, `torch`, `onnx` or `auto` (default: the top-level `backend`)")
+    ] = None
+    precision: Annotated[
+        str | None, Meta(description="`fp32`, `bf16`, `int8` or `auto` (default: the top-level `precision`)")
+    ] = None
+    trust_remote_code: Annotated[
+        bool, Meta(description="let the model's own Python code run (its config's `auto_map`)")
+    ] = False
 
 
 def parse_model_entry(text: str) -> ModelEntry:
@@ -117,18 +107,6 @@ def parse_model_entry(text: str) -> ModelEntry:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelEntry:
-    id: str
-    path: str | None = None  # local path or hub id; defaults to id
-    aliases: tuple[str, ...] = ()
-    ranges: str | None = None  # texts (.txt or .jsonl) whose embeddings set int8/uint8 embedding ranges
-    calibration: str | None = None  # texts (.txt or .jsonl) that calibrate an int8 runtime (precision int8)
-    backend: str | None = None  # torch, openvino, onnx; None: EMBEDRANK_BACKEND, else openvino
-    precision: str | None = None  # fp32, bf16, int8; None: EMBEDRANK_PRECISION, else fp32
-    trust_remote_code: bool = False  # run the Python code the model ships (its config's auto_map)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class Limits:
     max_inputs: int = 2048
     max_documents: int = 1000
@@ -138,113 +116,423 @@ class Limits:
     max_multivector_tokens: int = 8192  # bge-m3 token vectors one /v1/embeddings response may hold: 400 past it
 
 
+_LIMITS = Limits()
+_ENGINE = EngineConfig()
+DEFAULT_MODELS = (ModelEntry(id=DEFAULT_EMBEDDING_MODEL, aliases=("all-MiniLM-L6-v2",)),)
+
+DRAIN_SECONDS = 30.0
+BODY_TIMEOUT_SECONDS = 30.0
+HEADER_TIMEOUT_SECONDS = 20.0
+Positive = Meta(ge=1)
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The settings table: every setting of the service, its type, default and meaning."""
+
+    models: Annotated[
+        tuple[ModelEntry, ...],
+        Meta(
+            description="the served models. Environment: comma-separated `id` or `id=path`, each optionally "
+            "ending in `@backend[:precision]`; file: one `[[models]]` table per model (keys below). The environment "
+            "variable replaces every `[[models]]` table. A path `fake:encoder`, `fake:encoder-with-prompts` or "
+            "`fake:cross-encoder` serves a weightless fake for testing clients"
+        ),
+    ] = DEFAULT_MODELS
+    backend: Annotated[
+        str | None,
+        Meta(
+            description="the runtime of every model whose entry names none: `openvino`, `torch`, `onnx` or "
+            "`auto` (unset: `openvino`, and a model it cannot export runs on torch)"
+        ),
+    ] = None
+    precision: Annotated[
+        str | None,
+        Meta(
+            description="the precision of every model whose entry names none: `fp32`, `bf16`, `int8` or `auto` "
+            "(unset: `fp32`)"
+        ),
+    ] = None
+    trust_remote_code: Annotated[
+        tuple[str, ...],
+        Meta(
+            description="ids of models whose own Python code may run (as `trust_remote_code = true` in the "
+            "model's table); a model that needs it is refused at startup otherwise"
+        ),
+    ] = ()
+    api_keys: Annotated[
+        tuple[str, ...],
+        Meta(
+            description="the keys clients send as `Authorization: Bearer <key>`; unset (and no key file): a "
+            "random key is printed at startup. Set but empty: refused"
+        ),
+    ] = ()
+    api_keys_file: Annotated[
+        str | None, Meta(description="a file with one more key per line (`#` comments and blank lines skipped)")
+    ] = None
+    no_auth: Annotated[bool, Meta(description="serve without authentication (warned at startup)")] = False
+    cors_origins: Annotated[
+        tuple[str, ...],
+        Meta(
+            description="browser origins allowed to call the API (`https://app.example.com`, or `*`); empty: CORS off"
+        ),
+    ] = ()
+    token_ids: Annotated[
+        Literal["cl100k_base", "off"],
+        Meta(
+            description="token-id arrays in `/v1/embeddings` input are decoded with OpenAI's `cl100k_base`; "
+            "`off` refuses them with 400"
+        ),
+    ] = "cl100k_base"
+    max_inputs: Annotated[int, Positive, Meta(description="texts per embeddings request")] = _LIMITS.max_inputs
+    max_documents: Annotated[int, Positive, Meta(description="documents per rerank request")] = _LIMITS.max_documents
+    max_body_bytes: Annotated[
+        int, Positive, Meta(description="bytes of a request body, after decompression (413 past it)")
+    ] = _LIMITS.max_body_bytes
+    max_text_chars: Annotated[int, Positive, Meta(description="characters per text")] = _LIMITS.max_text_chars
+    max_request_tokens: Annotated[
+        int,
+        Positive,
+        Meta(
+            description="tokens one request may hold after tokenizing and chunking; past it, 413 "
+            "`request_too_large` before any of its work is queued"
+        ),
+    ] = _LIMITS.max_request_tokens
+    max_multivector_tokens: Annotated[
+        int,
+        Positive,
+        Meta(
+            description="token vectors one multi-vector (bge-m3, ColBERT) answer may hold; past it, 400 before any work"
+        ),
+    ] = _LIMITS.max_multivector_tokens
+    max_queue: Annotated[
+        int, Positive, Meta(description="items waiting for a forward pass; past it, 429 with `Retry-After`")
+    ] = _ENGINE.max_queue_items
+    max_queue_seconds: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="a request whose estimated wait for its first forward pass is longer gets 429 "
+            "with `Retry-After`",
+        ),
+    ] = _ENGINE.max_queue_seconds
+    target_batch_seconds: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="a forward batch holds what the measured speed computes in about this long, so a "
+            "new request waits about as long on any CPU; 0: always `max_batch_tokens`",
+        ),
+    ] = _ENGINE.target_batch_seconds or 0.0
+    max_batch_tokens: Annotated[int, Positive, Meta(description="padded tokens per forward batch, at most")] = (
+        _ENGINE.max_batch_tokens
+    )
+    max_batch_size: Annotated[int, Positive, Meta(description="texts per forward batch, at most")] = (
+        _ENGINE.max_batch_size
+    )
+    batch_wait_ms: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="the most a batch waits for concurrent callers to rejoin (a lone request never waits); 0: off",
+        ),
+    ] = _ENGINE.max_wait_ms
+    idle_seconds: Annotated[
+        float, Meta(gt=0, description="after this long without work, freed activation memory is given back")
+    ] = _ENGINE.idle_seconds
+    drain_seconds: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="on SIGTERM, how long the work in flight gets before every connection is closed "
+            "(new requests get 503 at once)",
+        ),
+    ] = DRAIN_SECONDS
+    body_timeout_seconds: Annotated[
+        float, Meta(gt=0, description="a request body that takes longer to arrive gets 408")
+    ] = BODY_TIMEOUT_SECONDS
+    header_timeout_seconds: Annotated[
+        float,
+        Meta(gt=0, description="a connection that waits longer for a request's headers gets 408 and is closed"),
+    ] = HEADER_TIMEOUT_SECONDS
+    access_log: Annotated[bool, Meta(description="one log line per request (`/metrics` counts them either way)")] = (
+        False
+    )
+    tune_malloc: Annotated[
+        bool,
+        Meta(
+            description="reuse freed activation memory while busy and give it back after `idle_seconds` "
+            "(glibc only); false: the allocator's defaults"
+        ),
+    ] = True
+
+
+# Variables read outside the service's table: the library's, and the project's own scripts'. An EMBEDRANK_
+# variable in neither place is refused at startup (a misspelt setting would otherwise be silently ignored).
+OTHER_ENVIRONMENT = {
+    "library": {
+        CONFIG_ENV: "the TOML file the service reads its settings from (the keys in the table above)",
+        CACHE_ENV: "where exported runtimes and cached corpus vectors are kept (default: "
+        "`$XDG_CACHE_HOME/embedrank`, else `~/.cache/embedrank`)",
+        DATA_ENV: "the folder of BEIR-layout collections that `eval/run.py` and the benchmarks read",
+    },
+    "development": {
+        "EMBEDRANK_TEST_CACHE": "where the test suite keeps its cache (default: `.cache/tests` in the checkout)",
+        "EMBEDRANK_NOTEBOOK_QUICK": "`1`: the notebooks run a shortened workload (the test suite sets it)",
+        "EMBEDRANK_RERANKER": "the cross-encoder the retrieve-then-rerank notebook uses",
+        "EMBEDRANK_CROSS_ENCODER": "the cross-encoder the manual's Python examples load (the tests name a local one)",
+        "EMBEDRANK_FUZZ_COUNTS": "where `eval/fuzz_api.py`'s hooks write the cases per endpoint",
+    },
+}
+
+
+def fields() -> dict[str, tuple[Any, Any, str]]:
+    """Every setting of :class:`Config`: ``name -> (type, default, help)``."""
+    hints = typing.get_type_hints(Config, include_extras=True)
+    out = {}
+    for field in msgspec.structs.fields(Config):
+        annotated = hints[field.name]
+        kind, *extras = typing.get_args(annotated)
+        help_text = next(m.description for m in extras if isinstance(m, Meta) and m.description)
+        out[field.name] = (kind, field.default, help_text)
+    return out
+
+
+def known_environment() -> set[str]:
+    """Every ``EMBEDRANK_`` variable some part of embedrank reads."""
+    return {env_name(name) for name in fields()} | {name for group in OTHER_ENVIRONMENT.values() for name in group}
+
+
+_LIST_FIELDS = {"api_keys", "cors_origins", "trust_remote_code"}
+_ERROR_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings the environment sets, as the text each variable holds (a list split on commas)."""
+    stray = sorted(k for k in environ if k.startswith(PREFIX) and k not in known_environment())
+    if stray:
+        hints = [
+            f"{name} (did you mean {close[0]}?)"
+            if (close := difflib.get_close_matches(name, known_environment(), 1))
+            else name
+            for name in stray
+        ]
+        raise SettingsError(
+            f"unknown environment variable {', '.join(hints)}: no embedrank setting has this name "
+            "(the configuration reference lists them)"
+        )
+    data: dict[str, Any] = {}
+    for name in fields():
+        raw = environ.get(env_name(name))
+        if raw is None or not raw.strip():
+            continue
+        if name in _LIST_FIELDS:
+            data[name] = [part.strip() for part in raw.split(",") if part.strip()]
+        elif name == "models":
+            entries = [parse_model_entry(part.strip()) for part in raw.split(",") if part.strip()]
+            data[name] = [msgspec.structs.asdict(entry) for entry in entries]
+        else:
+            data[name] = raw.strip()
+    return data
+
+
+def _from_file(path: str) -> dict[str, Any]:
+    file = Path(path).expanduser()
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"{CONFIG_ENV}={path}: {exc}") from exc
+
+
+_TYPE_WORDS = {
+    "`int`": "an integer",
+    "`float`": "a number",
+    "`bool`": "true or false (1 or 0 in the environment)",
+    "`str`": "text",
+    "`array`": "a list",
+    "`object`": "a table",
+    "`null`": "nothing",
+}
+
+
+def _plain(msg: str) -> str:
+    """msgspec's message in the words of the reference (``Expected `int`, got `str``` -> ``expected an integer,
+    got text``)."""
+    for word, plain in _TYPE_WORDS.items():
+        msg = msg.replace(word, plain)
+    return msg[0].lower() + msg[1:]
+
+
+def _convert(data: dict[str, Any], *, strict: bool, where: str) -> Config:
+    """``data`` as a :class:`Config`; a :class:`SettingsError` naming the setting and ``where`` otherwise."""
+    try:
+        return msgspec.convert(data, Config, strict=strict)
+    except msgspec.ValidationError as exc:
+        match = _ERROR_AT.match(str(exc))
+        assert match is not None  # the pattern matches any text
+        msg, path = match["msg"], (match["path"] or "").lstrip(".")
+        unknown = re.fullmatch(r"Object contains unknown field `(.+)`", msg)
+        if unknown:
+            known = [f.name for f in msgspec.structs.fields(ModelEntry if path else Config)]
+            close = difflib.get_close_matches(unknown[1], known, 1)
+            guess = f" (did you mean `{close[0]}`?)" if close else ""
+            table = f"the [[models]] table {path}" if path else "the file"
+            choices = (
+                "are " + ", ".join(f"`{k}`" for k in known) if path else "are listed in the configuration reference"
+            )
+            raise SettingsError(f"{where}: unknown key `{unknown[1]}`{guess} in {table}; the keys {choices}") from None
+        name = path.split("[", 1)[0].split(".", 1)[0]
+        label = env_name(name) if where == "environment" else f"`{path}` in {where}"
+        given = data.get(name)
+        if msg.startswith("Invalid enum value"):
+            kind = fields()[name][0]
+            msg = "must be one of " + ", ".join(f"`{v}`" for v in typing.get_args(kind))
+        hint = ""
+        if name in _LIST_FIELDS and isinstance(given, str):
+            hint = f'; write a TOML array: {name} = ["{given}"]'
+        value = f" (given {given!r})" if where == "environment" and name not in ("api_keys", "models") else ""
+        raise SettingsError(f"{label}{value}: {_plain(msg)}{hint}") from None
+
+
+def read_keys_file(path: str) -> list[str]:
+    """The keys in ``path``, one per line (blank lines and ``#`` comments skipped).
+
+    Raises:
+        SettingsError: the file cannot be read, is not UTF-8, or holds no key (a server that starts with a
+            key file meant to hold its keys, but none in it, would refuse every client).
+    """
+    name = f"EMBEDRANK_API_KEYS_FILE={path}"
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{name}: not UTF-8 text (byte {exc.start}); write one key per line") from None
+    except OSError as exc:
+        raise SettingsError(f"{name}: {exc}") from exc
+    keys = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if not keys:
+        raise SettingsError(f"{name}: the file holds no key; write one key per line")
+    return keys
+
+
+def check_key(key: str, where: str) -> None:
+    """A key a client can send in ``Authorization: Bearer <key>``: visible ASCII, no spaces, not empty."""
+    if not key or any(not ("!" <= c <= "~") for c in key):
+        raise SettingsError(
+            f"{where}: an API key must be visible ASCII characters without spaces (a client sends it in an "
+            "HTTP header); one key is not"
+        )
+
+
+def _check_origin(origin: str) -> None:
+    if origin != "*" and not re.fullmatch(r"https?://[^/\s?#]+", origin):
+        raise SettingsError(
+            f"{env_name('cors_origins')}: {origin!r} is not an origin; write scheme://host[:port] with no path "
+            "(https://app.example.com), or *"
+        )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
-    models: tuple[ModelEntry, ...] = (ModelEntry(id=DEFAULT_EMBEDDING_MODEL, aliases=("all-MiniLM-L6-v2",)),)
+    """What the service runs on, built from a :class:`Config` (:meth:`from_env`) or directly (the tests)."""
+
+    models: tuple[ModelEntry, ...] = DEFAULT_MODELS
     api_keys: tuple[str, ...] = ()
     no_auth: bool = False
     limits: Limits = dataclasses.field(default_factory=Limits)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
-    drain_seconds: float = 30.0  # SIGTERM: at most this long for the work in flight, then exit 0
-    body_timeout_seconds: float = 30.0  # a request body that takes longer to arrive gets 408
-    header_timeout_seconds: float = 20.0  # a connection waiting longer for request headers: 408, closed
+    drain_seconds: float = DRAIN_SECONDS
+    body_timeout_seconds: float = BODY_TIMEOUT_SECONDS
+    header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS
     access_log: bool = False
     tune_malloc: bool = True
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
-    token_ids: bool = True  # token-id input read as cl100k_base (EMBEDRANK_TOKEN_IDS=cl100k_base); off: refused
+    token_ids: bool = True  # token-id input read as cl100k_base; False: refused
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings of ``environ`` (default ``os.environ``) and of the TOML file its ``EMBEDRANK_CONFIG``
+        names; see the module's docstring for precedence.
+
+        Raises:
+            SettingsError: a setting cannot be read; the message names it.
+        """
         env = dict(os.environ if environ is None else environ)
-        data: dict = {}
-        if env.get("EMBEDRANK_CONFIG"):
-            path = Path(env["EMBEDRANK_CONFIG"]).expanduser()
-            try:
-                data = tomllib.loads(path.read_text())
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise SettingsError(f"EMBEDRANK_CONFIG={path}: {exc}") from exc
-
-        def get(name: str, default):
-            key = f"EMBEDRANK_{name.upper()}"
-            raw = env.get(key, data.get(name))
-            if raw is None or raw == "":
-                return default
-            try:
-                if isinstance(default, bool):
-                    return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
-                return type(default)(raw)
-            except (TypeError, ValueError) as exc:
-                raise SettingsError(f"{key} must be a {type(default).__name__}, got {raw!r}") from exc
-
-        models: list[ModelEntry] = []
-        if env.get("EMBEDRANK_MODELS"):
-            for part in env["EMBEDRANK_MODELS"].split(","):
-                if part.strip():
-                    models.append(parse_model_entry(part.strip()))
-        else:
-            for entry in data.get("models", []):
-                models.append(
-                    ModelEntry(
-                        id=entry["id"],
-                        path=entry.get("path"),
-                        aliases=tuple(entry.get("aliases", ())),
-                        ranges=entry.get("ranges"),
-                        calibration=entry.get("calibration"),
-                        backend=entry.get("backend"),
-                        precision=entry.get("precision"),
-                        trust_remote_code=entry.get("trust_remote_code", False) is True,
-                    )
-                )
-        trusted = {m.strip() for m in env.get("EMBEDRANK_TRUST_REMOTE_CODE", "").split(",") if m.strip()}
-        unknown = trusted - {m.id for m in models}
-        if unknown and models:
+        set_in_env = _from_environment(env)
+        in_env = _convert(set_in_env, strict=False, where="environment")
+        path = env.get(CONFIG_ENV, "").strip()
+        file_data = _from_file(path) if path else {}
+        in_file = _convert(file_data, strict=True, where=f"{CONFIG_ENV}={path}")
+        config = msgspec.structs.replace(in_file, **{name: getattr(in_env, name) for name in set_in_env})
+        keys_source = env_name("api_keys") if "api_keys" in set_in_env else f"`api_keys` in {CONFIG_ENV}={path}"
+        if ("api_keys" in set_in_env or "api_keys" in file_data) and not config.api_keys:
             raise SettingsError(
-                f"EMBEDRANK_TRUST_REMOTE_CODE names {sorted(unknown)}, which no model entry has as its id"
+                f"{keys_source} is set but holds no key; give at least one, or unset it to have a key generated"
             )
-        models = [dataclasses.replace(m, trust_remote_code=True) if m.id in trusted else m for m in models]
-        default_backend = env.get(BACKEND_ENV) or data.get("backend")
-        default_precision = env.get(PRECISION_ENV) or data.get("precision")
+        return cls.of(config, keys_source=keys_source)
+
+    @classmethod
+    def of(cls, config: Config, *, keys_source: str = "api_keys") -> Settings:
+        """The settings :class:`Config` describes, checked as a whole."""
+        keys = list(config.api_keys)
+        for key in keys:
+            check_key(key, keys_source)
+        if config.api_keys_file:
+            from_file = read_keys_file(config.api_keys_file)
+            for key in from_file:
+                check_key(key, f"{env_name('api_keys_file')}={config.api_keys_file}")
+            keys += from_file
+        for origin in config.cors_origins:
+            _check_origin(origin)
+        try:  # the names alone; each model's pair is checked in validate()
+            check_backend(config.backend or "auto", config.precision or "auto")
+        except InvalidInputError as exc:
+            name = "backend" if exc.param == "backend" else "precision"
+            raise SettingsError(f"{env_name(name)} (`{name}` in a file): {exc}") from None
+        models = list(config.models)
+        ids = [m.id for m in models]
+        duplicated = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicated:
+            raise SettingsError(f"models: the id {duplicated[0]!r} is given to more than one model")
+        unknown = set(config.trust_remote_code) - set(ids)
+        if unknown:
+            raise SettingsError(
+                f"{env_name('trust_remote_code')} names {sorted(unknown)}, which no model entry has as its id"
+            )
         models = [
-            dataclasses.replace(m, backend=m.backend or default_backend, precision=m.precision or default_precision)
-            for m in models or cls().models
+            msgspec.structs.replace(
+                m,
+                trust_remote_code=m.trust_remote_code or m.id in config.trust_remote_code,
+                backend=m.backend or config.backend,
+                precision=m.precision or config.precision,
+            )
+            for m in models
         ]
-        keys = [k.strip() for k in env.get("EMBEDRANK_API_KEYS", "").split(",") if k.strip()]
-        keys += [str(k) for k in data.get("api_keys", [])]
-        keys_file = env.get("EMBEDRANK_API_KEYS_FILE") or data.get("api_keys_file")
-        if keys_file:
-            keys += read_keys_file(keys_file)
-        base = cls()
-        limits = Limits(**{f.name: get(f.name, getattr(base.limits, f.name)) for f in dataclasses.fields(Limits)})
-        engine = EngineConfig(
-            max_batch_tokens=get("max_batch_tokens", base.engine.max_batch_tokens),
-            target_batch_seconds=get("target_batch_seconds", base.engine.target_batch_seconds or 0.0) or None,
-            max_batch_size=get("max_batch_size", base.engine.max_batch_size),
-            max_wait_ms=get("batch_wait_ms", base.engine.max_wait_ms),
-            max_queue_items=get("max_queue", base.engine.max_queue_items),
-            max_queue_seconds=get("max_queue_seconds", base.engine.max_queue_seconds),
-            idle_seconds=get("idle_seconds", base.engine.idle_seconds),
-        )
-        token_ids = str(get("token_ids", "cl100k_base")).strip().lower()
-        if token_ids not in ("cl100k_base", "off"):
-            raise SettingsError(f"EMBEDRANK_TOKEN_IDS must be cl100k_base or off, got {token_ids!r}")
         settings = cls(
             models=tuple(models),
             api_keys=tuple(dict.fromkeys(keys)),
-            no_auth=get("no_auth", base.no_auth),
-            limits=limits,
-            engine=engine,
-            drain_seconds=get("drain_seconds", base.drain_seconds),
-            body_timeout_seconds=get("body_timeout_seconds", base.body_timeout_seconds),
-            header_timeout_seconds=get("header_timeout_seconds", base.header_timeout_seconds),
-            access_log=get("access_log", base.access_log),
-            tune_malloc=get("tune_malloc", base.tune_malloc),
-            cors_origins=tuple(o.strip() for o in str(get("cors_origins", "")).split(",") if o.strip()),
-            token_ids=token_ids != "off",
+            no_auth=config.no_auth,
+            limits=Limits(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Limits)}),
+            engine=EngineConfig(
+                max_batch_tokens=config.max_batch_tokens,
+                target_batch_seconds=config.target_batch_seconds or None,
+                max_batch_size=config.max_batch_size,
+                max_wait_ms=config.batch_wait_ms,
+                max_queue_items=config.max_queue,
+                max_queue_seconds=config.max_queue_seconds,
+                idle_seconds=config.idle_seconds,
+            ),
+            drain_seconds=config.drain_seconds,
+            body_timeout_seconds=config.body_timeout_seconds,
+            header_timeout_seconds=config.header_timeout_seconds,
+            access_log=config.access_log,
+            tune_malloc=config.tune_malloc,
+            cors_origins=config.cors_origins,
+            token_ids=config.token_ids != "off",
         )
         settings.validate()
         return settings
 
     def validate(self) -> None:
+        """Check what no single setting's type says: each model's backend and precision."""
         for entry in self.models:
             if (entry.path or "").startswith("fake:"):
                 continue
@@ -252,12 +540,117 @@ class Settings:
                 check_backend(entry.backend, entry.precision)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None
-        for name in (f.name for f in dataclasses.fields(Limits)):
-            if getattr(self.limits, name) < 1:
-                raise SettingsError(f"limit {name} must be >= 1")
-        if self.drain_seconds < 0 or self.body_timeout_seconds <= 0 or self.header_timeout_seconds <= 0:
-            raise SettingsError("drain_seconds must be >= 0, body_timeout_seconds and header_timeout_seconds > 0")
-        if self.engine.max_queue_seconds <= 0:
-            raise SettingsError("max_queue_seconds must be > 0")
-        if self.engine.max_queue_items < 1 or self.engine.max_batch_tokens < 1 or self.engine.max_batch_size < 1:
-            raise SettingsError("engine queue, batch tokens and batch size must be >= 1")
+
+
+def _type_name(kind: Any) -> str:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is ModelEntry:
+        return "model table"
+    if origin is tuple:
+        return f"list of {_type_name(args[0])}s"
+    if origin is Literal:
+        return " or ".join(f"`{a}`" for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " (optional)"
+    return {str: "text", int: "integer", float: "number", bool: "boolean"}.get(kind, str(kind))
+
+
+def _default_text(name: str, default: Any) -> str:
+    if name == "models":
+        return f"`{DEFAULT_EMBEDDING_MODEL}` (the packaged model)"
+    if default is None or default == ():
+        return "unset"
+    if isinstance(default, bool):
+        return "`true`" if default else "`false`"
+    return f"`{default}`"
+
+
+def render_reference() -> str:
+    """The manual's configuration reference (``docs/configuration.md``), rendered from :class:`Config`."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Rendered from service/settings.py by `python -m service.settings > docs/configuration.md`;"
+        " a test checks that this page equals what the table renders. -->",
+        "",
+        "The HTTP service reads its settings from `EMBEDRANK_` environment variables and from a TOML file named",
+        "by `EMBEDRANK_CONFIG`. Each setting has one TOML key and one environment variable, its key in upper case",
+        "after `EMBEDRANK_`.",
+        "",
+        "**Precedence.** For each setting, the environment variable wins over the file's key, and the file's key",
+        "over the default. An empty environment variable counts as unset. `EMBEDRANK_MODELS` replaces every",
+        "`[[models]]` table of the file; the other lists are replaced, not merged, in the same way.",
+        "",
+        "**Types.** In the environment a list is comma-separated (`EMBEDRANK_API_KEYS=key-1,key-2`) and a boolean",
+        "is `true`, `false`, `1` or `0`. In the file, values are TOML values: a list is an array",
+        '(`api_keys = ["key-1", "key-2"]`), a number is not quoted.',
+        "",
+        "**Errors.** The service does not start, and says which setting is wrong and where its value came from,",
+        "when a value has the wrong type or is out of range, the file has a key the table below does not have,",
+        "an `EMBEDRANK_` variable is not one of those on this page, `api_keys` is set but holds no key, or a key",
+        "is not visible ASCII without spaces.",
+        "",
+        "## Settings",
+        "",
+        "| file key | environment variable | type | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for name, (kind, default, help_text) in fields().items():
+        lines.append(
+            f"| `{name}` | `{env_name(name)}` | {_type_name(kind)} | {_default_text(name, default)} | {help_text} |"
+        )
+    lines += [
+        "",
+        "## Model tables",
+        "",
+        "Each `[[models]]` table of the file describes one served model with these keys; an",
+        "`EMBEDRANK_MODELS` entry `id=path@backend:precision` sets the first, second, fifth and sixth.",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    hints = typing.get_type_hints(ModelEntry, include_extras=True)
+    for field in msgspec.structs.fields(ModelEntry):
+        kind, *extras = typing.get_args(hints[field.name])
+        help_text = next(m.description for m in extras if isinstance(m, Meta) and m.description)
+        default = "required" if field.required else _default_text(field.name, field.default)
+        lines.append(f"| `{field.name}` | {_type_name(kind)} | {default} | {help_text} |")
+    lines += [
+        "",
+        "## Example",
+        "",
+        "```toml",
+        *EXAMPLE_TOML.strip().splitlines(),
+        "```",
+        "",
+        "## Other environment variables",
+        "",
+        "| variable | read by | meaning |",
+        "|---|---|---|",
+    ]
+    for group, names in OTHER_ENVIRONMENT.items():
+        read_by = "the library and the service" if group == "library" else "the project's tests and scripts"
+        for name, help_text in names.items():
+            lines.append(f"| `{name}` | {read_by} | {help_text} |")
+    return "\n".join(lines) + "\n"
+
+
+EXAMPLE_TOML = """
+api_keys_file = "/run/secrets/embedrank-keys"
+max_inputs = 512
+cors_origins = ["https://app.example.com"]
+
+[[models]]
+id = "sentence-transformers/all-MiniLM-L6-v2"
+aliases = ["all-MiniLM-L6-v2", "text-embedding-3-small"]
+
+[[models]]
+id = "minilm-int8"
+path = "sentence-transformers/all-MiniLM-L6-v2"
+backend = "openvino"
+precision = "int8"
+"""
+
+
+if __name__ == "__main__":
+    print(render_reference(), end="")
