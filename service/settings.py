@@ -11,7 +11,7 @@ Anything the table cannot read stops the start with a :class:`SettingsError` nam
 value came from: a value of the wrong type or out of range, a TOML key or ``[[models]]`` key the table does
 not have, an ``EMBEDRANK_`` variable that no part of embedrank reads, an API key list that is set but holds no
 key, a key that a client could not send. The configuration reference in the manual is rendered from the table
-(:func:`render_reference`; ``python -m service.settings`` prints it).
+(:mod:`service.settings_reference`).
 
 >>> settings = Settings.from_env({"EMBEDRANK_API_KEYS": "key-1,key-2", "EMBEDRANK_MAX_INPUTS": "64"})
 >>> settings.api_keys, settings.limits.max_inputs
@@ -25,7 +25,6 @@ import difflib
 import os
 import re
 import tomllib
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -540,117 +539,3 @@ class Settings:
                 check_backend(entry.backend, entry.precision)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None
-
-
-def _type_name(kind: Any) -> str:
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if kind is ModelEntry:
-        return "model table"
-    if origin is tuple:
-        return f"list of {_type_name(args[0])}s"
-    if origin is Literal:
-        return " or ".join(f"`{a}`" for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " (optional)"
-    return {str: "text", int: "integer", float: "number", bool: "boolean"}.get(kind, str(kind))
-
-
-def _default_text(name: str, default: Any) -> str:
-    if name == "models":
-        return f"`{DEFAULT_EMBEDDING_MODEL}` (the packaged model)"
-    if default is None or default == ():
-        return "unset"
-    if isinstance(default, bool):
-        return "`true`" if default else "`false`"
-    return f"`{default}`"
-
-
-def render_reference() -> str:
-    """The manual's configuration reference (``docs/configuration.md``), rendered from :class:`Config`."""
-    lines = [
-        "# Configuration reference",
-        "",
-        "<!-- Rendered from service/settings.py by `python -m service.settings > docs/configuration.md`;"
-        " a test checks that this page equals what the table renders. -->",
-        "",
-        "The HTTP service reads its settings from `EMBEDRANK_` environment variables and from a TOML file named",
-        "by `EMBEDRANK_CONFIG`. Each setting has one TOML key and one environment variable, its key in upper case",
-        "after `EMBEDRANK_`.",
-        "",
-        "**Precedence.** For each setting, the environment variable wins over the file's key, and the file's key",
-        "over the default. An empty environment variable counts as unset. `EMBEDRANK_MODELS` replaces every",
-        "`[[models]]` table of the file; the other lists are replaced, not merged, in the same way.",
-        "",
-        "**Types.** In the environment a list is comma-separated (`EMBEDRANK_API_KEYS=key-1,key-2`) and a boolean",
-        "is `true`, `false`, `1` or `0`. In the file, values are TOML values: a list is an array",
-        '(`api_keys = ["key-1", "key-2"]`), a number is not quoted.',
-        "",
-        "**Errors.** The service does not start, and says which setting is wrong and where its value came from,",
-        "when a value has the wrong type or is out of range, the file has a key the table below does not have,",
-        "an `EMBEDRANK_` variable is not one of those on this page, `api_keys` is set but holds no key, or a key",
-        "is not visible ASCII without spaces.",
-        "",
-        "## Settings",
-        "",
-        "| file key | environment variable | type | default | meaning |",
-        "|---|---|---|---|---|",
-    ]
-    for name, (kind, default, help_text) in fields().items():
-        lines.append(
-            f"| `{name}` | `{env_name(name)}` | {_type_name(kind)} | {_default_text(name, default)} | {help_text} |"
-        )
-    lines += [
-        "",
-        "## Model tables",
-        "",
-        "Each `[[models]]` table of the file describes one served model with these keys; an",
-        "`EMBEDRANK_MODELS` entry `id=path@backend:precision` sets the first, second, fifth and sixth.",
-        "",
-        "| key | type | default | meaning |",
-        "|---|---|---|---|",
-    ]
-    hints = typing.get_type_hints(ModelEntry, include_extras=True)
-    for field in msgspec.structs.fields(ModelEntry):
-        kind, *extras = typing.get_args(hints[field.name])
-        help_text = next(m.description for m in extras if isinstance(m, Meta) and m.description)
-        default = "required" if field.required else _default_text(field.name, field.default)
-        lines.append(f"| `{field.name}` | {_type_name(kind)} | {default} | {help_text} |")
-    lines += [
-        "",
-        "## Example",
-        "",
-        "```toml",
-        *EXAMPLE_TOML.strip().splitlines(),
-        "```",
-        "",
-        "## Other environment variables",
-        "",
-        "| variable | read by | meaning |",
-        "|---|---|---|",
-    ]
-    for group, names in OTHER_ENVIRONMENT.items():
-        read_by = "the library and the service" if group == "library" else "the project's tests and scripts"
-        for name, help_text in names.items():
-            lines.append(f"| `{name}` | {read_by} | {help_text} |")
-    return "\n".join(lines) + "\n"
-
-
-EXAMPLE_TOML = """
-api_keys_file = "/run/secrets/embedrank-keys"
-max_inputs = 512
-cors_origins = ["https://app.example.com"]
-
-[[models]]
-id = "sentence-transformers/all-MiniLM-L6-v2"
-aliases = ["all-MiniLM-L6-v2", "text-embedding-3-small"]
-
-[[models]]
-id = "minilm-int8"
-path = "sentence-transformers/all-MiniLM-L6-v2"
-backend = "openvino"
-precision = "int8"
-"""
-
-
-if __name__ == "__main__":
-    print(render_reference(), end="")

@@ -83,8 +83,3 @@ def test_service_uses_the_core_not_its_test_doubles_except_to_serve_fakes():
     for path in service.glob("*.py"):
         if "testing" in _imports(path):
             assert path.name == "models.py", path  # the pool serves the ``fake:`` models of a configuration
-
-
-def test_no_module_over_400_lines():
-    for path in [*ROOT.rglob("*.py"), *(ROOT.parent / "service").glob("*.py")]:
-        assert len(path.read_text(encoding="utf-8").splitlines()) <= 400, path

@@ -13,7 +13,8 @@ from litestar.testing import TestClient
 from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeEncoder
 from service.app import create_app
-from service.settings import Config, Settings, SettingsError, env_name, fields, known_environment, render_reference
+from service.settings import Config, Settings, SettingsError, env_name, fields, known_environment
+from service.settings_reference import render_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,7 +219,7 @@ def test_the_model_table_keys_and_trust_remote_code(tmp_path):
 
 def test_the_configuration_reference_is_the_table_rendered():
     page = (ROOT / "docs" / "configuration.md").read_text()
-    assert page == render_reference(), "run: python -m service.settings > docs/configuration.md"
+    assert page == render_reference(), "run: python -m service.settings_reference > docs/configuration.md"
     for name in fields():
         assert f"| `{name}` | `{env_name(name)}` |" in page
 
