@@ -5,8 +5,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 EMBEDRANK_DATA ?= $(abspath ../shared/data)
 export EMBEDRANK_DATA
-export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# the tests and the main job run offline (the packaged model); `make serve` may load hub models
+OFFLINE := HF_HUB_OFFLINE=1
+# torch's CPU build: on Linux, PyPI's torch is a CUDA build of several GB; PyTorch's CPU index has the CPU one
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients,sparse
 RECORD := $(PY) eval/record.py
@@ -16,8 +19,9 @@ RECORD := $(PY) eval/record.py
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	# torch first, from the CPU wheel (never let a resolver pick a multi-GB CUDA build)
-	$(PIP) install -q -c constraints.txt "torch==2.13.0"
+	# torch first, the CPU build from PyTorch's index (a local wheel in find-links also serves); its own
+	# dependencies come with the next step, which keeps the installed torch
+	$(PIP) install -q --no-deps -c constraints.txt --index-url $(TORCH_INDEX) "torch==2.13.0"
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
@@ -26,7 +30,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 PYLATE_VENV := .venv-pylate
 $(PYLATE_VENV)/.installed: tests/reference/pylate.txt constraints.txt
 	$(PYTHON) -m venv $(PYLATE_VENV)
-	$(PYLATE_VENV)/bin/python -m pip install -q -c constraints.txt "torch==2.13.0"
+	$(PYLATE_VENV)/bin/python -m pip install -q --no-deps -c constraints.txt --index-url $(TORCH_INDEX) "torch==2.13.0"
 	$(PYLATE_VENV)/bin/python -m pip install -q --no-deps -r tests/reference/pylate.txt
 	touch $@
 
@@ -35,7 +39,7 @@ setup: $(VENV)/.installed $(PYLATE_VENV)/.installed
 lock:  ## resolve the newest allowed versions in a fresh environment, write them to constraints.txt, run the suite on them
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
-	.venv-lock/bin/python -m pip install -q "torch==2.13.0"
+	.venv-lock/bin/python -m pip install -q --no-deps --index-url $(TORCH_INDEX) "torch==2.13.0"
 	.venv-lock/bin/python -m pip install -q -e ".[$(EXTRAS)]"
 	{ echo "# The lock: every package version the test suite ran with. Refresh with make lock (which re-runs the suite)."; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/'; } > constraints.txt
@@ -43,13 +47,13 @@ lock:  ## resolve the newest allowed versions in a fresh environment, write them
 	$(MAKE) test
 
 run: setup  ## the main job on the embedded defaults: a BEIR evaluation of the packaged model on the demo collection
-	$(PY) eval/run.py
+	$(OFFLINE) $(PY) eval/run.py
 
 test: setup lint typecheck  ## lint, type check, then the whole default suite (doctests, parity, service, data, notebooks)
-	$(PY) -m pytest
+	$(OFFLINE) $(PY) -m pytest
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not notebooks"
+	$(OFFLINE) $(PY) -m pytest -m "not slow and not notebooks"
 
 docs: setup  ## the manual, built strictly into build/site (the suite builds it too)
 	$(VENV)/bin/mkdocs build --strict

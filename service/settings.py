@@ -278,7 +278,6 @@ OTHER_ENVIRONMENT = {
         "EMBEDRANK_TEST_CACHE": "where the test suite keeps its cache (default: `.cache/tests` in the checkout)",
         "EMBEDRANK_NOTEBOOK_QUICK": "`1`: the notebooks run a shortened workload (the test suite sets it)",
         "EMBEDRANK_RERANKER": "the cross-encoder the retrieve-then-rerank notebook uses",
-        "EMBEDRANK_CROSS_ENCODER": "the cross-encoder the manual's Python examples load (the tests name a local one)",
         "EMBEDRANK_FUZZ_COUNTS": "where `eval/fuzz_api.py`'s hooks write the cases per endpoint",
     },
 }

@@ -78,7 +78,9 @@ def _curl_requests(page: Path) -> list[tuple[str, dict]]:
         for command in block.replace("\\\n", " ").splitlines():
             if "curl" not in command:
                 continue
-            words = shlex.split(command[command.index("curl") :].split("&")[0])
+            words = shlex.split(command[command.index("curl") :].split("&")[0], comments=True)
+            if "-d" not in words:  # a GET, such as the wait for /health
+                continue
             url = next(w for w in words if "localhost" in w)
             body = words[words.index("-d") + 1]
             found.append((url.split("localhost:8000", 1)[1], json.loads(body)))
@@ -112,7 +114,8 @@ def test_http_examples_are_answered(page, fake_service):
 @pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_python_examples_run(page, scifact_dense, cross_encoder_dir, monkeypatch, tmp_path, capsys):
     # the SciFact corpus vectors are in the embedding cache (scifact_dense), as after a first run
-    monkeypatch.setenv("EMBEDRANK_CROSS_ENCODER", cross_encoder_dir)  # offline stand-in for the hub model
+    # offline, the hub id the examples name is a seeded model of the same layout in a hub cache of the test's
+    _cache_as_hub_model(tmp_path / "hub", "cross-encoder/ms-marco-MiniLM-L6-v2", Path(cross_encoder_dir), monkeypatch)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "docs_example"}
     for number, block in enumerate(_blocks(page, "python"), start=1):
@@ -121,6 +124,25 @@ def test_python_examples_run(page, scifact_dense, cross_encoder_dir, monkeypatch
     assert printed.strip()
     if page.name == "retrieval.md":
         assert "embedding cache: hit (" in printed and "'ndcg@10'" in printed
+
+
+def _cache_as_hub_model(cache: Path, model_id: str, folder: Path, monkeypatch) -> None:
+    """Lay ``folder`` out in a Hugging Face hub cache at ``cache`` as the snapshot of ``model_id``, and point
+    huggingface_hub at that cache, so the example's hub id loads offline as a cached model does."""
+    import huggingface_hub.constants
+
+    revision = "0" * 40
+    repo = cache / f"models--{model_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            target = snapshot / path.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
 
 
 def _script_commands(script: str) -> list[tuple[Path, list[str]]]:
