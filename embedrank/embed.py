@@ -20,7 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m embedrank.embed", description=__doc__)
     p.add_argument("collection", help="BEIR collection name (in --data-dir) or path, or a corpus .jsonl/.parquet")
     p.add_argument("--output", required=True, help="directory for the shards and the manifest")
-    p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
+    p.add_argument(
+        "--data-dir",
+        help="directory holding BEIR collections (default: $EMBEDRANK_DATA, else ~/.local/share/embedrank)",
+    )
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="embedding model id or path")
     p.add_argument("--runner", choices=["local", "ray"], default="local", help="where the encoding runs")
     p.add_argument("--shard-size", type=int, default=10_000, help="documents per parquet shard (default: 10000)")

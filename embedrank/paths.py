@@ -24,13 +24,14 @@ def default_cache_dir() -> Path:
     return base / "embedrank"
 
 
-def default_data_dir() -> Path | None:
-    """``$EMBEDRANK_DATA``, else ``../shared/data`` next to the repo checkout, else None."""
+def default_data_dir() -> Path:
+    """Where collections are looked up by name: ``$EMBEDRANK_DATA``, else the user's data directory,
+    ``$XDG_DATA_HOME/embedrank`` (``~/.local/share/embedrank``). It may not exist yet."""
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env).expanduser()
-    guess = Path(__file__).resolve().parents[2] / "shared" / "data"
-    return guess if guess.is_dir() else None
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "embedrank"
 
 
 def build_directory(target: str | Path, build: Callable[[Path], object], *, done: str = "config.json") -> str:

@@ -24,7 +24,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", nargs="?", default="scifact", help="BEIR collection name or path (default: scifact)")
-    p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
+    p.add_argument(
+        "--data-dir",
+        help="directory holding BEIR collections (default: $EMBEDRANK_DATA, else ~/.local/share/embedrank)",
+    )
     p.add_argument("--docs", type=int, default=2000, help="documents embedded per run (default: 2000)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds (default: 2)")
     p.add_argument("--actors", type=int, default=2, help="actors of the second Ray configuration (default: 2)")

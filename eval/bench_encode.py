@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Encode throughput of each backend against ``SentenceTransformer.encode`` (torch fp32), in one run.
 
-Workloads (from the data directory, $EMBEDRANK_DATA or ../shared/data; synthetic texts without it):
+Workloads (from the data directory, $EMBEDRANK_DATA or ~/.local/share/embedrank; synthetic texts without it):
 
 - ``queries``: ``--queries`` (2,000) short queries: SciFact's, then NFCorpus's to make up the number;
 - ``passages``: ``--passages`` (1,000) SciFact documents (title + text);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -34,6 +35,7 @@ ORDER = (
     "load",
     "embed-job",
     "index-memory",
+    "container",
 )
 # results rendered on a page of their own (name -> page, its introduction), not on the benchmarks page
 MODELS_PAGE = REPO / "docs" / "models.md"
@@ -206,16 +208,130 @@ def render_models(results: list[dict]) -> str:
     return "".join(parts)
 
 
+def vector_isa(machine: dict) -> str:
+    """The CPU's widest vector instructions in a few words (``AVX-512 + VNNI``, ``AVX2``)."""
+    flags = set(machine.get("flags") or [])
+    if "avx512f" in flags:
+        return "AVX-512" + (" + VNNI" if "avx512_vnni" in flags else "")
+    return "AVX2" if "avx2" in flags else "no AVX2"
+
+
+def _search(pattern: str, text: str) -> re.Match | None:
+    return re.search(pattern, text, flags=re.M)
+
+
+def summary_row(r: dict) -> tuple[str, str, str] | None:
+    """(what, figure, against what) for the summary table, read from the result's own output; None when the
+    output does not hold it (the raw record below still shows everything)."""
+    out, name = r["output"], r["name"]
+    if name == "quality":
+        found = {
+            k: v
+            for k, v in (
+                (m[1], m[2]) for m in re.finditer(r"^\s*scifact\s+(dense|bm25|hybrid\S*)\s+-\s+300\s+(\S+)", out, re.M)
+            )
+        }
+        if {"dense", "bm25"} <= found.keys():
+            hybrid = next((v for k, v in found.items() if k.startswith("hybrid")), None)
+            return (
+                "SciFact nDCG@10, packaged MiniLM",
+                f"dense {found['dense']}, hybrid {hybrid}",
+                f"BM25 {found['bm25']}",
+            )
+    if name == "quality-dl19":
+        bm25, reranked = _search(r"^bm25\s+(\S+)", out), _search(r"^bm25>all-minilm-l6-v2\s+(\S+)", out)
+        if bm25 and reranked:
+            figure = reranked[1].replace("†", " (significant)")
+            return ("TREC DL19 nDCG@10, BM25 top 100 reranked by MiniLM", figure, f"BM25 {bm25[1]}")
+    if name.startswith("quality-auto"):
+        chose, ndcg = _search(r"auto chose (\S+ \S+):", out), _search(r"^\s*scifact\s+dense\s+-\s+300\s+(\S+)", out)
+        if chose and ndcg:
+            return (f"SciFact nDCG@10 with `auto` ({chose[1]})", ndcg[1], "the fp32 default (first row)")
+    if name == "quantization":
+        binary, fp32 = _search(r"ubinary .*?\s+(\d+)\s+(\S+)\s+\S+$", out), _search(r"float32\s+1536\s+(\S+)", out)
+        if binary and fp32:
+            return (
+                "SciFact nDCG@10 with 1-bit vectors",
+                f"{binary[2]} at {binary[1]} B/vector",
+                f"float32 {fp32[1]} at 1536 B",
+            )
+    if name.startswith("encode"):
+        chose = _search(r"^auto:auto chose (\S+ \S+):", out)
+        columns = r"\s+\S+\s+(\S+)\s+\S+\s+(\S+)"  # queries/s, queries ratio, passages/s, passages ratio
+        auto, fp32 = _search(r"^auto:auto" + columns, out), _search(r"^openvino:fp32" + columns, out)
+        if chose and auto and fp32:
+            return (
+                f"in-process encoding speed, `auto` ({chose[1]}); fp32 default",
+                f"{auto[1]}x queries, {auto[2]}x passages; {fp32[1]}x, {fp32[2]}x",
+                "sentence-transformers on torch",
+            )
+    if name == "rerank":
+        int8, fp32 = _search(r"^openvino:int8\s+\S+\s+(\S+)", out), _search(r"^openvino:fp32\s+\S+\s+(\S+)", out)
+        if int8 and fp32:
+            return (
+                "cross-encoder scoring speed",
+                f"OpenVINO int8 {int8[1]}x, fp32 {fp32[1]}x",
+                "sentence-transformers' CrossEncoder",
+            )
+    if name.startswith("service"):
+        share = _search(r"^default\s+query\s+32\s+\S+\s+\S+\s+(\S+)", out)
+        passage = _search(r"^\s+passage\s+32\s+\S+\s+\S+\s+(\S+)", out)
+        inf = _search(r"Infinity at 32 clients, query: (\S+x)", out)
+        if share and passage:
+            figure = f"{float(share[1]):.0%} (1 query per request), {float(passage[1]):.0%} (16 passages)"
+            against = "its runtime in-process, batch 32" + (f"; {inf[1]} Infinity's queries/s" if inf else "")
+            return ("HTTP service throughput, 32 clients, fp32 default", figure, against)
+    if name.startswith("fairness"):
+        p99 = _search(r"small p99 <= [\d.]+ s: ([\d.]+ s)", out)
+        if p99:
+            return ("p99 latency of 1-text requests sent during a 1,024-passage request", p99[1], "")
+    if name == "index-memory":
+        per = _search(r"holds ([\d.]+ B) per vector", out)
+        ids = _search(r"Python list and dict: ([\d.]+ B)", out)
+        if per:
+            return (
+                "memory per vector, 1M-vector IVF-PQ index loaded",
+                per[1],
+                f"ids alone as a Python list and dict: {ids[1]}" if ids else "",
+            )
+    if name == "container":
+        size, ready = _search(r"^image size: ([\d.]+ GB)", out), _search(r"^time to ready: median ([\d.]+ s)", out)
+        if size and ready:
+            return ("container image: size, time from `docker run` to ready", f"{size[1]}, {ready[1]}", "")
+    return None
+
+
+def render_summary(results: list[dict]) -> str:
+    rows = []
+    for r in results:
+        row = summary_row(r)
+        if row is not None:
+            what, figure, against = row
+            date = r["date"].split(" ")[0]
+            rows.append(
+                f"| {what} | {figure} | {against} | {r['machine'].get('cpu')}, {vector_isa(r['machine'])} | {date} |"
+            )
+    if not rows:
+        return ""
+    head = "\n## Summary\n\n| what | figure | against | CPU | date |\n|---|---|---|---|---|\n"
+    return head + "\n".join(rows) + "\n\nEach row is read from the record of the same name below.\n"
+
+
+def shown_output(output: str) -> str:
+    """What the page shows of a benchmark's output: everything but its lines about the project's own targets."""
+    return "\n".join(line for line in output.rstrip().splitlines() if not line.startswith("goal "))
+
+
 def render(results: list[dict]) -> str:
     results = [r for r in results if r["name"] != "support"]
-    parts = [INTRO]
+    parts = [INTRO, render_summary(results)]
     if not results:
         parts.append("\nNo results are recorded yet.\n")
     machines = sorted({cpu_line(r["machine"]) for r in results})
     if machines:
         parts.append("\n## Machines\n\n" + "\n".join(f"- {m}" for m in machines) + "\n")
     for r in results:
-        parts.append(f"\n## {r['title']}\n\n{_provenance(r)}\n```text\n{r['output'].rstrip()}\n```\n")
+        parts.append(f"\n## {r['title']}\n\n{_provenance(r)}\n```text\n{shown_output(r['output'])}\n```\n")
     return "".join(parts)
 
 

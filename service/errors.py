@@ -162,6 +162,13 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
         return APIError(404, "no such route", code="not_found")
     if isinstance(exc, InternalServerException) and exc.detail == "client disconnected prematurely":
         return APIError(499, "client closed the connection before sending the whole body", code="client_closed_request")
+    if isinstance(exc, HTTPException) and exc.status_code == 413:
+        return APIError(
+            413,
+            "the request body is larger than this server's max_body_bytes (EMBEDRANK_MAX_BODY_BYTES); "
+            "send the texts in several smaller requests",
+            code="body_too_large",
+        )
     if isinstance(exc, HTTPException) and exc.status_code < 500:
         code = {413: "body_too_large", 415: "unsupported_media_type"}.get(exc.status_code, "invalid_request")
         cause = exc.__cause__.__cause__ if isinstance(exc.__cause__, SerializationException) else exc.__cause__

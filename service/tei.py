@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+import embedrank
 from embedrank.math.sparse import row_pairs
 from embedrank.models.prompts import request_prompt
 from embedrank.models.router import task_of
@@ -267,5 +268,5 @@ def info(pool: ModelPool, settings: Settings) -> Info:
         max_client_batch_size=settings.limits.max_inputs,
         auto_truncate=True,
         tokenization_workers=1,
-        version="0.1.0",
+        version=embedrank.__version__,
     )

@@ -24,6 +24,8 @@ import pytest
 collect_ignore = ["reference"]
 
 SHARED_DATA = Path(os.environ.get("EMBEDRANK_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+# the library's default data directory is the user's; the suite reads the shared collections (as make test does)
+os.environ.setdefault("EMBEDRANK_DATA", str(SHARED_DATA))
 
 
 @pytest.fixture(autouse=True)

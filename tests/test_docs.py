@@ -177,3 +177,33 @@ def test_documented_harness_commands_parse():
     assert training
     for _page, argv in training:
         train.parse(argv)  # exits (failing the test) on a bad option
+
+
+# pages whose figures are rendered from the result files, or that record studies with their own commands
+FIGURES_ELSEWHERE = {"benchmarks.md", "models.md", "studies.md", "CHANGELOG.md", "changelog.md"}
+FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+x|\d+(?:\.\d+)?%|0\.\d{4})(?!\w)")
+
+
+def _recorded_forms(figure: str) -> list[str]:
+    """The ways a result file may print ``figure``: as written, a ratio without its ``x`` (a table's
+    column), a percentage as a fraction."""
+    if figure.endswith("x"):
+        return [figure, f" {figure[:-1]} "]
+    if not figure.endswith("%"):
+        return [figure]
+    value = float(figure[:-1]) / 100
+    return [figure, f"{value:.2f}", f"{value:.1%}", f"{value:.0%}"]
+
+
+@pytest.mark.parametrize(
+    "page", [p for p in USER_PAGES if p.name not in FIGURES_ELSEWHERE], ids=lambda p: str(p.relative_to(REPO))
+)
+def test_every_measured_figure_in_a_page_is_in_a_result_file(page):
+    """Speed ratios (``2.50x``), shares (``80%``) and quality figures (``0.6451``) in the prose of a user page
+    are each printed by some benchmark recorded in eval/results; a figure no record holds is stale or made up."""
+    import render_benchmarks
+
+    recorded = "\n".join(r["output"] for r in render_benchmarks.load_results())
+    prose = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    missing = [m[1] for m in FIGURE.finditer(prose) if not any(f in recorded for f in _recorded_forms(m[1]))]
+    assert not missing, f"{page.relative_to(REPO)}: figures no result file holds: {missing}"

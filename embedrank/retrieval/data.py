@@ -52,14 +52,36 @@ def doc_text(doc: dict[str, str]) -> str:
     return f"{title} {text}" if title else text
 
 
+# collections embedrank's commands know by name but BEIR does not host: how to build each
+CONVERTED = {
+    "cranfield": "python eval/get_data.py convert cranfield SOURCE_DIR (the Glasgow IR group's cran.all.1400, "
+    "cran.qry, cranqrel)",
+    "medline": "python eval/get_data.py convert medline SOURCE_DIR (the Glasgow IR group's MED.ALL, MED.QRY, MED.REL)",
+    "adi": "python eval/get_data.py convert adi SOURCE_DIR (the Glasgow IR group's ADI.ALL, ADI.QRY, ADI.REL)",
+    "nfcorpus-preprocessed-partial": "python eval/get_data.py convert nfcorpus SOURCE_DIR --queries QUERIES_TSV "
+    "(NFCorpus's own release: test.docs, dev.docs, test.2-1-0.qrel)",
+    "trec-dl19-passage-bm25top100": "python eval/get_data.py convert trec-dl --collection collection.tsv "
+    "--queries msmarco-test2019-queries.tsv --qrels 2019qrels-pass.txt --run BM25_RUN",
+}
+
+
 def missing_data_message(name: str, data_dir: Path | None) -> str:
+    """What to do when the collection ``name`` is not in ``data_dir``: fetch it (a BEIR collection), build it
+    from its original files (a collection BEIR does not host), or give its path."""
+    from embedrank.retrieval.sources import BEIR_COLLECTIONS
+
     where = str(data_dir) if data_dir else f"a directory named by --data-dir or ${DATA_ENV}"
-    return (
-        f"dataset {name!r} not found in {where}. A BEIR collection is a directory with corpus.jsonl, "
-        f"queries.jsonl and qrels/test.tsv. BEIR hosts public collections as zip files at "
-        f"{BEIR_URL.format(name=name)} ; download and unzip it into {where} (giving {where}/{name}/corpus.jsonl), "
-        f"or pass the collection directory's path instead of a name."
-    )
+    found = f"dataset {name!r} not found in {where} (a collection is a directory with corpus.jsonl, queries.jsonl and qrels/test.tsv). "
+    if name in BEIR_COLLECTIONS:
+        how = (
+            f"It is a BEIR collection: python eval/get_data.py fetch {name} downloads it there (online), or unzip "
+            f"{BEIR_URL.format(name=name)} into {where}."
+        )
+    elif name in CONVERTED:
+        how = f"BEIR does not host it; build it from its original files with: {CONVERTED[name]} (the data guide names the sources)."
+    else:
+        how = "Pass the collection directory's path instead of a name, or put the collection there."
+    return found + how
 
 
 def resolve_dataset(name_or_path: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -186,20 +208,43 @@ DEMO_QRELS: Qrels = {
 }
 
 
-def write_demo_collection(directory: str | os.PathLike[str]) -> Path:
-    """Write the built-in demo collection in BEIR layout under ``directory/demo`` and return its path."""
-    root = Path(directory) / "demo"
+def write_beir(
+    root: str | os.PathLike[str],
+    corpus: Corpus,
+    queries: Queries,
+    qrels: Qrels,
+    *,
+    split: str = "test",
+    source: str = "",
+) -> Path:
+    """Write a collection in BEIR layout at ``root``: ``corpus.jsonl`` (``_id``, ``title``, ``text``),
+    ``queries.jsonl`` (``_id``, ``text``), ``qrels/<split>.tsv`` and, with ``source``, ``SOURCE.txt``.
+    Returns ``root``. Another split's qrels are added by calling it again with the same corpus and queries."""
+    root = Path(root)
     (root / "qrels").mkdir(parents=True, exist_ok=True)
     with open(root / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for doc_id, doc in DEMO_CORPUS.items():
-            f.write(json.dumps({"_id": doc_id, **doc}) + "\n")
+        for doc_id, doc in corpus.items():
+            row = {"_id": doc_id, "title": doc.get("title", ""), "text": doc.get("text", "")}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
     with open(root / "queries.jsonl", "w", encoding="utf-8") as f:
-        for qid, text in DEMO_QUERIES.items():
-            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
-    with open(root / "qrels" / "test.tsv", "w", encoding="utf-8") as f:
+        for qid, text in queries.items():
+            f.write(json.dumps({"_id": qid, "text": text}, ensure_ascii=False) + "\n")
+    with open(root / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
         f.write("query-id\tcorpus-id\tscore\n")
-        for qid, rels in DEMO_QRELS.items():
+        for qid, rels in qrels.items():
             for doc_id, rel in rels.items():
                 f.write(f"{qid}\t{doc_id}\t{rel}\n")
-    (root / "SOURCE.txt").write_text("Written by embedrank.data.write_demo_collection; hand-made, public domain.\n")
+    if source:
+        (root / "SOURCE.txt").write_text(source.rstrip() + "\n", encoding="utf-8")
     return root
+
+
+def write_demo_collection(directory: str | os.PathLike[str]) -> Path:
+    """Write the built-in demo collection in BEIR layout under ``directory/demo`` and return its path."""
+    return write_beir(
+        Path(directory) / "demo",
+        DEMO_CORPUS,
+        DEMO_QUERIES,
+        DEMO_QRELS,
+        source="Written by embedrank.retrieval.data.write_demo_collection; hand-made, public domain.",
+    )
