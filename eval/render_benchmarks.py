@@ -91,7 +91,7 @@ loads as a model of its own, on the backend you choose (a static route always ru
 `Encoder.routes` lists them. `encode_query` and `encode_document` take the query and document routes, as in
 sentence-transformers; `encode(texts, task="query")` names a route (or a task the model's `route_mappings`
 send to one), and `encode(texts)` takes the default route. In the service, `input_type` (`query`,
-`search_query`, `document`, `search_document`, `passage`) or `prompt_name` picks the route on every
+`search_query`, `document`, `search_document`) or `prompt_name` picks the route on every
 embedding route, a request that names neither takes the default route, `/v1/rerank` with such a model
 embeds the query on the query route and the documents on the document route, and each route has its own
 batching engine (`/metrics` labels it `model:route`). Inference-free SPLADE models (a `SparseStaticEmbedding`
