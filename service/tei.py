@@ -220,7 +220,9 @@ async def embed_sparse(
         )
     served = pool.get(_model(pool, req.model, "sparse"), "sparse")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    prompt = request_prompt(served.spec.prompts, served.spec.default_prompt_name, prompt_name=req.prompt_name)
+    prompt = request_prompt(
+        served.spec.prompts, served.spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
+    )
     runner: AsyncSparseEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
     out = await runner.embed(
         texts, truncate=req.truncate is not False, prompt=prompt, budget=settings.limits.max_request_tokens

@@ -83,3 +83,82 @@ def test_service_uses_the_core_not_its_test_doubles_except_to_serve_fakes():
     for path in service.glob("*.py"):
         if "testing" in _imports(path):
             assert path.name == "models.py", path  # the pool serves the ``fake:`` models of a configuration
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of ``embedrank`` and ``service`` -> the modules of both it imports: at the top, under
+    ``TYPE_CHECKING`` and inside functions alike (a lazy import still closes a circle)."""
+    repo = ROOT.parent
+    paths = {}
+    for package in ("embedrank", "service"):
+        for path in (repo / package).rglob("*.py"):
+            name = ".".join(path.relative_to(repo).with_suffix("").parts).removesuffix(".__init__")
+            paths[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        named = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                named |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                named |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        targets = set()
+        for target in named:
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_anywhere():
+    """No module imports, however indirectly, a module that imports it: within a package as between layers."""
+    assert _circles(_module_graph()) == []

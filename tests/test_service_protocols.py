@@ -254,6 +254,29 @@ def test_embed_sparse_answers_tei_shape_from_the_model(sparse_client):
     assert sparse_client.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
 
 
+def test_embed_sparse_applies_the_prompt_of_the_input_type(fake_service):
+    """TEI's /embed_sparse with input_type "query" embeds the model's query prompt with the text, as
+    /v1/embeddings does (it used to pick the query route but apply a prompt only for prompt_name)."""
+    import dataclasses
+
+    from embedrank.testing.fake import FakeSparseEncoder
+
+    model = FakeSparseEncoder("prompted", vocab_size=1000, max_seq_length=16)
+    model.spec = dataclasses.replace(model.spec, prompts={"query": "search for: "})
+    with fake_service({"prompted": model}) as client:
+        plain = client.post("/embed_sparse", json={"inputs": "apple"}).json()[0]
+        query = client.post("/embed_sparse", json={"inputs": "apple", "input_type": "query"}).json()[0]
+        named = client.post("/embed_sparse", json={"inputs": "apple", "prompt_name": "query"}).json()[0]
+        v1 = client.post(
+            "/v1/embeddings",
+            json={"model": "prompted", "input": "apple", "input_type": "query", "embedding_types": ["sparse"]},
+        )
+    expected = model.weights_rows(model.tokenize_rows(["search for: apple"])).values[0]
+    assert len(plain) == 1 and query == named
+    assert [p["index"] for p in query] == np.flatnonzero(expected).tolist()
+    assert v1.status_code == 200, v1.text
+
+
 def test_embed_sparse_refusals(sparse_client):
     long = " ".join(f"w{i}" for i in range(40))
     error(sparse_client.post("/embed_sparse", json={"inputs": long, "truncate": False}), 400, "input", "input_too_long")

@@ -10,7 +10,7 @@ from embedrank.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.runtime.backends import check_backend
 
 if TYPE_CHECKING:
-    from embedrank.evaluation.benchmark import BenchmarkConfig
+    from embedrank.evaluation.config import BenchmarkConfig
 
 __all__ = ["first_stage_name", "system_name"]
 
@@ -29,7 +29,7 @@ def first_stage_name(cfg: BenchmarkConfig) -> str:
     window and ``splade~windows`` for one reading every window (alone or as a fusion's part), ``~int8``/``~bf16``
     for a lower precision.
 
-    >>> from embedrank.evaluation.benchmark import BenchmarkConfig
+    >>> from embedrank.evaluation.config import BenchmarkConfig
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid", model="models/MiniLM-SciFact/"))
     'hybrid@minilm-scifact'
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid:bm25+dense+splade", dense_windows=True))
@@ -59,7 +59,7 @@ def system_name(cfg: BenchmarkConfig) -> str:
     """The name a configuration's system is reported under: its first stage's, then ``>`` and the
     reranker's short name when there is one.
 
-    >>> from embedrank.evaluation.benchmark import BenchmarkConfig
+    >>> from embedrank.evaluation.config import BenchmarkConfig
     >>> system_name(BenchmarkConfig(retriever="bm25", reranker="cross-encoder/ms-marco-MiniLM-L6-v2"))
     'bm25>ms-marco-minilm-l6-v2'
     """

@@ -18,7 +18,7 @@ from embedrank.retrieval.pipeline import DenseRetriever, FirstStage, Precomputed
 from embedrank.retrieval.sparse import SparseRetriever
 
 if TYPE_CHECKING:
-    from embedrank.evaluation.benchmark import BenchmarkConfig
+    from embedrank.evaluation.config import BenchmarkConfig
 
 __all__ = ["bm25_stage", "cached_encoder", "dense_stage", "splade_stage"]
 

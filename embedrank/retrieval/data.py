@@ -52,6 +52,23 @@ def doc_text(doc: dict[str, str]) -> str:
     return f"{title} {text}" if title else text
 
 
+# BEIR's public collections, by the name the BEIR paper and its download page give them
+BEIR_COLLECTIONS = (
+    "arguana",
+    "climate-fever",
+    "dbpedia-entity",
+    "fever",
+    "fiqa",
+    "hotpotqa",
+    "msmarco",
+    "nfcorpus",
+    "nq",
+    "quora",
+    "scidocs",
+    "scifact",
+    "trec-covid",
+    "webis-touche2020",
+)
 # collections embedrank's commands know by name but BEIR does not host: how to build each
 CONVERTED = {
     "cranfield": "python eval/get_data.py convert cranfield SOURCE_DIR (the Glasgow IR group's cran.all.1400, "
@@ -68,8 +85,6 @@ CONVERTED = {
 def missing_data_message(name: str, data_dir: Path | None) -> str:
     """What to do when the collection ``name`` is not in ``data_dir``: fetch it (a BEIR collection), build it
     from its original files (a collection BEIR does not host), or give its path."""
-    from embedrank.retrieval.sources import BEIR_COLLECTIONS
-
     where = str(data_dir) if data_dir else f"a directory named by --data-dir or ${DATA_ENV}"
     found = f"dataset {name!r} not found in {where} (a collection is a directory with corpus.jsonl, queries.jsonl and qrels/test.tsv). "
     if name in BEIR_COLLECTIONS:

@@ -23,26 +23,8 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from embedrank.retrieval.data import load_trec_run, write_beir, write_trec_run
+from embedrank.retrieval.data import BEIR_COLLECTIONS, load_trec_run, write_beir, write_trec_run
 from embedrank.types import Corpus, Qrels, Queries, Run
-
-# BEIR's public collections, by the name the BEIR paper and its download page give them
-BEIR_COLLECTIONS = (
-    "arguana",
-    "climate-fever",
-    "dbpedia-entity",
-    "fever",
-    "fiqa",
-    "hotpotqa",
-    "msmarco",
-    "nfcorpus",
-    "nq",
-    "quora",
-    "scidocs",
-    "scifact",
-    "trec-covid",
-    "webis-touche2020",
-)
 
 
 def _hub_rows(load: Callable, repo: str, config: str | None, split: str | None) -> Iterator[dict]:
