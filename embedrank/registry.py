@@ -258,15 +258,33 @@ def _describe(
     listed = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules or [] if isinstance(m, dict)]
     if "SparseStaticEmbedding" in listed:  # inference-free SPLADE's query side: one weight per vocabulary entry
         path_of = {str(m.get("type", "")).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
-        return ModelSpec(model_id=model_id, path=str(root), source=source, kind="sparse", pooling=None, normalize=False,
-                         max_seq_length=tok_limit if isinstance(tok_limit, int) else STATIC_MAX_TOKENS, dimension=None,
-                         static=path_of["SparseStaticEmbedding"], trust_remote_code=trust_remote_code)  # fmt: skip
+        return ModelSpec(
+            model_id=model_id,
+            path=str(root),
+            source=source,
+            kind="sparse",
+            pooling=None,
+            normalize=False,
+            max_seq_length=tok_limit if isinstance(tok_limit, int) else STATIC_MAX_TOKENS,
+            dimension=None,
+            static=path_of["SparseStaticEmbedding"],
+            trust_remote_code=trust_remote_code,
+        )
     if "SpladePooling" in listed or (any(a.endswith("ForMaskedLM") for a in architectures) and not modules):
         st = st_config if isinstance(st_config, dict) else {}  # SPLADE: a masked LM pooled over the vocabulary
-        return ModelSpec(model_id=model_id, path=str(root), source=source, kind="sparse", pooling=None,
-                         normalize=False, max_seq_length=int(st.get("max_seq_length") or default_len),
-                         dimension=int(config.get("vocab_size") or 0) or None, do_lower_case=bool(st.get("do_lower_case")),
-                         trust_remote_code=trust_remote_code, model_type=config.get("model_type"))  # fmt: skip
+        return ModelSpec(
+            model_id=model_id,
+            path=str(root),
+            source=source,
+            kind="sparse",
+            pooling=None,
+            normalize=False,
+            max_seq_length=int(st.get("max_seq_length") or default_len),
+            dimension=int(config.get("vocab_size") or 0) or None,
+            do_lower_case=bool(st.get("do_lower_case")),
+            trust_remote_code=trust_remote_code,
+            model_type=config.get("model_type"),
+        )
     if (is_classifier or is_causal_lm) and not modules:
         return ModelSpec(
             model_id=model_id,
@@ -285,9 +303,18 @@ def _describe(
 
     if "HF_ColBERT" in architectures and not modules:  # a Stanford ColBERT checkpoint (colbert-ir/colbertv2.0's)
         meta: dict = _read_json(root / "artifact.metadata") or {}  # type: ignore[assignment]
-        return ModelSpec(model_id=model_id, path=str(root), source=source, kind="multi-vector", pooling=None, normalize=True,
-                         max_seq_length=int(meta.get("doc_maxlen") or 180), dimension=int(meta.get("dim") or 128),
-                         trust_remote_code=trust_remote_code, model_type=config.get("model_type"))  # fmt: skip
+        return ModelSpec(
+            model_id=model_id,
+            path=str(root),
+            source=source,
+            kind="multi-vector",
+            pooling=None,
+            normalize=True,
+            max_seq_length=int(meta.get("doc_maxlen") or 180),
+            dimension=int(meta.get("dim") or 128),
+            trust_remote_code=trust_remote_code,
+            model_type=config.get("model_type"),
+        )
     pooling: PoolingMode | None = PoolingMode.MEAN
     normalize = False
     dimension = hidden
@@ -324,7 +351,9 @@ def _describe(
     max_len = STATIC_MAX_TOKENS if static is not None else max_len  # sentence-transformers does not truncate them
     colbert = isinstance(modules, list) and any(str(m.get("type", "")).startswith("pylate.") for m in modules)
     if colbert:  # PyLate's ColBERT: per-token projections, no pooling; its window is the document length
-        pooling, normalize, max_len = None, True, (_read_json(prompts_root / "config_sentence_transformers.json") or {}).get("document_length", 180)  # type: ignore[union-attr,assignment]  # fmt: skip
+        colbert_config = _read_json(prompts_root / "config_sentence_transformers.json")
+        pooling, normalize = None, True
+        max_len = colbert_config.get("document_length", 180) if isinstance(colbert_config, dict) else 180
     prompts, default_prompt = _prompts(prompts_root, model_id)
     return ModelSpec(
         model_id=model_id,

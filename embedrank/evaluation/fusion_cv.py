@@ -136,7 +136,11 @@ def simplex(parts: int, step: float = 0.1) -> list[tuple[float, ...]]:
     [(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)]
     """
     n = round(1 / step)
-    return [tuple(round(c * step, 10) for c in combo) for combo in itertools.product(range(n + 1), repeat=parts) if sum(combo) == n]  # fmt: skip
+    return [
+        tuple(round(c * step, 10) for c in combo)
+        for combo in itertools.product(range(n + 1), repeat=parts)
+        if sum(combo) == n
+    ]
 
 
 def cross_validate_weights(

@@ -180,7 +180,9 @@ class ColBERTEncoder:
         s = self.settings
         length = s.query_length if query else s.document_length
         prefix = self.prefix_ids[query]
-        rows, cut = encode_rows(self.encoder.tokenizer, self.encoder._prepare(texts), max_length=length - (prefix is not None))  # fmt: skip
+        rows, cut = encode_rows(
+            self.encoder.tokenizer, self.encoder._prepare(texts), max_length=length - (prefix is not None)
+        )
         out = []
         for row, was_cut in zip(rows, cut, strict=True):
             features = {k: list(v) for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -192,7 +194,9 @@ class ColBERTEncoder:
             if query and s.do_query_expansion:
                 fill = length - len(ids)
                 features["input_ids"] += [self.fill_id] * fill
-                features["attention_mask"] = [1] * length if s.attend_to_expansion_tokens else features["attention_mask"] + [0] * fill  # fmt: skip
+                features["attention_mask"] = (
+                    [1] * length if s.attend_to_expansion_tokens else features["attention_mask"] + [0] * fill
+                )
                 if "token_type_ids" in features:
                     features["token_type_ids"] += [0] * fill
                 keep = np.ones(length, dtype=bool)

@@ -126,7 +126,9 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
         check_max_seq_length(max_seq_length)
         if spec.kind != "embedding":
             what = "a causal LM scored as an LLM reranker" if spec.scoring == "yes-no" else "a classification head"
-            what, loader = {"sparse": ("SPLADE", "SparseEncoder"), "multi-vector": ("ColBERT", "ColBERTEncoder")}.get(spec.kind, (what, "CrossEncoder"))  # fmt: skip
+            what, loader = {"sparse": ("SPLADE", "SparseEncoder"), "multi-vector": ("ColBERT", "ColBERTEncoder")}.get(
+                spec.kind, (what, "CrossEncoder")
+            )
             raise ModelKindError(
                 f"model {spec.model_id!r} is a {spec.kind} ({what}), not an embedding model; load it with "
                 f"{loader}.from_pretrained"

@@ -115,8 +115,13 @@ class Routed:
             if route == self.spec.route:
                 routes[route] = self
                 continue
-            spec = describe(self.spec.model_id, self.spec.router, source,  # type: ignore[arg-type]
-                            trust_remote_code=self.spec.trust_remote_code, route=route)  # fmt: skip
+            spec = describe(
+                self.spec.model_id,
+                self.spec.router,
+                source,  # type: ignore[arg-type]
+                trust_remote_code=self.spec.trust_remote_code,
+                route=route,
+            )
             routes[route] = build(dataclasses.replace(spec, routes=(), router=None))
         self.routes, self.route_table = routes, read_routes(self.spec.router)
 

@@ -163,8 +163,15 @@ class SparseEncoder(Routed):
         else:
             window = max_seq_length or spec.max_seq_length
             calibrate = data_dir_sample if calibration is None else calibration
-            tokenizer, model = load_transformer(spec, "splade", backend=backend or "torch", precision=precision,
-                                                max_seq_length=window, calibration=calibrate, cache_dir=cache_dir)  # fmt: skip
+            tokenizer, model = load_transformer(
+                spec,
+                "splade",
+                backend=backend or "torch",
+                precision=precision,
+                max_seq_length=window,
+                calibration=calibrate,
+                cache_dir=cache_dir,
+            )
             runtime = TorchRuntime(model, tokenizer, "splade") if isinstance(model, torch.nn.Module) else model
             encoder = cls(spec, runtime, tokenizer, max_seq_length=max_seq_length)
             encoder.runtime = runtime  # type: ignore[assignment]

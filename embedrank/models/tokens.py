@@ -199,8 +199,11 @@ def collate(tokenizer: Any, rows: Sequence[dict[str, list[int]]], truncated: Seq
     side with its pad id (ids), its pad type id (type ids) and 0 (mask), as ``tokenizer.pad`` does."""
     counts = [len(r["input_ids"]) for r in rows]
     names = list(rows[0]) if rows else []
-    pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0,
-            "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0)}  # fmt: skip
+    pads = {
+        "input_ids": tokenizer.pad_token_id,
+        "attention_mask": 0,
+        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0),
+    }
     if not rows or set(names) - set(pads) or pads["input_ids"] is None:
         features = dict(tokenizer.pad(list(rows), padding=True, return_tensors="pt"))
         return Tokenized(features=features, token_counts=counts, truncated=list(truncated))

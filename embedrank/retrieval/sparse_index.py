@@ -100,10 +100,13 @@ class SparseIndex:
                 results.append([])
                 continue
             found = self.index.search(
-                str(q), _tokens(queries.indices[start:end], seismic), queries.data[start:end],
-                k=min(len(self.ids), k * CANDIDATES + 10), query_cut=query_cut or int(end - start),
+                str(q),
+                _tokens(queries.indices[start:end], seismic),
+                queries.data[start:end],
+                k=min(len(self.ids), k * CANDIDATES + 10),
+                query_cut=query_cut or int(end - start),
                 heap_factor=heap_factor,
-            )  # fmt: skip
+            )
             rows = np.array(sorted({int(doc) for _, _, doc in found}), dtype=np.int64)
             scores = sparse_scores(queries[q], self.vectors[rows])[0] if len(rows) else np.zeros(0, np.float32)
             order = np.argsort(-scores, kind="stable")[:k]

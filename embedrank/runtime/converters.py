@@ -134,8 +134,12 @@ def load_torch(spec: ModelSpec, head: Head, tokenizer: Any, **options: Any) -> t
     import transformers
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    loader = {"encoder": AutoModel, "classifier": AutoModelForSequenceClassification, "yes-no": AutoModelForCausalLM,
-              "splade": AutoModelForMaskedLM}  # fmt: skip
+    loader = {
+        "encoder": AutoModel,
+        "classifier": AutoModelForSequenceClassification,
+        "yes-no": AutoModelForCausalLM,
+        "splade": AutoModelForMaskedLM,
+    }
     cls = loader[head]
     if head == "encoder" and spec.model_type in ENCODER_OF:  # an encoder-decoder embeds with its encoder
         cls = getattr(transformers, ENCODER_OF[spec.model_type])
@@ -319,8 +323,16 @@ def to_onnx_fused(
     traced = out / "model_traced.onnx"
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in example]  # Narrow.forward's order
     dynamic = {name: {0: "batch", 1: "sequence"} for name in [*names, model.output]}
-    torch.onnx.export(model, tuple(example[n] for n in names), str(traced), input_names=names,
-                      output_names=[model.output], dynamic_axes=dynamic, opset_version=17, dynamo=False)  # fmt: skip
+    torch.onnx.export(
+        model,
+        tuple(example[n] for n in names),
+        str(traced),
+        input_names=names,
+        output_names=[model.output],
+        dynamic_axes=dynamic,
+        opset_version=17,
+        dynamo=False,
+    )
     fused = optimizer.optimize_model(str(traced), model_type="bert", num_heads=heads, hidden_size=hidden)
     traced.unlink()
     found = fused.get_fused_operator_statistics().get("Attention", 0)
@@ -335,8 +347,13 @@ def to_onnx_fused(
         (out / "model.onnx").rename(out / "model_fp32.onnx")
         # the fused operators are ONNX Runtime's own: shape inference cannot type their outputs, which are float
         options = {"DefaultTensorType": 1}  # onnx.TensorProto.FLOAT
-        quantize_dynamic(str(out / "model_fp32.onnx"), str(out / "model.onnx"), weight_type=QuantType.QInt8,
-                         per_channel=True, extra_options=options)  # fmt: skip
+        quantize_dynamic(
+            str(out / "model_fp32.onnx"),
+            str(out / "model.onnx"),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            extra_options=options,
+        )
         (out / "model_fp32.onnx").unlink()
     return None
 

@@ -14,8 +14,20 @@ from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
 # the CPU features that decide which kernels run (vector width, int8 dot products, bf16, AMX)
-FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
-         "amx_tile", "amx_int8", "amx_bf16")  # fmt: skip
+FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
 
 
 def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, list[str]]:

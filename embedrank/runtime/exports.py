@@ -174,9 +174,15 @@ def load_transformer(
         )
     if AUTO in (backend_name, prec):
         return tokenizer, auto_runtime(
-            spec, tokenizer, head, backend_name, prec, max_seq_length=max_seq_length, calibration=calibration,
+            spec,
+            tokenizer,
+            head,
+            backend_name,
+            prec,
+            max_seq_length=max_seq_length,
+            calibration=calibration,
             cache_dir=cache_dir,
-        )  # fmt: skip
+        )
     try:
         runtime = load_runtime(
             spec,

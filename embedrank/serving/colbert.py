@@ -133,7 +133,9 @@ class AsyncColBERTEncoder(LateInteractionRunner):
         document length and each gets the aggregate of its windows' scores."""
         plan = None
         if chunking is not None:
-            plan = await plan_chunks(documents, self.encoder.token_offsets, self.model.chunk_window, chunking, truncate, budget=budget)  # fmt: skip
+            plan = await plan_chunks(
+                documents, self.encoder.token_offsets, self.model.chunk_window, chunking, truncate, budget=budget
+            )
         docs = list(documents if plan is None else plan.texts)
         asked = await self._rows([query], query=True, fields=() if truncate else [("query", 1)], budget=budget)
         fields = () if truncate or plan is not None else [("documents", len(docs))]

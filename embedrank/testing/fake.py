@@ -67,8 +67,15 @@ def _slot(word: str, dimension: int) -> tuple[int, float]:
 def _spec(model_id: str, kind: ModelKind, max_seq_length: int, dimension: int | None, **more: Any) -> ModelSpec:
     """A fake's :class:`ModelSpec`: no files, no pooling unless given."""
     fields: dict[str, Any] = {"pooling": None, "normalize": False, **more}
-    return ModelSpec(model_id=model_id, path=f"<fake:{model_id}>", source="fake", kind=kind,
-                     max_seq_length=max_seq_length, dimension=dimension, **fields)  # fmt: skip
+    return ModelSpec(
+        model_id=model_id,
+        path=f"<fake:{model_id}>",
+        source="fake",
+        kind=kind,
+        max_seq_length=max_seq_length,
+        dimension=dimension,
+        **fields,
+    )
 
 
 def _word_rows(texts: Sequence[str], max_seq_length: int) -> list[TokenRow]:
@@ -125,9 +132,14 @@ class FakeEncoder(WordTokens, FitsRanges):
         prompts: dict[str, str] | None = None,
     ) -> None:
         self.spec = _spec(
-            model_id, "embedding", max_seq_length, dimension, pooling=PoolingMode.MEAN, normalize=normalize,
+            model_id,
+            "embedding",
+            max_seq_length,
+            dimension,
+            pooling=PoolingMode.MEAN,
+            normalize=normalize,
             prompts=dict(prompts or {}),
-        )  # fmt: skip
+        )
         self.model_id, self.dimension, self.max_seq_length, self.normalize = (
             model_id,
             dimension,

@@ -101,11 +101,21 @@ def _write_sentence_transformers_layout(out: Path, arch: Architecture, tokenizer
         from safetensors.torch import save_file
 
         folder = f"{len(modules)}_Dense"
-        modules.append({"idx": len(modules), "name": str(len(modules)), "path": folder,
-                        "type": "sentence_transformers.models.Dense"})  # fmt: skip
+        modules.append(
+            {
+                "idx": len(modules),
+                "name": str(len(modules)),
+                "path": folder,
+                "type": "sentence_transformers.models.Dense",
+            }
+        )
         (out / folder).mkdir()
-        config = {"in_features": width, "out_features": out_features, "bias": bias,
-                  "activation_function": f"torch.nn.modules.linear.{activation}"}  # fmt: skip
+        config = {
+            "in_features": width,
+            "out_features": out_features,
+            "bias": bias,
+            "activation_function": f"torch.nn.modules.linear.{activation}",
+        }
         (out / folder / "config.json").write_text(json.dumps(config))
         generator = torch.Generator().manual_seed(len(modules))
         weights = {"linear.weight": torch.randn(out_features, width, generator=generator) * 0.2}
@@ -115,8 +125,14 @@ def _write_sentence_transformers_layout(out: Path, arch: Architecture, tokenizer
         width = out_features
     if arch.normalize:
         folder = f"{len(modules)}_Normalize"
-        modules.append({"idx": len(modules), "name": str(len(modules)), "path": folder,
-                        "type": "sentence_transformers.models.Normalize"})  # fmt: skip
+        modules.append(
+            {
+                "idx": len(modules),
+                "name": str(len(modules)),
+                "path": folder,
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
         (out / folder).mkdir(exist_ok=True)
     (out / "modules.json").write_text(json.dumps(modules, indent=2))
     (out / "1_Pooling").mkdir(exist_ok=True)
@@ -223,8 +239,10 @@ def _m3_heads(out: Path, seed: int) -> None:
 
     generator = torch.Generator().manual_seed(seed)
     sparse = {"weight": torch.randn(1, HIDDEN, generator=generator) * 0.1, "bias": torch.tensor([0.3])}
-    colbert = {"weight": torch.randn(HIDDEN, HIDDEN, generator=generator) * 0.2,
-               "bias": torch.randn(HIDDEN, generator=generator) * 0.02}  # fmt: skip
+    colbert = {
+        "weight": torch.randn(HIDDEN, HIDDEN, generator=generator) * 0.2,
+        "bias": torch.randn(HIDDEN, generator=generator) * 0.02,
+    }
     torch.save(sparse, out / "sparse_linear.pt")
     torch.save(colbert, out / "colbert_linear.pt")
 
@@ -249,8 +267,14 @@ def tiny_bge_m3(out: str | Path | None = None, *, seed: int = 0) -> str:
     return build_directory(out, build)
 
 
-COLBERT_SETTINGS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 12, "document_length": 40,
-                    "attend_to_expansion_tokens": False, "do_query_expansion": True}  # fmt: skip
+COLBERT_SETTINGS = {
+    "query_prefix": "[Q] ",
+    "document_prefix": "[D] ",
+    "query_length": 12,
+    "document_length": 40,
+    "attend_to_expansion_tokens": False,
+    "do_query_expansion": True,
+}
 
 
 def tiny_colbert(out: str | Path | None = None, *, seed: int = 0, **settings: Any) -> str:
@@ -274,8 +298,15 @@ def tiny_colbert(out: str | Path | None = None, *, seed: int = 0, **settings: An
         import torch
         from safetensors.torch import save_file
 
-        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                     "special_tokens_map.json", "sentence_bert_config.json"):  # fmt: skip
+        for name in (
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "vocab.txt",
+            "special_tokens_map.json",
+            "sentence_bert_config.json",
+        ):
             if (Path(source) / name).is_file():
                 shutil.copy(Path(source) / name, tmp / name)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp))
@@ -286,18 +317,33 @@ def tiny_colbert(out: str | Path | None = None, *, seed: int = 0, **settings: An
             model.resize_token_embeddings(len(tokenizer))
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]  # fmt: skip
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+        ]
         (tmp / "modules.json").write_text(json.dumps(modules, indent=2))
         (tmp / "1_Dense").mkdir()
-        dense = {"in_features": HIDDEN, "out_features": 16, "bias": False,
-                 "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}  # fmt: skip
+        dense = {
+            "in_features": HIDDEN,
+            "out_features": 16,
+            "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity",
+            "use_residual": False,
+        }
         (tmp / "1_Dense" / "config.json").write_text(json.dumps(dense))
         generator = torch.Generator().manual_seed(seed + 1)
-        save_file({"linear.weight": torch.randn(16, HIDDEN, generator=generator) * 0.2},
-                  str(tmp / "1_Dense" / "model.safetensors"))  # fmt: skip
-        st = {**config, "skiplist_words": list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"), "similarity_fn_name": "MaxSim",
-              "model_type": "ColBERT", "prompts": {}, "default_prompt_name": None}  # fmt: skip
+        save_file(
+            {"linear.weight": torch.randn(16, HIDDEN, generator=generator) * 0.2},
+            str(tmp / "1_Dense" / "model.safetensors"),
+        )
+        st = {
+            **config,
+            "skiplist_words": list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"),
+            "similarity_fn_name": "MaxSim",
+            "model_type": "ColBERT",
+            "prompts": {},
+            "default_prompt_name": None,
+        }
         (tmp / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2))
 
     return build_directory(out, build)
@@ -325,8 +371,14 @@ def tiny_stanford_colbert(out: str | Path | None = None, *, seed: int = 0) -> st
         import torch
         from safetensors.torch import save_file
 
-        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                     "special_tokens_map.json"):  # fmt: skip
+        for name in (
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "vocab.txt",
+            "special_tokens_map.json",
+        ):
             if (Path(source) / name).is_file():
                 shutil.copy(Path(source) / name, tmp / name)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp))
@@ -343,8 +395,16 @@ def tiny_stanford_colbert(out: str | Path | None = None, *, seed: int = 0) -> st
         config = model.config.to_dict()
         config["architectures"] = ["HF_ColBERT"]
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        metadata = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 12, "doc_maxlen": 40,
-                    "dim": 16, "similarity": "cosine", "attend_to_mask_tokens": False, "mask_punctuation": True}  # fmt: skip
+        metadata = {
+            "query_token_id": "[unused0]",
+            "doc_token_id": "[unused1]",
+            "query_maxlen": 12,
+            "doc_maxlen": 40,
+            "dim": 16,
+            "similarity": "cosine",
+            "attend_to_mask_tokens": False,
+            "mask_punctuation": True,
+        }
         (tmp / "artifact.metadata").write_text(json.dumps(metadata, indent=2))
 
     return build_directory(out, build)
