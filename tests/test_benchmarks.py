@@ -101,8 +101,10 @@ def test_cli_demo_writes_json_and_run(tmp_path):
 @pytest.mark.slow  # runs eval/run.py as a subprocess
 def test_cli_missing_dataset_is_a_clear_error(tmp_path):
     out = _run_cli("no-such-collection", "--data-dir", str(tmp_path), cwd=tmp_path)
-    assert out.returncode == 2
-    assert "no-such-collection.zip" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "Pass the collection directory's path" in out.stderr and ".zip" not in out.stderr  # no made-up address
+    beir = _run_cli("scifact", "--data-dir", str(tmp_path), cwd=tmp_path)
+    assert beir.returncode == 2 and "python eval/get_data.py fetch scifact" in beir.stderr
 
 
 @pytest.mark.slow  # runs eval/run.py as a subprocess
