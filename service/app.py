@@ -25,6 +25,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
+import embedrank
 from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from service import shutdown
@@ -34,6 +35,7 @@ from service.decoding import shorten
 from service.errors import APIError, handle_exception
 from service.fast_path import EmbeddingsFastPath
 from service.handling import ServiceState, pool_of, read_json_body, service_of
+from service.litestar_internals import set_decoded_body
 from service.middleware import RequestMiddleware
 from service.models import ModelPool
 from service.observability import Metrics
@@ -61,7 +63,7 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
             # decode once: Litestar reads the JSON of the connection state before parsing the body itself,
             # and passes a value that already has the handler's data type through unchanged
             settings = service_of(request.app.state).settings
-            request._connection_state.json = await read_json_body(request, schema, settings)
+            set_decoded_body(request, await read_json_body(request, schema, settings))
 
 
 async def _load(service: ServiceState) -> None:
@@ -170,7 +172,7 @@ def create_app(
         else None,
         openapi_config=OpenAPIConfig(
             title="embedrank",
-            version="0.1.0",
+            version=embedrank.__version__,
             description="Text embeddings (OpenAI-compatible) and reranking (Cohere/Jina-compatible) for the models this "
             "server was configured with. Every route but /health needs "
             "'Authorization: Bearer <key>'. Errors use the OpenAI body {error: {message, type, param, code}}.",

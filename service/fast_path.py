@@ -29,6 +29,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from service import api
 from service.errors import handle_exception
 from service.handling import TRUNCATED_HEADER, ServiceState, finish, read_json_body
+from service.litestar_internals import bind_route_handler
 from service.middleware import RequestMiddleware
 from service.schemas import EmbeddingsRequest
 
@@ -76,8 +77,7 @@ class EmbeddingsFastPath:
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         """What the routed handler answers: the decoded body through the adapter, or the error's response."""
-        scope["route_handler"] = self.handlers[scope["path"]]
-        scope["path_params"] = {}
+        bind_route_handler(scope, self.handlers[scope["path"]])
         request: Request[Any, Any, Any] = Request(scope, receive, send)
         try:
             settings = self.service.settings

@@ -16,6 +16,7 @@ from litestar.params import Body
 from service import api, cohere, tei
 from service.decoding import ByField
 from service.handling import ERRORS, respond, service_of
+from service.litestar_internals import decoded_body
 from service.models import ModelPool
 from service.schemas import (
     EMBEDDINGS_EXAMPLE_REQUEST,
@@ -183,7 +184,7 @@ async def tei_embed(
 
 async def _tei_or_cohere_rerank(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     rt = service_of(state)
-    data = decoded(request)
+    data = decoded_body(request)
     if isinstance(data, tei.TEIRerankRequest):
         return await respond(request, tei.rerank(data, rt.ready_pool(), rt.settings))
     return await respond(request, api.rerank(data, rt.ready_pool(), rt.settings.limits))
@@ -209,7 +210,7 @@ async def rerank_either(request: Request[Any, Any, Any], state: State) -> Respon
     status_code=200,
 )
 async def tei_root(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    data = decoded(request)
+    data = decoded_body(request)
     if isinstance(data, tei.TEIEmbedRequest):
         rt = service_of(state)
         return await respond(request, tei.embed(data, rt.ready_pool(), rt.settings))
@@ -253,11 +254,6 @@ async def tei_tokenize(
 @get("/info", summary="Model information (TEI)", responses={401: ERRORS[401], 503: ERRORS[503]})
 async def tei_info(pool: ModelPool, state: State) -> tei.Info:
     return tei.info(pool, service_of(state).settings)
-
-
-def decoded(request: Request[Any, Any, Any]) -> Any:
-    """The body as the strict decoder left it (for routes whose schema depends on the body, :class:`ByField`)."""
-    return request._connection_state.json
 
 
 ROUTE_HANDLERS = (
