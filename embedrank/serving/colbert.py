@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 import numpy as np
 
@@ -98,7 +97,7 @@ class AsyncColBERTEncoder(LateInteractionRunner):
         budget: int | None = None,
         multi_budget: int | None = None,
         query: bool = False,
-        **_: Any,
+        normalize: bool | None = None,
     ) -> MultiVectorResult:
         """Token vectors of each text as a query (``query``: marker, expansion to the query length) or a document
         (marker, skiplist). Chunking, left truncation, ``dimensions`` and prompts do not apply and are refused."""
@@ -106,6 +105,7 @@ class AsyncColBERTEncoder(LateInteractionRunner):
             (chunking is not None, "chunking", "ColBERT models return a document's token vectors up to its window"),
             (truncation_side != "right", "truncation_direction", "ColBERT models cut over-long texts at the end only"),
             (dimensions is not None, "dimensions", "ColBERT token vectors keep the model's width"),
+            (normalize is False, "normalize", "ColBERT token vectors are always L2-normalized, as MaxSim needs"),
             (
                 bool(prompt),
                 "input_type",
@@ -126,11 +126,12 @@ class AsyncColBERTEncoder(LateInteractionRunner):
         priority: int = 0,
         chunking: Chunking | None = None,
         budget: int | None = None,
-        **_: Any,
+        raw_scores: bool = False,
     ) -> ModelOutput:
         """MaxSim of ``query`` against each document, one job for all texts; token counts cover the query
         (first) and every document (window). With ``chunking``, documents are split into windows of the
-        document length and each gets the aggregate of its windows' scores."""
+        document length and each gets the aggregate of its windows' scores. MaxSim has no activation, so
+        ``raw_scores`` gives the same scores."""
         plan = None
         if chunking is not None:
             plan = await plan_chunks(

@@ -97,7 +97,6 @@ class AsyncM3Encoder(LateInteractionRunner):
         param: str = "input",
         budget: int | None = None,
         multi_budget: int | None = None,
-        **_: Any,
     ) -> M3Result:
         """The outputs of ``prompt + text`` for each text; the dense vectors normalized (unless ``normalize``
         is False) and cut to ``dimensions``. Chunking and left truncation are refused: bge-m3 reads 8,192
@@ -130,12 +129,13 @@ class AsyncM3Encoder(LateInteractionRunner):
         budget: int | None = None,
         chunking: Chunking | None = None,
         weights: Sequence[float] = DEFAULT_WEIGHTS,
-        **_: Any,
+        raw_scores: bool = False,
     ) -> ModelOutput:
         """bge-m3's combined score (dense, lexical, MaxSim with ``weights``) of ``query`` against each
         document, one job for all texts; token counts cover the query (first) and every document. Documents
         are read whole up to the model's window (8,192 tokens for bge-m3), and cut there: ``chunking`` that
-        asks for windows (an overlap or a number of chunks) is refused."""
+        asks for windows (an overlap or a number of chunks) is refused. The combined score has no activation, so
+        ``raw_scores`` gives the same scores."""
         if chunking is not None and (chunking.overlap is not None or chunking.max_chunks is not None):
             raise InvalidInputError(
                 "bge-m3 models read each document whole up to their window; chunk_overlap and max_chunks_per_doc "

@@ -102,7 +102,7 @@ class AsyncSparseEncoder(EncoderTokens):
         truncation_side: str = "right",
         top_k: int | None = None,
         budget: int | None = None,
-        **_: Any,
+        normalize: bool | None = None,
     ) -> SparseOutput:
         """The sparse vectors of ``prompt + text`` for each text, in input order (each text's ``top_k``
         heaviest terms with ``top_k``). With ``truncate=False`` a text over the window is refused before it
@@ -112,6 +112,11 @@ class AsyncSparseEncoder(EncoderTokens):
             (chunking is not None, "chunking", "SPLADE models return one vector per text; chunking does not apply"),
             (truncation_side != "right", "truncation_direction", "SPLADE models cut over-long texts at the end only"),
             (dimensions is not None, "dimensions", "a SPLADE vector spans the vocabulary; dimensions does not apply"),
+            (
+                normalize is not None,
+                "normalize",
+                "SPLADE weights are returned as the model computes them, unnormalized",
+            ),
         )
         texts = with_prompt(texts, prompt)
         rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))

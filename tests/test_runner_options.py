@@ -1,0 +1,22 @@
+"""Runners take explicit options: one a runner does not know is a TypeError, not silently dropped, and one
+that does not apply to its model kind is refused with the field's name before any work."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from embedrank.errors import InvalidInputError
+from embedrank.serving.engine import EngineConfig
+from embedrank.serving.sparse import AsyncSparseEncoder
+from embedrank.testing.fake import FakeSparseEncoder
+
+
+def test_an_unknown_option_is_a_type_error_and_normalize_is_refused_for_splade():
+    runner = AsyncSparseEncoder(FakeSparseEncoder(), EngineConfig(max_wait_ms=0))
+    with pytest.raises(TypeError, match="normalise"):
+        asyncio.run(runner.embed(["x"], normalise=True))  # type: ignore[call-arg]
+    with pytest.raises(InvalidInputError, match="unnormalized") as err:
+        asyncio.run(runner.embed(["x"], normalize=True))
+    assert err.value.param == "normalize"
