@@ -20,12 +20,7 @@ from embedrank.math.quantization import quantize
 from embedrank.math.ranking import rank_scores
 from embedrank.math.sparse import row_pairs
 from embedrank.models.chunking import Chunking
-from embedrank.models.prompts import request_prompt
-from embedrank.models.router import task_of
-from embedrank.serving.colbert import AsyncColBERTEncoder
-from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncEncoder
-from embedrank.serving.sparse import AsyncSparseEncoder
 from embedrank.types import ModelOutput
 from service.decoding import shorten
 from service.errors import invalid
@@ -168,17 +163,15 @@ async def embed_vectors(
     ``normalize`` overrides the model's normalization; ``truncation_side`` says which end an over-long text loses."""
     served = pool.get(req.model, "embeddings")
     texts = await _input_texts(req.input, limits, token_ids)
-    spec = served.spec
-    prompt = request_prompt(
-        spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
-    )
-    runner: AsyncEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
+    chosen = served.resolve(input_type=req.input_type, prompt_name=req.prompt_name)
+    runner: AsyncEncoder = chosen.runner
+    prompt = chosen.prompt
     types = set(req.embedding_types or [])
     outputs = {"sparse", "multivector"} & types
     extra: dict[str, Any] = {}
-    # ColBERT and SPLADE models have one output each, bge-m3 both
-    sole = {AsyncColBERTEncoder: "multivector", AsyncSparseEncoder: "sparse"}.get(type(runner))
-    has: set[str] = {sole} if sole else set(outputs) if isinstance(runner, AsyncM3Encoder) else set()
+    # the non-dense outputs the model declares: ColBERT and SPLADE models have one each (and no dense), bge-m3 both
+    has = set(served.outputs) & {"sparse", "multivector"}
+    sole = next(iter(has)) if "dense" not in served.outputs else None
     if outputs - has:
         raise invalid(
             f"model {shorten(req.model)!r} has no {' or '.join(sorted(outputs - has))} output (bge-m3 models have "
@@ -194,7 +187,7 @@ async def embed_vectors(
             code="output_not_available",
         )
     if sole == "multivector":  # a query's or a document's token vectors, marked by the model's own tokens
-        extra["query"] = task_of(req.input_type, req.prompt_name) == "query"
+        extra["query"] = chosen.task == "query"
         prompt = ""
     if "multivector" in outputs:
         extra["multi_budget"] = limits.max_multivector_tokens
@@ -247,13 +240,9 @@ async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> Tok
     """Token counts of each input as ``/v1/embeddings`` would process it (same prompt selection)."""
     served = pool.get(req.model, "embeddings")
     texts = await _input_texts(req.input, limits, token_ids=False)
-    spec = served.spec
-    prompt = request_prompt(
-        spec.prompts, spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
-    )
-    runner: AsyncEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
-    counts, tokens = await runner.count(texts, prompt=prompt, return_tokens=req.return_tokens)
-    limit = spec.max_seq_length
+    chosen = served.resolve(input_type=req.input_type, prompt_name=req.prompt_name)
+    counts, tokens = await chosen.runner.count(texts, prompt=chosen.prompt, return_tokens=req.return_tokens)
+    limit = served.spec.max_seq_length
     data = [
         TokenCount(
             index=i,

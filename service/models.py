@@ -22,15 +22,11 @@ from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
-from embedrank.models.router import RouteTable, pick_route
 from embedrank.models.sparse import SparseEncoder
-from embedrank.registry import ModelSpec, resolve
+from embedrank.registry import resolve
 from embedrank.runtime.backends import check_backend
-from embedrank.serving.colbert import AsyncColBERTEncoder
-from embedrank.serving.engine import EngineConfig
-from embedrank.serving.m3 import AsyncM3Encoder
-from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
-from embedrank.serving.sparse import AsyncSparseEncoder
+from embedrank.serving.engine import BatchReport, EngineConfig
+from embedrank.serving.hosting import HostedModel
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 from service.decoding import shorten
 from service.observability import Metrics
@@ -39,11 +35,11 @@ from service.settings import ModelEntry, SettingsError
 logger = logging.getLogger("embedrank.service")
 
 
-@dataclasses.dataclass
-class ServedModel:
+@dataclasses.dataclass(kw_only=True)
+class ServedModel(HostedModel):
+    """A hosted model (:class:`~embedrank.serving.hosting.HostedModel`) with what the service shows of it."""
+
     entry: ModelEntry
-    spec: ModelSpec
-    runner: AsyncEncoder | AsyncCrossEncoder | AsyncSparseEncoder | AsyncColBERTEncoder | None = None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
@@ -51,36 +47,6 @@ class ServedModel:
     fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
     auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
     dimension: int | None = None  # the embedding width, once loaded (a static model's is measured)
-    # a sentence-transformers Router model: a runner (and engine) per route; ``runner`` runs the default one
-    route_runners: dict[str, AsyncEncoder] = dataclasses.field(default_factory=dict)
-    route_table: RouteTable | None = None
-
-    def runner_for(self, task: str | None) -> Any:
-        """The runner of ``task``'s route (:func:`~embedrank.models.router.pick_route`); ``runner`` when
-        the model has one route."""
-        if self.route_table is None:
-            return self.runner
-        return self.route_runners[pick_route(self.route_table, task)]
-
-    @property
-    def capabilities(self) -> list[str]:
-        if self.spec.m3:  # bge-m3: dense, lexical weights and multi-vectors from one pass
-            return ["embeddings", "rerank", "sparse"]
-        # ColBERT (token vectors, MaxSim reranking) and SPLADE models answer /v1/embeddings only with their own
-        # embedding_types (multivector, sparse)
-        capable = {
-            "embedding": ["embeddings", "rerank"],
-            "multi-vector": ["embeddings", "rerank"],
-            "sparse": ["embeddings", "sparse"],  # /v1/embeddings with embedding_types ["sparse"], /embed_sparse
-        }
-        return capable.get(self.spec.kind, ["rerank"])
-
-    @property
-    def outputs(self) -> list[str]:
-        """The vectors it gives (``/v1/models``): dense, sparse, multivector."""
-        if self.spec.m3:
-            return ["dense", "sparse", "multivector"]
-        return {"embedding": ["dense"], "multi-vector": ["multivector"], "sparse": ["sparse"]}.get(self.spec.kind, [])
 
 
 class ModelPool:
@@ -192,26 +158,16 @@ class ModelPool:
         in a forward thread after ``config.idle_seconds`` without work (the service returns heap memory)."""
         for model_id, core in loaded.items():
             served = self.models[model_id]
-            runner_cls = {
-                "embedding": AsyncEncoder,
-                "sparse": AsyncSparseEncoder,
-                "multi-vector": AsyncColBERTEncoder,
-            }.get(served.spec.kind, AsyncCrossEncoder)
-            runner_cls = AsyncM3Encoder if isinstance(core, M3Encoder) else runner_cls
-            routes = getattr(core, "routes", None) or {None: core}  # a Router model: an engine per route
-            for route, model in routes.items():
-                label = model_id if model is core else f"{model_id}:{route}"  # the metrics' model label
-                runner = runner_cls(model, config, on_batch=metrics.batch_observer(label), on_idle=on_idle)
-                runner.engine.start()
+
+            def observer(route: str | None, model_id: str = model_id) -> Callable[[BatchReport], None]:
+                return metrics.batch_observer(model_id if route is None else f"{model_id}:{route}")
+
+            for route, runner in served.start(core, config, on_batch=observer, on_idle=on_idle):
+                label = model_id if route is None else f"{model_id}:{route}"  # the metrics' model label
                 engine = runner.engine
                 metrics.track_engine(
                     label, partial(getattr, engine, "queue_depth"), partial(getattr, engine, "dropped")
                 )
-                if model is core:
-                    served.runner = runner
-                if route is not None:
-                    served.route_runners[route] = runner
-            served.route_table = getattr(core, "route_table", None)
 
     def get(self, model_id: str, capability: str) -> ServedModel:
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
@@ -242,7 +198,7 @@ class ModelPool:
 
     async def drain(self, timeout: float) -> None:
         for served in self.models.values():
-            for runner in {id(r): r for r in [served.runner, *served.route_runners.values()] if r is not None}.values():
+            for runner in served.runners():
                 await runner.engine.drain(timeout)
 
 

@@ -20,8 +20,6 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 import embedrank
 from embedrank.math.sparse import row_pairs
-from embedrank.models.prompts import request_prompt
-from embedrank.models.router import task_of
 from embedrank.serving.runners import AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
 from service import api
@@ -220,12 +218,10 @@ async def embed_sparse(
         )
     served = pool.get(_model(pool, req.model, "sparse"), "sparse")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    prompt = request_prompt(
-        served.spec.prompts, served.spec.default_prompt_name, input_type=req.input_type, prompt_name=req.prompt_name
-    )
-    runner: AsyncSparseEncoder = served.runner_for(task_of(req.input_type, req.prompt_name))
+    chosen = served.resolve(input_type=req.input_type, prompt_name=req.prompt_name)
+    runner: AsyncSparseEncoder = chosen.runner
     out = await runner.embed(
-        texts, truncate=req.truncate is not False, prompt=prompt, budget=settings.limits.max_request_tokens
+        texts, truncate=req.truncate is not False, prompt=chosen.prompt, budget=settings.limits.max_request_tokens
     )
     rows = []
     for i in range(out.sparse.shape[0]):
@@ -238,8 +234,9 @@ async def tokenize(req: TEITokenizeRequest, pool: ModelPool, settings: Settings)
     """TEI's ``/tokenize``: every token of each input, untruncated."""
     served = pool.get(_model(pool, req.model, "embeddings"), "embeddings")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    prompt = request_prompt(served.spec.prompts, served.spec.default_prompt_name, prompt_name=req.prompt_name)
-    runner: AsyncEncoder = served.runner_for(task_of(None, req.prompt_name))
+    chosen = served.resolve(prompt_name=req.prompt_name)
+    runner: AsyncEncoder = chosen.runner
+    prompt = chosen.prompt
     spans = await runner.token_spans(texts, prompt=prompt, add_special_tokens=req.add_special_tokens)
     return [
         [SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop) for t in row] for row in spans

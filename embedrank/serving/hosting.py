@@ -1,0 +1,135 @@
+"""A hosted model: a loaded model's runners (one batching engine each, one per Router route) and what its
+kind can do, declared in one table. A request's prompt and route are resolved here, once
+(:meth:`HostedModel.resolve`), for every protocol that serves the model, and in a notebook as in the service.
+
+>>> from embedrank.testing.fake import FakeEncoder
+>>> hosted = HostedModel(spec=FakeEncoder("m", prompts={"query": "query: "}).spec)
+>>> hosted.capabilities, hosted.outputs
+(['embeddings', 'rerank'], ['dense'])
+>>> hosted.resolve(input_type="search_query").prompt
+'query: '
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from embedrank.models.m3 import M3Encoder
+from embedrank.models.prompts import request_prompt
+from embedrank.models.router import RouteTable, pick_route, task_of
+from embedrank.registry import ModelSpec
+from embedrank.serving.colbert import AsyncColBERTEncoder
+from embedrank.serving.engine import BatchReport, EngineConfig
+from embedrank.serving.m3 import AsyncM3Encoder
+from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
+from embedrank.serving.sparse import AsyncSparseEncoder
+
+Runner = AsyncEncoder | AsyncCrossEncoder | AsyncSparseEncoder | AsyncColBERTEncoder | AsyncM3Encoder
+
+# what each model kind can be asked for, and the vectors it gives: the one table the protocols consult
+CAPABILITIES: dict[str, tuple[list[str], list[str]]] = {
+    "embedding": (["embeddings", "rerank"], ["dense"]),  # reranks by cosine
+    "multi-vector": (["embeddings", "rerank"], ["multivector"]),  # ColBERT: token vectors, MaxSim reranking
+    "sparse": (["embeddings", "sparse"], ["sparse"]),  # SPLADE: sparse vectors only
+    "m3": (["embeddings", "rerank", "sparse"], ["dense", "sparse", "multivector"]),  # bge-m3: all from one pass
+    "cross-encoder": (["rerank"], []),
+}
+RUNNERS: dict[str, type] = {
+    "embedding": AsyncEncoder,
+    "multi-vector": AsyncColBERTEncoder,
+    "sparse": AsyncSparseEncoder,
+    "m3": AsyncM3Encoder,
+    "cross-encoder": AsyncCrossEncoder,
+}
+
+
+def kind_of(spec: ModelSpec) -> str:
+    """The row of :data:`CAPABILITIES` a model's spec falls in (bge-m3 is an embedding spec with ``m3``)."""
+    if spec.m3:
+        return "m3"
+    return spec.kind if spec.kind in CAPABILITIES else "cross-encoder"
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """What a request's ``input_type`` / ``prompt_name`` select: the route's task, the runner of that route,
+    and the prompt to put before each text."""
+
+    task: str | None
+    runner: Any
+    prompt: str
+
+
+@dataclasses.dataclass(kw_only=True)
+class HostedModel:
+    """A model as it is served: its spec, its runners once :meth:`start` has run, and its capabilities."""
+
+    spec: ModelSpec
+    runner: Any = None  # the default route's runner (the only one of a model without routes)
+    route_runners: dict[str, Any] = dataclasses.field(default_factory=dict)
+    route_table: RouteTable | None = None
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.spec)
+
+    @property
+    def capabilities(self) -> list[str]:
+        """What it can be asked for: ``embeddings``, ``rerank``, ``sparse``."""
+        return list(CAPABILITIES[self.kind][0])
+
+    @property
+    def outputs(self) -> list[str]:
+        """The vectors it gives: ``dense``, ``sparse``, ``multivector``."""
+        return list(CAPABILITIES[self.kind][1])
+
+    def runner_for(self, task: str | None) -> Any:
+        """The runner of ``task``'s route (:func:`~embedrank.models.router.pick_route`); the only runner of a
+        model without routes."""
+        if self.route_table is None:
+            return self.runner
+        return self.route_runners[pick_route(self.route_table, task)]
+
+    def resolve(self, *, input_type: str | None = None, prompt_name: str | None = None) -> Resolved:
+        """The route and the prompt a request's ``input_type`` or ``prompt_name`` selects, decided once.
+
+        Raises:
+            InvalidInputError: both are given, the input type is unknown, or the prompt name is not the model's.
+        """
+        prompt = request_prompt(
+            self.spec.prompts, self.spec.default_prompt_name, input_type=input_type, prompt_name=prompt_name
+        )
+        task = task_of(input_type, prompt_name)
+        return Resolved(task=task, runner=self.runner_for(task), prompt=prompt)
+
+    def start(
+        self,
+        model: Any,
+        config: EngineConfig,
+        *,
+        on_batch: Callable[[str | None], Callable[[BatchReport], None] | None] = lambda route: None,
+        on_idle: Callable[[], object] | None = None,
+    ) -> list[tuple[str | None, Any]]:
+        """Wrap the loaded ``model`` (each of its routes) in a runner with its own batching engine and start
+        them; must run inside the event loop. ``on_batch(route)`` gives each engine's batch observer.
+        Returns ``(route, runner)`` for every runner started (route None: a model without routes)."""
+        runner_cls = AsyncM3Encoder if isinstance(model, M3Encoder) else RUNNERS[self.kind]
+        routes = getattr(model, "routes", None) or {None: model}
+        started = []
+        for route, part in routes.items():
+            runner = runner_cls(part, config, on_batch=on_batch(None if part is model else route), on_idle=on_idle)
+            runner.engine.start()
+            if part is model:
+                self.runner = runner
+            if route is not None:
+                self.route_runners[route] = runner
+            started.append((route if part is not model else None, runner))
+        self.route_table = getattr(model, "route_table", None)
+        return started
+
+    def runners(self) -> list[Any]:
+        """Every runner, once each."""
+        found = [self.runner, *self.route_runners.values()]
+        return list({id(r): r for r in found if r is not None}.values())

@@ -1,0 +1,57 @@
+"""Hosting a model in the core (embedrank.serving.hosting): what a kind can do comes from one table, and a
+request's prompt and route are resolved once, in a notebook as in the service."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from embedrank.errors import InvalidInputError
+from embedrank.serving.engine import EngineConfig
+from embedrank.serving.hosting import CAPABILITIES, HostedModel, kind_of
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
+
+
+@pytest.mark.parametrize(
+    ("model", "kind", "capabilities", "outputs"),
+    [
+        (FakeEncoder("e"), "embedding", ["embeddings", "rerank"], ["dense"]),
+        (FakeSparseEncoder("s"), "sparse", ["embeddings", "sparse"], ["sparse"]),
+        (FakeCrossEncoder("c"), "cross-encoder", ["rerank"], []),
+    ],
+)
+def test_capabilities_come_from_the_kind_table(model, kind, capabilities, outputs):
+    hosted = HostedModel(spec=model.spec)
+    assert (kind_of(model.spec), hosted.capabilities, hosted.outputs) == (kind, capabilities, outputs)
+    assert set(CAPABILITIES) == {"embedding", "multi-vector", "sparse", "m3", "cross-encoder"}
+
+
+def test_resolve_picks_the_prompt_once_and_refuses_what_the_model_lacks():
+    hosted = HostedModel(spec=FakeEncoder("e", prompts={"query": "query: ", "passage": "passage: "}).spec)
+    assert hosted.resolve(input_type="search_query").prompt == "query: "
+    assert hosted.resolve(input_type="document").prompt == "passage: "
+    assert hosted.resolve(prompt_name="passage").task == "document"
+    assert hosted.resolve().prompt == ""
+    with pytest.raises(InvalidInputError, match="not both"):
+        hosted.resolve(input_type="query", prompt_name="query")
+    with pytest.raises(InvalidInputError):
+        hosted.resolve(prompt_name="no-such-prompt")
+
+
+def test_a_notebook_hosts_a_model_as_the_service_does():
+    model = FakeEncoder("e", prompts={"query": "query: "})
+    hosted = HostedModel(spec=model.spec)
+
+    async def run() -> np.ndarray:
+        started = hosted.start(model, EngineConfig(max_wait_ms=0))
+        assert [route for route, _ in started] == [None] and hosted.runners() == [hosted.runner]
+        chosen = hosted.resolve(input_type="query")
+        out = await chosen.runner.embed(["green tea"], prompt=chosen.prompt)
+        for runner in hosted.runners():
+            await runner.engine.drain(1.0)
+        return out.embeddings
+
+    vectors = asyncio.run(run())
+    np.testing.assert_allclose(vectors, model.encode(["query: green tea"]), atol=1e-6)
