@@ -18,15 +18,10 @@ from typing import Any
 import msgspec
 
 from embedrank.errors import ModelKindError, ModelNotFoundError
-from embedrank.models.colbert import ColBERTEncoder
-from embedrank.models.cross_encoder import CrossEncoder
-from embedrank.models.encoder import Encoder
-from embedrank.models.m3 import M3Encoder
-from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import resolve
 from embedrank.runtime.backends import check_backend
 from embedrank.serving.engine import BatchReport, EngineConfig
-from embedrank.serving.hosting import HostedModel
+from embedrank.serving.hosting import HostedModel, runtime_of
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 from service.decoding import shorten
 from service.observability import Metrics
@@ -37,16 +32,10 @@ logger = logging.getLogger("embedrank.service")
 
 @dataclasses.dataclass(kw_only=True)
 class ServedModel(HostedModel):
-    """A hosted model (:class:`~embedrank.serving.hosting.HostedModel`) with what the service shows of it."""
+    """A hosted model (:class:`~embedrank.serving.hosting.HostedModel`) with its configuration entry."""
 
     entry: ModelEntry
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
-    backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
-    precision: str = "fp32"
-    inference_precision: str | None = None  # what really computes, known once loaded
-    fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
-    auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
-    dimension: int | None = None  # the embedding width, once loaded (a static model's is measured)
 
 
 class ModelPool:
@@ -84,7 +73,7 @@ class ModelPool:
             elif built is None:
                 backend, precision = check_backend(entry.backend, entry.precision)
             else:
-                backend, precision = describe_model(built)[:2]  # type: ignore[assignment]
+                backend, precision = runtime_of(built)[:2]  # type: ignore[assignment]
             if entry.calibration is not None and precision != "int8" and spec.kind == "embedding" and not entry.ranges:
                 logger.warning(
                     "model %r: 'calibration' on a model that is not int8 sets its embedding ranges; name that "
@@ -111,39 +100,11 @@ class ModelPool:
         ``ranges`` names, else the default sample) before the service is ready. Returns the loaded models by id."""
         loaded: dict[str, Any] = {}
         for model_id, served in self.models.items():
+            entry = served.entry
             model = self._built.get(model_id)
-            if model is None and served.spec.kind == "sparse":
-                model = SparseEncoder.from_spec(served.spec, backend=served.backend)
-            if model is None and (served.spec.m3 or served.spec.kind == "multi-vector"):
-                model = (M3Encoder if served.spec.m3 else ColBERTEncoder).from_spec(
-                    served.spec,
-                    backend=served.entry.backend,
-                    precision=served.entry.precision,
-                    calibration=served.entry.calibration,
-                )
             if model is None:
-                cls = Encoder if served.spec.kind == "embedding" else CrossEncoder
-                # a backend named by the entry or the environment is run or refused; with none named, a
-                # model the default backend cannot export runs on torch (the core logs why)
-                model = cls.from_spec(
-                    served.spec,
-                    backend=served.entry.backend,
-                    precision=served.entry.precision,
-                    calibration=served.entry.calibration,
-                )
-            for route in {id(m): m for m in (getattr(model, "routes", None) or {None: model}).values()}.values():
-                if served.entry.ranges:
-                    route.fit_ranges(served.entry.ranges)
-                if served.spec.kind == "embedding":  # int8/uint8 ranges now, so that no request pays for them
-                    started = time.perf_counter()
-                    route.quantization_ranges()
-                    logger.info("%s: int8/uint8 ranges fitted in %.1f s", model_id, time.perf_counter() - started)
-            served.backend, served.precision, served.inference_precision = describe_model(model)
-            served.fallback_reason = getattr(model, "fallback_reason", None)
-            choice = getattr(model, "auto_choice", None)
-            served.auto_choice = choice.summary if choice is not None else None
-            if isinstance(model, Encoder | M3Encoder | ColBERTEncoder):
-                served.dimension = model.dimension
+                model = served.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
+            served.prepare(model, ranges=entry.ranges, label=model_id)
             loaded[model_id] = model
         return loaded
 
@@ -200,14 +161,6 @@ class ModelPool:
         for served in self.models.values():
             for runner in served.runners():
                 await runner.engine.drain(timeout)
-
-
-def describe_model(model: Any) -> tuple[str, str, str]:
-    """``(backend, precision, inference_precision)`` of a loaded model; a fake reports backend ``fake``."""
-    runtime = getattr(model, "runtime", None)
-    if runtime is None:
-        return "fake", "fp32", "f32"
-    return runtime.backend, runtime.precision, runtime.inference_precision
 
 
 FAKE_PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5-style, for fake:encoder-with-prompts

@@ -13,18 +13,26 @@ kind can do, declared in one table. A request's prompt and route are resolved he
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from embedrank.models.colbert import ColBERTEncoder
+from embedrank.models.cross_encoder import CrossEncoder
+from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
 from embedrank.models.prompts import request_prompt
 from embedrank.models.router import RouteTable, pick_route, task_of
+from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import ModelSpec
 from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.engine import BatchReport, EngineConfig
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
+
+logger = logging.getLogger("embedrank.serving")
 
 Runner = AsyncEncoder | AsyncCrossEncoder | AsyncSparseEncoder | AsyncColBERTEncoder | AsyncM3Encoder
 
@@ -43,6 +51,14 @@ RUNNERS: dict[str, type] = {
     "m3": AsyncM3Encoder,
     "cross-encoder": AsyncCrossEncoder,
 }
+
+
+def runtime_of(model: Any) -> tuple[str, str, str]:
+    """``(backend, precision, inference_precision)`` of a loaded model; a fake reports backend ``fake``."""
+    runtime = getattr(model, "runtime", None)
+    if runtime is None:
+        return "fake", "fp32", "f32"
+    return runtime.backend, runtime.precision, runtime.inference_precision
 
 
 def kind_of(spec: ModelSpec) -> str:
@@ -70,6 +86,12 @@ class HostedModel:
     runner: Any = None  # the default route's runner (the only one of a model without routes)
     route_runners: dict[str, Any] = dataclasses.field(default_factory=dict)
     route_table: RouteTable | None = None
+    backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
+    precision: str = "fp32"
+    inference_precision: str | None = None  # what really computes, known once loaded
+    fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
+    auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
+    dimension: int | None = None  # the embedding width, once loaded (a static model's is measured)
 
     @property
     def kind(self) -> str:
@@ -103,6 +125,38 @@ class HostedModel:
         )
         task = task_of(input_type, prompt_name)
         return Resolved(task=task, runner=self.runner_for(task), prompt=prompt)
+
+    def load(self, *, backend: str | None = None, precision: str | None = None, calibration: str | None = None) -> Any:
+        """Load the weights as the core model of this kind (blocking). ``backend`` and ``precision`` are what
+        the configuration names (None: the defaults; a model the default backend cannot export then runs on
+        torch, and the core logs why); a SPLADE model runs on the backend resolved into :attr:`backend`.
+        ``calibration`` names the texts that calibrate an int8 runtime."""
+        if self.kind == "sparse":
+            return SparseEncoder.from_spec(self.spec, backend=self.backend)
+        loader: Any = {"m3": M3Encoder, "multi-vector": ColBERTEncoder, "embedding": Encoder}.get(
+            self.kind, CrossEncoder
+        )
+        return loader.from_spec(self.spec, backend=backend, precision=precision, calibration=calibration)
+
+    def prepare(self, model: Any, *, ranges: str | None = None, label: str = "") -> None:
+        """Make a loaded (or prebuilt) ``model`` ready to serve and record what runs it: each route's int8/uint8
+        embedding ranges fitted now (on the texts ``ranges`` names, else the default sample), so that no
+        request pays for them."""
+        for part in {id(m): m for m in (getattr(model, "routes", None) or {None: model}).values()}.values():
+            if ranges:
+                part.fit_ranges(ranges)
+            if self.spec.kind == "embedding":
+                started = time.perf_counter()
+                part.quantization_ranges()
+                logger.info(
+                    "%s: int8/uint8 ranges fitted in %.1f s", label or self.spec.model_id, time.perf_counter() - started
+                )
+        self.backend, self.precision, self.inference_precision = runtime_of(model)
+        self.fallback_reason = getattr(model, "fallback_reason", None)
+        choice = getattr(model, "auto_choice", None)
+        self.auto_choice = choice.summary if choice is not None else None
+        if isinstance(model, Encoder | M3Encoder | ColBERTEncoder):
+            self.dimension = model.dimension
 
     def start(
         self,
