@@ -46,6 +46,10 @@ class InputTooLongError(InvalidInputError):
         self.index = index
 
 
+class OutputNotAvailableError(InvalidInputError):
+    """An output type the model does not give was asked for (``param``: the field that asked)."""
+
+
 class RequestTooLargeError(InvalidInputError):
     """One request's work is over a documented bound (the service's ``max_request_tokens``): refused
     before any of it is queued. ``limit`` names the bound."""

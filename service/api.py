@@ -7,7 +7,7 @@ import base64
 import contextlib
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import msgspec
@@ -16,11 +16,9 @@ import orjson
 from msgspec import UNSET, UnsetType
 
 from embedrank.errors import InvalidInputError
-from embedrank.math.quantization import quantize
 from embedrank.math.ranking import rank_scores
 from embedrank.math.sparse import row_pairs
 from embedrank.models.chunking import Chunking
-from embedrank.serving.runners import AsyncEncoder
 from embedrank.types import ModelOutput
 from service.decoding import shorten
 from service.errors import invalid
@@ -141,15 +139,6 @@ def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | st
     return float_json(vector) if vector.dtype.kind == "f" else vector.tolist()  # type: ignore[no-any-return]
 
 
-async def _compact(
-    vectors: np.ndarray, types: Sequence[str], runner: AsyncEncoder, dimensions: int | None
-) -> dict[str, np.ndarray]:
-    """``vectors`` ``(N, D)`` in each of ``types`` (:func:`~embedrank.math.quantization.quantize`), int8/uint8
-    with the model's calibration ranges."""
-    ranges = await runner.quantization_ranges(dimensions) if {"int8", "uint8"} & set(types) else None
-    return {t: quantize(vectors, t, ranges) for t in dict.fromkeys(types)}
-
-
 async def embed_vectors(
     req: EmbeddingsRequest,
     pool: ModelPool,
@@ -163,49 +152,23 @@ async def embed_vectors(
     ``normalize`` overrides the model's normalization; ``truncation_side`` says which end an over-long text loses."""
     served = pool.get(req.model, "embeddings")
     texts = await _input_texts(req.input, limits, token_ids)
-    chosen = served.resolve(input_type=req.input_type, prompt_name=req.prompt_name)
-    runner: AsyncEncoder = chosen.runner
-    prompt = chosen.prompt
-    types = set(req.embedding_types or [])
-    outputs = {"sparse", "multivector"} & types
-    extra: dict[str, Any] = {}
-    # the non-dense outputs the model declares: ColBERT and SPLADE models have one each (and no dense), bge-m3 both
-    has = set(served.outputs) & {"sparse", "multivector"}
-    sole = next(iter(has)) if "dense" not in served.outputs else None
-    if outputs - has:
-        raise invalid(
-            f"model {shorten(req.model)!r} has no {' or '.join(sorted(outputs - has))} output (bge-m3 models have "
-            "sparse and multivector, SPLADE models sparse, ColBERT models multivector)",
-            param="embedding_types",
-            code="output_not_available",
-        )
-    if sole is not None and (sole not in outputs or types - {sole, "float"}):
-        what = "a ColBERT model" if sole == "multivector" else "a SPLADE model (or use /embed_sparse)"
-        raise invalid(
-            f'model {shorten(req.model)!r} is {what}: ask for embedding_types ["{sole}"]; compact types do not apply',
-            param="embedding_types",
-            code="output_not_available",
-        )
-    if sole == "multivector":  # a query's or a document's token vectors, marked by the model's own tokens
-        extra["query"] = chosen.task == "query"
-        prompt = ""
-    if "multivector" in outputs:
-        extra["multi_budget"] = limits.max_multivector_tokens
     with _request_fields():
-        out = await runner.embed(
+        embedded = await served.embed(
             texts,
+            input_type=req.input_type,
+            prompt_name=req.prompt_name,
+            types=req.embedding_types or (),
             dimensions=req.dimensions,
             truncate=req.truncate,
             priority=req.priority,
-            prompt=prompt,
             chunking=Chunking(overlap=req.chunk_overlap) if req.chunking else None,
             normalize=normalize,
             truncation_side=truncation_side,
             budget=limits.max_request_tokens,
-            **extra,
+            multi_budget=limits.max_multivector_tokens,
+            name=shorten(req.model),
         )
-    compact = [t for t in req.embedding_types or [] if t not in outputs]  # a SPLADE's "float" is empty
-    return out, await _compact(out.embeddings, compact, runner, req.dimensions)
+    return embedded.output, embedded.compact
 
 
 async def create_embeddings(

@@ -31,6 +31,7 @@ from embedrank.errors import (
     ModelKindError,
     ModelNotFoundError,
     NotReadyError,
+    OutputNotAvailableError,
     OverloadedError,
     RequestTooLargeError,
 )
@@ -67,6 +68,8 @@ def _from_core(exc: EmbedrankError) -> APIError:
         return APIError(400, str(exc), param="model", code="model_wrong_kind")
     if isinstance(exc, RequestTooLargeError):
         return APIError(413, f"{exc}; see {exc.limit}", param=exc.param, code="request_too_large")
+    if isinstance(exc, OutputNotAvailableError):
+        return APIError(400, str(exc), param=exc.param, code="output_not_available")
     if isinstance(exc, InputTooLongError):
         return APIError(400, str(exc), param=exc.param, code="input_too_long")
     if isinstance(exc, InvalidInputError):

@@ -55,3 +55,27 @@ def test_a_notebook_hosts_a_model_as_the_service_does():
 
     vectors = asyncio.run(run())
     np.testing.assert_allclose(vectors, model.encode(["query: green tea"]), atol=1e-6)
+
+
+def test_embed_gives_the_compact_types_and_refuses_outputs_the_kind_lacks():
+    from embedrank.errors import OutputNotAvailableError
+    from embedrank.math.quantization import quantize
+
+    model = FakeEncoder("e")
+    hosted = HostedModel(spec=model.spec)
+
+    async def run():
+        hosted.start(model, EngineConfig(max_wait_ms=0))
+        try:
+            embedded = await hosted.embed(["a b", "c"], types=["float", "binary", "binary"])
+            with pytest.raises(OutputNotAvailableError, match="no sparse output") as err:
+                await hosted.embed(["a"], types=["sparse"])
+            assert err.value.param == "embedding_types"
+            return embedded
+        finally:
+            for runner in hosted.runners():
+                await runner.engine.drain(1.0)
+
+    embedded = asyncio.run(run())
+    assert list(embedded.compact) == ["float", "binary"]
+    np.testing.assert_array_equal(embedded.compact["binary"], quantize(embedded.output.embeddings, "binary", None))

@@ -15,9 +15,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
+import numpy as np
+
+from embedrank.errors import OutputNotAvailableError
+from embedrank.math.quantization import quantize
+from embedrank.models.chunking import Chunking
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
@@ -66,6 +71,15 @@ def kind_of(spec: ModelSpec) -> str:
     if spec.m3:
         return "m3"
     return spec.kind if spec.kind in CAPABILITIES else "cross-encoder"
+
+
+@dataclasses.dataclass(frozen=True)
+class Embedded:
+    """What :meth:`HostedModel.embed` gives: the runner's output (vectors, token counts, and a bge-m3's,
+    ColBERT's or SPLADE's own outputs) and each compact type asked for, ``(N, D')`` by type name."""
+
+    output: Any
+    compact: dict[str, np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +139,72 @@ class HostedModel:
         )
         task = task_of(input_type, prompt_name)
         return Resolved(task=task, runner=self.runner_for(task), prompt=prompt)
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        input_type: str | None = None,
+        prompt_name: str | None = None,
+        types: Sequence[str] = (),
+        dimensions: int | None = None,
+        truncate: bool = True,
+        priority: int = 0,
+        chunking: Chunking | None = None,
+        normalize: bool | None = None,
+        truncation_side: Literal["right", "left"] = "right",
+        budget: int | None = None,
+        multi_budget: int | None = None,
+        name: str = "",
+    ) -> Embedded:
+        """Embed ``texts`` as a request with ``input_type`` or ``prompt_name`` asks (prompt and route resolved
+        once), giving each of ``types``: ``sparse`` and ``multivector`` from the models that declare them, and
+        the compact types of :func:`~embedrank.math.quantization.quantize` of the dense vectors (``float``
+        and the integer and binary types). ``name`` is the model's name in messages.
+
+        Raises:
+            OutputNotAvailableError: a type the model does not give (param ``embedding_types``).
+        """
+        chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
+        asked = set(types)
+        outputs = {"sparse", "multivector"} & asked
+        has = set(self.outputs) & {"sparse", "multivector"}  # ColBERT and SPLADE: one each and no dense; bge-m3 both
+        sole = next(iter(has)) if "dense" not in self.outputs else None
+        label = name or self.spec.model_id
+        if outputs - has:
+            raise OutputNotAvailableError(
+                f"model {label!r} has no {' or '.join(sorted(outputs - has))} output (bge-m3 models have "
+                "sparse and multivector, SPLADE models sparse, ColBERT models multivector)",
+                param="embedding_types",
+            )
+        if sole is not None and (sole not in outputs or asked - {sole, "float"}):
+            what = "a ColBERT model" if sole == "multivector" else "a SPLADE model (or use /embed_sparse)"
+            raise OutputNotAvailableError(
+                f'model {label!r} is {what}: ask for embedding_types ["{sole}"]; compact types do not apply',
+                param="embedding_types",
+            )
+        prompt = chosen.prompt
+        extra: dict[str, Any] = {}
+        if sole == "multivector":  # a query's or a document's token vectors, marked by the model's own tokens
+            extra["query"] = chosen.task == "query"
+            prompt = ""
+        if "multivector" in outputs:
+            extra["multi_budget"] = multi_budget
+        out = await chosen.runner.embed(
+            texts,
+            dimensions=dimensions,
+            truncate=truncate,
+            priority=priority,
+            prompt=prompt,
+            chunking=chunking,
+            normalize=normalize,
+            truncation_side=truncation_side,
+            budget=budget,
+            **extra,
+        )
+        compact = [t for t in types if t not in outputs]  # a SPLADE's "float" is empty
+        ranges = await chosen.runner.quantization_ranges(dimensions) if {"int8", "uint8"} & set(compact) else None
+        return Embedded(out, {t: quantize(out.embeddings, t, ranges) for t in dict.fromkeys(compact)})
 
     def load(self, *, backend: str | None = None, precision: str | None = None, calibration: str | None = None) -> Any:
         """Load the weights as the core model of this kind (blocking). ``backend`` and ``precision`` are what
