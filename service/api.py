@@ -243,8 +243,7 @@ async def rerank(
         max_tokens=req.max_tokens_per_doc,
     )
     with _request_fields():
-        options: dict[str, Any] = {"query_runner": served.runner_for("query")} if served.route_table else {}
-        out = await served.runner_for("document").rerank(  # type: ignore[union-attr]
+        out = await served.rerank(
             req.query,
             texts,
             truncate=req.truncate,
@@ -252,7 +251,6 @@ async def rerank(
             chunking=chunking,
             raw_scores=raw_scores,
             budget=limits.max_request_tokens,
-            **options,
         )
     ranked = rank_scores(out.scores, req.top_n)
     results = [

@@ -206,6 +206,33 @@ class HostedModel:
         ranges = await chosen.runner.quantization_ranges(dimensions) if {"int8", "uint8"} & set(compact) else None
         return Embedded(out, {t: quantize(out.embeddings, t, ranges) for t in dict.fromkeys(compact)})
 
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = True,
+        priority: int = 0,
+        chunking: Chunking | None = None,
+        raw_scores: bool = False,
+        budget: int | None = None,
+    ) -> Any:
+        """Scores ``(N,)`` of ``documents`` against ``query`` in input order, by the kind's scorer: a
+        cross-encoder's, a bi-encoder's cosine (a Router model's query route embeds the query, its document
+        route the documents), MaxSim, or bge-m3's combined score. Token counts cover the query (first) and
+        every document."""
+        options: dict[str, Any] = {"query_runner": self.runner_for("query")} if self.route_table else {}
+        return await self.runner_for("document").rerank(
+            query,
+            documents,
+            truncate=truncate,
+            priority=priority,
+            chunking=chunking,
+            raw_scores=raw_scores,
+            budget=budget,
+            **options,
+        )
+
     def load(self, *, backend: str | None = None, precision: str | None = None, calibration: str | None = None) -> Any:
         """Load the weights as the core model of this kind (blocking). ``backend`` and ``precision`` are what
         the configuration names (None: the defaults; a model the default backend cannot export then runs on
