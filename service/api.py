@@ -203,8 +203,9 @@ async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> Tok
     """Token counts of each input as ``/v1/embeddings`` would process it (same prompt selection)."""
     served = pool.get(req.model, "embeddings")
     texts = await _input_texts(req.input, limits, token_ids=False)
-    chosen = served.resolve(input_type=req.input_type, prompt_name=req.prompt_name)
-    counts, tokens = await chosen.runner.count(texts, prompt=chosen.prompt, return_tokens=req.return_tokens)
+    counts, tokens = await served.count(
+        texts, input_type=req.input_type, prompt_name=req.prompt_name, return_tokens=req.return_tokens
+    )
     limit = served.spec.max_seq_length
     data = [
         TokenCount(

@@ -20,8 +20,6 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 import embedrank
 from embedrank.math.sparse import row_pairs
-from embedrank.serving.runners import AsyncEncoder
-from embedrank.serving.sparse import AsyncSparseEncoder
 from service import api
 from service.errors import invalid
 from service.models import ModelPool
@@ -218,10 +216,12 @@ async def embed_sparse(
         )
     served = pool.get(_model(pool, req.model, "sparse"), "sparse")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    chosen = served.resolve(input_type=req.input_type, prompt_name=req.prompt_name)
-    runner: AsyncSparseEncoder = chosen.runner
-    out = await runner.embed(
-        texts, truncate=req.truncate is not False, prompt=chosen.prompt, budget=settings.limits.max_request_tokens
+    out = await served.sparse(
+        texts,
+        input_type=req.input_type,
+        prompt_name=req.prompt_name,
+        truncate=req.truncate is not False,
+        budget=settings.limits.max_request_tokens,
     )
     rows = []
     for i in range(out.sparse.shape[0]):
@@ -234,10 +234,7 @@ async def tokenize(req: TEITokenizeRequest, pool: ModelPool, settings: Settings)
     """TEI's ``/tokenize``: every token of each input, untruncated."""
     served = pool.get(_model(pool, req.model, "embeddings"), "embeddings")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    chosen = served.resolve(prompt_name=req.prompt_name)
-    runner: AsyncEncoder = chosen.runner
-    prompt = chosen.prompt
-    spans = await runner.token_spans(texts, prompt=prompt, add_special_tokens=req.add_special_tokens)
+    spans = await served.token_spans(texts, prompt_name=req.prompt_name, add_special_tokens=req.add_special_tokens)
     return [
         [SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop) for t in row] for row in spans
     ]

@@ -233,6 +233,41 @@ class HostedModel:
             **options,
         )
 
+    async def sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        input_type: str | None = None,
+        prompt_name: str | None = None,
+        truncate: bool = True,
+        budget: int | None = None,
+    ) -> Any:
+        """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and route the request
+        asks for (:meth:`resolve`): rows ``(N, V)`` of ``scipy.sparse`` in input order."""
+        chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
+        return await chosen.runner.embed(texts, truncate=truncate, prompt=chosen.prompt, budget=budget)
+
+    async def count(
+        self,
+        texts: Sequence[str],
+        *,
+        input_type: str | None = None,
+        prompt_name: str | None = None,
+        return_tokens: bool = False,
+    ) -> tuple[list[int], list[list[str]] | None]:
+        """Each text's token count as :meth:`embed` would process it (same prompt and route), untruncated,
+        and its tokens with ``return_tokens``."""
+        chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
+        counts, tokens = await chosen.runner.count(texts, prompt=chosen.prompt, return_tokens=return_tokens)
+        return counts, tokens
+
+    async def token_spans(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, add_special_tokens: bool = True
+    ) -> list[Any]:
+        """Every token of each text (id, text, special, character span), untruncated, after the prompt."""
+        chosen = self.resolve(prompt_name=prompt_name)
+        return await chosen.runner.token_spans(texts, prompt=chosen.prompt, add_special_tokens=add_special_tokens)
+
     def load(self, *, backend: str | None = None, precision: str | None = None, calibration: str | None = None) -> Any:
         """Load the weights as the core model of this kind (blocking). ``backend`` and ``precision`` are what
         the configuration names (None: the defaults; a model the default backend cannot export then runs on
