@@ -307,3 +307,18 @@ def test_cross_validated_fusions_score_only_the_listed_queries(tmp_path):
     assert {r["system"] for r in report["runs"]} == {"bm25", "dense", "hybrid-cv"}
     for r in report["runs"]:
         assert sorted(r["per_query"]["ndcg@10"]) == listed, r["system"]
+
+
+def test_the_command_line_offers_every_retriever_the_configuration_names():
+    """eval/run.py spells its --retriever choices out (its --help imports nothing heavy); they are the
+    configuration's, no more and no fewer."""
+    import sys
+    import typing
+
+    from embedrank.evaluation.config import RetrieverName
+
+    sys.path.insert(0, str(ROOT / "eval"))
+    import run
+
+    action = next(a for a in run.build_parser()._actions if "--retriever" in a.option_strings)
+    assert list(action.choices) == list(typing.get_args(RetrieverName))
