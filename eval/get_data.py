@@ -81,6 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except Exception as exc:  # the hub unreachable, or its layout changed: the zip BEIR hosts is the other way
+            from embedrank.retrieval.data import BEIR_URL
+
+            print(
+                f"error: could not fetch BeIR/{args.name} from the Hugging Face hub ({type(exc).__name__}: {exc}).\n"
+                f"BEIR also hosts it as {BEIR_URL.format(name=args.name)}: unzip it into {data_dir}.",
+                file=sys.stderr,
+            )
+            return 1
         print(f"fetched BEIR {args.name} from the Hugging Face hub (BeIR/{args.name}, BeIR/{args.name}-qrels)")
         print(describe(root))
         return 0

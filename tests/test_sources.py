@@ -223,3 +223,17 @@ def test_the_command_line_converts_and_lists(tmp_path, capsys):
     assert "holds: adi" in capsys.readouterr().out
     assert get_data.main(["--data-dir", str(tmp_path / "data"), "convert", "trec-dl"]) == 2
     assert "trec-dl needs --collection, --queries, --qrels, --run" in capsys.readouterr().err
+
+
+def test_a_failed_fetch_says_where_else_to_get_the_collection(tmp_path, capsys, monkeypatch):
+    import get_data
+
+    from embedrank.retrieval import sources
+
+    def offline(name, data_dir, **_):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(sources, "fetch_beir", offline)
+    assert get_data.main(["--data-dir", str(tmp_path), "fetch", "scifact"]) == 1
+    err = capsys.readouterr().err
+    assert "ConnectionError: Name or service not known" in err and "scifact.zip: unzip it into" in err
