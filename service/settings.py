@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import tomllib
@@ -283,8 +284,9 @@ OTHER_ENVIRONMENT = {
 }
 
 
+@functools.cache
 def fields() -> dict[str, tuple[Any, Any, str]]:
-    """Every setting of :class:`Config`: ``name -> (type, default, help)``."""
+    """Every setting of :class:`Config`: ``name -> (type, default, help)`` (read once: the table is fixed)."""
     hints = typing.get_type_hints(Config, include_extras=True)
     out = {}
     for field in msgspec.structs.fields(Config):
@@ -295,12 +297,19 @@ def fields() -> dict[str, tuple[Any, Any, str]]:
     return out
 
 
-def known_environment() -> set[str]:
+@functools.cache
+def known_environment() -> frozenset[str]:
     """Every ``EMBEDRANK_`` variable some part of embedrank reads."""
-    return {env_name(name) for name in fields()} | {name for group in OTHER_ENVIRONMENT.values() for name in group}
+    settings = {env_name(name) for name in fields()}
+    return frozenset(settings | {name for group in OTHER_ENVIRONMENT.values() for name in group})
 
 
-_LIST_FIELDS = {"api_keys", "cors_origins", "trust_remote_code"}
+def _is_text_list(kind: Any) -> bool:
+    """Whether a setting's type is a list of texts (comma-separated in the environment, an array in a file)."""
+    return typing.get_origin(kind) is tuple and typing.get_args(kind)[0] is str
+
+
+_LIST_FIELDS = frozenset(name for name, (kind, _, _) in fields().items() if _is_text_list(kind))
 _ERROR_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 
 

@@ -39,8 +39,6 @@ from embedrank.serving.sparse import AsyncSparseEncoder
 
 logger = logging.getLogger("embedrank.serving")
 
-Runner = AsyncEncoder | AsyncCrossEncoder | AsyncSparseEncoder | AsyncColBERTEncoder | AsyncM3Encoder
-
 # what each model kind can be asked for, and the vectors it gives: the one table the protocols consult
 CAPABILITIES: dict[str, tuple[list[str], list[str]]] = {
     "embedding": (["embeddings", "rerank"], ["dense"]),  # reranks by cosine
@@ -311,7 +309,7 @@ class HostedModel:
         """Wrap the loaded ``model`` (each of its routes) in a runner with its own batching engine and start
         them; must run inside the event loop. ``on_batch(route)`` gives each engine's batch observer.
         Returns ``(route, runner)`` for every runner started (route None: a model without routes)."""
-        runner_cls = AsyncM3Encoder if isinstance(model, M3Encoder) else RUNNERS[self.kind]
+        runner_cls = RUNNERS[self.kind]
         routes = getattr(model, "routes", None) or {None: model}
         started = []
         for route, part in routes.items():
