@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from embedrank.errors import DataNotFoundError
@@ -227,14 +228,13 @@ def write_beir(
     root: str | os.PathLike[str],
     corpus: Corpus,
     queries: Queries,
-    qrels: Qrels,
+    qrels: Mapping[str, Qrels],
     *,
-    split: str = "test",
     source: str = "",
 ) -> Path:
     """Write a collection in BEIR layout at ``root``: ``corpus.jsonl`` (``_id``, ``title``, ``text``),
-    ``queries.jsonl`` (``_id``, ``text``), ``qrels/<split>.tsv`` and, with ``source``, ``SOURCE.txt``.
-    Returns ``root``. Another split's qrels are added by calling it again with the same corpus and queries."""
+    ``queries.jsonl`` (``_id``, ``text``), ``qrels/<split>.tsv`` for each split of ``qrels`` (split name ->
+    judgments) and, with ``source``, ``SOURCE.txt``. Returns ``root``."""
     root = Path(root)
     (root / "qrels").mkdir(parents=True, exist_ok=True)
     with open(root / "corpus.jsonl", "w", encoding="utf-8") as f:
@@ -244,11 +244,12 @@ def write_beir(
     with open(root / "queries.jsonl", "w", encoding="utf-8") as f:
         for qid, text in queries.items():
             f.write(json.dumps({"_id": qid, "text": text}, ensure_ascii=False) + "\n")
-    with open(root / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        for qid, rels in qrels.items():
-            for doc_id, rel in rels.items():
-                f.write(f"{qid}\t{doc_id}\t{rel}\n")
+    for split, judged in qrels.items():
+        with open(root / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
+            f.write("query-id\tcorpus-id\tscore\n")
+            for qid, rels in judged.items():
+                for doc_id, rel in rels.items():
+                    f.write(f"{qid}\t{doc_id}\t{rel}\n")
     if source:
         (root / "SOURCE.txt").write_text(source.rstrip() + "\n", encoding="utf-8")
     return root
@@ -260,6 +261,6 @@ def write_demo_collection(directory: str | os.PathLike[str]) -> Path:
         Path(directory) / "demo",
         DEMO_CORPUS,
         DEMO_QUERIES,
-        DEMO_QRELS,
+        {"test": DEMO_QRELS},
         source="Written by embedrank.retrieval.data.write_demo_collection; hand-made, public domain.",
     )

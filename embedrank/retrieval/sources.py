@@ -27,11 +27,9 @@ from embedrank.retrieval.data import BEIR_COLLECTIONS, load_trec_run, write_beir
 from embedrank.types import Corpus, Qrels, Queries, Run
 
 
-def _hub_rows(load: Callable, repo: str, config: str | None, split: str | None) -> Iterator[dict]:
-    dataset = load(repo, config) if config else load(repo)
-    if split is None:
-        split = next(iter(dataset))
-    yield from dataset[split]
+def _hub_rows(load: Callable, repo: str, config: str) -> Iterator[dict]:
+    """The rows of the one split BEIR's hub datasets give a config (``corpus``, ``queries``), named as it."""
+    yield from load(repo, config)[config]
 
 
 def fetch_beir(name: str, data_dir: str | os.PathLike[str], *, load: Callable | None = None) -> Path:
@@ -52,21 +50,20 @@ def fetch_beir(name: str, data_dir: str | os.PathLike[str], *, load: Callable | 
     repo = f"BeIR/{name}"
     corpus: Corpus = {
         str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""}
-        for row in _hub_rows(load, repo, "corpus", "corpus")
+        for row in _hub_rows(load, repo, "corpus")
     }
-    queries: Queries = {str(row["_id"]): row["text"] for row in _hub_rows(load, repo, "queries", "queries")}
-    qrels_by_split = load(f"{repo}-qrels")
-    root = Path(data_dir) / name
-    for split in qrels_by_split:
-        qrels: Qrels = {}
-        for row in qrels_by_split[split]:
-            qrels.setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(row["score"])
-        source = (
-            f"BEIR {name}, fetched from the Hugging Face hub ({repo}, {repo}-qrels) by embedrank's fetch_beir.\n"
-            f"Counts: docs {len(corpus)}, queries {len(queries)}, qrels ({split}) {sum(map(len, qrels.values()))}."
-        )
-        write_beir(root, corpus, queries, qrels, split=split, source=source)
-    return root
+    queries: Queries = {str(row["_id"]): row["text"] for row in _hub_rows(load, repo, "queries")}
+    hub_qrels = load(f"{repo}-qrels")
+    qrels: dict[str, Qrels] = {}
+    for split in hub_qrels:
+        for row in hub_qrels[split]:
+            qrels.setdefault(split, {}).setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(row["score"])
+    counts = ", ".join(f"{split} {sum(map(len, judged.values()))}" for split, judged in qrels.items())
+    source = (
+        f"BEIR {name}, fetched from the Hugging Face hub ({repo}, {repo}-qrels) by embedrank's fetch_beir.\n"
+        f"Counts: docs {len(corpus)}, queries {len(queries)}, qrels {counts}."
+    )
+    return write_beir(Path(data_dir) / name, corpus, queries, qrels, source=source)
 
 
 def read_smart(path: str | os.PathLike[str]) -> dict[str, dict[str, str]]:
@@ -158,7 +155,7 @@ def convert_smart(name: str, source_dir: str | os.PathLike[str], out_dir: str | 
         f"({layout.documents}, {layout.queries}, {layout.relevance}).\n"
         f"Counts: docs {len(corpus)}, queries {len(queries)}, qrels {sum(map(len, qrels.values()))}."
     )
-    return write_beir(out_dir, corpus, queries, qrels, source=source)
+    return write_beir(out_dir, corpus, queries, {"test": qrels}, source=source)
 
 
 def _tsv(path: Path) -> Iterator[list[str]]:
@@ -194,7 +191,7 @@ def convert_nfcorpus(
         f"({', '.join(f'{s}.docs' for s in splits)}, test.2-1-0.qrel) and the test queries.\n"
         f"Counts: docs {len(corpus)}, queries {len(queries)}, qrels {sum(map(len, qrels.values()))}."
     )
-    return write_beir(out_dir, corpus, queries, qrels, source=source)
+    return write_beir(out_dir, corpus, queries, {"test": qrels}, source=source)
 
 
 def convert_trec_dl(
@@ -237,6 +234,6 @@ def convert_trec_dl(
         f"{Path(collection_tsv).name}.\nCounts: docs {len(corpus)}, queries {len(queries)}, "
         f"qrels {sum(map(len, qrels.values()))}."
     )
-    root = write_beir(out_dir, corpus, queries, {q: qrels[q] for q in queries}, source=source)
+    root = write_beir(out_dir, corpus, queries, {"test": {q: qrels[q] for q in queries}}, source=source)
     write_trec_run(run, root / run_name, tag=Path(run_path).stem)
     return root
