@@ -3,7 +3,7 @@
     python eval/render_benchmarks.py            # writes docs/benchmarks.md and docs/models.md
     python eval/render_benchmarks.py --check    # exit 1 if a page is not what the files render to
 
-Each result is shown with its command, date, commit, CPU (model, cores, vector flags) and library
+Each result is shown with its command, date, wall time, CPU (model, cores, vector flags) and library
 versions, then what the benchmark printed. No figure reaches the page any other way.
 """
 
@@ -191,7 +191,7 @@ def _provenance(r: dict) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in r["versions"].items())
     return (
         f"- command: `{r['command']}`\n"
-        f"- date: {r['date']}, commit `{r['commit']}`, {r['seconds']:g} s\n"
+        f"- date: {r['date']}, {r['seconds']:g} s\n"  # the commit stays in the record, for maintainers
         f"- CPU: {cpu_line(r['machine'])}, {r['machine'].get('memory_gib')} GiB\n"
         f"- versions: {versions}\n"
     )
