@@ -52,7 +52,6 @@ from embedrank.math.metrics import evaluate, evaluate_per_query
 from embedrank.math.pooling import PoolingMode, pool
 from embedrank.math.ranking import rank_scores, ranked_ids, top_k
 from embedrank.math.similarity import cosine_scores, l2_normalize, similarity, truncate_dims
-from embedrank.models.chunking import Chunking
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
@@ -80,7 +79,7 @@ from embedrank.retrieval.pipeline import (
     WindowedDenseRetriever,
     embed_corpus,
 )
-from embedrank.types import Corpus, ModelOutput, Qrels, Queries, Run
+from embedrank.types import Chunking, Corpus, ModelOutput, Qrels, Queries, Run
 
 __version__ = _metadata.version("embedrank")  # one source: pyproject.toml
 

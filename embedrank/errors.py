@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def shorten(value: Any, limit: int = 100) -> str:
+    """``value`` as text, cut to ``limit`` characters with a note of the full length (for echoing input in a
+    message).
+
+    >>> shorten("x" * 150, 10)
+    'xxxxxxxxxx… (150 characters)'
+    """
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
 
 class EmbedrankError(Exception):
     """Base class of every error raised on purpose by embedrank."""
@@ -21,6 +34,10 @@ class ModelKindError(EmbedrankError):
 
 class UnsupportedModelError(EmbedrankError):
     """The model's own files ask for something embedrank does not implement."""
+
+
+class ConfigurationError(EmbedrankError, ValueError):
+    """A model entry cannot be served as configured (a precision its kind does not run in, a missing file)."""
 
 
 class InvalidInputError(EmbedrankError, ValueError):

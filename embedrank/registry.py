@@ -88,6 +88,17 @@ class ModelSpec:
     m3: bool = False  # bge-m3's lexical and multi-vector heads beside the weights (models.m3)
 
 
+MODEL_KINDS = ("embedding", "multi-vector", "sparse", "m3", "cross-encoder")
+
+
+def kind_of(spec: ModelSpec) -> str:
+    """What kind of model ``spec`` describes, one of :data:`MODEL_KINDS`: its ``kind``, except that a bge-m3 model
+    (an embedding model with lexical and multi-vector heads) is ``m3``. Loading, scoring and serving dispatch on it."""
+    if spec.m3:
+        return "m3"
+    return spec.kind if spec.kind in MODEL_KINDS else "cross-encoder"
+
+
 def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
     if not path.is_file():
         return None

@@ -1,11 +1,14 @@
-"""Named types shared by every layer: the BEIR dict format and the one model-output type."""
+"""Named types shared by every layer: the BEIR dict format, the one model-output type, and how long documents
+are split into windows (:class:`Chunking`, the option every model kind and the service pass on)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 import numpy as np
+
+from embedrank.errors import InvalidInputError
 
 Corpus: TypeAlias = dict[str, dict[str, str]]
 """``{doc_id: {"title": str, "text": str}}``"""
@@ -55,3 +58,32 @@ class ModelOutput:
     @property
     def truncated_count(self) -> int:
         return sum(self.truncated)
+
+
+Aggregation = Literal["max", "mean", "first"]
+AGGREGATIONS: tuple[str, ...] = ("max", "mean", "first")
+"""How a document's window scores become its score (:func:`~embedrank.math.chunks.aggregate_window_scores`)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Chunking:
+    """How to split long documents (see :mod:`embedrank.models.chunking`). ``window=None``: the model's max length
+    minus what the query and special tokens take. ``overlap=None``: 32 tokens, or half the window if less."""
+
+    overlap: int | None = None
+    aggregate: Aggregation = "max"
+    max_chunks: int | None = None
+    max_tokens: int | None = None
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_chunks", "max_tokens", "window"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}", param=name)
+        if self.overlap is not None and (not isinstance(self.overlap, int) or self.overlap < 0):
+            raise InvalidInputError(f"overlap must be an integer >= 0, got {self.overlap!r}", param="overlap")
+        if self.aggregate not in AGGREGATIONS:
+            raise InvalidInputError(
+                f"aggregate must be one of {list(AGGREGATIONS)}, got {self.aggregate!r}", param="aggregate"
+            )

@@ -15,14 +15,11 @@ import numpy as np
 import orjson
 from msgspec import UNSET, UnsetType
 
-from embedrank.errors import InvalidInputError
-from embedrank.math.ranking import rank_scores
-from embedrank.math.sparse import row_pairs
-from embedrank.models.chunking import Chunking
-from embedrank.types import ModelOutput
-from service.decoding import shorten
+from embedrank.errors import InvalidInputError, shorten
+from embedrank.serving.hosting import Embedded
+from embedrank.serving.pool import ModelPool
+from embedrank.types import Chunking
 from service.errors import invalid
-from service.models import ModelPool
 from service.schemas import (
     CompactEmbeddings,
     Embedding,
@@ -147,7 +144,7 @@ async def embed_vectors(
     token_ids: bool = True,
     normalize: bool | None = None,
     truncation_side: Literal["right", "left"] = "right",
-) -> tuple[ModelOutput, dict[str, np.ndarray]]:
+) -> Embedded:
     """The core call behind every embedding route: the vectors ``(N, D)`` and each of ``req.embedding_types``.
     ``normalize`` overrides the model's normalization; ``truncation_side`` says which end an over-long text loses."""
     served = pool.get(req.model, "embeddings")
@@ -168,21 +165,22 @@ async def embed_vectors(
             multi_budget=limits.max_multivector_tokens,
             name=shorten(req.model),
         )
-    return embedded.output, embedded.compact
+    return embedded
 
 
 async def create_embeddings(
     req: EmbeddingsRequest, pool: ModelPool, limits: Limits, token_ids: bool = True
 ) -> tuple[EmbeddingList, int]:
     """Embeddings. Returns the body and the number of inputs that were truncated."""
-    out, compact = await embed_vectors(req, pool, limits, token_ids=token_ids)
+    embedded = await embed_vectors(req, pool, limits, token_ids=token_ids)
+    out, compact = embedded.output, embedded.compact
     fmt = req.encoding_format
     types = set(req.embedding_types or [])
 
     def others(i: int) -> CompactEmbeddings | UnsetType:
         fields: dict[str, Any] = {t: _encode_vector(c[i], fmt) for t, c in compact.items()}
-        if "sparse" in types:  # SPLADE or bge-m3 lexical weights, token vectors (embed_vectors checked the model)
-            indices, values = row_pairs(out.sparse, i)  # type: ignore[attr-defined]
+        if embedded.sparse is not None:  # SPLADE or bge-m3 lexical weights, token vectors (the core checked the model)
+            indices, values = embedded.sparse[i]
             fields["sparse"] = SparseVector(indices=indices, values=values)
         if "multivector" in types:
             fields["multivector"] = [_encode_vector(v, fmt) for v in out.multi[i]]  # type: ignore[attr-defined]
@@ -244,7 +242,7 @@ async def rerank(
         max_tokens=req.max_tokens_per_doc,
     )
     with _request_fields():
-        out = await served.rerank(
+        reranked = await served.rerank(
             req.query,
             texts,
             truncate=req.truncate,
@@ -252,15 +250,16 @@ async def rerank(
             chunking=chunking,
             raw_scores=raw_scores,
             budget=limits.max_request_tokens,
+            top_n=req.top_n,
         )
-    ranked = rank_scores(out.scores, req.top_n)
+    out = reranked.output
     results = [
         RerankResult(
             index=r.index,
             relevance_score=r.score,
             document=RerankDocument(text=texts[r.index]) if req.return_documents else UNSET,
         )
-        for r in ranked
+        for r in reranked.ranking
     ]
     body = RerankResponse(
         id=f"rerank-{uuid.uuid4().hex}",
@@ -280,11 +279,7 @@ def list_models(pool: ModelPool) -> ModelList:
                 created=served.created,
                 capabilities=served.capabilities,  # type: ignore[arg-type]
                 outputs=served.outputs,  # type: ignore[arg-type]
-                scorer="bge-m3"
-                if served.spec.m3
-                else {"embedding": "bi-encoder", "cross-encoder": "cross-encoder", "multi-vector": "colbert"}.get(
-                    served.spec.kind
-                ),  # type: ignore[arg-type]
+                scorer=served.scorer,  # type: ignore[arg-type]
                 dimension=served.dimension or served.spec.dimension,
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.entry.aliases),

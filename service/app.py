@@ -26,22 +26,21 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 import embedrank
-from embedrank.runtime.cpus import limit_threads, usable_cpus
+from embedrank.errors import ConfigurationError, shorten
 from embedrank.serving.allocator import trim_heap, tune_malloc
+from embedrank.serving.pool import ModelPool, compute_threads
 from service import shutdown
 from service.auth import BearerAuth
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
-from service.decoding import shorten
 from service.errors import APIError, handle_exception
 from service.fast_path import EmbeddingsFastPath
 from service.handling import ServiceState, pool_of, read_json_body, service_of
 from service.litestar_internals import set_decoded_body
 from service.middleware import RequestMiddleware
-from service.models import ModelPool
 from service.observability import Metrics
 from service.openapi import complete_openapi
 from service.routes import BODIES, ROUTE_HANDLERS, ROUTES
-from service.settings import Settings
+from service.settings import Settings, SettingsError
 
 logger = logging.getLogger("embedrank.service")
 
@@ -70,7 +69,14 @@ async def _load(service: ServiceState) -> None:
     try:
         loaded = await asyncio.to_thread(service.pool.load)
         on_idle = trim_heap if service.settings.tune_malloc else None  # give the kept peak heap back when quiet
-        service.pool.start_engines(loaded, service.settings.engine, service.metrics, on_idle)
+        metrics = service.metrics
+        service.pool.start(
+            loaded,
+            service.settings.engine,
+            on_batch=metrics.batch_observer,
+            on_engine=metrics.track_engine,
+            on_idle=on_idle,
+        )
         # The ~450k objects of torch, transformers and the app live as long as the process. Moving them out
         # of the collector's generations keeps each full collection from stalling the loop for ~240 ms.
         gc.freeze()
@@ -96,9 +102,11 @@ def create_app(
     if not keys and not settings.no_auth:
         generated = secrets.token_urlsafe(32)
         keys = (generated,)
-    service = ServiceState(
-        settings=settings, pool=ModelPool(settings.models, preloaded=models), metrics=Metrics(ROUTES)
-    )
+    try:
+        pool = ModelPool(settings.models, preloaded=models)
+    except ConfigurationError as exc:  # a model entry its model cannot serve: a setting to fix, said as one
+        raise SettingsError(str(exc)) from None
+    service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
     if settings.tune_malloc:  # before the loading and forward threads exist
         tune_malloc()
 
@@ -118,8 +126,8 @@ def create_app(
             print(
                 "embedrank: WARNING: running without authentication (EMBEDRANK_NO_AUTH=1)", file=sys.stderr, flush=True
             )
-        threads = limit_threads()  # a container's CPU quota, not the host's cores
-        logger.info("compute threads: %d (usable CPUs: %d)", threads, usable_cpus())
+        threads, cpus = compute_threads()  # a container's CPU quota, not the host's cores
+        logger.info("compute threads: %d (usable CPUs: %d)", threads, cpus)
         server = asgi_server()  # before install() puts its handler in front of the server's
         deadline = HeaderDeadline(server, settings.header_timeout_seconds) if server is not None else None
         if server is not None:

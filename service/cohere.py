@@ -17,9 +17,9 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from embedrank.serving.pool import ModelPool
 from service import api
 from service.errors import invalid
-from service.models import ModelPool
 from service.schemas import INT32_MAX, CohereMeta, EmbeddingsRequest, NonEmptyText, Priority, cohere_meta
 from service.settings import Limits
 
@@ -111,7 +111,8 @@ async def embed(
     """Cohere's embed over :func:`service.api.embed_vectors`. Returns the body and the truncated count."""
     inner = _request(req, pool, version)
     side: Literal["left", "right"] = "left" if req.truncate == "START" else "right"
-    out, compact = await api.embed_vectors(inner, pool, limits, truncation_side=side)
+    embedded = await api.embed_vectors(inner, pool, limits, truncation_side=side)
+    out, compact = embedded.output, embedded.compact
     types = req.embedding_types or (["float"] if version == "2" else [])
     body_meta = cohere_meta(version, out.total_tokens, out.truncated_count)
     common: dict[str, Any] = {"id": str(uuid.uuid4()), "texts": list(req.texts), "meta": body_meta}

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from embedrank.errors import shorten
 from service.errors import APIError, invalid, validation_error
 
 T = TypeVar("T")
@@ -149,13 +150,3 @@ def _normalized(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _normalized(v) for k, v in value.items() if v is not None}
     return value
-
-
-def shorten(value: Any, limit: int = 100) -> str:
-    """``value`` as text, cut to ``limit`` characters with a note of the full length (for echoing input).
-
-    >>> shorten("x" * 150, 10)
-    'xxxxxxxxxx… (150 characters)'
-    """
-    text = str(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"

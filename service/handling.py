@@ -14,10 +14,10 @@ from litestar.openapi import ResponseSpec
 from litestar.types import Receive
 
 from embedrank.errors import NotReadyError
+from embedrank.serving.pool import ModelPool
 from service.auth import BearerAuth
 from service.decoding import decode_strict, decompressed
 from service.errors import APIError
-from service.models import ModelPool
 from service.observability import Metrics
 from service.schemas import ErrorResponse
 from service.settings import Settings

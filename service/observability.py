@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from embedrank.serving.engine import BatchReport
+from embedrank.serving.engine import BatchEngine, BatchReport
 
 
 class Metrics:
@@ -93,9 +93,10 @@ class Metrics:
 
         return observe
 
-    def track_engine(self, model: str, depth: Callable[[], int], dropped: Callable[[], int]) -> None:
-        self.queue_depth.labels(model).set_function(depth)
-        self.dropped.labels(model).set_function(dropped)
+    def track_engine(self, model: str, engine: BatchEngine[Any]) -> None:
+        """Report ``engine``'s queue depth and dropped work under the label ``model``."""
+        self.queue_depth.labels(model).set_function(lambda: engine.queue_depth)
+        self.dropped.labels(model).set_function(lambda: engine.dropped)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,7 +13,7 @@ import msgspec
 from litestar import Litestar
 from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIType, Reference, RequestBody, Schema
 
-from service.models import ModelPool
+from embedrank.serving.pool import ModelPool
 from service.schemas import INT32_MAX, RERANK_EXAMPLE_REQUEST, EmbeddingType
 from service.settings import Limits
 from service.tei import Rank, TEIRerankRequest

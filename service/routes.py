@@ -13,11 +13,11 @@ from litestar.openapi import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import Body
 
+from embedrank.serving.pool import ModelPool
 from service import api, cohere, tei
 from service.decoding import ByField
 from service.handling import ERRORS, respond, service_of
 from service.litestar_internals import decoded_body
-from service.models import ModelPool
 from service.schemas import (
     EMBEDDINGS_EXAMPLE_REQUEST,
     EMBEDDINGS_EXAMPLE_RESPONSE,

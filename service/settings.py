@@ -34,18 +34,18 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from embedrank.errors import InvalidInputError
+from embedrank.errors import ConfigurationError, InvalidInputError
 from embedrank.paths import CACHE_ENV, DATA_ENV
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL
-from embedrank.runtime.backends import check_backend
 from embedrank.serving.engine import EngineConfig
+from embedrank.serving.pool import DEFAULT_ENTRIES, ModelEntry, check_runtime
 
 PREFIX = "EMBEDRANK_"
 CONFIG_ENV = "EMBEDRANK_CONFIG"
 
 
-class SettingsError(ValueError):
-    """A setting is malformed; raised at startup with the setting's name and where its value came from."""
+class SettingsError(ConfigurationError):
+    """A setting is malformed, or a model entry cannot be served as configured; raised at startup with the
+    setting's name and where its value came from."""
 
 
 def env_name(key: str) -> str:
@@ -55,34 +55,6 @@ def env_name(key: str) -> str:
     'EMBEDRANK_MAX_INPUTS'
     """
     return PREFIX + key.upper()
-
-
-class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One served model: an ``EMBEDRANK_MODELS`` entry or a ``[[models]]`` table of the TOML file."""
-
-    id: Annotated[str, Meta(min_length=1, description="the name clients send as `model`")]
-    path: Annotated[str | None, Meta(description="a local folder or a hub id (default: the id)")] = None
-    aliases: Annotated[tuple[str, ...], Meta(description="other names clients may send for this model")] = ()
-    ranges: Annotated[
-        str | None,
-        Meta(
-            description="a `.txt` (one text per line) or BEIR `.jsonl` file whose embeddings set the int8/uint8 "
-            "ranges of `embedding_types` (default: seeded vocabulary sentences)"
-        ),
-    ] = None
-    calibration: Annotated[
-        str | None,
-        Meta(description='such a file to calibrate the int8 runtime of a model with `precision = "int8"`'),
-    ] = None
-    backend: Annotated[
-        str | None, Meta(description="`openvino`, `torch`, `onnx` or `auto` (default: the top-level `backend`)")
-    ] = None
-    precision: Annotated[
-        str | None, Meta(description="`fp32`, `bf16`, `int8` or `auto` (default: the top-level `precision`)")
-    ] = None
-    trust_remote_code: Annotated[
-        bool, Meta(description="let the model's own Python code run (its config's `auto_map`)")
-    ] = False
 
 
 def parse_model_entry(text: str) -> ModelEntry:
@@ -118,7 +90,7 @@ class Limits:
 
 _LIMITS = Limits()
 _ENGINE = EngineConfig()
-DEFAULT_MODELS = (ModelEntry(id=DEFAULT_EMBEDDING_MODEL, aliases=("all-MiniLM-L6-v2",)),)
+DEFAULT_MODELS = DEFAULT_ENTRIES
 
 DRAIN_SECONDS = 30.0
 BODY_TIMEOUT_SECONDS = 30.0
@@ -490,7 +462,7 @@ class Settings:
         for origin in config.cors_origins:
             _check_origin(origin)
         try:  # the names alone; each model's pair is checked in validate()
-            check_backend(config.backend or "auto", config.precision or "auto")
+            check_runtime(config.backend or "auto", config.precision or "auto")
         except InvalidInputError as exc:
             name = "backend" if exc.param == "backend" else "precision"
             raise SettingsError(f"{env_name(name)} (`{name}` in a file): {exc}") from None
@@ -544,6 +516,6 @@ class Settings:
             if (entry.path or "").startswith("fake:"):
                 continue
             try:
-                check_backend(entry.backend, entry.precision)
+                check_runtime(entry.backend, entry.precision)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None

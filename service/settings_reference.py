@@ -10,7 +10,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Meta
 
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL
+from embedrank.serving.pool import DEFAULT_ENTRIES
 from service.settings import OTHER_ENVIRONMENT, ModelEntry, env_name, fields
 
 
@@ -29,7 +29,7 @@ def _type_name(kind: Any) -> str:
 
 def _default_text(name: str, default: Any) -> str:
     if name == "models":
-        return f"`{DEFAULT_EMBEDDING_MODEL}` (the packaged model)"
+        return f"`{DEFAULT_ENTRIES[0].id}` (the packaged model)"
     if default is None or default == ():
         return "unset"
     if isinstance(default, bool):

@@ -19,10 +19,9 @@ from typing import Annotated, Literal
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 import embedrank
-from embedrank.math.sparse import row_pairs
+from embedrank.serving.pool import ModelPool
 from service import api
 from service.errors import invalid
-from service.models import ModelPool
 from service.schemas import INT32_MAX, EmbeddingsRequest, NonEmptyText, RerankRequest
 from service.settings import Settings
 
@@ -175,10 +174,10 @@ async def embed(req: TEIEmbedRequest, pool: ModelPool, settings: Settings) -> tu
         truncate=req.truncate is not False,
     )
     side: Literal["left", "right"] = "left" if req.truncation_direction.lower() == "left" else "right"
-    out, _ = await api.embed_vectors(
+    embedded = await api.embed_vectors(
         inner, pool, settings.limits, token_ids=False, normalize=req.normalize, truncation_side=side
     )
-    return api.float_json(out.embeddings), out.truncated_count
+    return api.float_json(embedded.output.embeddings), embedded.output.truncated_count
 
 
 async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> tuple[list[Rank], int]:
@@ -216,18 +215,18 @@ async def embed_sparse(
         )
     served = pool.get(_model(pool, req.model, "sparse"), "sparse")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    out = await served.sparse(
+    embedded = await served.sparse(
         texts,
         input_type=req.input_type,
         prompt_name=req.prompt_name,
         truncate=req.truncate is not False,
         budget=settings.limits.max_request_tokens,
     )
-    rows = []
-    for i in range(out.sparse.shape[0]):
-        indices, values = row_pairs(out.sparse, i)
-        rows.append([SparseValue(index=k, value=v) for k, v in zip(indices, values, strict=True)])
-    return rows, out.truncated_count
+    rows = [
+        [SparseValue(index=k, value=v) for k, v in zip(indices, values, strict=True)]
+        for indices, values in embedded.sparse or ()
+    ]
+    return rows, embedded.output.truncated_count
 
 
 async def tokenize(req: TEITokenizeRequest, pool: ModelPool, settings: Settings) -> list[list[SimpleToken]]:
@@ -245,8 +244,8 @@ def info(pool: ModelPool, settings: Settings) -> Info:
     model_id = next(iter(pool.models))
     served = pool.models[model_id]
     spec = served.spec
-    if spec.kind in ("embedding", "sparse"):
-        pooling = "splade" if spec.kind == "sparse" else spec.pooling.value if spec.pooling is not None else "mean"
+    if served.kind in ("embedding", "sparse", "m3"):
+        pooling = "splade" if served.kind == "sparse" else spec.pooling.value if spec.pooling is not None else "mean"
         model_type = ModelType(embedding=EmbeddingModelInfo(pooling=str(pooling)))
     else:
         model_type = ModelType(reranker=ClassifierInfo(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}))

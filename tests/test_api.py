@@ -59,7 +59,7 @@ LAYER_IMPORTS: dict[str, set[str]] = {
     "retrieval": {"math", "registry", "models"},
     "evaluation": {"math", "registry", "runtime", "models", "retrieval"},
     "training": {"math", "registry", "models", "retrieval", "evaluation"},
-    "serving": {"math", "registry", "models"},  # the engine sees encode_batch/score_batch only
+    "serving": {"math", "registry", "runtime", "models", "testing"},  # hosting, pools (fakes for fast tests), engines
     "embed": {"models", "retrieval"},  # python -m embedrank.embed
 }
 
@@ -169,3 +169,12 @@ def test_no_code_is_packed_past_the_formatter():
     for package in ("embedrank", "service"):
         for path in (ROOT.parent / package).rglob("*.py"):
             assert "fmt: skip" not in path.read_text(encoding="utf-8"), path
+
+
+def test_the_service_imports_only_the_serving_layer_of_the_core():
+    """The service is an adapter over hosting: it imports the core's serving layer, errors, result and option
+    types, the core's environment names (to refuse unknown EMBEDRANK_ variables) and the package version."""
+    allowed = {"serving", "errors", "types", "paths", "testing"}
+    service = ROOT.parent / "service"
+    for path in sorted(service.glob("*.py")):
+        assert _imports(path) <= allowed, f"service/{path.name} imports {sorted(_imports(path) - allowed)}"

@@ -10,7 +10,7 @@ import pytest
 
 from embedrank.errors import InvalidInputError
 from embedrank.serving.engine import EngineConfig
-from embedrank.serving.hosting import CAPABILITIES, HostedModel, kind_of
+from embedrank.serving.hosting import KINDS, HostedModel, kind_of
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 
 
@@ -25,7 +25,7 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEnco
 def test_capabilities_come_from_the_kind_table(model, kind, capabilities, outputs):
     hosted = HostedModel(spec=model.spec)
     assert (kind_of(model.spec), hosted.capabilities, hosted.outputs) == (kind, capabilities, outputs)
-    assert set(CAPABILITIES) == {"embedding", "multi-vector", "sparse", "m3", "cross-encoder"}
+    assert set(KINDS) == {"embedding", "multi-vector", "sparse", "m3", "cross-encoder"}
 
 
 def test_resolve_picks_the_prompt_once_and_refuses_what_the_model_lacks():
@@ -79,3 +79,32 @@ def test_embed_gives_the_compact_types_and_refuses_outputs_the_kind_lacks():
     embedded = asyncio.run(run())
     assert list(embedded.compact) == ["float", "binary"]
     np.testing.assert_array_equal(embedded.compact["binary"], quantize(embedded.output.embeddings, "binary", None))
+
+
+def test_every_kind_row_names_a_runner_with_the_protocols_signatures():
+    """The runner of each kind has every keyword of the protocols its capabilities promise, with the same
+    default (a runner that dropped or renamed one would silently ignore what a request asked for)."""
+    import inspect
+
+    from embedrank.registry import MODEL_KINDS
+    from embedrank.serving.hosting import DenseRunner, EmbeddingRunner, RerankRunner
+
+    assert tuple(KINDS) == MODEL_KINDS
+    for kind, row in KINDS.items():
+        protocols = [RerankRunner] if "rerank" in row.capabilities else []
+        if "embeddings" in row.capabilities:
+            protocols.append(DenseRunner if "dense" in row.outputs else EmbeddingRunner)
+        assert protocols, kind
+        for protocol in protocols:
+            methods = [n for n, v in vars(protocol).items() if inspect.iscoroutinefunction(v)]
+            methods += [
+                n for base in protocol.__mro__[1:] for n, v in vars(base).items() if inspect.iscoroutinefunction(v)
+            ]
+            assert methods, protocol
+            for name in methods:
+                declared = inspect.signature(getattr(protocol, name)).parameters
+                given = inspect.signature(getattr(row.runner, name)).parameters
+                for param, spec in declared.items():
+                    assert param in given, f"{row.runner.__name__}.{name} lacks {param!r} ({kind})"
+                    assert given[param].default == spec.default, f"{row.runner.__name__}.{name}({param}) ({kind})"
+                    assert not any(p.kind is p.VAR_KEYWORD for p in given.values()), f"{row.runner.__name__}.{name}"

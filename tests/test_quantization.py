@@ -206,7 +206,7 @@ def FAKE_core_chunked(texts, *, overlap):
 
 
 def test_a_model_entry_names_its_ranges_file_and_calibration_only_calibrates_int8(tmp_path, monkeypatch):
-    import service.models
+    import embedrank.serving.pool
     from service.settings import ModelEntry, SettingsError
 
     texts = tmp_path / "ranges.txt"
@@ -223,7 +223,9 @@ def test_a_model_entry_names_its_ranges_file_and_calibration_only_calibrates_int
         ModelEntry(id="ranged", path="fake:encoder", calibration=str(texts)),
     ):
         warned: list[str] = []
-        monkeypatch.setattr(service.models.logger, "warning", lambda msg, *args, out=warned: out.append(msg % args))
+        monkeypatch.setattr(
+            embedrank.serving.pool.logger, "warning", lambda msg, *args, out=warned: out.append(msg % args)
+        )
         settings = Settings(api_keys=(KEY,), models=(entry,), tune_malloc=False)
         with TestClient(create_app(settings, wait_for_models=True)) as c:
             body = {"model": "ranged", "input": TEXTS, "embedding_types": ["uint8"]}

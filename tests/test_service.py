@@ -344,7 +344,7 @@ def test_internal_error_is_500_without_trace(client):
 
 
 def test_loading_is_503_then_ready(monkeypatch):
-    from service.models import ModelPool
+    from embedrank.serving.pool import ModelPool
 
     gate = threading.Event()
     loaded = threading.Event()

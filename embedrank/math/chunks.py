@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
-Aggregation = Literal["max", "mean", "first"]
-AGGREGATIONS: tuple[str, ...] = ("max", "mean", "first")
+from embedrank.types import AGGREGATIONS, Aggregation
 
 
 def aggregate_window_scores(

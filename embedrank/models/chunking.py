@@ -27,37 +27,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from embedrank.errors import InputTooLongError, InvalidInputError, RequestTooLargeError
-from embedrank.math.chunks import AGGREGATIONS, Aggregation, aggregate_window_scores, mean_window_vectors
+from embedrank.math.chunks import aggregate_window_scores, mean_window_vectors
 from embedrank.math.similarity import l2_normalize
-from embedrank.types import ModelOutput
+from embedrank.types import Aggregation, Chunking, ModelOutput
 
 Offsets = list[tuple[int, int]]  # (start, end) character span of each token, special tokens excluded
 DEFAULT_OVERLAP = 32
 SLICE = 32  # texts tokenized at a time while splitting, so that a budget stops the work early
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Chunking:
-    """How to split long documents (see the module docstring). ``window=None``: the model's max length
-    minus what the query and special tokens take. ``overlap=None``: 32 tokens, or half the window if less."""
-
-    overlap: int | None = None
-    aggregate: Aggregation = "max"
-    max_chunks: int | None = None
-    max_tokens: int | None = None
-    window: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_chunks", "max_tokens", "window"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}", param=name)
-        if self.overlap is not None and (not isinstance(self.overlap, int) or self.overlap < 0):
-            raise InvalidInputError(f"overlap must be an integer >= 0, got {self.overlap!r}", param="overlap")
-        if self.aggregate not in AGGREGATIONS:
-            raise InvalidInputError(
-                f"aggregate must be one of {list(AGGREGATIONS)}, got {self.aggregate!r}", param="aggregate"
-            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
 from embedrank.models.tokens import check_texts
-from embedrank.registry import resolve
+from embedrank.registry import kind_of, resolve
 
 ScorerKind = Literal["cross-encoder", "bi-encoder", "late-interaction"]
 
@@ -145,13 +145,14 @@ def load_reranker(
     by the same cosine); :class:`~embedrank.retrieval.pipeline.RetrieveRerank` warns when it sees that.
     """
     spec = resolve(model_id)
-    if spec.kind == "multi-vector" or spec.m3:  # ColBERT's MaxSim; bge-m3's combined score
-        loader = ColBERTEncoder if spec.kind == "multi-vector" else M3Encoder
+    kind = kind_of(spec)
+    if kind in ("multi-vector", "m3"):  # ColBERT's MaxSim; bge-m3's combined score
+        loader = ColBERTEncoder if kind == "multi-vector" else M3Encoder
         late = loader.from_spec(
             spec, device=device, max_seq_length=max_seq_length, backend=backend, precision=precision
         )
         return LateInteractionScorer(late, batch_size=batch_size, chunking=chunking)
-    if spec.kind == "cross-encoder":
+    if kind == "cross-encoder":
         model = CrossEncoder.from_spec(
             spec, device=device, max_seq_length=max_seq_length, backend=backend, precision=precision
         )

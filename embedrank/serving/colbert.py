@@ -35,9 +35,6 @@ class MultiVectorResult(ModelOutput):
 class AsyncColBERTEncoder(LateInteractionRunner):
     """A ColBERT model's token vectors and MaxSim scores through a :class:`BatchEngine`."""
 
-    kind = "multi-vector"
-    scorer = "colbert"
-
     model: ColBERTEncoder
 
     def run_rows(self, rows: Sequence[TokenRow]) -> list[np.ndarray]:

@@ -16,13 +16,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
+import scipy.sparse as sp
 
-from embedrank.errors import OutputNotAvailableError
+from embedrank.errors import NotReadyError, OutputNotAvailableError
 from embedrank.math.quantization import quantize
-from embedrank.models.chunking import Chunking
+from embedrank.math.ranking import RankedResult, rank_scores
+from embedrank.math.sparse import row_pairs
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
@@ -30,29 +32,99 @@ from embedrank.models.m3 import M3Encoder
 from embedrank.models.prompts import request_prompt
 from embedrank.models.router import RouteTable, pick_route, task_of
 from embedrank.models.sparse import SparseEncoder
-from embedrank.registry import ModelSpec
+from embedrank.models.tokens import TokenSpan
+from embedrank.registry import ModelSpec, kind_of
 from embedrank.serving.colbert import AsyncColBERTEncoder
-from embedrank.serving.engine import BatchReport, EngineConfig
+from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
+from embedrank.types import Chunking, ModelOutput
 
 logger = logging.getLogger("embedrank.serving")
 
-# what each model kind can be asked for, and the vectors it gives: the one table the protocols consult
-CAPABILITIES: dict[str, tuple[list[str], list[str]]] = {
-    "embedding": (["embeddings", "rerank"], ["dense"]),  # reranks by cosine
-    "multi-vector": (["embeddings", "rerank"], ["multivector"]),  # ColBERT: token vectors, MaxSim reranking
-    "sparse": (["embeddings", "sparse"], ["sparse"]),  # SPLADE: sparse vectors only
-    "m3": (["embeddings", "rerank", "sparse"], ["dense", "sparse", "multivector"]),  # bge-m3: all from one pass
-    "cross-encoder": (["rerank"], []),
-}
-RUNNERS: dict[str, type] = {
-    "embedding": AsyncEncoder,
-    "multi-vector": AsyncColBERTEncoder,
-    "sparse": AsyncSparseEncoder,
-    "m3": AsyncM3Encoder,
-    "cross-encoder": AsyncCrossEncoder,
+
+class Runner(Protocol):
+    """What every runner has: a batching engine (started, drained, observed) and a window."""
+
+    engine: BatchEngine[Any]
+
+    @property
+    def max_seq_length(self) -> int: ...
+
+
+class RerankRunner(Runner, Protocol):
+    """A runner that scores documents against a query (every kind that declares ``rerank``)."""
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = True,
+        priority: int = 0,
+        chunking: Chunking | None = None,
+        raw_scores: bool = False,
+        budget: int | None = None,
+    ) -> ModelOutput: ...
+
+
+class EmbeddingRunner(Runner, Protocol):
+    """A runner that embeds texts (every kind that declares ``embeddings``). A kind's runner may take more
+    keywords than these (ColBERT's ``query``, the token-vector ``multi_budget``); :meth:`HostedModel.embed`
+    passes them only to the kinds that declare the output they belong to."""
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        dimensions: int | None = None,
+        truncate: bool = True,
+        priority: int = 0,
+        prompt: str = "",
+        chunking: Chunking | None = None,
+        normalize: bool | None = None,
+        truncation_side: Literal["right", "left"] = "right",
+        budget: int | None = None,
+    ) -> ModelOutput: ...
+
+    async def count(
+        self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False
+    ) -> tuple[list[int], list[list[str]] | None]: ...
+
+    async def token_spans(
+        self, texts: Sequence[str], *, prompt: str = "", add_special_tokens: bool = True
+    ) -> list[list[TokenSpan]]: ...
+
+
+class DenseRunner(EmbeddingRunner, Protocol):
+    """An embedding runner with dense vectors, whose compact types need int8/uint8 ranges."""
+
+    async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What one kind of model declares: what it can be asked for (``embeddings``, ``rerank``, ``sparse``), the
+    vectors it gives (``dense``, ``sparse``, ``multivector``), how it scores a query against documents, the
+    runner that serves it and the core class that loads it."""
+
+    capabilities: tuple[str, ...]
+    outputs: tuple[str, ...]
+    scorer: str | None
+    runner: type
+    loader: type
+
+
+# the one table the protocols consult, a row per kind
+KINDS: dict[str, Kind] = {
+    "embedding": Kind(("embeddings", "rerank"), ("dense",), "bi-encoder", AsyncEncoder, Encoder),  # cosine
+    "multi-vector": Kind(("embeddings", "rerank"), ("multivector",), "colbert", AsyncColBERTEncoder, ColBERTEncoder),
+    "sparse": Kind(("embeddings", "sparse"), ("sparse",), None, AsyncSparseEncoder, SparseEncoder),  # SPLADE
+    "m3": Kind(
+        ("embeddings", "rerank", "sparse"), ("dense", "sparse", "multivector"), "bge-m3", AsyncM3Encoder, M3Encoder
+    ),
+    "cross-encoder": Kind(("rerank",), (), "cross-encoder", AsyncCrossEncoder, CrossEncoder),  # LLM rerankers too
 }
 
 
@@ -64,20 +136,33 @@ def runtime_of(model: Any) -> tuple[str, str, str]:
     return runtime.backend, runtime.precision, runtime.inference_precision
 
 
-def kind_of(spec: ModelSpec) -> str:
-    """The row of :data:`CAPABILITIES` a model's spec falls in (bge-m3 is an embedding spec with ``m3``)."""
-    if spec.m3:
-        return "m3"
-    return spec.kind if spec.kind in CAPABILITIES else "cross-encoder"
+SparseRow = tuple[list[int], list[float]]
+"""One text's sparse vector: its non-zero weights as ``(indices, values)``, indices ascending."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Embedded:
-    """What :meth:`HostedModel.embed` gives: the runner's output (vectors, token counts, and a bge-m3's,
-    ColBERT's or SPLADE's own outputs) and each compact type asked for, ``(N, D')`` by type name."""
+    """What :meth:`HostedModel.embed` and :meth:`HostedModel.sparse` give: the runner's output (vectors,
+    token counts, and a bge-m3's, ColBERT's or SPLADE's own outputs), each compact type asked for, ``(N, D')``
+    by type name, and each text's sparse vector when ``sparse`` was asked for."""
 
     output: Any
     compact: dict[str, np.ndarray]
+    sparse: list[SparseRow] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Reranked:
+    """What :meth:`HostedModel.rerank` gives: the runner's output (scores ``(N,)`` in input order, token
+    counts) and the ranking, best first, cut to ``top_n``."""
+
+    output: ModelOutput
+    ranking: list[RankedResult]
+
+
+def sparse_rows(matrix: sp.csr_matrix) -> list[SparseRow]:
+    """Every row of ``matrix`` ``(N, V)`` as ``(indices, values)``, indices ascending."""
+    return [row_pairs(matrix, i) for i in range(matrix.shape[0])]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +171,7 @@ class Resolved:
     and the prompt to put before each text."""
 
     task: str | None
-    runner: Any
+    runner: Runner | None  # None until the model is started
     prompt: str
 
 
@@ -95,8 +180,8 @@ class HostedModel:
     """A model as it is served: its spec, its runners once :meth:`start` has run, and its capabilities."""
 
     spec: ModelSpec
-    runner: Any = None  # the default route's runner (the only one of a model without routes)
-    route_runners: dict[str, Any] = dataclasses.field(default_factory=dict)
+    runner: Runner | None = None  # the default route's runner (the only one of a model without routes)
+    route_runners: dict[str, Runner] = dataclasses.field(default_factory=dict)
     route_table: RouteTable | None = None
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
@@ -112,17 +197,25 @@ class HostedModel:
     @property
     def capabilities(self) -> list[str]:
         """What it can be asked for: ``embeddings``, ``rerank``, ``sparse``."""
-        return list(CAPABILITIES[self.kind][0])
+        return list(KINDS[self.kind].capabilities)
 
     @property
     def outputs(self) -> list[str]:
         """The vectors it gives: ``dense``, ``sparse``, ``multivector``."""
-        return list(CAPABILITIES[self.kind][1])
+        return list(KINDS[self.kind].outputs)
 
-    def runner_for(self, task: str | None) -> Any:
+    @property
+    def scorer(self) -> str | None:
+        """How it scores documents against a query: ``bi-encoder`` (cosine), ``cross-encoder``, ``colbert``
+        (MaxSim), ``bge-m3`` (combined); None for a model that cannot rerank."""
+        return KINDS[self.kind].scorer
+
+    def runner_for(self, task: str | None) -> Runner:
         """The runner of ``task``'s route (:func:`~embedrank.models.router.pick_route`); the only runner of a
         model without routes."""
         if self.route_table is None:
+            if self.runner is None:
+                raise NotReadyError(f"model {self.spec.model_id!r} has no runner yet: start() it first")
             return self.runner
         return self.route_runners[pick_route(self.route_table, task)]
 
@@ -136,7 +229,8 @@ class HostedModel:
             self.spec.prompts, self.spec.default_prompt_name, input_type=input_type, prompt_name=prompt_name
         )
         task = task_of(input_type, prompt_name)
-        return Resolved(task=task, runner=self.runner_for(task), prompt=prompt)
+        started = self.runner is not None or bool(self.route_runners)
+        return Resolved(task=task, runner=self.runner_for(task) if started else None, prompt=prompt)
 
     async def embed(
         self,
@@ -188,7 +282,8 @@ class HostedModel:
             prompt = ""
         if "multivector" in outputs:
             extra["multi_budget"] = multi_budget
-        out = await chosen.runner.embed(
+        runner = cast(DenseRunner, chosen.runner)  # the kind declares embeddings: the pool checked
+        out = await runner.embed(
             texts,
             dimensions=dimensions,
             truncate=truncate,
@@ -201,8 +296,12 @@ class HostedModel:
             **extra,
         )
         compact = [t for t in types if t not in outputs]  # a SPLADE's "float" is empty
-        ranges = await chosen.runner.quantization_ranges(dimensions) if {"int8", "uint8"} & set(compact) else None
-        return Embedded(out, {t: quantize(out.embeddings, t, ranges) for t in dict.fromkeys(compact)})
+        ranges = await runner.quantization_ranges(dimensions) if {"int8", "uint8"} & set(compact) else None
+        return Embedded(
+            out,
+            {t: quantize(out.embeddings, t, ranges) for t in dict.fromkeys(compact)},
+            sparse_rows(out.sparse) if "sparse" in outputs else None,  # type: ignore[attr-defined]  # SPLADE, bge-m3
+        )
 
     async def rerank(
         self,
@@ -214,13 +313,15 @@ class HostedModel:
         chunking: Chunking | None = None,
         raw_scores: bool = False,
         budget: int | None = None,
-    ) -> Any:
+        top_n: int | None = None,
+    ) -> Reranked:
         """Scores ``(N,)`` of ``documents`` against ``query`` in input order, by the kind's scorer: a
         cross-encoder's, a bi-encoder's cosine (a Router model's query route embeds the query, its document
-        route the documents), MaxSim, or bge-m3's combined score. Token counts cover the query (first) and
-        every document."""
+        route the documents), MaxSim, or bge-m3's combined score, and the ``top_n`` best (all by default),
+        ties by input order. Token counts cover the query (first) and every document."""
         options: dict[str, Any] = {"query_runner": self.runner_for("query")} if self.route_table else {}
-        return await self.runner_for("document").rerank(
+        runner = cast(RerankRunner, self.runner_for("document"))
+        out = await runner.rerank(
             query,
             documents,
             truncate=truncate,
@@ -230,6 +331,7 @@ class HostedModel:
             budget=budget,
             **options,
         )
+        return Reranked(out, rank_scores(out.scores, top_n))
 
     async def sparse(
         self,
@@ -239,11 +341,15 @@ class HostedModel:
         prompt_name: str | None = None,
         truncate: bool = True,
         budget: int | None = None,
-    ) -> Any:
+    ) -> Embedded:
         """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and route the request
-        asks for (:meth:`resolve`): rows ``(N, V)`` of ``scipy.sparse`` in input order."""
+        asks for (:meth:`resolve`): the output's rows ``(N, V)`` of ``scipy.sparse`` in input order, and each
+        as ``(indices, values)``."""
         chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
-        return await chosen.runner.embed(texts, truncate=truncate, prompt=chosen.prompt, budget=budget)
+        out = await cast(EmbeddingRunner, chosen.runner).embed(
+            texts, truncate=truncate, prompt=chosen.prompt, budget=budget
+        )
+        return Embedded(out, {}, sparse_rows(out.sparse))  # type: ignore[attr-defined]  # SPLADE, bge-m3
 
     async def count(
         self,
@@ -256,7 +362,9 @@ class HostedModel:
         """Each text's token count as :meth:`embed` would process it (same prompt and route), untruncated,
         and its tokens with ``return_tokens``."""
         chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
-        counts, tokens = await chosen.runner.count(texts, prompt=chosen.prompt, return_tokens=return_tokens)
+        counts, tokens = await cast(EmbeddingRunner, chosen.runner).count(
+            texts, prompt=chosen.prompt, return_tokens=return_tokens
+        )
         return counts, tokens
 
     async def token_spans(
@@ -264,18 +372,18 @@ class HostedModel:
     ) -> list[Any]:
         """Every token of each text (id, text, special, character span), untruncated, after the prompt."""
         chosen = self.resolve(prompt_name=prompt_name)
-        return await chosen.runner.token_spans(texts, prompt=chosen.prompt, add_special_tokens=add_special_tokens)
+        return await cast(EmbeddingRunner, chosen.runner).token_spans(
+            texts, prompt=chosen.prompt, add_special_tokens=add_special_tokens
+        )
 
     def load(self, *, backend: str | None = None, precision: str | None = None, calibration: str | None = None) -> Any:
         """Load the weights as the core model of this kind (blocking). ``backend`` and ``precision`` are what
         the configuration names (None: the defaults; a model the default backend cannot export then runs on
         torch, and the core logs why); a SPLADE model runs on the backend resolved into :attr:`backend`.
         ``calibration`` names the texts that calibrate an int8 runtime."""
+        loader: Any = KINDS[self.kind].loader
         if self.kind == "sparse":
-            return SparseEncoder.from_spec(self.spec, backend=self.backend)
-        loader: Any = {"m3": M3Encoder, "multi-vector": ColBERTEncoder, "embedding": Encoder}.get(
-            self.kind, CrossEncoder
-        )
+            return loader.from_spec(self.spec, backend=self.backend)
         return loader.from_spec(self.spec, backend=backend, precision=precision, calibration=calibration)
 
     def prepare(self, model: Any, *, ranges: str | None = None, label: str = "") -> None:
@@ -295,7 +403,7 @@ class HostedModel:
         self.fallback_reason = getattr(model, "fallback_reason", None)
         choice = getattr(model, "auto_choice", None)
         self.auto_choice = choice.summary if choice is not None else None
-        if isinstance(model, Encoder | M3Encoder | ColBERTEncoder):
+        if {"dense", "multivector"} & set(self.outputs):  # a SPLADE's width is its vocabulary: the spec says it
             self.dimension = model.dimension
 
     def start(
@@ -309,7 +417,7 @@ class HostedModel:
         """Wrap the loaded ``model`` (each of its routes) in a runner with its own batching engine and start
         them; must run inside the event loop. ``on_batch(route)`` gives each engine's batch observer.
         Returns ``(route, runner)`` for every runner started (route None: a model without routes)."""
-        runner_cls = RUNNERS[self.kind]
+        runner_cls = KINDS[self.kind].runner
         routes = getattr(model, "routes", None) or {None: model}
         started = []
         for route, part in routes.items():

@@ -156,9 +156,6 @@ class EncoderTokens:
 class AsyncEncoder(EncoderTokens):
     """Embeddings and bi-encoder (cosine) reranking through a :class:`BatchEngine`."""
 
-    kind = "embedding"
-    scorer = "bi-encoder"
-
     def __init__(self, encoder: EmbeddingModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.encoder = encoder
         self.engine: BatchEngine[TokenRow] = BatchEngine(EmbeddingBatchModel(encoder), config, **engine_kwargs)
@@ -325,8 +322,6 @@ class AsyncEncoder(EncoderTokens):
 class AsyncCrossEncoder:
     """Cross-encoder reranking through a :class:`BatchEngine`; pairs from many requests share batches."""
 
-    kind = "cross-encoder"
-    scorer = "cross-encoder"
     dimension = None
 
     def __init__(self, cross_encoder: PairScorer, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:

@@ -74,9 +74,6 @@ class SparseOutput(ModelOutput):
 class AsyncSparseEncoder(EncoderTokens):
     """Sparse (SPLADE) embeddings through a :class:`BatchEngine`; token counting as any encoder's."""
 
-    kind = "sparse"
-    scorer = "sparse"
-
     def __init__(self, model: SparseModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.model = self.encoder = model
         self.engine: BatchEngine[TokenRow] = BatchEngine(SparseBatchModel(model), config, **engine_kwargs)

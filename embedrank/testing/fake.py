@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from embedrank.errors import ModelNotFoundError
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
 from embedrank.models.prompts import select_prompt, with_prompt
@@ -251,3 +252,25 @@ class FakeSparseEncoder(WordTokens):
                 slot = _slot(word, self.vocab_size)[0]
                 out[i, slot] = max(out[i, slot], 1.0 + len(word) / 10)
         return ModelOutput(out, [r.length for r in rows], [r.truncated for r in rows])
+
+
+FAKE_PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5-style, for fake:encoder-with-prompts
+FAKE_PATHS = ("fake:encoder", "fake:encoder-with-prompts", "fake:cross-encoder", "fake:sparse")
+
+
+def fake_model(model_id: str, path: str) -> FakeEncoder | FakeCrossEncoder | FakeSparseEncoder:
+    """The weightless model a served model's ``path`` names: ``fake:encoder``, ``fake:encoder-with-prompts``
+    (e5-style query and passage prompts, to try ``input_type``), ``fake:cross-encoder`` or ``fake:sparse``.
+
+    >>> fake_model("demo", "fake:encoder-with-prompts").spec.prompts
+    {'query': 'query: ', 'passage': 'passage: '}
+    """
+    if path == "fake:encoder":
+        return FakeEncoder(model_id)
+    if path == "fake:encoder-with-prompts":
+        return FakeEncoder(model_id, prompts=FAKE_PROMPTS)
+    if path == "fake:cross-encoder":
+        return FakeCrossEncoder(model_id)
+    if path == "fake:sparse":
+        return FakeSparseEncoder(model_id)
+    raise ModelNotFoundError(f"unknown fake model {path!r}; use {', '.join(FAKE_PATHS)}")

@@ -1,0 +1,232 @@
+"""The models one process serves: each configured entry resolved at construction (fast, fails loudly),
+loaded in :meth:`ModelPool.load`, wrapped in its runners by :meth:`ModelPool.start`, found by id or alias.
+
+The service builds one pool from its settings; a notebook can build the same pool and call the same
+:class:`~embedrank.serving.hosting.HostedModel` methods the HTTP handlers call. An entry whose path is one
+of :data:`~embedrank.testing.fake.FAKE_PATHS` gets a weightless fake, and ``preloaded`` models (already built,
+e.g. fakes) are served as they are, which is how the fast HTTP tests run.
+
+>>> pool = ModelPool((ModelEntry(id="demo", path="fake:encoder", aliases=("d",)),))
+>>> pool.get("d", "embeddings").spec.model_id, pool.default("rerank")
+('demo', 'demo')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from embedrank.errors import ConfigurationError, ModelKindError, ModelNotFoundError, shorten
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
+from embedrank.runtime.backends import check_backend
+from embedrank.runtime.cpus import limit_threads, usable_cpus
+from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
+from embedrank.serving.hosting import HostedModel, runtime_of
+from embedrank.testing.fake import fake_model
+
+logger = logging.getLogger("embedrank.serving")
+
+
+class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One served model: an ``EMBEDRANK_MODELS`` entry or a ``[[models]]`` table of the service's TOML file."""
+
+    id: Annotated[str, Meta(min_length=1, description="the name clients send as `model`")]
+    path: Annotated[str | None, Meta(description="a local folder or a hub id (default: the id)")] = None
+    aliases: Annotated[tuple[str, ...], Meta(description="other names clients may send for this model")] = ()
+    ranges: Annotated[
+        str | None,
+        Meta(
+            description="a `.txt` (one text per line) or BEIR `.jsonl` file whose embeddings set the int8/uint8 "
+            "ranges of `embedding_types` (default: seeded vocabulary sentences)"
+        ),
+    ] = None
+    calibration: Annotated[
+        str | None,
+        Meta(description='such a file to calibrate the int8 runtime of a model with `precision = "int8"`'),
+    ] = None
+    backend: Annotated[
+        str | None, Meta(description="`openvino`, `torch`, `onnx` or `auto` (default: the top-level `backend`)")
+    ] = None
+    precision: Annotated[
+        str | None, Meta(description="`fp32`, `bf16`, `int8` or `auto` (default: the top-level `precision`)")
+    ] = None
+    trust_remote_code: Annotated[
+        bool, Meta(description="let the model's own Python code run (its config's `auto_map`)")
+    ] = False
+
+
+DEFAULT_ENTRIES = (ModelEntry(id=DEFAULT_EMBEDDING_MODEL, aliases=("all-MiniLM-L6-v2",)),)
+"""What a pool serves when nothing is configured: the packaged MiniLM, also under its hub name."""
+
+
+def check_runtime(backend: str | None, precision: str | None) -> None:
+    """Refuse a backend name, a precision name or a pair of them that no model runs on (before any loading).
+
+    Raises:
+        InvalidInputError: with ``param`` ``backend`` or ``precision``.
+    """
+    check_backend(backend, precision)
+
+
+def compute_threads() -> tuple[int, int]:
+    """Lower the compute threads to the CPUs this process may use (a container's quota, not the host's
+    cores); call it from the main thread before loading. Returns ``(threads in use, usable CPUs)``."""
+    return limit_threads(), usable_cpus()
+
+
+@dataclasses.dataclass(kw_only=True)
+class ServedModel(HostedModel):
+    """A hosted model (:class:`~embedrank.serving.hosting.HostedModel`) with its configuration entry."""
+
+    entry: ModelEntry
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+
+class ModelPool:
+    """Resolves every entry at construction, loads weights in :meth:`load`, starts runners in :meth:`start`.
+
+    ``preloaded`` maps model ids to models that are already built (anything with a ``spec`` and the
+    model interface the runners use); then nothing is resolved or loaded, and ``entries`` only contribute
+    aliases.
+
+    Raises:
+        ConfigurationError: an entry asks for what its model cannot do (a SPLADE model in int8, a ranges
+            file for a cross-encoder, a file that does not exist).
+        ModelNotFoundError: an entry's model cannot be found.
+    """
+
+    def __init__(self, entries: tuple[ModelEntry, ...], preloaded: Mapping[str, Any] | None = None) -> None:
+        self.models: dict[str, ServedModel] = {}
+        self.aliases: dict[str, str] = {}
+        self._built = dict(preloaded or {})  # models that need no loading: preloaded ones and fakes
+        if preloaded is not None:
+            by_id = {e.id: e for e in entries}
+            entries = tuple(by_id.get(model_id, ModelEntry(id=model_id)) for model_id in preloaded)
+        for entry in entries:
+            if entry.id not in self._built and (entry.path or "").startswith("fake:"):
+                self._built[entry.id] = fake_model(entry.id, entry.path or "")
+            self.models[entry.id] = self._served(entry, self._built.get(entry.id))
+            for alias in entry.aliases:
+                self.aliases.setdefault(alias, entry.id)
+
+    def _served(self, entry: ModelEntry, built: Any) -> ServedModel:
+        """The entry's model resolved (not loaded) with the backend and precision it will run on."""
+        spec = (
+            built.spec
+            if built is not None
+            else resolve(entry.path or entry.id, trust_remote_code=entry.trust_remote_code)
+        )
+        if built is None and spec.kind == "sparse":  # SPLADE: torch unless named, in fp32
+            if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):
+                raise ConfigurationError(
+                    f"model {entry.id!r} is a SPLADE model, which runs in fp32 only (torch, openvino or onnx); "
+                    f"its entry (or EMBEDRANK_PRECISION) asks for {entry.precision}"
+                )
+            named = None if entry.backend in (None, "auto") or spec.static else entry.backend
+            backend, precision = check_backend(named or "torch", "fp32")
+        elif built is None:
+            backend, precision = check_backend(entry.backend, entry.precision)
+        else:
+            backend, precision = runtime_of(built)[:2]  # type: ignore[assignment]
+        if entry.calibration is not None and precision != "int8" and spec.kind == "embedding" and not entry.ranges:
+            logger.warning(
+                "model %r: 'calibration' on a model that is not int8 sets its embedding ranges; name that "
+                "file 'ranges' ('calibration' calibrates an int8 runtime only; deprecated, removed next release)",
+                entry.id,
+            )
+            entry = msgspec.structs.replace(entry, ranges=entry.calibration, calibration=None)
+        for field, allowed, what in (
+            ("ranges", spec.kind == "embedding", "an embedding model"),
+            ("calibration", precision == "int8", "a model with precision int8"),
+        ):
+            value = getattr(entry, field)
+            if value is not None and (not allowed or not Path(value).is_file()):
+                raise ConfigurationError(
+                    f"model {entry.id!r}: {field} {value!r} must be an existing .txt or .jsonl file, for {what}"
+                )
+        return ServedModel(entry=entry, spec=spec, backend=backend, precision=precision)
+
+    def load(self) -> dict[str, Any]:
+        """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an
+        entry's ``calibration`` names and fitting embedding models' int8/uint8 ranges (on the texts its
+        ``ranges`` names, else the default sample) before the models are served. Returns the loaded models by id."""
+        loaded: dict[str, Any] = {}
+        for model_id, served in self.models.items():
+            entry = served.entry
+            model = self._built.get(model_id)
+            if model is None:
+                model = served.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
+            served.prepare(model, ranges=entry.ranges, label=model_id)
+            loaded[model_id] = model
+        return loaded
+
+    def start(
+        self,
+        loaded: dict[str, Any],
+        config: EngineConfig,
+        *,
+        on_batch: Callable[[str], Callable[[BatchReport], None] | None] = lambda label: None,
+        on_engine: Callable[[str, BatchEngine], object] = lambda label, engine: None,
+        on_idle: Callable[[], object] | None = None,
+    ) -> None:
+        """Wrap each loaded model (each of its branches) in a runner with its own batching engine and start
+        them; must run inside the event loop. Each engine has a label, the model id (``id:branch`` for a
+        Router model's branches): ``on_batch(label)`` gives its batch observer, ``on_engine(label, engine)``
+        is told of it once started. ``on_idle`` runs in a forward thread after ``config.idle_seconds``
+        without work (the service returns heap memory then)."""
+        for model_id, core in loaded.items():
+
+            def label(branch: str | None, model_id: str = model_id) -> str:
+                return model_id if branch is None else f"{model_id}:{branch}"
+
+            started = self.models[model_id].start(
+                core, config, on_batch=lambda branch: on_batch(label(branch)), on_idle=on_idle
+            )
+            for branch, runner in started:
+                on_engine(label(branch), runner.engine)
+
+    def get(self, model_id: str, capability: str) -> ServedModel:
+        """The served model ``model_id`` names (its id or an alias), if it can serve ``capability``.
+
+        Raises:
+            ModelNotFoundError: no served model has that id or alias.
+            ModelKindError: the model cannot serve ``capability``; the message lists those that can.
+        """
+        served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
+        if served is None:
+            raise ModelNotFoundError(
+                f"model {shorten(model_id)!r} is not served here; available: {sorted(self.models)}"
+            )
+        if capability not in served.capabilities:
+            raise ModelKindError(
+                f"model {shorten(model_id)!r} is a {served.spec.kind} model and cannot serve {capability}; "
+                f"use one of {sorted(m for m, s in self.models.items() if capability in s.capabilities)}"
+            )
+        return served
+
+    def default(self, capability: str) -> str:
+        """The first configured model that serves ``capability`` (for protocols whose bodies name no model);
+        for reranking, the first that is not a plain embedding model if there is one (an embedding model
+        reranks by cosine); for embeddings, the first dense embedding model if there is one."""
+        able = [m for m, served in self.models.items() if capability in served.capabilities]
+        kinds = {m: self.models[m].spec.kind for m in able}  # bge-m3 counts as embedding
+        if capability == "rerank":
+            preferred = [m for m in able if kinds[m] != "embedding"]
+        else:  # a dense embedding model before a ColBERT or SPLADE model (whose vectors are not dense)
+            preferred = [m for m in able if kinds[m] == "embedding"]
+        if able:
+            return (preferred or able)[0]
+        raise ModelKindError(f"no served model can serve {capability}; served: {sorted(self.models)}")
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until every engine has finished its queued work, at most ``timeout`` seconds each."""
+        for served in self.models.values():
+            for runner in served.runners():
+                await runner.engine.drain(timeout)
