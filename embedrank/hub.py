@@ -1,7 +1,7 @@
 """What to download of a model on the Hugging Face hub, and where the local cache already has it.
 
 :func:`hub_path` looks in the hub cache first, then (unless ``HF_HUB_OFFLINE`` is set) downloads the
-configs, the module folders ``modules.json`` names (and the route folders of a sentence-transformers
+configs, the module folders ``modules.json`` names (and the branch folders of a sentence-transformers
 ``Router``), the weights, and a model's own Python files only when the user trusts its code.
 """
 
@@ -27,7 +27,7 @@ def _read_json(path: Path) -> Any:
 
 def hub_patterns(modules: Any, files: list[str], *, trust_remote_code: bool = False, router: Any = None) -> list[str]:
     """What to download of a hub model, from its ``modules.json`` (``modules``) and its file list: the
-    metadata, every module folder ``modules.json`` names (``2_Dense/``, ...) and every route module folder
+    metadata, every module folder ``modules.json`` names (``2_Dense/``, ...) and every branch module folder
     of a ``Router`` (``router``: its ``router_config.json``), the safetensors weights, else
     ``pytorch_model.bin``, and the ``*.py`` files only when ``trust_remote_code`` is set.
 

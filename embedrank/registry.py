@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -80,12 +81,24 @@ class ModelSpec:
     include_prompt: bool = True  # False: pooling leaves the prompt's tokens out (the model still sees them)
     model_type: str | None = None  # config.json's model_type (``bert``, ``t5``, ...)
     answer_tokens: tuple[str, str] = ("yes", "no")
-    # a sentence-transformers Router (asymmetric models): the folder with router_config.json, every route's
-    # name, and the route this spec describes (each route is a model of its own: see describe's route=)
+    # a sentence-transformers Router (asymmetric models): the folder with router_config.json, every branch's
+    # name, and the branch this spec describes (each branch is a model of its own: see describe's branch=)
     router: str | None = None
-    routes: tuple[str, ...] = ()
-    route: str | None = None
+    branches: tuple[str, ...] = ()
+    branch: str | None = None
     m3: bool = False  # bge-m3's lexical and multi-vector heads beside the weights (models.m3)
+
+    @property
+    def routes(self) -> tuple[str, ...]:
+        """Deprecated name of :attr:`branches`."""
+        warnings.warn("ModelSpec.routes is deprecated: use branches", DeprecationWarning, stacklevel=2)
+        return self.branches
+
+    @property
+    def route(self) -> str | None:
+        """Deprecated name of :attr:`branch`."""
+        warnings.warn("ModelSpec.route is deprecated: use branch", DeprecationWarning, stacklevel=2)
+        return self.branch
 
 
 MODEL_KINDS = ("embedding", "multi-vector", "sparse", "m3", "cross-encoder")
@@ -194,18 +207,28 @@ def describe(
     source: Literal["package", "local", "hub"],
     *,
     trust_remote_code: bool = False,
+    branch: str | None = None,
     route: str | None = None,
 ) -> ModelSpec:
     """Read kind, pooling, normalization, max length and dimension from the files in ``path``.
 
-    A sentence-transformers ``Router`` (``modules.json`` starts with one) is described by one of its routes:
-    ``route``, else its default route; the spec's ``routes`` names them all.
+    A sentence-transformers ``Router`` (``modules.json`` starts with one) is described by one of its branches:
+    ``branch``, else its default branch; the spec's ``branches`` names them all (``route``: the deprecated name
+    of ``branch``).
 
     Raises:
         NotAModelError: no ``config.json``.
         UnsupportedModelError: a sentence-transformers module or pooling embedrank does not run, or a model
             that needs its own code without ``trust_remote_code``.
     """
+    if route is not None:
+        warnings.warn(
+            "describe(route=) is deprecated: a Router's routes are called branches (branch=); removed in the next "
+            "release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        branch = branch or route
     modules = _read_json(Path(path) / "modules.json")
     router: Any = _read_json(Path(path) / "router_config.json")
     if (
@@ -215,11 +238,13 @@ def describe(
         and str(modules[0].get("type", "")).endswith("Router")
     ):
         try:
-            routes = tuple(router["structure"])
-            route = route or (router.get("parameters") or {}).get("default_route") or routes[0]
-            if route not in routes:
-                raise UnsupportedModelError(f"model {model_id!r}: no route {route!r}; its routes are {list(routes)}")
-            ids = [str(i) for i in router["structure"][route]]
+            branches = tuple(router["structure"])
+            branch = branch or (router.get("parameters") or {}).get("default_route") or branches[0]
+            if branch not in branches:
+                raise UnsupportedModelError(
+                    f"model {model_id!r}: no branch {branch!r}; its branches are {list(branches)}"
+                )
+            ids = [str(i) for i in router["structure"][branch]]
             base = Path(path, ids[0])
             listed = [{"type": router["types"][i], "path": os.path.relpath(Path(path, i), base)} for i in ids]
             listed += [{**m, "path": os.path.relpath(Path(path, m.get("path", "")), base)} for m in modules[1:]]
@@ -228,7 +253,7 @@ def describe(
                 f"model {model_id!r}: its Router has no readable router_config.json (types, structure, parameters)"
             ) from None
         spec = _describe(model_id, str(base), source, listed, Path(path), trust_remote_code)
-        return dataclasses.replace(spec, router=str(Path(path)), routes=routes, route=route)
+        return dataclasses.replace(spec, router=str(Path(path)), branches=branches, branch=branch)
     return _describe(model_id, path, source, modules, Path(path), trust_remote_code)
 
 

@@ -86,17 +86,20 @@ model still reads them, in Python and in the service.
 ## Asymmetric models (`Router`)
 
 A sentence-transformers `Router` runs queries and documents through different modules: a static embedding
-for queries and a transformer for documents (no transformer at query time), or two transformers. Each route
-loads as a model of its own, on the backend you choose (a static route always runs in torch), and
-`Encoder.routes` lists them. `encode_query` and `encode_document` take the query and document routes, as in
-sentence-transformers; `encode(texts, task="query")` names a route (or a task the model's `route_mappings`
-send to one), and `encode(texts)` takes the default route. In the service, `input_type` (`query`,
-`search_query`, `document`, `search_document`) or `prompt_name` picks the route on every
-embedding route, a request that names neither takes the default route, `/v1/rerank` with such a model
-embeds the query on the query route and the documents on the document route, and each route has its own
-batching engine (`/metrics` labels it `model:route`). Inference-free SPLADE models (a `SparseStaticEmbedding`
-query route, a masked-LM document route) load the same way with `SparseEncoder`. A route of modules
-embedrank does not run is refused with the module's name.
+for queries and a transformer for documents (no transformer at query time), or two transformers.
+sentence-transformers calls each stack a *route*; embedrank calls it a *branch* (a route is an HTTP route of
+the service). Each branch loads as a model of its own, on the backend you choose (a static branch always runs
+in torch), and `Encoder.branches` lists them. `encode_query` and `encode_document` take the query and
+document branches, as in sentence-transformers; `encode(texts, task="query")` names a branch (or a task the
+model's `route_mappings` send to one), and `encode(texts)` takes the default branch. In the service,
+`input_type` (`query`, `search_query`, `document`, `search_document`) or `prompt_name` picks the branch on
+every embedding route, a request that names neither takes the default branch, `/v1/rerank` with such a
+model embeds the query on the query branch and the documents on the document branch, and each branch has
+its own batching engine (`/metrics` labels it `model:branch`). Inference-free SPLADE models (a
+`SparseStaticEmbedding` query branch, a masked-LM document branch) load the same way with `SparseEncoder`. A
+branch of modules embedrank does not run is refused with the module's name. The former names
+(`Encoder.routes`, `ModelSpec.routes`, `embedrank.models.router.pick_route`, ...) still work this release,
+with a `DeprecationWarning`.
 
 ## Sparse and late-interaction models
 

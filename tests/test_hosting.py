@@ -1,5 +1,5 @@
 """Hosting a model in the core (embedrank.serving.hosting): what a kind can do comes from one table, and a
-request's prompt and route are resolved once, in a notebook as in the service."""
+request's prompt and branch are resolved once, in a notebook as in the service."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_a_notebook_hosts_a_model_as_the_service_does():
 
     async def run() -> np.ndarray:
         started = hosted.start(model, EngineConfig(max_wait_ms=0))
-        assert [route for route, _ in started] == [None] and hosted.runners() == [hosted.runner]
+        assert [branch for branch, _ in started] == [None] and hosted.runners() == [hosted.runner]
         chosen = hosted.resolve(input_type="query")
         out = await chosen.runner.embed(["green tea"], prompt=chosen.prompt)
         for runner in hosted.runners():

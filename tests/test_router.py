@@ -1,4 +1,4 @@
-"""sentence-transformers' Router (asymmetric models): each route loads and runs as sentence-transformers'
+"""sentence-transformers' Router (asymmetric models): each branch loads and runs as sentence-transformers'
 ``encode_query`` / ``encode_document`` / ``encode(task=)`` do, in the core and over HTTP."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from sentence_transformers import SentenceTransformer
 
 from embedrank import Encoder
 from embedrank.errors import InvalidInputError, UnsupportedModelError
-from embedrank.models.router import RouteTable, pick_route, read_routes, task_of
+from embedrank.models.router import BranchTable, pick_branch, read_branches, task_of
 from embedrank.registry import describe, resolve
 from embedrank.testing.tiny import tiny_model
 
@@ -44,7 +44,7 @@ def static_query_router(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_transformer_router(tmp_path_factory):
     """Two transformers of different architectures (BERT with CLS pooling and a Dense layer for queries,
-    RoBERTa with mean pooling and a Dense layer for documents), no default route named (the first route
+    RoBERTa with mean pooling and a Dense layer for documents), no default branch named (the first branch
     is the default, as sentence-transformers does), and a mapping that sends ``"search"`` to the queries."""
     import torch
     from sentence_transformers.models import Dense, Pooling, Router, Transformer
@@ -83,24 +83,24 @@ def _ours(enc: Encoder) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("backend", ["torch", "openvino", "onnx"])
 @pytest.mark.parametrize("which", ["static_query_router", "two_transformer_router"])
-def test_every_route_matches_sentence_transformers(request, which, backend):
+def test_every_branch_matches_sentence_transformers(request, which, backend):
     path = request.getfixturevalue(which)
     expected = _st_outputs(SentenceTransformer(path, device="cpu"))
     enc = Encoder.from_pretrained(path, backend=backend)
-    assert set(enc.routes) == {"query", "document"} and enc.routes[enc.spec.route] is enc
+    assert set(enc.branches) == {"query", "document"} and enc.branches[enc.spec.branch] is enc
     got = _ours(enc)
     tolerance = 1e-5 if backend == "torch" else 1e-4
     for name, want in expected.items():
         assert got[name].shape == want.shape, name
         assert np.abs(got[name] - want).max() < tolerance, (name, np.abs(got[name] - want).max())
-    assert np.abs(got["query"] - got["document"]).max() > 1e-3  # the routes really differ
+    assert np.abs(got["query"] - got["document"]).max() > 1e-3  # the branches really differ
     static = which == "static_query_router"
-    # a static route runs in torch whatever the backend named; a transformer route on the backend named
-    assert enc.routes["query"].backend == ("torch" if static else backend)
-    assert enc.routes["document"].backend == backend
+    # a static branch runs in torch whatever the backend named; a transformer branch on the backend named
+    assert enc.branches["query"].backend == ("torch" if static else backend)
+    assert enc.branches["document"].backend == backend
 
 
-def test_token_counts_are_those_of_each_routes_tokenizer(static_query_router, two_transformer_router):
+def test_token_counts_are_those_of_each_branchs_tokenizer(static_query_router, two_transformer_router):
     static = SentenceTransformer(static_query_router, device="cpu")
     enc = Encoder.from_pretrained(static_query_router, backend="torch")
     query_counts = enc.encode_with_stats(TEXTS, task="query", prompt="query: ").token_counts
@@ -108,24 +108,24 @@ def test_token_counts_are_those_of_each_routes_tokenizer(static_query_router, tw
     assert query_counts == [len(tokenizer.encode("query: " + t, add_special_tokens=False).ids) for t in TEXTS]
     st = SentenceTransformer(two_transformer_router, device="cpu")
     enc = Encoder.from_pretrained(two_transformer_router, backend="torch")
-    for route in ("query", "document"):
-        features = st.preprocess(TEXTS, task=route)
-        assert enc.encode_with_stats(TEXTS, task=route).token_counts == features["attention_mask"].sum(1).tolist()
+    for branch in ("query", "document"):
+        features = st.preprocess(TEXTS, task=branch)
+        assert enc.encode_with_stats(TEXTS, task=branch).token_counts == features["attention_mask"].sum(1).tolist()
 
 
-def test_routes_are_described_and_picked_as_sentence_transformers_does(two_transformer_router):
+def test_branches_are_described_and_picked_as_sentence_transformers_does(two_transformer_router):
     spec = resolve(two_transformer_router)
-    assert (spec.routes, spec.route, spec.dimension) == (("query", "document"), "query", 16)  # first route
-    assert describe("m", two_transformer_router, "local", route="document").model_type == "roberta"
-    table = read_routes(two_transformer_router)
+    assert (spec.branches, spec.branch, spec.dimension) == (("query", "document"), "query", 16)  # first branch
+    assert describe("m", two_transformer_router, "local", branch="document").model_type == "roberta"
+    table = read_branches(two_transformer_router)
     assert (table.default, dict(table.mappings)) == ("query", {("search", None): "query"})
-    assert pick_route(table, "search") == "query" and pick_route(table, "document") == "document"
-    with pytest.raises(InvalidInputError, match="no route for task 'summary'"):
-        pick_route(table, "summary")
-    mapped = RouteTable(("a", "b"), None, {(None, None): "b", ("query", "text"): "a"})
-    assert (pick_route(mapped, "query"), pick_route(mapped, "document"), pick_route(mapped, None)) == ("a", "b", "b")
-    with pytest.raises(InvalidInputError, match="no default route"):
-        pick_route(RouteTable(("a", "b"), None), None)
+    assert pick_branch(table, "search") == "query" and pick_branch(table, "document") == "document"
+    with pytest.raises(InvalidInputError, match="no branch for task 'summary'"):
+        pick_branch(table, "summary")
+    mapped = BranchTable(("a", "b"), None, {(None, None): "b", ("query", "text"): "a"})
+    assert (pick_branch(mapped, "query"), pick_branch(mapped, "document"), pick_branch(mapped, None)) == ("a", "b", "b")
+    with pytest.raises(InvalidInputError, match="no default branch"):
+        pick_branch(BranchTable(("a", "b"), None), None)
     assert (task_of("search_document"), task_of(None, "query"), task_of("classification", "x")) == (
         "document",
         "query",
@@ -135,11 +135,11 @@ def test_routes_are_described_and_picked_as_sentence_transformers_does(two_trans
     assert np.abs(enc.encode(TEXTS, task="search") - enc.encode_query(TEXTS)).max() == 0
 
 
-def test_a_router_without_its_config_or_with_an_unknown_route_is_named(static_query_router, tmp_path):
+def test_a_router_without_its_config_or_with_an_unknown_branch_is_named(static_query_router, tmp_path):
     path = tmp_path / "model"
     shutil.copytree(static_query_router, path)
-    with pytest.raises(UnsupportedModelError, match="no route 'image'"):
-        describe("m", str(path), "local", route="image")
+    with pytest.raises(UnsupportedModelError, match="no branch 'image'"):
+        describe("m", str(path), "local", branch="image")
     (path / "router_config.json").unlink()
     with pytest.raises(UnsupportedModelError, match=r"Router has no readable router_config\.json"):
         resolve(str(path))
@@ -154,7 +154,9 @@ def test_a_router_without_its_config_or_with_an_unknown_route_is_named(static_qu
         resolve(str(path))
 
 
-def test_the_service_routes_by_input_type_and_reranks_query_against_documents(static_query_router, fake_service):
+def test_the_service_picks_the_branch_by_input_type_and_reranks_query_against_documents(
+    static_query_router, fake_service
+):
     enc = Encoder.from_pretrained(static_query_router, backend="torch")
     query, documents = TEXTS[0], TEXTS[1:]
     with fake_service({"r": enc}) as client:
@@ -167,7 +169,7 @@ def test_the_service_routes_by_input_type_and_reranks_query_against_documents(st
         assert np.abs(embed(input_type="query") - enc.encode_query(TEXTS)).max() < 1e-5
         assert np.abs(embed(input_type="search_query") - enc.encode_query(TEXTS)).max() < 1e-5
         assert np.abs(embed(input_type="document") - enc.encode_document(TEXTS)).max() < 1e-5
-        assert np.abs(embed() - enc.encode(TEXTS)).max() < 1e-5  # no input type: the default route
+        assert np.abs(embed() - enc.encode(TEXTS)).max() < 1e-5  # no input type: the default branch
         cohere = client.post("/v2/embed", json={"model": "r", "texts": TEXTS, "input_type": "search_query"})
         got = np.array(cohere.json()["embeddings"]["float"], dtype=np.float32)
         assert np.abs(got - enc.encode_query(TEXTS)).max() < 1e-5
@@ -176,4 +178,32 @@ def test_the_service_routes_by_input_type_and_reranks_query_against_documents(st
         want = enc.encode_document(documents) @ enc.encode_query([query])[0]
         assert np.abs(np.array([scores[i] for i in range(len(documents))]) - want).max() < 1e-5
         counts = client.post("/v1/tokenize", json={"model": "r", "input": TEXTS, "input_type": "query"}).json()
-        assert [c["count"] for c in counts["data"]] == enc.routes["query"].count_tokens(TEXTS, prompt="query: ")
+        assert [c["count"] for c in counts["data"]] == enc.branches["query"].count_tokens(TEXTS, prompt="query: ")
+
+
+def test_the_former_route_names_still_work_with_a_deprecation_warning(static_query_router):
+    import embedrank.models.router as router
+
+    encoder = Encoder.from_pretrained(static_query_router, backend="torch")
+    for old, new in (
+        ("RouteTable", router.BranchTable),
+        ("read_routes", router.read_branches),
+        ("pick_route", router.pick_branch),
+        ("Routed", router.Branched),
+        ("routed", router.on_branch),
+    ):
+        with pytest.warns(DeprecationWarning, match="branch"):
+            assert getattr(router, old) is new
+    with pytest.warns(DeprecationWarning, match="branches"):
+        assert encoder.routes is encoder.branches
+    with pytest.warns(DeprecationWarning, match="branch_table"):
+        assert encoder.route_table is encoder.branch_table
+    with pytest.warns(DeprecationWarning, match="branches"):
+        assert encoder.spec.routes == encoder.spec.branches == ("query", "document")
+    with pytest.warns(DeprecationWarning, match="branch"):
+        assert encoder.spec.route == encoder.spec.branch
+    with pytest.warns(DeprecationWarning, match="branch="):
+        spec = describe("m", static_query_router, "local", route="query")
+    assert spec.branch == "query"
+    with pytest.raises(AttributeError):
+        router.no_such_name  # noqa: B018

@@ -233,7 +233,7 @@ def test_an_inference_free_splade_matches_sentence_transformers(inference_free_s
 
     st = STSparseEncoder(inference_free_splade, device="cpu")
     ours = SparseEncoder.from_pretrained(inference_free_splade)
-    assert set(ours.routes) == {"query", "document"} and ours.routes["query"].spec.static is not None
+    assert set(ours.branches) == {"query", "document"} and ours.branches["query"].spec.static is not None
     for mine, theirs in (
         (ours.encode_query(TEXTS), st.encode_query(TEXTS, convert_to_tensor=True)),
         (ours.encode_document(TEXTS), st.encode_document(TEXTS, convert_to_tensor=True)),

@@ -21,7 +21,7 @@ from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.dense import apply_dense, load_dense
 from embedrank.models.prompts import PromptRoles, select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
-from embedrank.models.router import Routed, routed
+from embedrank.models.router import Branched, on_branch
 from embedrank.models.tokens import (
     PROGRESS_THRESHOLD,
     Tokenized,
@@ -46,9 +46,9 @@ from embedrank.texts import data_dir_sample, vocabulary_texts
 from embedrank.types import ModelOutput
 
 
-class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
+class Encoder(PromptRoles, Branched, FitsRanges, RuntimeFacts):
     """A transformer encoder with embedrank's own pooling and normalization; a sentence-transformers
-    ``Router`` model is its default route, with the others in :attr:`routes` (``task=`` picks one).
+    ``Router`` model is its default branch, with the others in :attr:`branches` (``task=`` picks one).
 
     Use :meth:`from_pretrained`; the constructor takes already-loaded parts.
     """
@@ -116,8 +116,8 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
         ``"bf16"``, ``"int8"``) choose what runs the transformer (:mod:`embedrank.runtime.backends`; a static
         model runs in torch, :mod:`embedrank.runtime.static`); the first OpenVINO or ONNX load exports into the
         cache (``cache_dir``, :mod:`embedrank.runtime.exports`), and int8 calibrates on ``calibration`` (texts
-        or a ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory). Every route of a Router
-        model loads with the same settings, except that a static route runs in torch (``in_router``).
+        or a ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory). Every branch of a Router
+        model loads with the same settings, except that a static branch runs in torch (``in_router``).
 
         Raises:
             ModelKindError: the model is a cross-encoder.
@@ -135,8 +135,8 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
             )
         max_len = max_seq_length or spec.max_seq_length
         if (
-            in_router or spec.routes
-        ) and spec.static:  # a Router's static route runs in torch, whatever runs the other routes
+            in_router or spec.branches
+        ) and spec.static:  # a Router's static branch runs in torch, whatever runs the other branches
             backend = precision = None
         runs: dict[str, Any] = dict(
             backend=backend, precision=precision, device=device, torch_dtype=torch_dtype, cache_dir=cache_dir
@@ -144,7 +144,7 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
         calibrate = data_dir_sample if calibration is None else calibration
         tokenizer, model = load_transformer(spec, "encoder", **runs, max_seq_length=max_len, calibration=calibrate)
         enc = cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
-        enc.add_routes(lambda route: cls.from_spec(route, **runs, calibration=calibration, in_router=True))
+        enc.add_branches(lambda branch: cls.from_spec(branch, **runs, calibration=calibration, in_router=True))
         return enc
 
     # -- facts -----------------------------------------------------------------------------------
@@ -283,7 +283,7 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
         return len(ids) - int(bool(ids) and ids[-1] in self.tokenizer.all_special_ids)
 
     # -- convenience -----------------------------------------------------------------------------
-    @routed
+    @on_branch
     def encode_with_stats(
         self,
         texts: Iterable[str],
@@ -341,7 +341,7 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
                 bar.update(len(positions))
         return ModelOutput(out, counts, truncated)
 
-    @routed
+    @on_branch
     def encode(
         self,
         texts: Iterable[str],
@@ -364,7 +364,7 @@ class Encoder(PromptRoles, Routed, FitsRanges, RuntimeFacts):
         and renormalizes. ``prompt_name`` (one of :attr:`prompts`) or ``prompt`` (any text) is put before
         each text, as sentence-transformers does; without either, the model's default prompt applies, if
         it has one. ``chunking`` embeds long texts window by window (see :meth:`encode_with_stats`).
-        ``task`` picks a Router model's route (``"query"``, ``"document"``; None: its default route).
+        ``task`` picks a Router model's branch (``"query"``, ``"document"``; None: its default branch).
         ``embedding_type`` is ``float32`` (or ``float``), ``int8``, ``uint8``, ``binary`` or ``ubinary``,
         with sentence-transformers' ``quantize_embeddings`` semantics (:mod:`embedrank.math.quantization`);
         int8/uint8 use ``ranges`` ``(2, D)`` if given, else :meth:`quantization_ranges`. A progress bar

@@ -113,7 +113,7 @@ def with_prompt(texts: Sequence[str], prompt: str) -> list[str]:
 class PromptRoles:
     """The query and document prompts of a model with ``spec.prompts``, and ``encode_query`` /
     ``encode_document`` over its ``encode`` (with ``task`` ``"query"`` / ``"document"``, which picks a
-    Router model's route), as sentence-transformers 5 names them."""
+    Router model's branch), as sentence-transformers 5 names them."""
 
     spec: Any
     encode: Callable[..., Any]  # the model's own

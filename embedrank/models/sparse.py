@@ -29,7 +29,7 @@ from embedrank.errors import UnsupportedModelError
 from embedrank.math.sparse import max_rows, prune_rows, to_csr
 from embedrank.models.chunking import Chunking, ChunkPlan, document_flags, require_max, summed_counts
 from embedrank.models.prompts import with_prompt
-from embedrank.models.router import Routed, routed
+from embedrank.models.router import Branched, on_branch
 from embedrank.models.tokens import (
     TokenRow,
     TokenSpan,
@@ -104,10 +104,10 @@ class StaticSparse:
         return (presence * self.weight).float().numpy()
 
 
-class SparseEncoder(Routed):
+class SparseEncoder(Branched):
     """A SPLADE model: :meth:`encode` texts to sparse vectors over the vocabulary (on torch, fp32). An
     inference-free SPLADE (a sentence-transformers ``Router``: a weight per vocabulary entry for queries, a
-    masked LM for documents) is its document route with the query route in :attr:`routes`
+    masked LM for documents) is its document branch with the query branch in :attr:`branches`
     (:meth:`encode_query`, :meth:`encode_document`, ``encode(task=)``)."""
 
     runtime = TorchFacts()
@@ -176,7 +176,9 @@ class SparseEncoder(Routed):
             encoder = cls(spec, runtime, tokenizer, max_seq_length=max_seq_length)
             encoder.runtime = runtime  # type: ignore[assignment]
         options = {"backend": backend, "precision": precision, "calibration": calibration, "cache_dir": cache_dir}
-        encoder.add_routes(partial(cls.from_spec, max_seq_length=max_seq_length, **options))  # a Router's other routes
+        encoder.add_branches(
+            partial(cls.from_spec, max_seq_length=max_seq_length, **options)
+        )  # a Router's other branches
         return encoder
 
     @property
@@ -189,7 +191,7 @@ class SparseEncoder(Routed):
     def __repr__(self) -> str:
         return f"SparseEncoder({self.model_id!r}, vocab_size={self.vocab_size}, max_seq_length={self.max_seq_length})"
 
-    @routed
+    @on_branch
     def encode_with_stats(
         self,
         texts: Sequence[str],
@@ -202,7 +204,7 @@ class SparseEncoder(Routed):
     ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
         """The sparse vectors ``(N, V)`` in input order (only each text's ``top_k`` largest weights with
         ``top_k``), each text's token count (special tokens included) and whether it was truncated; ``task``
-        picks a Router model's route (``"query"``, ``"document"``; None: its default route).
+        picks a Router model's branch (``"query"``, ``"document"``; None: its default branch).
 
         With ``chunking``, a text longer than one forward pass is read window by window
         (:mod:`embedrank.models.chunking`; ``chunking.aggregate`` must be ``"max"``) and its vector holds each
@@ -233,7 +235,7 @@ class SparseEncoder(Routed):
         stacked = sp.vstack(rows, format="csr") if rows else sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
         return stacked.astype(np.float32), counts, cut
 
-    @routed
+    @on_branch
     def encode(
         self,
         texts: Sequence[str],
@@ -264,12 +266,12 @@ class SparseEncoder(Routed):
         return vectors, summed_counts(plan.windows, counts), document_flags(plan.windows, cut)
 
     def encode_query(self, texts: Sequence[str], **options: Any) -> sp.csr_matrix:
-        """:meth:`encode` on the query route (an inference-free SPLADE's weights per token), as
-        sentence-transformers' ``encode_query``; the model itself when it has one route."""
+        """:meth:`encode` on the query branch (an inference-free SPLADE's weights per token), as
+        sentence-transformers' ``encode_query``; the model itself when it has one branch."""
         return self.encode(texts, task="query", **options)
 
     def encode_document(self, texts: Sequence[str], **options: Any) -> sp.csr_matrix:
-        """:meth:`encode` on the document route, as sentence-transformers' ``encode_document``."""
+        """:meth:`encode` on the document branch, as sentence-transformers' ``encode_document``."""
         return self.encode(texts, task="document", **options)
 
     # -- the serving engine's interface (embedrank.serving.runners.AsyncSparseEncoder) -------------------

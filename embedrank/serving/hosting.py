@@ -1,5 +1,5 @@
-"""A hosted model: a loaded model's runners (one batching engine each, one per Router route) and what its
-kind can do, declared in one table. A request's prompt and route are resolved here, once
+"""A hosted model: a loaded model's runners (one batching engine each, one per Router branch) and what its
+kind can do, declared in one table. A request's prompt and branch are resolved here, once
 (:meth:`HostedModel.resolve`), for every protocol that serves the model, and in a notebook as in the service.
 
 >>> from embedrank.testing.fake import FakeEncoder
@@ -30,7 +30,7 @@ from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
 from embedrank.models.prompts import request_prompt
-from embedrank.models.router import RouteTable, pick_route, task_of
+from embedrank.models.router import BranchTable, pick_branch, task_of
 from embedrank.models.sparse import SparseEncoder
 from embedrank.models.tokens import TokenSpan
 from embedrank.registry import ModelSpec, kind_of
@@ -167,7 +167,7 @@ def sparse_rows(matrix: sp.csr_matrix) -> list[SparseRow]:
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
-    """What a request's ``input_type`` / ``prompt_name`` select: the route's task, the runner of that route,
+    """What a request's ``input_type`` / ``prompt_name`` select: the branch's task, the runner of that branch,
     and the prompt to put before each text."""
 
     task: str | None
@@ -180,9 +180,9 @@ class HostedModel:
     """A model as it is served: its spec, its runners once :meth:`start` has run, and its capabilities."""
 
     spec: ModelSpec
-    runner: Runner | None = None  # the default route's runner (the only one of a model without routes)
-    route_runners: dict[str, Runner] = dataclasses.field(default_factory=dict)
-    route_table: RouteTable | None = None
+    runner: Runner | None = None  # the default branch's runner (the only one of a model without branches)
+    branch_runners: dict[str, Runner] = dataclasses.field(default_factory=dict)
+    branch_table: BranchTable | None = None
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
     inference_precision: str | None = None  # what really computes, known once loaded
@@ -211,16 +211,16 @@ class HostedModel:
         return KINDS[self.kind].scorer
 
     def runner_for(self, task: str | None) -> Runner:
-        """The runner of ``task``'s route (:func:`~embedrank.models.router.pick_route`); the only runner of a
-        model without routes."""
-        if self.route_table is None:
+        """The runner of ``task``'s branch (:func:`~embedrank.models.router.pick_branch`); the only runner of a
+        model without branches."""
+        if self.branch_table is None:
             if self.runner is None:
                 raise NotReadyError(f"model {self.spec.model_id!r} has no runner yet: start() it first")
             return self.runner
-        return self.route_runners[pick_route(self.route_table, task)]
+        return self.branch_runners[pick_branch(self.branch_table, task)]
 
     def resolve(self, *, input_type: str | None = None, prompt_name: str | None = None) -> Resolved:
-        """The route and the prompt a request's ``input_type`` or ``prompt_name`` selects, decided once.
+        """The branch and the prompt a request's ``input_type`` or ``prompt_name`` selects, decided once.
 
         Raises:
             InvalidInputError: both are given, the input type is unknown, or the prompt name is not the model's.
@@ -229,7 +229,7 @@ class HostedModel:
             self.spec.prompts, self.spec.default_prompt_name, input_type=input_type, prompt_name=prompt_name
         )
         task = task_of(input_type, prompt_name)
-        started = self.runner is not None or bool(self.route_runners)
+        started = self.runner is not None or bool(self.branch_runners)
         return Resolved(task=task, runner=self.runner_for(task) if started else None, prompt=prompt)
 
     async def embed(
@@ -249,7 +249,7 @@ class HostedModel:
         multi_budget: int | None = None,
         name: str = "",
     ) -> Embedded:
-        """Embed ``texts`` as a request with ``input_type`` or ``prompt_name`` asks (prompt and route resolved
+        """Embed ``texts`` as a request with ``input_type`` or ``prompt_name`` asks (prompt and branch resolved
         once), giving each of ``types``: ``sparse`` and ``multivector`` from the models that declare them, and
         the compact types of :func:`~embedrank.math.quantization.quantize` of the dense vectors (``float``
         and the integer and binary types). ``name`` is the model's name in messages.
@@ -316,10 +316,10 @@ class HostedModel:
         top_n: int | None = None,
     ) -> Reranked:
         """Scores ``(N,)`` of ``documents`` against ``query`` in input order, by the kind's scorer: a
-        cross-encoder's, a bi-encoder's cosine (a Router model's query route embeds the query, its document
-        route the documents), MaxSim, or bge-m3's combined score, and the ``top_n`` best (all by default),
+        cross-encoder's, a bi-encoder's cosine (a Router model's query branch embeds the query, its document
+        branch the documents), MaxSim, or bge-m3's combined score, and the ``top_n`` best (all by default),
         ties by input order. Token counts cover the query (first) and every document."""
-        options: dict[str, Any] = {"query_runner": self.runner_for("query")} if self.route_table else {}
+        options: dict[str, Any] = {"query_runner": self.runner_for("query")} if self.branch_table else {}
         runner = cast(RerankRunner, self.runner_for("document"))
         out = await runner.rerank(
             query,
@@ -342,7 +342,7 @@ class HostedModel:
         truncate: bool = True,
         budget: int | None = None,
     ) -> Embedded:
-        """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and route the request
+        """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and branch the request
         asks for (:meth:`resolve`): the output's rows ``(N, V)`` of ``scipy.sparse`` in input order, and each
         as ``(indices, values)``."""
         chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
@@ -359,7 +359,7 @@ class HostedModel:
         prompt_name: str | None = None,
         return_tokens: bool = False,
     ) -> tuple[list[int], list[list[str]] | None]:
-        """Each text's token count as :meth:`embed` would process it (same prompt and route), untruncated,
+        """Each text's token count as :meth:`embed` would process it (same prompt and branch), untruncated,
         and its tokens with ``return_tokens``."""
         chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
         counts, tokens = await cast(EmbeddingRunner, chosen.runner).count(
@@ -387,10 +387,10 @@ class HostedModel:
         return loader.from_spec(self.spec, backend=backend, precision=precision, calibration=calibration)
 
     def prepare(self, model: Any, *, ranges: str | None = None, label: str = "") -> None:
-        """Make a loaded (or prebuilt) ``model`` ready to serve and record what runs it: each route's int8/uint8
+        """Make a loaded (or prebuilt) ``model`` ready to serve and record what runs it: each branch's int8/uint8
         embedding ranges fitted now (on the texts ``ranges`` names, else the default sample), so that no
         request pays for them."""
-        for part in {id(m): m for m in (getattr(model, "routes", None) or {None: model}).values()}.values():
+        for part in {id(m): m for m in (getattr(model, "branches", None) or {None: model}).values()}.values():
             if ranges:
                 part.fit_ranges(ranges)
             if self.spec.kind == "embedding":
@@ -411,27 +411,27 @@ class HostedModel:
         model: Any,
         config: EngineConfig,
         *,
-        on_batch: Callable[[str | None], Callable[[BatchReport], None] | None] = lambda route: None,
+        on_batch: Callable[[str | None], Callable[[BatchReport], None] | None] = lambda branch: None,
         on_idle: Callable[[], object] | None = None,
     ) -> list[tuple[str | None, Any]]:
-        """Wrap the loaded ``model`` (each of its routes) in a runner with its own batching engine and start
-        them; must run inside the event loop. ``on_batch(route)`` gives each engine's batch observer.
-        Returns ``(route, runner)`` for every runner started (route None: a model without routes)."""
+        """Wrap the loaded ``model`` (each of its branches) in a runner with its own batching engine and start
+        them; must run inside the event loop. ``on_batch(branch)`` gives each engine's batch observer.
+        Returns ``(branch, runner)`` for every runner started (branch None: a model without branches)."""
         runner_cls = KINDS[self.kind].runner
-        routes = getattr(model, "routes", None) or {None: model}
+        branches = getattr(model, "branches", None) or {None: model}
         started = []
-        for route, part in routes.items():
-            runner = runner_cls(part, config, on_batch=on_batch(None if part is model else route), on_idle=on_idle)
+        for branch, part in branches.items():
+            runner = runner_cls(part, config, on_batch=on_batch(None if part is model else branch), on_idle=on_idle)
             runner.engine.start()
             if part is model:
                 self.runner = runner
-            if route is not None:
-                self.route_runners[route] = runner
-            started.append((route if part is not model else None, runner))
-        self.route_table = getattr(model, "route_table", None)
+            if branch is not None:
+                self.branch_runners[branch] = runner
+            started.append((branch if part is not model else None, runner))
+        self.branch_table = getattr(model, "branch_table", None)
         return started
 
     def runners(self) -> list[Any]:
         """Every runner, once each."""
-        found = [self.runner, *self.route_runners.values()]
+        found = [self.runner, *self.branch_runners.values()]
         return list({id(r): r for r in found if r is not None}.values())

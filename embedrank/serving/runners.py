@@ -285,7 +285,7 @@ class AsyncEncoder(EncoderTokens):
     ) -> ModelOutput:
         """Cosine between the query embedding and each document embedding, each with the model's query or
         document prompt if it has one; token counts cover the query (first) and every document (window).
-        ``query_runner`` embeds the query when another model does (a Router model's query route).
+        ``query_runner`` embeds the query when another model does (a Router model's query branch).
 
         With ``chunking``, long documents are split into windows (:mod:`embedrank.models.chunking`), all
         windows go through the engine as one job, and each document gets the aggregate of its windows'
