@@ -35,6 +35,7 @@ from embedrank.errors import (
     OverloadedError,
     RequestTooLargeError,
 )
+from service.validation_messages import split_at
 
 logger = logging.getLogger("embedrank.service")
 
@@ -87,7 +88,6 @@ def _from_core(exc: EmbedrankError) -> APIError:
     return APIError(500, "internal error", type="server_error", code="internal_error")
 
 
-_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean", "null": "null"}
 _TYPE_NAMES.update({"array": "an array", "object": "an object"})
 
@@ -101,9 +101,7 @@ def validation_error(message: str) -> APIError:
     >>> validation_error("Expected `array` of length >= 1 - at `$.documents`").code
     'empty_documents'
     """
-    match = _PATH.search(message)
-    path = match.group(1) if match else None
-    detail = message[: match.start()] if match else message
+    detail, path = split_at(message)
     named = re.match(r"[A-Za-z_]+", path) if path else None
     field = named.group(0) if named else None
     missing = re.search(r"Object missing required field `([^`]+)`", detail)

@@ -38,6 +38,7 @@ from embedrank.errors import ConfigurationError, InvalidInputError
 from embedrank.paths import CACHE_ENV, DATA_ENV
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.pool import DEFAULT_ENTRIES, ModelEntry, check_runtime
+from service.validation_messages import reworded, split_at
 
 PREFIX = "EMBEDRANK_"
 CONFIG_ENV = "EMBEDRANK_CONFIG"
@@ -282,7 +283,6 @@ def _is_text_list(kind: Any) -> bool:
 
 
 _LIST_FIELDS = frozenset(name for name, (kind, _, _) in fields().items() if _is_text_list(kind))
-_ERROR_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -323,21 +323,20 @@ def _from_file(path: str) -> dict[str, Any]:
 
 
 _TYPE_WORDS = {
-    "`int`": "an integer",
-    "`float`": "a number",
-    "`bool`": "true or false (1 or 0 in the environment)",
-    "`str`": "text",
-    "`array`": "a list",
-    "`object`": "a table",
-    "`null`": "nothing",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false (1 or 0 in the environment)",
+    "str": "text",
+    "array": "a list",
+    "object": "a table",
+    "null": "nothing",
 }
 
 
 def _plain(msg: str) -> str:
     """msgspec's message in the words of the reference (``Expected `int`, got `str``` -> ``expected an integer,
     got text``)."""
-    for word, plain in _TYPE_WORDS.items():
-        msg = msg.replace(word, plain)
+    msg = reworded(msg, _TYPE_WORDS)
     return msg[0].lower() + msg[1:]
 
 
@@ -346,9 +345,8 @@ def _convert(data: dict[str, Any], *, strict: bool, where: str) -> Config:
     try:
         return msgspec.convert(data, Config, strict=strict)
     except msgspec.ValidationError as exc:
-        match = _ERROR_AT.match(str(exc))
-        assert match is not None  # the pattern matches any text
-        msg, path = match["msg"], (match["path"] or "").lstrip(".")
+        msg, at = split_at(str(exc))
+        path = at or ""
         unknown = re.fullmatch(r"Object contains unknown field `(.+)`", msg)
         if unknown:
             known = [f.name for f in msgspec.structs.fields(ModelEntry if path else Config)]

@@ -31,10 +31,12 @@ import torch
 
 from embedrank.errors import ModelKindError, UnsupportedModelError
 from embedrank.math.late import maxsim_scores
+from embedrank.models.batching import run_by_length
+from embedrank.models.checks import check_texts
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.dense import apply_dense, load_dense, load_stanford_projection
 from embedrank.models.encoder import Encoder
-from embedrank.models.tokens import TokenRow, check_texts, encode_rows, pad_features, run_by_length
+from embedrank.models.tokens import TokenRow, pad_features
 from embedrank.registry import ModelSpec, resolve
 
 
@@ -170,7 +172,7 @@ class ColBERTEncoder:
 
     def chunk_window(self) -> int:
         """Text tokens of a document that fit its window (special tokens and the marker left out)."""
-        used = self.encoder.tokenizer.num_special_tokens_to_add(pair=False) + (self.prefix_ids[False] is not None)
+        used = self.encoder.text_tokens.special() + (self.prefix_ids[False] is not None)
         return max(1, self.settings.document_length - used)
 
     def tokenize_rows(self, texts: Sequence[str], *, query: bool) -> list[TokenRow]:
@@ -180,12 +182,10 @@ class ColBERTEncoder:
         s = self.settings
         length = s.query_length if query else s.document_length
         prefix = self.prefix_ids[query]
-        rows, cut = encode_rows(
-            self.encoder.tokenizer, self.encoder._prepare(texts), max_length=length - (prefix is not None)
-        )
         out = []
-        for row, was_cut in zip(rows, cut, strict=True):
-            features = {k: list(v) for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        for row in self.encoder.text_tokens.rows(texts, max_length=length - (prefix is not None)):
+            names = ("input_ids", "attention_mask", "token_type_ids")
+            features = {k: list(v) for k, v in row.tokens.items() if k in names}
             if prefix is not None:
                 for key, value in (("input_ids", prefix), ("attention_mask", 1), ("token_type_ids", 0)):
                     if key in features:
@@ -204,7 +204,7 @@ class ColBERTEncoder:
                 keep = np.ones(len(ids), dtype=bool)
             else:
                 keep = ~np.isin(ids, self.skiplist)
-            out.append(TokenRow({**features, "keep": keep}, len(features["input_ids"]), was_cut))
+            out.append(TokenRow({**features, "keep": keep}, len(features["input_ids"]), row.truncated))
         return out
 
     def _collate(self, rows: Sequence[TokenRow]) -> dict[str, torch.Tensor]:

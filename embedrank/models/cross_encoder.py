@@ -14,22 +14,11 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.ranking import RankedResult, rank_scores
+from embedrank.models.batching import PROGRESS_THRESHOLD
+from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.llm_reranker import YesNoTokenizer
-from embedrank.models.tokens import (
-    PROGRESS_THRESHOLD,
-    Tokenized,
-    TokenRow,
-    check_max_seq_length,
-    check_texts,
-    collate_rows,
-    encode_rows,
-    length_batches,
-    text_offsets,
-    token_lengths,
-    token_rows,
-    tokenize,
-)
+from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer
@@ -86,7 +75,7 @@ def relevance_label(config: Any) -> int | None:
     return 1 if count == 2 else None
 
 
-class CrossEncoder(RuntimeFacts):
+class CrossEncoder(TokenizesText, RuntimeFacts):
     """A reranker: any Hugging Face sequence-classification model, or a causal LM scored by the probability
     of "yes" after its prompt template (:mod:`embedrank.models.llm_reranker`, Qwen3-Reranker's form)."""
 
@@ -110,8 +99,7 @@ class CrossEncoder(RuntimeFacts):
             if config is None:
                 raise ValueError("a CrossEncoder on an exported runtime needs the model's transformers config")
             self.runtime, self.config = model, config
-        self.tokenizer = tokenizer
-        self.max_seq_length = max_seq_length or spec.max_seq_length
+        self.text_tokens = TextTokens(tokenizer, max_length=max_seq_length or spec.max_seq_length)
         self.activation = default_activation(self.config)
 
     @classmethod
@@ -194,11 +182,11 @@ class CrossEncoder(RuntimeFacts):
 
     def tokenize(self, queries: Sequence[str], documents: Sequence[str], *, truncate: bool = True) -> Tokenized:
         """Pairs -> padded features ``(B, T)``; truncation is ``longest_first`` at ``max_seq_length``."""
-        return tokenize(self.tokenizer, queries, documents, max_length=self.max_seq_length, truncate=truncate)
+        return self.text_tokens.batch(queries, documents, truncate=truncate)
 
     def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
         """Untruncated token count of each (query, document) pair, to refuse over-long input before compute."""
-        return token_lengths(self.tokenizer, queries, documents)
+        return self.text_tokens.lengths(queries, documents)
 
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput:
         """Tokenize and score one batch of pairs in input order."""
@@ -207,13 +195,13 @@ class CrossEncoder(RuntimeFacts):
     def tokenize_rows(self, pairs: Sequence[tuple[str, str]]) -> list[TokenRow]:
         """(query, document) pairs tokenized once, unpadded (``longest_first`` at ``max_seq_length``)."""
         queries, documents = [q for q, _ in pairs], [d for _, d in pairs]
-        return token_rows(*encode_rows(self.tokenizer, queries, documents, max_length=self.max_seq_length))
+        return self.text_tokens.rows(queries, documents)
 
     def score_rows(self, rows: Sequence[TokenRow], *, apply_activation: bool = True) -> ModelOutput:
         """Relevance scores ``(B,)`` of rows from :meth:`tokenize_rows`, padded together (:meth:`relevance`);
         what the serving engine runs per pass. ``apply_activation=False``: a one-label model's raw scores,
         which :meth:`activate` turns into the scores (the engine batches requests that differ in it)."""
-        batch = collate_rows(self.tokenizer, rows)
+        batch = self.text_tokens.collate(rows)
         scores = self.forward(batch.features, apply_activation=apply_activation)
         return ModelOutput(self.relevance(scores), batch.token_counts, batch.truncated)
 
@@ -273,14 +261,8 @@ class CrossEncoder(RuntimeFacts):
         counts = [0] * len(items)
         truncated = [False] * len(items)
         show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
-        batches = length_batches(
-            self.tokenizer,
-            [q for q, _ in items],
-            [d for _, d in items],
-            max_length=self.max_seq_length,
-            batch_size=batch_size,
-            truncate=truncate,
-            param="pairs",
+        batches = self.text_tokens.batches(
+            [q for q, _ in items], [d for _, d in items], batch_size=batch_size, truncate=truncate, param="pairs"
         )
         with tqdm(total=len(items), desc="Scoring", unit="pair", disable=not show) as bar:
             for positions, batch in batches:
@@ -303,12 +285,12 @@ class CrossEncoder(RuntimeFacts):
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
-        return text_offsets(self.tokenizer, texts)
+        return self.text_tokens.offsets(texts)
 
     def chunk_window(self, query: str) -> int:
         """Document tokens that fit one forward pass next to ``query`` (at least 16; a longer query is then
         truncated with the pair, longest first)."""
-        special = self.tokenizer.num_special_tokens_to_add(pair=True)
+        special = self.text_tokens.special(pair=True)
         return max(16, self.max_seq_length - special - len(self.token_offsets([query])[0]))
 
     def score(

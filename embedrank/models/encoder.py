@@ -17,28 +17,14 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, exclude_leading, pool
 from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
+from embedrank.models.batching import PROGRESS_THRESHOLD
+from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.dense import apply_dense, load_dense
-from embedrank.models.prompts import PromptRoles, select_prompt, with_prompt
+from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
 from embedrank.models.router import Branched, on_branch
-from embedrank.models.tokens import (
-    PROGRESS_THRESHOLD,
-    Tokenized,
-    TokenRow,
-    TokenSpan,
-    check_max_seq_length,
-    check_texts,
-    collate_rows,
-    encode_rows,
-    length_batches,
-    seen_tokens,
-    text_offsets,
-    token_lengths,
-    token_rows,
-    token_spans,
-    tokenize,
-)
+from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer
@@ -46,7 +32,7 @@ from embedrank.texts import data_dir_sample, vocabulary_texts
 from embedrank.types import ModelOutput
 
 
-class Encoder(PromptRoles, Branched, FitsRanges, RuntimeFacts):
+class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
     """A transformer encoder with embedrank's own pooling and normalization; a sentence-transformers
     ``Router`` model is its default branch, with the others in :attr:`branches` (``task=`` picks one).
 
@@ -72,10 +58,11 @@ class Encoder(PromptRoles, Branched, FitsRanges, RuntimeFacts):
             self.runtime: Runtime = TorchRuntime(model.to(device), tokenizer, "encoder", padding_free=padding_free)
         else:
             self.runtime = model
-        self.tokenizer = tokenizer
+        self.text_tokens = TextTokens(
+            tokenizer, max_length=max_seq_length or spec.max_seq_length, lower_case=spec.do_lower_case
+        )
         self.pooling = PoolingMode(pooling) if pooling is not None else (spec.pooling or PoolingMode.MEAN)
         self.normalize = spec.normalize if normalize is None else normalize
-        self.max_seq_length = max_seq_length or spec.max_seq_length
         self._range_sample: RangeSample | None = None
         self._dimension: int | None = None
         self.dense = load_dense(spec.path, spec.dense)  # sentence-transformers Dense layers after pooling
@@ -167,40 +154,59 @@ class Encoder(PromptRoles, Branched, FitsRanges, RuntimeFacts):
     # -- the three steps -------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], *, truncate: bool = True) -> Tokenized:
         """Step 1: texts -> padded features ``(B, T)`` with token counts and truncation flags."""
-        return tokenize(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length, truncate=truncate)
-
-    def _prepare(self, texts: Sequence[str]) -> list[str]:
-        return [t.lower() for t in texts] if self.spec.do_lower_case else list(texts)
+        return self.text_tokens.batch(texts, truncate=truncate)
 
     def count_tokens(
         self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
     ) -> list[int]:
         """Untruncated token count of each text as the model sees it (prompt and special tokens included);
         the service uses it to refuse over-long input before compute."""
-        return token_lengths(self.tokenizer, self._prepare(self.apply_prompt(texts, prompt_name, prompt)))
+        return self.text_tokens.lengths(self.apply_prompt(texts, prompt_name, prompt))
 
     def tokens(
         self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
     ) -> list[list[str]]:
         """The tokens the model sees for each text (prompt and special tokens included; cut at
         ``max_seq_length`` unless ``truncate=False``), as the tokenizer spells them."""
-        prepared = self._prepare(self.apply_prompt(check_texts(texts), prompt_name, prompt))
-        return seen_tokens(self.tokenizer, prepared, self.max_seq_length if truncate else None)
+        return self.text_tokens.seen(self.apply_prompt(check_texts(texts), prompt_name, prompt), truncate=truncate)
 
     def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
         """Each token of each text (ids, text, special, character span), untruncated (:func:`token_spans`)."""
-        return token_spans(self.tokenizer, self._prepare(texts), add_special_tokens=add_special_tokens)
+        return self.text_tokens.spans(texts, add_special_tokens=add_special_tokens)
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
-        return text_offsets(self.tokenizer, self._prepare(texts))
+        return self.text_tokens.offsets(texts)
 
     def chunk_window(self, prompt: str | None = None) -> int:
         """Text tokens that fit one forward pass: the max length minus special tokens and ``prompt`` (None:
         the document prompt)."""
         prompt = self.document_prompt if prompt is None else prompt
         used = len(self.token_offsets([prompt])[0]) if prompt else 0
-        return max(1, self.max_seq_length - self.tokenizer.num_special_tokens_to_add(pair=False) - used)
+        return max(1, self.max_seq_length - self.text_tokens.special() - used)
+
+    @property
+    def query_prompt(self) -> str:
+        """The text :meth:`encode_query` puts before each query (``""`` when the model has none)."""
+        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, QUERY_NAMES)
+
+    @property
+    def document_prompt(self) -> str:
+        """The text :meth:`encode_document` puts before each document (``""`` when the model has none)."""
+        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, DOCUMENT_NAMES)
+
+    def encode_query(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> Any:
+        """:meth:`encode` with the model's query prompt (``"query"``; else its default prompt) unless
+        ``prompt_name`` says otherwise, as sentence-transformers' ``encode_query``."""
+        chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.query_prompt}
+        return self.encode(texts, **chosen, **{"task": "query", **options})
+
+    def encode_document(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> Any:
+        """:meth:`encode` with the model's document prompt (the first of ``"document"``, ``"passage"``,
+        ``"corpus"`` it has; else its default prompt) unless ``prompt_name`` says otherwise, as
+        sentence-transformers' ``encode_document``."""
+        chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.document_prompt}
+        return self.encode(texts, **chosen, **{"task": "document", **options})
 
     @property
     def prompts(self) -> dict[str, str]:
@@ -265,12 +271,11 @@ class Encoder(PromptRoles, Branched, FitsRanges, RuntimeFacts):
         """Step 1 without padding: one :class:`~embedrank.models.tokens.TokenRow` per text (the serving
         engine tokenizes at submit time, budgets on real lengths, then batches rows of many requests);
         ``skip``: the leading tokens pooling leaves out (:meth:`prompt_skip`)."""
-        rows, cut = encode_rows(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length)
-        return token_rows(rows, cut, skip)
+        return self.text_tokens.rows(texts, skip=skip)
 
     def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput:
         """Steps 2 and 3 on rows from :meth:`tokenize_rows`, padded together; what the engine runs per pass."""
-        batch = collate_rows(self.tokenizer, rows)
+        batch = self.text_tokens.collate(rows)
         vectors = self.embed_tokenized(batch, normalize=normalize, skip=[r.skip for r in rows])
         return ModelOutput(vectors, batch.token_counts, batch.truncated)
 
@@ -279,7 +284,7 @@ class Encoder(PromptRoles, Branched, FitsRanges, RuntimeFacts):
         (``include_prompt=False``); then the prompt's tokens bar a trailing special one, as sentence-transformers."""
         if self.spec.include_prompt or not prompt:
             return 0
-        ids = self.tokenizer(self._prepare([prompt]))["input_ids"][0]
+        ids = self.tokenizer(self.text_tokens.prepare([prompt]))["input_ids"][0]
         return len(ids) - int(bool(ids) and ids[-1] in self.tokenizer.all_special_ids)
 
     # -- convenience -----------------------------------------------------------------------------
@@ -325,13 +330,7 @@ class Encoder(PromptRoles, Branched, FitsRanges, RuntimeFacts):
         counts = [0] * len(items)
         truncated = [False] * len(items)
         show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
-        batches = length_batches(
-            self.tokenizer,
-            self._prepare(items),
-            max_length=self.max_seq_length,
-            batch_size=batch_size,
-            truncate=truncate,
-        )
+        batches = self.text_tokens.batches(items, batch_size=batch_size, truncate=truncate)
         with tqdm(total=len(items), desc="Encoding", unit="text", disable=not show) as bar:
             for positions, batch in batches:
                 out[positions] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions, skip=skip)

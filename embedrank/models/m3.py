@@ -31,9 +31,11 @@ from embedrank.errors import UnsupportedModelError
 from embedrank.math.late import lexical_scores, maxsim_scores, token_max_weights, weighted_sum
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import l2_normalize
+from embedrank.models.batching import run_by_length
+from embedrank.models.checks import check_texts
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.encoder import Encoder
-from embedrank.models.tokens import TokenRow, check_texts, collate_rows, run_by_length
+from embedrank.models.tokens import TokenRow
 from embedrank.registry import ModelSpec, resolve
 
 HEADS = ("sparse_linear.pt", "colbert_linear.pt")
@@ -148,7 +150,7 @@ class M3Encoder:
     @torch.inference_mode()
     def outputs_rows(self, rows: Sequence[TokenRow]) -> list[M3Row]:
         """One forward pass over ``rows`` padded together; each row's three outputs (what an engine runs)."""
-        batch = collate_rows(self.encoder.tokenizer, rows)
+        batch = self.encoder.text_tokens.collate(rows)
         states = self.encoder.forward(batch.features).float()  # (B, T, H)
         mask = batch.features["attention_mask"].to(states.device)
         weights = torch.relu(self.sparse_linear(states)).squeeze(-1)  # (B, T)

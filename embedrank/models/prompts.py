@@ -9,8 +9,7 @@ for, in order, as sentence-transformers 5 does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from embedrank.errors import InvalidInputError
 
@@ -108,35 +107,3 @@ def request_prompt(
 def with_prompt(texts: Sequence[str], prompt: str) -> list[str]:
     """``prompt + text`` for each text, as sentence-transformers builds the model's input."""
     return [prompt + t for t in texts] if prompt else list(texts)
-
-
-class PromptRoles:
-    """The query and document prompts of a model with ``spec.prompts``, and ``encode_query`` /
-    ``encode_document`` over its ``encode`` (with ``task`` ``"query"`` / ``"document"``, which picks a
-    Router model's branch), as sentence-transformers 5 names them."""
-
-    spec: Any
-    encode: Callable[..., Any]  # the model's own
-
-    @property
-    def query_prompt(self) -> str:
-        """The text :meth:`encode_query` puts before each query (``""`` when the model has none)."""
-        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, QUERY_NAMES)
-
-    @property
-    def document_prompt(self) -> str:
-        """The text :meth:`encode_document` puts before each document (``""`` when the model has none)."""
-        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, DOCUMENT_NAMES)
-
-    def encode_query(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> Any:
-        """:meth:`encode` with the model's query prompt (``"query"``; else its default prompt) unless
-        ``prompt_name`` says otherwise, as sentence-transformers' ``encode_query``."""
-        chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.query_prompt}
-        return self.encode(texts, **chosen, **{"task": "query", **options})
-
-    def encode_document(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> Any:
-        """:meth:`encode` with the model's document prompt (the first of ``"document"``, ``"passage"``,
-        ``"corpus"`` it has; else its default prompt) unless ``prompt_name`` says otherwise, as
-        sentence-transformers' ``encode_document``."""
-        chosen: dict[str, Any] = {"prompt_name": prompt_name} if prompt_name else {"prompt": self.document_prompt}
-        return self.encode(texts, **chosen, **{"task": "document", **options})

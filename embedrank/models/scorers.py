@@ -14,12 +14,12 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.similarity import cosine_scores
+from embedrank.models.checks import check_texts
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
-from embedrank.models.tokens import check_texts
 from embedrank.registry import kind_of, resolve
 
 ScorerKind = Literal["cross-encoder", "bi-encoder", "late-interaction"]

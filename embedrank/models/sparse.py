@@ -27,23 +27,11 @@ import torch
 
 from embedrank.errors import UnsupportedModelError
 from embedrank.math.sparse import max_rows, prune_rows, to_csr
+from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, ChunkPlan, document_flags, require_max, summed_counts
 from embedrank.models.prompts import with_prompt
 from embedrank.models.router import Branched, on_branch
-from embedrank.models.tokens import (
-    TokenRow,
-    TokenSpan,
-    check_max_seq_length,
-    check_texts,
-    collate_rows,
-    encode_rows,
-    length_batches,
-    seen_tokens,
-    text_offsets,
-    token_lengths,
-    token_rows,
-    token_spans,
-)
+from embedrank.models.tokens import TextTokens, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import TorchRuntime
 from embedrank.runtime.exports import load_transformer
@@ -104,7 +92,7 @@ class StaticSparse:
         return (presence * self.weight).float().numpy()
 
 
-class SparseEncoder(Branched):
+class SparseEncoder(TokenizesText, Branched):
     """A SPLADE model: :meth:`encode` texts to sparse vectors over the vocabulary (on torch, fp32). An
     inference-free SPLADE (a sentence-transformers ``Router``: a weight per vocabulary entry for queries, a
     masked LM for documents) is its document branch with the query branch in :attr:`branches`
@@ -116,9 +104,9 @@ class SparseEncoder(Branched):
         self.spec = spec
         self.model_id = spec.model_id
         self.model = model
-        self.tokenizer = tokenizer
-        self.max_seq_length = max_seq_length or spec.max_seq_length
-        self.do_lower_case = spec.do_lower_case
+        self.text_tokens = TextTokens(
+            tokenizer, max_length=max_seq_length or spec.max_seq_length, lower_case=spec.do_lower_case
+        )
 
     @classmethod
     def from_pretrained(
@@ -222,13 +210,7 @@ class SparseEncoder(Branched):
             return self._encode_windows(texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking)
         rows: list[sp.csr_matrix | None] = [None] * len(texts)
         counts, cut = [0] * len(texts), [False] * len(texts)
-        for positions, batch in length_batches(
-            self.tokenizer,
-            self._prepare(texts),
-            max_length=self.max_seq_length,
-            batch_size=batch_size,
-            truncate=truncate,
-        ):
+        for positions, batch in self.text_tokens.batches(texts, batch_size=batch_size, truncate=truncate):
             matrix = to_csr(self._weights(batch.features), top_k)
             for k, i in enumerate(positions):
                 rows[i], counts[i], cut[i] = matrix[k], batch.token_counts[k], batch.truncated[k]
@@ -277,37 +259,33 @@ class SparseEncoder(Branched):
     # -- the serving engine's interface (embedrank.serving.runners.AsyncSparseEncoder) -------------------
     def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
         """Texts tokenized once, unpadded, cut at ``max_seq_length`` (what the engine batches)."""
-        return token_rows(*encode_rows(self.tokenizer, self._prepare(texts), max_length=self.max_seq_length))
+        return self.text_tokens.rows(texts)
 
     def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         """SPLADE weights ``(B, V)`` of rows from :meth:`tokenize_rows`, padded together (dense float32)."""
-        batch = collate_rows(self.tokenizer, rows)
+        batch = self.text_tokens.collate(rows)
         return ModelOutput(self._weights(batch.features), batch.token_counts, batch.truncated)
 
     # -- token accounting (/v1/tokenize, TEI's /tokenize) and long texts ---------------------------
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
-        return text_offsets(self.tokenizer, self._prepare(texts))
+        return self.text_tokens.offsets(texts)
 
     def chunk_window(self) -> int:
         """Text tokens that fit one forward pass: the max length minus the special tokens."""
-        return max(1, self.max_seq_length - self.tokenizer.num_special_tokens_to_add(pair=False))
+        return max(1, self.max_seq_length - self.text_tokens.special())
 
     def count_tokens(self, texts: Sequence[str], *, prompt: str = "") -> list[int]:
         """Untruncated token count of each ``prompt + text`` as the model sees it, special tokens included."""
-        return token_lengths(self.tokenizer, self._prepare(with_prompt(check_texts(texts), prompt)))
+        return self.text_tokens.lengths(with_prompt(check_texts(texts), prompt))
 
     def tokens(self, texts: Sequence[str], *, prompt: str = "", truncate: bool = True) -> list[list[str]]:
         """The tokens the model sees for each ``prompt + text`` (cut at ``max_seq_length`` unless ``truncate=False``)."""
-        prepared = self._prepare(with_prompt(check_texts(texts), prompt))
-        return seen_tokens(self.tokenizer, prepared, self.max_seq_length if truncate else None)
+        return self.text_tokens.seen(with_prompt(check_texts(texts), prompt), truncate=truncate)
 
     def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
         """Each token of each text (id, text, special, character span), untruncated."""
-        return token_spans(self.tokenizer, self._prepare(texts), add_special_tokens=add_special_tokens)
-
-    def _prepare(self, texts: Sequence[str]) -> list[str]:
-        return [t.lower() for t in texts] if self.do_lower_case else list(texts)
+        return self.text_tokens.spans(texts, add_special_tokens=add_special_tokens)
 
     @torch.inference_mode()
     def _weights(self, features: dict[str, torch.Tensor]) -> np.ndarray:

@@ -1,18 +1,23 @@
-"""Tokenization with per-input token counts and truncation flags, shared by encoders and cross-encoders."""
+"""Tokenization with per-input token counts and truncation flags: :class:`TextTokens`, the one tokenizer
+component every model kind composes (encoders, sparse encoders, cross-encoders, and through their encoder
+ColBERT and bge-m3 models), over the functions below.
+
+The checks of what a model is called with live in :mod:`embedrank.models.checks`, the ordering of inputs
+into batches of the closest lengths in :mod:`embedrank.models.batching`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from embedrank.errors import InputTooLongError, InvalidInputError
-
-PROGRESS_THRESHOLD = 1024  # inputs; above this, encode and score show a progress bar unless told otherwise
+from embedrank.models.batching import TOKENIZE_CHUNK, by_length
+from embedrank.models.checks import check_max_seq_length, check_truncation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,48 +59,6 @@ def token_rows(rows: Sequence[dict[str, list[int]]], truncated: Sequence[bool], 
 def collate_rows(tokenizer: Any, rows: Sequence[TokenRow]) -> Tokenized:
     """Pad :class:`TokenRow` items of a transformer into one batch (:func:`collate`)."""
     return collate(tokenizer, [r.tokens for r in rows], [r.truncated for r in rows])
-
-
-def run_by_length(
-    rows: Sequence[TokenRow], batch_size: int, run: Callable[[list[TokenRow]], Sequence[Any]]
-) -> list[Any]:
-    """``run`` over batches of ``rows`` of the closest lengths, longest first (little padding); its values
-    (one per row) back in input order.
-
-    >>> run_by_length(token_rows([{"input_ids": [1]}, {"input_ids": [1, 2, 3]}], [False, False]), 1, lambda b: [b[0].length])
-    [1, 3]
-    """
-    out: list[Any] = [None] * len(rows)
-    order = np.argsort([-r.length for r in rows], kind="stable")
-    for start in range(0, len(rows), batch_size):
-        positions = order[start : start + batch_size]
-        for i, value in zip(positions, run([rows[i] for i in positions]), strict=True):
-            out[i] = value
-    return out
-
-
-def check_texts(texts: Any, name: str = "texts") -> list[str]:
-    """Validate a list of input strings and return it as a list.
-
-    >>> check_texts(["a", ""])
-    ['a', '']
-    >>> check_texts([])
-    Traceback (most recent call last):
-    ...
-    embedrank.errors.InvalidInputError: texts is empty; pass at least one string
-    """
-    if isinstance(texts, str):
-        raise InvalidInputError(f"{name} must be a list of strings, not a single string; wrap it in a list")
-    try:
-        items = list(texts)
-    except TypeError:
-        raise InvalidInputError(f"{name} must be a list of strings, got {type(texts).__name__}") from None
-    if not items:
-        raise InvalidInputError(f"{name} is empty; pass at least one string")
-    for i, item in enumerate(items):
-        if not isinstance(item, str):
-            raise InvalidInputError(f"{name}[{i}] must be a string, got {type(item).__name__}")
-    return items
 
 
 def encode_rows(
@@ -235,28 +198,6 @@ def pad_features(
     return features
 
 
-def too_long_error(
-    index: int, max_length: int, *, param: str = "input", tokens: int | None = None
-) -> InputTooLongError:
-    """The error for ``param[index]`` (``query``: the one query) being longer than ``max_length`` tokens when
-    truncation was not allowed."""
-    size = f" ({tokens} tokens)" if tokens is not None else ""
-    where = param if param == "query" else f"{param}[{index}]"
-    return InputTooLongError(
-        f"{where} is longer{size} than the model's maximum of {max_length} tokens and truncation was disabled",
-        param=param,
-        index=index,
-    )
-
-
-def check_truncation(
-    truncated: Sequence[bool], max_length: int, truncate: bool, *, offset: int = 0, param: str = "input"
-) -> None:
-    """Raise :func:`too_long_error` for the first cut input (``param[offset + i]``) when truncation is off."""
-    if not truncate and any(truncated):
-        raise too_long_error(offset + list(truncated).index(True), max_length, param=param)
-
-
 @dataclasses.dataclass(frozen=True)
 class TokenSpan:
     """One token as the model sees it: its id, its text, whether it is a special token, and its character
@@ -267,19 +208,6 @@ class TokenSpan:
     special: bool
     start: int | None
     stop: int | None
-
-
-def check_max_seq_length(value: int | None) -> None:
-    """Refuse a model window that is not a positive number of tokens (None: the model's own).
-
-    >>> check_max_seq_length(0)
-    Traceback (most recent call last):
-    embedrank.errors.InvalidInputError: max_seq_length must be a positive integer (None: the model's own), got 0
-    """
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InvalidInputError(
-            f"max_seq_length must be a positive integer (None: the model's own), got {value!r}", param="max_seq_length"
-        )
 
 
 def text_offsets(tokenizer: Any, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
@@ -333,15 +261,6 @@ def seen_tokens(tokenizer: Any, texts: Sequence[str], max_length: int | None) ->
     return [tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]]
 
 
-def first_too_long(lengths: Sequence[int], max_length: int) -> int | None:
-    """Index of the first length over ``max_length``, or None.
-
-    >>> first_too_long([3, 300, 400], 256)
-    1
-    """
-    return next((i for i, n in enumerate(lengths) if n > max_length), None)
-
-
 def tokenize(
     tokenizer: Any,
     texts: Sequence[str],
@@ -364,38 +283,115 @@ def tokenize(
     return batch
 
 
-TOKENIZE_CHUNK = 8192  # inputs tokenized at once before length-sorted batching
+class TextTokens:
+    """A model's tokenizer and window as every model kind uses them: texts (or ``(text, pair)`` pairs) to
+    unpadded rows, padded batches and batches of the closest lengths, and the token accounting the service
+    reports (counts, the tokens seen, spans, offsets). ``lower_case``: texts are lowercased first (a
+    sentence-transformers model whose transformer was trained on lowercased text). ``max_length`` is the
+    window, changed by setting the model's ``max_seq_length``.
 
-
-def length_batches(
-    tokenizer: Any,
-    texts: Sequence[str],
-    pairs: Sequence[str] | None = None,
-    *,
-    max_length: int,
-    batch_size: int,
-    truncate: bool = True,
-    param: str = "texts",
-) -> Iterator[tuple[list[int], Tokenized]]:
-    """Tokenize ``texts`` (or ``(texts[i], pairs[i])`` pairs) a chunk at a time, once, and yield padded
-    batches of inputs with the closest token lengths, longest first, with their input positions.
-
-    Sorting by exact token length pads less than sorting by characters, as sentence-transformers does.
-
-    Raises:
-        InputTooLongError: ``truncate=False`` and some input is longer than ``max_length``; the error
-            names it as ``param[i]`` with ``i`` its position in ``texts``.
+    >>> from transformers import AutoTokenizer
+    >>> from embedrank.registry import resolve
+    >>> tokens = TextTokens(AutoTokenizer.from_pretrained(resolve("all-MiniLM-L6-v2").path), max_length=4)
+    >>> [r.length for r in tokens.rows(["red apples", "an apple and a pear"])], tokens.lengths(["an apple and a pear"])
+    ([4, 4], [7])
     """
-    for chunk_start in range(0, len(texts), TOKENIZE_CHUNK):
-        chunk_end = chunk_start + TOKENIZE_CHUNK
-        rows, cut = encode_rows(
-            tokenizer,
-            texts[chunk_start:chunk_end],
-            None if pairs is None else pairs[chunk_start:chunk_end],
-            max_length=max_length,
-        )
-        check_truncation(cut, max_length, truncate, offset=chunk_start, param=param)
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            yield [chunk_start + i for i in idx], collate(tokenizer, [rows[i] for i in idx], [cut[i] for i in idx])
+
+    def __init__(self, tokenizer: Any, *, max_length: int, lower_case: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.lower_case = lower_case
+
+    def prepare(self, texts: Sequence[str]) -> list[str]:
+        """``texts`` as the tokenizer is given them (lowercased for a ``lower_case`` model)."""
+        return [t.lower() for t in texts] if self.lower_case else list(texts)
+
+    def _args(self, texts: Sequence[str], pairs: Sequence[str] | None) -> tuple[list[str], list[str] | None]:
+        return self.prepare(texts), None if pairs is None else self.prepare(pairs)
+
+    def rows(
+        self, texts: Sequence[str], pairs: Sequence[str] | None = None, *, skip: int = 0, max_length: int | None = None
+    ) -> list[TokenRow]:
+        """One unpadded :class:`TokenRow` per text (or pair), cut at the window (``max_length``: another one);
+        ``skip``: the leading tokens pooling leaves out."""
+        rows, cut = encode_rows(self.tokenizer, *self._args(texts, pairs), max_length=max_length or self.max_length)
+        return token_rows(rows, cut, skip)
+
+    def collate(self, rows: Sequence[TokenRow]) -> Tokenized:
+        """Rows from :meth:`rows` padded into one batch."""
+        return collate_rows(self.tokenizer, rows)
+
+    def batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *, truncate: bool = True) -> Tokenized:
+        """``texts`` (or pairs) as one padded batch, truncated ``longest_first`` at the window as
+        sentence-transformers does.
+
+        Raises:
+            InputTooLongError: ``truncate=False`` and an input is longer than the window.
+        """
+        return tokenize(self.tokenizer, *self._args(texts, pairs), max_length=self.max_length, truncate=truncate)
+
+    def batches(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        *,
+        batch_size: int,
+        truncate: bool = True,
+        param: str = "texts",
+    ) -> Iterator[tuple[list[int], Tokenized]]:
+        """``texts`` (or pairs) tokenized a chunk at a time, once, in padded batches of the closest token lengths
+        (:func:`~embedrank.models.batching.by_length`), with each batch's input positions.
+
+        Raises:
+            InputTooLongError: ``truncate=False`` and an input is longer than the window; the error names it
+                as ``param[i]`` with ``i`` its position in ``texts``.
+        """
+        texts, pairs = self._args(texts, pairs)
+        for start in range(0, len(texts), TOKENIZE_CHUNK):
+            end = start + TOKENIZE_CHUNK
+            chunk_pairs = None if pairs is None else pairs[start:end]
+            rows, cut = encode_rows(self.tokenizer, texts[start:end], chunk_pairs, max_length=self.max_length)
+            check_truncation(cut, self.max_length, truncate, offset=start, param=param)
+            for idx in by_length([len(r["input_ids"]) for r in rows], batch_size):
+                yield [start + i for i in idx], collate(self.tokenizer, [rows[i] for i in idx], [cut[i] for i in idx])
+
+    def lengths(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[int]:
+        """Untruncated token count of each text (or pair), special tokens included."""
+        return token_lengths(self.tokenizer, *self._args(texts, pairs))
+
+    def seen(self, texts: Sequence[str], *, truncate: bool = True) -> list[list[str]]:
+        """The tokens of each text as the tokenizer spells them, cut at the window unless ``truncate=False``."""
+        return seen_tokens(self.tokenizer, self.prepare(texts), self.max_length if truncate else None)
+
+    def spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
+        """Every token of each text with its id and character span, untruncated (:func:`token_spans`)."""
+        return token_spans(self.tokenizer, self.prepare(texts), add_special_tokens=add_special_tokens)
+
+    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Character span of each token of each text, special tokens excluded, untruncated."""
+        return text_offsets(self.tokenizer, self.prepare(texts))
+
+    def special(self, *, pair: bool = False) -> int:
+        """Tokens a text (or a pair) costs besides its own."""
+        return int(self.tokenizer.num_special_tokens_to_add(pair=pair))
+
+
+class TokenizesText:
+    """The tokenizer and the window of a model that tokenizes with its :class:`TextTokens` (``text_tokens``)."""
+
+    text_tokens: TextTokens
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer."""
+        return self.text_tokens.tokenizer
+
+    @property
+    def max_seq_length(self) -> int:
+        """The window in tokens (special tokens included); set it to read less (or more) of each text."""
+        return self.text_tokens.max_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        check_max_seq_length(value)
+        self.text_tokens.max_length = value

@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.ranking import ranked_ids, top_k
+from embedrank.models.batching import PROGRESS_THRESHOLD
 from embedrank.models.scorers import BiEncoderScorer, Reranker
-from embedrank.models.tokens import PROGRESS_THRESHOLD
 from embedrank.retrieval.data import doc_text
 from embedrank.retrieval.dense import (
     CorpusEmbeddings,

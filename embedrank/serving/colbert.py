@@ -13,9 +13,10 @@ import numpy as np
 from embedrank.errors import InvalidInputError
 from embedrank.math.late import maxsim_scores
 from embedrank.math.similarity import l2_normalize
+from embedrank.models.checks import too_long_error
 from embedrank.models.chunking import Chunking
 from embedrank.models.colbert import ColBERTEncoder
-from embedrank.models.tokens import TokenRow, too_long_error
+from embedrank.models.tokens import TokenRow
 from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks, refuse_given
 from embedrank.serving.late import LateInteractionRunner
 from embedrank.types import ModelOutput

@@ -15,10 +15,11 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
+from embedrank.models.checks import too_long_error
 from embedrank.models.chunking import Chunking
 from embedrank.models.m3 import DEFAULT_WEIGHTS, M3Encoder, M3Output, M3Row, gather, query_scores
 from embedrank.models.prompts import with_prompt
-from embedrank.models.tokens import TokenRow, too_long_error
+from embedrank.models.tokens import TokenRow
 from embedrank.serving.inputs import check_budget, first_cut
 from embedrank.serving.late import LateInteractionRunner
 from embedrank.types import ModelOutput

@@ -24,9 +24,10 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.similarity import check_dimensions, cosine_scores, l2_normalize, truncate_dims
+from embedrank.models.checks import too_long_error
 from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
-from embedrank.models.tokens import TokenRow, TokenSpan, too_long_error
+from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, cut_starts, field_of, first_cut, plan_chunks

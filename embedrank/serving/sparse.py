@@ -13,9 +13,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from embedrank.math.sparse import to_csr
+from embedrank.models.checks import too_long_error
 from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import with_prompt
-from embedrank.models.tokens import TokenRow, TokenSpan, too_long_error
+from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, first_cut, refuse_given

@@ -1,0 +1,49 @@
+"""Batches of the closest lengths: the one loop that orders inputs for padding-light forward passes, used by
+every model kind (the serving engine batches across requests on its own, by a token budget).
+
+Sorting by exact token length pads less than sorting by characters, as sentence-transformers does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+PROGRESS_THRESHOLD = 1024  # inputs; above this, encode and score show a progress bar unless told otherwise
+TOKENIZE_CHUNK = 8192  # inputs tokenized at once before length-sorted batching
+
+
+class HasLength(Protocol):
+    @property
+    def length(self) -> int: ...
+
+
+Row = TypeVar("Row", bound=HasLength)
+
+
+def by_length(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
+    """Positions of ``lengths`` in batches of at most ``batch_size``, longest first, ties in input order.
+
+    >>> list(by_length([1, 5, 3, 5], 2))
+    [[1, 3], [2, 0]]
+    """
+    order = np.argsort([-n for n in lengths], kind="stable")
+    for start in range(0, len(order), batch_size):
+        yield [int(i) for i in order[start : start + batch_size]]
+
+
+def run_by_length(rows: Sequence[Row], batch_size: int, run: Callable[[list[Row]], Sequence[Any]]) -> list[Any]:
+    """``run`` over batches of ``rows`` (anything with a token ``length``) of the closest lengths
+    (:func:`by_length`); its values (one per row) back in input order.
+
+    >>> from embedrank.models.tokens import token_rows
+    >>> run_by_length(token_rows([{"input_ids": [1]}, {"input_ids": [1, 2, 3]}], [False, False]), 1, lambda b: [b[0].length])
+    [1, 3]
+    """
+    out: list[Any] = [None] * len(rows)
+    for positions in by_length([r.length for r in rows], batch_size):
+        for i, value in zip(positions, run([rows[i] for i in positions]), strict=True):
+            out[i] = value
+    return out

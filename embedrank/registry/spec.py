@@ -1,0 +1,69 @@
+"""What embedrank knows about a model before loading its weights (:class:`ModelSpec`), and its kind."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Literal
+
+from embedrank.math.pooling import PoolingMode
+
+ModelKind = Literal["embedding", "cross-encoder", "sparse", "multi-vector"]  # multi-vector: ColBERT (models.colbert)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What embedrank knows about a model before loading its weights."""
+
+    model_id: str
+    path: str
+    source: Literal["package", "local", "hub", "fake"]
+    kind: ModelKind
+    pooling: PoolingMode | None
+    normalize: bool
+    max_seq_length: int
+    dimension: int | None
+    num_labels: int | None = None
+    do_lower_case: bool = False
+    # sentence-transformers' prompts (config_sentence_transformers.json): name -> text put before the input
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
+    default_prompt_name: str | None = None  # applied when a call names no prompt
+    # run the Python files the model ships (config.json's auto_map): only when the user opts in
+    trust_remote_code: bool = False
+    # how a cross-encoder scores: its classification head, or (a causal LM such as Qwen3-Reranker) the
+    # probability of answer_tokens[0] ("yes") against answer_tokens[1] ("no") after its prompt template
+    scoring: Literal["classifier", "yes-no"] = "classifier"
+    dense: tuple[str, ...] = ()  # sentence-transformers Dense module folders applied after pooling
+    static: str | None = None  # the folder of a StaticEmbedding module: a static model (runtime.static)
+    include_prompt: bool = True  # False: pooling leaves the prompt's tokens out (the model still sees them)
+    model_type: str | None = None  # config.json's model_type (``bert``, ``t5``, ...)
+    answer_tokens: tuple[str, str] = ("yes", "no")
+    # a sentence-transformers Router (asymmetric models): the folder with router_config.json, every branch's
+    # name, and the branch this spec describes (each branch is a model of its own: see describe's branch=)
+    router: str | None = None
+    branches: tuple[str, ...] = ()
+    branch: str | None = None
+    m3: bool = False  # bge-m3's lexical and multi-vector heads beside the weights (models.m3)
+
+    @property
+    def routes(self) -> tuple[str, ...]:
+        """Deprecated name of :attr:`branches`."""
+        warnings.warn("ModelSpec.routes is deprecated: use branches", DeprecationWarning, stacklevel=2)
+        return self.branches
+
+    @property
+    def route(self) -> str | None:
+        """Deprecated name of :attr:`branch`."""
+        warnings.warn("ModelSpec.route is deprecated: use branch", DeprecationWarning, stacklevel=2)
+        return self.branch
+
+
+MODEL_KINDS = ("embedding", "multi-vector", "sparse", "m3", "cross-encoder")
+
+
+def kind_of(spec: ModelSpec) -> str:
+    """What kind of model ``spec`` describes, one of :data:`MODEL_KINDS`: its ``kind``, except that a bge-m3 model
+    (an embedding model with lexical and multi-vector heads) is ``m3``. Loading, scoring and serving dispatch on it."""
+    if spec.m3:
+        return "m3"
+    return spec.kind if spec.kind in MODEL_KINDS else "cross-encoder"
