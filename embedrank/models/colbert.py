@@ -35,7 +35,7 @@ from embedrank.models.batching import run_by_length
 from embedrank.models.checks import check_texts
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.dense import apply_dense, load_dense, load_stanford_projection
-from embedrank.models.encoder import Encoder
+from embedrank.models.encoder import Encoder, OverEncoder
 from embedrank.models.tokens import TokenRow, pad_features
 from embedrank.registry import ModelSpec, resolve
 
@@ -87,7 +87,7 @@ def is_stanford(root: str | Path) -> bool:
     return "HF_ColBERT" in (json.loads(config.read_text(encoding="utf-8")).get("architectures") or [])
 
 
-class ColBERTEncoder:
+class ColBERTEncoder(OverEncoder):
     """A PyLate ColBERT model (or a Stanford checkpoint, read as PyLate reads it): per-token vectors for queries and documents, and MaxSim scores; use
     :meth:`from_pretrained`."""
 
@@ -150,25 +150,14 @@ class ColBERTEncoder:
         return cls(encoder, settings, projections, spec)
 
     @property
-    def model_id(self) -> str:
-        return self.encoder.model_id
-
-    @property
     def dimension(self) -> int:
         """Width of each token vector (the last projection's output)."""
         return int(self.projections[-1].weight.shape[0]) if self.projections else self.encoder.dimension
 
-    @property
+    @property  # type: ignore[misc]  # read-only: a ColBERT window is fixed at load (from_pretrained(max_seq_length=))
     def max_seq_length(self) -> int:
         """A document's window in tokens (markers and special tokens included)."""
         return self.settings.document_length
-
-    def __getattr__(self, name: str) -> Any:
-        """What the transformer's :class:`~embedrank.models.encoder.Encoder` knows (``runtime``, ``backend``,
-        ``fallback_reason``, ...)."""
-        if name == "encoder":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.encoder, name)
 
     def chunk_window(self) -> int:
         """Text tokens of a document that fit its window (special tokens and the marker left out)."""

@@ -397,3 +397,42 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
 
     def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
         return self.encode(texts, batch_size=64, show_progress=False, prompt="", normalize=normalize)
+
+
+class OverEncoder(TokenizesText, RuntimeFacts):
+    """A model built over an :class:`Encoder`'s transformer (a ColBERT model, bge-m3): its tokenizer, window,
+    runtime and token accounting are the encoder's."""
+
+    encoder: Encoder
+
+    @property
+    def text_tokens(self) -> TextTokens:  # type: ignore[override]
+        return self.encoder.text_tokens
+
+    @property
+    def runtime(self) -> Runtime:  # type: ignore[override]
+        return self.encoder.runtime
+
+    @property
+    def model_id(self) -> str:
+        return self.encoder.model_id
+
+    def count_tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None
+    ) -> list[int]:
+        """:meth:`Encoder.count_tokens`."""
+        return self.encoder.count_tokens(texts, prompt_name=prompt_name, prompt=prompt)
+
+    def tokens(
+        self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
+    ) -> list[list[str]]:
+        """:meth:`Encoder.tokens`."""
+        return self.encoder.tokens(texts, prompt_name=prompt_name, prompt=prompt, truncate=truncate)
+
+    def token_spans(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[TokenSpan]]:
+        """:meth:`Encoder.token_spans`."""
+        return self.encoder.token_spans(texts, add_special_tokens=add_special_tokens)
+
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """:meth:`Encoder.token_offsets`."""
+        return self.encoder.token_offsets(texts)

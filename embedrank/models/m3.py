@@ -34,7 +34,7 @@ from embedrank.math.similarity import l2_normalize
 from embedrank.models.batching import run_by_length
 from embedrank.models.checks import check_texts
 from embedrank.models.chunking import Chunking, score_chunked
-from embedrank.models.encoder import Encoder
+from embedrank.models.encoder import Encoder, OverEncoder
 from embedrank.models.tokens import TokenRow
 from embedrank.registry import ModelSpec, resolve
 
@@ -95,7 +95,7 @@ def _linear(path: Path) -> torch.nn.Linear:
     return layer.eval()
 
 
-class M3Encoder:
+class M3Encoder(OverEncoder):
     """bge-m3's three outputs from one pass; use :meth:`from_pretrained`."""
 
     def __init__(self, encoder: Encoder, sparse_linear: torch.nn.Linear, colbert_linear: torch.nn.Linear) -> None:
@@ -132,12 +132,18 @@ class M3Encoder:
     def spec(self) -> ModelSpec:
         return self.encoder.spec
 
-    def __getattr__(self, name: str) -> Any:
-        """What the transformer's :class:`~embedrank.models.encoder.Encoder` knows (``runtime``, ``backend``,
-        ``fallback_reason``, ``quantization_ranges``, ...)."""
-        if name == "encoder":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.encoder, name)
+    @property
+    def dimension(self) -> int:
+        """The dense vector's width."""
+        return self.encoder.dimension
+
+    def fit_ranges(self, texts: Sequence[str] | str | Path) -> None:
+        """The dense vectors' int8/uint8 ranges fitted on ``texts`` (:meth:`Encoder.fit_ranges`)."""
+        self.encoder.fit_ranges(texts)
+
+    def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
+        """The dense vectors' int8/uint8 ranges (:meth:`Encoder.quantization_ranges`)."""
+        return self.encoder.quantization_ranges(dimensions)
 
     @property
     def vocab_size(self) -> int:
