@@ -147,10 +147,9 @@ async def embed_vectors(
 ) -> Embedded:
     """The core call behind every embedding route: the vectors ``(N, D)`` and each of ``req.embedding_types``.
     ``normalize`` overrides the model's normalization; ``truncation_side`` says which end an over-long text loses."""
-    served = pool.get(req.model, "embeddings")
     texts = await _input_texts(req.input, limits, token_ids)
     with _request_fields():
-        embedded = await served.embed(
+        embedded = await pool.get(req.model, "embeddings").embed(
             texts,
             input_type=req.input_type,
             prompt_name=req.prompt_name,
@@ -199,8 +198,8 @@ async def create_embeddings(
 
 async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> TokenizeResponse:
     """Token counts of each input as ``/v1/embeddings`` would process it (same prompt selection)."""
-    served = pool.get(req.model, "embeddings")
     texts = await _input_texts(req.input, limits, token_ids=False)
+    served = pool.get(req.model, "embeddings")
     counts, tokens = await served.count(
         texts, input_type=req.input_type, prompt_name=req.prompt_name, return_tokens=req.return_tokens
     )
@@ -222,7 +221,6 @@ async def rerank(
     req: RerankRequest, pool: ModelPool, limits: Limits, raw_scores: bool = False
 ) -> tuple[RerankResponse, int]:
     """Rerank. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
-    served = pool.get(req.model, "rerank")
     # the decoder has refused an empty query, an empty documents list and top_n < 1 (service.decoding)
     if _ONLY_WHITESPACE.fullmatch(req.query):
         raise invalid("query is empty or only whitespace", param="query", code="empty_query")
@@ -242,7 +240,7 @@ async def rerank(
         max_tokens=req.max_tokens_per_doc,
     )
     with _request_fields():
-        reranked = await served.rerank(
+        reranked = await pool.get(req.model, "rerank").rerank(
             req.query,
             texts,
             truncate=req.truncate,

@@ -213,9 +213,8 @@ async def embed_sparse(
         raise invalid(
             "truncation_direction=Left is not supported for sparse models; leave it out", param="truncation_direction"
         )
-    served = pool.get(_model(pool, req.model, "sparse"), "sparse")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    embedded = await served.sparse(
+    embedded = await pool.get(_model(pool, req.model, "sparse"), "sparse").sparse(
         texts,
         input_type=req.input_type,
         prompt_name=req.prompt_name,
@@ -231,8 +230,8 @@ async def embed_sparse(
 
 async def tokenize(req: TEITokenizeRequest, pool: ModelPool, settings: Settings) -> list[list[SimpleToken]]:
     """TEI's ``/tokenize``: every token of each input, untruncated."""
-    served = pool.get(_model(pool, req.model, "embeddings"), "embeddings")
     texts = api.checked_texts(req.inputs, settings.limits, "inputs")
+    served = pool.get(_model(pool, req.model, "embeddings"), "embeddings")
     spans = await served.token_spans(texts, prompt_name=req.prompt_name, add_special_tokens=req.add_special_tokens)
     return [
         [SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop) for t in row] for row in spans
