@@ -1,8 +1,9 @@
 """``backend="auto"`` and ``precision="auto"``: the fastest runtime on this CPU whose outputs stay within the
 quality bound, chosen by measuring the candidates at first load, and cached.
 
-Which setting is fastest depends on the CPU (OpenVINO's static int8 wins with VNNI, not on AVX2 only; bf16
-helps only where the CPU computes in bf16), so ``auto`` measures instead of assuming.
+Which setting is fastest depends on the CPU: static int8 on OpenVINO is the fastest where the CPU has VNNI
+(int8 dot products) and no faster than fp32 where it has AVX2 only; bf16 helps only where the CPU computes
+in bf16. So ``auto`` measures instead of assuming.
 
 **Candidates** (:func:`candidates`): every backend and precision the request leaves open that this machine
 can run: ``openvino`` fp32, bf16 (only where the CPU has AVX512-BF16 or AMX; elsewhere bf16 computes in f32
@@ -10,7 +11,8 @@ and is the fp32 candidate again), int8 (with NNCF installed); ``onnx`` fp32 and 
 installed); ``torch`` fp32. ``backend="openvino", precision="auto"`` tries OpenVINO's precisions only;
 ``backend="auto", precision="fp32"`` the fp32 runtimes only.
 
-**Reference**: ``openvino`` fp32 (the default, equal to torch to 1e-5), or the first fp32 one that loads.
+**Reference**: the default runtime (``openvino`` fp32, which agrees with torch to 1e-5), or the first
+fp32 candidate that loads.
 
 **Measurement** (:func:`choose`), on the calibration texts (the int8 calibration's: a SciFact sample from
 the data directory by default, else the model's vocabulary sentences):
@@ -29,9 +31,10 @@ quality bound and not slower than the reference on either workload; the referenc
 ``auto`` is never slower than the default on what it measured. Candidates are measured one at a time (at
 most the reference, the best so far and the one measured are loaded at once).
 
-**Cache**: the decision and every candidate's figures go to ``<cache>/exports/<model>-auto-<key>.json``
-(:mod:`embedrank.runtime.exports`; keyed by weights, head, window, candidates, CPU model, flags, threads and
-ISA limit, library versions, calibration texts): later loads read it and measure nothing (delete to redo).
+**Cache**: the decision, with every candidate's figures, is written to ``<cache>/exports/<model>-auto-<key>.json``
+(:mod:`embedrank.runtime.exports`), keyed by the model's weights, head, window, candidates, the CPU's model
+name and flags, the thread count, the versions of the libraries that run the graphs and the calibration
+texts: a later load on the same machine reads it and measures nothing. Delete the file to measure again.
 The chosen runtime carries the decision (:attr:`Choice.summary`, ``Encoder.auto_choice``, ``/v1/models``).
 """
 
@@ -228,6 +231,15 @@ def score_agreement(reference: np.ndarray, candidate: np.ndarray) -> dict[str, f
     return {"rho": round(float(rho), 6) if np.isfinite(rho) else 0.0}
 
 
+def within_bound(quality: dict[str, float]) -> bool:
+    """Every figure at or above its :data:`BOUNDS` entry.
+
+    >>> within_bound({"cosine": 0.99, "overlap": 0.95}), within_bound({"cosine": 0.97})
+    (True, False)
+    """
+    return all(value >= BOUNDS[name] for name, value in quality.items())
+
+
 Batches = list[dict[str, torch.Tensor]]
 
 
@@ -364,7 +376,7 @@ def choose(
             best = (runtime, trial)
             continue
         trial.quality = _quality(expected, runtime, work)
-        trial.within_bound = all(value >= BOUNDS[name] for name, value in trial.quality.items())
+        trial.within_bound = within_bound(trial.quality)
         if not trial.within_bound:
             trial.excluded = (
                 "outside the quality bound (" + ", ".join(f"{k} {v:.4f}" for k, v in trial.quality.items()) + ")"
