@@ -56,10 +56,19 @@ def per_operation(counts: dict[str, int]) -> dict[str, collections.Counter[str]]
 def run(cases: int, seed: int, workers: int, real: bool, log_path: str | None = None) -> tuple[int, dict]:
     """Run the fuzzer against a fresh server; returns schemathesis' exit code and its JSON report plus the
     per-operation counts (``report["per_operation"]``)."""
-    env = {"EMBEDRANK_API_KEYS": KEY, "EMBEDRANK_IDLE_SECONDS": "5"}
-    if not real:
-        env["EMBEDRANK_MODELS"] = FAKE_MODELS
-    with tempfile.TemporaryDirectory() as tmp, running_server(env, log_path=log_path) as base:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            "EMBEDRANK_API_KEYS": KEY,
+            "EMBEDRANK_IDLE_SECONDS": "5",
+            "EMBEDRANK_BATCH_DIR": str(Path(tmp, "batches")),
+        }
+        if not real:
+            env["EMBEDRANK_MODELS"] = FAKE_MODELS
+        return _run(env, tmp, cases, seed, workers, log_path)
+
+
+def _run(env: dict[str, str], tmp: str, cases: int, seed: int, workers: int, log_path: str | None) -> tuple[int, dict]:
+    with running_server(env, log_path=log_path) as base:
         report, counts = Path(tmp, "report.json"), Path(tmp, "counts.json")
         schemathesis = Path(sys.executable).with_name("schemathesis")
         cmd = [

@@ -128,9 +128,10 @@ def bases(schema: dict[str, Any], models: list[str], post: Any) -> dict[str, lis
     ``post(path, body) -> status``."""
     out: dict[str, list[dict[str, Any]]] = {}
     for path, operations in schema["paths"].items():
-        if "post" not in operations:
+        content = operations.get("post", {}).get("requestBody", {}).get("content", {}).get("application/json")
+        if content is None:  # no POST, or one without a JSON body (a file upload, a cancel)
             continue
-        for example in _examples(operations["post"]["requestBody"]["content"]["application/json"]):
+        for example in _examples(content):
             for model in models if "model" in example else [None]:
                 body = {**example, "model": model} if model else dict(example)
                 if post(path, json.dumps(body).encode()) == 200:

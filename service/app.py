@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from typing import Any
 
-from litestar import Litestar, Request
+from litestar import Litestar, Request, Router
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
@@ -31,6 +31,7 @@ from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
 from service import shutdown
 from service.auth import BearerAuth
+from service.batches.http import FILE_HANDLERS, FORM_PATHS, BatchService
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
 from service.errors import APIError, handle_exception
 from service.fast_path import EmbeddingsFastPath
@@ -43,26 +44,34 @@ from service.routes import BODIES, ROUTE_HANDLERS, ROUTES
 from service.settings import Settings, SettingsError
 
 logger = logging.getLogger("embedrank.service")
+FORM_MARGIN = 64 * 1024  # an upload's form fields and part headers, beside the file itself
 
 
 async def _json_body(request: Request[Any, Any, Any]) -> None:
-    """415 unless the body is declared as JSON (Content-Type: application/json); then the body is decoded,
-    once, strictly against the route's schema (:func:`~service.handling.read_json_body`), so a wrong type is a 400 that names
-    the field rather than a silent coercion, and the handler receives that decoded value."""
-    if request.method == "POST":
-        content_type = request.headers.get("content-type", "")
-        if content_type.split(";", 1)[0].strip().lower() != "application/json":
-            raise APIError(
-                415,
-                f"Content-Type must be application/json, got {shorten(content_type or 'none')!r}",
-                code="unsupported_media_type",
-            )
-        schema = BODIES.get(request.url.path)
-        if schema is not None:
-            # decode once: Litestar reads the JSON of the connection state before parsing the body itself,
-            # and passes a value that already has the handler's data type through unchanged
-            settings = service_of(request.app.state).settings
-            set_decoded_body(request, await read_json_body(request, schema, settings))
+    """415 unless a POST body is declared as its route takes it: JSON (Content-Type: application/json), or a
+    multipart form for a file upload; then a JSON body is decoded, once, strictly against the route's schema
+    (:func:`~service.handling.read_json_body`), so a wrong type is a 400 that names the field rather than a
+    silent coercion, and the handler receives that decoded value. A POST that takes no body (a cancel) is
+    left alone."""
+    if request.method != "POST":
+        return
+    path = request.url.path
+    schema = BODIES.get(path)
+    expected = "multipart/form-data" if path in FORM_PATHS else "application/json" if schema is not None else None
+    if expected is None:
+        return
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != expected:
+        raise APIError(
+            415,
+            f"Content-Type must be {expected}, got {shorten(content_type or 'none')!r}",
+            code="unsupported_media_type",
+        )
+    if schema is not None:
+        # decode once: Litestar reads the JSON of the connection state before parsing the body itself,
+        # and passes a value that already has the handler's data type through unchanged
+        settings = service_of(request.app.state).settings
+        set_decoded_body(request, await read_json_body(request, schema, settings))
 
 
 async def _load(service: ServiceState) -> None:
@@ -107,6 +116,7 @@ def create_app(
     except ConfigurationError as exc:  # a model entry its model cannot serve: a setting to fix, said as one
         raise SettingsError(str(exc)) from None
     service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
+    service.batches = BatchService(settings, service.ready_pool)
     if settings.tune_malloc:  # before the loading and forward threads exist
         tune_malloc()
 
@@ -134,6 +144,7 @@ def create_app(
             json_parse_errors(server)
         shutdown.install(partial(setattr, service, "status", "draining"), drain, settings.drain_seconds)
         service.load_task = asyncio.get_running_loop().create_task(_load(service))
+        batch_worker = asyncio.get_running_loop().create_task(service.batches.run())  # type: ignore[union-attr]
         if deadline is not None:
             deadline.start()
         if wait_for_models:
@@ -145,6 +156,8 @@ def create_app(
                 await deadline.stop()
             service.status = "draining"
             service.load_task.cancel()
+            batch_worker.cancel()  # a chunk in flight is not recorded: it runs again after the restart
+            await asyncio.gather(batch_worker, return_exceptions=True)
             await service.pool.drain(settings.drain_seconds)
 
     inflight = shutdown.InFlight()
@@ -161,7 +174,15 @@ def create_app(
     tracking = RequestMiddleware(service.metrics, auth, inflight)
     middleware = [tracking]
     app = Litestar(
-        route_handlers=list(ROUTE_HANDLERS),
+        route_handlers=[
+            *ROUTE_HANDLERS,
+            # uploads may be larger than a JSON body: their own limit
+            Router(
+                "/",
+                route_handlers=list(FILE_HANDLERS),
+                request_max_body_size=settings.limits.max_file_bytes + FORM_MARGIN,
+            ),
+        ],
         lifespan=[lifespan],
         state=State({"service": service}),
         # one dependency at most per handler: Litestar resolves several at once in an anyio task group,

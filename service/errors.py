@@ -188,12 +188,28 @@ def error_response(error: APIError) -> Response[Any]:
     return Response(content=body, status_code=error.status, headers=error.headers, media_type=MediaType.JSON)
 
 
+def _matches(template: str, path: str) -> bool:
+    """Whether ``path`` is an instance of the route ``template`` (``/v1/files/{file_id:str}``).
+
+    >>> _matches("/v1/files/{file_id:str}/content", "/v1/files/file-1/content"), _matches("/v1/files", "/v1/files/x")
+    (True, False)
+    """
+    if "{" not in template:
+        return template == path
+    pattern = re.sub(r"\\\{[^}]*\\\}", "[^/]+", re.escape(template))
+    return re.fullmatch(pattern, path) is not None
+
+
+def allowed_methods(app: Any, path: str) -> list[str]:
+    """Every method the routes of ``app`` take at ``path`` (its route's template may hold parameters), sorted."""
+    return sorted({m for r in app.routes if _matches(r.path, path) for m in getattr(r, "methods", ())})
+
+
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """The one place exceptions become HTTP responses."""
     allowed = ""
     if isinstance(exc, MethodNotAllowedException):
-        methods = {m for r in request.app.routes if r.path == request.url.path for m in getattr(r, "methods", ())}
-        allowed = ", ".join(sorted(methods - {"OPTIONS", "HEAD"}))
+        allowed = ", ".join(sorted(set(allowed_methods(request.app, request.url.path)) - {"OPTIONS", "HEAD"}))
     if isinstance(exc, NotFoundException | MethodNotAllowedException):
         # no route ran, so no middleware checked the key: check it here, so that paths and methods cannot
         # be discovered without one

@@ -7,12 +7,13 @@ the event loop's time per request is what limits small requests on few cores (ev
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.auth import BearerAuth
-from service.errors import to_api_error
+from service.errors import allowed_methods, to_api_error
 from service.observability import Metrics
 from service.shutdown import InFlight
 
@@ -40,6 +41,8 @@ class RequestMiddleware(ASGIMiddleware):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if scope.get("method") == "OPTIONS" and status == 204:  # Litestar's Allow names one handler's methods
+                    message = {**message, "headers": _with_allow(message.get("headers", ()), scope)}
             await send(message)
 
         self.inflight.enter()
@@ -56,3 +59,12 @@ class RequestMiddleware(ASGIMiddleware):
             self.metrics.observe_request(
                 scope["path"], str(scope.get("method", "GET")), status or 500, time.perf_counter() - start
             )
+
+
+def _with_allow(headers: Any, scope: Scope) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``Allow`` listing every method of every route at the request's path: Litestar's own
+    answer to ``OPTIONS`` lists only the methods of the first handler registered there."""
+    out = [(name, value) for name, value in headers if name.lower() != b"allow"]
+    if len(out) == len(list(headers)):
+        return out  # no Allow: a CORS preflight, answered by the CORS middleware
+    return [*out, (b"allow", ", ".join(allowed_methods(scope["app"], scope["path"])).encode())]

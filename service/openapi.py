@@ -99,10 +99,22 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
     ):
         if not _serving(pool, capability):  # no served model can answer: no body is valid
             schemas[name] = Schema(schema_not=Schema(), description=f"No served model serves {capability}")
-    health = (app.openapi_schema.paths or {})["/health"]
-    for operation in (health.get, health.head):
+    paths = app.openapi_schema.paths or {}
+    for operation in (paths["/health"].get, paths["/health"].head):
         if operation is not None:
             operation.security = []  # open: overrides the document-wide bearer requirement
+    schemas["CreateBatchRequest"].additional_properties = False  # type: ignore[union-attr]  # unknown fields: 400
+    upload = paths["/v1/files"].post
+    if upload is not None:  # the handler reads its multipart form itself (its own size limit, its own errors)
+        form = Schema(
+            type=OpenAPIType.OBJECT,
+            required=["file", "purpose"],
+            properties={
+                "file": Schema(type=OpenAPIType.STRING, format="binary", description="the JSONL input file"),  # type: ignore[arg-type]
+                "purpose": Schema(type=OpenAPIType.STRING, enum=["batch"]),
+            },
+        )
+        upload.request_body = RequestBody(content={"multipart/form-data": OpenAPIMediaType(schema=form)}, required=True)
 
 
 # cl100k_base: ids 0..100276, of which these are unassigned

@@ -15,6 +15,7 @@ from litestar.params import Body
 
 from embedrank.serving.pool import ModelPool
 from service import api, cohere, tei
+from service.batches import http as batch_routes
 from service.decoding import ByField
 from service.handling import ERRORS, respond, service_of
 from service.litestar_internals import decoded_body
@@ -257,6 +258,7 @@ async def tei_info(pool: ModelPool, state: State) -> tei.Info:
 
 
 ROUTE_HANDLERS = (
+    *(h for h in batch_routes.HANDLERS if h not in batch_routes.FILE_HANDLERS),  # uploads: service.app
     embeddings,
     rerank,
     tokenize,
@@ -274,7 +276,7 @@ ROUTE_HANDLERS = (
 )
 """The one route table: the app serves these handlers, metrics label requests by their paths, and each POST
 body is decoded against the type of its handler's ``data`` parameter."""
-ROUTES = frozenset(path for handler in ROUTE_HANDLERS for path in handler.paths)
+ROUTES = frozenset(path for handler in (*ROUTE_HANDLERS, *batch_routes.FILE_HANDLERS) for path in handler.paths)
 
 
 def _body_types() -> dict[str, type]:

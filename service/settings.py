@@ -87,6 +87,9 @@ class Limits:
     max_text_chars: int = 100_000
     max_request_tokens: int = 1_048_576  # tokens one request may hold after tokenizing (and chunking): 413 past it
     max_multivector_tokens: int = 8192  # bge-m3 token vectors one /v1/embeddings response may hold: 400 past it
+    max_file_bytes: int = 100_000_000  # an uploaded batch input file: 413 past it
+    max_batch_lines: int = 50_000  # request lines of one batch's input file: the batch fails past it
+    max_batches_in_flight: int = 16  # unfinished batches of one API key: 429 past it
 
 
 _LIMITS = Limits()
@@ -177,6 +180,17 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             description="token vectors one multi-vector (bge-m3, ColBERT) answer may hold; past it, 400 before any work"
         ),
     ] = _LIMITS.max_multivector_tokens
+    max_file_bytes: Annotated[
+        int, Positive, Meta(description="bytes of a file uploaded to `/v1/files` (a batch's input; 413 past it)")
+    ] = _LIMITS.max_file_bytes
+    max_batch_lines: Annotated[
+        int,
+        Positive,
+        Meta(description="request lines of one batch's input file (a batch whose file holds more fails)"),
+    ] = _LIMITS.max_batch_lines
+    max_batches_in_flight: Annotated[
+        int, Positive, Meta(description="batches one API key may have unfinished at once (429 past it)")
+    ] = _LIMITS.max_batches_in_flight
     max_queue: Annotated[
         int, Positive, Meta(description="items waiting for a forward pass; past it, 429 with `Retry-After`")
     ] = _ENGINE.max_queue_items
@@ -237,6 +251,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "(glibc only); false: the allocator's defaults"
         ),
     ] = True
+    batch_dir: Annotated[
+        str | None,
+        Meta(
+            description="the folder of the Batch API's database and files, created on first use (default: "
+            "`$XDG_DATA_HOME/embedrank/batches`, else `~/.local/share/embedrank/batches`)"
+        ),
+    ] = None
 
 
 # Variables read outside the service's table: the library's, and the project's own scripts'. An EMBEDRANK_
@@ -423,6 +444,7 @@ class Settings:
     tune_malloc: bool = True
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
     token_ids: bool = True  # token-id input read as cl100k_base; False: refused
+    batch_dir: str | None = None  # the Batch API's database and files; None: default_batch_dir()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -459,6 +481,11 @@ class Settings:
             keys += from_file
         for origin in config.cors_origins:
             _check_origin(origin)
+        if config.batch_dir and Path(config.batch_dir).expanduser().exists() and not Path(config.batch_dir).is_dir():
+            raise SettingsError(
+                f"{env_name('batch_dir')} (`batch_dir` in a file) is {config.batch_dir!r}, a file; name a folder "
+                "(it is created on first use)"
+            )
         try:  # the names alone; each model's pair is checked in validate()
             check_runtime(config.backend or "auto", config.precision or "auto")
         except InvalidInputError as exc:
@@ -504,6 +531,7 @@ class Settings:
             tune_malloc=config.tune_malloc,
             cors_origins=config.cors_origins,
             token_ids=config.token_ids != "off",
+            batch_dir=config.batch_dir,
         )
         settings.validate()
         return settings
@@ -517,3 +545,10 @@ class Settings:
                 check_runtime(entry.backend, entry.precision)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None
+
+
+def default_batch_dir() -> Path:
+    """Where the Batch API keeps its database and files unless ``batch_dir`` says: ``$XDG_DATA_HOME/embedrank/batches``
+    (``~/.local/share/embedrank/batches``)."""
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "embedrank" / "batches"

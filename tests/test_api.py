@@ -176,5 +176,5 @@ def test_the_service_imports_only_the_serving_layer_of_the_core():
     types, the core's environment names (to refuse unknown EMBEDRANK_ variables) and the package version."""
     allowed = {"serving", "errors", "types", "paths", "testing"}
     service = ROOT.parent / "service"
-    for path in sorted(service.glob("*.py")):
+    for path in sorted(service.rglob("*.py")):
         assert _imports(path) <= allowed, f"service/{path.name} imports {sorted(_imports(path) - allowed)}"

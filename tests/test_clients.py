@@ -28,6 +28,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM would f
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 RERANKER = "reranker"
 KEY = "client-test-key"
+OTHER_KEY = "another-client-key"
 TEXTS = ["The tilt of Earth's axis causes the seasons.", "Bananas are rich in potassium.", "naïve café — 東京"]
 QUERY = "What causes the seasons?"
 DOCS = [
@@ -41,7 +42,11 @@ DOCS = [
 @pytest.fixture(scope="module")
 def server(cross_encoder_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("clients") / "server.log"
-    env = {"EMBEDRANK_MODELS": f"{MODEL},{RERANKER}={cross_encoder_dir}", "EMBEDRANK_API_KEYS": KEY}
+    env = {
+        "EMBEDRANK_MODELS": f"{MODEL},{RERANKER}={cross_encoder_dir}",
+        "EMBEDRANK_API_KEYS": f"{KEY},{OTHER_KEY}",
+        "EMBEDRANK_BATCH_DIR": str(tmp_path_factory.mktemp("batches")),
+    }
     with running_server(env, log_path=str(log)) as url:
         yield str(url)
 
@@ -247,6 +252,55 @@ def test_litellm_rerank(server, reference, provider):
     same_ranking([(r["index"], r["relevance_score"]) for r in out.results], reference[2], top=3)
     if provider != "infinity":
         assert [r["document"]["text"] for r in out.results] == [DOCS[r["index"]] for r in out.results]
+
+
+def test_openai_batches_of_embeddings_and_reranking(server, reference):
+    """The openai SDK runs 2,000 embedding lines and 200 rerank lines as batches; each line equals the direct
+    answer (the core's), and another key sees neither batch."""
+    import io
+    import json
+    import time
+
+    from openai import NotFoundError, OpenAI
+
+    client, other = (OpenAI(base_url=f"{server}/v1", api_key=k, max_retries=0) for k in (KEY, OTHER_KEY))
+
+    def run(endpoint, lines):
+        content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        upload = client.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
+        batch = client.batches.create(input_file_id=upload.id, endpoint=endpoint, completion_window="24h")
+        deadline = time.monotonic() + 600
+        while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            batch = client.batches.retrieve(batch.id)
+        assert batch.status == "completed" and batch.request_counts.failed == 0, batch
+        with pytest.raises(NotFoundError):
+            other.batches.retrieve(batch.id)
+        with pytest.raises(NotFoundError):
+            other.files.content(batch.output_file_id)
+        out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+        assert [o["custom_id"] for o in out] == [line["custom_id"] for line in lines]
+        return [o["response"]["body"] for o in out]
+
+    texts, _, scores = reference
+    embed = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": TEXTS}}
+        for i in range(2000)
+    ]
+    for body in run("/v1/embeddings", embed):
+        same_vectors([d["embedding"] for d in body["data"]], texts)
+    rerank = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/rerank",
+            "body": {"model": RERANKER, "query": QUERY, "documents": DOCS},
+        }
+        for i in range(200)
+    ]
+    for body in run("/v1/rerank", rerank):
+        same_ranking([(r["index"], r["relevance_score"]) for r in body["results"]], scores)
+    assert other.batches.list().data == [] and other.files.list().data == []
 
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "clients.md"

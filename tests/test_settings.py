@@ -52,6 +52,10 @@ def samples(tmp_path: Path) -> dict[str, tuple[str, str, object]]:
         "header_timeout_seconds": ("6", "6", 6.0),
         "access_log": ("1", "true", True),
         "tune_malloc": ("false", "false", False),
+        "batch_dir": ("/srv/batches", '"/srv/batches"', "/srv/batches"),
+        "max_file_bytes": ("16", "16", 16),
+        "max_batch_lines": ("17", "17", 17),
+        "max_batches_in_flight": ("18", "18", 18),
     }  # fmt: skip
 
 
@@ -121,6 +125,10 @@ WRONG = {  # a wrong value for every setting: (environment text, TOML text)
     "header_timeout_seconds": ("soon", "-1"),
     "access_log": ("on", "1.5"),
     "tune_malloc": ("off", '"no"'),
+    "batch_dir": ("/proc/version", "5"),
+    "max_file_bytes": ("100MB", "0"),
+    "max_batch_lines": ("0", '"50000"'),
+    "max_batches_in_flight": ("-1", "1.5"),
 }
 
 

@@ -1,0 +1,405 @@
+"""OpenAI's Files and Batch API over the batch store: ``/v1/files`` (upload, list, retrieve, content, delete)
+and ``/v1/batches`` (create, retrieve, list, cancel), with OpenAI's objects, so the openai SDK works unchanged.
+
+Every file and batch belongs to the API key that made it (the store keeps a digest of the key, never the key):
+another key gets 404, as for an object that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from litestar import Request, delete, get, post
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+from litestar.openapi import ResponseSpec
+from litestar.params import Parameter
+from msgspec import Meta
+
+from embedrank.serving.pool import ModelPool
+from service.batches.store import BatchStore
+from service.batches.worker import BatchWorker
+from service.errors import APIError, invalid
+from service.handling import ERRORS, service_of
+from service.schemas import ErrorResponse
+from service.settings import Settings, default_batch_dir
+
+FILE_PATH = "/v1/files"
+NOT_FOUND = {404: ResponseSpec(data_container=ErrorResponse, description="No such file or batch for this API key")}
+READ = {status: ERRORS[status] for status in (400, 401)} | NOT_FOUND  # what a GET or DELETE may answer
+CANCEL = {status: ERRORS[status] for status in (400, 401, 415)} | NOT_FOUND
+WINDOW = r"^([1-9][0-9]{0,3}m|[1-9][0-9]{0,2}h)$"  # 1 to 9999 minutes, or 1 to 999 hours
+Endpoint = Literal["/v1/embeddings", "/v1/rerank", "/v2/embed", "/v2/rerank"]
+
+Metadata = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+    Meta(max_length=16, description="up to 16 keys of 64 characters, values of 512 characters"),
+]
+
+
+class FileObject(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["processed"] = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
+
+
+class FileList(msgspec.Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeleted(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
+
+
+class RequestCounts(msgspec.Struct, kw_only=True):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchError(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(msgspec.Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
+class BatchObject(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+
+
+class BatchList(msgspec.Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[BatchObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class CreateBatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenAI's batch creation body."""
+
+    input_file_id: Annotated[str, Meta(min_length=1, description="a file uploaded with purpose `batch`")]
+    endpoint: Annotated[Endpoint, Meta(description="the url of every line of the input file")]
+    completion_window: Annotated[
+        str,
+        Meta(
+            pattern=WINDOW,
+            description="how long the batch may take: `24h` as OpenAI, or minutes or hours (`90m`, `48h`); "
+            "what has not run by then is reported as expired",
+        ),
+    ] = "24h"
+    metadata: Metadata | None = None
+
+
+@dataclasses.dataclass
+class BatchService:
+    """The batch store of ``settings.batch_dir`` (opened on first use) and the worker that runs its batches."""
+
+    settings: Settings
+    pool_of: Callable[[], ModelPool]
+    _store: BatchStore | None = None
+
+    @property
+    def root(self) -> Path:
+        return Path(self.settings.batch_dir).expanduser() if self.settings.batch_dir else default_batch_dir()
+
+    def store(self) -> BatchStore:
+        if self._store is None:
+            self._store = BatchStore(self.root)
+        return self._store
+
+    async def run(self) -> None:
+        """The worker, once the store exists (it is created by the first upload); until cancelled."""
+        while self._store is None and not (self.root / "batches.db").is_file():
+            await asyncio.sleep(0.5)
+        store = await asyncio.to_thread(self.store)
+        await asyncio.to_thread(store.release_claims)  # one server on its own store: no other claim can be live
+        limits = self.settings.limits
+        await BatchWorker(store, self.pool_of, self.settings, max_lines=limits.max_batch_lines).run()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def owner_of(request: Request[Any, Any, Any]) -> str:
+    """Who a request acts for: a digest of its API key (``anonymous`` when authentication is off)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return "anonymous"
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def _batches(state: State) -> BatchService:
+    batches = service_of(state).batches
+    assert batches is not None
+    return batches
+
+
+def file_object(row: dict[str, Any]) -> FileObject:
+    return FileObject(
+        id=row["id"],
+        bytes=row["bytes"],
+        created_at=row["created_at"],
+        filename=row["filename"],
+        purpose=row["purpose"],
+        expires_at=row["expires_at"],
+    )
+
+
+def batch_object(row: dict[str, Any]) -> BatchObject:
+    errors = json.loads(row["errors"]) if row["errors"] else None
+    return BatchObject(
+        id=row["id"],
+        endpoint=row["endpoint"],
+        errors=BatchErrors(data=[BatchError(**e) for e in errors]) if errors else None,
+        input_file_id=row["input_file_id"],
+        completion_window=row["completion_window"],
+        status=row["status"],
+        output_file_id=row["output_file_id"],
+        error_file_id=row["error_file_id"],
+        created_at=row["created_at"],
+        in_progress_at=row["in_progress_at"],
+        expires_at=row["expires_at"],
+        finalizing_at=row["finalizing_at"],
+        completed_at=row["completed_at"],
+        failed_at=row["failed_at"],
+        expired_at=row["expired_at"],
+        cancelling_at=row["cancelling_at"],
+        cancelled_at=row["cancelled_at"],
+        request_counts=RequestCounts(total=row["total"], completed=row["completed"], failed=row["failed"]),
+        metadata=json.loads(row["metadata"]) if row["metadata"] else None,
+    )
+
+
+def _not_found(what: str, object_id: str) -> APIError:
+    return APIError(
+        404, f"no {what} with id {object_id[:100]!r} for this API key", param=f"{what}_id", code="not_found"
+    )
+
+
+@post(
+    FILE_PATH,
+    summary="Upload a file",
+    description="A batch input file (multipart form: `file`, and `purpose` = `batch`), as OpenAI's files API.",
+    responses={**ERRORS},
+    status_code=200,
+)
+async def upload_file(request: Request[Any, Any, Any], state: State) -> FileObject:
+    batches = _batches(state)
+    limit = batches.settings.limits.max_file_bytes
+    try:  # the body is bounded by max_file_bytes and the form's margin (service.app)
+        form = await request.form()
+    except HTTPException as exc:
+        if exc.status_code != 413:
+            raise
+        raise APIError(413, f"the file is larger than max_file_bytes={limit}", code="file_too_large") from None
+    purpose, upload = form.get("purpose"), form.get("file")
+    if purpose != "batch":
+        raise invalid(f"purpose must be 'batch', got {str(purpose)[:50]!r}", param="purpose")
+    if upload is None or isinstance(upload, str):
+        raise invalid("the form has no file part named 'file'", param="file", code="missing_field")
+    content = await upload.read()
+    if len(content) > limit:
+        raise APIError(
+            413, f"the file is {len(content)} bytes; the limit is max_file_bytes={limit}", code="file_too_large"
+        )
+    row = await asyncio.to_thread(
+        batches.store().add_file, owner_of(request), (upload.filename or "input.jsonl")[:255], "batch", content
+    )
+    return file_object(row)
+
+
+@get(FILE_PATH, summary="List files", responses=READ)
+async def list_files(
+    request: Request[Any, Any, Any],
+    state: State,
+    purpose: str | None = None,
+    after: str | None = None,
+    limit: Annotated[int, Parameter(ge=1, le=10000)] = 10000,
+    order: Literal["asc", "desc"] = "desc",
+) -> FileList:
+    store = _batches(state).store()
+    rows = await asyncio.to_thread(
+        store.list_files, owner_of(request), purpose=purpose, after=after, limit=limit + 1, order=order
+    )
+    data = [file_object(r) for r in rows[:limit]]
+    return FileList(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=len(rows) > limit,
+    )
+
+
+@get(FILE_PATH + "/{file_id:str}", summary="Retrieve a file", responses=READ)
+async def retrieve_file(request: Request[Any, Any, Any], state: State, file_id: str) -> FileObject:
+    row = await asyncio.to_thread(_batches(state).store().get_file, owner_of(request), file_id)
+    if row is None:
+        raise _not_found("file", file_id)
+    return file_object(row)
+
+
+@get(
+    FILE_PATH + "/{file_id:str}/content",
+    summary="A file's content",
+    media_type="application/octet-stream",
+    responses=READ,
+)
+async def file_content(request: Request[Any, Any, Any], state: State, file_id: str) -> bytes:
+    store = _batches(state).store()
+    row = await asyncio.to_thread(store.get_file, owner_of(request), file_id)
+    if row is None:
+        raise _not_found("file", file_id)
+    return await asyncio.to_thread(store.file_path(file_id).read_bytes)
+
+
+@delete(FILE_PATH + "/{file_id:str}", summary="Delete a file", status_code=200, responses=READ)
+async def delete_file(request: Request[Any, Any, Any], state: State, file_id: str) -> FileDeleted:
+    if not await asyncio.to_thread(_batches(state).store().delete_file, owner_of(request), file_id):
+        raise _not_found("file", file_id)
+    return FileDeleted(id=file_id, deleted=True)
+
+
+@post(
+    "/v1/batches",
+    summary="Create a batch",
+    description="Run every line of an uploaded input file as the request it holds, behind direct requests, into "
+    "an output file and an error file, as OpenAI's Batch API.",
+    responses={**ERRORS, **NOT_FOUND},
+    status_code=200,
+)
+async def create_batch(data: CreateBatchRequest, request: Request[Any, Any, Any], state: State) -> BatchObject:
+    batches = _batches(state)
+    seconds = int(data.completion_window[:-1]) * (60 if data.completion_window.endswith("m") else 3600)
+    store, owner = batches.store(), owner_of(request)
+    file = await asyncio.to_thread(store.get_file, owner, data.input_file_id)
+    if file is None or file["purpose"] != "batch":
+        raise _not_found("input_file", data.input_file_id)
+    limit = batches.settings.limits.max_batches_in_flight
+    if await asyncio.to_thread(store.active_batches, owner) >= limit:
+        raise APIError(
+            429,
+            f"this API key has {limit} unfinished batches, the limit (max_batches_in_flight); wait for one to finish",
+            type="rate_limit_error",
+            code="too_many_batches",
+        )
+    row = await asyncio.to_thread(
+        store.create_batch,
+        owner,
+        endpoint=data.endpoint,
+        input_file_id=data.input_file_id,
+        completion_window=data.completion_window,
+        window_seconds=seconds,
+        metadata=data.metadata,
+    )
+    return batch_object(row)
+
+
+@get("/v1/batches/{batch_id:str}", summary="Retrieve a batch", responses=READ)
+async def retrieve_batch(request: Request[Any, Any, Any], state: State, batch_id: str) -> BatchObject:
+    row = await asyncio.to_thread(_batches(state).store().get_batch, owner_of(request), batch_id)
+    if row is None:
+        raise _not_found("batch", batch_id)
+    return batch_object(row)
+
+
+@get("/v1/batches", summary="List batches", responses=READ)
+async def list_batches(
+    request: Request[Any, Any, Any],
+    state: State,
+    after: str | None = None,
+    limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
+) -> BatchList:
+    rows = await asyncio.to_thread(
+        _batches(state).store().list_batches, owner_of(request), after=after, limit=limit + 1
+    )
+    data = [batch_object(r) for r in rows[:limit]]
+    return BatchList(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=len(rows) > limit,
+    )
+
+
+@post(
+    "/v1/batches/{batch_id:str}/cancel",
+    summary="Cancel a batch",
+    status_code=200,
+    responses=READ,
+)
+async def cancel_batch(request: Request[Any, Any, Any], state: State, batch_id: str) -> BatchObject:
+    row = await asyncio.to_thread(_batches(state).store().cancel, owner_of(request), batch_id)
+    if row is None:
+        raise _not_found("batch", batch_id)
+    return batch_object(row)
+
+
+HANDLERS = (
+    upload_file,
+    list_files,
+    retrieve_file,
+    file_content,
+    delete_file,
+    create_batch,
+    retrieve_batch,
+    list_batches,
+    cancel_batch,
+)
+FILE_HANDLERS = (upload_file, list_files)
+"""The handlers of ``/v1/files`` itself: the app mounts them on a router of their own, whose body limit is
+``max_file_bytes`` (an upload is larger than a JSON body may be)."""
+FORM_PATHS = frozenset({FILE_PATH})
+"""Routes whose POST body is a multipart form, not JSON."""

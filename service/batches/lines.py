@@ -1,0 +1,200 @@
+"""A batch's input file, read and checked line by line, and one line run as the direct request would be.
+
+An input line is OpenAI's: ``{"custom_id": "...", "method": "POST", "url": "/v1/embeddings", "body": {...}}``.
+:func:`read_input` checks the file's shape before anything runs (each line a JSON object with a unique
+non-empty ``custom_id``, method ``POST``, the batch's endpoint as ``url`` and an object as ``body``); a file
+that breaks these fails the batch, with one error per line at fault (OpenAI's batch ``errors``). The body is
+not checked there: :func:`run_line` decodes it against the endpoint's schema and calls the same core call as
+the endpoint's route, so a bad body gets, in the error file, the status and error body the direct request
+would have got, and the other lines run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgspec
+
+from embedrank.errors import NotReadyError, OverloadedError
+from embedrank.serving.pool import ModelPool
+from service import api, cohere
+from service.batches.store import Chunk
+from service.cohere import CohereEmbedRequest
+from service.decoding import decode_strict
+from service.errors import to_api_error
+from service.schemas import EmbeddingsRequest, RerankRequest
+from service.settings import Settings
+
+BATCH_PRIORITY = 1_000_000
+"""The engine priority of batch lines: behind every direct request (whose default is 0), at any priority
+a client may ask for below it."""
+
+Work = Callable[[Any, ModelPool, Settings], Coroutine[Any, Any, tuple[Any, int]]]
+
+ENDPOINTS: dict[str, tuple[type, Work]] = {
+    "/v1/embeddings": (
+        EmbeddingsRequest,
+        lambda data, pool, settings: api.create_embeddings(data, pool, settings.limits, settings.token_ids),
+    ),
+    "/v1/rerank": (RerankRequest, lambda data, pool, settings: api.rerank(data, pool, settings.limits)),
+    "/v2/rerank": (RerankRequest, lambda data, pool, settings: api.rerank(data, pool, settings.limits)),
+    "/v2/embed": (
+        CohereEmbedRequest,
+        lambda data, pool, settings: cohere.embed(data, pool, settings.limits, "2", settings.token_ids),
+    ),
+}
+"""The endpoints a batch may name: each with its request schema and the core call its route makes."""
+
+MAX_REPORTED_ERRORS = 100  # errors listed for a malformed input file (OpenAI lists them per line)
+
+
+class InputLine(msgspec.Struct):
+    custom_id: str
+    method: str
+    url: str
+    body: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """An input file that can run: its request lines cut into chunks; or the errors that fail it."""
+
+    chunks: list[Chunk]
+    errors: list[dict[str, Any]]
+
+
+def read_input(batch_id: str, content: bytes, endpoint: str, *, chunk_lines: int, max_lines: int) -> Checked:
+    """Check every line of ``content`` (blank lines are skipped) and cut the request lines into chunks of
+    ``chunk_lines``, each with its bytes in the file. Errors name their line (1-based), as OpenAI's do.
+
+    >>> ok = b'{"custom_id": "%d", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}\\n'
+    >>> read_input("b", b"".join(ok % i for i in range(3)), "/v1/embeddings", chunk_lines=2, max_lines=10).chunks[1].first_line
+    2
+    >>> read_input("b", ok % 1 + ok % 1, "/v1/embeddings", chunk_lines=2, max_lines=10).errors[0]["code"]
+    'duplicate_custom_id'
+    """
+    errors: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    starts: list[tuple[int, int]] = []  # (start byte, end byte) of each request line
+    position = 0
+    for number, raw in enumerate(content.splitlines(keepends=True), start=1):
+        start, position = position, position + len(raw)
+        if not raw.strip():
+            continue
+        if len(starts) >= max_lines:
+            errors.append(_error("too_many_lines", f"the file has more than {max_lines} request lines", number))
+            break
+        problem = _check(raw, endpoint, seen)
+        if problem is not None:
+            errors.append(_error(*problem, number))
+            if len(errors) >= MAX_REPORTED_ERRORS:
+                break
+            continue
+        starts.append((start, position))
+    if not starts and not errors:
+        errors.append(_error("empty_file", "the input file has no request line", None))
+    if errors:
+        return Checked([], errors)
+    chunks = [
+        Chunk(batch_id, n, first, len(part), part[0][0], part[-1][1])
+        for n, first in enumerate(range(0, len(starts), chunk_lines))
+        for part in [starts[first : first + chunk_lines]]
+    ]
+    return Checked(chunks, [])
+
+
+def _check(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, str] | None:
+    try:
+        line = msgspec.json.decode(raw, type=InputLine)
+    except msgspec.ValidationError as exc:
+        return (
+            "invalid_request_line",
+            f"the line is not a request line ({exc}); each line needs custom_id, method, url and body",
+        )
+    except msgspec.DecodeError:
+        return "invalid_json_line", "the line is not valid JSON"
+    if not line.custom_id:
+        return "missing_custom_id", "custom_id is empty"
+    if line.custom_id in seen:
+        return "duplicate_custom_id", f"custom_id {line.custom_id!r} is used by an earlier line; each must be unique"
+    seen.add(line.custom_id)
+    if line.method != "POST":
+        return "invalid_method", f"method must be POST, got {line.method!r}"
+    if line.url != endpoint:
+        return "mismatched_url", f"url {line.url!r} is not the batch's endpoint {endpoint!r}"
+    return None
+
+
+def _error(code: str, message: str, line: int | None) -> dict[str, Any]:
+    return {"code": code, "message": message, "param": None, "line": line}
+
+
+def request_lines(part: bytes) -> list[InputLine]:
+    """The request lines in ``part`` of a file :func:`read_input` accepted (a chunk's bytes)."""
+    return [msgspec.json.decode(raw, type=InputLine) for raw in part.splitlines() if raw.strip()]
+
+
+class Retry(Exception):
+    """The line could not run for now (the service is overloaded or not ready): run it again later."""
+
+
+async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tuple[int, bytes]:
+    """``line``'s response as ``(status code, JSON body)``: its body decoded against the endpoint's schema and
+    the endpoint's core call made, behind every direct request (:data:`BATCH_PRIORITY`); a failure gets the
+    status and error body the direct request would get.
+
+    Raises:
+        Retry: the engine refused the work for now (overloaded: 429; not ready: 503).
+    """
+    schema, work = ENDPOINTS[line.url]
+    try:
+        data = decode_strict(msgspec.json.encode(line.body), schema)
+        if hasattr(data, "priority"):
+            data = msgspec.structs.replace(data, priority=max(data.priority, BATCH_PRIORITY))
+        body, _ = await work(data, pool, settings)
+        return 200, msgspec.json.encode(body)
+    except (OverloadedError, NotReadyError) as exc:
+        raise Retry(str(exc)) from exc
+    except Exception as exc:
+        error = to_api_error(exc)
+        if error.status in (429, 503):
+            raise Retry(error.message) from exc
+        fields = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
+        return error.status, msgspec.json.encode({"error": fields})
+
+
+def result_line(custom_id: str, status: int, body: bytes) -> bytes:
+    """One line of an output or error file, as OpenAI writes it."""
+    return (
+        msgspec.json.encode(
+            {
+                "id": f"batch_req_{secrets.token_hex(12)}",
+                "custom_id": custom_id,
+                "response": {
+                    "status_code": status,
+                    "request_id": f"req_{secrets.token_hex(12)}",
+                    "body": msgspec.Raw(body),
+                },
+                "error": None,
+            }
+        )
+        + b"\n"
+    )
+
+
+def unrun_line(custom_id: str, code: str, message: str) -> bytes:
+    """The error-file line of a request that never ran (the batch expired first)."""
+    return (
+        msgspec.json.encode(
+            {
+                "id": f"batch_req_{secrets.token_hex(12)}",
+                "custom_id": custom_id,
+                "response": None,
+                "error": {"code": code, "message": message},
+            }
+        )
+        + b"\n"
+    )

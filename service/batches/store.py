@@ -1,0 +1,488 @@
+"""The durable state of files and batches: an embedded SQLite database (``batches.db``) beside a files
+directory, under one root folder.
+
+A batch's lines are cut into chunks. A worker claims a chunk (a lease it renews while it works), runs its
+lines, writes the chunk's output and error lines to part files of its own (``parts/<batch>/<chunk>.<worker>.<attempt>``),
+then records the chunk as done, with its part name, in one transaction that succeeds only while its claim
+holds. A chunk is therefore recorded done exactly once, with exactly one set of parts; a worker that died
+or lost its lease has its parts ignored and the chunk is run again. When every chunk is done (or the batch
+is cancelled or expires), the batch is finalized: the recorded parts are joined, in line order, into its
+output and error files. Finalizing is idempotent: file ids are derived from the batch id, so a crash while
+finalizing is mended by finalizing again.
+
+Every row carries its owner (a digest of the API key that made it); every read and change names the
+owner, so another key's objects are never found. Time is Unix seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    owner TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS files_by_owner ON files (owner, seq);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    owner TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    input_file_id TEXT NOT NULL,
+    completion_window TEXT NOT NULL,
+    metadata TEXT,
+    status TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    in_progress_at INTEGER,
+    finalizing_at INTEGER,
+    completed_at INTEGER,
+    failed_at INTEGER,
+    expired_at INTEGER,
+    cancelling_at INTEGER,
+    cancelled_at INTEGER,
+    total INTEGER NOT NULL DEFAULT 0,
+    completed INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0,
+    output_file_id TEXT,
+    error_file_id TEXT,
+    errors TEXT,
+    ending TEXT
+);
+CREATE INDEX IF NOT EXISTS batches_by_owner ON batches (owner, seq);
+CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
+CREATE TABLE IF NOT EXISTS chunks (
+    batch_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    first_line INTEGER NOT NULL,
+    lines INTEGER NOT NULL,
+    start_byte INTEGER NOT NULL,
+    end_byte INTEGER NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    claimed_by TEXT,
+    lease_until REAL,
+    part TEXT,
+    completed INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (batch_id, number)
+);
+"""
+
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+"""Statuses of a batch that is not finished: it counts against its key's batches in flight."""
+FINISHED = ("failed", "completed", "expired", "cancelled")
+
+
+def new_id(prefix: str) -> str:
+    """A fresh object id in OpenAI's style (``file-…``, ``batch_…``)."""
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """A chunk of a batch: its request lines ``first_line`` to ``first_line + lines - 1`` (0-based, counting
+    request lines only), bytes ``start_byte`` to ``end_byte`` of the input file."""
+
+    batch_id: str
+    number: int
+    first_line: int
+    lines: int
+    start_byte: int
+    end_byte: int
+
+
+class BatchStore:
+    """Files and batches in ``root`` (created if missing): ``batches.db``, ``files/`` and ``parts/``.
+
+    The methods are blocking (SQLite and the file system); the service calls them from worker threads. One
+    connection per thread; writes take SQLite's write lock at their start (``BEGIN IMMEDIATE``), so two
+    processes on one database (one host) never interleave a claim.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        (self.root / "files").mkdir(parents=True, exist_ok=True)
+        (self.root / "parts").mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._db().executescript(SCHEMA)  # its own transaction
+
+    # -- connections ------------------------------------------------------------------------------
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.root / "batches.db", isolation_level=None, timeout=30.0)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            self._local.db = db
+        return db
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, holding the database's write lock from its start."""
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # -- files --------------------------------------------------------------------------------------
+    def file_path(self, file_id: str) -> Path:
+        return self.root / "files" / file_id
+
+    def add_file(self, owner: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+        """Store ``content`` as a file of ``owner`` (written and synced before its row exists). Returns its row."""
+        file_id = new_id("file-")
+        _write_synced(self.file_path(file_id), content)
+        row = {
+            "id": file_id,
+            "owner": owner,
+            "filename": filename,
+            "purpose": purpose,
+            "bytes": len(content),
+            "created_at": int(time.time()),
+            "expires_at": None,
+        }
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
+                "VALUES (:id, :owner, :filename, :purpose, :bytes, :created_at, :expires_at)",
+                row,
+            )
+        return {"seq": None, **row}
+
+    def add_file_from(self, owner: str, file_id: str, filename: str, parts: Sequence[Path | bytes]) -> str | None:
+        """A ``batch_output`` file of ``owner`` made of ``parts`` (part files, or bytes) in order, streamed into
+        place; ``file_id`` again replaces it (finalizing twice writes the same file). None, and no file, when
+        the parts hold nothing."""
+        path = self.file_path(file_id)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        size = 0
+        with open(tmp, "wb") as out:
+            for part in parts:
+                if isinstance(part, bytes):
+                    out.write(part)
+                    size += len(part)
+                else:
+                    with open(part, "rb") as f:
+                        shutil.copyfileobj(f, out)
+                    size += part.stat().st_size
+            out.flush()
+            os.fsync(out.fileno())
+        if not size:
+            tmp.unlink()
+            return None
+        os.replace(tmp, path)
+        row = (file_id, owner, filename, "batch_output", size, int(time.time()), None)
+        with self._write() as db:
+            db.execute(  # finalizing again replaces the file it wrote before, in the same place of the list
+                "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET bytes = excluded.bytes",
+                row,
+            )
+        return file_id
+
+    def get_file(self, owner: str, file_id: str) -> dict[str, Any] | None:
+        row = self._db().execute("SELECT * FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
+        return dict(row) if row is not None else None
+
+    def list_files(
+        self,
+        owner: str,
+        *,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 10000,
+        order: str = "desc",
+    ) -> list[dict[str, Any]]:
+        """``owner``'s files, newest first (``order="asc"``: oldest first), those after the file ``after`` in
+        that order, at most ``limit``."""
+        sign = "<" if order == "desc" else ">"
+        query = "SELECT * FROM files WHERE owner = ?"
+        args: list[Any] = [owner]
+        if purpose is not None:
+            query += " AND purpose = ?"
+            args.append(purpose)
+        if after is not None:
+            query += f" AND seq {sign} (SELECT seq FROM files WHERE id = ? AND owner = ?)"
+            args += [after, owner]
+        query += f" ORDER BY seq {order} LIMIT ?"
+        args.append(limit)
+        return [dict(r) for r in self._db().execute(query, args)]
+
+    def delete_file(self, owner: str, file_id: str) -> bool:
+        """Delete ``owner``'s file; False when there is none."""
+        with self._write() as db:
+            deleted = db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner)).rowcount
+        if deleted:
+            self.file_path(file_id).unlink(missing_ok=True)
+        return bool(deleted)
+
+    # -- batches ------------------------------------------------------------------------------------
+    def create_batch(
+        self,
+        owner: str,
+        *,
+        endpoint: str,
+        input_file_id: str,
+        completion_window: str,
+        window_seconds: int,
+        metadata: dict[str, str] | None,
+    ) -> dict[str, Any]:
+        """A new batch of ``owner`` in status ``validating``. Returns its row."""
+        now = int(time.time())
+        batch_id = new_id("batch_")
+        row = {
+            "id": batch_id,
+            "owner": owner,
+            "endpoint": endpoint,
+            "input_file_id": input_file_id,
+            "completion_window": completion_window,
+            "metadata": json.dumps(metadata) if metadata is not None else None,
+            "status": "validating",
+            "created_at": now,
+            "expires_at": now + window_seconds,
+        }
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, metadata, status, "
+                "created_at, expires_at) VALUES (:id, :owner, :endpoint, :input_file_id, :completion_window, "
+                ":metadata, :status, :created_at, :expires_at)",
+                row,
+            )
+        found = self.get_batch(owner, batch_id)
+        assert found is not None
+        return found
+
+    def get_batch(self, owner: str | None, batch_id: str) -> dict[str, Any] | None:
+        """The batch ``batch_id`` if ``owner`` made it (``owner=None``: whoever did; for the worker)."""
+        if owner is None:
+            row = self._db().execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        else:
+            row = self._db().execute("SELECT * FROM batches WHERE id = ? AND owner = ?", (batch_id, owner)).fetchone()
+        return dict(row) if row is not None else None
+
+    def list_batches(self, owner: str, *, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """``owner``'s batches, newest first, those after the batch ``after``, at most ``limit``."""
+        query = "SELECT * FROM batches WHERE owner = ?"
+        args: list[Any] = [owner]
+        if after is not None:
+            query += " AND seq < (SELECT seq FROM batches WHERE id = ? AND owner = ?)"
+            args += [after, owner]
+        query += " ORDER BY seq DESC LIMIT ?"
+        args.append(limit)
+        return [dict(r) for r in self._db().execute(query, args)]
+
+    def active_batches(self, owner: str) -> int:
+        """How many of ``owner``'s batches are not finished."""
+        marks = ", ".join("?" * len(ACTIVE))
+        query = f"SELECT COUNT(*) FROM batches WHERE owner = ? AND status IN ({marks})"
+        return int(self._db().execute(query, (owner, *ACTIVE)).fetchone()[0])
+
+    def batches_in(self, *statuses: str) -> list[dict[str, Any]]:
+        """Every batch in one of ``statuses``, oldest first (for the worker)."""
+        marks = ", ".join("?" * len(statuses))
+        query = f"SELECT * FROM batches WHERE status IN ({marks}) ORDER BY seq"
+        return [dict(r) for r in self._db().execute(query, statuses)]
+
+    def start(self, batch_id: str, chunks: list[Chunk]) -> bool:
+        """A validated batch cut into ``chunks``: status ``in_progress`` (``finalizing`` at once when it has no
+        line). False when it is no longer ``validating`` (cancelled meanwhile)."""
+        now = int(time.time())
+        total = sum(c.lines for c in chunks)
+        with self._write() as db:
+            status = "in_progress" if total else "finalizing"
+            changed = db.execute(
+                "UPDATE batches SET status = ?, total = ?, in_progress_at = ?, finalizing_at = ? "
+                "WHERE id = ? AND status = 'validating'",
+                (status, total, now, now if not total else None, batch_id),
+            ).rowcount
+            if changed:
+                db.executemany(
+                    "INSERT OR IGNORE INTO chunks (batch_id, number, first_line, lines, start_byte, end_byte) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [(batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte) for c in chunks],
+                )
+        return bool(changed)
+
+    def fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
+        """A batch whose input cannot run: status ``failed`` with OpenAI's ``errors`` list."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE batches SET status = 'failed', failed_at = ?, errors = ? WHERE id = ? AND status = 'validating'",
+                (int(time.time()), json.dumps(errors), batch_id),
+            )
+
+    def cancel(self, owner: str, batch_id: str) -> dict[str, Any] | None:
+        """Ask ``owner``'s batch to stop: ``cancelling`` until the chunks in flight are done (a batch still
+        validating is cancelled at once); a finished batch is left as it is. None when there is no such batch."""
+        now = int(time.time())
+        with self._write() as db:
+            db.execute(
+                "UPDATE batches SET status = 'cancelled', cancelling_at = ?, cancelled_at = ? "
+                "WHERE id = ? AND owner = ? AND status = 'validating'",
+                (now, now, batch_id, owner),
+            )
+            db.execute(
+                "UPDATE batches SET status = 'cancelling', cancelling_at = ? "
+                "WHERE id = ? AND owner = ? AND status = 'in_progress'",
+                (now, batch_id, owner),
+            )
+        return self.get_batch(owner, batch_id)
+
+    # -- chunks -------------------------------------------------------------------------------------
+    def claim(self, worker: str, lease_seconds: float) -> Chunk | None:
+        """The next chunk that needs a worker: of the oldest batch in progress, not done and not claimed (or
+        its claim's lease has run out). Claimed for ``worker`` until ``lease_seconds`` from now."""
+        now = time.time()
+        with self._write() as db:
+            row = db.execute(
+                "SELECT c.batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte FROM chunks c "
+                "JOIN batches b ON b.id = c.batch_id "
+                "WHERE b.status = 'in_progress' AND b.expires_at > ? AND c.state != 'done' "
+                "AND (c.lease_until IS NULL OR c.lease_until < ?) ORDER BY b.seq, c.number LIMIT 1",
+                (int(now), now),
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute(
+                "UPDATE chunks SET state = 'claimed', claimed_by = ?, lease_until = ? WHERE batch_id = ? AND number = ?",
+                (worker, now + lease_seconds, row["batch_id"], row["number"]),
+            )
+        return Chunk(*(row[k] for k in ("batch_id", "number", "first_line", "lines", "start_byte", "end_byte")))
+
+    def renew(self, worker: str, chunk: Chunk, lease_seconds: float) -> bool:
+        """Extend ``worker``'s claim on ``chunk``; False when it has lost it."""
+        with self._write() as db:
+            changed = db.execute(
+                "UPDATE chunks SET lease_until = ? WHERE batch_id = ? AND number = ? AND claimed_by = ? "
+                "AND state = 'claimed'",
+                (time.time() + lease_seconds, chunk.batch_id, chunk.number, worker),
+            ).rowcount
+        return bool(changed)
+
+    def release(self, worker: str, chunk: Chunk) -> None:
+        """Give ``chunk`` back unfinished (``worker`` holds it no more)."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE chunks SET state = 'pending', claimed_by = NULL, lease_until = NULL "
+                "WHERE batch_id = ? AND number = ? AND claimed_by = ? AND state = 'claimed'",
+                (chunk.batch_id, chunk.number, worker),
+            )
+
+    def release_claims(self) -> None:
+        """Forget every claim (a single server starting: nothing else can hold one)."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE chunks SET state = 'pending', claimed_by = NULL, lease_until = NULL WHERE state = 'claimed'"
+            )
+
+    def part_path(self, batch_id: str, part: str, kind: str) -> Path:
+        """A chunk's part file: ``kind`` ``out`` (output lines) or ``err`` (error lines)."""
+        return self.root / "parts" / batch_id / f"{part}.{kind}"
+
+    def finish(self, worker: str, chunk: Chunk, output: bytes, errors: bytes, completed: int, failed: int) -> bool:
+        """Record ``chunk`` done with its output and error lines, if ``worker`` still holds it: the parts are
+        written and synced first, then the chunk and the batch's counts change in one transaction. False (and
+        the parts are removed) when the claim was lost: another worker runs the chunk."""
+        part = (
+            f"{chunk.number}.{worker}.{secrets.token_hex(4)}"  # this attempt's own: a failed one removes only its own
+        )
+        out_path, err_path = (self.part_path(chunk.batch_id, part, k) for k in ("out", "err"))
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_synced(out_path, output)
+        _write_synced(err_path, errors)
+        with self._write() as db:
+            changed = db.execute(
+                "UPDATE chunks SET state = 'done', part = ?, completed = ?, failed = ?, lease_until = NULL "
+                "WHERE batch_id = ? AND number = ? AND claimed_by = ? AND state = 'claimed'",
+                (part, completed, failed, chunk.batch_id, chunk.number, worker),
+            ).rowcount
+            if changed:
+                db.execute(
+                    "UPDATE batches SET completed = completed + ?, failed = failed + ? WHERE id = ?",
+                    (completed, failed, chunk.batch_id),
+                )
+        if not changed:
+            out_path.unlink(missing_ok=True)
+            err_path.unlink(missing_ok=True)
+        return bool(changed)
+
+    def chunks(self, batch_id: str) -> list[dict[str, Any]]:
+        return [
+            dict(r) for r in self._db().execute("SELECT * FROM chunks WHERE batch_id = ? ORDER BY number", (batch_id,))
+        ]
+
+    def ready_to_finalize(self, now: float | None = None) -> list[tuple[dict[str, Any], str]]:
+        """Batches to finalize, each with the status it ends in: ``completed`` (every chunk done),
+        ``cancelled`` (cancelling, and no chunk claimed under a live lease), ``expired`` (past its window),
+        or a batch left ``finalizing`` by a crash."""
+        now = time.time() if now is None else now
+        out = []
+        for batch in self.batches_in("in_progress", "cancelling", "finalizing"):
+            chunks = self.chunks(batch["id"])
+            live = any(c["state"] == "claimed" and (c["lease_until"] or 0) >= now for c in chunks)
+            if batch["status"] == "finalizing":
+                out.append((batch, batch["ending"] or "completed"))
+            elif all(c["state"] == "done" for c in chunks):
+                out.append((batch, "completed" if batch["status"] == "in_progress" else "cancelled"))
+            elif batch["status"] == "cancelling" and not live:
+                out.append((batch, "cancelled"))
+            elif batch["expires_at"] <= now and not live:
+                out.append((batch, "expired"))
+        return out
+
+    def mark_finalizing(self, batch_id: str, final: str) -> None:
+        """Status ``finalizing``, remembering the status it ends in (so a crash while finalizing ends the same)."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE batches SET status = 'finalizing', finalizing_at = COALESCE(finalizing_at, ?), ending = ? "
+                "WHERE id = ?",
+                (int(time.time()), final, batch_id),
+            )
+
+    def close_batch(self, batch_id: str, final: str, output_file_id: str | None, error_file_id: str | None) -> None:
+        """The end of finalizing: the files written, the status ``final`` with its timestamp."""
+        stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[final]
+        with self._write() as db:
+            db.execute(
+                f"UPDATE batches SET status = ?, {stamp} = ?, output_file_id = ?, error_file_id = ? WHERE id = ?",
+                (final, int(time.time()), output_file_id, error_file_id, batch_id),
+            )
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+
+def _write_synced(path: Path, content: bytes) -> None:
+    """``content`` in ``path``, whole or not at all: written to a temporary file, synced, then renamed."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

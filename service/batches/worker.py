@@ -1,0 +1,205 @@
+"""The loop that runs batches: it validates new batches, keeps a few chunks of lines in flight (claimed in
+the store, their lines submitted together so that the engine batches them, behind direct requests), and
+finalizes the batches that are done, cancelled or expired.
+
+Nothing is lost or done twice across a crash: a chunk's results count only once the store has recorded it
+done (:meth:`~service.batches.store.BatchStore.finish`), and a chunk a dead worker held is claimed again
+when its lease runs out (at once when a single server restarts on its SQLite store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from embedrank.errors import NotReadyError
+from embedrank.serving.pool import ModelPool
+from service.batches.lines import InputLine, Retry, read_input, request_lines, result_line, run_line, unrun_line
+from service.batches.store import BatchStore, Chunk
+from service.settings import Settings
+
+logger = logging.getLogger("embedrank.service")
+
+EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
+WATCH_SECONDS = 0.5  # how often a running chunk looks whether its batch was cancelled
+
+
+@dataclasses.dataclass
+class BatchWorker:
+    """Runs the batches of ``store`` on the models ``pool_of`` gives (it raises while they are not ready).
+
+    ``chunk_lines`` lines make a chunk; ``concurrency`` chunks are in flight at once; a claim lasts
+    ``lease_seconds`` and is renewed while its chunk runs; with nothing to do, the loop looks again every
+    ``poll_seconds``; ``max_lines`` bounds the request lines of one input file.
+    """
+
+    store: BatchStore
+    pool_of: Callable[[], ModelPool]
+    settings: Settings
+    chunk_lines: int = 32
+    concurrency: int = 2
+    lease_seconds: float = 60.0
+    poll_seconds: float = 0.5
+    max_lines: int = 50_000
+    name: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
+    lines_done: int = 0  # request lines this worker has recorded (output and error lines)
+
+    async def run(self) -> None:
+        """Work until cancelled."""
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                busy = await self._housekeeping()
+                while len(inflight) < self.concurrency:
+                    chunk = await asyncio.to_thread(self.store.claim, self.name, self.lease_seconds)
+                    if chunk is None:
+                        break
+                    inflight.add(asyncio.create_task(self.run_chunk(chunk)))
+                    busy = True
+                if inflight:
+                    done, inflight = await asyncio.wait(
+                        inflight, timeout=self.poll_seconds, return_when="FIRST_COMPLETED"
+                    )
+                    for task in done:
+                        if task.exception() is not None:
+                            logger.error("batch chunk failed", exc_info=task.exception())
+                elif not busy:
+                    await asyncio.sleep(self.poll_seconds)
+        finally:
+            for task in inflight:
+                task.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
+
+    async def _housekeeping(self) -> bool:
+        """Validate new batches and finalize finished ones; True when there was any."""
+        validating = await asyncio.to_thread(self.store.batches_in, "validating")
+        for batch in validating:
+            await self.validate(batch)
+        finishing = await asyncio.to_thread(self.store.ready_to_finalize)
+        for batch, ending in finishing:
+            await self.finalize(batch, ending)
+        return bool(validating or finishing)
+
+    async def validate(self, batch: dict[str, Any]) -> None:
+        """Check the batch's input file and cut it into chunks, or fail the batch with the file's errors."""
+        path = self.store.file_path(batch["input_file_id"])
+        try:
+            content = await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:
+            error = {"code": "missing_input_file", "message": "the input file was deleted", "param": "input_file_id"}
+            await asyncio.to_thread(self.store.fail, batch["id"], [{**error, "line": None}])
+            return
+        checked = await asyncio.to_thread(
+            read_input, batch["id"], content, batch["endpoint"], chunk_lines=self.chunk_lines, max_lines=self.max_lines
+        )
+        if checked.errors:
+            await asyncio.to_thread(self.store.fail, batch["id"], checked.errors)
+        else:
+            await asyncio.to_thread(self.store.start, batch["id"], checked.chunks)
+
+    async def run_chunk(self, chunk: Chunk) -> None:
+        """Run every line of ``chunk`` together and record its output and error lines. A chunk of a batch that
+        is cancelled meanwhile is given up (its lines not recorded, its claim released)."""
+        batch = await asyncio.to_thread(self.store.get_batch, None, chunk.batch_id)
+        if batch is None:
+            return
+        lines = await asyncio.to_thread(_read_chunk, self.store.file_path(batch["input_file_id"]), chunk)
+        work = asyncio.ensure_future(asyncio.gather(*(self._run(line) for line in lines)))
+        watching = asyncio.create_task(self._watch(chunk, work))
+        try:
+            results = await work
+        except asyncio.CancelledError:
+            if not watching.done():  # this task was cancelled: the worker is stopping
+                raise
+            await asyncio.to_thread(self.store.release, self.name, chunk)
+            return
+        finally:
+            watching.cancel()
+        output = b"".join(
+            result_line(line.custom_id, s, b) for line, (s, b) in zip(lines, results, strict=True) if s < 400
+        )
+        errors = b"".join(
+            result_line(line.custom_id, s, b) for line, (s, b) in zip(lines, results, strict=True) if s >= 400
+        )
+        failed = sum(1 for s, _ in results if s >= 400)
+        recorded = await asyncio.to_thread(
+            self.store.finish, self.name, chunk, output, errors, len(lines) - failed, failed
+        )
+        if recorded:
+            self.lines_done += len(lines)
+        else:
+            logger.warning(
+                "batch %s: chunk %d was claimed by another worker; its results are dropped",
+                chunk.batch_id,
+                chunk.number,
+            )
+
+    async def _run(self, line: InputLine) -> tuple[int, bytes]:
+        delay = 0.05
+        while True:
+            try:
+                return await run_line(line, self.pool_of(), self.settings)
+            except (Retry, NotReadyError):  # overloaded, or the models are not ready (yet, or any more)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _watch(self, chunk: Chunk, work: asyncio.Future[Any]) -> None:
+        """While ``chunk`` runs: renew its claim, and give it up (cancel ``work``) when its batch is cancelled
+        or the claim is lost."""
+        renewed = asyncio.get_running_loop().time()
+        while True:
+            await asyncio.sleep(min(self.lease_seconds / 3, WATCH_SECONDS))
+            batch = await asyncio.to_thread(self.store.get_batch, None, chunk.batch_id)
+            held = True
+            if asyncio.get_running_loop().time() - renewed >= self.lease_seconds / 3:
+                held = await asyncio.to_thread(self.store.renew, self.name, chunk, self.lease_seconds)
+                renewed = asyncio.get_running_loop().time()
+            if batch is None or (batch["status"] != "in_progress" and batch["status"] != "finalizing") or not held:
+                work.cancel()
+                return
+
+    async def finalize(self, batch: dict[str, Any], ending: str) -> None:
+        """Join the recorded parts, in line order, into the batch's output and error files (lines that never
+        ran, when it expired, go to the error file), then close it as ``ending``."""
+        await asyncio.to_thread(self.store.mark_finalizing, batch["id"], ending)
+        output_id, error_id = await asyncio.to_thread(self._write_results, batch, ending)
+        await asyncio.to_thread(self.store.close_batch, batch["id"], ending, output_id, error_id)
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(shutil.rmtree, self.store.root / "parts" / batch["id"])
+
+    def _write_results(self, batch: dict[str, Any], ending: str) -> tuple[str | None, str | None]:
+        chunks = self.store.chunks(batch["id"])
+        done = [c for c in chunks if c["state"] == "done"]
+        outputs = [self.store.part_path(batch["id"], c["part"], "out") for c in done]
+        errors: list[Path | bytes] = [self.store.part_path(batch["id"], c["part"], "err") for c in done]
+        if ending == "expired":
+            source = self.store.file_path(batch["input_file_id"])
+            for c in chunks:
+                if c["state"] != "done":
+                    chunk = Chunk(batch["id"], c["number"], c["first_line"], c["lines"], c["start_byte"], c["end_byte"])
+                    errors += [
+                        unrun_line(line.custom_id, "batch_expired", EXPIRED_MESSAGE)
+                        for line in _read_chunk(source, chunk)
+                    ]
+        stem = batch["id"].removeprefix("batch_")
+        output_id = self.store.add_file_from(
+            batch["owner"], f"file-{stem}-output", f"{batch['id']}_output.jsonl", outputs
+        )
+        error_id = self.store.add_file_from(
+            batch["owner"], f"file-{stem}-errors", f"{batch['id']}_errors.jsonl", errors
+        )
+        return output_id, error_id
+
+
+def _read_chunk(path: Path, chunk: Chunk) -> list[InputLine]:
+    """The request lines of ``chunk``, read from its bytes of the input file ``path``."""
+    with open(path, "rb") as f:
+        f.seek(chunk.start_byte)
+        return request_lines(f.read(chunk.end_byte - chunk.start_byte))

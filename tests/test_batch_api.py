@@ -1,0 +1,210 @@
+"""OpenAI's Files and Batch API, driven by the openai SDK unchanged against the app (fake models, in
+process): upload, create, retrieve, list, cancel, content, delete; each line answered as the direct request;
+another key sees nothing; the limits refuse before any work."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+import openai
+import pytest
+from litestar.testing import TestClient
+
+from service.app import create_app
+from service.settings import Limits, ModelEntry, Settings
+
+KEYS = ("key-a", "key-b")
+MODELS = (ModelEntry(id="enc", path="fake:encoder"), ModelEntry(id="rer", path="fake:cross-encoder"))
+TEXTS = ["green tea", "black coffee with milk", "a cup of cocoa", "sparkling water", "fresh orange juice"]
+
+
+def jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def embed_line(i: int, **body: Any) -> dict[str, Any]:
+    body = {"model": "enc", "input": [TEXTS[i % 5], TEXTS[(i + 2) % 5]], **body}
+    return {"custom_id": f"e-{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+
+
+@pytest.fixture
+def app_client(tmp_path):
+    settings = Settings(
+        api_keys=KEYS,
+        models=MODELS,
+        tune_malloc=False,
+        batch_dir=str(tmp_path / "batches"),
+        limits=Limits(max_file_bytes=200_000, max_batch_lines=500, max_batches_in_flight=3),
+    )
+    with TestClient(create_app(settings, wait_for_models=True)) as client:
+        yield client
+
+
+def sdk(client: TestClient, key: str) -> openai.OpenAI:
+    return openai.OpenAI(api_key=key, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
+
+
+def wait(api: openai.OpenAI, batch_id: str, seconds: float = 30.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        batch = api.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "cancelled", "expired"):
+            return batch
+        time.sleep(0.05)
+    raise AssertionError(f"batch {batch_id} still {batch.status}")
+
+
+def direct(client: TestClient, key: str, url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    resp = client.post(url, json=body, headers={"Authorization": f"Bearer {key}"})
+    return resp.status_code, resp.json()
+
+
+def test_the_openai_sdk_runs_an_embeddings_batch_and_each_line_is_the_direct_answer(app_client):
+    api = sdk(app_client, KEYS[0])
+    rows = [embed_line(i) for i in range(120)] + [embed_line(120, input=[]), embed_line(121, dimensions=0)]
+    uploaded = api.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
+    assert (uploaded.object, uploaded.purpose, uploaded.bytes, uploaded.filename) == (
+        "file",
+        "batch",
+        len(jsonl(rows)),
+        "in.jsonl",
+    )
+    batch = api.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h", metadata={"job": "nightly"}
+    )
+    assert (
+        batch.status == "validating"
+        and batch.metadata == {"job": "nightly"}
+        and batch.expires_at - batch.created_at == 86400
+    )
+    done = wait(api, batch.id)
+    assert done.status == "completed" and done.request_counts.model_dump() == {
+        "total": 122,
+        "completed": 120,
+        "failed": 2,
+    }
+    output = [json.loads(x) for x in api.files.content(done.output_file_id).content.splitlines()]
+    errors = [json.loads(x) for x in api.files.content(done.error_file_id).content.splitlines()]
+    assert [o["custom_id"] for o in output] == [f"e-{i}" for i in range(120)]
+    for i in (0, 57, 119):
+        status, body = direct(app_client, KEYS[0], "/v1/embeddings", rows[i]["body"])
+        got = output[i]["response"]
+        assert got["status_code"] == status == 200 and got["body"]["data"] == body["data"]
+        assert got["body"]["usage"] == body["usage"] and output[i]["error"] is None
+    for e in errors:
+        status, body = direct(app_client, KEYS[0], "/v1/embeddings", rows[int(e["custom_id"][2:])]["body"])
+        assert (e["response"]["status_code"], e["response"]["body"]) == (status, body) and status == 400
+    assert [b.id for b in api.batches.list().data] == [batch.id]
+    assert {f.purpose for f in api.files.list().data} == {"batch", "batch_output"}
+
+
+def test_a_reranking_batch_on_cohere_v2s_route(app_client):
+    api = sdk(app_client, KEYS[0])
+    body = {"model": "rer", "query": "hot drinks", "documents": TEXTS, "top_n": 2}
+    rows = [{"custom_id": f"r-{i}", "method": "POST", "url": "/v2/rerank", "body": body} for i in range(20)]
+    uploaded = api.files.create(file=("rerank.jsonl", jsonl(rows)), purpose="batch")
+    done = wait(api, api.batches.create(input_file_id=uploaded.id, endpoint="/v2/rerank", completion_window="24h").id)
+    output = [json.loads(x) for x in api.files.content(done.output_file_id).content.splitlines()]
+    _, expected = direct(app_client, KEYS[0], "/v2/rerank", body)
+    assert len(output) == 20 and all(o["response"]["body"]["results"] == expected["results"] for o in output)
+
+
+def test_another_key_sees_neither_files_nor_batches(app_client):
+    mine, theirs = sdk(app_client, KEYS[0]), sdk(app_client, KEYS[1])
+    uploaded = mine.files.create(file=("in.jsonl", jsonl([embed_line(0)])), purpose="batch")
+    batch = mine.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    for call in (
+        lambda: theirs.files.retrieve(uploaded.id),
+        lambda: theirs.files.content(uploaded.id),
+        lambda: theirs.files.delete(uploaded.id),
+        lambda: theirs.batches.retrieve(batch.id),
+        lambda: theirs.batches.cancel(batch.id),
+        lambda: theirs.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert theirs.files.list().data == [] and theirs.batches.list().data == []
+    assert wait(mine, batch.id).status == "completed"
+
+
+def test_listing_pages_with_after_and_limit(app_client):
+    api = sdk(app_client, KEYS[0])
+    uploaded = api.files.create(file=("in.jsonl", jsonl([embed_line(0)])), purpose="batch")
+    made = [api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id]
+    for _ in range(2):
+        wait(api, made[-1])
+        made.append(
+            api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id
+        )
+    first = api.batches.list(limit=2)
+    assert [b.id for b in first.data] == made[::-1][:2] and first.has_more
+    rest = api.batches.list(limit=2, after=first.data[-1].id)
+    assert [b.id for b in rest.data] == made[:1] and not rest.has_more
+    assert [b.id for b in api.batches.list(limit=2)] == made[::-1]  # iterating a page fetches the next pages
+
+
+def test_the_limits_refuse_before_any_work(app_client):
+    api = sdk(app_client, KEYS[0])
+    with pytest.raises(openai.APIStatusError) as err:
+        api.files.create(file=("big.jsonl", b"x" * 300_000), purpose="batch")
+    assert err.value.status_code == 413 and "max_file_bytes" in err.value.message
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        api.files.create(file=("in.jsonl", b"{}\n"), purpose="fine-tune")
+    uploaded = api.files.create(file=("in.jsonl", jsonl([embed_line(i) for i in range(501)])), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="endpoint"):
+        api.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="forever")
+    failed = wait(
+        api, api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id
+    )
+    assert failed.status == "failed" and failed.errors.data[0].code == "too_many_lines"
+    assert api.files.delete(uploaded.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        api.files.retrieve(uploaded.id)
+
+
+def test_a_key_may_have_so_many_batches_unfinished_and_a_cancelled_one_ends(tmp_path, monkeypatch):
+    """While the models load, batches wait (validated, in progress); the fourth of one key is refused."""
+    import threading
+
+    from embedrank.serving.pool import ModelPool
+
+    gate = threading.Event()
+    real_load = ModelPool.load
+    monkeypatch.setattr(ModelPool, "load", lambda self: gate.wait(30) and real_load(self))
+    limits = Limits(max_batches_in_flight=3)
+    settings = Settings(api_keys=KEYS, models=MODELS, tune_malloc=False, batch_dir=str(tmp_path), limits=limits)
+    with TestClient(create_app(settings)) as client:
+        api, other = sdk(client, KEYS[0]), sdk(client, KEYS[1])
+        uploaded = api.files.create(file=("in.jsonl", jsonl([embed_line(i) for i in range(50)])), purpose="batch")
+        made = [
+            api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+            for _ in range(3)
+        ]
+        with pytest.raises(openai.RateLimitError, match="max_batches_in_flight"):
+            api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        theirs = other.files.create(file=("in.jsonl", jsonl([embed_line(0)])), purpose="batch")
+        assert other.batches.create(input_file_id=theirs.id, endpoint="/v1/embeddings", completion_window="24h").id
+        deadline = time.monotonic() + 10
+        while api.batches.retrieve(made[0].id).status == "validating" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert api.batches.retrieve(made[0].id).status == "in_progress"
+        assert api.batches.cancel(made[0].id).status == "cancelling"
+        cancelled = wait(api, made[0].id)
+        assert cancelled.status == "cancelled" and cancelled.output_file_id is None and cancelled.cancelled_at
+        assert api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id
+        gate.set()
+        assert wait(api, made[1].id).status == "completed"
+
+
+def test_the_schema_offers_exactly_the_endpoints_a_line_can_run():
+    from typing import get_args
+
+    from service.batches.http import Endpoint
+    from service.batches.lines import ENDPOINTS
+
+    assert set(get_args(Endpoint)) == set(ENDPOINTS)

@@ -1,0 +1,285 @@
+"""Batch jobs below HTTP: the store (claims, exactly-once chunks, owners), the input file's checks, and the
+worker running lines as the direct requests would run, through a crash, a cancel and an expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from embedrank.serving.engine import EngineConfig
+from embedrank.serving.pool import ModelEntry, ModelPool
+from service.batches.lines import ENDPOINTS, read_input
+from service.batches.store import BatchStore, Chunk
+from service.batches.worker import BatchWorker
+from service.errors import to_api_error
+from service.settings import Settings
+
+SETTINGS = Settings(api_keys=("k",), tune_malloc=False)
+OWNER = "owner-a"
+TEXTS = ["green tea", "black coffee with milk", "a cup of cocoa", "sparkling water", "fresh orange juice"]
+
+
+def line(custom_id: str, body: dict[str, Any], url: str = "/v1/embeddings", method: str = "POST") -> bytes:
+    return json.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body}).encode() + b"\n"
+
+
+def embeddings_file(n: int, *, bad: set[int] = frozenset()) -> bytes:
+    return b"".join(
+        line(f"req-{i}", {"model": "enc", "input": [] if i in bad else [TEXTS[i % 5], TEXTS[(i + 1) % 5]]})
+        for i in range(n)
+    )
+
+
+def read_lines(store: BatchStore, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in store.file_path(file_id).read_bytes().splitlines()]
+
+
+def pool() -> ModelPool:
+    return ModelPool(
+        (ModelEntry(id="enc", path="fake:encoder"), ModelEntry(id="rer", path="fake:cross-encoder")),
+    )
+
+
+async def serve(store: BatchStore, until: Callable[[], bool], **options: Any) -> BatchWorker:
+    """Run a worker over fake models until ``until()`` holds (or 30 s), then stop it as a crash would."""
+    models = pool()
+    models.start(models.load(), EngineConfig(max_wait_ms=1))
+    worker = BatchWorker(store, lambda: models, SETTINGS, poll_seconds=0.01, **options)
+    task = asyncio.create_task(worker.run())
+    for _ in range(3000):
+        if until():
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await models.drain(1.0)
+    return worker
+
+
+def finished(store: BatchStore, batch_id: str) -> Callable[[], bool]:
+    return lambda: store.get_batch(None, batch_id)["status"] in ("completed", "failed", "cancelled", "expired")
+
+
+async def direct(body: dict[str, Any], url: str = "/v1/embeddings") -> tuple[int, Any]:
+    """What the direct request to ``url`` answers (the same decoding and core call as its route)."""
+    from service.decoding import decode_strict
+
+    models = pool()
+    models.start(models.load(), EngineConfig(max_wait_ms=1))
+    schema, work = ENDPOINTS[url]
+    try:
+        out, _ = await work(decode_strict(json.dumps(body).encode(), schema), models, SETTINGS)
+        return 200, json.loads(msgspec.json.encode(out))
+    except Exception as exc:
+        error = to_api_error(exc)
+        return error.status, {
+            "error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
+        }
+    finally:
+        await models.drain(1.0)
+
+
+def test_the_input_file_is_checked_line_by_line_before_anything_runs():
+    good = line("a", {"input": "x"})
+    cases = {
+        b"{not json\n": "invalid_json_line",
+        b'{"custom_id": "a", "method": "POST"}\n': "invalid_request_line",
+        line("", {"input": "x"}): "missing_custom_id",
+        good + line("a", {"input": "y"}): "duplicate_custom_id",
+        line("a", {"input": "x"}, method="GET"): "invalid_method",
+        line("a", {"input": "x"}, url="/v1/rerank"): "mismatched_url",
+        b"\n \n": "empty_file",
+    }
+    for content, code in cases.items():
+        errors = read_input("b", content, "/v1/embeddings", chunk_lines=4, max_lines=10).errors
+        assert [e["code"] for e in errors] == [code], (content, errors)
+    errors = read_input("b", good + b"\n" + b"{oops\n", "/v1/embeddings", chunk_lines=4, max_lines=10).errors
+    assert errors == [{"code": "invalid_json_line", "message": "the line is not valid JSON", "param": None, "line": 3}]
+    assert read_input("b", embeddings_file(11), "/v1/embeddings", chunk_lines=4, max_lines=10).errors[0]["code"] == (
+        "too_many_lines"
+    )
+    checked = read_input("b", embeddings_file(10), "/v1/embeddings", chunk_lines=4, max_lines=10)
+    assert [(c.first_line, c.lines) for c in checked.chunks] == [(0, 4), (4, 4), (8, 2)]
+    assert checked.chunks[-1].end_byte == len(embeddings_file(10))
+
+
+def test_objects_belong_to_their_owner(tmp_path):
+    store = BatchStore(tmp_path)
+    file = store.add_file(OWNER, "in.jsonl", "batch", b"x\n")
+    batch = store.create_batch(
+        OWNER,
+        endpoint="/v1/embeddings",
+        input_file_id=file["id"],
+        completion_window="24h",
+        window_seconds=86400,
+        metadata=None,
+    )
+    assert store.get_file("owner-b", file["id"]) is None and store.get_batch("owner-b", batch["id"]) is None
+    assert store.list_files("owner-b") == [] and store.list_batches("owner-b") == []
+    assert (
+        store.cancel("owner-b", batch["id"]) is None and store.get_batch(OWNER, batch["id"])["status"] == "validating"
+    )
+    assert not store.delete_file("owner-b", file["id"]) and store.file_path(file["id"]).exists()
+    assert store.active_batches(OWNER) == 1 and store.active_batches("owner-b") == 0
+
+
+def test_a_chunk_is_recorded_once_by_the_worker_that_holds_it(tmp_path):
+    store = BatchStore(tmp_path)
+    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(3))
+    batch = store.create_batch(
+        OWNER,
+        endpoint="/v1/embeddings",
+        input_file_id=file["id"],
+        completion_window="24h",
+        window_seconds=86400,
+        metadata=None,
+    )
+    assert store.start(batch["id"], [Chunk(batch["id"], 0, 0, 3, 0, len(embeddings_file(3)))])
+    claimed = store.claim("w1", lease_seconds=-1)  # a lease that has already run out: w2 may take the chunk
+    assert claimed is not None and store.claim("w2", lease_seconds=60) == claimed
+    assert not store.finish("w1", claimed, b"late\n", b"", 3, 0)  # w1 lost it: nothing recorded, no part left
+    assert store.finish("w2", claimed, b"out\n", b"", 3, 0)
+    assert not store.finish("w2", claimed, b"again\n", b"", 3, 0)
+    assert store.get_batch(OWNER, batch["id"])["completed"] == 3
+    (chunk,) = store.chunks(batch["id"])
+    parts = sorted(p.name for p in (tmp_path / "parts" / batch["id"]).iterdir())
+    assert parts == [f"{chunk['part']}.err", f"{chunk['part']}.out"] and chunk["part"].startswith("0.w2.")
+    assert store.part_path(batch["id"], chunk["part"], "out").read_bytes() == b"out\n"
+    assert store.claim("w3", 60) is None
+
+
+def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(tmp_path):
+    store = BatchStore(tmp_path)
+    content = embeddings_file(40, bad={7}) + line("rerank-typo", {"model": "enc", "inputs": ["x"]})
+    file = store.add_file(OWNER, "in.jsonl", "batch", content)
+    batch = store.create_batch(
+        OWNER,
+        endpoint="/v1/embeddings",
+        input_file_id=file["id"],
+        completion_window="24h",
+        window_seconds=86400,
+        metadata=None,
+    )
+    worker = asyncio.run(serve(store, finished(store, batch["id"]), chunk_lines=8))
+    done = store.get_batch(OWNER, batch["id"])
+    assert (done["status"], done["total"], done["completed"], done["failed"]) == ("completed", 41, 39, 2)
+    assert worker.lines_done == 41 and done["completed_at"] and done["in_progress_at"] and done["finalizing_at"]
+    output, errors = read_lines(store, done["output_file_id"]), read_lines(store, done["error_file_id"])
+    assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(40) if i != 7]  # input order, once each
+    assert {e["custom_id"] for e in errors} == {"req-7", "rerank-typo"}
+    for i in (0, 13, 39):
+        status, body = asyncio.run(direct({"model": "enc", "input": [TEXTS[i % 5], TEXTS[(i + 1) % 5]]}))
+        got = next(o for o in output if o["custom_id"] == f"req-{i}")["response"]
+        assert got["status_code"] == status == 200
+        assert [d["embedding"] for d in got["body"]["data"]] == [d["embedding"] for d in body["data"]]
+    for custom_id, body in (
+        ("req-7", {"model": "enc", "input": []}),
+        ("rerank-typo", {"model": "enc", "inputs": ["x"]}),
+    ):
+        status, expected = asyncio.run(direct(body))
+        got = next(e for e in errors if e["custom_id"] == custom_id)["response"]
+        assert (got["status_code"], got["body"]) == (status, expected) and status == 400
+    assert not (tmp_path / "parts" / batch["id"]).exists()  # the parts are joined and gone
+
+
+def test_a_reranking_batch_answers_as_the_direct_request(tmp_path):
+    store = BatchStore(tmp_path)
+    body = {"model": "rer", "query": "hot drinks", "documents": TEXTS, "top_n": 3}
+    file = store.add_file(OWNER, "in.jsonl", "batch", line("r", body, url="/v2/rerank"))
+    batch = store.create_batch(
+        OWNER,
+        endpoint="/v2/rerank",
+        input_file_id=file["id"],
+        completion_window="24h",
+        window_seconds=86400,
+        metadata=None,
+    )
+    asyncio.run(serve(store, finished(store, batch["id"])))
+    (out,) = read_lines(store, store.get_batch(OWNER, batch["id"])["output_file_id"])
+    status, expected = asyncio.run(direct(body, "/v2/rerank"))
+    assert out["response"]["body"]["results"] == expected["results"] and status == 200
+
+
+def test_a_crash_in_the_middle_loses_nothing_and_does_nothing_twice(tmp_path):
+    store = BatchStore(tmp_path)
+    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(300))
+    batch = store.create_batch(
+        OWNER,
+        endpoint="/v1/embeddings",
+        input_file_id=file["id"],
+        completion_window="24h",
+        window_seconds=86400,
+        metadata=None,
+    )
+    recorded = lambda: sum(c["state"] == "done" for c in store.chunks(batch["id"]))  # noqa: E731
+    for stop_after in (3, 9):  # two crashes, each with chunks in flight
+        asyncio.run(serve(store, lambda n=stop_after: recorded() >= n, chunk_lines=10, concurrency=3))
+        assert store.get_batch(OWNER, batch["id"])["status"] == "in_progress"
+        store.release_claims()  # a single server starting again: no claim of the dead process holds
+    asyncio.run(serve(store, finished(store, batch["id"]), chunk_lines=10, concurrency=3))
+    done = store.get_batch(OWNER, batch["id"])
+    output = read_lines(store, done["output_file_id"])
+    assert done["status"] == "completed" and done["completed"] == 300 and done["failed"] == 0
+    assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(300)]
+
+
+def test_a_cancelled_batch_keeps_what_it_finished_and_an_expired_one_says_what_never_ran(tmp_path):
+    store = BatchStore(tmp_path)
+    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(100))
+    batch = store.create_batch(
+        OWNER,
+        endpoint="/v1/embeddings",
+        input_file_id=file["id"],
+        completion_window="24h",
+        window_seconds=86400,
+        metadata=None,
+    )
+    recorded = lambda: sum(c["state"] == "done" for c in store.chunks(batch["id"]))  # noqa: E731
+    asyncio.run(serve(store, lambda: recorded() >= 2, chunk_lines=10, concurrency=1))
+    assert store.cancel(OWNER, batch["id"])["status"] == "cancelling"
+    store.release_claims()
+    asyncio.run(serve(store, finished(store, batch["id"])))
+    done = store.get_batch(OWNER, batch["id"])
+    assert done["status"] == "cancelled" and done["cancelled_at"] and done["cancelling_at"]
+    output = read_lines(store, done["output_file_id"])
+    assert len(output) == done["completed"] >= 20 and len({o["custom_id"] for o in output}) == len(output)
+
+    expiring = store.create_batch(
+        OWNER,
+        endpoint="/v1/embeddings",
+        input_file_id=file["id"],
+        completion_window="1s",
+        window_seconds=0,
+        metadata=None,
+    )
+    asyncio.run(serve(store, finished(store, expiring["id"])))
+    done = store.get_batch(OWNER, expiring["id"])
+    errors = read_lines(store, done["error_file_id"])
+    assert done["status"] == "expired" and done["expired_at"] and done["output_file_id"] is None
+    assert [e["custom_id"] for e in errors] == [f"req-{i}" for i in range(100)]
+    assert errors[0]["response"] is None and errors[0]["error"]["code"] == "batch_expired"
+
+
+def test_a_malformed_input_file_fails_the_batch_with_its_errors(tmp_path):
+    store = BatchStore(tmp_path)
+    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(2) + b"{oops\n")
+    batch = store.create_batch(
+        OWNER,
+        endpoint="/v1/embeddings",
+        input_file_id=file["id"],
+        completion_window="24h",
+        window_seconds=86400,
+        metadata=None,
+    )
+    asyncio.run(serve(store, finished(store, batch["id"])))
+    done = store.get_batch(OWNER, batch["id"])
+    assert done["status"] == "failed" and done["failed_at"]
+    assert json.loads(done["errors"]) == [
+        {"code": "invalid_json_line", "message": "the line is not valid JSON", "param": None, "line": 3}
+    ]
