@@ -193,6 +193,8 @@ def test_a_key_may_have_so_many_batches_unfinished_and_a_cancelled_one_ends(tmp_
         while api.batches.retrieve(made[0].id).status == "validating" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert api.batches.retrieve(made[0].id).status == "in_progress"
+        with pytest.raises(openai.ConflictError, match="not finished"):  # an unfinished batch reads it
+            api.files.delete(uploaded.id)
         assert api.batches.cancel(made[0].id).status == "cancelling"
         cancelled = wait(api, made[0].id)
         assert cancelled.status == "cancelled" and cancelled.output_file_id is None and cancelled.cancelled_at

@@ -25,7 +25,7 @@ from litestar.params import Parameter
 from msgspec import Meta
 
 from embedrank.serving.pool import ModelPool
-from service.batches.store import BatchStore
+from service.batches.store import BatchStore, FileInUseError
 from service.batches.worker import BatchWorker
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
@@ -34,7 +34,8 @@ from service.settings import Settings, default_batch_dir
 
 FILE_PATH = "/v1/files"
 NOT_FOUND = {404: ResponseSpec(data_container=ErrorResponse, description="No such file or batch for this API key")}
-READ = {status: ERRORS[status] for status in (400, 401)} | NOT_FOUND  # what a GET or DELETE may answer
+READ = {status: ERRORS[status] for status in (400, 401)} | NOT_FOUND  # what a GET may answer
+IN_USE = {409: ResponseSpec(data_container=ErrorResponse, description="The file is the input of an unfinished batch")}
 CANCEL = {status: ERRORS[status] for status in (400, 401, 415)} | NOT_FOUND
 WINDOW = r"^([1-9][0-9]{0,3}m|[1-9][0-9]{0,2}h)$"  # 1 to 9999 minutes, or 1 to 999 hours
 Endpoint = Literal["/v1/embeddings", "/v1/rerank", "/v2/embed", "/v2/rerank"]
@@ -305,9 +306,13 @@ async def file_content(request: Request[Any, Any, Any], state: State, file_id: s
     return await asyncio.to_thread(store.file_path(file_id).read_bytes)
 
 
-@delete(FILE_PATH + "/{file_id:str}", summary="Delete a file", status_code=200, responses=READ)
+@delete(FILE_PATH + "/{file_id:str}", summary="Delete a file", status_code=200, responses=READ | IN_USE)
 async def delete_file(request: Request[Any, Any, Any], state: State, file_id: str) -> FileDeleted:
-    if not await asyncio.to_thread(_batches(state).store().delete_file, owner_of(request), file_id):
+    try:
+        deleted = await asyncio.to_thread(_batches(state).store().delete_file, owner_of(request), file_id)
+    except FileInUseError as exc:
+        raise APIError(409, f"{exc}; cancel it or wait for it to finish", param="file_id", code="file_in_use") from None
+    if not deleted:
         raise _not_found("file", file_id)
     return FileDeleted(id=file_id, deleted=True)
 

@@ -91,6 +91,10 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 FINISHED = ("failed", "completed", "expired", "cancelled")
 
 
+class FileInUseError(Exception):
+    """A file cannot be deleted while an unfinished batch reads it."""
+
+
 def new_id(prefix: str) -> str:
     """A fresh object id in OpenAI's style (``file-…``, ``batch_…``)."""
     return f"{prefix}{secrets.token_hex(12)}"
@@ -232,8 +236,19 @@ class BatchStore:
         return [dict(r) for r in self._db().execute(query, args)]
 
     def delete_file(self, owner: str, file_id: str) -> bool:
-        """Delete ``owner``'s file; False when there is none."""
+        """Delete ``owner``'s file; False when there is none.
+
+        Raises:
+            FileInUseError: the file is the input of a batch that is not finished.
+        """
+        marks = ", ".join("?" * len(ACTIVE))
         with self._write() as db:
+            using = db.execute(
+                f"SELECT id FROM batches WHERE input_file_id = ? AND owner = ? AND status IN ({marks}) LIMIT 1",
+                (file_id, owner, *ACTIVE),
+            ).fetchone()
+            if using is not None:
+                raise FileInUseError(f"file {file_id!r} is the input of batch {using['id']!r}, which is not finished")
             deleted = db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner)).rowcount
         if deleted:
             self.file_path(file_id).unlink(missing_ok=True)
