@@ -34,6 +34,21 @@ def embeddings_file(n: int, *, bad: set[int] = frozenset()) -> bytes:
     )
 
 
+def new_batch(
+    store: BatchStore, content: bytes, endpoint: str = "/v1/embeddings", window_seconds: int = 86400
+) -> dict[str, Any]:
+    """A batch of ``OWNER`` over ``content`` uploaded as its input file."""
+    file = store.add_file(OWNER, "in.jsonl", "batch", content)
+    return store.create_batch(
+        OWNER,
+        endpoint=endpoint,
+        input_file_id=file["id"],
+        completion_window="24h",
+        window_seconds=window_seconds,
+        metadata=None,
+    )
+
+
 def read_lines(store: BatchStore, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
@@ -111,15 +126,8 @@ def test_the_input_file_is_checked_line_by_line_before_anything_runs():
 
 def test_objects_belong_to_their_owner(tmp_path):
     store = BatchStore(tmp_path)
-    file = store.add_file(OWNER, "in.jsonl", "batch", b"x\n")
-    batch = store.create_batch(
-        OWNER,
-        endpoint="/v1/embeddings",
-        input_file_id=file["id"],
-        completion_window="24h",
-        window_seconds=86400,
-        metadata=None,
-    )
+    batch = new_batch(store, b"x\n")
+    file = store.get_file(OWNER, batch["input_file_id"])
     assert store.get_file("owner-b", file["id"]) is None and store.get_batch("owner-b", batch["id"]) is None
     assert store.list_files("owner-b") == [] and store.list_batches("owner-b") == []
     assert (
@@ -131,15 +139,7 @@ def test_objects_belong_to_their_owner(tmp_path):
 
 def test_a_chunk_is_recorded_once_by_the_worker_that_holds_it(tmp_path):
     store = BatchStore(tmp_path)
-    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(3))
-    batch = store.create_batch(
-        OWNER,
-        endpoint="/v1/embeddings",
-        input_file_id=file["id"],
-        completion_window="24h",
-        window_seconds=86400,
-        metadata=None,
-    )
+    batch = new_batch(store, embeddings_file(3))
     assert store.start(batch["id"], [Chunk(batch["id"], 0, 0, 3, 0, len(embeddings_file(3)))])
     claimed = store.claim("w1", lease_seconds=-1)  # a lease that has already run out: w2 may take the chunk
     assert claimed is not None and store.claim("w2", lease_seconds=60) == claimed
@@ -157,15 +157,7 @@ def test_a_chunk_is_recorded_once_by_the_worker_that_holds_it(tmp_path):
 def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(tmp_path):
     store = BatchStore(tmp_path)
     content = embeddings_file(40, bad={7}) + line("rerank-typo", {"model": "enc", "inputs": ["x"]})
-    file = store.add_file(OWNER, "in.jsonl", "batch", content)
-    batch = store.create_batch(
-        OWNER,
-        endpoint="/v1/embeddings",
-        input_file_id=file["id"],
-        completion_window="24h",
-        window_seconds=86400,
-        metadata=None,
-    )
+    batch = new_batch(store, content)
     worker = asyncio.run(serve(store, finished(store, batch["id"]), chunk_lines=8))
     done = store.get_batch(OWNER, batch["id"])
     assert (done["status"], done["total"], done["completed"], done["failed"]) == ("completed", 41, 39, 2)
@@ -191,15 +183,7 @@ def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(t
 def test_a_reranking_batch_answers_as_the_direct_request(tmp_path):
     store = BatchStore(tmp_path)
     body = {"model": "rer", "query": "hot drinks", "documents": TEXTS, "top_n": 3}
-    file = store.add_file(OWNER, "in.jsonl", "batch", line("r", body, url="/v2/rerank"))
-    batch = store.create_batch(
-        OWNER,
-        endpoint="/v2/rerank",
-        input_file_id=file["id"],
-        completion_window="24h",
-        window_seconds=86400,
-        metadata=None,
-    )
+    batch = new_batch(store, line("r", body, url="/v2/rerank"), "/v2/rerank")
     asyncio.run(serve(store, finished(store, batch["id"])))
     (out,) = read_lines(store, store.get_batch(OWNER, batch["id"])["output_file_id"])
     status, expected = asyncio.run(direct(body, "/v2/rerank"))
@@ -208,15 +192,7 @@ def test_a_reranking_batch_answers_as_the_direct_request(tmp_path):
 
 def test_a_crash_in_the_middle_loses_nothing_and_does_nothing_twice(tmp_path):
     store = BatchStore(tmp_path)
-    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(300))
-    batch = store.create_batch(
-        OWNER,
-        endpoint="/v1/embeddings",
-        input_file_id=file["id"],
-        completion_window="24h",
-        window_seconds=86400,
-        metadata=None,
-    )
+    batch = new_batch(store, embeddings_file(300))
     recorded = lambda: sum(c["state"] == "done" for c in store.chunks(batch["id"]))  # noqa: E731
     for stop_after in (3, 9):  # two crashes, each with chunks in flight
         asyncio.run(serve(store, lambda n=stop_after: recorded() >= n, chunk_lines=10, concurrency=3))
@@ -231,15 +207,7 @@ def test_a_crash_in_the_middle_loses_nothing_and_does_nothing_twice(tmp_path):
 
 def test_a_cancelled_batch_keeps_what_it_finished_and_an_expired_one_says_what_never_ran(tmp_path):
     store = BatchStore(tmp_path)
-    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(100))
-    batch = store.create_batch(
-        OWNER,
-        endpoint="/v1/embeddings",
-        input_file_id=file["id"],
-        completion_window="24h",
-        window_seconds=86400,
-        metadata=None,
-    )
+    batch = new_batch(store, embeddings_file(100))
     recorded = lambda: sum(c["state"] == "done" for c in store.chunks(batch["id"]))  # noqa: E731
     asyncio.run(serve(store, lambda: recorded() >= 2, chunk_lines=10, concurrency=1))
     assert store.cancel(OWNER, batch["id"])["status"] == "cancelling"
@@ -250,14 +218,7 @@ def test_a_cancelled_batch_keeps_what_it_finished_and_an_expired_one_says_what_n
     output = read_lines(store, done["output_file_id"])
     assert len(output) == done["completed"] >= 20 and len({o["custom_id"] for o in output}) == len(output)
 
-    expiring = store.create_batch(
-        OWNER,
-        endpoint="/v1/embeddings",
-        input_file_id=file["id"],
-        completion_window="1s",
-        window_seconds=0,
-        metadata=None,
-    )
+    expiring = new_batch(store, embeddings_file(100), window_seconds=0)
     asyncio.run(serve(store, finished(store, expiring["id"])))
     done = store.get_batch(OWNER, expiring["id"])
     errors = read_lines(store, done["error_file_id"])
@@ -268,15 +229,7 @@ def test_a_cancelled_batch_keeps_what_it_finished_and_an_expired_one_says_what_n
 
 def test_a_malformed_input_file_fails_the_batch_with_its_errors(tmp_path):
     store = BatchStore(tmp_path)
-    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(2) + b"{oops\n")
-    batch = store.create_batch(
-        OWNER,
-        endpoint="/v1/embeddings",
-        input_file_id=file["id"],
-        completion_window="24h",
-        window_seconds=86400,
-        metadata=None,
-    )
+    batch = new_batch(store, embeddings_file(2) + b"{oops\n")
     asyncio.run(serve(store, finished(store, batch["id"])))
     done = store.get_batch(OWNER, batch["id"])
     assert done["status"] == "failed" and done["failed_at"]
