@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The Batch API's default folder is in the user's data directory: the suite's servers and apps get their own,
+# so that no test sees (or runs) a user's batches.
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="embedrank-tests-data-")
 # The suite's cache (model exports, corpus vectors, the seeded cross-encoder) lives in the checkout, never in
 # the user's own cache; EMBEDRANK_TEST_CACHE moves it. Kept between runs: the first run fills it.
 os.environ["EMBEDRANK_CACHE"] = os.environ.get(

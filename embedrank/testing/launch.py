@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading  # noqa: F401 - used by the doctest
 import time
 from collections.abc import Iterator
@@ -73,6 +75,10 @@ def running_server(
     ]
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
     child_env = {**os.environ, **(env or {})} if inherit_env else dict(env or {})
+    batches = None
+    if command is None and not child_env.get("EMBEDRANK_BATCH_DIR"):  # never a user's batches: a folder of its own
+        batches = tempfile.mkdtemp(prefix="embedrank-batches-")
+        child_env["EMBEDRANK_BATCH_DIR"] = batches
     proc = subprocess.Popen(cmd, cwd=cwd or REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT)
     base = ServerURL(f"http://127.0.0.1:{port}")
     base.pid, base.process = proc.pid, proc
@@ -98,3 +104,5 @@ def running_server(
             proc.kill()
             proc.wait()
         log.close()
+        if batches is not None:
+            shutil.rmtree(batches, ignore_errors=True)
