@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +22,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
+from litestar.response import Stream
 from msgspec import Meta
 
 from embedrank.serving.pool import ModelPool
@@ -298,12 +299,20 @@ async def retrieve_file(request: Request[Any, Any, Any], state: State, file_id: 
     media_type="application/octet-stream",
     responses=READ,
 )
-async def file_content(request: Request[Any, Any, Any], state: State, file_id: str) -> bytes:
+async def file_content(request: Request[Any, Any, Any], state: State, file_id: str) -> Stream:
+    """The file's bytes, streamed from disk (an output file may be far larger than a response held in memory)."""
     store = _batches(state).store()
     row = await asyncio.to_thread(store.get_file, owner_of(request), file_id)
     if row is None:
         raise _not_found("file", file_id)
-    return await asyncio.to_thread(store.file_path(file_id).read_bytes)
+    return Stream(_chunks(store.file_path(file_id)), media_type="application/octet-stream")
+
+
+def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    """``path``'s bytes, a MiB at a time."""
+    with open(path, "rb") as f:
+        while chunk := f.read(size):
+            yield chunk
 
 
 @delete(FILE_PATH + "/{file_id:str}", summary="Delete a file", status_code=200, responses=READ | IN_USE)
