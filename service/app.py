@@ -117,6 +117,7 @@ def create_app(
         raise SettingsError(str(exc)) from None
     service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
     service.batches = BatchService(settings, service.ready_pool)
+    service.metrics.registry.register(service.batches)  # its collect(): the batches' progress
     if settings.tune_malloc:  # before the loading and forward threads exist
         tune_malloc()
 

@@ -188,10 +188,10 @@ def error_response(error: APIError) -> Response[Any]:
     return Response(content=body, status_code=error.status, headers=error.headers, media_type=MediaType.JSON)
 
 
-def _matches(template: str, path: str) -> bool:
+def matches_route(template: str, path: str) -> bool:
     """Whether ``path`` is an instance of the route ``template`` (``/v1/files/{file_id:str}``).
 
-    >>> _matches("/v1/files/{file_id:str}/content", "/v1/files/file-1/content"), _matches("/v1/files", "/v1/files/x")
+    >>> matches_route("/v1/files/{file_id:str}/content", "/v1/files/file-1/content"), matches_route("/v1/files", "/v1/files/x")
     (True, False)
     """
     if "{" not in template:
@@ -202,7 +202,7 @@ def _matches(template: str, path: str) -> bool:
 
 def allowed_methods(app: Any, path: str) -> list[str]:
     """Every method the routes of ``app`` take at ``path`` (its route's template may hold parameters), sorted."""
-    return sorted({m for r in app.routes if _matches(r.path, path) for m in getattr(r, "methods", ())})
+    return sorted({m for r in app.routes if matches_route(r.path, path) for m in getattr(r, "methods", ())})
 
 
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

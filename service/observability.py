@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from embedrank.serving.engine import BatchEngine, BatchReport
+from service.errors import matches_route
 
 
 class Metrics:
@@ -15,6 +16,7 @@ class Metrics:
 
     def __init__(self, routes: frozenset[str]) -> None:
         self.routes = routes  # the app's route table; any other path is counted as route ``other``
+        self._templates = sorted(r for r in routes if "{" in r)  # routes with path parameters: their template
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "embedrank_requests_total", "HTTP requests", ["route", "method", "status"], registry=self.registry
@@ -67,8 +69,10 @@ class Metrics:
         )
 
     def observe_request(self, path: str, method: str, status: int, seconds: float) -> None:
-        """Count one HTTP request and its latency; unknown paths are counted as route ``other``."""
-        key = (path if path in self.routes else "other", method, status)
+        """Count one HTTP request and its latency under its route (a route with path parameters under its
+        template, ``/v1/files/{file_id:str}``); unknown paths are counted as route ``other``."""
+        route = path if path in self.routes else next((t for t in self._templates if matches_route(t, path)), "other")
+        key = (route, method, status)
         children = self._request_children.get(key)
         if children is None:  # label lookups take a lock; do them once per (route, method, status)
             route, _, _ = key

@@ -99,6 +99,9 @@ def test_the_openai_sdk_runs_an_embeddings_batch_and_each_line_is_the_direct_ans
         assert (e["response"]["status_code"], e["response"]["body"]) == (status, body) and status == 400
     assert [b.id for b in api.batches.list().data] == [batch.id]
     assert {f.purpose for f in api.files.list().data} == {"batch", "batch_output"}
+    metrics = app_client.get("/metrics", headers={"Authorization": f"Bearer {KEYS[0]}"}).text
+    assert "embedrank_batch_lines_recorded_total 122.0" in metrics  # its rate is the lines per second
+    assert 'route="/v1/files/{file_id:str}/content",status="200"' in metrics  # a route with a parameter
 
 
 def test_a_reranking_batch_on_cohere_v2s_route(app_client):
@@ -193,6 +196,9 @@ def test_a_key_may_have_so_many_batches_unfinished_and_a_cancelled_one_ends(tmp_
         while api.batches.retrieve(made[0].id).status == "validating" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert api.batches.retrieve(made[0].id).status == "in_progress"
+        metrics = client.get("/metrics", headers={"Authorization": f"Bearer {KEYS[0]}"}).text
+        assert f'embedrank_batch_lines_waiting{{batch="{made[0].id}"}} 50.0' in metrics
+        assert f'embedrank_batch_lines_done{{batch="{made[0].id}",outcome="completed"}} 0.0' in metrics
         with pytest.raises(openai.ConflictError, match="not finished"):  # an unfinished batch reads it
             api.files.delete(uploaded.id)
         assert api.batches.cancel(made[0].id).status == "cancelling"

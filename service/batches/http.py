@@ -24,9 +24,10 @@ from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
 from msgspec import Meta
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from embedrank.serving.pool import ModelPool
-from service.batches.store import BatchStore, FileInUseError
+from service.batches.store import ACTIVE, BatchStore, FileInUseError
 from service.batches.worker import BatchWorker
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
@@ -138,13 +139,14 @@ class CreateBatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     metadata: Metadata | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # a collector of the app's metrics registry: hashed by identity
 class BatchService:
     """The batch store of ``settings.batch_dir`` (opened on first use) and the worker that runs its batches."""
 
     settings: Settings
     pool_of: Callable[[], ModelPool]
     _store: BatchStore | None = None
+    worker: BatchWorker | None = None
 
     @property
     def root(self) -> Path:
@@ -161,8 +163,30 @@ class BatchService:
             await asyncio.sleep(0.5)
         store = await asyncio.to_thread(self.store)
         await asyncio.to_thread(store.release_claims)  # one server on its own store: no other claim can be live
-        limits = self.settings.limits
-        await BatchWorker(store, self.pool_of, self.settings, max_lines=limits.max_batch_lines).run()
+        self.worker = BatchWorker(store, self.pool_of, self.settings, max_lines=self.settings.limits.max_batch_lines)
+        await self.worker.run()
+
+    def collect(self) -> Iterator[Metric]:
+        """The batches' progress for ``/metrics``, read from the store at each scrape: each unfinished batch's
+        lines, lines recorded and lines waiting (its queue depth), and the lines this process recorded."""
+        waiting = GaugeMetricFamily(
+            "embedrank_batch_lines_waiting", "Lines of an unfinished batch not yet recorded", labels=["batch"]
+        )
+        done = GaugeMetricFamily(
+            "embedrank_batch_lines_done",
+            "Lines of an unfinished batch recorded, by outcome",
+            labels=["batch", "outcome"],
+        )
+        recorded = CounterMetricFamily(
+            "embedrank_batch_lines_recorded", "Batch lines this process has recorded (rate: lines per second)"
+        )
+        recorded.add_metric([], self.worker.lines_done if self.worker is not None else 0)
+        if self._store is not None:
+            for row in self._store.batches_in(*ACTIVE):
+                waiting.add_metric([row["id"]], row["total"] - row["completed"] - row["failed"])
+                done.add_metric([row["id"], "completed"], row["completed"])
+                done.add_metric([row["id"], "failed"], row["failed"])
+        yield from (waiting, done, recorded)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
