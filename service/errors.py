@@ -7,6 +7,7 @@ Deterministic client mistakes are 4xx (never 5xx or 429, which the OpenAI SDK re
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any
@@ -196,8 +197,13 @@ def matches_route(template: str, path: str) -> bool:
     """
     if "{" not in template:
         return template == path
-    pattern = re.sub(r"\\\{[^}]*\\\}", "[^/]+", re.escape(template))
-    return re.fullmatch(pattern, path) is not None
+    return _route_pattern(template).fullmatch(path) is not None
+
+
+@functools.cache
+def _route_pattern(template: str) -> re.Pattern[str]:
+    """A route template as a regular expression, each path parameter one path segment (built once)."""
+    return re.compile(re.sub(r"\\\{[^}]*\\\}", "[^/]+", re.escape(template)))
 
 
 def allowed_methods(app: Any, path: str) -> list[str]:

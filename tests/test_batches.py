@@ -109,6 +109,7 @@ def test_the_input_file_is_checked_line_by_line_before_anything_runs():
         good + line("a", {"input": "y"}): "duplicate_custom_id",
         line("a", {"input": "x"}, method="GET"): "invalid_method",
         line("a", {"input": "x"}, url="/v1/rerank"): "mismatched_url",
+        line("a", "a text, not a request body"): "invalid_request_line",
         b"\n \n": "empty_file",
     }
     for content, code in cases.items():

@@ -15,18 +15,22 @@ from embedrank.registry.pooling import read_pooling
 SUPPORTED = {"Transformer", "Pooling", "Dense", "Normalize", "StaticEmbedding"}
 
 
+def _type_name(module: dict[str, Any]) -> str:
+    return str(module.get("type", "")).rsplit(".", 1)[-1]
+
+
 def type_names(modules: Any) -> list[str]:
     """Each module's class name (``sentence_transformers.models.Pooling`` -> ``Pooling``).
 
     >>> type_names([{"type": "sentence_transformers.models.Transformer"}, {"type": "pylate.models.Dense"}])
     ['Transformer', 'Dense']
     """
-    return [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules or [] if isinstance(m, dict)]
+    return [_type_name(m) for m in modules or [] if isinstance(m, dict)]
 
 
 def folder_of(modules: Any, name: str) -> str:
     """The folder of the module named ``name`` (its class name)."""
-    return next(str(m.get("path", "")) for m in modules if str(m.get("type", "")).rsplit(".", 1)[-1] == name)
+    return next(str(m.get("path", "")) for m in modules if _type_name(m) == name)
 
 
 def is_pylate(modules: Any) -> bool:
@@ -58,7 +62,7 @@ def read_pipeline(root: Path, modules: Any, model_id: str, hidden: int | None) -
     """
     pipeline = Pipeline(dimension=hidden)
     for module in modules if isinstance(modules, list) else []:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        kind = _type_name(module)
         if kind not in SUPPORTED:
             raise UnsupportedModelError(
                 f"model {model_id!r} uses the sentence-transformers module {module.get('type')!r}; "

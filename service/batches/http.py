@@ -249,6 +249,16 @@ def batch_object(row: dict[str, Any]) -> BatchObject:
     )
 
 
+def _page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """A list object's paging fields for the first ``limit`` of ``rows`` (asked for one more than the page)."""
+    shown = rows[:limit]
+    return {
+        "first_id": shown[0]["id"] if shown else None,
+        "last_id": shown[-1]["id"] if shown else None,
+        "has_more": len(rows) > limit,
+    }
+
+
 def _not_found(what: str, object_id: str) -> APIError:
     return APIError(
         404, f"no {what} with id {object_id[:100]!r} for this API key", param=f"{what}_id", code="not_found"
@@ -300,13 +310,7 @@ async def list_files(
     rows = await asyncio.to_thread(
         store.list_files, owner_of(request), purpose=purpose, after=after, limit=limit + 1, order=order
     )
-    data = [file_object(r) for r in rows[:limit]]
-    return FileList(
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=len(rows) > limit,
-    )
+    return FileList(data=[file_object(r) for r in rows[:limit]], **_page(rows, limit))
 
 
 @get(FILE_PATH + "/{file_id:str}", summary="Retrieve a file", responses=READ)
@@ -403,13 +407,7 @@ async def list_batches(
     rows = await asyncio.to_thread(
         _batches(state).store().list_batches, owner_of(request), after=after, limit=limit + 1
     )
-    data = [batch_object(r) for r in rows[:limit]]
-    return BatchList(
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=len(rows) > limit,
-    )
+    return BatchList(data=[batch_object(r) for r in rows[:limit]], **_page(rows, limit))
 
 
 @post(

@@ -55,7 +55,7 @@ class InputLine(msgspec.Struct):
     custom_id: str
     method: str
     url: str
-    body: dict[str, Any]
+    body: msgspec.Raw  # kept as sent: decoded once, against the endpoint's schema, when the line runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +125,8 @@ def _check(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, str] | None:
         return "invalid_method", f"method must be POST, got {line.method!r}"
     if line.url != endpoint:
         return "mismatched_url", f"url {line.url!r} is not the batch's endpoint {endpoint!r}"
+    if not bytes(line.body).startswith(b"{"):  # the line is valid JSON: its body is an object or it is not
+        return "invalid_request_line", "the line's body is not a JSON object"
     return None
 
 
@@ -151,7 +153,7 @@ async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tupl
     """
     schema, work = ENDPOINTS[line.url]
     try:
-        data = decode_strict(msgspec.json.encode(line.body), schema)
+        data = decode_strict(bytes(line.body), schema)
         if hasattr(data, "priority"):
             data = msgspec.structs.replace(data, priority=max(data.priority, BATCH_PRIORITY))
         body, _ = await work(data, pool, settings)

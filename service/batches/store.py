@@ -158,7 +158,7 @@ class BatchStore:
     def add_file(self, owner: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
         """Store ``content`` as a file of ``owner`` (written and synced before its row exists). Returns its row."""
         file_id = new_id("file-")
-        _write_synced(self.file_path(file_id), content)
+        _write_synced(self.file_path(file_id), [content])
         row = {
             "id": file_id,
             "owner": owner,
@@ -180,24 +180,9 @@ class BatchStore:
         """A ``batch_output`` file of ``owner`` made of ``parts`` (part files, or bytes) in order, streamed into
         place; ``file_id`` again replaces it (finalizing twice writes the same file). None, and no file, when
         the parts hold nothing."""
-        path = self.file_path(file_id)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        size = 0
-        with open(tmp, "wb") as out:
-            for part in parts:
-                if isinstance(part, bytes):
-                    out.write(part)
-                    size += len(part)
-                else:
-                    with open(part, "rb") as f:
-                        shutil.copyfileobj(f, out)
-                    size += part.stat().st_size
-            out.flush()
-            os.fsync(out.fileno())
+        size = _write_synced(self.file_path(file_id), parts, keep_empty=False)
         if not size:
-            tmp.unlink()
             return None
-        os.replace(tmp, path)
         row = (file_id, owner, filename, "batch_output", size, int(time.time()), None)
         with self._write() as db:
             db.execute(  # finalizing again replaces the file it wrote before, in the same place of the list
@@ -426,8 +411,8 @@ class BatchStore:
         )
         out_path, err_path = (self.part_path(chunk.batch_id, part, k) for k in ("out", "err"))
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_synced(out_path, output)
-        _write_synced(err_path, errors)
+        _write_synced(out_path, [output])
+        _write_synced(err_path, [errors])
         with self._write() as db:
             changed = db.execute(
                 "UPDATE chunks SET state = 'done', part = ?, completed = ?, failed = ?, lease_until = NULL "
@@ -454,13 +439,20 @@ class BatchStore:
         ``cancelled`` (cancelling, and no chunk claimed under a live lease), ``expired`` (past its window),
         or a batch left ``finalizing`` by a crash."""
         now = time.time() if now is None else now
+        rows = self._db().execute(  # one pass over the chunks of every batch that may be done
+            "SELECT b.*, COALESCE(SUM(c.state != 'done'), 0) AS unfinished, "
+            "COALESCE(SUM(c.state = 'claimed' AND c.lease_until >= ?), 0) AS live "
+            "FROM batches b LEFT JOIN chunks c ON c.batch_id = b.id "
+            "WHERE b.status IN ('in_progress', 'cancelling', 'finalizing') GROUP BY b.id ORDER BY b.seq",
+            (now,),
+        )
         out = []
-        for batch in self.batches_in("in_progress", "cancelling", "finalizing"):
-            chunks = self.chunks(batch["id"])
-            live = any(c["state"] == "claimed" and (c["lease_until"] or 0) >= now for c in chunks)
+        for row in rows:
+            batch = dict(row)
+            unfinished, live = batch.pop("unfinished"), batch.pop("live")
             if batch["status"] == "finalizing":
                 out.append((batch, batch["ending"] or "completed"))
-            elif all(c["state"] == "done" for c in chunks):
+            elif not unfinished:
                 out.append((batch, "completed" if batch["status"] == "in_progress" else "cancelled"))
             elif batch["status"] == "cancelling" and not live:
                 out.append((batch, "cancelled"))
@@ -493,11 +485,23 @@ class BatchStore:
             self._local.db = None
 
 
-def _write_synced(path: Path, content: bytes) -> None:
-    """``content`` in ``path``, whole or not at all: written to a temporary file, synced, then renamed."""
+def _write_synced(path: Path, parts: Sequence[Path | bytes], *, keep_empty: bool = True) -> int:
+    """``parts`` (bytes, or files streamed in) one after the other in ``path``, whole or not at all: written to
+    a temporary file, synced, then renamed into place. Returns the size; with ``keep_empty=False`` nothing
+    is written when it is 0."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with open(tmp, "wb") as out:
+        for part in parts:
+            if isinstance(part, bytes):
+                out.write(part)
+            else:
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out)
+        out.flush()
+        os.fsync(out.fileno())
+        size = out.tell()
+    if size or keep_empty:
+        os.replace(tmp, path)
+    else:
+        tmp.unlink()
+    return size
