@@ -119,7 +119,7 @@ image:  ## the service's container image (CPU torch, the locked versions, the pa
 	rm -rf build/image/wheels && mkdir -p build/image/wheels
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
 	  --platform manylinux_2_28_$(IMAGE_ARCH) --index-url $(TORCH_INDEX) -d build/image/wheels "torch==2.13.0"
-	docker build --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
+	docker build --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
 
 image-base:  ## a base image from Debian 12's packages, for machines that reach no image registry (mmdebstrap)
 	docker/debian-base.sh embedrank-base:bookworm $(CA_BUNDLE)
