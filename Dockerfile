@@ -14,7 +14,7 @@ RUN /opt/embedrank/bin/pip install -q --no-deps /tmp/wheels/torch-*.whl
 COPY pyproject.toml README.md constraints.txt app.py /src/
 COPY embedrank/ /src/embedrank/
 COPY service/ /src/service/
-RUN /opt/embedrank/bin/pip install -q -c /src/constraints.txt "/src[int8,onnx]" \
+RUN /opt/embedrank/bin/pip install -q -c /src/constraints.txt "/src[int8,onnx,postgres]" \
     && /opt/embedrank/bin/pip check \
     && /opt/embedrank/bin/python -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 'torch is a CUDA build')"
 

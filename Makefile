@@ -11,7 +11,7 @@ OFFLINE := HF_HUB_OFFLINE=1
 # torch's CPU build: on Linux, PyPI's torch is a CUDA build of several GB; PyTorch's CPU index has the CPU one
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients,sparse
+EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients,sparse,postgres
 RECORD := $(PY) eval/record.py
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)

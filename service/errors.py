@@ -36,6 +36,7 @@ from embedrank.errors import (
     OverloadedError,
     RequestTooLargeError,
 )
+from service.batches.database import DatabaseUnavailableError
 from service.validation_messages import split_at
 
 logger = logging.getLogger("embedrank.service")
@@ -145,6 +146,15 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
         return exc
     if isinstance(exc, EmbedrankError):
         return _from_core(exc)
+    if isinstance(exc, DatabaseUnavailableError):
+        logger.warning("the Batch API's database: %s", exc)
+        return APIError(
+            503,
+            "the Batch API's database is not available now; try again shortly",
+            type="service_unavailable",
+            code="batch_database_unavailable",
+            headers={"Retry-After": "5"},
+        )
     if isinstance(exc, ValidationException):
         return _from_validation(exc)
     if isinstance(exc, SerializationException):

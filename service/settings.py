@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import os
 import re
 import tomllib
@@ -38,6 +39,7 @@ from embedrank.errors import ConfigurationError, InvalidInputError
 from embedrank.paths import CACHE_ENV, DATA_ENV
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.pool import DEFAULT_ENTRIES, ModelEntry, check_runtime
+from service.batches.database import is_postgres_url, redacted
 from service.validation_messages import reworded, split_at
 
 PREFIX = "EMBEDRANK_"
@@ -258,6 +260,22 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "`$XDG_DATA_HOME/embedrank/batches`, else `~/.local/share/embedrank/batches`)"
         ),
     ] = None
+    batch_lease_seconds: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="how long a claim on a batch's chunk of lines lasts unless renewed (a running chunk renews "
+            "it every third of this): a replica that dies has its chunks run by another after this long",
+        ),
+    ] = 60.0
+    batch_database: Annotated[
+        str | None,
+        Meta(
+            description="the Batch API's database: unset, SQLite in `batch_dir` (one host); a `postgresql://` "
+            "URL, a PostgreSQL server that replicas share (each with `batch_dir` on a folder they all reach; "
+            'needs `pip install "embedrank[postgres]"`)'
+        ),
+    ] = None
 
 
 # Variables read outside the service's table: the library's, and the project's own scripts'. An EMBEDRANK_
@@ -445,6 +463,8 @@ class Settings:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
     token_ids: bool = True  # token-id input read as cl100k_base; False: refused
     batch_dir: str | None = None  # the Batch API's database and files; None: default_batch_dir()
+    batch_database: str | None = None  # a postgresql:// URL; None: SQLite in batch_dir
+    batch_lease_seconds: float = 60.0  # a claim on a chunk lasts this long unless renewed
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -486,6 +506,8 @@ class Settings:
                 f"{env_name('batch_dir')} (`batch_dir` in a file) is {config.batch_dir!r}, a file; name a folder "
                 "(it is created on first use)"
             )
+        if config.batch_database is not None:
+            _check_batch_database(config.batch_database)
         try:  # the names alone; each model's pair is checked in validate()
             check_runtime(config.backend or "auto", config.precision or "auto")
         except InvalidInputError as exc:
@@ -532,6 +554,8 @@ class Settings:
             cors_origins=config.cors_origins,
             token_ids=config.token_ids != "off",
             batch_dir=config.batch_dir,
+            batch_database=config.batch_database,
+            batch_lease_seconds=config.batch_lease_seconds,
         )
         settings.validate()
         return settings
@@ -545,6 +569,16 @@ class Settings:
                 check_runtime(entry.backend, entry.precision)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None
+
+
+def _check_batch_database(url: str) -> None:
+    where = f"{env_name('batch_database')} (`batch_database` in a file)"
+    if not is_postgres_url(url):
+        raise SettingsError(f"{where} is {redacted(url)!r}; name a PostgreSQL server, postgresql://user@host/database")
+    if importlib.util.find_spec("psycopg") is None:
+        raise SettingsError(
+            f'{where} names a PostgreSQL server, which needs psycopg: pip install "embedrank[postgres]"'
+        )
 
 
 def default_batch_dir() -> Path:

@@ -136,3 +136,29 @@ def scifact_dense(request, scifact, encoder):
     vectors = embed_corpus(encoder, ids, texts, batch_size=64, cache=cache, show_progress=True).vectors
     queries = encoder.encode(list(scifact.queries.values()))
     return scifact, vectors, queries
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server for the session, from the machine's binaries (``.ci/run`` installs Debian's)."""
+    from embedrank.testing.postgres import postgres_bindir, running_postgres
+
+    if postgres_bindir() is None:
+        pytest.skip("no PostgreSQL server binaries on this machine (Debian: apt-get install postgresql)")
+    with running_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """A database of its own on the session's PostgreSQL server, dropped after the test."""
+    import secrets
+
+    import psycopg
+
+    name = f"test_{secrets.token_hex(6)}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield f"{postgres_server.rsplit('/', 1)[0]}/{name}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")

@@ -1,17 +1,21 @@
 """Batch jobs below HTTP: the store (claims, exactly-once chunks, owners), the input file's checks, and the
-worker running lines as the direct requests would run, through a crash, a cancel and an expiry."""
+worker running lines as the direct requests would run, through a crash, a cancel and an expiry; each on
+both databases (SQLite, and a real PostgreSQL server: slow, it starts one)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import pytest
 
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.pool import ModelEntry, ModelPool
+from service.batches.database import PostgresDatabase
 from service.batches.lines import ENDPOINTS, read_input
 from service.batches.store import BatchStore, Chunk
 from service.batches.worker import BatchWorker
@@ -100,6 +104,15 @@ async def direct(body: dict[str, Any], url: str = "/v1/embeddings") -> tuple[int
         await models.drain(1.0)
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
+def store(request, tmp_path):
+    """A store in ``tmp_path`` on SQLite, or on a database of its own on the session's PostgreSQL server."""
+    database = PostgresDatabase(request.getfixturevalue("postgres_url")) if request.param == "postgres" else None
+    store = BatchStore(tmp_path, database)
+    yield store
+    store.close()
+
+
 def test_the_input_file_is_checked_line_by_line_before_anything_runs():
     good = line("a", {"input": "x"})
     cases = {
@@ -125,8 +138,7 @@ def test_the_input_file_is_checked_line_by_line_before_anything_runs():
     assert checked.chunks[-1].end_byte == len(embeddings_file(10))
 
 
-def test_objects_belong_to_their_owner(tmp_path):
-    store = BatchStore(tmp_path)
+def test_objects_belong_to_their_owner(store, tmp_path):
     batch = new_batch(store, b"x\n")
     file = store.get_file(OWNER, batch["input_file_id"])
     assert store.get_file("owner-b", file["id"]) is None and store.get_batch("owner-b", batch["id"]) is None
@@ -138,8 +150,7 @@ def test_objects_belong_to_their_owner(tmp_path):
     assert store.active_batches(OWNER) == 1 and store.active_batches("owner-b") == 0
 
 
-def test_a_chunk_is_recorded_once_by_the_worker_that_holds_it(tmp_path):
-    store = BatchStore(tmp_path)
+def test_a_chunk_is_recorded_once_by_the_worker_that_holds_it(store, tmp_path):
     batch = new_batch(store, embeddings_file(3))
     assert store.start(batch["id"], [Chunk(batch["id"], 0, 0, 3, 0, len(embeddings_file(3)))])
     claimed = store.claim("w1", lease_seconds=-1)  # a lease that has already run out: w2 may take the chunk
@@ -155,8 +166,7 @@ def test_a_chunk_is_recorded_once_by_the_worker_that_holds_it(tmp_path):
     assert store.claim("w3", 60) is None
 
 
-def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(tmp_path):
-    store = BatchStore(tmp_path)
+def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(store, tmp_path):
     content = embeddings_file(40, bad={7}) + line("rerank-typo", {"model": "enc", "inputs": ["x"]})
     batch = new_batch(store, content)
     worker = asyncio.run(serve(store, finished(store, batch["id"]), chunk_lines=8))
@@ -181,8 +191,7 @@ def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(t
     assert not (tmp_path / "parts" / batch["id"]).exists()  # the parts are joined and gone
 
 
-def test_a_reranking_batch_answers_as_the_direct_request(tmp_path):
-    store = BatchStore(tmp_path)
+def test_a_reranking_batch_answers_as_the_direct_request(store, tmp_path):
     body = {"model": "rer", "query": "hot drinks", "documents": TEXTS, "top_n": 3}
     batch = new_batch(store, line("r", body, url="/v2/rerank"), "/v2/rerank")
     asyncio.run(serve(store, finished(store, batch["id"])))
@@ -191,8 +200,7 @@ def test_a_reranking_batch_answers_as_the_direct_request(tmp_path):
     assert out["response"]["body"]["results"] == expected["results"] and status == 200
 
 
-def test_a_crash_in_the_middle_loses_nothing_and_does_nothing_twice(tmp_path):
-    store = BatchStore(tmp_path)
+def test_a_crash_in_the_middle_loses_nothing_and_does_nothing_twice(store, tmp_path):
     batch = new_batch(store, embeddings_file(300))
     recorded = lambda: sum(c["state"] == "done" for c in store.chunks(batch["id"]))  # noqa: E731
     for stop_after in (3, 9):  # two crashes, each with chunks in flight
@@ -206,8 +214,7 @@ def test_a_crash_in_the_middle_loses_nothing_and_does_nothing_twice(tmp_path):
     assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(300)]
 
 
-def test_a_cancelled_batch_keeps_what_it_finished_and_an_expired_one_says_what_never_ran(tmp_path):
-    store = BatchStore(tmp_path)
+def test_a_cancelled_batch_keeps_what_it_finished_and_an_expired_one_says_what_never_ran(store, tmp_path):
     batch = new_batch(store, embeddings_file(100))
     recorded = lambda: sum(c["state"] == "done" for c in store.chunks(batch["id"]))  # noqa: E731
     asyncio.run(serve(store, lambda: recorded() >= 2, chunk_lines=10, concurrency=1))
@@ -228,8 +235,7 @@ def test_a_cancelled_batch_keeps_what_it_finished_and_an_expired_one_says_what_n
     assert errors[0]["response"] is None and errors[0]["error"]["code"] == "batch_expired"
 
 
-def test_a_malformed_input_file_fails_the_batch_with_its_errors(tmp_path):
-    store = BatchStore(tmp_path)
+def test_a_malformed_input_file_fails_the_batch_with_its_errors(store, tmp_path):
     batch = new_batch(store, embeddings_file(2) + b"{oops\n")
     asyncio.run(serve(store, finished(store, batch["id"])))
     done = store.get_batch(OWNER, batch["id"])
@@ -237,3 +243,37 @@ def test_a_malformed_input_file_fails_the_batch_with_its_errors(tmp_path):
     assert json.loads(done["errors"]) == [
         {"code": "invalid_json_line", "message": "the line is not valid JSON", "param": None, "line": 3}
     ]
+
+
+def test_workers_claiming_at_once_never_share_a_chunk_or_a_finalizing(store):
+    """Eight workers (threads, each with its connection) claim until nothing is left: every chunk is claimed by
+    exactly one of them; of two claims on finalizing the same batch, one wins."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    content = embeddings_file(400)
+    batch = new_batch(store, content)
+    size = len(content) // 400
+    assert store.start(
+        batch["id"], [Chunk(batch["id"], n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in range(200)]
+    )
+
+    def claim_all(worker: str) -> list[int]:
+        got = []
+        while (chunk := store.claim(worker, lease_seconds=600)) is not None:
+            got.append(chunk.number)
+        return got
+
+    with ThreadPoolExecutor(8) as pool:
+        claims = list(pool.map(claim_all, [f"w{i}" for i in range(8)]))
+    numbers = [n for got in claims for n in got]
+    assert sorted(numbers) == list(range(200)) and sum(1 for got in claims if got) >= 2
+
+    row = store.get_batch(None, batch["id"])
+    with ThreadPoolExecutor(2) as pool:
+        won = list(pool.map(lambda w: store.claim_finalizing(w, row, "completed", 600), ["a", "b"]))
+    assert sorted(won) == [False, True]
+    assert store.ready_to_finalize() == []  # claimed: no other worker finalizes it while the claim holds
+    assert store.ready_to_finalize(now=time.time() + 601)[0][1] == "completed"  # its claim ran out: taken over
+    claimed = store.chunks(batch["id"])[0]
+    chunk = Chunk(batch["id"], 0, claimed["first_line"], 2, claimed["start_byte"], claimed["end_byte"])
+    assert not store.finish(claimed["claimed_by"], chunk, b"x\n", b"", 2, 0)  # being finalized: too late

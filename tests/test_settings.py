@@ -56,6 +56,9 @@ def samples(tmp_path: Path) -> dict[str, tuple[str, str, object]]:
         "max_file_bytes": ("16", "16", 16),
         "max_batch_lines": ("17", "17", 17),
         "max_batches_in_flight": ("18", "18", 18),
+        "batch_lease_seconds": ("7.5", "7.5", 7.5),
+        "batch_database": ("postgresql://embedrank@db/batches", '"postgresql://embedrank@db/batches"',
+                           "postgresql://embedrank@db/batches"),
     }  # fmt: skip
 
 
@@ -129,6 +132,8 @@ WRONG = {  # a wrong value for every setting: (environment text, TOML text)
     "max_file_bytes": ("100MB", "0"),
     "max_batch_lines": ("0", '"50000"'),
     "max_batches_in_flight": ("-1", "1.5"),
+    "batch_lease_seconds": ("0", '"60s"'),
+    "batch_database": ("mysql://db/batches", '"/srv/batches.db"'),
 }
 
 

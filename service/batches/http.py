@@ -12,6 +12,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,6 +29,7 @@ from msgspec import Meta
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from embedrank.serving.pool import ModelPool
+from service.batches.database import PostgresDatabase
 from service.batches.store import ACTIVE, BatchStore, FileInUseError
 from service.batches.worker import BatchWorker
 from service.errors import APIError, invalid
@@ -34,9 +37,18 @@ from service.handling import ERRORS, service_of
 from service.schemas import ErrorResponse
 from service.settings import Settings, default_batch_dir
 
+logger = logging.getLogger("embedrank.service")
+
 FILE_PATH = "/v1/files"
 NOT_FOUND = {404: ResponseSpec(data_container=ErrorResponse, description="No such file or batch for this API key")}
-READ = {status: ERRORS[status] for status in (400, 401)} | NOT_FOUND  # what a GET may answer
+UNAVAILABLE = {
+    503: ResponseSpec(
+        data_container=ErrorResponse,
+        description="Service draining, or the Batch API's database cannot be reached now (code "
+        "batch_database_unavailable); honour Retry-After",
+    )
+}
+READ = {status: ERRORS[status] for status in (400, 401)} | NOT_FOUND | UNAVAILABLE  # what a GET may answer
 IN_USE = {409: ResponseSpec(data_container=ErrorResponse, description="The file is the input of an unfinished batch")}
 CANCEL = {status: ERRORS[status] for status in (400, 401, 415)} | NOT_FOUND
 WINDOW = r"^([1-9][0-9]{0,3}m|[1-9][0-9]{0,2}h)$"  # 1 to 9999 minutes, or 1 to 999 hours
@@ -147,23 +159,45 @@ class BatchService:
     pool_of: Callable[[], ModelPool]
     _store: BatchStore | None = None
     worker: BatchWorker | None = None
+    _opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @property
     def root(self) -> Path:
         return Path(self.settings.batch_dir).expanduser() if self.settings.batch_dir else default_batch_dir()
 
     def store(self) -> BatchStore:
-        if self._store is None:
-            self._store = BatchStore(self.root)
+        """The store, opened on first use (blocking: a PostgreSQL server is reached over the network).
+
+        Raises:
+            DatabaseUnavailableError: the database cannot be reached now.
+        """
+        with self._opening:
+            if self._store is None:
+                url = self.settings.batch_database
+                self._store = BatchStore(self.root, PostgresDatabase(url) if url else None)
         return self._store
 
     async def run(self) -> None:
-        """The worker, once the store exists (it is created by the first upload); until cancelled."""
-        while self._store is None and not (self.root / "batches.db").is_file():
+        """The worker, once the store exists (SQLite's is created by the first upload; a PostgreSQL server
+        is reached at start, and again every few seconds until it answers); until cancelled."""
+        while not self.settings.batch_database and self._store is None and not (self.root / "batches.db").is_file():
             await asyncio.sleep(0.5)
-        store = await asyncio.to_thread(self.store)
-        await asyncio.to_thread(store.release_claims)  # one server on its own store: no other claim can be live
-        self.worker = BatchWorker(store, self.pool_of, self.settings, max_lines=self.settings.limits.max_batch_lines)
+        while True:
+            try:
+                store = await asyncio.to_thread(self.store)
+                break
+            except Exception as exc:  # the server is not reachable (yet): the API answers 503 meanwhile
+                logger.warning("the Batch API's database is not reachable: %s; trying again in 5 s", exc)
+                await asyncio.sleep(5.0)
+        if not store.db.shared:  # one host on its own store: a claim left by a crash cannot be live
+            await asyncio.to_thread(store.release_claims)
+        self.worker = BatchWorker(
+            store,
+            self.pool_of,
+            self.settings,
+            max_lines=self.settings.limits.max_batch_lines,
+            lease_seconds=self.settings.batch_lease_seconds,
+        )
         await self.worker.run()
 
     def collect(self) -> Iterator[Metric]:
@@ -211,6 +245,11 @@ def _batches(state: State) -> BatchService:
     batches = service_of(state).batches
     assert batches is not None
     return batches
+
+
+async def _store(state: State) -> BatchStore:
+    """The batch store, opened in a worker thread the first time."""
+    return await asyncio.to_thread(_batches(state).store)
 
 
 def file_object(row: dict[str, Any]) -> FileObject:
@@ -269,7 +308,7 @@ def _not_found(what: str, object_id: str) -> APIError:
     FILE_PATH,
     summary="Upload a file",
     description="A batch input file (multipart form: `file`, and `purpose` = `batch`), as OpenAI's files API.",
-    responses={**ERRORS},
+    responses={**ERRORS, **UNAVAILABLE},
     status_code=200,
 )
 async def upload_file(request: Request[Any, Any, Any], state: State) -> FileObject:
@@ -292,7 +331,7 @@ async def upload_file(request: Request[Any, Any, Any], state: State) -> FileObje
             413, f"the file is {len(content)} bytes; the limit is max_file_bytes={limit}", code="file_too_large"
         )
     row = await asyncio.to_thread(
-        batches.store().add_file, owner_of(request), (upload.filename or "input.jsonl")[:255], "batch", content
+        (await _store(state)).add_file, owner_of(request), (upload.filename or "input.jsonl")[:255], "batch", content
     )
     return file_object(row)
 
@@ -306,7 +345,7 @@ async def list_files(
     limit: Annotated[int, Parameter(ge=1, le=10000)] = 10000,
     order: Literal["asc", "desc"] = "desc",
 ) -> FileList:
-    store = _batches(state).store()
+    store = await _store(state)
     rows = await asyncio.to_thread(
         store.list_files, owner_of(request), purpose=purpose, after=after, limit=limit + 1, order=order
     )
@@ -315,7 +354,7 @@ async def list_files(
 
 @get(FILE_PATH + "/{file_id:str}", summary="Retrieve a file", responses=READ)
 async def retrieve_file(request: Request[Any, Any, Any], state: State, file_id: str) -> FileObject:
-    row = await asyncio.to_thread(_batches(state).store().get_file, owner_of(request), file_id)
+    row = await asyncio.to_thread((await _store(state)).get_file, owner_of(request), file_id)
     if row is None:
         raise _not_found("file", file_id)
     return file_object(row)
@@ -329,7 +368,7 @@ async def retrieve_file(request: Request[Any, Any, Any], state: State, file_id: 
 )
 async def file_content(request: Request[Any, Any, Any], state: State, file_id: str) -> Stream:
     """The file's bytes, streamed from disk (an output file may be far larger than a response held in memory)."""
-    store = _batches(state).store()
+    store = await _store(state)
     row = await asyncio.to_thread(store.get_file, owner_of(request), file_id)
     if row is None:
         raise _not_found("file", file_id)
@@ -346,7 +385,7 @@ def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
 @delete(FILE_PATH + "/{file_id:str}", summary="Delete a file", status_code=200, responses=READ | IN_USE)
 async def delete_file(request: Request[Any, Any, Any], state: State, file_id: str) -> FileDeleted:
     try:
-        deleted = await asyncio.to_thread(_batches(state).store().delete_file, owner_of(request), file_id)
+        deleted = await asyncio.to_thread((await _store(state)).delete_file, owner_of(request), file_id)
     except FileInUseError as exc:
         raise APIError(409, f"{exc}; cancel it or wait for it to finish", param="file_id", code="file_in_use") from None
     if not deleted:
@@ -359,13 +398,13 @@ async def delete_file(request: Request[Any, Any, Any], state: State, file_id: st
     summary="Create a batch",
     description="Run every line of an uploaded input file as the request it holds, behind direct requests, into "
     "an output file and an error file, as OpenAI's Batch API.",
-    responses={**ERRORS, **NOT_FOUND},
+    responses={**ERRORS, **NOT_FOUND, **UNAVAILABLE},
     status_code=200,
 )
 async def create_batch(data: CreateBatchRequest, request: Request[Any, Any, Any], state: State) -> BatchObject:
     batches = _batches(state)
     seconds = int(data.completion_window[:-1]) * (60 if data.completion_window.endswith("m") else 3600)
-    store, owner = batches.store(), owner_of(request)
+    store, owner = await _store(state), owner_of(request)
     file = await asyncio.to_thread(store.get_file, owner, data.input_file_id)
     if file is None or file["purpose"] != "batch":
         raise _not_found("input_file", data.input_file_id)
@@ -391,7 +430,7 @@ async def create_batch(data: CreateBatchRequest, request: Request[Any, Any, Any]
 
 @get("/v1/batches/{batch_id:str}", summary="Retrieve a batch", responses=READ)
 async def retrieve_batch(request: Request[Any, Any, Any], state: State, batch_id: str) -> BatchObject:
-    row = await asyncio.to_thread(_batches(state).store().get_batch, owner_of(request), batch_id)
+    row = await asyncio.to_thread((await _store(state)).get_batch, owner_of(request), batch_id)
     if row is None:
         raise _not_found("batch", batch_id)
     return batch_object(row)
@@ -404,9 +443,7 @@ async def list_batches(
     after: str | None = None,
     limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
 ) -> BatchList:
-    rows = await asyncio.to_thread(
-        _batches(state).store().list_batches, owner_of(request), after=after, limit=limit + 1
-    )
+    rows = await asyncio.to_thread((await _store(state)).list_batches, owner_of(request), after=after, limit=limit + 1)
     return BatchList(data=[batch_object(r) for r in rows[:limit]], **_page(rows, limit))
 
 
@@ -417,7 +454,7 @@ async def list_batches(
     responses=READ,
 )
 async def cancel_batch(request: Request[Any, Any, Any], state: State, batch_id: str) -> BatchObject:
-    row = await asyncio.to_thread(_batches(state).store().cancel, owner_of(request), batch_id)
+    row = await asyncio.to_thread((await _store(state)).cancel, owner_of(request), batch_id)
     if row is None:
         raise _not_found("batch", batch_id)
     return batch_object(row)

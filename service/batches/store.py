@@ -1,14 +1,15 @@
-"""The durable state of files and batches: an embedded SQLite database (``batches.db``) beside a files
-directory, under one root folder.
+"""The durable state of files and batches: a database (an embedded SQLite ``batches.db`` by default, or a
+PostgreSQL server that replicas share; :mod:`service.batches.database`) and a files folder, under one root
+folder.
 
 A batch's lines are cut into chunks. A worker claims a chunk (a lease it renews while it works), runs its
 lines, writes the chunk's output and error lines to part files of its own (``parts/<batch>/<chunk>.<worker>.<attempt>``),
 then records the chunk as done, with its part name, in one transaction that succeeds only while its claim
 holds. A chunk is therefore recorded done exactly once, with exactly one set of parts; a worker that died
 or lost its lease has its parts ignored and the chunk is run again. When every chunk is done (or the batch
-is cancelled or expires), the batch is finalized: the recorded parts are joined, in line order, into its
-output and error files. Finalizing is idempotent: file ids are derived from the batch id, so a crash while
-finalizing is mended by finalizing again.
+is cancelled or expires), the batch is finalized by the worker that claims that too: the recorded parts are
+joined, in line order, into its output and error files. Finalizing is idempotent: file ids are derived
+from the batch id, so a crash while finalizing is mended by finalizing again once the claim runs out.
 
 Every row carries its owner (a digest of the API key that made it); every read and change names the
 owner, so another key's objects are never found. Time is Unix seconds.
@@ -22,16 +23,16 @@ import json
 import os
 import secrets
 import shutil
-import sqlite3
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from service.batches.database import Connection, Database, SqliteDatabase
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq {serial},
     id TEXT NOT NULL UNIQUE,
     owner TEXT NOT NULL,
     filename TEXT NOT NULL,
@@ -42,7 +43,7 @@ CREATE TABLE IF NOT EXISTS files (
 );
 CREATE INDEX IF NOT EXISTS files_by_owner ON files (owner, seq);
 CREATE TABLE IF NOT EXISTS batches (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq {serial},
     id TEXT NOT NULL UNIQUE,
     owner TEXT NOT NULL,
     endpoint TEXT NOT NULL,
@@ -65,7 +66,9 @@ CREATE TABLE IF NOT EXISTS batches (
     output_file_id TEXT,
     error_file_id TEXT,
     errors TEXT,
-    ending TEXT
+    ending TEXT,
+    finalizer TEXT,
+    finalize_until {real}
 );
 CREATE INDEX IF NOT EXISTS batches_by_owner ON batches (owner, seq);
 CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
@@ -78,7 +81,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     end_byte INTEGER NOT NULL,
     state TEXT NOT NULL DEFAULT 'pending',
     claimed_by TEXT,
-    lease_until REAL,
+    lease_until {real},
     part TEXT,
     completed INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0,
@@ -114,42 +117,32 @@ class Chunk:
 
 
 class BatchStore:
-    """Files and batches in ``root`` (created if missing): ``batches.db``, ``files/`` and ``parts/``.
+    """Files and batches in ``root`` (created if missing): ``files/`` and ``parts/``, and the rows in
+    ``database`` (default: SQLite's ``batches.db`` in ``root``).
 
-    The methods are blocking (SQLite and the file system); the service calls them from worker threads. One
-    connection per thread; writes take SQLite's write lock at their start (``BEGIN IMMEDIATE``), so two
-    processes on one database (one host) never interleave a claim.
+    The methods are blocking (the database and the file system); the service calls them from worker
+    threads. Every change is one transaction of :meth:`Database.write`, so two processes on one database
+    never interleave a claim (SQLite: one host; PostgreSQL: any number, each with ``root`` on a folder they
+    all reach).
     """
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, database: Database | None = None) -> None:
         self.root = Path(root)
         (self.root / "files").mkdir(parents=True, exist_ok=True)
         (self.root / "parts").mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._db().executescript(SCHEMA)  # its own transaction
+        self.db: Database = database if database is not None else SqliteDatabase(self.root / "batches.db")
+        with self.db.write() as db:
+            if self.db.words["schema_lock"]:  # replicas starting together create the tables one after the other
+                db.execute(self.db.words["schema_lock"])
+            for statement in SCHEMA.format(**self.db.words).split(";"):
+                if statement.strip():
+                    db.execute(statement)
 
-    # -- connections ------------------------------------------------------------------------------
-    def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.root / "batches.db", isolation_level=None, timeout=30.0)
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            self._local.db = db
-        return db
+    def _db(self) -> Connection:
+        return self.db.connection()
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, holding the database's write lock from its start."""
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    def _write(self) -> contextlib.AbstractContextManager[Connection]:
+        return self.db.write()
 
     # -- files --------------------------------------------------------------------------------------
     def file_path(self, file_id: str) -> Path:
@@ -171,8 +164,8 @@ class BatchStore:
         with self._write() as db:
             db.execute(
                 "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
-                "VALUES (:id, :owner, :filename, :purpose, :bytes, :created_at, :expires_at)",
-                row,
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                tuple(row.values()),
             )
         return {"seq": None, **row}
 
@@ -267,9 +260,8 @@ class BatchStore:
         with self._write() as db:
             db.execute(
                 "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, metadata, status, "
-                "created_at, expires_at) VALUES (:id, :owner, :endpoint, :input_file_id, :completion_window, "
-                ":metadata, :status, :created_at, :expires_at)",
-                row,
+                "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                tuple(row.values()),
             )
         found = self.get_batch(owner, batch_id)
         assert found is not None
@@ -297,8 +289,8 @@ class BatchStore:
     def active_batches(self, owner: str) -> int:
         """How many of ``owner``'s batches are not finished."""
         marks = ", ".join("?" * len(ACTIVE))
-        query = f"SELECT COUNT(*) FROM batches WHERE owner = ? AND status IN ({marks})"
-        return int(self._db().execute(query, (owner, *ACTIVE)).fetchone()[0])
+        query = f"SELECT COUNT(*) AS n FROM batches WHERE owner = ? AND status IN ({marks})"
+        return int(self._db().execute(query, (owner, *ACTIVE)).fetchone()["n"])
 
     def batches_in(self, *statuses: str) -> list[dict[str, Any]]:
         """Every batch in one of ``statuses``, oldest first (for the worker)."""
@@ -320,8 +312,8 @@ class BatchStore:
             ).rowcount
             if changed:
                 db.executemany(
-                    "INSERT OR IGNORE INTO chunks (batch_id, number, first_line, lines, start_byte, end_byte) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO chunks (batch_id, number, first_line, lines, start_byte, end_byte) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     [(batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte) for c in chunks],
                 )
         return bool(changed)
@@ -361,7 +353,8 @@ class BatchStore:
                 "SELECT c.batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte FROM chunks c "
                 "JOIN batches b ON b.id = c.batch_id "
                 "WHERE b.status = 'in_progress' AND b.expires_at > ? AND c.state != 'done' "
-                "AND (c.lease_until IS NULL OR c.lease_until < ?) ORDER BY b.seq, c.number LIMIT 1",
+                "AND (c.lease_until IS NULL OR c.lease_until < ?) ORDER BY b.seq, c.number LIMIT 1 "
+                + self.db.words["skip_locked"],
                 (int(now), now),
             ).fetchone()
             if row is None:
@@ -405,7 +398,8 @@ class BatchStore:
     def finish(self, worker: str, chunk: Chunk, output: bytes, errors: bytes, completed: int, failed: int) -> bool:
         """Record ``chunk`` done with its output and error lines, if ``worker`` still holds it: the parts are
         written and synced first, then the chunk and the batch's counts change in one transaction. False (and
-        the parts are removed) when the claim was lost: another worker runs the chunk."""
+        the parts are removed) when the claim was lost (another worker runs the chunk) or the batch is being
+        finalized (its output is being written without this chunk)."""
         part = (
             f"{chunk.number}.{worker}.{secrets.token_hex(4)}"  # this attempt's own: a failed one removes only its own
         )
@@ -414,11 +408,16 @@ class BatchStore:
         _write_synced(out_path, [output])
         _write_synced(err_path, [errors])
         with self._write() as db:
-            changed = db.execute(
-                "UPDATE chunks SET state = 'done', part = ?, completed = ?, failed = ?, lease_until = NULL "
-                "WHERE batch_id = ? AND number = ? AND claimed_by = ? AND state = 'claimed'",
-                (part, completed, failed, chunk.batch_id, chunk.number, worker),
-            ).rowcount
+            batch = db.execute(  # the batch's row held: a finalizer's claim waits, or this waits for it
+                "SELECT status FROM batches WHERE id = ? " + self.db.words["lock_row"], (chunk.batch_id,)
+            ).fetchone()
+            changed = 0
+            if batch is not None and batch["status"] in ("in_progress", "cancelling"):
+                changed = db.execute(
+                    "UPDATE chunks SET state = 'done', part = ?, completed = ?, failed = ?, lease_until = NULL "
+                    "WHERE batch_id = ? AND number = ? AND claimed_by = ? AND state = 'claimed'",
+                    (part, completed, failed, chunk.batch_id, chunk.number, worker),
+                ).rowcount
             if changed:
                 db.execute(
                     "UPDATE batches SET completed = completed + ?, failed = failed + ? WHERE id = ?",
@@ -440,11 +439,12 @@ class BatchStore:
         or a batch left ``finalizing`` by a crash."""
         now = time.time() if now is None else now
         rows = self._db().execute(  # one pass over the chunks of every batch that may be done
-            "SELECT b.*, COALESCE(SUM(c.state != 'done'), 0) AS unfinished, "
-            "COALESCE(SUM(c.state = 'claimed' AND c.lease_until >= ?), 0) AS live "
+            "SELECT b.*, COUNT(CASE WHEN c.state <> 'done' THEN 1 END) AS unfinished, "
+            "COUNT(CASE WHEN c.state = 'claimed' AND c.lease_until >= ? THEN 1 END) AS live "
             "FROM batches b LEFT JOIN chunks c ON c.batch_id = b.id "
-            "WHERE b.status IN ('in_progress', 'cancelling', 'finalizing') GROUP BY b.id ORDER BY b.seq",
-            (now,),
+            "WHERE b.status IN ('in_progress', 'cancelling', 'finalizing') "
+            "AND (b.finalize_until IS NULL OR b.finalize_until < ?) GROUP BY b.seq ORDER BY b.seq",
+            (now, now),
         )
         out = []
         for row in rows:
@@ -460,14 +460,20 @@ class BatchStore:
                 out.append((batch, "expired"))
         return out
 
-    def mark_finalizing(self, batch_id: str, final: str) -> None:
-        """Status ``finalizing``, remembering the status it ends in (so a crash while finalizing ends the same)."""
+    def claim_finalizing(self, worker: str, batch: dict[str, Any], final: str, lease_seconds: float) -> bool:
+        """Claim the finalizing of ``batch`` (a row of :meth:`ready_to_finalize`) for ``worker``, for
+        ``lease_seconds``: status ``finalizing``, remembering the status it ends in (a crash while finalizing
+        ends the same, once the claim runs out). False when its status changed since it was read, or
+        another worker holds the claim."""
+        now = time.time()
         with self._write() as db:
-            db.execute(
-                "UPDATE batches SET status = 'finalizing', finalizing_at = COALESCE(finalizing_at, ?), ending = ? "
-                "WHERE id = ?",
-                (int(time.time()), final, batch_id),
-            )
+            changed = db.execute(
+                "UPDATE batches SET status = 'finalizing', finalizing_at = COALESCE(finalizing_at, ?), "
+                "ending = COALESCE(ending, ?), finalizer = ?, finalize_until = ? "
+                "WHERE id = ? AND status = ? AND (finalize_until IS NULL OR finalize_until < ?)",
+                (int(now), final, worker, now + lease_seconds, batch["id"], batch["status"], now),
+            ).rowcount
+        return bool(changed)
 
     def close_batch(self, batch_id: str, final: str, output_file_id: str | None, error_file_id: str | None) -> None:
         """The end of finalizing: the files written, the status ``final`` with its timestamp."""
@@ -479,10 +485,7 @@ class BatchStore:
             )
 
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        self.db.close()
 
 
 def _write_synced(path: Path, parts: Sequence[Path | bytes], *, keep_empty: bool = True) -> int:

@@ -29,6 +29,8 @@ logger = logging.getLogger("embedrank.service")
 
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 WATCH_SECONDS = 0.5  # how often a running chunk looks whether its batch was cancelled
+FINALIZE_LEASES = 10  # a claim on finalizing a batch lasts this many chunk leases (joining parts is I/O only)
+RETRY_SECONDS = 5.0  # after the store failed (its database unreachable, a disk full), the loop waits this long
 
 
 @dataclasses.dataclass
@@ -56,13 +58,18 @@ class BatchWorker:
         inflight: set[asyncio.Task[None]] = set()
         try:
             while True:
-                busy = await self._housekeeping()
-                while len(inflight) < self.concurrency:
-                    chunk = await asyncio.to_thread(self.store.claim, self.name, self.lease_seconds)
-                    if chunk is None:
-                        break
-                    inflight.add(asyncio.create_task(self.run_chunk(chunk)))
-                    busy = True
+                try:
+                    busy = await self._housekeeping()
+                    while len(inflight) < self.concurrency:
+                        chunk = await asyncio.to_thread(self.store.claim, self.name, self.lease_seconds)
+                        if chunk is None:
+                            break
+                        inflight.add(asyncio.create_task(self.run_chunk(chunk)))
+                        busy = True
+                except Exception:  # the store failed: its claims run out, and the loop tries again
+                    logger.exception("batch worker: the store failed; trying again in %.0f s", RETRY_SECONDS)
+                    await asyncio.sleep(RETRY_SECONDS)
+                    continue
                 if inflight:
                     done, inflight = await asyncio.wait(
                         inflight, timeout=self.poll_seconds, return_when="FIRST_COMPLETED"
@@ -168,7 +175,11 @@ class BatchWorker:
     async def finalize(self, batch: dict[str, Any], ending: str) -> None:
         """Join the recorded parts, in line order, into the batch's output and error files (lines that never
         ran, when it expired, go to the error file), then close it as ``ending``."""
-        await asyncio.to_thread(self.store.mark_finalizing, batch["id"], ending)
+        claimed = await asyncio.to_thread(
+            self.store.claim_finalizing, self.name, batch, ending, self.lease_seconds * FINALIZE_LEASES
+        )
+        if not claimed:
+            return
         output_id, error_id = await asyncio.to_thread(self._write_results, batch, ending)
         await asyncio.to_thread(self.store.close_batch, batch["id"], ending, output_id, error_id)
         with contextlib.suppress(FileNotFoundError):

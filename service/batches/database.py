@@ -1,0 +1,207 @@
+"""The SQL databases the batch store runs on: an embedded SQLite file (one host) or a PostgreSQL server (any
+number of replicas sharing one queue).
+
+The store writes one dialect of SQL: positional ``?`` parameters, and a few words that differ between the
+two filled in from :attr:`Database.words` (``{serial}``, ``{real}``, ``{skip_locked}``). A write is one
+transaction that holds what it changes: SQLite takes its database-wide write lock at the start
+(``BEGIN IMMEDIATE``); PostgreSQL locks the rows a claim selects (``FOR UPDATE SKIP LOCKED``), so two
+replicas never claim the same chunk, and neither waits on the other's.
+
+Connections are per thread (the store is called from worker threads). A PostgreSQL connection that broke
+(the server restarted, the network failed) is replaced at the next call; the call that met the break raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, cast
+from urllib.parse import urlsplit, urlunsplit
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+class DatabaseUnavailableError(Exception):
+    """The database cannot be reached or used now (the server is down or restarting, the network failed, a
+    lock was held too long); the same call may succeed later."""
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """What the store uses of a connection: statements with ``?`` parameters, rows readable by column name."""
+
+    def execute(self, sql: str, args: Any = (), /) -> Cursor: ...
+
+    def executemany(self, sql: str, rows: Any, /) -> object: ...
+
+
+class Database(Protocol):
+    words: ClassVar[dict[str, str]]
+    """The dialect's words for the store's SQL: ``serial`` (an auto-numbered primary key), ``real`` (a float
+    column), ``skip_locked`` (what makes a claim skip rows another transaction holds), ``lock_row`` (what
+makes a read hold its row until the transaction ends) and ``schema_lock``
+    (a statement that serializes creating the tables; empty where writes are serialized anyway)."""
+    shared: bool
+    """True when other hosts may use the same database: claims are then never released at start (a claim
+    runs out with its lease), and the files folder must be one every replica reaches."""
+
+    def connection(self) -> Connection:
+        """This thread's connection, for reads (each statement its own transaction)."""
+        ...
+
+    def write(self) -> contextlib.AbstractContextManager[Connection]:
+        """One write transaction: committed when the block ends, rolled back when it raises."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SqliteDatabase:
+    """``batches.db`` in a folder: WAL journal, synced commits, the write lock taken at each write's start."""
+
+    words: ClassVar[dict[str, str]] = {
+        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "real": "REAL",
+        "skip_locked": "",
+        "lock_row": "",
+        "schema_lock": "",
+    }
+    shared = False
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def connection(self) -> Connection:
+        return cast(Connection, self._connection())
+
+    def _connection(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            self._local.db = db
+        return db
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Connection]:
+        db = self._connection()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:  # the write lock held past the timeout (another process)
+            raise DatabaseUnavailableError(f"{self.path}: {exc}") from exc
+        try:
+            yield cast(Connection, db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+
+class _PostgresConnection:
+    """A psycopg connection that reads the store's ``?`` parameters (psycopg's are ``%s``)."""
+
+    def __init__(self, conn: Any, unavailable: Any) -> None:
+        self.conn = conn
+        self.unavailable = unavailable
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        with self.unavailable():
+            return self.conn.execute(sql.replace("?", "%s"), args)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self.unavailable(), self.conn.cursor() as cur:
+            cur.executemany(sql.replace("?", "%s"), rows)
+
+
+class PostgresDatabase:
+    """A PostgreSQL server named by a ``postgresql://`` URL (libpq's form: user, password, host, port,
+    database, and query options such as ``sslmode``). Needs psycopg (``pip install "embedrank[postgres]"``)."""
+
+    words: ClassVar[dict[str, str]] = {
+        "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        "real": "DOUBLE PRECISION",
+        "skip_locked": "FOR UPDATE OF c SKIP LOCKED",
+        "lock_row": "FOR UPDATE",
+        "schema_lock": "SELECT pg_advisory_xact_lock(4242)",  # replicas starting together: one creates the tables
+    }
+    shared = True
+
+    def __init__(self, url: str) -> None:
+        import psycopg  # an optional dependency: checked when the settings are read
+
+        self.url = url
+        self._psycopg = psycopg
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _unavailable(self) -> Iterator[None]:
+        """psycopg's errors of a server or network that fails, as :class:`DatabaseUnavailableError`."""
+        try:
+            yield
+        except self._psycopg.OperationalError as exc:
+            raise DatabaseUnavailableError(f"PostgreSQL at {redacted(self.url)}: {exc}") from exc
+
+    def _conn(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.broken:
+            from psycopg.rows import dict_row
+
+            with self._unavailable():
+                conn = self._psycopg.connect(self.url, autocommit=True, row_factory=dict_row, connect_timeout=10)
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def connection(self) -> _PostgresConnection:
+        return _PostgresConnection(self._conn(), self._unavailable)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[_PostgresConnection]:
+        conn = self._conn()
+        with self._unavailable(), conn.transaction():
+            yield _PostgresConnection(conn, self._unavailable)
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+
+def is_postgres_url(url: str) -> bool:
+    return urlsplit(url).scheme in POSTGRES_SCHEMES
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
