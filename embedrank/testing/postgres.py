@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+
 def postgres_bindir() -> Path | None:
     """The folder of the newest PostgreSQL server binaries on this machine (Debian's
     ``/usr/lib/postgresql/<version>/bin``, else ``initdb`` on ``PATH``); None when there are none."""
@@ -46,7 +47,9 @@ def running_postgres(*, fsync: bool = False) -> Iterator[str]:
     """
     bindir = postgres_bindir()
     if bindir is None:
-        raise FileNotFoundError(f"no PostgreSQL server binaries (initdb, pg_ctl); install them (Debian: apt-get install postgresql) or put initdb on PATH")
+        raise FileNotFoundError(
+            "no PostgreSQL server binaries (initdb, pg_ctl); install them (Debian: apt-get install postgresql) or put initdb on PATH"
+        )
     root = Path(tempfile.mkdtemp(prefix="embedrank-pg-"))
     as_user: list[str] = []
     if os.geteuid() == 0:  # PostgreSQL refuses root: the folder is postgres's, every command runs as postgres
