@@ -144,9 +144,12 @@ async def embed_vectors(
     token_ids: bool = True,
     normalize: bool | None = None,
     truncation_side: Literal["right", "left"] = "right",
+    cached: bool = False,
 ) -> Embedded:
     """The core call behind every embedding route: the vectors ``(N, D)`` and each of ``req.embedding_types``.
-    ``normalize`` overrides the model's normalization; ``truncation_side`` says which end an over-long text loses."""
+    ``normalize`` overrides the model's normalization; ``truncation_side`` says which end an over-long text loses;
+    ``cached``: texts embedded before come from the embedding cache (batch lines; direct requests when
+    ``embedding_cache_direct`` is set)."""
     texts = await _input_texts(req.input, limits, token_ids)
     with _request_fields():
         embedded = await pool.get(req.model, "embeddings").embed(
@@ -163,15 +166,16 @@ async def embed_vectors(
             budget=limits.max_request_tokens,
             multi_budget=limits.max_multivector_tokens,
             name=shorten(req.model),
+            cached=cached,
         )
     return embedded
 
 
 async def create_embeddings(
-    req: EmbeddingsRequest, pool: ModelPool, limits: Limits, token_ids: bool = True
+    req: EmbeddingsRequest, pool: ModelPool, limits: Limits, token_ids: bool = True, *, cached: bool = False
 ) -> tuple[EmbeddingList, int]:
     """Embeddings. Returns the body and the number of inputs that were truncated."""
-    embedded = await embed_vectors(req, pool, limits, token_ids=token_ids)
+    embedded = await embed_vectors(req, pool, limits, token_ids=token_ids, cached=cached)
     out, compact = embedded.output, embedded.compact
     fmt = req.encoding_format
     types = set(req.embedding_types or [])

@@ -29,6 +29,7 @@ import embedrank
 from embedrank.errors import ConfigurationError, shorten
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
+from embedrank.serving.vector_cache import VectorCache
 from service import shutdown
 from service.auth import BearerAuth
 from service.batches.http import FILE_HANDLERS, FORM_PATHS, BatchService
@@ -38,7 +39,7 @@ from service.fast_path import EmbeddingsFastPath
 from service.handling import ServiceState, pool_of, read_json_body, service_of
 from service.litestar_internals import set_decoded_body
 from service.middleware import RequestMiddleware
-from service.observability import Metrics
+from service.observability import CacheMetrics, Metrics
 from service.openapi import complete_openapi
 from service.routes import BODIES, ROUTE_HANDLERS, ROUTES
 from service.settings import Settings, SettingsError
@@ -112,12 +113,16 @@ def create_app(
         generated = secrets.token_urlsafe(32)
         keys = (generated,)
     try:
-        pool = ModelPool(settings.models, preloaded=models)
+        cache_path = settings.embedding_cache_path()
+        cache = VectorCache(cache_path, settings.embedding_cache_bytes) if cache_path is not None else None
+        pool = ModelPool(settings.models, preloaded=models, cache=cache)
     except ConfigurationError as exc:  # a model entry its model cannot serve: a setting to fix, said as one
         raise SettingsError(str(exc)) from None
     service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
     service.batches = BatchService(settings, service.ready_pool)
     service.metrics.registry.register(service.batches)  # its collect(): the batches' progress
+    if cache is not None:
+        service.metrics.registry.register(CacheMetrics(cache))
     if settings.tune_malloc:  # before the loading and forward threads exist
         tune_malloc()
 

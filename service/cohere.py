@@ -106,12 +106,18 @@ def _request(req: CohereEmbedRequest, pool: ModelPool, version: str) -> Embeddin
 
 
 async def embed(
-    req: CohereEmbedRequest, pool: ModelPool, limits: Limits, version: str, token_ids: bool = True
+    req: CohereEmbedRequest,
+    pool: ModelPool,
+    limits: Limits,
+    version: str,
+    token_ids: bool = True,
+    *,
+    cached: bool = False,
 ) -> tuple[CohereEmbedResponse, int]:
     """Cohere's embed over :func:`service.api.embed_vectors`. Returns the body and the truncated count."""
     inner = _request(req, pool, version)
     side: Literal["left", "right"] = "left" if req.truncate == "START" else "right"
-    embedded = await api.embed_vectors(inner, pool, limits, truncation_side=side)
+    embedded = await api.embed_vectors(inner, pool, limits, token_ids=token_ids, truncation_side=side, cached=cached)
     out, compact = embedded.output, embedded.compact
     types = req.embedding_types or (["float"] if version == "2" else [])
     body_meta = cohere_meta(version, out.total_tokens, out.truncated_count)

@@ -82,7 +82,13 @@ class EmbeddingsFastPath:
         try:
             settings = self.service.settings
             req: EmbeddingsRequest = await read_json_body(request, EmbeddingsRequest, settings)
-            work = api.create_embeddings(req, self.service.ready_pool(), settings.limits, settings.token_ids)
+            work = api.create_embeddings(
+                req,
+                self.service.ready_pool(),
+                settings.limits,
+                settings.token_ids,
+                cached=settings.embedding_cache_direct,
+            )
             body, truncated = await finish(receive, work)
             content = encode_json(body)
         except Exception as exc:

@@ -1,13 +1,17 @@
-"""Prometheus metrics: requests by route and status, latency, batch sizes, queue depth, tokens."""
+"""Prometheus metrics: requests by route and status, latency, batch sizes, queue depth, tokens, the embedding
+cache."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from embedrank.serving.engine import BatchEngine, BatchReport
+from embedrank.serving.vector_cache import VectorCache
 from service.errors import matches_route
 
 
@@ -104,3 +108,34 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+@dataclasses.dataclass(eq=False)  # a collector of the app's metrics registry: hashed by identity
+class CacheMetrics:
+    """The embedding cache's lookups (hits, misses) and evictions by this process, and what the cache holds
+    (entries, bytes: every process that shares its file), read at each scrape."""
+
+    cache: VectorCache
+
+    def collect(self) -> Iterator[Metric]:
+        lookups = CounterMetricFamily(
+            "embedrank_embedding_cache_lookups", "Texts looked up in the embedding cache", labels=["result"]
+        )
+        lookups.add_metric(["hit"], self.cache.hits)
+        lookups.add_metric(["miss"], self.cache.misses)
+        evictions = CounterMetricFamily(
+            "embedrank_embedding_cache_evictions", "Entries evicted (least recently used) to keep the cache's bound"
+        )
+        evictions.add_metric([], self.cache.evictions)
+        failures = CounterMetricFamily(
+            "embedrank_embedding_cache_failures", "Cache reads or writes that failed (counted as misses)"
+        )
+        failures.add_metric([], self.cache.failures)
+        entries, size = self.cache.stats()
+        yield lookups
+        yield evictions
+        yield failures
+        yield GaugeMetricFamily("embedrank_embedding_cache_entries", "Vectors the embedding cache holds", value=entries)
+        yield GaugeMetricFamily(
+            "embedrank_embedding_cache_bytes", "Bytes the embedding cache holds, against its bound", value=size
+        )

@@ -50,7 +50,10 @@ async def embeddings(
 ) -> Response[EmbeddingList]:
     rt = service_of(state)
     return await respond(
-        request, api.create_embeddings(data, rt.ready_pool(), rt.settings.limits, rt.settings.token_ids)
+        request,
+        api.create_embeddings(
+            data, rt.ready_pool(), rt.settings.limits, rt.settings.token_ids, cached=rt.settings.embedding_cache_direct
+        ),
     )
 
 
@@ -164,7 +167,11 @@ async def cohere_embed(
 ) -> Response[cohere.CohereEmbedResponse]:
     rt = service_of(state)
     version = "2" if request.url.path.startswith("/v2/") else "1"
-    return await respond(request, cohere.embed(data, rt.ready_pool(), rt.settings.limits, version))
+    settings = rt.settings
+    work = cohere.embed(
+        data, rt.ready_pool(), settings.limits, version, settings.token_ids, cached=settings.embedding_cache_direct
+    )
+    return await respond(request, work)
 
 
 @post(

@@ -101,6 +101,7 @@ DEFAULT_MODELS = DEFAULT_ENTRIES
 DRAIN_SECONDS = 30.0
 BODY_TIMEOUT_SECONDS = 30.0
 HEADER_TIMEOUT_SECONDS = 20.0
+EMBEDDING_CACHE_BYTES = 1 << 30  # 1 GiB: about 650,000 vectors of 384 floats
 Positive = Meta(ge=1)
 
 
@@ -260,6 +261,25 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "`$XDG_DATA_HOME/embedrank/batches`, else `~/.local/share/embedrank/batches`)"
         ),
     ] = None
+    embedding_cache_bytes: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="the embedding cache's bound, in bytes of vectors (least recently used evicted past it); "
+            "0: no cache. Batch lines always use it, direct requests when `embedding_cache_direct` is set",
+        ),
+    ] = EMBEDDING_CACHE_BYTES
+    embedding_cache_dir: Annotated[
+        str | None,
+        Meta(
+            description="the folder of the embedding cache's file, `embedding-cache.db` (default: `batch_dir`); "
+            "a local disk when `batch_dir` is on a network file system",
+        ),
+    ] = None
+    embedding_cache_direct: Annotated[
+        bool,
+        Meta(description="direct embedding requests use the embedding cache too (batch lines always do)"),
+    ] = False
     batch_lease_seconds: Annotated[
         float,
         Meta(
@@ -465,6 +485,20 @@ class Settings:
     batch_dir: str | None = None  # the Batch API's database and files; None: default_batch_dir()
     batch_database: str | None = None  # a postgresql:// URL; None: SQLite in batch_dir
     batch_lease_seconds: float = 60.0  # a claim on a chunk lasts this long unless renewed
+    embedding_cache_bytes: int = EMBEDDING_CACHE_BYTES  # 0: no embedding cache
+    embedding_cache_dir: str | None = None  # None: the batch folder
+    embedding_cache_direct: bool = False  # direct embedding requests use the cache too
+
+    def batch_folder(self) -> Path:
+        """The Batch API's folder: ``batch_dir``, else :func:`default_batch_dir`."""
+        return Path(self.batch_dir).expanduser() if self.batch_dir else default_batch_dir()
+
+    def embedding_cache_path(self) -> Path | None:
+        """The embedding cache's file; None when it is off."""
+        if not self.embedding_cache_bytes:
+            return None
+        folder = Path(self.embedding_cache_dir).expanduser() if self.embedding_cache_dir else self.batch_folder()
+        return folder / "embedding-cache.db"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -501,11 +535,13 @@ class Settings:
             keys += from_file
         for origin in config.cors_origins:
             _check_origin(origin)
-        if config.batch_dir and Path(config.batch_dir).expanduser().exists() and not Path(config.batch_dir).is_dir():
-            raise SettingsError(
-                f"{env_name('batch_dir')} (`batch_dir` in a file) is {config.batch_dir!r}, a file; name a folder "
-                "(it is created on first use)"
-            )
+        for name in ("batch_dir", "embedding_cache_dir"):
+            folder = getattr(config, name)
+            if folder and Path(folder).expanduser().exists() and not Path(folder).expanduser().is_dir():
+                raise SettingsError(
+                    f"{env_name(name)} (`{name}` in a file) is {folder!r}, a file; name a folder "
+                    "(it is created on first use)"
+                )
         if config.batch_database is not None:
             _check_batch_database(config.batch_database)
         try:  # the names alone; each model's pair is checked in validate()
@@ -556,6 +592,9 @@ class Settings:
             batch_dir=config.batch_dir,
             batch_database=config.batch_database,
             batch_lease_seconds=config.batch_lease_seconds,
+            embedding_cache_bytes=config.embedding_cache_bytes,
+            embedding_cache_dir=config.embedding_cache_dir,
+            embedding_cache_direct=config.embedding_cache_direct,
         )
         settings.validate()
         return settings

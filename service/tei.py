@@ -175,7 +175,13 @@ async def embed(req: TEIEmbedRequest, pool: ModelPool, settings: Settings) -> tu
     )
     side: Literal["left", "right"] = "left" if req.truncation_direction.lower() == "left" else "right"
     embedded = await api.embed_vectors(
-        inner, pool, settings.limits, token_ids=False, normalize=req.normalize, truncation_side=side
+        inner,
+        pool,
+        settings.limits,
+        token_ids=False,
+        normalize=req.normalize,
+        truncation_side=side,
+        cached=settings.embedding_cache_direct,
     )
     return api.float_json(embedded.output.embeddings), embedded.output.truncated_count
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from typing import Any
 
@@ -216,3 +217,59 @@ def test_the_schema_offers_exactly_the_endpoints_a_line_can_run():
     from service.batches.lines import ENDPOINTS
 
     assert set(get_args(Endpoint)) == set(ENDPOINTS)
+
+
+def cache_lookups(client: TestClient) -> dict[str, float]:
+    metrics = client.get("/metrics", headers={"Authorization": f"Bearer {KEYS[0]}"}).text
+    found = re.findall(r'^embedrank_embedding_cache_lookups_total\{result="(\w+)"\} (\S+)$', metrics, re.M)
+    return {result: float(value) for result, value in found}
+
+
+def test_a_batch_run_again_with_5_percent_changed_computes_only_those(app_client):
+    api = sdk(app_client, KEYS[0])
+
+    def run(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        uploaded = api.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
+        done = wait(
+            api, api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id
+        )
+        assert done.request_counts.completed == len(rows)
+        return [json.loads(x) for x in api.files.content(done.output_file_id).content.splitlines()]
+
+    def line(i: int, text: str) -> dict[str, Any]:
+        return {
+            "custom_id": f"c-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "enc", "input": text},
+        }
+
+    rows = [line(i, f"passage {i} on topic {i % 7}") for i in range(400)]
+    first = run(rows)
+    assert cache_lookups(app_client) == {"hit": 0.0, "miss": 400.0}
+    changed = set(range(0, 400, 20))  # 5% of the texts edited
+    rows = [line(i, f"passage {i} on topic {i % 7}, edited") if i in changed else rows[i] for i in range(400)]
+    second = run(rows)
+    assert cache_lookups(app_client) == {"hit": 380.0, "miss": 420.0}  # only the 20 edited ones computed
+    for i in range(0, 400, 50):  # each line is the direct answer, edited or not
+        status, body = direct(app_client, KEYS[0], "/v1/embeddings", rows[i]["body"])
+        assert status == 200 and second[i]["response"]["body"]["data"] == body["data"]
+    for i in set(range(400)) - changed:
+        assert second[i]["response"]["body"]["data"] == first[i]["response"]["body"]["data"]
+    assert cache_lookups(app_client) == {"hit": 380.0, "miss": 420.0}  # direct requests do not use it by default
+
+
+def test_direct_requests_use_the_cache_when_configured_and_none_without_one(tmp_path):
+    body = {"model": "enc", "input": TEXTS}
+    for direct_too, expected in ((True, {"hit": 5.0, "miss": 5.0}), (False, {})):
+        settings = Settings(
+            api_keys=KEYS,
+            models=MODELS,
+            tune_malloc=False,
+            batch_dir=str(tmp_path / f"batches-{direct_too}"),
+            embedding_cache_direct=direct_too,
+            embedding_cache_bytes=1 << 20 if direct_too else 0,
+        )
+        with TestClient(create_app(settings, wait_for_models=True)) as client:
+            answers = [direct(client, KEYS[0], url, body)[1]["data"] for url in ("/v1/embeddings", "/v1/embeddings")]
+            assert answers[0] == answers[1] and cache_lookups(client) == expected

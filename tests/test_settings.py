@@ -57,6 +57,9 @@ def samples(tmp_path: Path) -> dict[str, tuple[str, str, object]]:
         "max_batch_lines": ("17", "17", 17),
         "max_batches_in_flight": ("18", "18", 18),
         "batch_lease_seconds": ("7.5", "7.5", 7.5),
+        "embedding_cache_bytes": ("0", "0", 0),
+        "embedding_cache_dir": ("/var/cache/vectors", '"/var/cache/vectors"', "/var/cache/vectors"),
+        "embedding_cache_direct": ("true", "true", True),
         "batch_database": ("postgresql://embedrank@db/batches", '"postgresql://embedrank@db/batches"',
                            "postgresql://embedrank@db/batches"),
     }  # fmt: skip
@@ -133,6 +136,9 @@ WRONG = {  # a wrong value for every setting: (environment text, TOML text)
     "max_batch_lines": ("0", '"50000"'),
     "max_batches_in_flight": ("-1", "1.5"),
     "batch_lease_seconds": ("0", '"60s"'),
+    "embedding_cache_bytes": ("1GB", "-1"),
+    "embedding_cache_dir": ("/proc/version", "1"),
+    "embedding_cache_direct": ("sometimes", '"yes"'),
     "batch_database": ("mysql://db/batches", '"/srv/batches.db"'),
 }
 

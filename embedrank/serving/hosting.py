@@ -31,6 +31,7 @@ from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
 from embedrank.models.prompts import request_prompt
 from embedrank.models.router import BranchTable, pick_branch, task_of
+from embedrank.models.signature import EmbeddingSignature
 from embedrank.models.sparse import SparseEncoder
 from embedrank.models.tokens import TokenSpan
 from embedrank.registry import ModelSpec, kind_of
@@ -39,6 +40,7 @@ from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
+from embedrank.serving.vector_cache import VectorCache
 from embedrank.types import Chunking, ModelOutput
 
 logger = logging.getLogger("embedrank.serving")
@@ -189,6 +191,7 @@ class HostedModel:
     fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
     auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
     dimension: int | None = None  # the embedding width, once loaded (a static model's is measured)
+    cache: VectorCache | None = None  # computed vectors, for the requests that ask (``embed(cached=True)``)
 
     @property
     def kind(self) -> str:
@@ -248,11 +251,13 @@ class HostedModel:
         budget: int | None = None,
         multi_budget: int | None = None,
         name: str = "",
+        cached: bool = False,
     ) -> Embedded:
         """Embed ``texts`` as a request with ``input_type`` or ``prompt_name`` asks (prompt and branch resolved
         once), giving each of ``types``: ``sparse`` and ``multivector`` from the models that declare them, and
         the compact types of :func:`~embedrank.math.quantization.quantize` of the dense vectors (``float``
-        and the integer and binary types). ``name`` is the model's name in messages.
+        and the integer and binary types). ``name`` is the model's name in messages. ``cached``: the dense
+        vectors of texts embedded before come from :attr:`cache` (a dense model's, when it has one).
 
         Raises:
             OutputNotAvailableError: a type the model does not give (param ``embedding_types``).
@@ -282,6 +287,8 @@ class HostedModel:
             prompt = ""
         if "multivector" in outputs:
             extra["multi_budget"] = multi_budget
+        if cached and self.kind == "embedding":
+            extra["cached"] = True
         runner = cast(DenseRunner, chosen.runner)  # the kind declares embeddings: the pool checked
         out = await runner.embed(
             texts,
@@ -422,6 +429,10 @@ class HostedModel:
         started = []
         for branch, part in branches.items():
             runner = runner_cls(part, config, on_batch=on_batch(None if part is model else branch), on_idle=on_idle)
+            if self.cache is not None and self.kind == "embedding":
+                runner.cache = self.cache
+                signature = EmbeddingSignature.of(part).cache_key()
+                runner.cache_signature = signature if part is model else f"{signature}|branch={branch}"
             runner.engine.start()
             if part is model:
                 self.runner = runner

@@ -29,6 +29,7 @@ from embedrank.runtime.backends import check_backend
 from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.hosting import HostedModel, runtime_of
+from embedrank.serving.vector_cache import VectorCache
 from embedrank.testing.fake import fake_model
 
 logger = logging.getLogger("embedrank.serving")
@@ -94,7 +95,7 @@ class ModelPool:
 
     ``preloaded`` maps model ids to models that are already built (anything with a ``spec`` and the
     model interface the runners use); then nothing is resolved or loaded, and ``entries`` only contribute
-    aliases.
+    aliases. ``cache`` keeps the dense models' computed vectors for the requests that ask for it.
 
     Raises:
         ConfigurationError: an entry asks for what its model cannot do (a SPLADE model in int8, a ranges
@@ -102,7 +103,14 @@ class ModelPool:
         ModelNotFoundError: an entry's model cannot be found.
     """
 
-    def __init__(self, entries: tuple[ModelEntry, ...], preloaded: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        entries: tuple[ModelEntry, ...],
+        preloaded: Mapping[str, Any] | None = None,
+        *,
+        cache: VectorCache | None = None,
+    ) -> None:
+        self.cache = cache
         self.models: dict[str, ServedModel] = {}
         self.aliases: dict[str, str] = {}
         self._built = dict(preloaded or {})  # models that need no loading: preloaded ones and fakes
@@ -151,7 +159,7 @@ class ModelPool:
                 raise ConfigurationError(
                     f"model {entry.id!r}: {field} {value!r} must be an existing .txt or .jsonl file, for {what}"
                 )
-        return ServedModel(entry=entry, spec=spec, backend=backend, precision=precision)
+        return ServedModel(entry=entry, spec=spec, backend=backend, precision=precision, cache=self.cache)
 
     def load(self) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an

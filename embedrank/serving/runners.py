@@ -31,6 +31,7 @@ from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, cut_starts, field_of, first_cut, plan_chunks
+from embedrank.serving.vector_cache import VectorCache, cache_key
 from embedrank.types import ModelOutput
 
 
@@ -160,6 +161,8 @@ class AsyncEncoder(EncoderTokens):
     def __init__(self, encoder: EmbeddingModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.encoder = encoder
         self.engine: BatchEngine[TokenRow] = BatchEngine(EmbeddingBatchModel(encoder), config, **engine_kwargs)
+        self.cache: VectorCache | None = None  # computed vectors by text, for requests that ask (``cached``)
+        self.cache_signature = ""  # what the vectors depend on besides the prompt, the truncation and the text
 
     @property
     def dimension(self) -> int:
@@ -206,6 +209,7 @@ class AsyncEncoder(EncoderTokens):
         normalize: bool | None = None,
         truncation_side: Literal["right", "left"] = "right",
         budget: int | None = None,
+        cached: bool = False,
     ) -> ModelOutput:
         """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order; a lower
         ``priority`` is scheduled first. ``prompt`` goes before every text (the model sees and counts it).
@@ -213,7 +217,10 @@ class AsyncEncoder(EncoderTokens):
         ``normalize`` overrides the model's own L2 normalization (None: the model's). A text longer than the
         model's window loses its end (``truncation_side="right"``) or its start (``"left"``: it keeps its
         last tokens, the prompt stays first). ``budget``: the most tokens the request may hold after
-        tokenizing and chunking (:class:`~embedrank.errors.RequestTooLargeError`, before anything is queued)."""
+        tokenizing and chunking (:class:`~embedrank.errors.RequestTooLargeError`, before anything is queued).
+        ``cached``: texts whose vectors :attr:`cache` holds are not computed again (every text is still
+        tokenized and checked, so a request answers and fails as it would uncached); chunked texts are
+        always computed."""
         check_dimensions(dimensions, self.dimension)
         norm = self.encoder.normalize if normalize is None else normalize
         if chunking is not None:
@@ -226,13 +233,44 @@ class AsyncEncoder(EncoderTokens):
             started: set[int] = set()
             if truncate and truncation_side == "left":
                 rows, started = await self._cut_at_start(texts, rows, prompt, param)
-            out = await self.engine.submit(rows, priority=priority)
+            if cached and self.cache is not None:
+                out = await self._submit_cached(self.cache, texts, rows, prompt, truncation_side, priority)
+            else:
+                out = await self.engine.submit(rows, priority=priority)
             flags = [cut or i in started for i, cut in enumerate(out.truncated)] if started else out.truncated
             out = ModelOutput(l2_normalize(out.values) if norm else out.values, out.token_counts, flags, out.chunked)
         vectors = truncate_dims(out.values, dimensions, renormalize=norm)
         return ModelOutput(
             np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated, out.chunked
         )
+
+    async def _submit_cached(
+        self,
+        cache: VectorCache,
+        texts: Sequence[str],
+        rows: list[TokenRow],
+        prompt: str,
+        truncation_side: str,
+        priority: int,
+    ) -> ModelOutput:
+        """The engine's output for ``rows`` (of ``texts``), computing only the texts ``cache`` lacks, each
+        distinct one once, and storing their vectors."""
+        keys = [cache_key(self.cache_signature, prompt, truncation_side, text) for text in texts]
+        found = await asyncio.to_thread(cache.get_many, keys)
+        todo: dict[bytes, int] = {}  # each missing key, at the first text that has it
+        for i, key in enumerate(keys):
+            if key not in found:
+                todo.setdefault(key, i)
+        counts = [row.length for row in rows]
+        cut = [row.truncated for row in rows]
+        if todo:
+            computed = await self.engine.submit([rows[i] for i in todo.values()], priority=priority)
+            fresh = dict(zip(todo, computed.values, strict=True))
+            for i, tokens, was_cut in zip(todo.values(), computed.token_counts, computed.truncated, strict=True):
+                counts[i], cut[i] = tokens, was_cut
+            await asyncio.to_thread(cache.put_many, list(fresh.items()))
+            found.update(fresh)
+        return ModelOutput(np.stack([found[key] for key in keys]), counts, cut)
 
     async def _cut_at_start(
         self, texts: Sequence[str], rows: list[TokenRow], prompt: str, param: str

@@ -147,7 +147,13 @@ class FakeEncoder(WordTokens, FitsRanges):
             max_seq_length,
             normalize,
         )
+        self.pooling = PoolingMode.MEAN
         self._range_sample: RangeSample | None = None
+
+    @property
+    def document_prompt(self) -> str:
+        """The prompt a document gets (an encoder's document prompt), "" when it has none."""
+        return self.spec.prompts.get("document") or self.spec.prompts.get("passage") or ""
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         return word_offsets(texts)

@@ -35,7 +35,7 @@ from service.batches.worker import BatchWorker
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
 from service.schemas import ErrorResponse
-from service.settings import Settings, default_batch_dir
+from service.settings import Settings
 
 logger = logging.getLogger("embedrank.service")
 
@@ -163,7 +163,7 @@ class BatchService:
 
     @property
     def root(self) -> Path:
-        return Path(self.settings.batch_dir).expanduser() if self.settings.batch_dir else default_batch_dir()
+        return self.settings.batch_folder()
 
     def store(self) -> BatchStore:
         """The store, opened on first use (blocking: a PostgreSQL server is reached over the network).

@@ -37,13 +37,15 @@ Work = Callable[[Any, ModelPool, Settings], Coroutine[Any, Any, tuple[Any, int]]
 ENDPOINTS: dict[str, tuple[type, Work]] = {
     "/v1/embeddings": (
         EmbeddingsRequest,
-        lambda data, pool, settings: api.create_embeddings(data, pool, settings.limits, settings.token_ids),
+        lambda data, pool, settings: api.create_embeddings(
+            data, pool, settings.limits, settings.token_ids, cached=True
+        ),
     ),
     "/v1/rerank": (RerankRequest, lambda data, pool, settings: api.rerank(data, pool, settings.limits)),
     "/v2/rerank": (RerankRequest, lambda data, pool, settings: api.rerank(data, pool, settings.limits)),
     "/v2/embed": (
         CohereEmbedRequest,
-        lambda data, pool, settings: cohere.embed(data, pool, settings.limits, "2", settings.token_ids),
+        lambda data, pool, settings: cohere.embed(data, pool, settings.limits, "2", settings.token_ids, cached=True),
     ),
 }
 """The endpoints a batch may name: each with its request schema and the core call its route makes."""

@@ -1,0 +1,188 @@
+"""A content-addressed cache of computed embeddings: a text embedded once is never computed again by the same
+model with the same prompt and truncation.
+
+An entry's key is a digest of what the vector depends on: the model's embedding signature
+(:meth:`~embedrank.models.signature.EmbeddingSignature.cache_key`: model, weights fingerprint, pooling,
+window, precision; and the branch of a Router model), the prompt put before the text, the side an over-long
+text is cut at, and the exact text. The text itself is never stored or logged, only its digest. A model
+whose weights change on disk gets another fingerprint, so another signature: its vectors are never mixed
+with the old ones.
+
+The value is the model's pooled vector before normalization and dimension truncation (those are applied
+after, per request), as float32 bytes. The cache is one SQLite file, bounded by ``max_bytes`` of vectors and
+keys: past it, the least recently used entries are evicted. Processes on one host may share the file. A
+cache that fails (a locked or full disk) counts as a miss and never fails a request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger("embedrank.serving")
+
+ENTRY_OVERHEAD = 48
+"""Bytes an entry costs beyond its vector and key (SQLite's row and index), counted against ``max_bytes``."""
+EVICT_TO = 0.9
+"""Eviction brings the cache down to this share of ``max_bytes``, so that it does not evict at every write."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS vectors (
+    key BLOB PRIMARY KEY,
+    vector BLOB NOT NULL,
+    used REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS vectors_by_use ON vectors (used);
+CREATE TABLE IF NOT EXISTS held (
+    one INTEGER PRIMARY KEY CHECK (one = 0),
+    entries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO held VALUES (0, 0, 0);
+"""
+
+
+def cache_key(signature: str, prompt: str, truncation_side: str, text: str) -> bytes:
+    """The digest that addresses ``text``'s vector: a model's ``signature``, the ``prompt`` put before the
+    text and the ``truncation_side`` an over-long text loses (32 bytes, SHA-256).
+
+    >>> cache_key("m", "", "right", "a text").hex()[:16] == cache_key("m", "", "right", "a text").hex()[:16]
+    True
+    >>> cache_key("m", "query: ", "right", "a text") == cache_key("m", "", "right", "query: a text")
+    False
+    """
+    digest = hashlib.sha256()
+    for part in (signature, prompt, truncation_side, text):
+        encoded = part.encode("utf-8", "surrogatepass")
+        digest.update(len(encoded).to_bytes(8, "little"))  # lengths first: no two splits of one string collide
+        digest.update(encoded)
+    return digest.digest()
+
+
+class VectorCache:
+    """Vectors by :func:`cache_key` in the SQLite file ``path`` (created, with its folder, on first use), at
+    most ``max_bytes`` of vectors and keys (each entry counted with :data:`ENTRY_OVERHEAD`). Blocking: call
+    it from a worker thread.
+
+    ``hits``, ``misses``, ``evictions`` and ``failures`` count this process's lookups, evicted entries and
+    operations that failed (a failed lookup counts as misses).
+    """
+
+    def __init__(self, path: str | Path, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.hits = self.misses = self.evictions = self.failures = 0
+        self._local = threading.local()
+        self._lock = threading.Lock()  # the counters: several threads look up at once
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=5.0)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # a cache: an entry lost in a power cut is a miss
+            db.executescript(SCHEMA)
+            self._local.db = db
+        return db
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
+        """The cached vectors of ``keys`` (float32, 1-D), those found; marks them used now."""
+        unique = list(dict.fromkeys(keys))
+        found: dict[bytes, np.ndarray] = {}
+        try:
+            db = self._db()
+            for start in range(0, len(unique), 500):  # SQLite's bound on parameters per statement
+                part = unique[start : start + 500]
+                marks = ",".join("?" * len(part))
+                for key, vector in db.execute(f"SELECT key, vector FROM vectors WHERE key IN ({marks})", part):
+                    found[key] = np.frombuffer(vector, dtype="<f4").astype(np.float32, copy=False)
+            if found:
+                now = time.time()
+                db.executemany("UPDATE vectors SET used = ? WHERE key = ?", [(now, k) for k in found])
+        except (sqlite3.Error, OSError) as exc:
+            self._failed("lookup", exc)
+            found = {}
+        hits = sum(1 for k in keys if k in found)
+        with self._lock:
+            self.hits += hits
+            self.misses += len(keys) - hits
+        return found
+
+    def put_many(self, items: Sequence[tuple[bytes, np.ndarray]]) -> None:
+        """Store each ``(key, vector)`` (a key already there is kept); evict the least recently used entries
+        past ``max_bytes``."""
+        if not items:
+            return
+        now = time.time()
+        try:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                entries = size = 0
+                for key, vector in items:
+                    blob = np.ascontiguousarray(vector, dtype="<f4").tobytes()
+                    changed = db.execute(
+                        "INSERT OR IGNORE INTO vectors (key, vector, used) VALUES (?, ?, ?)", (key, blob, now)
+                    ).rowcount
+                    entries += changed
+                    size += changed * (len(key) + len(blob) + ENTRY_OVERHEAD)
+                db.execute("UPDATE held SET entries = entries + ?, bytes = bytes + ?", (entries, size))
+                (held,) = db.execute("SELECT bytes FROM held").fetchone()
+                if held > self.max_bytes:
+                    self._evict(db, held)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except (sqlite3.Error, OSError) as exc:
+            self._failed("store", exc)
+
+    def _evict(self, db: sqlite3.Connection, held: int) -> None:
+        """In the write transaction: delete the least recently used entries until the cache holds
+        :data:`EVICT_TO` of ``max_bytes``."""
+        entries = db.execute("SELECT entries FROM held").fetchone()[0]
+        per_entry = held / max(entries, 1)
+        drop = min(entries, int((held - EVICT_TO * self.max_bytes) / per_entry) + 1)
+        gone, size = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(vector)), 0) FROM "
+            "(SELECT key, vector FROM vectors ORDER BY used LIMIT ?)",
+            (drop,),
+        ).fetchone()
+        db.execute("DELETE FROM vectors WHERE key IN (SELECT key FROM vectors ORDER BY used LIMIT ?)", (drop,))
+        db.execute("UPDATE held SET entries = entries - ?, bytes = bytes - ?", (gone, size + gone * ENTRY_OVERHEAD))
+        with self._lock:
+            self.evictions += gone
+
+    def stats(self) -> tuple[int, int]:
+        """``(entries, bytes)`` held now, by every process that shares the file (which this does not create)."""
+        if getattr(self._local, "db", None) is None and not self.path.is_file():
+            return 0, 0
+        try:
+            entries, size = self._db().execute("SELECT entries, bytes FROM held").fetchone()
+            return int(entries), int(size)
+        except (sqlite3.Error, OSError) as exc:
+            self._failed("read", exc)
+            return 0, 0
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        with self._lock:
+            self.failures += 1
+            failures = self.failures
+        if failures == 1 or failures % 1000 == 0:
+            logger.warning("embedding cache %s: %s failed (%s); counted as a miss", self.path, what, exc)
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
