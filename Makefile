@@ -19,7 +19,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-batch bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -70,7 +70,7 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-bench: bench-encode bench-rerank bench-service bench-fairness
+bench: bench-encode bench-rerank bench-service bench-fairness bench-batch
 
 # each benchmark records its output, command, date, commit and CPU in eval/results/; the docs' page is rendered from them
 bench-encode: setup
@@ -87,6 +87,10 @@ bench-service: setup
 
 bench-fairness: setup
 	$(RECORD) fairness "Fairness: small requests during a bulk request" -- $(PY) eval/bench_fairness.py
+	$(PY) eval/render_benchmarks.py
+
+bench-batch: setup
+	$(RECORD) batch "Batch jobs: throughput, fairness to direct requests, the embedding cache" -- $(PY) eval/bench_batch.py
 	$(PY) eval/render_benchmarks.py
 
 bench-load: setup

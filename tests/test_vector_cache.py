@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embedrank.errors import InputTooLongError
+from embedrank.errors import InputTooLongError, RequestTooLargeError
+from embedrank.serving import vector_cache
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.pool import ModelEntry, ModelPool
-from embedrank.serving.vector_cache import ENTRY_OVERHEAD, VectorCache, cache_key
+from embedrank.serving.vector_cache import ENTRY_OVERHEAD, CachedVector, VectorCache, cache_key
 from embedrank.testing.tiny import tiny_model
 
 TEXTS = ["green tea", "black coffee with milk", "green tea", "a cup of cocoa " * 40, "sparkling water"]
@@ -66,6 +68,27 @@ def test_requests_that_do_not_ask_for_the_cache_leave_it_alone_and_errors_stay(t
         asyncio.run(embed_with(fake_pool(None), TEXTS, truncate=False))
     assert (refused.value.param, str(refused.value)) == (direct.value.param, str(direct.value))
     assert "input 3" in str(direct.value) or "input[3]" in str(direct.value), str(direct.value)
+    budget = sum(asyncio.run(embed_with(fake_pool(None), TEXTS)).output.token_counts) - 1  # one token too many
+    asyncio.run(embed_with(fake_pool(cache), TEXTS, cached=True))  # every text cached now
+    with pytest.raises(RequestTooLargeError) as refused:
+        asyncio.run(embed_with(fake_pool(cache), TEXTS, cached=True, budget=budget))
+    with pytest.raises(RequestTooLargeError) as direct:
+        asyncio.run(embed_with(fake_pool(None), TEXTS, budget=budget))
+    assert str(refused.value) == str(direct.value)
+
+
+def test_a_cached_text_is_not_tokenized_again(tmp_path, monkeypatch):
+    from embedrank.testing.fake import FakeEncoder
+
+    cache = VectorCache(tmp_path / "cache.db", 1 << 20)
+    asyncio.run(embed_with(fake_pool(cache), TEXTS, cached=True))
+    tokenized: list[str] = []
+    original = FakeEncoder.tokenize_rows
+    monkeypatch.setattr(
+        FakeEncoder, "tokenize_rows", lambda self, texts, **kw: tokenized.extend(texts) or original(self, texts, **kw)
+    )
+    asyncio.run(embed_with(fake_pool(cache), [*TEXTS, "a new text"], cached=True))
+    assert "a new text" in tokenized and not set(TEXTS) & set(tokenized)  # (the rest: the int8 ranges' sample)
 
 
 def test_the_key_is_every_setting_the_vector_depends_on():
@@ -80,23 +103,27 @@ def test_the_key_is_every_setting_the_vector_depends_on():
     assert len({base, *others}) == 6 and len(base) == 32
 
 
-def test_the_cache_stays_within_its_size_and_evicts_the_least_recently_used(tmp_path):
+def test_the_cache_stays_within_its_size_and_evicts_the_least_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(vector_cache, "TOUCH_SECONDS", 0.0)  # every lookup marks its entries used
     vector = np.arange(64, dtype=np.float32)
     entry = 32 + vector.nbytes + ENTRY_OVERHEAD
     cache = VectorCache(tmp_path / "cache.db", max_bytes=100 * entry)
     keys = [cache_key("m", "", "right", str(i)) for i in range(300)]
-    cache.put_many([(k, vector + i) for i, k in enumerate(keys[:90])])
+    cache.put_many([(k, CachedVector(vector + i, 3, False)) for i, k in enumerate(keys[:90])])
     assert cache.stats() == (90, 90 * entry)
+    time.sleep(0.01)
     cache.get_many(keys[:10])  # the oldest ten, used again: the next to go are 10..
-    cache.put_many([(k, vector + i) for i, k in enumerate(keys[90:120], 90)])
+    time.sleep(0.01)
+    cache.put_many([(k, CachedVector(vector + i, 3, False)) for i, k in enumerate(keys[90:120], 90)])
     entries, held = cache.stats()
     assert held <= 100 * entry and entries == held // entry and cache.evictions == 120 - entries
     kept = cache.get_many(keys[:120])
     assert all(k in kept for k in keys[:10] + keys[90:120])  # used again, or newer: kept
     assert sum(k not in kept for k in keys[10:90]) == cache.evictions == 31  # down to 90% of the bound
-    np.testing.assert_array_equal(kept[keys[5]], vector + 5)
+    np.testing.assert_array_equal(kept[keys[5]].vector, vector + 5)
+    assert kept[keys[5]][1:] == (3, False)
     for start in range(120, 300, 20):  # many writes: the bound holds throughout
-        cache.put_many([(k, vector) for k in keys[start : start + 20]])
+        cache.put_many([(k, CachedVector(vector, 3, True)) for k in keys[start : start + 20]])
         assert cache.stats()[1] <= 100 * entry
     reopened = VectorCache(tmp_path / "cache.db", max_bytes=100 * entry)  # another process, the same file
     assert reopened.stats() == cache.stats()

@@ -31,7 +31,7 @@ from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, cut_starts, field_of, first_cut, plan_chunks
-from embedrank.serving.vector_cache import VectorCache, cache_key
+from embedrank.serving.vector_cache import CachedVector, VectorCache, cache_key
 from embedrank.types import ModelOutput
 
 
@@ -129,6 +129,10 @@ class CrossEncoderBatchModel:
 # microseconds), longer ones in a worker thread: the thread hop cost more than the tokenizing for one short
 # query (eval/bench_service.py, int8, 32 clients x 1 query: 8% more requests per second, p50 35 ms against 42)
 INLINE_TOKENIZE_CHARS = 2048
+# Requests of at most this many texts look them up in the embedding cache on the event loop (an SQLite read
+# by primary key, about 20 microseconds each), larger ones in a worker thread: a batch of 20,000 one-text
+# lines run again from the cache took 5.2 s with a thread hop per line, 4.8 s without (2-core AMD EPYC)
+INLINE_LOOKUP_KEYS = 8
 
 
 class EncoderTokens:
@@ -228,49 +232,89 @@ class AsyncEncoder(EncoderTokens):
                 texts, prompt, chunking, truncate=truncate, priority=priority, norm=norm, budget=budget
             )
         else:
-            fields = () if truncate else [(param, len(texts))]
-            rows = await self._rows(with_prompt(texts, prompt), fields, prompt=prompt, budget=budget)
-            started: set[int] = set()
-            if truncate and truncation_side == "left":
-                rows, started = await self._cut_at_start(texts, rows, prompt, param)
+            found = None
             if cached and self.cache is not None:
-                out = await self._submit_cached(self.cache, texts, rows, prompt, truncation_side, priority)
-            else:
-                out = await self.engine.submit(rows, priority=priority)
-            flags = [cut or i in started for i, cut in enumerate(out.truncated)] if started else out.truncated
-            out = ModelOutput(l2_normalize(out.values) if norm else out.values, out.token_counts, flags, out.chunked)
+                found = await self._embed_cached(self.cache, texts, prompt, truncate, truncation_side, budget, priority)
+            if found is None:  # no cache, or a request that fails: it fails as it would uncached
+                found = await self._embed_texts(texts, prompt, truncate, truncation_side, param, budget, priority)
+            out = ModelOutput(l2_normalize(found.values) if norm else found.values, found.token_counts, found.truncated)
         vectors = truncate_dims(out.values, dimensions, renormalize=norm)
         return ModelOutput(
             np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated, out.chunked
         )
 
-    async def _submit_cached(
+    async def _embed_texts(
+        self,
+        texts: Sequence[str],
+        prompt: str,
+        truncate: bool,
+        truncation_side: str,
+        param: str,
+        budget: int | None,
+        priority: int,
+    ) -> ModelOutput:
+        """Every text tokenized, checked (the request's budget; with ``truncate`` off, the first text cut at
+        the window, named by ``param``) and computed: the vectors before normalization, in input order."""
+        fields = () if truncate else [(param, len(texts))]
+        rows = await self._rows(with_prompt(texts, prompt), fields, prompt=prompt, budget=budget)
+        started: set[int] = set()
+        if truncate and truncation_side == "left":
+            rows, started = await self._cut_at_start(texts, rows, prompt, param)
+        out = await self.engine.submit(rows, priority=priority)
+        flags = [cut or i in started for i, cut in enumerate(out.truncated)] if started else out.truncated
+        return ModelOutput(out.values, out.token_counts, flags)
+
+    async def _embed_cached(
         self,
         cache: VectorCache,
         texts: Sequence[str],
-        rows: list[TokenRow],
         prompt: str,
+        truncate: bool,
         truncation_side: str,
+        budget: int | None,
         priority: int,
-    ) -> ModelOutput:
-        """The engine's output for ``rows`` (of ``texts``), computing only the texts ``cache`` lacks, each
-        distinct one once, and storing their vectors."""
+    ) -> ModelOutput | None:
+        """What :meth:`_embed_texts` gives, computing only the texts ``cache`` lacks (each distinct one once,
+        then stored) and tokenizing only those: a cached text's token count and truncation come from the
+        cache. None, and nothing computed, when the request would fail (over ``budget``, or a text cut with
+        ``truncate`` off): the caller runs it uncached, which fails it with the error it would get."""
         keys = [cache_key(self.cache_signature, prompt, truncation_side, text) for text in texts]
-        found = await asyncio.to_thread(cache.get_many, keys)
+        if len(keys) <= INLINE_LOOKUP_KEYS:
+            found = cache.get_many(keys)
+        else:
+            found = await asyncio.to_thread(cache.get_many, keys)
         todo: dict[bytes, int] = {}  # each missing key, at the first text that has it
         for i, key in enumerate(keys):
             if key not in found:
                 todo.setdefault(key, i)
-        counts = [row.length for row in rows]
-        cut = [row.truncated for row in rows]
+        rows: list[TokenRow] = []
+        started: set[int] = set()
         if todo:
-            computed = await self.engine.submit([rows[i] for i in todo.values()], priority=priority)
-            fresh = dict(zip(todo, computed.values, strict=True))
-            for i, tokens, was_cut in zip(todo.values(), computed.token_counts, computed.truncated, strict=True):
-                counts[i], cut[i] = tokens, was_cut
-            await asyncio.to_thread(cache.put_many, list(fresh.items()))
-            found.update(fresh)
-        return ModelOutput(np.stack([found[key] for key in keys]), counts, cut)
+            missing = [texts[i] for i in todo.values()]
+            try:
+                rows = await self._rows(with_prompt(missing, prompt), prompt=prompt)
+                if truncate and truncation_side == "left":
+                    rows, started = await self._cut_at_start(missing, rows, prompt, "input")
+            except InvalidInputError:
+                return None
+        fresh = {
+            key: (row.length, row.truncated or n in started)
+            for n, (key, row) in enumerate(zip(todo, rows, strict=True))
+        }
+        seen = [(hit.tokens, hit.truncated) if (hit := found.get(key)) is not None else fresh[key] for key in keys]
+        if (budget is not None and sum(t for t, _ in seen) > budget) or (not truncate and any(c for _, c in seen)):
+            return None
+        vectors = {key: hit.vector for key, hit in found.items()}
+        if todo:
+            computed = await self.engine.submit(rows, priority=priority)
+            stored = []
+            for n, key in enumerate(todo):
+                vectors[key] = computed.values[n]
+                stored.append(CachedVector(computed.values[n], computed.token_counts[n], fresh[key][1]))
+            await asyncio.to_thread(cache.put_many, list(zip(todo, stored, strict=True)))
+        elif cache.marks_due():
+            await asyncio.to_thread(cache.put_many, [])
+        return ModelOutput(np.stack([vectors[key] for key in keys]), [t for t, _ in seen], [c for _, c in seen])
 
     async def _cut_at_start(
         self, texts: Sequence[str], rows: list[TokenRow], prompt: str, param: str

@@ -9,7 +9,8 @@ whose weights change on disk gets another fingerprint, so another signature: its
 with the old ones.
 
 The value is the model's pooled vector before normalization and dimension truncation (those are applied
-after, per request), as float32 bytes. The cache is one SQLite file, bounded by ``max_bytes`` of vectors and
+after, per request), as float32 bytes, with the text's token count and whether it was cut at the window
+(so that a cached text need not be tokenized again). The cache is one SQLite file, bounded by ``max_bytes`` of vectors and
 keys: past it, the least recently used entries are evicted. Processes on one host may share the file. A
 cache that fails (a locked or full disk) counts as a miss and never fails a request.
 """
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +32,11 @@ logger = logging.getLogger("embedrank.serving")
 
 ENTRY_OVERHEAD = 48
 """Bytes an entry costs beyond its vector and key (SQLite's row and index), counted against ``max_bytes``."""
+TOUCH_SECONDS = 60.0
+"""An entry found is marked used again only when its mark is older than this (recency to the minute: a
+lookup of entries used a moment ago writes nothing), and marks wait at most this long to be written."""
+TOUCH_BATCH = 1024
+"""Marks of use written in one transaction (rather than one write per lookup)."""
 EVICT_TO = 0.9
 """Eviction brings the cache down to this share of ``max_bytes``, so that it does not evict at every write."""
 
@@ -37,6 +44,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS vectors (
     key BLOB PRIMARY KEY,
     vector BLOB NOT NULL,
+    tokens INTEGER NOT NULL,
+    truncated INTEGER NOT NULL,
     used REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS vectors_by_use ON vectors (used);
@@ -47,6 +56,15 @@ CREATE TABLE IF NOT EXISTS held (
 );
 INSERT OR IGNORE INTO held VALUES (0, 0, 0);
 """
+
+
+class CachedVector(NamedTuple):
+    """A text's computed vector ``(D,)`` float32 (pooled, before normalization and dimension truncation), the
+    tokens the model processed for it and whether it was cut at the window."""
+
+    vector: np.ndarray
+    tokens: int
+    truncated: bool
 
 
 def cache_key(signature: str, prompt: str, truncation_side: str, text: str) -> bytes:
@@ -82,7 +100,9 @@ class VectorCache:
         self.max_bytes = max_bytes
         self.hits = self.misses = self.evictions = self.failures = 0
         self._local = threading.local()
-        self._lock = threading.Lock()  # the counters: several threads look up at once
+        self._lock = threading.Lock()  # the counters and the marks: several threads look up at once
+        self._touched: dict[bytes, float] = {}  # entries found, their use not yet written
+        self._touched_since = time.time()
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -91,24 +111,34 @@ class VectorCache:
             db = sqlite3.connect(self.path, isolation_level=None, timeout=5.0)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # a cache: an entry lost in a power cut is a miss
-            db.executescript(SCHEMA)
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'held'").fetchone() is None:
+                db.executescript(SCHEMA)  # the first connection ever: a write, once
             self._local.db = db
         return db
 
-    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
-        """The cached vectors of ``keys`` (float32, 1-D), those found; marks them used now."""
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, CachedVector]:
+        """The cached entries of ``keys``, those found; marks them used now (to the minute:
+        :data:`TOUCH_SECONDS`; the marks are written by :meth:`put_many`). Reads only: a few keys are looked up
+        faster here than a thread hop costs."""
         unique = list(dict.fromkeys(keys))
-        found: dict[bytes, np.ndarray] = {}
+        found: dict[bytes, CachedVector] = {}
+        stale: list[bytes] = []
+        now = time.time()
         try:
             db = self._db()
             for start in range(0, len(unique), 500):  # SQLite's bound on parameters per statement
                 part = unique[start : start + 500]
                 marks = ",".join("?" * len(part))
-                for key, vector in db.execute(f"SELECT key, vector FROM vectors WHERE key IN ({marks})", part):
-                    found[key] = np.frombuffer(vector, dtype="<f4").astype(np.float32, copy=False)
-            if found:
-                now = time.time()
-                db.executemany("UPDATE vectors SET used = ? WHERE key = ?", [(now, k) for k in found])
+                query = f"SELECT key, vector, tokens, truncated, used FROM vectors WHERE key IN ({marks})"
+                for key, vector, tokens, truncated, used in db.execute(query, part):
+                    found[key] = CachedVector(
+                        np.frombuffer(vector, dtype="<f4").astype(np.float32, copy=False), tokens, bool(truncated)
+                    )
+                    if used < now - TOUCH_SECONDS:
+                        stale.append(key)
+            if stale:
+                with self._lock:
+                    self._touched.update(dict.fromkeys(stale, now))
         except (sqlite3.Error, OSError) as exc:
             self._failed("lookup", exc)
             found = {}
@@ -118,10 +148,18 @@ class VectorCache:
             self.misses += len(keys) - hits
         return found
 
-    def put_many(self, items: Sequence[tuple[bytes, np.ndarray]]) -> None:
-        """Store each ``(key, vector)`` (a key already there is kept); evict the least recently used entries
-        past ``max_bytes``."""
-        if not items:
+    def marks_due(self) -> bool:
+        """Whether marks of use are waiting to be written: :data:`TOUCH_BATCH` of them, or the oldest for
+        :data:`TOUCH_SECONDS` (:meth:`put_many` writes them, with or without items)."""
+        with self._lock:
+            return len(self._touched) >= TOUCH_BATCH or (
+                bool(self._touched) and time.time() - self._touched_since >= TOUCH_SECONDS
+            )
+
+    def put_many(self, items: Sequence[tuple[bytes, CachedVector]]) -> None:
+        """Store each ``(key, entry)`` (a key already there is kept) and the marks of use waiting; evict the
+        least recently used entries past ``max_bytes``."""
+        if not items and not self._touched:
             return
         now = time.time()
         try:
@@ -129,14 +167,18 @@ class VectorCache:
             db.execute("BEGIN IMMEDIATE")
             try:
                 entries = size = 0
-                for key, vector in items:
-                    blob = np.ascontiguousarray(vector, dtype="<f4").tobytes()
+                for key, entry in items:
+                    blob = np.ascontiguousarray(entry.vector, dtype="<f4").tobytes()
                     changed = db.execute(
-                        "INSERT OR IGNORE INTO vectors (key, vector, used) VALUES (?, ?, ?)", (key, blob, now)
+                        "INSERT OR IGNORE INTO vectors (key, vector, tokens, truncated, used) VALUES (?, ?, ?, ?, ?)",
+                        (key, blob, int(entry.tokens), int(entry.truncated), now),
                     ).rowcount
                     entries += changed
                     size += changed * (len(key) + len(blob) + ENTRY_OVERHEAD)
                 db.execute("UPDATE held SET entries = entries + ?, bytes = bytes + ?", (entries, size))
+                with self._lock:  # marks of use waiting: written now, before anything is evicted by age
+                    marks, self._touched, self._touched_since = self._touched, {}, now
+                db.executemany("UPDATE vectors SET used = ? WHERE key = ?", [(t, k) for k, t in marks.items()])
                 (held,) = db.execute("SELECT bytes FROM held").fetchone()
                 if held > self.max_bytes:
                     self._evict(db, held)

@@ -425,6 +425,8 @@ async def create_batch(data: CreateBatchRequest, request: Request[Any, Any, Any]
         window_seconds=seconds,
         metadata=data.metadata,
     )
+    if batches.worker is not None:
+        batches.worker.wake()
     return batch_object(row)
 
 

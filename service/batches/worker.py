@@ -39,19 +39,24 @@ class BatchWorker:
 
     ``chunk_lines`` lines make a chunk; ``concurrency`` chunks are in flight at once; a claim lasts
     ``lease_seconds`` and is renewed while its chunk runs; with nothing to do, the loop looks again every
-    ``poll_seconds``; ``max_lines`` bounds the request lines of one input file.
+    ``poll_seconds`` (or when :meth:`wake` is called); ``max_lines`` bounds the request lines of one input file.
     """
 
     store: BatchStore
     pool_of: Callable[[], ModelPool]
     settings: Settings
-    chunk_lines: int = 32
+    chunk_lines: int = 128
     concurrency: int = 2
     lease_seconds: float = 60.0
     poll_seconds: float = 0.5
     max_lines: int = 50_000
     name: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
     lines_done: int = 0  # request lines this worker has recorded (output and error lines)
+    _woken: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def wake(self) -> None:
+        """Look for work now rather than at the next poll (a batch was just created here)."""
+        self._woken.set()
 
     async def run(self) -> None:
         """Work until cancelled."""
@@ -78,7 +83,9 @@ class BatchWorker:
                         if task.exception() is not None:
                             logger.error("batch chunk failed", exc_info=task.exception())
                 elif not busy:
-                    await asyncio.sleep(self.poll_seconds)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._woken.wait(), self.poll_seconds)
+                    self._woken.clear()
         finally:
             for task in inflight:
                 task.cancel()
