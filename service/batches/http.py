@@ -29,7 +29,7 @@ from msgspec import Meta
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from embedrank.serving.pool import ModelPool
-from service.batches.database import PostgresDatabase
+from service.batches.database import DatabaseUnavailableError, PostgresDatabase
 from service.batches.store import ACTIVE, BatchStore, FileInUseError
 from service.batches.worker import BatchWorker
 from service.errors import APIError, invalid
@@ -162,6 +162,11 @@ class BatchService:
     _opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @property
+    def opened(self) -> BatchStore | None:
+        """The store if it is open, else None (:meth:`store` opens it)."""
+        return self._store
+
+    @property
     def root(self) -> Path:
         return self.settings.batch_folder()
 
@@ -215,11 +220,16 @@ class BatchService:
             "embedrank_batch_lines_recorded", "Batch lines this process has recorded (rate: lines per second)"
         )
         recorded.add_metric([], self.worker.lines_done if self.worker is not None else 0)
+        rows: list[dict[str, Any]] = []
         if self._store is not None:
-            for row in self._store.batches_in(*ACTIVE):
-                waiting.add_metric([row["id"]], row["total"] - row["completed"] - row["failed"])
-                done.add_metric([row["id"], "completed"], row["completed"])
-                done.add_metric([row["id"], "failed"], row["failed"])
+            try:
+                rows = self._store.batches_in(*ACTIVE)
+            except DatabaseUnavailableError as exc:  # the scrape still answers, without the batches' rows
+                logger.warning("/metrics: the Batch API's database: %s", exc)
+        for row in rows:
+            waiting.add_metric([row["id"]], row["total"] - row["completed"] - row["failed"])
+            done.add_metric([row["id"], "completed"], row["completed"])
+            done.add_metric([row["id"], "failed"], row["failed"])
         yield from (waiting, done, recorded)
 
     @contextlib.asynccontextmanager
@@ -249,7 +259,9 @@ def _batches(state: State) -> BatchService:
 
 async def _store(state: State) -> BatchStore:
     """The batch store, opened in a worker thread the first time."""
-    return await asyncio.to_thread(_batches(state).store)
+    batches = _batches(state)
+    opened = batches.opened
+    return opened if opened is not None else await asyncio.to_thread(batches.store)
 
 
 def file_object(row: dict[str, Any]) -> FileObject:
