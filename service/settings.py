@@ -38,7 +38,7 @@ from msgspec import Meta
 from embedrank.errors import ConfigurationError, InvalidInputError
 from embedrank.paths import CACHE_ENV, DATA_ENV
 from embedrank.serving.engine import EngineConfig
-from embedrank.serving.pool import DEFAULT_ENTRIES, ModelEntry, check_runtime
+from embedrank.serving.pool import DEFAULT_ENTRIES, ModelEntry, check_device, check_runtime
 from service.batches.database import is_postgres_url, redacted
 from service.validation_messages import reworded, split_at
 
@@ -64,7 +64,7 @@ def parse_model_entry(text: str) -> ModelEntry:
     """One ``EMBEDRANK_MODELS`` entry: ``id``, ``id=path`` or either with ``@backend[:precision]``.
 
     >>> parse_model_entry("minilm-int8=sentence-transformers/all-MiniLM-L6-v2@openvino:int8")
-    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), ranges=None, calibration=None, backend='openvino', precision='int8', trust_remote_code=False)
+    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), ranges=None, calibration=None, backend='openvino', precision='int8', device=None, trust_remote_code=False)
     >>> parse_model_entry("minilm@torch").backend
     'torch'
     """
@@ -129,6 +129,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         Meta(
             description="the precision of every model whose entry names none: `fp32`, `bf16`, `int8` or `auto` "
             "(unset: `fp32`)"
+        ),
+    ] = None
+    device: Annotated[
+        str | None,
+        Meta(
+            description="where every model whose entry names none runs: `cpu`, `cuda`, `cuda:<index>` or `auto` "
+            "(a GPU where there is one; unset: `cpu`); on a GPU a model runs on torch in fp32 unless its backend "
+            "and precision are named"
         ),
     ] = None
     trust_remote_code: Annotated[
@@ -544,6 +552,11 @@ class Settings:
                 )
         if config.batch_database is not None:
             _check_batch_database(config.batch_database)
+        if config.device is not None:
+            try:  # each model's own device is checked in validate()
+                check_device(config.device)
+            except InvalidInputError as exc:
+                raise SettingsError(f"{env_name('device')} (`device` in a file): {exc}") from None
         try:  # the names alone; each model's pair is checked in validate()
             check_runtime(config.backend or "auto", config.precision or "auto")
         except InvalidInputError as exc:
@@ -565,6 +578,7 @@ class Settings:
                 trust_remote_code=m.trust_remote_code or m.id in config.trust_remote_code,
                 backend=m.backend or config.backend,
                 precision=m.precision or config.precision,
+                device=m.device or config.device,
             )
             for m in models
         ]
@@ -600,12 +614,14 @@ class Settings:
         return settings
 
     def validate(self) -> None:
-        """Check what no single setting's type says: each model's backend and precision."""
+        """Check what no single setting's type says: each model's backend, precision and device (one this
+        machine has)."""
         for entry in self.models:
             if (entry.path or "").startswith("fake:"):
                 continue
             try:
                 check_runtime(entry.backend, entry.precision)
+                check_device(entry.device)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None
 

@@ -57,6 +57,7 @@ def samples(tmp_path: Path) -> dict[str, tuple[str, str, object]]:
         "max_batch_lines": ("17", "17", 17),
         "max_batches_in_flight": ("18", "18", 18),
         "batch_lease_seconds": ("7.5", "7.5", 7.5),
+        "device": ("auto", '"auto"', "auto"),
         "embedding_cache_bytes": ("0", "0", 0),
         "embedding_cache_dir": ("/var/cache/vectors", '"/var/cache/vectors"', "/var/cache/vectors"),
         "embedding_cache_direct": ("true", "true", True),
@@ -69,7 +70,7 @@ def held(settings: Settings, name: str) -> object:
     """What ``settings`` holds for the setting ``name``."""
     if name == "models":
         return tuple((m.id, m.path) for m in settings.models)
-    if name in ("backend", "precision"):
+    if name in ("backend", "precision", "device"):
         return getattr(settings.models[0], name)
     if name == "trust_remote_code":
         return settings.models[0].trust_remote_code
@@ -136,6 +137,7 @@ WRONG = {  # a wrong value for every setting: (environment text, TOML text)
     "max_batch_lines": ("0", '"50000"'),
     "max_batches_in_flight": ("-1", "1.5"),
     "batch_lease_seconds": ("0", '"60s"'),
+    "device": ("gpu", '"cuda:x"'),
     "embedding_cache_bytes": ("1GB", "-1"),
     "embedding_cache_dir": ("/proc/version", "1"),
     "embedding_cache_direct": ("sometimes", '"yes"'),

@@ -21,7 +21,7 @@ from embedrank.models.llm_reranker import YesNoTokenizer
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
-from embedrank.runtime.exports import load_transformer
+from embedrank.runtime.exports import load_transformer, runs_on
 from embedrank.texts import data_dir_sample
 from embedrank.types import ModelOutput
 
@@ -146,6 +146,7 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
                 + ("" if spec.kind == "sparse" else ", or rerank with it through BiEncoderScorer")
             )
         max_len = max_seq_length or spec.max_seq_length
+        device, backend, precision = runs_on(device, backend, precision)
         tokenizer, model = load_transformer(
             spec,
             "yes-no" if spec.scoring == "yes-no" else "classifier",

@@ -27,7 +27,7 @@ from embedrank.models.router import Branched, on_branch
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
-from embedrank.runtime.exports import load_transformer
+from embedrank.runtime.exports import load_transformer, runs_on
 from embedrank.texts import data_dir_sample, vocabulary_texts
 from embedrank.types import ModelOutput
 
@@ -121,6 +121,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
                 f"{loader}.from_pretrained"
             )
         max_len = max_seq_length or spec.max_seq_length
+        device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None)
         if (
             in_router or spec.branches
         ) and spec.static:  # a Router's static branch runs in torch, whatever runs the other branches

@@ -34,7 +34,7 @@ from embedrank.models.router import Branched, on_branch
 from embedrank.models.tokens import TextTokens, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import TorchRuntime
-from embedrank.runtime.exports import load_transformer
+from embedrank.runtime.exports import load_transformer, runs_on
 from embedrank.runtime.static import static_tokenizer
 from embedrank.texts import data_dir_sample
 from embedrank.types import ModelOutput
@@ -131,10 +131,12 @@ class SparseEncoder(TokenizesText, Branched):
         precision: str | None = None,
         calibration: Any = None,
         cache_dir: str | Path | None = None,
+        device: str = "cpu",
     ) -> SparseEncoder:
         """Load the weights of a resolved model (:func:`~embedrank.registry.resolve`) of kind ``sparse``.
         ``backend`` (``"torch"`` unless named: ``"openvino"``, ``"onnx"``) and ``precision`` choose what runs
-        the masked LM; an exported graph includes SPLADE's pooling, so it hands back ``(B, V)`` weights."""
+        the masked LM; an exported graph includes SPLADE's pooling, so it hands back ``(B, V)`` weights.
+        ``device`` as :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>` (torch only)."""
         check_max_seq_length(max_seq_length)
         if spec.kind != "sparse":
             raise UnsupportedModelError(
@@ -142,6 +144,7 @@ class SparseEncoder(TokenizesText, Branched):
                 "(a sentence-transformers sparse layout, or a *ForMaskedLM checkpoint)"
             )
         _sparse_layout(Path(spec.path))  # refuses sparse modules other than SPLADE's
+        device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None)
         if spec.static is not None:  # a weight per vocabulary entry, no transformer
             from safetensors.torch import load_file
 
@@ -156,14 +159,23 @@ class SparseEncoder(TokenizesText, Branched):
                 "splade",
                 backend=backend or "torch",
                 precision=precision,
+                device=device,
                 max_seq_length=window,
                 calibration=calibrate,
                 cache_dir=cache_dir,
             )
-            runtime = TorchRuntime(model, tokenizer, "splade") if isinstance(model, torch.nn.Module) else model
+            runtime = (
+                TorchRuntime(model.to(device), tokenizer, "splade") if isinstance(model, torch.nn.Module) else model
+            )
             encoder = cls(spec, runtime, tokenizer, max_seq_length=max_seq_length)
             encoder.runtime = runtime  # type: ignore[assignment]
-        options = {"backend": backend, "precision": precision, "calibration": calibration, "cache_dir": cache_dir}
+        options = {
+            "backend": backend,
+            "precision": precision,
+            "calibration": calibration,
+            "cache_dir": cache_dir,
+            "device": device,
+        }
         encoder.add_branches(
             partial(cls.from_spec, max_seq_length=max_seq_length, **options)
         )  # a Router's other branches
@@ -292,7 +304,7 @@ class SparseEncoder(TokenizesText, Branched):
         """One padded batch through the masked LM, pooled: ``(B, V)`` float32."""
         if isinstance(self.model, StaticSparse):
             return self.model(features)
-        return self.model(features).float().numpy()  # the runtime pools: (B, V)
+        return self.model(features).float().cpu().numpy()  # the runtime pools: (B, V)
 
     def decode(self, vector: sp.csr_matrix, top: int = 10) -> list[tuple[str, float]]:
         """The ``top`` heaviest terms of one sparse vector (a ``(1, V)`` row), heaviest first."""

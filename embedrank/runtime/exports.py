@@ -56,6 +56,7 @@ from embedrank.runtime.backends import (
     TorchRuntime,
     check_backend,
 )
+from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.static import load_static
 from embedrank.texts import read_texts, seeded_sample, vocabulary_texts
 
@@ -123,6 +124,30 @@ def export_key(spec: ModelSpec, head: Head, backend: Backend, precision: Precisi
 def export_dir(spec: ModelSpec, backend: Backend, precision: Precision, key: str, cache_dir: Path | None) -> Path:
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec.model_id.rstrip("/")).name)[:60]
     return (cache_dir or default_cache_dir()) / "exports" / f"{name}-{backend}-{precision}-{key}"
+
+
+def runs_on(
+    device: str | None, backend: str | None, precision: str | None, *, static: bool = False
+) -> tuple[str, str | None, str | None]:
+    """``(device, backend, precision)`` as a model is loaded with them: the device resolved on this machine
+    (:func:`~embedrank.runtime.devices.resolve_device`; ``"auto"`` is the CPU for a static model, a lookup
+    per token), and on a GPU the torch backend in fp32 unless they are named.
+
+    Raises:
+        InvalidInputError: a device this machine lacks, or a GPU for a static model.
+    """
+    resolved = resolve_device(device)
+    if resolved == "cpu":
+        return resolved, backend, precision
+    if static:
+        if (device or "").strip().lower() == "auto":
+            return "cpu", backend, precision
+        raise InvalidInputError(
+            f"a static model (a vector per token, no transformer) runs on the CPU; device {device!r} does not apply",
+            param="device",
+        )
+    named = backend not in (None, AUTO) or bool(os.environ.get(BACKEND_ENV))
+    return resolved, backend if named else "torch", precision if precision not in (None, AUTO) else "fp32"
 
 
 def load_transformer(

@@ -187,6 +187,7 @@ class HostedModel:
     branch_table: BranchTable | None = None
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
+    device: str = "cpu"  # where the model runs: "cpu" or "cuda:<index>" (embedrank.runtime.devices)
     inference_precision: str | None = None  # what really computes, known once loaded
     fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
     auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
@@ -390,8 +391,10 @@ class HostedModel:
         ``calibration`` names the texts that calibrate an int8 runtime."""
         loader: Any = KINDS[self.kind].loader
         if self.kind == "sparse":
-            return loader.from_spec(self.spec, backend=self.backend)
-        return loader.from_spec(self.spec, backend=backend, precision=precision, calibration=calibration)
+            return loader.from_spec(self.spec, backend=self.backend, device=self.device)
+        return loader.from_spec(
+            self.spec, backend=backend, precision=precision, calibration=calibration, device=self.device
+        )
 
     def prepare(self, model: Any, *, ranges: str | None = None, label: str = "") -> None:
         """Make a loaded (or prebuilt) ``model`` ready to serve and record what runs it: each branch's int8/uint8

@@ -23,10 +23,12 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from embedrank.errors import ConfigurationError, ModelKindError, ModelNotFoundError, shorten
+from embedrank.errors import ConfigurationError, InvalidInputError, ModelKindError, ModelNotFoundError, shorten
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
 from embedrank.runtime.backends import check_backend
 from embedrank.runtime.cpus import limit_threads, usable_cpus
+from embedrank.runtime.devices import resolve_device
+from embedrank.runtime.exports import runs_on
 from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.hosting import HostedModel, runtime_of
 from embedrank.serving.vector_cache import VectorCache
@@ -58,6 +60,12 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     precision: Annotated[
         str | None, Meta(description="`fp32`, `bf16`, `int8` or `auto` (default: the top-level `precision`)")
     ] = None
+    device: Annotated[
+        str | None,
+        Meta(
+            description="`cpu`, `cuda`, `cuda:<index>` or `auto`: a GPU where there is one (default: the top-level `device`)"
+        ),
+    ] = None
     trust_remote_code: Annotated[
         bool, Meta(description="let the model's own Python code run (its config's `auto_map`)")
     ] = False
@@ -74,6 +82,15 @@ def check_runtime(backend: str | None, precision: str | None) -> None:
         InvalidInputError: with ``param`` ``backend`` or ``precision``.
     """
     check_backend(backend, precision)
+
+
+def check_device(device: str | None) -> str:
+    """The device ``device`` names on this machine, ``cpu`` or ``cuda:<index>`` (before any loading).
+
+    Raises:
+        InvalidInputError: not a device name, or a CUDA device this machine lacks (param ``device``).
+    """
+    return resolve_device(device)
 
 
 def compute_threads() -> tuple[int, int]:
@@ -131,16 +148,28 @@ class ModelPool:
             if built is not None
             else resolve(entry.path or entry.id, trust_remote_code=entry.trust_remote_code)
         )
+        device, asked_backend, asked_precision = "cpu", entry.backend, entry.precision
+        if built is None:
+            try:  # on a GPU: torch in fp32 unless named
+                device, asked_backend, asked_precision = runs_on(
+                    entry.device, entry.backend, entry.precision, static=spec.static is not None
+                )
+            except InvalidInputError as exc:
+                raise ConfigurationError(f"model {entry.id!r}: {exc}") from None
         if built is None and spec.kind == "sparse":  # SPLADE: torch unless named, in fp32
-            if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):
+            if (asked_precision or "fp32") not in ("fp32", "float32", "auto"):
                 raise ConfigurationError(
                     f"model {entry.id!r} is a SPLADE model, which runs in fp32 only (torch, openvino or onnx); "
                     f"its entry (or EMBEDRANK_PRECISION) asks for {entry.precision}"
                 )
-            named = None if entry.backend in (None, "auto") or spec.static else entry.backend
+            named = None if asked_backend in (None, "auto") or spec.static else asked_backend
             backend, precision = check_backend(named or "torch", "fp32")
         elif built is None:
-            backend, precision = check_backend(entry.backend, entry.precision)
+            try:
+                backend, precision = check_backend(asked_backend, asked_precision)
+            except InvalidInputError as exc:  # e.g. bf16 named for a GPU, where torch runs fp32
+                where = f" on {device}" if device != "cpu" else ""
+                raise ConfigurationError(f"model {entry.id!r}{where}: {exc}") from None
         else:
             backend, precision = runtime_of(built)[:2]  # type: ignore[assignment]
         if entry.calibration is not None and precision != "int8" and spec.kind == "embedding" and not entry.ranges:
@@ -159,7 +188,9 @@ class ModelPool:
                 raise ConfigurationError(
                     f"model {entry.id!r}: {field} {value!r} must be an existing .txt or .jsonl file, for {what}"
                 )
-        return ServedModel(entry=entry, spec=spec, backend=backend, precision=precision, cache=self.cache)
+        return ServedModel(
+            entry=entry, spec=spec, backend=backend, precision=precision, device=device, cache=self.cache
+        )
 
     def load(self) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an
@@ -170,7 +201,11 @@ class ModelPool:
             entry = served.entry
             model = self._built.get(model_id)
             if model is None:
-                model = served.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
+                model = served.load(
+                    backend=served.backend if served.device != "cpu" else entry.backend,
+                    precision=served.precision if served.device != "cpu" else entry.precision,
+                    calibration=entry.calibration,
+                )
             served.prepare(model, ranges=entry.ranges, label=model_id)
             loaded[model_id] = model
         return loaded

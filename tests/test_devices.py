@@ -1,0 +1,104 @@
+"""Choosing the device a model runs on: names checked against what the machine has (a CUDA device named on a
+machine without one is a clear error at load or at the service's start, never a crash), ``auto`` taking a GPU
+only where there is one, and a GPU running the model on torch unless the backend is named. This machine's
+GPUs are simulated where a test needs some (CI has none); nothing here computes on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from embedrank import Encoder
+from embedrank.errors import ConfigurationError, InvalidInputError
+from embedrank.runtime import devices
+from embedrank.runtime.devices import resolve_device
+from embedrank.runtime.exports import runs_on
+from embedrank.serving.pool import ModelEntry, ModelPool
+from embedrank.testing.tiny import tiny_model
+from service.settings import Settings, SettingsError
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setattr(devices, "cuda_devices", lambda: 2)
+
+
+def test_device_names_resolve_to_what_this_machine_has(monkeypatch):
+    monkeypatch.setattr(devices, "cuda_devices", lambda: 0)
+    assert [resolve_device(d) for d in (None, "cpu", "CPU", "auto", " auto ")] == ["cpu"] * 5
+    for name in ("cuda", "cuda:0", "CUDA:1"):
+        with pytest.raises(InvalidInputError, match="needs a CUDA GPU, and this machine has none") as refused:
+            resolve_device(name)
+        assert refused.value.param == "device" and "'auto'" in str(refused.value)
+    for name in ("gpu", "cuda:", "cuda:-1", "mps", "cuda:0:1", ""):
+        if name == "":
+            assert resolve_device(name) == "cpu"  # unset
+            continue
+        with pytest.raises(InvalidInputError, match=r"device must be 'cpu', 'cuda', 'cuda:<index>' or 'auto'"):
+            resolve_device(name)
+
+
+def test_with_gpus_auto_takes_the_first_and_an_index_past_them_is_refused(two_gpus):
+    assert [resolve_device(d) for d in ("auto", "cuda", "cuda:1", "cpu")] == ["cuda:0", "cuda:0", "cuda:1", "cpu"]
+    with pytest.raises(InvalidInputError, match=r"this machine has 2 CUDA devices \(cuda:0 to cuda:1\)"):
+        resolve_device("cuda:2")
+
+
+def test_a_gpu_runs_the_model_on_torch_unless_the_backend_is_named(two_gpus, monkeypatch):
+    monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
+    assert runs_on("cpu", None, None) == ("cpu", None, None)
+    assert runs_on("auto", None, None) == ("cuda:0", "torch", "fp32")
+    assert runs_on("cuda:1", "auto", "auto") == ("cuda:1", "torch", "fp32")
+    assert runs_on("cuda", "torch", "bf16") == ("cuda:0", "torch", "bf16")
+    assert runs_on("cuda", "openvino", None) == ("cuda:0", "openvino", "fp32")  # named: refused at load, below
+    assert runs_on("auto", None, None, static=True) == ("cpu", None, None)  # a lookup per token stays on the CPU
+    with pytest.raises(InvalidInputError, match=r"a static model .* runs on the CPU"):
+        runs_on("cuda", None, None, static=True)
+
+
+def test_loading_on_a_device_this_machine_lacks_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(devices, "cuda_devices", lambda: 0)
+    path = tiny_model("bert")
+    with pytest.raises(InvalidInputError, match="needs a CUDA GPU"):
+        Encoder.from_pretrained(path, device="cuda")
+    encoder = Encoder.from_pretrained(path, device="auto", backend="torch")  # no GPU: the CPU
+    assert str(encoder.device) == "cpu" and encoder.encode(["a text"]).shape == (1, encoder.dimension)
+
+
+def test_an_exported_backend_named_with_a_gpu_is_refused_at_load(two_gpus):
+    with pytest.raises(InvalidInputError, match="runs on the CPU in its own precision"):
+        Encoder.from_pretrained(tiny_model("bert"), device="cuda", backend="openvino")
+
+
+def test_the_service_refuses_a_device_the_machine_lacks_at_start(monkeypatch):
+    monkeypatch.setattr(devices, "cuda_devices", lambda: 0)
+    for env, message in (
+        ({"EMBEDRANK_DEVICE": "cuda"}, "needs a CUDA GPU, and this machine has none"),
+        ({"EMBEDRANK_DEVICE": "gpu"}, "device must be"),
+    ):
+        with pytest.raises(SettingsError, match=message) as refused:
+            Settings.from_env(env)
+        assert "EMBEDRANK_DEVICE" in str(refused.value)  # names the setting
+    settings = Settings.from_env({"EMBEDRANK_DEVICE": "auto"})
+    assert {m.device for m in settings.models} == {"auto"}
+
+
+def test_the_pool_records_where_each_model_runs(two_gpus, monkeypatch):
+    monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
+    path = tiny_model("bert")
+    pool = ModelPool(
+        (
+            ModelEntry(id="gpu", path=path, device="auto"),
+            ModelEntry(id="cpu", path=path),
+            ModelEntry(id="second", path=path, device="cuda:1"),
+        )
+    )
+    placed = {i: (m.device, m.backend, m.precision) for i, m in pool.models.items()}
+    assert placed == {
+        "gpu": ("cuda:0", "torch", "fp32"),
+        "cpu": ("cpu", "openvino", "fp32"),
+        "second": ("cuda:1", "torch", "fp32"),
+    }
+    with pytest.raises(ConfigurationError, match=r"model 'half' on cuda:0: backend 'torch' runs precision fp32"):
+        ModelPool((ModelEntry(id="half", path=path, device="cuda", precision="bf16"),))
+    with pytest.raises(ConfigurationError, match=r"model 'far': device 'cuda:7': this machine has 2 CUDA devices"):
+        ModelPool((ModelEntry(id="far", path=path, device="cuda:7"),))
