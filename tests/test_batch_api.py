@@ -273,3 +273,32 @@ def test_direct_requests_use_the_cache_when_configured_and_none_without_one(tmp_
         with TestClient(create_app(settings, wait_for_models=True)) as client:
             answers = [direct(client, KEYS[0], url, body)[1]["data"] for url in ("/v1/embeddings", "/v1/embeddings")]
             assert answers[0] == answers[1] and cache_lookups(client) == expected
+
+
+def test_an_unreachable_batch_database_answers_503_with_retry_after_never_500(tmp_path):
+    from embedrank.testing.launch import free_port
+
+    settings = Settings(
+        api_keys=KEYS,
+        models=MODELS,
+        tune_malloc=False,
+        batch_dir=str(tmp_path / "batches"),
+        batch_database=f"postgresql://postgres@127.0.0.1:{free_port()}/nothing",  # nothing listens there
+    )
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    with TestClient(create_app(settings, wait_for_models=True)) as client:
+        for method, path, kwargs in (
+            (
+                "post",
+                "/v1/files",
+                {"files": {"file": ("in.jsonl", jsonl([embed_line(0)]))}, "data": {"purpose": "batch"}},
+            ),
+            ("get", "/v1/files", {}),
+            ("get", "/v1/batches/batch_x", {}),
+        ):
+            resp = getattr(client, method)(path, headers=auth, **kwargs)
+            assert resp.status_code == 503 and resp.headers["retry-after"] == "5", resp.text
+            assert resp.json()["error"]["code"] == "batch_database_unavailable"
+            assert "127.0.0.1" not in resp.text  # the server's address stays in the log
+        assert client.get("/metrics", headers=auth).status_code == 200
+        assert direct(client, KEYS[0], "/v1/embeddings", {"model": "enc", "input": "still served"})[0] == 200
