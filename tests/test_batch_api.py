@@ -4,10 +4,13 @@ another key sees nothing; the limits refuse before any work."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -31,16 +34,18 @@ def embed_line(i: int, **body: Any) -> dict[str, Any]:
     return {"custom_id": f"e-{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
 
 
+@contextlib.contextmanager
+def running_app(folder: Path, **settings: Any) -> Iterator[TestClient]:
+    """The app on the fake models, its batches in ``folder``; ``settings`` change the rest."""
+    config = Settings(api_keys=KEYS, models=MODELS, tune_malloc=False, batch_dir=str(folder), **settings)
+    with TestClient(create_app(config, wait_for_models=True)) as client:
+        yield client
+
+
 @pytest.fixture
 def app_client(tmp_path):
-    settings = Settings(
-        api_keys=KEYS,
-        models=MODELS,
-        tune_malloc=False,
-        batch_dir=str(tmp_path / "batches"),
-        limits=Limits(max_file_bytes=200_000, max_batch_lines=500, max_batches_in_flight=3),
-    )
-    with TestClient(create_app(settings, wait_for_models=True)) as client:
+    limits = Limits(max_file_bytes=200_000, max_batch_lines=500, max_batches_in_flight=3)
+    with running_app(tmp_path / "batches", limits=limits) as client:
         yield client
 
 
@@ -262,15 +267,11 @@ def test_a_batch_run_again_with_5_percent_changed_computes_only_those(app_client
 def test_direct_requests_use_the_cache_when_configured_and_none_without_one(tmp_path):
     body = {"model": "enc", "input": TEXTS}
     for direct_too, expected in ((True, {"hit": 5.0, "miss": 5.0}), (False, {})):
-        settings = Settings(
-            api_keys=KEYS,
-            models=MODELS,
-            tune_malloc=False,
-            batch_dir=str(tmp_path / f"batches-{direct_too}"),
+        with running_app(
+            tmp_path / f"batches-{direct_too}",
             embedding_cache_direct=direct_too,
             embedding_cache_bytes=1 << 20 if direct_too else 0,
-        )
-        with TestClient(create_app(settings, wait_for_models=True)) as client:
+        ) as client:
             answers = [direct(client, KEYS[0], url, body)[1]["data"] for url in ("/v1/embeddings", "/v1/embeddings")]
             assert answers[0] == answers[1] and cache_lookups(client) == expected
 
@@ -278,15 +279,9 @@ def test_direct_requests_use_the_cache_when_configured_and_none_without_one(tmp_
 def test_an_unreachable_batch_database_answers_503_with_retry_after_never_500(tmp_path):
     from embedrank.testing.launch import free_port
 
-    settings = Settings(
-        api_keys=KEYS,
-        models=MODELS,
-        tune_malloc=False,
-        batch_dir=str(tmp_path / "batches"),
-        batch_database=f"postgresql://postgres@127.0.0.1:{free_port()}/nothing",  # nothing listens there
-    )
     auth = {"Authorization": f"Bearer {KEYS[0]}"}
-    with TestClient(create_app(settings, wait_for_models=True)) as client:
+    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"  # nothing listens there
+    with running_app(tmp_path / "batches", batch_database=nowhere) as client:
         for method, path, kwargs in (
             (
                 "post",
