@@ -127,16 +127,16 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     precision: Annotated[
         str | None,
         Meta(
-            description="the precision of every model whose entry names none: `fp32`, `bf16`, `int8` or `auto` "
-            "(unset: `fp32`)"
+            description="the precision of every model whose entry names none: `fp32`, `bf16`, `fp16` (torch on a "
+            "GPU), `int8` or `auto` (unset: `fp32`; on a GPU, half precision)"
         ),
     ] = None
     device: Annotated[
         str | None,
         Meta(
             description="where every model whose entry names none runs: `cpu`, `cuda`, `cuda:<index>` or `auto` "
-            "(a GPU where there is one; unset: `cpu`); on a GPU a model runs on torch in fp32 unless its backend "
-            "and precision are named"
+            "(a GPU where there is one; unset: `cpu`); on a GPU a model runs on torch in fp16 (bf16 if saved in "
+            "bfloat16) unless its backend and precision are named"
         ),
     ] = None
     trust_remote_code: Annotated[

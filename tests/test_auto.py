@@ -21,7 +21,7 @@ from embedrank.testing.tiny import tiny_model
 def test_auto_is_a_setting_of_either_name_and_nothing_else_is_new():
     assert check_backend("auto", "auto") == ("auto", "auto")
     assert check_backend("onnx", "auto") == ("onnx", "auto")
-    with pytest.raises(InvalidInputError, match="choose fp32, bf16, int8 or auto"):
+    with pytest.raises(InvalidInputError, match="choose fp32, bf16, fp16, int8 or auto"):
         check_backend("auto", "int4")
     with pytest.raises(InvalidInputError, match="'auto'"):
         check_backend("fastest")

@@ -43,13 +43,14 @@ def test_with_gpus_auto_takes_the_first_and_an_index_past_them_is_refused(two_gp
         resolve_device("cuda:2")
 
 
-def test_a_gpu_runs_the_model_on_torch_unless_the_backend_is_named(two_gpus, monkeypatch):
+def test_a_gpu_runs_the_model_on_torch_in_half_precision_unless_named(two_gpus, monkeypatch):
     monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
     assert runs_on("cpu", None, None) == ("cpu", None, None)
-    assert runs_on("auto", None, None) == ("cuda:0", "torch", "fp32")
-    assert runs_on("cuda:1", "auto", "auto") == ("cuda:1", "torch", "fp32")
-    assert runs_on("cuda", "torch", "bf16") == ("cuda:0", "torch", "bf16")
-    assert runs_on("cuda", "openvino", None) == ("cuda:0", "openvino", "fp32")  # named: refused at load, below
+    monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
+    assert runs_on("auto", None, None) == ("cuda:0", "torch", "fp16")  # half precision unless named
+    assert runs_on("cuda:1", "auto", "auto") == ("cuda:1", "torch", "fp16")
+    assert runs_on("cuda", "torch", "fp32") == ("cuda:0", "torch", "fp32")
+    assert runs_on("cuda", "openvino", None) == ("cuda:0", "openvino", None)  # named: refused at load, below
     assert runs_on("auto", None, None, static=True) == ("cpu", None, None)  # a lookup per token stays on the CPU
     with pytest.raises(InvalidInputError, match=r"a static model .* runs on the CPU"):
         runs_on("cuda", None, None, static=True)
@@ -84,6 +85,7 @@ def test_the_service_refuses_a_device_the_machine_lacks_at_start(monkeypatch):
 
 def test_the_pool_records_where_each_model_runs(two_gpus, monkeypatch):
     monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
+    monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
     path = tiny_model("bert")
     pool = ModelPool(
         (
@@ -94,11 +96,11 @@ def test_the_pool_records_where_each_model_runs(two_gpus, monkeypatch):
     )
     placed = {i: (m.device, m.backend, m.precision) for i, m in pool.models.items()}
     assert placed == {
-        "gpu": ("cuda:0", "torch", "fp32"),
+        "gpu": ("cuda:0", "torch", "fp16"),
         "cpu": ("cpu", "openvino", "fp32"),
-        "second": ("cuda:1", "torch", "fp32"),
+        "second": ("cuda:1", "torch", "fp16"),
     }
-    with pytest.raises(ConfigurationError, match=r"model 'half' on cuda:0: backend 'torch' runs precision fp32"):
-        ModelPool((ModelEntry(id="half", path=path, device="cuda", precision="bf16"),))
+    with pytest.raises(ConfigurationError, match=r"model 'int8' on cuda:0: backend 'torch' runs precision fp32"):
+        ModelPool((ModelEntry(id="int8", path=path, device="cuda", precision="int8"),))
     with pytest.raises(ConfigurationError, match=r"model 'far': device 'cuda:7': this machine has 2 CUDA devices"):
         ModelPool((ModelEntry(id="far", path=path, device="cuda:7"),))

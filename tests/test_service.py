@@ -697,9 +697,9 @@ def test_engine_serves_a_lower_priority_value_first():
 def test_backend_and_precision_per_model_from_env_and_toml(tmp_path):
     env = {
         "EMBEDRANK_MODELS": "a=sentence-transformers/all-MiniLM-L6-v2@openvino:int8,b=all-MiniLM-L6-v2@torch,c",
-        "EMBEDRANK_PRECISION": "bf16",
+        "EMBEDRANK_PRECISION": "int8",
     }
-    with pytest.raises(SettingsError, match=r"model 'b': backend 'torch' runs precision fp32; got 'bf16'"):
+    with pytest.raises(SettingsError, match=r"model 'b': backend 'torch' runs precision fp32, bf16, fp16; got 'int8'"):
         Settings.from_env(env)
     ok = Settings.from_env({**env, "EMBEDRANK_PRECISION": ""})
     got = [(m.id, m.path, m.backend, m.precision) for m in ok.models]

@@ -146,7 +146,7 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
                 + ("" if spec.kind == "sparse" else ", or rerank with it through BiEncoderScorer")
             )
         max_len = max_seq_length or spec.max_seq_length
-        device, backend, precision = runs_on(device, backend, precision)
+        device, backend, precision = runs_on(device, backend, precision, spec=spec)
         tokenizer, model = load_transformer(
             spec,
             "yes-no" if spec.scoring == "yes-no" else "classifier",

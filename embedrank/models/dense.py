@@ -37,7 +37,8 @@ class DenseLayer:
     activation: str
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return ACTIVATIONS[self.activation](torch.nn.functional.linear(x, self.weight.to(x.dtype), self.bias))
+        bias = self.bias.to(x.device, x.dtype) if self.bias is not None else None  # no-ops on the CPU in fp32
+        return ACTIVATIONS[self.activation](torch.nn.functional.linear(x, self.weight.to(x.device, x.dtype), bias))
 
 
 def activation_name(config: dict, where: str) -> str:

@@ -121,7 +121,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
                 f"{loader}.from_pretrained"
             )
         max_len = max_seq_length or spec.max_seq_length
-        device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None)
+        device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None, spec=spec)
         if (
             in_router or spec.branches
         ) and spec.static:  # a Router's static branch runs in torch, whatever runs the other branches
@@ -244,9 +244,8 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
 
         Returns float32 numpy ``(B, D)``.
         """
-        pooled = apply_dense(
-            pool(token_embeddings, attention_mask.to(token_embeddings.device), self.pooling), self.dense
-        )
+        states = token_embeddings.float()  # pooled in fp32 whatever the runtime computes in (bf16, fp16)
+        pooled = apply_dense(pool(states, attention_mask.to(states.device), self.pooling), self.dense)
         vectors = pooled.float().cpu().numpy()  # (B, D)
         do_norm = self.normalize if normalize is None else normalize
         if do_norm:

@@ -100,8 +100,8 @@ class M3Encoder(OverEncoder):
 
     def __init__(self, encoder: Encoder, sparse_linear: torch.nn.Linear, colbert_linear: torch.nn.Linear) -> None:
         self.encoder = encoder
-        self.sparse_linear = sparse_linear
-        self.colbert_linear = colbert_linear
+        self.sparse_linear = sparse_linear.to(encoder.device)  # beside the token states
+        self.colbert_linear = colbert_linear.to(encoder.device)
         tok = encoder.tokenizer
         self.dropped = sorted(
             {i for i in (tok.cls_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id) if i is not None}

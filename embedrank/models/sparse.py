@@ -144,7 +144,7 @@ class SparseEncoder(TokenizesText, Branched):
                 "(a sentence-transformers sparse layout, or a *ForMaskedLM checkpoint)"
             )
         _sparse_layout(Path(spec.path))  # refuses sparse modules other than SPLADE's
-        device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None)
+        device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None, spec=spec)
         if spec.static is not None:  # a weight per vocabulary entry, no transformer
             from safetensors.torch import load_file
 

@@ -40,14 +40,14 @@ from embedrank.errors import InvalidInputError
 from embedrank.runtime import packed
 
 Backend = Literal["torch", "openvino", "onnx"]
-Precision = Literal["fp32", "bf16", "int8"]
+Precision = Literal["fp32", "bf16", "fp16", "int8"]
 # token embeddings (B, T, H), logits (B, L), or a causal LM's answer logit (B, 1): "yes" minus "no" at the
 # last position (runtime.converters.YesNoLogit)
 # "splade": a masked LM pooled by SPLADE inside the graph, (B, V) out
 Head = Literal["encoder", "classifier", "yes-no", "splade"]
 
 PRECISIONS: dict[str, tuple[str, ...]] = {
-    "torch": ("fp32",),
+    "torch": ("fp32", "bf16", "fp16"),  # fp16 on a GPU only (runtime.exports.load_transformer)
     "openvino": ("fp32", "bf16", "int8"),
     "onnx": ("fp32", "int8"),
 }
@@ -57,7 +57,17 @@ PRECISION_ENV = "EMBEDRANK_PRECISION"
 # names another. ``torch`` is one setting away.
 DEFAULT_BACKEND: Backend = "openvino"
 DEFAULT_PRECISION: Precision = "fp32"
-_PRECISION_ALIASES = {"float32": "fp32", "f32": "fp32", "bfloat16": "bf16", "qint8": "int8"}
+_PRECISION_ALIASES = {
+    "float32": "fp32",
+    "f32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "f16": "fp16",
+    "qint8": "int8",
+}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The torch dtype the torch backend computes in, by precision."""
 # either setting may be "auto": the fastest runtime within the quality bound, measured (runtime.auto)
 AUTO = "auto"
 
@@ -74,7 +84,7 @@ def check_backend(backend: str | None = None, precision: str | None = None) -> t
     >>> check_backend("torch", "int8")
     Traceback (most recent call last):
     ...
-    embedrank.errors.InvalidInputError: backend 'torch' runs precision fp32; got 'int8' (openvino runs fp32, bf16, int8; onnx runs fp32, int8)
+    embedrank.errors.InvalidInputError: backend 'torch' runs precision fp32, bf16, fp16; got 'int8' (openvino runs fp32, bf16, int8; onnx runs fp32, int8)
     """
     name = (backend or os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND).strip().lower()
     if name not in PRECISIONS and name != AUTO:
@@ -83,7 +93,7 @@ def check_backend(backend: str | None = None, precision: str | None = None) -> t
     prec = (precision or os.environ.get(PRECISION_ENV) or DEFAULT_PRECISION).strip().lower()
     prec = _PRECISION_ALIASES.get(prec, prec)
     if name == AUTO and prec not in {p for ps in PRECISIONS.values() for p in ps} | {AUTO}:
-        raise InvalidInputError(f"unknown precision {prec!r}; choose fp32, bf16, int8 or auto", param="precision")
+        raise InvalidInputError(f"unknown precision {prec!r}; choose fp32, bf16, fp16, int8 or auto", param="precision")
     if name != AUTO and prec != AUTO and prec not in PRECISIONS[name]:
         others = "; ".join(f"{b} runs {', '.join(p)}" for b, p in PRECISIONS.items() if b != name and len(p) > 1)
         raise InvalidInputError(
@@ -123,6 +133,7 @@ class TorchRuntime:
         self.inference_precision = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}.get(
             dtype, str(dtype)
         )
+        self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")  # type: ignore[assignment]
 
     @torch.inference_mode()
     def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:

@@ -49,6 +49,7 @@ from embedrank.runtime.backends import (
     AUTO,
     BACKEND_ENV,
     PRECISION_ENV,
+    TORCH_DTYPES,
     Backend,
     Head,
     Precision,
@@ -127,11 +128,17 @@ def export_dir(spec: ModelSpec, backend: Backend, precision: Precision, key: str
 
 
 def runs_on(
-    device: str | None, backend: str | None, precision: str | None, *, static: bool = False
+    device: str | None,
+    backend: str | None,
+    precision: str | None,
+    *,
+    static: bool = False,
+    spec: ModelSpec | None = None,
 ) -> tuple[str, str | None, str | None]:
     """``(device, backend, precision)`` as a model is loaded with them: the device resolved on this machine
     (:func:`~embedrank.runtime.devices.resolve_device`; ``"auto"`` is the CPU for a static model, a lookup
-    per token), and on a GPU the torch backend in fp32 unless they are named.
+    per token), and on a GPU the torch backend in half precision (:func:`gpu_precision` of ``spec``) unless
+    they are named (arguments, or ``$EMBEDRANK_BACKEND`` / ``$EMBEDRANK_PRECISION``).
 
     Raises:
         InvalidInputError: a device this machine lacks, or a GPU for a static model.
@@ -146,8 +153,22 @@ def runs_on(
             f"a static model (a vector per token, no transformer) runs on the CPU; device {device!r} does not apply",
             param="device",
         )
-    named = backend not in (None, AUTO) or bool(os.environ.get(BACKEND_ENV))
-    return resolved, backend if named else "torch", precision if precision not in (None, AUTO) else "fp32"
+    if backend not in (None, AUTO) or os.environ.get(BACKEND_ENV):
+        return resolved, backend, precision  # named: one that runs on the CPU only is refused at load
+    if precision in (None, AUTO) and not os.environ.get(PRECISION_ENV):
+        precision = gpu_precision(spec) if spec is not None else "fp16"
+    return resolved, "torch", precision
+
+
+def gpu_precision(spec: ModelSpec) -> str:
+    """The precision a model computes in on a GPU unless one is named: ``bf16`` for a model saved in
+    bfloat16 (its ``config.json`` says so: trained in it, it may overflow fp16's range), else ``fp16``."""
+    try:
+        config = json.loads((Path(spec.path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "fp16"
+    saved = str(config.get("torch_dtype") or config.get("dtype") or "")
+    return "bf16" if "bfloat16" in saved else "fp16"
 
 
 def load_transformer(
@@ -188,9 +209,12 @@ def load_transformer(
     if wrap_tokenizer is not None:
         tokenizer = wrap_tokenizer(tokenizer)
     if backend_name == "torch" and prec != AUTO:
-        return tokenizer, converters.load_torch(
-            spec, head, tokenizer, **({"dtype": torch_dtype} if torch_dtype else {})
-        )
+        if prec == "fp16" and device == "cpu":
+            raise InvalidInputError(
+                "precision fp16 runs on a GPU; on the CPU the torch backend runs fp32 or bf16", param="precision"
+            )
+        dtype = torch_dtype or (TORCH_DTYPES[prec] if prec != "fp32" else None)
+        return tokenizer, converters.load_torch(spec, head, tokenizer, **({"dtype": dtype} if dtype else {}))
     if device != "cpu" or torch_dtype is not None:
         raise InvalidInputError(
             f"backend {backend_name!r} runs on the CPU in its own precision; device and torch_dtype "

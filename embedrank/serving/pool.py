@@ -58,7 +58,7 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         str | None, Meta(description="`openvino`, `torch`, `onnx` or `auto` (default: the top-level `backend`)")
     ] = None
     precision: Annotated[
-        str | None, Meta(description="`fp32`, `bf16`, `int8` or `auto` (default: the top-level `precision`)")
+        str | None, Meta(description="`fp32`, `bf16`, `fp16`, `int8` or `auto` (default: the top-level `precision`)")
     ] = None
     device: Annotated[
         str | None,
@@ -152,7 +152,7 @@ class ModelPool:
         if built is None:
             try:  # on a GPU: torch in fp32 unless named
                 device, asked_backend, asked_precision = runs_on(
-                    entry.device, entry.backend, entry.precision, static=spec.static is not None
+                    entry.device, entry.backend, entry.precision, static=spec.static is not None, spec=spec
                 )
             except InvalidInputError as exc:
                 raise ConfigurationError(f"model {entry.id!r}: {exc}") from None
