@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner", choices=["local", "ray"], default="local", help="where the encoding runs")
     p.add_argument("--shard-size", type=int, default=10_000, help="documents per parquet shard (default: 10000)")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the local runner encodes: cpu (default), cuda, cuda:<index>, or auto (a GPU where there is one)",
+    )
     ray = p.add_argument_group("ray runner")
     ray.add_argument("--address", help="Ray cluster address ('auto': the cluster this machine belongs to)")
     ray.add_argument("--concurrency", type=int, help="encoder actors (default: one per CPU the cluster has free)")
@@ -40,12 +45,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from pathlib import Path
 
-    from embedrank.errors import EmbedrankError
+    from embedrank.errors import EmbedrankError, InvalidInputError
     from embedrank.retrieval.data import resolve_dataset
 
     try:
         source = Path(args.collection)
         corpus = source if source.is_file() else resolve_dataset(args.collection, args.data_dir)
+        if args.runner == "ray" and args.device != "cpu":
+            raise InvalidInputError(
+                "--device applies to the local runner; Ray's actors encode on the CPU", param="device"
+            )
         if args.runner == "ray":
             from embedrank.retrieval.embed_ray import embed_collection_ray
 
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             from embedrank.retrieval.embed_job import embed_collection
 
             result = embed_collection(
-                Encoder.from_pretrained(args.model),
+                Encoder.from_pretrained(args.model, device=args.device),
                 corpus,
                 args.output,
                 shard_size=args.shard_size,

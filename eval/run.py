@@ -154,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and auto systems are named with ~bf16 / ~int8 / ~auto",
     )
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the models run: cpu (default), cuda, cuda:<index>, or auto (a GPU where there is one; on a "
+        "GPU, torch in fp16 unless --backend/--precision say otherwise)",
+    )
+    p.add_argument(
         "--embeddings",
         metavar="DIR",
         help="prebuilt corpus vectors (python -m embedrank.embed ... --output DIR) or a saved index (e.g. a sharded "
@@ -422,6 +428,7 @@ def base_config(args, query_ids: tuple[str, ...] | None = None):
     return BenchmarkConfig(
         backend=args.backend,
         precision=args.precision,
+        device=args.device,
         rerank_max_seq_length=args.rerank_max_seq_length,
         chunking=Chunking(overlap=args.chunk_overlap, aggregate=args.chunk_aggregation) if args.chunk else None,
         k_retrieve=args.k_retrieve,

@@ -104,3 +104,25 @@ def test_the_pool_records_where_each_model_runs(two_gpus, monkeypatch):
         ModelPool((ModelEntry(id="int8", path=path, device="cuda", precision="int8"),))
     with pytest.raises(ConfigurationError, match=r"model 'far': device 'cuda:7': this machine has 2 CUDA devices"):
         ModelPool((ModelEntry(id="far", path=path, device="cuda:7"),))
+
+
+def test_the_command_lines_take_a_device_and_refuse_one_the_machine_lacks(tmp_path, capsys, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from embedrank.embed import main as embed
+
+    monkeypatch.setattr(devices, "cuda_devices", lambda: 0)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": "d1", "title": "", "text": "green tea"}\n')
+    assert embed([str(corpus), "--output", str(tmp_path / "out"), "--device", "cuda"]) == 2
+    assert "needs a CUDA GPU, and this machine has none" in capsys.readouterr().err
+    assert embed([str(corpus), "--output", str(tmp_path / "out"), "--runner", "ray", "--device", "auto"]) == 2
+    assert "--device applies to the local runner" in capsys.readouterr().err
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "eval"))
+    sys.modules.pop("run", None)
+    from run import main as evaluate
+
+    assert evaluate(["adi", "--retriever", "dense", "--device", "cuda:1", "--no-cache"]) == 2
+    assert "device 'cuda:1' needs a CUDA GPU" in capsys.readouterr().err

@@ -93,9 +93,13 @@ class BenchmarkResult:
 
 @functools.lru_cache(maxsize=4)
 def cached_reranker(
-    model_id: str, max_seq_length: int | None = None, backend: str | None = None, precision: str | None = None
+    model_id: str,
+    max_seq_length: int | None = None,
+    backend: str | None = None,
+    precision: str | None = None,
+    device: str = "cpu",
 ):
-    return load_reranker(model_id, max_seq_length=max_seq_length, backend=backend, precision=precision)
+    return load_reranker(model_id, max_seq_length=max_seq_length, backend=backend, precision=precision, device=device)
 
 
 FUSABLE = ("bm25", "dense", "splade")  # the first stages that hybrid:a+b(+c) and the -cv fusions fuse
@@ -196,7 +200,9 @@ def run_benchmark(
     else:
         raise ValueError(f"unknown retriever {cfg.retriever!r}")
     reranker = (
-        cached_reranker(cfg.reranker, cfg.rerank_max_seq_length, cfg.backend, cfg.precision) if cfg.reranker else None
+        cached_reranker(cfg.reranker, cfg.rerank_max_seq_length, cfg.backend, cfg.precision, cfg.device)
+        if cfg.reranker
+        else None
     )
     if reranker is not None:
         reranker = reranker.with_chunking(cfg.chunking)

@@ -31,6 +31,7 @@ class BenchmarkConfig:
     reranker: str | None = None
     backend: str | None = None  # what runs both models (embedrank.runtime.backends); None: the default
     precision: str | None = None  # fp32, bf16, int8; None: the default (fp32)
+    device: str = "cpu"  # where both models run: cpu, cuda, cuda:<index>, auto (embedrank.runtime.devices)
     rerank_max_seq_length: int | None = None  # the reranker's window (default: the model's)
     chunking: Chunking | None = None  # None: the reranker truncates long documents
     k_retrieve: int = 100

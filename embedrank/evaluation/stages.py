@@ -24,8 +24,10 @@ __all__ = ["bm25_stage", "cached_encoder", "dense_stage", "splade_stage"]
 
 
 @functools.lru_cache(maxsize=4)  # several runs of one command share a model
-def cached_encoder(model_id: str, backend: str | None = None, precision: str | None = None) -> Encoder:
-    return Encoder.from_pretrained(model_id, backend=backend, precision=precision)
+def cached_encoder(
+    model_id: str, backend: str | None = None, precision: str | None = None, device: str = "cpu"
+) -> Encoder:
+    return Encoder.from_pretrained(model_id, backend=backend, precision=precision, device=device)
 
 
 def bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
@@ -40,16 +42,17 @@ def bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> First
     return BM25Retriever.from_corpus(ds.corpus)
 
 
-_SPLADE: dict[tuple[str, str, str | None, bool, int | None], SparseRetriever] = {}  # a corpus encoded once per setting
+# a corpus encoded once per (model, collection, backend, device, windows, window length)
+_SPLADE: dict[tuple[str, str, str | None, str, bool, int | None], SparseRetriever] = {}
 
 
 def splade_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
     """SPLADE over the collection (the corpus is encoded once per process and model)."""
-    key = (cfg.sparse_model, str(ds.path), cfg.backend, cfg.sparse_windows, cfg.sparse_max_seq_length)
+    key = (cfg.sparse_model, str(ds.path), cfg.backend, cfg.device, cfg.sparse_windows, cfg.sparse_max_seq_length)
     if key not in _SPLADE:
         named = cfg.backend if cfg.backend not in (None, "auto") else None  # fp32 on the named backend
         encoder = SparseEncoder.from_pretrained(
-            cfg.sparse_model, backend=named, max_seq_length=cfg.sparse_max_seq_length
+            cfg.sparse_model, backend=named, max_seq_length=cfg.sparse_max_seq_length, device=cfg.device
         )
         chunking = Chunking() if cfg.sparse_windows else None
         _SPLADE[key] = SparseRetriever.from_corpus(encoder, ds.corpus, chunking=chunking)
@@ -68,7 +71,7 @@ def dense_stage(
     t0 = time.perf_counter()
     cache = EmbeddingCache(cfg.cache_dir) if cfg.use_cache else False
     index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
-    encoder = cached_encoder(cfg.model, cfg.backend, cfg.precision)
+    encoder = cached_encoder(cfg.model, cfg.backend, cfg.precision, cfg.device)
     retriever: DenseRetriever | WindowedDenseRetriever
     if cfg.embeddings and is_index_dir(cfg.embeddings):
         retriever = DenseRetriever.from_index(encoder, cfg.embeddings, corpus=ds.corpus, batch_size=cfg.batch_size)
