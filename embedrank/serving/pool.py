@@ -150,14 +150,14 @@ class ModelPool:
         )
         device, asked_backend, asked_precision = "cpu", entry.backend, entry.precision
         if built is None:
-            try:  # on a GPU: torch in fp32 unless named
+            try:  # on a GPU: torch in half precision unless named
                 device, asked_backend, asked_precision = runs_on(
                     entry.device, entry.backend, entry.precision, static=spec.static is not None, spec=spec
                 )
             except InvalidInputError as exc:
                 raise ConfigurationError(f"model {entry.id!r}: {exc}") from None
         if built is None and spec.kind == "sparse":  # SPLADE: torch unless named, in fp32
-            if (asked_precision or "fp32") not in ("fp32", "float32", "auto"):
+            if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):  # as named (on a GPU: torch's)
                 raise ConfigurationError(
                     f"model {entry.id!r} is a SPLADE model, which runs in fp32 only (torch, openvino or onnx); "
                     f"its entry (or EMBEDRANK_PRECISION) asks for {entry.precision}"
