@@ -5,6 +5,7 @@ before it runs), calls one adapter function, and shapes nothing but the response
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, get_args, get_type_hints
 
 from litestar import Request, Response, get, head, post
@@ -133,7 +134,8 @@ async def health_head(state: State) -> Response[None]:
     responses={401: ERRORS[401]},
 )
 async def metrics(state: State) -> bytes:
-    return service_of(state).metrics.render()
+    # in a worker thread: collectors read the batch database (over the network on PostgreSQL) and the cache file
+    return await asyncio.to_thread(service_of(state).metrics.render)
 
 
 @post(

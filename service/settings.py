@@ -101,6 +101,7 @@ DEFAULT_MODELS = DEFAULT_ENTRIES
 DRAIN_SECONDS = 30.0
 BODY_TIMEOUT_SECONDS = 30.0
 HEADER_TIMEOUT_SECONDS = 20.0
+BATCH_LEASE_SECONDS = 60.0
 EMBEDDING_CACHE_BYTES = 1 << 30  # 1 GiB: about 650,000 vectors of 384 floats
 Positive = Meta(ge=1)
 
@@ -295,7 +296,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             description="how long a claim on a batch's chunk of lines lasts unless renewed (a running chunk renews "
             "it every third of this): a replica that dies has its chunks run by another after this long",
         ),
-    ] = 60.0
+    ] = BATCH_LEASE_SECONDS
     batch_database: Annotated[
         str | None,
         Meta(
@@ -492,7 +493,7 @@ class Settings:
     token_ids: bool = True  # token-id input read as cl100k_base; False: refused
     batch_dir: str | None = None  # the Batch API's database and files; None: default_batch_dir()
     batch_database: str | None = None  # a postgresql:// URL; None: SQLite in batch_dir
-    batch_lease_seconds: float = 60.0  # a claim on a chunk lasts this long unless renewed
+    batch_lease_seconds: float = BATCH_LEASE_SECONDS  # a claim on a chunk lasts this long unless renewed
     embedding_cache_bytes: int = EMBEDDING_CACHE_BYTES  # 0: no embedding cache
     embedding_cache_dir: str | None = None  # None: the batch folder
     embedding_cache_direct: bool = False  # direct embedding requests use the cache too

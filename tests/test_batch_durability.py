@@ -161,8 +161,8 @@ def test_two_replicas_on_one_postgresql_finish_a_batch_one_killed_midway(servers
             assert time.monotonic() < deadline, "the replicas did not both take part"
             time.sleep(0.1)
         wait_until(second, batch_id, done=int(rng.uniform(0.3, 0.6) * n))
-        by_first = lines_recorded(first)
-        kill(first)
+        by_first, by_second = lines_recorded(first), lines_recorded(second)
+        kill(first)  # it may record a few more chunks between that count and its death: no exact sum holds
         batch = wait_until(second, batch_id)
         check_output(second, batch, n, f"seed {seed}")
-        assert lines_recorded(second) + by_first >= n and by_first > 0, (by_first, lines_recorded(second))
+        assert by_first > 0 and lines_recorded(second) > by_second, (by_first, by_second, lines_recorded(second))

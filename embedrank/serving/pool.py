@@ -201,11 +201,7 @@ class ModelPool:
             entry = served.entry
             model = self._built.get(model_id)
             if model is None:
-                model = served.load(
-                    backend=served.backend if served.device != "cpu" else entry.backend,
-                    precision=served.precision if served.device != "cpu" else entry.precision,
-                    calibration=entry.calibration,
-                )
+                model = served.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
             served.prepare(model, ranges=entry.ranges, label=model_id)
             loaded[model_id] = model
         return loaded

@@ -222,9 +222,9 @@ class AsyncEncoder(EncoderTokens):
         model's window loses its end (``truncation_side="right"``) or its start (``"left"``: it keeps its
         last tokens, the prompt stays first). ``budget``: the most tokens the request may hold after
         tokenizing and chunking (:class:`~embedrank.errors.RequestTooLargeError`, before anything is queued).
-        ``cached``: texts whose vectors :attr:`cache` holds are not computed again (every text is still
-        tokenized and checked, so a request answers and fails as it would uncached); chunked texts are
-        always computed."""
+        ``cached``: texts whose vectors :attr:`cache` holds are neither tokenized nor computed again (their
+        token counts and truncation come from the cache; a request that would fail runs uncached, so it
+        answers and fails as it would uncached); chunked texts are always computed."""
         check_dimensions(dimensions, self.dimension)
         norm = self.encoder.normalize if normalize is None else normalize
         if chunking is not None:

@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from embedrank.serving.pool import ModelPool
 from service.batches.database import DatabaseUnavailableError, PostgresDatabase
 from service.batches.store import ACTIVE, BatchStore, FileInUseError
-from service.batches.worker import BatchWorker
+from service.batches.worker import RETRY_SECONDS, BatchWorker
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
 from service.schemas import ErrorResponse
@@ -192,8 +192,10 @@ class BatchService:
                 store = await asyncio.to_thread(self.store)
                 break
             except Exception as exc:  # the server is not reachable (yet): the API answers 503 meanwhile
-                logger.warning("the Batch API's database is not reachable: %s; trying again in 5 s", exc)
-                await asyncio.sleep(5.0)
+                logger.warning(
+                    "the Batch API's database is not reachable: %s; trying again in %.0f s", exc, RETRY_SECONDS
+                )
+                await asyncio.sleep(RETRY_SECONDS)
         if not store.db.shared:  # one host on its own store: a claim left by a crash cannot be live
             await asyncio.to_thread(store.release_claims)
         self.worker = BatchWorker(
