@@ -19,7 +19,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-batch bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -92,6 +92,13 @@ bench-fairness: setup
 bench-batch: setup
 	$(RECORD) batch "Batch jobs: throughput, fairness to direct requests, the embedding cache" -- $(PY) eval/bench_batch.py
 	$(PY) eval/render_benchmarks.py
+
+bench-gpu: setup  ## on a machine with a CUDA GPU: parity, encode speed, forward rate, the service
+	$(RECORD) gpu "GPU: parity, encode speed, the forward pass's matrix rate, the service" -- $(PY) eval/bench_gpu.py --device cuda
+	$(PY) eval/render_benchmarks.py
+
+gpu-bundle: setup  ## what a GPU machine with only PyTorch and sentence-transformers needs carried: build/gpu
+	$(PY) eval/bench_gpu.py --prepare build/gpu
 
 bench-load: setup
 	$(RECORD) load "Load: 64 clients, mixed requests" -- $(PY) eval/bench_load.py

@@ -81,7 +81,21 @@ from embedrank.retrieval.pipeline import (
 )
 from embedrank.types import Chunking, Corpus, ModelOutput, Qrels, Queries, Run
 
-__version__ = _metadata.version("embedrank")  # one source: pyproject.toml
+
+def _version() -> str:
+    """One source: pyproject.toml, as installed; from the checkout's own file when run from a checkout that
+    was not installed (a tree copied to another machine)."""
+    try:
+        return _metadata.version("embedrank")
+    except _metadata.PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as file:
+            return str(tomllib.load(file)["project"]["version"])
+
+
+__version__ = _version()
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",

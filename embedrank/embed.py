@@ -31,13 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--device",
         default="cpu",
-        help="where the local runner encodes: cpu (default), cuda, cuda:<index>, or auto (a GPU where there is one)",
+        help="where the encoding runs: cpu (default), cuda (Ray: one GPU per actor), cuda:<index> (local runner), "
+        "or auto (a GPU where there is one)",
     )
     ray = p.add_argument_group("ray runner")
     ray.add_argument("--address", help="Ray cluster address ('auto': the cluster this machine belongs to)")
-    ray.add_argument("--concurrency", type=int, help="encoder actors (default: one per CPU the cluster has free)")
     ray.add_argument(
-        "--num-cpus", type=float, help="CPUs per actor, also its torch threads (default: the free CPUs shared)"
+        "--concurrency", type=int, help="encoder actors (default: one per CPU the cluster has free; one per GPU)"
+    )
+    ray.add_argument(
+        "--num-cpus",
+        type=float,
+        help="CPUs per actor, also its torch threads (default: the free CPUs shared; 1 with GPUs)",
     )
     ray.add_argument("--read-cpus", type=float, default=0.25, help="CPUs per read/parse task (default: 0.25)")
     ray.add_argument("--rows-per-call", type=int, default=128, help="documents per actor call (default: 128)")
@@ -45,16 +50,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from pathlib import Path
 
-    from embedrank.errors import EmbedrankError, InvalidInputError
+    from embedrank.errors import EmbedrankError
     from embedrank.retrieval.data import resolve_dataset
 
     try:
         source = Path(args.collection)
         corpus = source if source.is_file() else resolve_dataset(args.collection, args.data_dir)
-        if args.runner == "ray" and args.device != "cpu":
-            raise InvalidInputError(
-                "--device applies to the local runner; Ray's actors encode on the CPU", param="device"
-            )
         if args.runner == "ray":
             from embedrank.retrieval.embed_ray import embed_collection_ray
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 num_cpus=args.num_cpus,
                 read_cpus=args.read_cpus,
                 address=args.address,
+                device=args.device,
             )
         else:
             from embedrank.models.encoder import Encoder

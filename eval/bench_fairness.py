@@ -127,7 +127,7 @@ async def post(client, route: str, body: dict) -> float:
     return time.perf_counter() - start
 
 
-def _client(base: str):
+def http_client(base: str):
     import httpx
 
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
@@ -135,13 +135,13 @@ def _client(base: str):
 
 
 async def alone(base: str, route: str, body: dict) -> float:
-    async with _client(base) as client:
+    async with http_client(base) as client:
         return await post(client, route, body)
 
 
 async def shared(base: str, route: str, body: dict, smalls: list[dict], interval: float) -> tuple[float, list[float]]:
     """The bulk request, and meanwhile one small request (``smalls`` in turn) every ``interval`` seconds."""
-    async with _client(base) as client:
+    async with http_client(base) as client:
         bulk = asyncio.ensure_future(post(client, route, body))
         small: list[asyncio.Future[float]] = []
         while not bulk.done():
@@ -152,7 +152,7 @@ async def shared(base: str, route: str, body: dict, smalls: list[dict], interval
 
 
 async def refused(base: str, route: str, body: dict) -> int:
-    async with _client(base) as client:
+    async with http_client(base) as client:
         return (await client.post(route, json=body)).status_code
 
 

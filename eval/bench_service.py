@@ -78,7 +78,13 @@ def cpu_seconds(pid: int | None) -> tuple[float, float]:
 
 
 async def drive(
-    base: str, texts: list[str], per_request: int, clients: int, requests: int, pid: int | None = None
+    base: str,
+    texts: list[str],
+    per_request: int,
+    clients: int,
+    requests: int,
+    pid: int | None = None,
+    model: str = MODEL,
 ) -> dict:
     """Closed-loop load: ``clients`` keep-alive connections, each sending its next request on reply.
 
@@ -91,7 +97,7 @@ async def drive(
     bodies = []
     for i in range(requests):
         batch = [texts[(i * per_request + j) % len(texts)] for j in range(per_request)]
-        payload = msgspec.json.encode({"model": MODEL, "input": batch})
+        payload = msgspec.json.encode({"model": model, "input": batch})
         head = (
             f"POST /v1/embeddings HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
@@ -195,24 +201,25 @@ def engine_totals(base: str) -> dict[str, float]:
     return totals
 
 
-def run_client(base: str, texts: list[str], per_request: int, clients: int, requests: int) -> dict:
+def run_client(base: str, texts: list[str], per_request: int, clients: int, requests: int, model: str = MODEL) -> dict:
     """Runs the load generator in a child process so it does not share the benchmark's interpreter (``base``
     from :func:`start_server` carries the server's process id, for its CPU use)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(_client_entry, (str(base), texts, per_request, clients, requests, getattr(base, "pid", None)))
+        pid = getattr(base, "pid", None)
+        return pool.apply(_client_entry, (str(base), texts, per_request, clients, requests, pid, model))
 
 
-def _client_entry(base, texts, per_request, clients, requests, pid):
+def _client_entry(base, texts, per_request, clients, requests, pid, model=MODEL):
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    return asyncio.run(drive(base, texts, per_request, clients, requests, pid))
+    return asyncio.run(drive(base, texts, per_request, clients, requests, pid, model))
 
 
 def main() -> None:

@@ -53,6 +53,23 @@ def machine() -> dict:
     }
 
 
+def gpu() -> dict | None:
+    """The first CUDA GPU torch sees (name, memory, count, CUDA version), or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "name": props.name,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "count": torch.cuda.device_count(),
+        "cuda": torch.version.cuda,
+    }
+
+
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -63,7 +80,15 @@ def versions() -> dict[str, str]:
 
 def commit() -> str:
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+        try:
+            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        except OSError:  # no git on this machine
+            return ""
+        return done.stdout.strip()
+
+    sent = REPO / "build" / "gpu" / "COMMIT"  # a tree sent to a machine without its git folder says its commit
+    if not git("rev-parse", "--git-dir") and sent.is_file():
+        return sent.read_text(encoding="utf-8").strip()
 
     head = git("rev-parse", "--short=12", "HEAD") or "unknown"
     return head + ("+uncommitted" if git("status", "--porcelain", "--untracked-files=no") else "")
@@ -100,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit(),
         "seconds": round(time.monotonic() - start, 1),
-        "machine": machine(),
+        "machine": {**machine(), **({"gpu": found} if (found := gpu()) else {})},
         "versions": versions(),
         "output": "".join(lines).rstrip() + "\n",
     }

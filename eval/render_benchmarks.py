@@ -33,6 +33,7 @@ ORDER = (
     "fairness",
     "fairness-avx2",
     "batch",
+    "gpu",
     "load",
     "embed-job",
     "index-memory",
@@ -188,7 +189,9 @@ def cpu_line(machine: dict) -> str:
         if limits
         else ""
     )
-    return f"{machine.get('cpu', 'unknown CPU')}, {machine.get('cores')} cores ({flags}){limited}"
+    gpu = machine.get("gpu")
+    on_gpu = f"; GPU: {gpu['name']}, {gpu['memory_gib']:g} GiB, CUDA {gpu['cuda']}" if gpu else ""
+    return f"{machine.get('cpu', 'unknown CPU')}, {machine.get('cores')} cores ({flags}){limited}{on_gpu}"
 
 
 def _provenance(r: dict) -> str:
@@ -300,6 +303,16 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 f"{float(ratio[1]):.0%}; {p99[1]}; {share[1]} of the first run",
                 "the same texts as 32-text requests (4 clients)",
             )
+    if name == "gpu":
+        found = {m[1]: m[2] for m in re.finditer(r"^(minilm-l6|bert-base)\s+passages\s+\S+\s+\S+\s+(\S+x)", out, re.M)}
+        share = _search(r"^goal service >= 80% .*: (\d+%)", out)
+        if found:
+            figure = ", ".join(f"{k} {v}" for k, v in found.items()) + (f"; service {share[1]}" if share else "")
+            return (
+                "GPU: encode speed on passages (fp16); the service at 64 clients x 16 passages",
+                figure,
+                "SentenceTransformer.encode in fp16; the same runtime in-process",
+            )
     if name == "index-memory":
         per = _search(r"holds ([\d.]+ B) per vector", out)
         ids = _search(r"Python list and dict: ([\d.]+ B)", out)
@@ -323,12 +336,12 @@ def render_summary(results: list[dict]) -> str:
         if row is not None:
             what, figure, against = row
             date = r["date"].split(" ")[0]
-            rows.append(
-                f"| {what} | {figure} | {against} | {r['machine'].get('cpu')}, {vector_isa(r['machine'])} | {date} |"
-            )
+            gpu = r["machine"].get("gpu")
+            where = gpu["name"] if gpu else f"{r['machine'].get('cpu')}, {vector_isa(r['machine'])}"
+            rows.append(f"| {what} | {figure} | {against} | {where} | {date} |")
     if not rows:
         return ""
-    head = "\n## Summary\n\n| what | figure | against | CPU | date |\n|---|---|---|---|---|\n"
+    head = "\n## Summary\n\n| what | figure | against | CPU or GPU | date |\n|---|---|---|---|---|\n"
     return head + "\n".join(rows) + "\n\nEach row is read from the record of the same name below.\n"
 
 
@@ -342,6 +355,11 @@ def render(results: list[dict]) -> str:
     parts = [INTRO, render_summary(results)]
     if not results:
         parts.append("\nNo results are recorded yet.\n")
+    if not any(r["name"] == "gpu" for r in results):
+        parts.append(
+            "\nNo figure on this page comes from a GPU: the GPU check (`python eval/bench_gpu.py`, "
+            "`make bench-gpu`) has not been recorded on one yet.\n"
+        )
     machines = sorted({cpu_line(r["machine"]) for r in results})
     if machines:
         parts.append("\n## Machines\n\n" + "\n".join(f"- {m}" for m in machines) + "\n")

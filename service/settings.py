@@ -37,7 +37,8 @@ from msgspec import Meta
 
 from embedrank.errors import ConfigurationError, InvalidInputError
 from embedrank.paths import CACHE_ENV, DATA_ENV
-from embedrank.serving.engine import EngineConfig
+from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, EngineConfig
+from embedrank.serving.hosting import GPU_BATCH_SIZE, GPU_MAX_BATCH_TOKENS
 from embedrank.serving.pool import DEFAULT_ENTRIES, ModelEntry, check_device, check_runtime
 from service.batches.database import is_postgres_url, redacted
 from service.validation_messages import reworded, split_at
@@ -222,12 +223,20 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "new request waits about as long on any CPU; 0: always `max_batch_tokens`",
         ),
     ] = _ENGINE.target_batch_seconds or 0.0
-    max_batch_tokens: Annotated[int, Positive, Meta(description="padded tokens per forward batch, at most")] = (
-        _ENGINE.max_batch_tokens
-    )
-    max_batch_size: Annotated[int, Positive, Meta(description="texts per forward batch, at most")] = (
-        _ENGINE.max_batch_size
-    )
+    max_batch_tokens: Annotated[
+        Annotated[int, Positive] | None,
+        Meta(
+            description=f"padded tokens per forward batch, at most (unset: {CPU_BATCH_TOKENS} on the CPU; on a GPU, "
+            f"what a quarter of its free memory holds for the model, at most {GPU_MAX_BATCH_TOKENS})"
+        ),
+    ] = None
+    max_batch_size: Annotated[
+        Annotated[int, Positive] | None,
+        Meta(
+            description=f"texts per forward batch, at most (unset: {CPU_BATCH_SIZE} on the CPU, {GPU_BATCH_SIZE} "
+            "on a GPU)"
+        ),
+    ] = None
     batch_wait_ms: Annotated[
         float,
         Meta(

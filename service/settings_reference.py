@@ -16,6 +16,8 @@ from service.settings import OTHER_ENVIRONMENT, ModelEntry, env_name, fields
 
 def _type_name(kind: Any) -> str:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is typing.Annotated:  # a constrained type (a positive integer): its words are the base type's
+        return _type_name(args[0])
     if kind is ModelEntry:
         return "model table"
     if origin is tuple:

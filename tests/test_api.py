@@ -56,9 +56,9 @@ LAYER_IMPORTS: dict[str, set[str]] = {
     "runtime": {"math", "texts", "registry"},  # what runs the transformer: torch, OpenVINO, ONNX Runtime
     "models": {"math", "texts", "registry", "runtime"},  # encoders, cross-encoders, scorers
     "testing": {"math", "texts", "registry", "runtime", "models"},  # fakes, seeded models, server launcher
-    "retrieval": {"math", "registry", "models"},
+    "retrieval": {"math", "registry", "runtime", "models"},
     "evaluation": {"math", "registry", "runtime", "models", "retrieval"},
-    "training": {"math", "registry", "models", "retrieval", "evaluation"},
+    "training": {"math", "registry", "runtime", "models", "retrieval", "evaluation"},
     "serving": {"math", "registry", "runtime", "models", "testing"},  # hosting, pools (fakes for fast tests), engines
     "embed": {"models", "retrieval"},  # python -m embedrank.embed
 }

@@ -119,8 +119,25 @@ def test_the_command_lines_take_a_device_and_refuse_one_the_machine_lacks(tmp_pa
     corpus.write_text('{"_id": "d1", "title": "", "text": "green tea"}\n')
     assert embed([str(corpus), "--output", str(tmp_path / "out"), "--device", "cuda"]) == 2
     assert "needs a CUDA GPU, and this machine has none" in capsys.readouterr().err
-    assert embed([str(corpus), "--output", str(tmp_path / "out"), "--runner", "ray", "--device", "auto"]) == 2
-    assert "--device applies to the local runner" in capsys.readouterr().err
+    assert embed([str(corpus), "--output", str(tmp_path / "out"), "--runner", "ray", "--device", "cuda:1"]) == 2
+    assert "on Ray, device is 'cpu', 'cuda' (one GPU per actor) or 'auto'" in capsys.readouterr().err
+
+    from embedrank.retrieval.embed_ray import gpu_plan
+
+    assert gpu_plan(8, 2, None) == (2, 1.0) and gpu_plan(2, None, 4) == (2, 4.0)
+    with pytest.raises(InvalidInputError, match="3 actors of one GPU each, but the cluster has 2 GPUs"):
+        gpu_plan(2, 3, None)
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "eval"))
+    sys.modules.pop("train", None)
+    from train import main as train
+
+    assert train(["adi", "--output", str(tmp_path / "trained"), "--device", "cuda"]) == 2
+    assert "device 'cuda' needs a CUDA GPU, and this machine has none" in capsys.readouterr().err
+    monkeypatch.setattr(devices, "cuda_devices", lambda: 2)
+    assert train(["adi", "--output", str(tmp_path / "trained"), "--device", "cuda:1"]) == 2
+    assert "run with CUDA_VISIBLE_DEVICES=1 and device 'cuda'" in capsys.readouterr().err
+    monkeypatch.setattr(devices, "cuda_devices", lambda: 0)
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "eval"))
     sys.modules.pop("run", None)
@@ -128,3 +145,68 @@ def test_the_command_lines_take_a_device_and_refuse_one_the_machine_lacks(tmp_pa
 
     assert evaluate(["adi", "--retriever", "dense", "--device", "cuda:1", "--no-cache"]) == 2
     assert "device 'cuda:1' needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_faiss_index_goes_to_a_gpu_only_with_a_gpu_build_of_faiss():
+    import numpy as np
+
+    from embedrank.retrieval.index import build_index
+
+    index = build_index(4, kind="flat")
+    index.add(["a", "b"], np.eye(2, 4, dtype=np.float32))
+    with pytest.raises(InvalidInputError, match=r"has no GPU support or sees no GPU: install a GPU build"):
+        index.to_device("cuda")
+    with pytest.raises(InvalidInputError, match="device must be 'cpu', 'cuda' or 'cuda:<index>'"):
+        index.to_device("tpu")
+    assert index.to_device("cpu").device == "cpu" and index.search(np.eye(1, 4, dtype=np.float32), 1)[1] == [["a"]]
+
+
+def test_texts_tokenized_ahead_give_what_texts_tokenized_in_turn_give(monkeypatch):
+    import numpy as np
+
+    from embedrank.errors import InputTooLongError
+    from embedrank.models import tokens
+
+    monkeypatch.setattr(tokens, "AHEAD_CHUNK", 7)  # several chunks, the next one tokenized while one runs
+    enc = Encoder.from_pretrained(tiny_model("bert"), backend="torch")
+    texts = [f"text number {i} " * (1 + i % 9) for i in range(40)]
+    rows = enc.text_tokens
+
+    def by_position(batches) -> dict[int, list[int]]:
+        found = {}
+        for positions, batch in batches:
+            for j, position in enumerate(positions):
+                found[position] = batch.features["input_ids"][j][batch.features["attention_mask"][j].bool()].tolist()
+        return found
+
+    ahead = by_position(rows.batches(texts, batch_size=4, ahead=True))
+    assert sorted(ahead) == list(range(40)) and ahead == by_position(rows.batches(texts, batch_size=4))
+    monkeypatch.setattr(type(enc), "on_gpu", property(lambda self: True))
+    assert np.allclose(enc.encode(texts), Encoder.from_pretrained(tiny_model("bert"), backend="torch").encode(texts))
+    long = [*texts[:30], "word " * 500]  # in the fifth chunk: named by its position in the whole input
+    with pytest.raises(InputTooLongError, match=r"texts\[30\]"):
+        list(rows.batches(long, batch_size=4, truncate=False, ahead=True))
+
+
+def test_a_model_on_a_gpu_batches_what_its_memory_holds_unless_told(monkeypatch):
+    import dataclasses
+
+    import torch
+
+    from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, EngineConfig
+    from embedrank.serving.hosting import GPU_BATCH_SIZE, GPU_WORKERS, engine_config_on
+
+    enc = Encoder.from_pretrained(tiny_model("bert"), backend="torch")
+    config = EngineConfig()
+    on_cpu = engine_config_on(config, enc, "cpu")
+    assert (on_cpu.max_batch_tokens, on_cpu.max_batch_size) == (CPU_BATCH_TOKENS, CPU_BATCH_SIZE)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 2**30, 80 * 2**30))
+    on_gpu = engine_config_on(config, enc, "cuda:0")
+    hidden = enc.model.config.hidden_size
+    per_token = 4 * (
+        8 * hidden + 2 * enc.model.config.intermediate_size + enc.model.config.num_attention_heads * enc.max_seq_length
+    )
+    assert on_gpu.max_batch_tokens == min(262_144, int(2**29 / per_token) // 1024 * 1024)
+    assert on_gpu.max_batch_size == GPU_BATCH_SIZE and on_gpu.workers == GPU_WORKERS and on_cpu.workers is None
+    told = engine_config_on(dataclasses.replace(config, max_batch_tokens=4096, max_batch_size=64), enc, "cuda:0")
+    assert (told.max_batch_tokens, told.max_batch_size) == (4096, 64)

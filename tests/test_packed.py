@@ -138,3 +138,17 @@ def test_little_padding_runs_the_models_own_forward(encoder, monkeypatch):
     mask[:, 20:] = 0  # half padding: the packed path runs, not the model's forward
     packed_forward(encoder.model, ids, mask)
     assert calls == [1]
+
+
+def test_the_runtime_finds_real_positions_on_the_host_and_packs_with_them(encoder, monkeypatch):
+    from embedrank.runtime import packed
+
+    seen = []
+    real = packed.real_positions
+    monkeypatch.setattr(packed, "real_positions", lambda mask: seen.append(mask.device.type) or real(mask))
+    batch = encoder.tokenize(TEXTS)
+    with torch.inference_mode():
+        ref = encoder.model(**batch.features).last_hidden_state
+    ours = encoder.runtime(batch.features)
+    mask = batch.features["attention_mask"].bool()
+    assert seen == ["cpu"] and (ours[mask] - ref[mask]).abs().max() < 1e-5

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import pandas as pd
-import pytrec_eval
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.ranking import ranked_ids
@@ -84,6 +83,8 @@ def evaluate_per_query(
         q: {d: float(s) for d, s in run.get(q, {}).items() if d != q} or {"__embedrank_empty__": 0.0} for q in qids
     }
     measures = {f"{pte}.{','.join(map(str, ks))}" for pte in _PTE.values()}
+    import pytrec_eval  # here, not at import: embedrank imports this module for every user, scoring or not
+
     evaluator = pytrec_eval.RelevanceEvaluator(
         {q: dict(qrels[q]) for q in qids}, measures, relevance_level=relevance_level
     )

@@ -13,6 +13,7 @@ import numpy as np
 
 PROGRESS_THRESHOLD = 1024  # inputs; above this, encode and score show a progress bar unless told otherwise
 TOKENIZE_CHUNK = 8192  # inputs tokenized at once before length-sorted batching
+AHEAD_CHUNK = 1024  # inputs per chunk when the next chunk is tokenized while this one computes (a GPU)
 
 
 class HasLength(Protocol):

@@ -263,7 +263,12 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         truncated = [False] * len(items)
         show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
         batches = self.text_tokens.batches(
-            [q for q, _ in items], [d for _, d in items], batch_size=batch_size, truncate=truncate, param="pairs"
+            [q for q, _ in items],
+            [d for _, d in items],
+            batch_size=batch_size,
+            truncate=truncate,
+            param="pairs",
+            ahead=self.on_gpu,
         )
         with tqdm(total=len(items), desc="Scoring", unit="pair", disable=not show) as bar:
             for positions, batch in batches:

@@ -330,7 +330,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         counts = [0] * len(items)
         truncated = [False] * len(items)
         show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
-        batches = self.text_tokens.batches(items, batch_size=batch_size, truncate=truncate)
+        batches = self.text_tokens.batches(items, batch_size=batch_size, truncate=truncate, ahead=self.on_gpu)
         with tqdm(total=len(items), desc="Encoding", unit="text", disable=not show) as bar:
             for positions, batch in batches:
                 out[positions] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions, skip=skip)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-from embedrank.models.batching import TOKENIZE_CHUNK, by_length
+from embedrank.models.batching import AHEAD_CHUNK, TOKENIZE_CHUNK, by_length
 from embedrank.models.checks import check_max_seq_length, check_truncation
 
 
@@ -338,22 +339,43 @@ class TextTokens:
         batch_size: int,
         truncate: bool = True,
         param: str = "texts",
+        ahead: bool = False,
     ) -> Iterator[tuple[list[int], Tokenized]]:
         """``texts`` (or pairs) tokenized a chunk at a time, once, in padded batches of the closest token lengths
         (:func:`~embedrank.models.batching.by_length`), with each batch's input positions.
+
+        ``ahead``: chunks of :data:`~embedrank.models.batching.AHEAD_CHUNK` inputs, the next one tokenized and
+        collated in a worker thread while the caller runs this one's batches (the tokenizer releases the GIL),
+        so a GPU's forward passes do not wait for the tokenizer.
 
         Raises:
             InputTooLongError: ``truncate=False`` and an input is longer than the window; the error names it
                 as ``param[i]`` with ``i`` its position in ``texts``.
         """
         texts, pairs = self._args(texts, pairs)
-        for start in range(0, len(texts), TOKENIZE_CHUNK):
-            end = start + TOKENIZE_CHUNK
+
+        def chunk(start: int, end: int) -> list[tuple[list[int], Tokenized]]:
             chunk_pairs = None if pairs is None else pairs[start:end]
             rows, cut = encode_rows(self.tokenizer, texts[start:end], chunk_pairs, max_length=self.max_length)
             check_truncation(cut, self.max_length, truncate, offset=start, param=param)
-            for idx in by_length([len(r["input_ids"]) for r in rows], batch_size):
-                yield [start + i for i in idx], collate(self.tokenizer, [rows[i] for i in idx], [cut[i] for i in idx])
+            return [
+                ([start + i for i in idx], collate(self.tokenizer, [rows[i] for i in idx], [cut[i] for i in idx]))
+                for idx in by_length([len(r["input_ids"]) for r in rows], batch_size)
+            ]
+
+        size = AHEAD_CHUNK if ahead else TOKENIZE_CHUNK
+        starts = range(0, len(texts), size)
+        if not ahead or len(starts) < 2:
+            for start in starts:
+                yield from chunk(start, start + size)
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="embedrank-tokenize") as pool:
+            coming = pool.submit(chunk, 0, size)
+            for start in starts:
+                batches = coming.result()
+                if start + size < len(texts):
+                    coming = pool.submit(chunk, start + size, start + 2 * size)
+                yield from batches
 
     def lengths(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[int]:
         """Untruncated token count of each text (or pair), special tokens included."""

@@ -126,12 +126,15 @@ def read_embeddings(directory: str | Path) -> tuple[list[str], np.ndarray]:
     return ids, vectors.astype(np.float32, copy=False)
 
 
-def job_spec(encoder: Encoder, corpus: Path, shard_size: int) -> dict[str, Any]:
+def job_spec(
+    encoder: Encoder, corpus: Path, shard_size: int, *, signature: EmbeddingSignature | None = None
+) -> dict[str, Any]:
     """What a job directory's shards depend on; a rerun must match it to reuse them (``job.json``): the
-    embedding signature (:class:`~embedrank.models.signature.EmbeddingSignature`), where the model's files
-    are, the shard size and the corpus."""
+    embedding signature (:class:`~embedrank.models.signature.EmbeddingSignature`; ``signature`` when the
+    vectors are computed elsewhere than ``encoder``, such as by GPU workers in half precision), where the
+    model's files are, the shard size and the corpus."""
     return {
-        "signature": EmbeddingSignature.of(encoder).to_dict(),
+        "signature": (signature or EmbeddingSignature.of(encoder)).to_dict(),
         "model_path": encoder.spec.path,
         "shard_size": shard_size,
         "corpus": str(corpus),

@@ -8,8 +8,8 @@ How it runs:
 - ``ray.data.read_text`` (BEIR ``corpus.jsonl``) or ``ray.data.read_parquet`` reads the corpus in blocks;
   a stateless task turns each block into ``(id, title + " " + text)`` and drops the documents whose shard an
   earlier run already wrote;
-- ``map_batches`` with an actor pool (``concurrency`` actors, ``num_cpus`` each, one model load per actor)
-  embeds them; order is preserved (``DataContext.execution_options.preserve_order``);
+- ``map_batches`` with an actor pool (``concurrency`` actors, ``num_cpus`` each, one model load per actor;
+  with ``device="cuda"``, one GPU each) embeds them; order is preserved (``DataContext.execution_options.preserve_order``);
 - the driver streams the embedded rows (``iter_batches``) into shards of ``shard_size`` and writes each one
   atomically as soon as it is full: the driver holds at most one shard.
 
@@ -24,6 +24,7 @@ Ray is the optional extra ``embedrank[ray]``; nothing else in embedrank imports 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ import numpy as np
 
 from embedrank.errors import EmbedrankError, InvalidInputError
 from embedrank.models.encoder import Encoder
+from embedrank.models.signature import EmbeddingSignature
 from embedrank.retrieval.data import doc_text
 from embedrank.retrieval.embed_job import (
     JobResult,
@@ -44,6 +46,7 @@ from embedrank.retrieval.embed_job import (
     write_manifest,
     write_shard,
 )
+from embedrank.runtime.exports import gpu_runtime
 
 BatchHook = Callable[[list[str]], None]
 
@@ -132,6 +135,40 @@ def _parse_records(batch: dict[str, np.ndarray], skip: frozenset[str]) -> dict[s
     return {"id": np.array([r[0] for r in rows], dtype=object), "text": np.array([r[1] for r in rows], dtype=object)}
 
 
+def gpu_plan(gpus: float, concurrency: int | None, num_cpus: float | None) -> tuple[int, float]:
+    """``(actors, CPUs per actor)`` for actors of one GPU each on a cluster with ``gpus`` GPUs: one actor per
+    GPU unless ``concurrency`` says fewer, 1 CPU each (tokenizing for its GPU) unless ``num_cpus`` says.
+
+    >>> gpu_plan(4, None, None)
+    (4, 1.0)
+    >>> gpu_plan(0, None, None)
+    Traceback (most recent call last):
+    ...
+    embedrank.errors.InvalidInputError: device 'cuda' gives each Ray actor one GPU, and this cluster has none
+    """
+    whole = int(gpus)
+    if whole < 1:
+        raise InvalidInputError("device 'cuda' gives each Ray actor one GPU, and this cluster has none", param="device")
+    if concurrency is not None and concurrency > whole:
+        raise InvalidInputError(
+            f"{concurrency} actors of one GPU each, but the cluster has {whole} GPU{'s' if whole > 1 else ''}: "
+            "lower concurrency, or leave it unset (one actor per GPU)",
+            param="concurrency",
+        )
+    return concurrency or whole, num_cpus or 1.0
+
+
+def gpu_signature(encoder: Encoder, options: dict[str, Any]) -> EmbeddingSignature:
+    """The signature of the vectors actors on GPUs compute: ``encoder``'s (loaded on the driver's CPU) in the
+    backend and precision a GPU runs the model with (:func:`~embedrank.runtime.exports.gpu_runtime`), so a
+    job is never resumed with vectors of another precision."""
+    backend, precision = gpu_runtime(options.get("backend"), options.get("precision"), encoder.spec)
+    signature = EmbeddingSignature.of(encoder)
+    if backend == "torch" and precision not in (None, "fp32"):
+        signature = dataclasses.replace(signature, precision=f"torch:{precision}")
+    return signature
+
+
 class EncoderActor:
     """One model load per actor; each call embeds one batch of documents."""
 
@@ -170,6 +207,7 @@ def embed_collection_ray(
     read_cpus: float = 0.25,
     block_bytes: int = 256 << 10,
     address: str | None = None,
+    device: str = "cpu",
     on_batch: BatchHook | None = None,
 ) -> JobResult:
     """Embed a BEIR ``corpus.jsonl`` or parquet corpus (or the collection directory holding it) into
@@ -182,7 +220,16 @@ def embed_collection_ray(
     with the numbers (an :class:`InvalidInputError`) rather than left waiting. Blocks (the unit of work an
     actor takes, and of a retry) are cut at ``block_bytes`` of text. Connects to ``address`` (``"auto"``: the cluster this machine is part of)
     unless Ray is already initialized; with neither, starts a local instance. ``on_batch(ids)`` runs in the
-    actor before each call (fault injection in tests)."""
+    actor before each call (fault injection in tests).
+
+    ``device="cuda"`` gives each actor one of the cluster's GPUs (one actor per GPU, 1 CPU each, unless
+    ``concurrency`` and ``num_cpus`` say otherwise; :func:`gpu_plan`), where the model computes as on any GPU
+    (torch in half precision unless ``model_options`` names them); the job's signature records that precision.
+    ``"auto"``: GPUs when the cluster has any, else CPUs."""
+    if device not in ("cpu", "cuda", "auto"):
+        raise InvalidInputError(
+            f"on Ray, device is 'cpu', 'cuda' (one GPU per actor) or 'auto', got {device!r}", param="device"
+        )
     ray = import_ray()
     if (concurrency is not None and concurrency < 1) or (num_cpus is not None and num_cpus <= 0):
         raise InvalidInputError("concurrency must be >= 1 and num_cpus > 0 (or None: sized from the cluster)")
@@ -191,8 +238,26 @@ def embed_collection_ray(
     options = dict(model_options or {})
     path = corpus_file(corpus)
     out = Path(output)
-    encoder = Encoder.from_pretrained(model, **options)  # the job's settings, and a fast failure on a bad model
-    spec = open_job(job_spec(encoder, path, shard_size), out)
+    # the job's settings, and a fast failure on a bad model, on the driver's CPU (fp16 runs on a GPU only)
+    checked = {k: v for k, v in options.items() if not (k == "precision" and v == "fp16")}
+    encoder = Encoder.from_pretrained(model, **checked)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    gpus = float(ray.cluster_resources().get("GPU", 0.0))
+    on_gpus = device == "cuda" or (device == "auto" and gpus >= 1)
+    try:
+        if on_gpus:
+            concurrency, num_cpus = gpu_plan(gpus, concurrency, num_cpus)
+        else:
+            reserve = max(read_cpus, 1.0 if path.suffix == ".parquet" else 0)
+            concurrency, num_cpus = actor_plan(_cluster_cpus(ray), concurrency, num_cpus, reserve=reserve)
+        signature = gpu_signature(encoder, options) if on_gpus else None
+        spec = open_job(job_spec(encoder, path, shard_size, signature=signature), out)
+    except EmbedrankError:
+        if started:
+            ray.shutdown()
+        raise
     del encoder
     done = completed_shards(out)
     shards: list[dict[str, Any]] = []
@@ -203,18 +268,8 @@ def embed_collection_ray(
         ids = pq.read_table(file, columns=["id"]).column("id").to_pylist()
         skip.update(ids)
         shards.append({"file": file.name, "documents": len(ids)})
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    try:
-        concurrency, num_cpus = actor_plan(
-            _cluster_cpus(ray), concurrency, num_cpus, reserve=max(read_cpus, 1.0 if path.suffix == ".parquet" else 0)
-        )
-    except InvalidInputError:
-        if started:
-            ray.shutdown()
-        raise
+    if on_gpus:  # inside an actor, Ray makes its one GPU the only visible one: cuda:0
+        options["device"] = "cuda"
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
@@ -246,6 +301,7 @@ def embed_collection_ray(
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=concurrency),
             num_cpus=num_cpus,
+            num_gpus=1 if on_gpus else 0,
         )
         written = _write_stream(ds, out, shard_size, first=len(done), shards=shards)
     finally:

@@ -105,6 +105,8 @@ class FaissIndex(BaseIndex):
         if self.config.kind == "numpy":
             raise InvalidInputError("kind='numpy' is NumpyIndex; use build_index")
         self._index: Any = None
+        self.device = "cpu"  # where the index searches: to_device
+        self._on_gpu = False  # whether _index is in its GPU form
         if self.config.kind in ("flat", "hnsw"):
             self._index = self._build(n_train=0)
 
@@ -163,10 +165,64 @@ class FaissIndex(BaseIndex):
         ids = self._register(ids, x.shape[0])
         if self._index is None:
             self._index = self._build(n_train=x.shape[0])
+            self._place()  # built on its first vectors on the CPU
         if not self._index.is_trained:
             self._index.train(x)
         self._index.add(x)
         self._commit(ids)
+
+    def to_device(self, device: str) -> FaissIndex:
+        """Search (and add) on ``device``: ``"cuda"`` / ``"cuda:<index>"`` copies the index to that GPU (FAISS's
+        GPU indexes: flat, IVF, IVF-PQ and SQ8; an HNSW graph has none), ``"cpu"`` copies it back. Needs a GPU
+        build of FAISS (conda's ``faiss-gpu``, or pip's community ``faiss-gpu-cu12``, in place of ``faiss-cpu``).
+        Saving writes the CPU form either way. Returns the index.
+
+        Raises:
+            InvalidInputError: the FAISS installed has no GPU support or sees no such GPU, or the kind has no GPU
+                index.
+        """
+        import faiss
+
+        name = device.strip().lower()
+        if name != "cpu":
+            if not name.startswith("cuda"):
+                raise InvalidInputError(
+                    f"device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}", param="device"
+                )
+            gpus = faiss.get_num_gpus() if hasattr(faiss, "StandardGpuResources") else 0
+            if gpus == 0:
+                raise InvalidInputError(
+                    f"the FAISS installed ({getattr(faiss, '__version__', '?')}) has no GPU support or sees no GPU: "
+                    "install a GPU build (conda's faiss-gpu, or pip's faiss-gpu-cu12 in place of faiss-cpu)",
+                    param="device",
+                )
+            gpu = int(name.partition(":")[2] or 0)
+            if gpu >= gpus:
+                raise InvalidInputError(f"device {device!r}: FAISS sees {gpus} GPU(s)", param="device")
+            if self.config.kind == "hnsw":
+                raise InvalidInputError("an HNSW index has no FAISS GPU form; use flat, ivf, pq or sq8", param="device")
+            name = f"cuda:{gpu}"
+        self.device = name
+        self._place()
+        return self
+
+    def _place(self) -> None:
+        """Put the index where :attr:`device` says (an IVF or PQ index is built on the CPU, then placed)."""
+        import faiss
+
+        if self._index is None:
+            return
+        index = self._cpu_index()
+        if self.device != "cpu":
+            self._resources = faiss.StandardGpuResources()
+            index = faiss.index_cpu_to_gpu(self._resources, int(self.device.partition(":")[2]), index)
+        self._index, self._on_gpu = index, self.device != "cpu"
+
+    def _cpu_index(self) -> Any:
+        """The index in its CPU form (a copy when it lives on a GPU)."""
+        import faiss
+
+        return faiss.index_gpu_to_cpu(self._index) if self._on_gpu else self._index
 
     def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
         """Change search-time parameters (IVF ``nprobe``, HNSW ``efSearch``) without rebuilding."""
@@ -193,7 +249,7 @@ class FaissIndex(BaseIndex):
 
     @property
     def can_reconstruct(self) -> bool:
-        return self._index is not None and self.config.kind in ("flat", "hnsw", "ivf")  # PQ/factory: lossy codes
+        return self._index is not None and not self._on_gpu and self.config.kind in ("flat", "hnsw", "ivf")  # PQ: lossy
 
     def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None:
         import faiss
@@ -211,7 +267,7 @@ class FaissIndex(BaseIndex):
         """Serialized index size divided by the number of vectors (ids not counted)."""
         import faiss
 
-        return float(faiss.serialize_index(self._index).nbytes) / max(1, len(self))
+        return float(faiss.serialize_index(self._cpu_index()).nbytes) / max(1, len(self))
 
     def save(self, directory: str | Path) -> Path:
         import faiss
@@ -219,7 +275,7 @@ class FaissIndex(BaseIndex):
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         if self._index is not None:
-            faiss.write_index(self._index, str(out / "index.faiss"))
+            faiss.write_index(self._cpu_index(), str(out / "index.faiss"))
         self._write_meta(out)
         return out
 

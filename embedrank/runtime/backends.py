@@ -137,17 +137,19 @@ class TorchRuntime:
 
     @torch.inference_mode()
     def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
-        inputs = {k: v.to(self.device) for k, v in features.items()}
+        packing = self.padding_free and (self.head != "encoder" or not all_positions)
+        # the real tokens' positions are found where the features are (the host), before they move: found on
+        # a GPU, they would make the host wait for it; None when there is too little padding to skip
+        positions = packed.real_positions(features["attention_mask"]) if packing else None
+        inputs = {k: v.to(self.device, non_blocking=True) for k, v in features.items()}
+        if positions is not None:
+            ids, mask, types = inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
+            on_device = positions.to(self.device, non_blocking=True)
+            if self.head == "encoder":
+                return packed.packed_forward(self.module, ids, mask, types, positions=on_device)
+            return packed.packed_classifier_logits(self.module, ids, mask, types, positions=on_device)
         if self.head == "encoder":
-            if self.padding_free and not all_positions:
-                return packed.packed_forward(
-                    self.module, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
-                )
             return self.module(**inputs).last_hidden_state
-        if self.padding_free:
-            return packed.packed_classifier_logits(
-                self.module, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
-            )
         return self.module(**inputs).logits
 
 
@@ -252,6 +254,12 @@ class RuntimeFacts:
         """What ``backend``/``precision`` ``"auto"`` chose and why (a :class:`embedrank.runtime.auto.Choice`:
         ``.summary`` says it in a line, ``.trials`` has every candidate's figures), else None."""
         return getattr(self.runtime, "auto_choice", None)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the transformer runs on a GPU (then the next inputs are tokenized while a batch computes;
+        an exported graph runs on the CPU)."""
+        return str(getattr(self.runtime, "device", "cpu")).startswith("cuda")
 
     @property
     def padding_free(self) -> bool:

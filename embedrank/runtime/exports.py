@@ -153,11 +153,18 @@ def runs_on(
             f"a static model (a vector per token, no transformer) runs on the CPU; device {device!r} does not apply",
             param="device",
         )
+    return resolved, *gpu_runtime(backend, precision, spec)
+
+
+def gpu_runtime(backend: str | None, precision: str | None, spec: ModelSpec | None) -> tuple[str | None, str | None]:
+    """``(backend, precision)`` a model loaded on a GPU runs with: as named (arguments, or
+    ``$EMBEDRANK_BACKEND`` / ``$EMBEDRANK_PRECISION``), else torch in :func:`gpu_precision` of ``spec``.
+    A named backend that runs on the CPU only is refused when the model loads."""
     if backend not in (None, AUTO) or os.environ.get(BACKEND_ENV):
-        return resolved, backend, precision  # named: one that runs on the CPU only is refused at load
+        return backend, precision
     if precision in (None, AUTO) and not os.environ.get(PRECISION_ENV):
         precision = gpu_precision(spec) if spec is not None else "fp16"
-    return resolved, "torch", precision
+    return "torch", precision
 
 
 def gpu_precision(spec: ModelSpec) -> str:

@@ -63,24 +63,45 @@ def _scatter(packed: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tens
     return out
 
 
+def real_positions(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """``(N,)`` flat positions of the real tokens of a ``(B, T)`` mask, or None when padding is under
+    :data:`MIN_PADDING_SHARE` (the model's own forward is then faster). Computed where the mask is: on the
+    host before the batch moves to a GPU, it costs the GPU no wait (a count or ``nonzero`` on the device does).
+
+    >>> real_positions(torch.tensor([[1, 1, 1], [1, 0, 0]]))
+    tensor([0, 1, 2, 3])
+    >>> real_positions(torch.ones(2, 3, dtype=torch.long)) is None
+    True
+    """
+    mask = attention_mask.bool()
+    if int(mask.sum()) > (1 - MIN_PADDING_SHARE) * mask.numel():
+        return None
+    return mask.reshape(-1).nonzero().squeeze(1)
+
+
 @torch.inference_mode()
 def packed_forward(
     model: Any,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
+    *,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Last hidden state ``(B, T, H)`` of a BERT or RoBERTa encoder, computed on real tokens only.
 
     ``input_ids``, ``attention_mask`` and ``token_type_ids`` are ``(B, T)``; the mask is 1 for real tokens,
     which must come first in each row (right padding). Padding positions of the result are zero.
+    ``positions``: :func:`real_positions` of the mask if the caller has them (found on the host); None finds
+    them here, and runs the model's own forward when there is too little padding to skip.
     """
     batch, length = input_ids.shape
     mask = attention_mask.bool()
-    if int(mask.sum()) > (1 - MIN_PADDING_SHARE) * batch * length:  # too little to skip
+    index = real_positions(attention_mask) if positions is None else positions
+    if index is None:  # too little padding to skip
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
-    index = mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of real tokens
+    index = index.to(input_ids.device)  # (N,) flat positions of real tokens
     emb = model.embeddings
     if hasattr(emb, "create_position_ids_from_input_ids"):  # RoBERTa: positions start after padding_idx
         positions = emb.create_position_ids_from_input_ids(input_ids, emb.padding_idx).reshape(-1)[index]
@@ -121,11 +142,13 @@ def packed_classifier_logits(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
+    *,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits ``(B, L)`` of a sequence classifier: :func:`packed_forward`, then the model's own head, as its
     ``forward`` does (BERT: pooler on ``[CLS]``, dropout, classifier; RoBERTa: classification head on ``<s>``)."""
     encoder = getattr(model, CLASSIFIERS[type(model).__name__])
-    hidden = packed_forward(encoder, input_ids, attention_mask, token_type_ids)
+    hidden = packed_forward(encoder, input_ids, attention_mask, token_type_ids, positions=positions)
     if CLASSIFIERS[type(model).__name__] == "bert":
         pooled = encoder.pooler(hidden) if encoder.pooler is not None else hidden[:, 0]
         return model.classifier(model.dropout(pooled))

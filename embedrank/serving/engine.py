@@ -66,14 +66,19 @@ class _Job(QueuedJob):
         return ModelOutput(np.stack([np.asarray(v) for v in self.values]), self.token_counts, self.truncated)
 
 
+CPU_BATCH_TOKENS = 8192  # EngineConfig.max_batch_tokens when unset
+CPU_BATCH_SIZE = 128  # EngineConfig.max_batch_size when unset
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    max_batch_tokens: int = 8192  # the most padded tokens per forward pass, whatever the CPU's speed
+    max_batch_tokens: int | None = None  # the most padded tokens per forward pass, whatever the device's speed;
+    # None: CPU_BATCH_TOKENS (a model served on a GPU gets what its memory holds: ModelHost.start)
     target_batch_seconds: float | None = 0.25  # a batch holds the tokens the measured speed computes in about
     # this long (at least one max-length item, at most max_batch_tokens): it bounds how long a new request
     # waits for the batch in flight on any CPU, where a fixed token budget takes twice as long on a CPU half as
     # fast (eval/bench_fairness.py). None: always max_batch_tokens
-    max_batch_size: int = 128
+    max_batch_size: int | None = None  # items per forward pass, at most; None: CPU_BATCH_SIZE (on a GPU, more)
     max_wait_ms: float = 0.0  # upper bound of the adaptive wait; 0: none. Measured on 2 cores (32 closed-loop
     # clients x 1 query, OpenVINO fp32 and int8): waiting 20 ms for callers to rejoin gave bigger batches but
     # left the forward thread idle 16-33% of the time; without it the load splits into two pipelined halves,
@@ -115,7 +120,12 @@ class BatchEngine(Generic[Item]):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
-        self.config = config or EngineConfig()
+        config = config or EngineConfig()
+        self.max_batch_tokens: int = config.max_batch_tokens or CPU_BATCH_TOKENS  # the bounds it leaves unset:
+        self.max_batch_size: int = config.max_batch_size or CPU_BATCH_SIZE  # the CPU's
+        self.config = dataclasses.replace(
+            config, max_batch_tokens=self.max_batch_tokens, max_batch_size=self.max_batch_size
+        )
         self.on_batch = on_batch  # called on the event loop after each forward pass
         self.on_idle = on_idle  # called in a forward thread once work stopped for config.idle_seconds
         self._busy_since_idle = False
@@ -260,7 +270,7 @@ class BatchEngine(Generic[Item]):
         """The padded-token budget of the next batch: what the measured speed computes in
         ``target_batch_seconds``, between one max-length item and ``max_batch_tokens`` (the cap until a
         batch has been measured)."""
-        cap, target = self.config.max_batch_tokens, self.config.target_batch_seconds
+        cap, target = self.max_batch_tokens, self.config.target_batch_seconds
         if not target or self.token_rate <= 0:
             return cap
         return max(min(self.model.max_seq_length, cap), min(cap, int(self.token_rate * target)))
@@ -268,7 +278,7 @@ class BatchEngine(Generic[Item]):
     def _take_batch(self) -> list[tuple[_Job, int]]:
         """Pop the next batch of live items (:class:`~embedrank.serving.scheduler.FairQueue`), longest first."""
         self.dropped += self._queue.drop(lambda job: job.future.done())  # type: ignore[attr-defined]
-        batch = self._queue.take(max_tokens=self.batch_tokens(), max_size=self.config.max_batch_size)
+        batch = self._queue.take(max_tokens=self.batch_tokens(), max_size=self.max_batch_size)
         jobs: list[tuple[_Job, int]] = batch  # type: ignore[assignment]
         jobs.sort(key=lambda ji: -self.model.item_tokens(ji[0].items[ji[1]]))
         return jobs
@@ -283,7 +293,7 @@ class BatchEngine(Generic[Item]):
             return
         target = min(
             int((self._peak_inflight - self._computing) * 0.9),
-            self.config.max_batch_size,
+            self.max_batch_size,
             self.batch_tokens() // max(1, self._queue.head_estimate()),
         )
         gap = self.config.max_wait_ms / 2000

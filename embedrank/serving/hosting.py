@@ -35,8 +35,10 @@ from embedrank.models.signature import EmbeddingSignature
 from embedrank.models.sparse import SparseEncoder
 from embedrank.models.tokens import TokenSpan
 from embedrank.registry import ModelSpec, kind_of
+from embedrank.runtime.devices import GPU_MAX_BATCH_TOKENS as GPU_MAX_BATCH_TOKENS  # the settings' reference names it
+from embedrank.runtime.devices import gpu_batch_tokens
 from embedrank.serving.colbert import AsyncColBERTEncoder
-from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
+from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
@@ -177,6 +179,29 @@ class Resolved:
     prompt: str
 
 
+GPU_BATCH_SIZE = 2048  # EngineConfig.max_batch_size for a model on a GPU when the config leaves it unset
+# forward threads for a model on a GPU: while one waits for its batch's result, the other collates and queues
+# the next batch behind it on the GPU, so the GPU does not idle between batches
+GPU_WORKERS = 2
+
+
+def engine_config_on(config: EngineConfig, model: Any, device: str) -> EngineConfig:
+    """``config`` with the batch bounds it leaves unset filled in for where ``model`` runs: on a GPU, the padded
+    tokens a quarter of its free memory holds (:func:`~embedrank.runtime.devices.gpu_batch_tokens`) and
+    :data:`GPU_BATCH_SIZE` items, computed by :data:`GPU_WORKERS` forward threads; on the CPU, the engine's
+    :data:`~embedrank.serving.engine.CPU_BATCH_TOKENS` and :data:`~embedrank.serving.engine.CPU_BATCH_SIZE`."""
+    tokens, size, workers = config.max_batch_tokens, config.max_batch_size, config.workers
+    if device.startswith("cuda"):
+        runtime = getattr(model, "runtime", None)
+        module = getattr(runtime, "module", None) or getattr(model, "model", None)
+        if tokens is None and module is not None:
+            tokens = gpu_batch_tokens(module, int(getattr(model, "max_seq_length", 512)))
+        size, workers = size or GPU_BATCH_SIZE, workers or GPU_WORKERS
+    return dataclasses.replace(
+        config, max_batch_tokens=tokens or CPU_BATCH_TOKENS, max_batch_size=size or CPU_BATCH_SIZE, workers=workers
+    )
+
+
 @dataclasses.dataclass(kw_only=True)
 class HostedModel:
     """A model as it is served: its spec, its runners once :meth:`start` has run, and its capabilities."""
@@ -188,6 +213,8 @@ class HostedModel:
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
     device: str = "cpu"  # where the model runs: "cpu" or "cuda:<index>" (embedrank.runtime.devices)
+    max_batch_tokens: int = CPU_BATCH_TOKENS  # its engines' bounds per forward pass, set by start()
+    max_batch_size: int = CPU_BATCH_SIZE
     inference_precision: str | None = None  # what really computes, known once loaded
     fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
     auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
@@ -428,6 +455,8 @@ class HostedModel:
         them; must run inside the event loop. ``on_batch(branch)`` gives each engine's batch observer.
         Returns ``(branch, runner)`` for every runner started (branch None: a model without branches)."""
         runner_cls = KINDS[self.kind].runner
+        config = engine_config_on(config, model, self.device)
+        self.max_batch_tokens, self.max_batch_size = config.max_batch_tokens or 0, config.max_batch_size or 0
         branches = getattr(model, "branches", None) or {None: model}
         started = []
         for branch, part in branches.items():

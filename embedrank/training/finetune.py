@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from embedrank.errors import InvalidInputError
 from embedrank.models.chunking import require_fits
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve, weights_fingerprint
 from embedrank.retrieval.cache import default_cache_dir
 from embedrank.retrieval.data import BeirDataset, doc_text, load_beir
+from embedrank.runtime.devices import resolve_device
 
 VALIDATION_QUERIES = "validation_queries.txt"  # beside the model: the held-out query ids, one per line
 
@@ -69,6 +71,7 @@ class FinetuneConfig:
     query_regularizer_weight: float = 5e-5  # SPLADE only: FLOPS regularizer on query vectors
     document_regularizer_weight: float = 3e-5  # SPLADE only: FLOPS regularizer on document vectors
     window: int | None = None  # dense only: train on each document's window of this many tokens nearest the query
+    device: str = "cpu"  # "cpu", "cuda" (the first visible GPU: mixed precision, bf16 where the GPU has it) or "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +174,7 @@ class _Kind:
     metric: str  # the validation evaluator's nDCG@10 in the trainer's log
 
 
-def _kind(path: str, sparse: bool, cfg: FinetuneConfig) -> _Kind:
+def _kind(path: str, sparse: bool, cfg: FinetuneConfig, device: str) -> _Kind:
     if sparse:
         from sentence_transformers.sparse_encoder import (
             SparseEncoder,
@@ -180,7 +183,7 @@ def _kind(path: str, sparse: bool, cfg: FinetuneConfig) -> _Kind:
         )
         from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
 
-        model = SparseEncoder(path, device="cpu")
+        model = SparseEncoder(path, device=device)
         loss = SpladeLoss(
             model,
             SparseMultipleNegativesRankingLoss(model),
@@ -195,7 +198,7 @@ def _kind(path: str, sparse: bool, cfg: FinetuneConfig) -> _Kind:
     )
     from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
-    dense = SentenceTransformer(path, device="cpu")
+    dense = SentenceTransformer(path, device=device)
     loss = (
         CachedMultipleNegativesRankingLoss(dense, mini_batch_size=cfg.mini_batch_size)
         if cfg.cached_loss
@@ -204,6 +207,24 @@ def _kind(path: str, sparse: bool, cfg: FinetuneConfig) -> _Kind:
     return _Kind(
         dense, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, loss, "eval_validation_cosine_ndcg@10"
     )
+
+
+def training_device(device: str) -> str:
+    """The device ``device`` names (:func:`~embedrank.runtime.devices.resolve_device`), as the trainer can use
+    it: the CPU or the first visible GPU (the trainer picks ``cuda:0``; another GPU is chosen with
+    ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        InvalidInputError: a device this machine lacks, or a GPU other than the first visible one.
+    """
+    resolved = resolve_device(device)
+    if resolved not in ("cpu", "cuda:0"):
+        raise InvalidInputError(
+            f"device {device!r}: training runs on the first visible GPU; to train on another, run with "
+            f"CUDA_VISIBLE_DEVICES={resolved.split(':')[1]} and device 'cuda'",
+            param="device",
+        )
+    return resolved
 
 
 def _mining_cache(model_path: str) -> Path:
@@ -230,6 +251,7 @@ def finetune(
     from transformers import EarlyStoppingCallback, set_seed
 
     cfg = config or FinetuneConfig()
+    device = training_device(cfg.device)  # before any work: a GPU this machine lacks fails at once
     start = time.perf_counter()
     ds = dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, split="train", data_dir=data_dir)
     out = Path(output)
@@ -246,7 +268,7 @@ def finetune(
         raise InvalidInputError(
             f"window trains a dense model on windows of >= 1 tokens; got {cfg.window} for {cfg.model}"
         )
-    kind = _kind(spec.path, sparse, cfg)
+    kind = _kind(spec.path, sparse, cfg, device)
     model = kind.model
     if cfg.max_seq_length:
         model.max_seq_length = cfg.max_seq_length
@@ -254,7 +276,7 @@ def finetune(
     corpus_texts = [doc_text(ds.corpus[d]) for d in sorted(ds.corpus)]
     if cfg.negatives > 0:
         miner_path = resolve(cfg.mining_model or (DEFAULT_EMBEDDING_MODEL if sparse else cfg.model)).path
-        miner = model if miner_path == spec.path else SentenceTransformer(miner_path, device="cpu")
+        miner = model if miner_path == spec.path else SentenceTransformer(miner_path, device=device)
         pairs = mine_hard_negatives(
             pairs,
             miner,
@@ -292,7 +314,9 @@ def finetune(
         logging_steps=cfg.eval_steps,
         seed=cfg.seed,
         data_seed=cfg.seed,
-        use_cpu=True,
+        use_cpu=device == "cpu",
+        bf16=device != "cpu" and torch.cuda.is_bf16_supported(),  # mixed precision: weights and optimizer in fp32
+        fp16=device != "cpu" and not torch.cuda.is_bf16_supported(),
         report_to="none",
         dataloader_num_workers=0,
     )
