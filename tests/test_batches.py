@@ -274,3 +274,27 @@ def test_workers_claiming_at_once_never_share_a_chunk_or_a_finalizing(store):
     claimed = store.chunks(batch["id"])[0]
     chunk = Chunk(batch["id"], 0, claimed["first_line"], 2, claimed["start_byte"], claimed["end_byte"])
     assert not store.finish(claimed["claimed_by"], chunk, b"x\n", b"", 2, 0)  # being finalized: too late
+
+
+def test_a_crash_while_finalizing_or_cleaning_up_is_finished_at_the_next_start(store, tmp_path):
+    """A single server killed while it finalized a batch finalizes it again as soon as it starts (not after
+    its claim on finalizing runs out), and part folders a crash left behind a closed batch are found."""
+    content = embeddings_file(4)
+    batch = new_batch(store, content)
+    size = len(content) // 4
+    assert store.start(batch["id"], [Chunk(batch["id"], n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in (0, 1)])
+    for _ in range(2):
+        chunk = store.claim("dead", lease_seconds=600)
+        assert chunk is not None and store.finish("dead", chunk, b"", b"", 2, 0)
+    assert store.claim_finalizing("dead", store.get_batch(None, batch["id"]), "completed", 600)  # then it dies
+    assert store.ready_to_finalize() == []  # another replica would wait for the claim to run out
+    store.release_claims()  # the single server starting again: no claim of the dead process holds
+    assert [(b["id"], ending) for b, ending in store.ready_to_finalize()] == [(batch["id"], "completed")]
+    asyncio.run(serve(store, finished(store, batch["id"])))
+    assert store.get_batch(None, batch["id"])["status"] == "completed"
+
+    closed, running = store.root / "parts" / batch["id"], store.root / "parts" / new_batch(store, b"")["id"]
+    closed.mkdir(parents=True, exist_ok=True)
+    (closed / "0.dead.1.out").write_bytes(b"{}\n")  # the crash came between closing and removing its parts
+    running.mkdir()
+    assert store.leftover_parts() == [closed]

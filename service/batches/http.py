@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import shutil
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -198,6 +199,8 @@ class BatchService:
                 await asyncio.sleep(RETRY_SECONDS)
         if not store.db.shared:  # one host on its own store: a claim left by a crash cannot be live
             await asyncio.to_thread(store.release_claims)
+        for folder in await asyncio.to_thread(store.leftover_parts):  # a crash between closing and cleaning up
+            await asyncio.to_thread(shutil.rmtree, folder, True)
         self.worker = BatchWorker(
             store,
             self.pool_of,

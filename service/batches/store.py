@@ -385,11 +385,24 @@ class BatchStore:
             )
 
     def release_claims(self) -> None:
-        """Forget every claim (a single server starting: nothing else can hold one)."""
+        """Forget every claim, on chunks and on finalizing (a single server starting: nothing else can hold one;
+        a batch whose finalizing a crash interrupted is finalized again at once, not after its claim runs out)."""
         with self._write() as db:
             db.execute(
                 "UPDATE chunks SET state = 'pending', claimed_by = NULL, lease_until = NULL WHERE state = 'claimed'"
             )
+            db.execute("UPDATE batches SET finalizer = NULL, finalize_until = NULL WHERE status = 'finalizing'")
+
+    def leftover_parts(self) -> list[Path]:
+        """Part folders no unfinished batch needs: a crash after a batch closed but before its parts were removed
+        leaves them (its output and error files are whole by then)."""
+        folders = [p for p in (self.root / "parts").iterdir() if p.is_dir()]
+        if not folders:
+            return []
+        marks = ", ".join("?" for _ in ACTIVE)
+        rows = self._db().execute(f"SELECT id FROM batches WHERE status IN ({marks})", ACTIVE).fetchall()
+        unfinished = {row["id"] for row in rows}
+        return [p for p in folders if p.name not in unfinished]
 
     def part_path(self, batch_id: str, part: str, kind: str) -> Path:
         """A chunk's part file: ``kind`` ``out`` (output lines) or ``err`` (error lines)."""
