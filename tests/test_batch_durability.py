@@ -1,6 +1,6 @@
 """Batches through crashes, on real server processes and the packaged model (slow: each starts servers).
 
-- One server on its SQLite store, killed with SIGKILL at random points of a 20,000-line batch, three times,
+- One server on its SQLite store, killed with SIGKILL at random points of a 10,000-line batch, three times,
   then started again: the output holds every ``custom_id`` exactly once, in input order, each line the
   direct answer.
 - Two replicas on one real PostgreSQL server (and one shared folder) run one batch together; one is killed
@@ -121,7 +121,7 @@ def servers(tmp_path: Path) -> Iterator[Any]:
 
 
 def test_a_server_killed_three_times_mid_batch_loses_nothing_and_does_nothing_twice(servers, tmp_path):
-    n, seed = 20_000, seed_of_this_run()
+    n, seed = 10_000, seed_of_this_run()
     rng = random.Random(seed)
     env = {"EMBEDRANK_BATCH_DIR": str(tmp_path / "batches")}
     batch_id = None

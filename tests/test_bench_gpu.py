@@ -31,7 +31,15 @@ def test_the_gpu_check_runs_on_the_cpu_with_only_what_a_gpu_image_has(tmp_path, 
     (image / "sitecustomize.py").write_text(f"import sys\nfor name in {MISSING!r}:\n    sys.modules[name] = None\n")
     figures = tmp_path / "figures.json"
     env = {**os.environ, "PYTHONPATH": str(image), "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "eval/bench_gpu.py", "--device", "cpu", "--quick", "--carried", str(tmp_path / "carried")]
+    command = [
+        sys.executable,
+        "eval/bench_gpu.py",
+        "--device",
+        "cpu",
+        "--quick",
+        "--carried",
+        str(tmp_path / "carried"),
+    ]
     done = subprocess.run(
         [*command, "--parts", "parity", "encode", "forward", "--json", str(figures)],
         cwd=ROOT,

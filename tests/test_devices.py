@@ -165,9 +165,11 @@ def test_texts_tokenized_ahead_give_what_texts_tokenized_in_turn_give(monkeypatc
     import numpy as np
 
     from embedrank.errors import InputTooLongError
+    from embedrank.models import encoder as encoder_module
     from embedrank.models import tokens
 
     monkeypatch.setattr(tokens, "AHEAD_CHUNK", 7)  # several chunks, the next one tokenized while one runs
+    monkeypatch.setattr(encoder_module, "AHEAD_CHUNK", 7)  # and vectors copied back every 7 texts or more
     enc = Encoder.from_pretrained(tiny_model("bert"), backend="torch")
     texts = [f"text number {i} " * (1 + i % 9) for i in range(40)]
     rows = enc.text_tokens
@@ -181,8 +183,12 @@ def test_texts_tokenized_ahead_give_what_texts_tokenized_in_turn_give(monkeypatc
 
     ahead = by_position(rows.batches(texts, batch_size=4, ahead=True))
     assert sorted(ahead) == list(range(40)) and ahead == by_position(rows.batches(texts, batch_size=4))
-    monkeypatch.setattr(type(enc), "on_gpu", property(lambda self: True))
-    assert np.allclose(enc.encode(texts), Encoder.from_pretrained(tiny_model("bert"), backend="torch").encode(texts))
+    reference = Encoder.from_pretrained(tiny_model("bert"), backend="torch")
+    expected = reference.encode_with_stats(texts, batch_size=4, dimensions=8)
+    monkeypatch.setattr(type(enc), "on_gpu", property(lambda self: True))  # the GPU's way, on the CPU
+    got = enc.encode_with_stats(texts, batch_size=4, dimensions=8)
+    assert np.allclose(got.embeddings, expected.embeddings, atol=1e-6)
+    assert got.token_counts == expected.token_counts and got.truncated == expected.truncated
     long = [*texts[:30], "word " * 500]  # in the fifth chunk: named by its position in the whole input
     with pytest.raises(InputTooLongError, match=r"texts\[30\]"):
         list(rows.batches(long, batch_size=4, truncate=False, ahead=True))

@@ -17,7 +17,7 @@ from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, exclude_leading, pool
 from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
-from embedrank.models.batching import PROGRESS_THRESHOLD
+from embedrank.models.batching import AHEAD_CHUNK, PROGRESS_THRESHOLD
 from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, ChunkPlan
 from embedrank.models.dense import apply_dense, load_dense
@@ -244,24 +244,40 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
 
         Returns float32 numpy ``(B, D)``.
         """
-        states = token_embeddings.float()  # pooled in fp32 whatever the runtime computes in (bf16, fp16)
-        pooled = apply_dense(pool(states, attention_mask.to(states.device), self.pooling), self.dense)
-        vectors = pooled.float().cpu().numpy()  # (B, D)
+        pooled = self.pooled(token_embeddings, attention_mask).cpu().numpy()
+        return self.finish_vectors(pooled, normalize=normalize, dimensions=dimensions)
+
+    @torch.inference_mode()
+    def pooled(self, token_embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Step 3, first half, where the states are (a GPU keeps them): pool ``(B, T, H) -> (B, H)`` and the Dense
+        layers, in fp32 whatever the runtime computes in (bf16, fp16); ``(B, D)``."""
+        states = token_embeddings.float()
+        return apply_dense(pool(states, attention_mask.to(states.device), self.pooling), self.dense).float()
+
+    def finish_vectors(
+        self, pooled: np.ndarray, *, normalize: bool | None = None, dimensions: int | None = None
+    ) -> np.ndarray:
+        """Step 3, second half, on the host: normalize (the model's setting unless ``normalize`` says), truncate
+        to ``dimensions``; float32 ``(B, D)``."""
         do_norm = self.normalize if normalize is None else normalize
-        if do_norm:
-            vectors = l2_normalize(vectors)
+        vectors = l2_normalize(pooled) if do_norm else pooled
         return truncate_dims(vectors, dimensions, renormalize=do_norm)
+
+    def pooled_batch(self, batch: Tokenized, *, skip: Any = 0) -> torch.Tensor:
+        """Step 2 and the first half of step 3 on one tokenized batch: ``(B, D)`` pooled fp32, on the model's
+        device. ``skip``: leading tokens (per row, or one count for all) that pooling leaves out."""
+        mask = batch.features["attention_mask"]
+        if np.any(skip):
+            mask = exclude_leading(mask, torch.as_tensor(skip).expand(mask.shape[0]))
+        return self.pooled(self.forward(batch.features), mask)
 
     def embed_tokenized(
         self, batch: Tokenized, *, normalize: bool | None = None, dimensions: int | None = None, skip: Any = 0
     ) -> np.ndarray:
         """Steps 2 and 3 on one tokenized batch; ``(B, D)`` float32. ``skip``: leading tokens (per row, or one
         count for all) that pooling leaves out."""
-        mask = batch.features["attention_mask"]
-        if np.any(skip):
-            mask = exclude_leading(mask, torch.as_tensor(skip).expand(mask.shape[0]))
-        token_embeddings = self.forward(batch.features)
-        return self.postprocess(token_embeddings, mask, normalize=normalize, dimensions=dimensions)
+        pooled = self.pooled_batch(batch, skip=skip).cpu().numpy()
+        return self.finish_vectors(pooled, normalize=normalize, dimensions=dimensions)
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         """All three steps on one batch, in input order."""
@@ -330,14 +346,33 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         counts = [0] * len(items)
         truncated = [False] * len(items)
         show = len(items) >= PROGRESS_THRESHOLD if show_progress is None else show_progress
-        batches = self.text_tokens.batches(items, batch_size=batch_size, truncate=truncate, ahead=self.on_gpu)
+        on_gpu = self.on_gpu
+        batches = self.text_tokens.batches(items, batch_size=batch_size, truncate=truncate, ahead=on_gpu)
+        # on a GPU, batches are queued one after another and their vectors copied back together every
+        # AHEAD_CHUNK texts: the host prepares the next batches while the GPU computes, instead of waiting for
+        # each batch's vectors
+        pending: list[tuple[list[int], Tokenized, torch.Tensor]] = []
         with tqdm(total=len(items), desc="Encoding", unit="text", disable=not show) as bar:
+
+            def copy_back() -> None:
+                host = torch.cat([p for _, _, p in pending]).cpu().numpy()
+                at = 0
+                for positions, batch, _ in pending:
+                    rows = host[at : at + len(positions)]
+                    at += len(positions)
+                    out[positions] = self.finish_vectors(rows, normalize=normalize, dimensions=dimensions)
+                    for j, pos in enumerate(positions):
+                        counts[pos] = batch.token_counts[j]
+                        truncated[pos] = batch.truncated[j]
+                    bar.update(len(positions))
+                pending.clear()
+
             for positions, batch in batches:
-                out[positions] = self.embed_tokenized(batch, normalize=normalize, dimensions=dimensions, skip=skip)
-                for j, pos in enumerate(positions):
-                    counts[pos] = batch.token_counts[j]
-                    truncated[pos] = batch.truncated[j]
-                bar.update(len(positions))
+                pending.append((positions, batch, self.pooled_batch(batch, skip=skip)))
+                if not on_gpu or sum(len(p) for p, _, _ in pending) >= AHEAD_CHUNK:
+                    copy_back()
+            if pending:
+                copy_back()
         return ModelOutput(out, counts, truncated)
 
     @on_branch
