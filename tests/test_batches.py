@@ -298,3 +298,24 @@ def test_a_crash_while_finalizing_or_cleaning_up_is_finished_at_the_next_start(s
     (closed / "0.dead.1.out").write_bytes(b"{}\n")  # the crash came between closing and removing its parts
     running.mkdir()
     assert store.leftover_parts() == [closed]
+
+
+def test_a_finalizing_claim_is_renewed_while_the_files_are_written(store, tmp_path, monkeypatch):
+    """The finalizer renews its claim as a chunk's runner does, so a live but slow finalizer keeps it, and one
+    that died is replaced one lease later (not ten)."""
+    batch = new_batch(store, embeddings_file(20))
+    slow = BatchWorker._write_results
+    taken: list[bool] = []
+
+    def write_slowly(self, row, ending):
+        time.sleep(2.5)  # more than ten leases of 0.2 s: only renewals keep the claim
+        taken.append(store.claim_finalizing("other", store.get_batch(None, row["id"]), ending, 0.2))
+        return slow(self, row, ending)
+
+    monkeypatch.setattr(BatchWorker, "_write_results", write_slowly)
+    asyncio.run(serve(store, finished(store, batch["id"]), lease_seconds=0.2))
+    assert taken == [False] and store.get_batch(None, batch["id"])["status"] == "completed"
+
+    row = new_batch(store, embeddings_file(2))
+    assert store.claim_finalizing("a", row, "cancelled", 600)
+    assert store.renew_finalizing("a", row["id"], 600) and not store.renew_finalizing("b", row["id"], 600)

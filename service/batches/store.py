@@ -488,6 +488,16 @@ class BatchStore:
             ).rowcount
         return bool(changed)
 
+    def renew_finalizing(self, worker: str, batch_id: str, lease_seconds: float) -> bool:
+        """Extend ``worker``'s claim on finalizing ``batch_id`` by ``lease_seconds`` from now; False when the
+        claim is no longer its own (it ran out and another worker took it)."""
+        with self._write() as db:
+            changed = db.execute(
+                "UPDATE batches SET finalize_until = ? WHERE id = ? AND finalizer = ? AND status = 'finalizing'",
+                (time.time() + lease_seconds, batch_id, worker),
+            ).rowcount
+        return bool(changed)
+
     def close_batch(self, batch_id: str, final: str, output_file_id: str | None, error_file_id: str | None) -> None:
         """The end of finalizing: the files written, the status ``final`` with its timestamp."""
         stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[final]

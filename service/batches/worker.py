@@ -29,7 +29,6 @@ logger = logging.getLogger("embedrank.service")
 
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 WATCH_SECONDS = 0.5  # how often a running chunk looks whether its batch was cancelled
-FINALIZE_LEASES = 10  # a claim on finalizing a batch lasts this many chunk leases (joining parts is I/O only)
 RETRY_SECONDS = 5.0  # after the store failed (its database unreachable, a disk full), the loop waits this long
 
 
@@ -182,12 +181,20 @@ class BatchWorker:
     async def finalize(self, batch: dict[str, Any], ending: str) -> None:
         """Join the recorded parts, in line order, into the batch's output and error files (lines that never
         ran, when it expired, go to the error file), then close it as ``ending``."""
-        claimed = await asyncio.to_thread(
-            self.store.claim_finalizing, self.name, batch, ending, self.lease_seconds * FINALIZE_LEASES
-        )
+        claimed = await asyncio.to_thread(self.store.claim_finalizing, self.name, batch, ending, self.lease_seconds)
         if not claimed:
             return
-        output_id, error_id = await asyncio.to_thread(self._write_results, batch, ending)
+        # the claim is renewed while the files are written, as a chunk's is: a worker that dies while finalizing
+        # has the batch finalized by another one lease later
+        writing = asyncio.ensure_future(asyncio.to_thread(self._write_results, batch, ending))
+        held = True
+        while not (await asyncio.wait({writing}, timeout=self.lease_seconds / 3))[0]:
+            renewed = await asyncio.to_thread(self.store.renew_finalizing, self.name, batch["id"], self.lease_seconds)
+            held = held and renewed
+        output_id, error_id = await writing
+        if not held:  # another worker took the finalizing over (this one was too slow to renew): it closes it
+            logger.warning("batch %s: its finalizing was taken over by another worker", batch["id"])
+            return
         await asyncio.to_thread(self.store.close_batch, batch["id"], ending, output_id, error_id)
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(shutil.rmtree, self.store.root / "parts" / batch["id"])
