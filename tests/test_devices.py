@@ -199,13 +199,15 @@ def test_a_model_on_a_gpu_batches_what_its_memory_holds_unless_told(monkeypatch)
 
     import torch
 
-    from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, EngineConfig
+    from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngine, EngineConfig
     from embedrank.serving.hosting import GPU_BATCH_SIZE, GPU_WORKERS, engine_config_on
+    from embedrank.serving.runners import EmbeddingBatchModel
 
     enc = Encoder.from_pretrained(tiny_model("bert"), backend="torch")
     config = EngineConfig()
-    on_cpu = engine_config_on(config, enc, "cpu")
-    assert (on_cpu.max_batch_tokens, on_cpu.max_batch_size) == (CPU_BATCH_TOKENS, CPU_BATCH_SIZE)
+    on_cpu = engine_config_on(config, enc, "cpu")  # unchanged: the engine's own defaults are the CPU's
+    engine = BatchEngine(EmbeddingBatchModel(enc), on_cpu)
+    assert on_cpu is config and (engine.max_batch_tokens, engine.max_batch_size) == (CPU_BATCH_TOKENS, CPU_BATCH_SIZE)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 2**30, 80 * 2**30))
     on_gpu = engine_config_on(config, enc, "cuda:0")
     hidden = enc.model.config.hidden_size

@@ -9,6 +9,7 @@ import base64
 import numpy as np
 import pytest
 
+from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.settings import Settings, SettingsError
 from service.token_ids import cl100k_base
@@ -184,6 +185,7 @@ def test_tei_tokenize_and_info(client):
     info = client.get("/info").json()
     assert info["served_model_name"] == EMB and info["max_input_length"] == 16
     assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["auto_truncate"] is True
+    assert (info["max_batch_tokens"], info["max_batch_requests"]) == (CPU_BATCH_TOKENS, CPU_BATCH_SIZE)  # in use
 
 
 # -- aliases and token ids --------------------------------------------------------------------------------

@@ -140,14 +140,14 @@ class TorchRuntime:
         packing = self.padding_free and (self.head != "encoder" or not all_positions)
         # the real tokens' positions are found where the features are (the host), before they move: found on
         # a GPU, they would make the host wait for it; None when there is too little padding to skip
-        positions = packed.real_positions(features["attention_mask"]) if packing else None
+        real = packed.real_positions(features["attention_mask"]) if packing else None
         inputs = {k: v.to(self.device, non_blocking=True) for k, v in features.items()}
-        if positions is not None:
+        if real is not None:
             ids, mask, types = inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
-            on_device = positions.to(self.device, non_blocking=True)
+            on_device = real.to(self.device, non_blocking=True)
             if self.head == "encoder":
-                return packed.packed_forward(self.module, ids, mask, types, positions=on_device)
-            return packed.packed_classifier_logits(self.module, ids, mask, types, positions=on_device)
+                return packed.packed_forward(self.module, ids, mask, types, real=on_device)
+            return packed.packed_classifier_logits(self.module, ids, mask, types, real=on_device)
         if self.head == "encoder":
             return self.module(**inputs).last_hidden_state
         return self.module(**inputs).logits

@@ -86,18 +86,18 @@ def packed_forward(
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
     *,
-    positions: torch.Tensor | None = None,
+    real: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Last hidden state ``(B, T, H)`` of a BERT or RoBERTa encoder, computed on real tokens only.
 
     ``input_ids``, ``attention_mask`` and ``token_type_ids`` are ``(B, T)``; the mask is 1 for real tokens,
     which must come first in each row (right padding). Padding positions of the result are zero.
-    ``positions``: :func:`real_positions` of the mask if the caller has them (found on the host); None finds
-    them here, and runs the model's own forward when there is too little padding to skip.
+    ``real``: :func:`real_positions` of the mask if the caller has them (found on the host); None finds them
+    here, and runs the model's own forward when there is too little padding to skip.
     """
     batch, length = input_ids.shape
     mask = attention_mask.bool()
-    index = real_positions(attention_mask) if positions is None else positions
+    index = real_positions(attention_mask) if real is None else real
     if index is None:  # too little padding to skip
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
@@ -143,12 +143,12 @@ def packed_classifier_logits(
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
     *,
-    positions: torch.Tensor | None = None,
+    real: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits ``(B, L)`` of a sequence classifier: :func:`packed_forward`, then the model's own head, as its
     ``forward`` does (BERT: pooler on ``[CLS]``, dropout, classifier; RoBERTa: classification head on ``<s>``)."""
     encoder = getattr(model, CLASSIFIERS[type(model).__name__])
-    hidden = packed_forward(encoder, input_ids, attention_mask, token_type_ids, positions=positions)
+    hidden = packed_forward(encoder, input_ids, attention_mask, token_type_ids, real=real)
     if CLASSIFIERS[type(model).__name__] == "bert":
         pooled = encoder.pooler(hidden) if encoder.pooler is not None else hidden[:, 0]
         return model.classifier(model.dropout(pooled))

@@ -73,7 +73,7 @@ CPU_BATCH_SIZE = 128  # EngineConfig.max_batch_size when unset
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     max_batch_tokens: int | None = None  # the most padded tokens per forward pass, whatever the device's speed;
-    # None: CPU_BATCH_TOKENS (a model served on a GPU gets what its memory holds: ModelHost.start)
+    # None: CPU_BATCH_TOKENS (a model served on a GPU gets what its memory holds: HostedModel.start)
     target_batch_seconds: float | None = 0.25  # a batch holds the tokens the measured speed computes in about
     # this long (at least one max-length item, at most max_batch_tokens): it bounds how long a new request
     # waits for the batch in flight on any CPU, where a fixed token budget takes twice as long on a CPU half as
@@ -120,12 +120,10 @@ class BatchEngine(Generic[Item]):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
-        config = config or EngineConfig()
-        self.max_batch_tokens: int = config.max_batch_tokens or CPU_BATCH_TOKENS  # the bounds it leaves unset:
-        self.max_batch_size: int = config.max_batch_size or CPU_BATCH_SIZE  # the CPU's
-        self.config = dataclasses.replace(
-            config, max_batch_tokens=self.max_batch_tokens, max_batch_size=self.max_batch_size
-        )
+        self.config = config or EngineConfig()
+        # the bounds of a forward pass; what the config leaves unset, the CPU's
+        self.max_batch_tokens: int = self.config.max_batch_tokens or CPU_BATCH_TOKENS
+        self.max_batch_size: int = self.config.max_batch_size or CPU_BATCH_SIZE
         self.on_batch = on_batch  # called on the event loop after each forward pass
         self.on_idle = on_idle  # called in a forward thread once work stopped for config.idle_seconds
         self._busy_since_idle = False

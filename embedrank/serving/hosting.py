@@ -186,19 +186,22 @@ GPU_WORKERS = 2
 
 
 def engine_config_on(config: EngineConfig, model: Any, device: str) -> EngineConfig:
-    """``config`` with the batch bounds it leaves unset filled in for where ``model`` runs: on a GPU, the padded
-    tokens a quarter of its free memory holds (:func:`~embedrank.runtime.devices.gpu_batch_tokens`) and
-    :data:`GPU_BATCH_SIZE` items, computed by :data:`GPU_WORKERS` forward threads; on the CPU, the engine's
-    :data:`~embedrank.serving.engine.CPU_BATCH_TOKENS` and :data:`~embedrank.serving.engine.CPU_BATCH_SIZE`."""
-    tokens, size, workers = config.max_batch_tokens, config.max_batch_size, config.workers
-    if device.startswith("cuda"):
-        runtime = getattr(model, "runtime", None)
-        module = getattr(runtime, "module", None) or getattr(model, "model", None)
-        if tokens is None and module is not None:
-            tokens = gpu_batch_tokens(module, int(getattr(model, "max_seq_length", 512)))
-        size, workers = size or GPU_BATCH_SIZE, workers or GPU_WORKERS
+    """``config`` with what it leaves unset filled in for a ``model`` on a GPU: the padded tokens a quarter of
+    the GPU's free memory holds (:func:`~embedrank.runtime.devices.gpu_batch_tokens`), :data:`GPU_BATCH_SIZE`
+    items and :data:`GPU_WORKERS` forward threads. On the CPU, ``config`` as it is (the engine's defaults
+    apply)."""
+    if not device.startswith("cuda"):
+        return config
+    tokens = config.max_batch_tokens
+    runtime = getattr(model, "runtime", None)
+    module = getattr(runtime, "module", None) or getattr(model, "model", None)
+    if tokens is None and module is not None:
+        tokens = gpu_batch_tokens(module, int(getattr(model, "max_seq_length", 512)))
     return dataclasses.replace(
-        config, max_batch_tokens=tokens or CPU_BATCH_TOKENS, max_batch_size=size or CPU_BATCH_SIZE, workers=workers
+        config,
+        max_batch_tokens=tokens,
+        max_batch_size=config.max_batch_size or GPU_BATCH_SIZE,
+        workers=config.workers or GPU_WORKERS,
     )
 
 
@@ -213,8 +216,6 @@ class HostedModel:
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
     device: str = "cpu"  # where the model runs: "cpu" or "cuda:<index>" (embedrank.runtime.devices)
-    max_batch_tokens: int = CPU_BATCH_TOKENS  # its engines' bounds per forward pass, set by start()
-    max_batch_size: int = CPU_BATCH_SIZE
     inference_precision: str | None = None  # what really computes, known once loaded
     fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
     auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
@@ -456,7 +457,6 @@ class HostedModel:
         Returns ``(branch, runner)`` for every runner started (branch None: a model without branches)."""
         runner_cls = KINDS[self.kind].runner
         config = engine_config_on(config, model, self.device)
-        self.max_batch_tokens, self.max_batch_size = config.max_batch_tokens or 0, config.max_batch_size or 0
         branches = getattr(model, "branches", None) or {None: model}
         started = []
         for branch, part in branches.items():
@@ -473,6 +473,17 @@ class HostedModel:
             started.append((branch if part is not model else None, runner))
         self.branch_table = getattr(model, "branch_table", None)
         return started
+
+    @property
+    def batch_bounds(self) -> tuple[int, int]:
+        """(padded tokens, items) a forward pass of its engines holds at most: its runner's engine's, once
+        :meth:`start` has run (the engine's defaults before)."""
+        engine = getattr(self.runner, "engine", None)
+        return (
+            (engine.max_batch_tokens, engine.max_batch_size)
+            if engine is not None
+            else (CPU_BATCH_TOKENS, CPU_BATCH_SIZE)
+        )
 
     def runners(self) -> list[Any]:
         """Every runner, once each."""
