@@ -72,6 +72,62 @@ def test_fake_calibration_ranges_are_fixed_and_cover_its_vectors():
     assert FAKE.quantization_ranges(8).shape == (2, 8)
 
 
+def test_range_samples_are_stored_and_read_back_and_a_bad_or_stale_file_is_computed_again(tmp_path, monkeypatch):
+    import os
+    import shutil
+    from pathlib import Path
+
+    from embedrank.testing.tiny import tiny_model
+
+    monkeypatch.setenv("EMBEDRANK_CACHE", str(tmp_path / "cache"))
+    model = shutil.copytree(tiny_model("bert"), tmp_path / "model")
+    calls = []
+
+    def encoder() -> Encoder:
+        enc = Encoder.from_pretrained(str(model), backend="torch")
+        embed = enc.embed_for_ranges
+        monkeypatch.setattr(enc, "embed_for_ranges", lambda texts, **kw: calls.append(len(texts)) or embed(texts, **kw))
+        return enc
+
+    first = encoder()
+    ranges = first.quantization_ranges()
+    stored = first.range_sample.stored_path(f"{first.ranges_depend_on()}|normalize=True")
+    assert calls == [1000] and first.range_sample.read_from is None and stored.is_file()
+    assert list(stored.parent.iterdir()) == [stored]  # no temporary file left beside it
+
+    again = encoder()  # a new process would do the same: the file, not the computation
+    np.testing.assert_array_equal(again.quantization_ranges(), ranges)
+    np.testing.assert_array_equal(again.quantization_ranges(8), first.quantization_ranges(8))
+    assert calls == [1000] and again.range_sample.read_from == stored
+
+    stored.write_bytes(stored.read_bytes()[:1000])  # cut short (a disk that filled up)
+    cut = encoder()
+    np.testing.assert_array_equal(cut.quantization_ranges(), ranges)
+    assert calls == [1000, 1000] and cut.range_sample.read_from is None
+    np.save(stored, np.zeros((999, 32), dtype=np.float32))  # another sample's shape
+    np.testing.assert_array_equal(encoder().quantization_ranges(), ranges)
+    assert calls == [1000, 1000, 1000]
+    np.save(stored, np.full((1000, 32), np.nan, dtype=np.float32))  # not finite
+    np.testing.assert_array_equal(encoder().quantization_ranges(), ranges)
+    assert len(calls) == 4
+
+    unnormalized = encoder()
+    unnormalized.quantization_ranges(normalize=False)  # another key: computed, stored beside the first
+    assert len(calls) == 5 and len(list(stored.parent.iterdir())) == 2
+    sample = encoder()
+    sample.fit_ranges(["a text of the user's corpus", "another one of them"])
+    sample.quantization_ranges()  # the user's sample: its own key
+    assert calls[-1] == 2
+    weights = next(Path(model).glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved again
+    retrained = encoder()
+    retrained.quantization_ranges()
+    assert calls[-1] == 1000 and retrained.range_sample.read_from is None
+
+    monkeypatch.setenv("EMBEDRANK_CACHE", "/proc/no-such-cache")  # a store that cannot be written: still served
+    np.testing.assert_array_equal(encoder().quantization_ranges(), ranges)
+
+
 @pytest.mark.slow
 def test_encoder_embedding_types_equal_sentence_transformers_with_the_same_calibration(st_model):
     encoder = Encoder.from_pretrained()  # its own copy: fit_ranges() changes it

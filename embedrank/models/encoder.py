@@ -24,8 +24,9 @@ from embedrank.models.dense import apply_dense, load_dense
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
 from embedrank.models.router import Branched, on_branch
+from embedrank.models.signature import EmbeddingSignature
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve, weights_fingerprint
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer, runs_on
 from embedrank.texts import data_dir_sample, vocabulary_texts
@@ -432,6 +433,17 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
 
     def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
         return self.encode(texts, batch_size=64, show_progress=False, prompt="", normalize=normalize)
+
+    def ranges_depend_on(self) -> str | None:
+        """The embedding signature, the weights' names, sizes and times, and the runtime's graph and the
+        precision it computes in (an int8 graph calibrated otherwise, bf16 on a CPU without it: other vectors)."""
+        weights = weights_fingerprint(self.spec.path) if Path(self.spec.path).is_dir() else ""
+        runtime = self.runtime
+        graph = getattr(runtime, "path", "")
+        computes = getattr(runtime, "inference_precision", "")
+        device = getattr(runtime, "device", "cpu")
+        key = EmbeddingSignature.of(self).cache_key()
+        return f"{key}|weights={weights}|graph={graph}|computes={computes}|device={device}"
 
 
 class OverEncoder(TokenizesText, RuntimeFacts):

@@ -16,10 +16,22 @@ calibrates). A model gets its range sample from, in order:
 The embeddings are computed once per model and kept; ranges for a truncated ``dimensions`` are taken from
 the truncated (and, for normalizing models, renormalized) sample embeddings, as the vectors they
 quantize are.
+
+They are also kept on disk, in ``<cache>/ranges/`` (``$EMBEDRANK_CACHE``, else ``~/.cache/embedrank``), under
+the SHA-256 of everything they depend on: the model's embedding signature with its weights' names, sizes and
+modification times, whether the sample was normalized, and the sample's texts. The next process that loads
+the same model (the service's next start, a replica sharing the cache, a container whose image baked them)
+reads them instead of embedding the sample again. Files are written whole (a temporary file renamed into
+place); one that cannot be read, or whose shape, type or values are not what the sample gives, is computed
+again and replaced, never used.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,7 +43,11 @@ import numpy as np
 from embedrank.errors import InvalidInputError
 from embedrank.math.quantization import quantization_ranges
 from embedrank.math.similarity import truncate_dims
+from embedrank.paths import default_cache_dir
 from embedrank.texts import read_texts
+
+logger = logging.getLogger(__name__)
+STORE_FOLDER = "ranges"
 
 
 class RangeSample:
@@ -43,25 +59,86 @@ class RangeSample:
         self.texts = list(texts)
         self._embeddings: np.ndarray | None = None
         self._lock = threading.Lock()
+        self.read_from: Path | None = None  # the store's file the embeddings were read from, if they were
 
     @classmethod
     def of(cls, texts: Sequence[str] | str | Path) -> RangeSample:
         """From a list of texts, or the path of a ``.txt``/``.jsonl`` file (:func:`read_texts`)."""
         return cls(read_texts(texts) if isinstance(texts, (str, Path)) else texts)
 
-    def embeddings(self, encode: Callable[[list[str]], np.ndarray]) -> np.ndarray:
-        """The sample's embeddings, computed with ``encode`` on first use."""
+    def embeddings(self, encode: Callable[[list[str]], np.ndarray], *, stored_as: str | None = None) -> np.ndarray:
+        """The sample's embeddings ``(N, D)``, computed with ``encode`` on first use. With ``stored_as`` (what
+        the embeddings depend on besides the texts) they are read from, or written to, the on-disk store."""
         with self._lock:
             if self._embeddings is None:
-                self._embeddings = np.asarray(encode(self.texts), dtype=np.float32)
+                path = self.stored_path(stored_as) if stored_as is not None else None
+                found = read_stored(path, len(self.texts)) if path is not None else None
+                self.read_from = path if found is not None else None
+                if found is None:
+                    found = np.asarray(encode(self.texts), dtype=np.float32)
+                    if path is not None:
+                        write_stored(path, found)
+                self._embeddings = found
             return self._embeddings
 
+    def stored_path(self, depends_on: str) -> Path:
+        """The store's file for this sample embedded as ``depends_on`` says."""
+        digest = hashlib.sha256(depends_on.encode())
+        for text in self.texts:
+            digest.update(b"\0" + text.encode("utf-8", "surrogatepass"))
+        return default_cache_dir() / STORE_FOLDER / f"{digest.hexdigest()}.npy"
+
     def ranges(
-        self, encode: Callable[[list[str]], np.ndarray], *, dimensions: int | None = None, normalize: bool = True
+        self,
+        encode: Callable[[list[str]], np.ndarray],
+        *,
+        dimensions: int | None = None,
+        normalize: bool = True,
+        stored_as: str | None = None,
     ) -> np.ndarray:
         """``(2, dimensions or D)`` per-dimension ``[min; max]`` for :func:`~embedrank.math.quantization.quantize`."""
-        sample = truncate_dims(self.embeddings(encode), dimensions, renormalize=normalize)
+        sample = truncate_dims(self.embeddings(encode, stored_as=stored_as), dimensions, renormalize=normalize)
         return quantization_ranges(sample)
+
+
+def read_stored(path: Path, rows: int) -> np.ndarray | None:
+    """The stored sample embeddings at ``path`` if they are whole: ``(rows, D)`` float32, every value finite
+    (None otherwise: missing, unreadable, cut short or of another sample)."""
+    try:
+        found = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, EOFError) as exc:
+        logger.warning("int8/uint8 range sample %s cannot be read (%s): computing it again", path, exc)
+        return None
+    if found.dtype != np.float32 or found.ndim != 2 or found.shape[0] != rows or not np.isfinite(found).all():
+        logger.warning(
+            "int8/uint8 range sample %s is not this sample's (%s %s): computing it again",
+            path,
+            found.dtype,
+            found.shape,
+        )
+        return None
+    return found
+
+
+def write_stored(path: Path, embeddings: np.ndarray) -> None:
+    """Write ``embeddings`` to ``path`` whole or not at all (a temporary file beside it, renamed into place); a
+    store that cannot be written is logged and skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".npy", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                np.save(out, embeddings, allow_pickle=False)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        logger.warning("int8/uint8 range sample not stored at %s (%s)", path, exc)
 
 
 class FitsRanges:
@@ -79,6 +156,11 @@ class FitsRanges:
     def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
         """``(N, D)`` embeddings of the sample's texts, without prompts."""
         raise NotImplementedError
+
+    def ranges_depend_on(self) -> str | None:
+        """What the sample's embeddings depend on besides its texts, which keys them in the on-disk store
+        (None: they are not stored)."""
+        return None
 
     @property
     def range_sample(self) -> RangeSample:
@@ -107,6 +189,10 @@ class FitsRanges:
     def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
         """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the range sample's embeddings (computed once)."""
         do_norm = self.normalize if normalize is None else normalize
+        depends_on = self.ranges_depend_on()
         return self.range_sample.ranges(
-            partial(self.embed_for_ranges, normalize=do_norm), dimensions=dimensions, normalize=do_norm
+            partial(self.embed_for_ranges, normalize=do_norm),
+            dimensions=dimensions,
+            normalize=do_norm,
+            stored_as=None if depends_on is None else f"{depends_on}|normalize={do_norm}",
         )

@@ -434,9 +434,16 @@ class HostedModel:
             if self.spec.kind == "embedding":
                 started = time.perf_counter()
                 part.quantization_ranges()
-                logger.info(
-                    "%s: int8/uint8 ranges fitted in %.1f s", label or self.spec.model_id, time.perf_counter() - started
-                )
+                encoder = getattr(part, "encoder", part)  # bge-m3's dense vectors are its encoder's
+                read_from = getattr(getattr(encoder, "range_sample", None), "read_from", None)
+                if read_from is not None:
+                    logger.info("%s: int8/uint8 ranges read from %s", label or self.spec.model_id, read_from)
+                else:
+                    logger.info(
+                        "%s: int8/uint8 ranges fitted in %.1f s",
+                        label or self.spec.model_id,
+                        time.perf_counter() - started,
+                    )
         self.backend, self.precision, self.inference_precision = runtime_of(model)
         self.fallback_reason = getattr(model, "fallback_reason", None)
         choice = getattr(model, "auto_choice", None)
