@@ -19,7 +19,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup lock run test test-fast lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -39,7 +39,9 @@ $(PYLATE_VENV)/.installed: tests/reference/pylate.txt constraints.txt
 	$(PYLATE_VENV)/bin/python -m pip install -q --no-deps -r tests/reference/pylate.txt
 	touch $@
 
-setup: $(VENV)/.installed $(PYLATE_VENV)/.installed
+setup: $(VENV)/.installed  ## the main environment (.venv): what make run, the library and the service need
+
+setup-tests: setup $(PYLATE_VENV)/.installed  ## also the test-only PyLate environment (.venv-pylate)
 
 lock:  ## resolve the newest allowed versions in a fresh environment, write them to constraints.txt, run the suite on them
 	rm -rf .venv-lock
@@ -54,8 +56,13 @@ lock:  ## resolve the newest allowed versions in a fresh environment, write them
 run: setup  ## the main job on the embedded defaults: a BEIR evaluation of the packaged model on the demo collection
 	$(OFFLINE) $(PY) eval/run.py
 
-test: setup lint typecheck  ## lint, type check, then the whole default suite (doctests, parity, service, data, notebooks)
+test: setup-tests lint typecheck  ## lint, type check, then the whole default suite (doctests, parity, service, data, notebooks)
 	$(OFFLINE) $(PY) -m pytest
+
+# the whole suite as on an AVX2-only CPU without bf16, with AVX2_LOAD busy loops beside it (tests/as_avx2.sh)
+AVX2_LOAD ?= 0
+test-avx2: setup-tests
+	tests/as_avx2.sh --load $(AVX2_LOAD) env $(OFFLINE) $(PY) -m pytest
 
 test-fast: setup
 	$(OFFLINE) $(PY) -m pytest -m "not slow and not notebooks"

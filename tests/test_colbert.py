@@ -2,7 +2,7 @@
 every backend that exports the transformer; MaxSim against direct computations; the model kind and its errors.
 
 PyLate pins sentence-transformers 5.3, so it runs in its own environment (``.venv-pylate``, built by
-``make setup`` from ``tests/reference/pylate.txt``) and hands its vectors over in a file.
+``make setup-tests``, which ``make test`` runs, from ``tests/reference/pylate.txt``) and hands its vectors over in a file.
 """
 
 from __future__ import annotations
@@ -46,8 +46,12 @@ def pylate_reference(models: dict[str, str], tmp_path: Path) -> dict[str, dict[s
     """PyLate's vectors and scores for each named model directory, from one run of its environment."""
     if not PYLATE.is_file():
         if os.environ.get("CI"):
-            pytest.fail("the PyLate reference environment .venv-pylate is missing (make setup builds it)")
-        pytest.skip("the PyLate reference environment .venv-pylate is missing (make setup builds it)")
+            pytest.fail(
+                "the PyLate reference environment .venv-pylate is missing (make setup-tests, which make test runs, builds it)"
+            )
+        pytest.skip(
+            "the PyLate reference environment .venv-pylate is missing (make setup-tests, which make test runs, builds it)"
+        )
     source = tmp_path / "in.json"
     source.write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}), encoding="utf-8")
     pairs = [str(x) for name, path in models.items() for x in (path, tmp_path / f"{name}.npz")]
