@@ -139,6 +139,30 @@ def test_another_key_sees_neither_files_nor_batches(app_client):
     assert wait(mine, batch.id).status == "completed"
 
 
+def test_a_line_with_invalid_utf_8_fails_its_batch_and_another_keys_batch_completes(tmp_path):
+    poison = (
+        jsonl([embed_line(0)]) + b'{"custom_id": "e-\xff", "method": "POST", "url": "/v1/embeddings", "body": {}}\n'
+    )
+    with running_app(tmp_path / "batches") as client:
+        mine, theirs = sdk(client, KEYS[0]), sdk(client, KEYS[1])
+        bad = mine.batches.create(
+            input_file_id=mine.files.create(file=("in.jsonl", poison), purpose="batch").id,
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+        )
+        uploaded = theirs.files.create(file=("in.jsonl", jsonl([embed_line(i) for i in range(3)])), purpose="batch")
+        other = theirs.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        assert wait(theirs, other.id).status == "completed"
+        failed = wait(mine, bad.id)
+        assert failed.status == "failed" and [(e.code, e.line) for e in failed.errors.data] == [
+            ("invalid_json_line", 2)
+        ]
+    with running_app(tmp_path / "batches") as client:  # and after a restart, a new batch runs as well
+        theirs = sdk(client, KEYS[1])
+        again = theirs.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        assert wait(theirs, again.id).status == "completed"
+
+
 def test_listing_pages_with_after_and_limit(app_client):
     api = sdk(app_client, KEYS[0])
     uploaded = api.files.create(file=("in.jsonl", jsonl([embed_line(0)])), purpose="batch")

@@ -245,6 +245,58 @@ def test_a_malformed_input_file_fails_the_batch_with_its_errors(store, tmp_path)
     ]
 
 
+def test_a_line_that_is_not_utf_8_fails_its_own_batch_and_every_other_batch_runs(store, tmp_path):
+    """Invalid UTF-8 in a line's custom_id, method or url is that line's error, never the worker's: the other
+    key's batch, created after it, completes."""
+    poison = [
+        b'{"custom_id": "a\xff", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}\n',
+        b'{"custom_id": "b", "method": "PO\xffST", "url": "/v1/embeddings", "body": {"input": "x"}}\n',
+        b'{"custom_id": "c", "method": "POST", "url": "/v1/\xc3(", "body": {"input": "x"}}\n',
+    ]
+    bad = new_batch(store, embeddings_file(2) + b"".join(poison))
+    file = store.add_file("owner-b", "in.jsonl", "batch", embeddings_file(3))
+    other = store.create_batch(
+        "owner-b", endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h",
+        window_seconds=86400, metadata=None,
+    )  # fmt: skip
+    asyncio.run(serve(store, lambda: finished(store, bad["id"])() and finished(store, other["id"])()))
+    assert store.get_batch("owner-b", other["id"])["status"] == "completed"
+    failed = store.get_batch(OWNER, bad["id"])
+    errors = json.loads(failed["errors"])
+    assert failed["status"] == "failed" and [(e["code"], e["line"]) for e in errors] == [
+        ("invalid_json_line", 3),
+        ("invalid_json_line", 4),
+        ("invalid_json_line", 5),
+    ]
+    assert "not UTF-8" in errors[0]["message"]
+
+
+def test_a_batch_whose_checking_fails_is_failed_after_a_few_tries_and_holds_up_no_other(store, tmp_path, monkeypatch):
+    from service.batches import worker as worker_module
+
+    bad = new_batch(store, embeddings_file(2))
+    good = new_batch(store, embeddings_file(3))
+    checked = worker_module.read_input
+
+    def read_input(batch_id: str, *args: Any, **kwargs: Any) -> Any:
+        if batch_id == bad["id"]:
+            raise MemoryError("a reason of this batch's own")
+        return checked(batch_id, *args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "read_input", read_input)
+    asyncio.run(serve(store, lambda: finished(store, bad["id"])() and finished(store, good["id"])()))
+    assert store.get_batch(OWNER, good["id"])["status"] == "completed"
+    failed = store.get_batch(OWNER, bad["id"])
+    assert failed["status"] == "failed" and json.loads(failed["errors"]) == [
+        {
+            "code": "validation_failed",
+            "message": "the input file could not be checked (MemoryError: a reason of this batch's own)",
+            "param": None,
+            "line": None,
+        }
+    ]
+
+
 def test_workers_claiming_at_once_never_share_a_chunk_or_a_finalizing(store):
     """Eight workers (threads, each with its connection) claim until nothing is left: every chunk is claimed by
     exactly one of them; of two claims on finalizing the same batch, one wins."""

@@ -118,6 +118,10 @@ def _check(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, str] | None:
         )
     except msgspec.DecodeError:
         return "invalid_json_line", "the line is not valid JSON"
+    except UnicodeDecodeError as exc:  # a string of the line (custom_id, method, url) is not UTF-8
+        return "invalid_json_line", f"the line is not valid JSON: it is not UTF-8 (byte {exc.start} of a string)"
+    except RecursionError:
+        return "invalid_json_line", "the line is not valid JSON: it nests too deeply"
     if not line.custom_id:
         return "missing_custom_id", "custom_id is empty"
     if line.custom_id in seen:

@@ -21,6 +21,7 @@ from typing import Any
 
 from embedrank.errors import NotReadyError
 from embedrank.serving.pool import ModelPool
+from service.batches.database import DatabaseUnavailableError
 from service.batches.lines import InputLine, Retry, read_input, request_lines, result_line, run_line, unrun_line
 from service.batches.store import BatchStore, Chunk
 from service.settings import Settings
@@ -30,6 +31,7 @@ logger = logging.getLogger("embedrank.service")
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 WATCH_SECONDS = 0.5  # how often a running chunk looks whether its batch was cancelled
 RETRY_SECONDS = 5.0  # after the store failed (its database unreachable, a disk full), the loop waits this long
+VALIDATION_TRIES = 3  # a batch whose checking fails so many times for a reason of its own is failed with it
 
 
 @dataclasses.dataclass
@@ -52,6 +54,7 @@ class BatchWorker:
     name: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
     lines_done: int = 0  # request lines this worker has recorded (output and error lines)
     _woken: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    _failures: dict[str, int] = dataclasses.field(default_factory=dict)  # batch id: its checks that failed in turn
 
     def wake(self) -> None:
         """Look for work now rather than at the next poll (a batch was just created here)."""
@@ -91,14 +94,54 @@ class BatchWorker:
             await asyncio.gather(*inflight, return_exceptions=True)
 
     async def _housekeeping(self) -> bool:
-        """Validate new batches and finalize finished ones; True when there was any."""
+        """Validate new batches and finalize finished ones; True when there was any.
+
+        A batch whose validation or finalizing fails for a reason of its own is set apart, so that no batch
+        holds up another (or another key's): its validation is tried again at the next round and, failing
+        :data:`VALIDATION_TRIES` times in turn, fails the batch with the reason; its finalizing is tried again
+        at the next round. The store failing (its database unreachable) stops the round: nothing can be done."""
         validating = await asyncio.to_thread(self.store.batches_in, "validating")
         for batch in validating:
-            await self.validate(batch)
+            try:
+                await self.validate(batch)
+            except DatabaseUnavailableError:
+                raise
+            except Exception as exc:
+                await self._validation_failed(batch, exc)
+            else:
+                self._failures.pop(batch["id"], None)
         finishing = await asyncio.to_thread(self.store.ready_to_finalize)
         for batch, ending in finishing:
-            await self.finalize(batch, ending)
+            try:
+                await self.finalize(batch, ending)
+            except DatabaseUnavailableError:
+                raise
+            except Exception as exc:
+                logger.error("batch %s: finalizing failed (%s: %s); trying again", batch["id"], type(exc).__name__, exc)
+                logger.debug("batch %s: finalizing failed", batch["id"], exc_info=exc)
         return bool(validating or finishing)
+
+    async def _validation_failed(self, batch: dict[str, Any], exc: Exception) -> None:
+        tries = self._failures[batch["id"]] = self._failures.get(batch["id"], 0) + 1
+        reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        logger.debug("batch %s: validation failed", batch["id"], exc_info=exc)
+        if tries < VALIDATION_TRIES:
+            logger.error(
+                "batch %s: validation failed (%s); trying again (%d of %d)",
+                batch["id"],
+                reason,
+                tries,
+                VALIDATION_TRIES,
+            )
+            return
+        logger.error("batch %s: validation failed %d times (%s): the batch fails", batch["id"], tries, reason)
+        message = f"the input file could not be checked ({reason})"
+        await asyncio.to_thread(
+            self.store.fail,
+            batch["id"],
+            [{"code": "validation_failed", "message": message, "param": None, "line": None}],
+        )
+        self._failures.pop(batch["id"], None)
 
     async def validate(self, batch: dict[str, Any]) -> None:
         """Check the batch's input file and cut it into chunks, or fail the batch with the file's errors."""
