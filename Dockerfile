@@ -33,8 +33,9 @@ COPY app.py /srv/embedrank/app.py
 RUN useradd --uid 10001 --user-group --no-log-init --home-dir /var/cache/embedrank --create-home embedrank
 USER embedrank
 WORKDIR /srv/embedrank
-# the packaged model's OpenVINO export, made now so that a container is ready seconds after it starts
-RUN HF_HUB_OFFLINE=1 python -c "from embedrank import Encoder; Encoder.from_pretrained().encode(['warm up'])"
+# the packaged model's OpenVINO export and its int8/uint8 range sample, made now so that a container is ready
+# seconds after it starts
+RUN HF_HUB_OFFLINE=1 python -c "from embedrank import Encoder; e = Encoder.from_pretrained(); e.encode(['warm up']); e.quantization_ranges()"
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"]

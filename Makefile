@@ -19,7 +19,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -63,6 +63,9 @@ test: setup-tests lint typecheck  ## lint, type check, then the whole default su
 AVX2_LOAD ?= 0
 test-avx2: setup-tests
 	tests/as_avx2.sh --load $(AVX2_LOAD) env $(OFFLINE) $(PY) -m pytest
+
+test-extended: setup-tests  ## the benchmark-sized checks the default run leaves out (pytest -m extended)
+	$(OFFLINE) $(PY) -m pytest -m extended
 
 test-fast: setup
 	$(OFFLINE) $(PY) -m pytest -m "not slow and not notebooks"

@@ -54,7 +54,12 @@ else
 fi
 export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OV_CPU_MAX_ISA=AVX2
 set +e
-"${unshare[@]}" sh -c 'mount --bind "$0" /proc/cpuinfo && exec "$@"' "$fake" "$@"
+if "${unshare[@]}" sh -c 'mount --bind "$0" /proc/cpuinfo' "$fake" 2>/dev/null; then
+    "${unshare[@]}" sh -c 'mount --bind "$0" /proc/cpuinfo && exec "$@"' "$fake" "$@"
+else  # no mount namespace here (a container without CAP_SYS_ADMIN): the runtimes are capped, /proc/cpuinfo is not
+    echo "$0: cannot hide /proc/cpuinfo's flags here (no mount namespace); the runtimes are capped to AVX2" >&2
+    "$@"
+fi
 status=$?
 set -e
 exit "$status"
