@@ -1,6 +1,6 @@
 """Render the documentation's benchmarks page from the result files ``eval/record.py`` writes.
 
-    python eval/render_benchmarks.py            # writes docs/benchmarks.md and docs/models.md
+    python eval/render_benchmarks.py            # writes docs/benchmarks.md, docs/models.md, eval/results/suite.md
     python eval/render_benchmarks.py --check    # exit 1 if a page is not what the files render to
 
 Each result is shown with its command, date, wall time, CPU (model, cores, vector flags) and library
@@ -39,6 +39,9 @@ ORDER = (
     "index-memory",
     "container",
 )
+# the test suite's recorded runs (``suite``, ``suite-avx2``): rendered into a part of the testing guide
+SUITE_PART = REPO / "eval" / "results" / "suite.md"
+SUITE_RUNS = ("suite", "suite-avx2")
 # results rendered on a page of their own (name -> page, its introduction), not on the benchmarks page
 MODELS_PAGE = REPO / "docs" / "models.md"
 MODELS_INTRO = """# Supported models
@@ -215,6 +218,29 @@ def render_models(results: list[dict]) -> str:
     return "".join(parts)
 
 
+def suite_tail(output: str) -> str:
+    """What the testing guide shows of a recorded pytest run: its slowest tests and its closing line."""
+    lines = output.rstrip().splitlines()
+    start = next((i for i, line in enumerate(lines) if "slowest" in line and "durations" in line), len(lines) - 1)
+    hidden = re.compile(r"^\(\d+ durations < [\d.]+s hidden")
+    return "\n".join(line for line in lines[start:] if line.strip() and not hidden.match(line))
+
+
+def render_suite(results: list[dict]) -> str:
+    """The testing guide's durations: each recorded run of the suite with its command, date, CPU and slowest tests."""
+    runs = [r for r in results if r["name"] in SUITE_RUNS]
+    if not runs:
+        return "No run of the suite is recorded yet.\n"
+    parts = []
+    for r in runs:
+        minutes, seconds = divmod(round(r["seconds"]), 60)
+        parts.append(
+            f"### {r['title']}\n\n{minutes} min {seconds:02d} s in all.\n\n{_provenance(r)}\n"
+            f"```text\n{suite_tail(r['output'])}\n```\n"
+        )
+    return "\n".join(parts)
+
+
 def vector_isa(machine: dict) -> str:
     """The CPU's widest vector instructions in a few words (``AVX-512 + VNNI``, ``AVX2``)."""
     flags = set(machine.get("flags") or [])
@@ -351,7 +377,7 @@ def shown_output(output: str) -> str:
 
 
 def render(results: list[dict]) -> str:
-    results = [r for r in results if r["name"] != "support"]
+    results = [r for r in results if r["name"] != "support" and r["name"] not in SUITE_RUNS]
     parts = [INTRO, render_summary(results)]
     if not results:
         parts.append("\nNo results are recorded yet.\n")
@@ -373,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
     args = parser.parse_args(argv)
     results = load_results()
-    pages = {PAGE: render(results), MODELS_PAGE: render_models(results)}
+    pages = {PAGE: render(results), MODELS_PAGE: render_models(results), SUITE_PART: render_suite(results)}
     for path, page in pages.items():
         if args.check:
             if not path.is_file() or path.read_text(encoding="utf-8") != page:

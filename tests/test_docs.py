@@ -57,6 +57,9 @@ def test_benchmarks_page_is_rendered_from_the_result_files():
     assert (DOCS / "models.md").read_text(encoding="utf-8") == render_benchmarks.render_models(
         render_benchmarks.load_results()
     ), "docs/models.md was edited by hand or is stale: run python eval/render_benchmarks.py"
+    assert render_benchmarks.SUITE_PART.read_text(encoding="utf-8") == render_benchmarks.render_suite(
+        render_benchmarks.load_results()
+    ), "eval/results/suite.md (the testing guide's durations) is stale: run python eval/render_benchmarks.py"
     for result in render_benchmarks.load_results():
         assert result["command"] and result["date"] and result["machine"]["cpu"] and result["output"].strip()
 
