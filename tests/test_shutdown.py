@@ -106,7 +106,7 @@ def test_sigterm_drains_health_503_stalled_body_408_exit_0(server):
         answer += chunk
     assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer
     assert proc.wait(15) == 0
-    assert time.monotonic() - start < 6 + 2  # within the drain deadline
+    assert time.monotonic() - start < 6 + 10  # within the drain deadline (10 s for a busy machine to exit)
 
 
 def test_the_drain_deadline_bounds_a_half_sent_body(tmp_path):
@@ -138,4 +138,4 @@ def test_the_drain_deadline_bounds_a_half_sent_body(tmp_path):
         took = time.monotonic() - start
         stop.set()
         stalled.close()
-    assert code == 0 and took < 3 + 2, took
+    assert code == 0 and took < 3 + 10, took  # the drain, not the body's 30 s (10 s for a busy machine to exit)
