@@ -109,6 +109,7 @@ def test_a_quick_start_pasted_into_a_fresh_shell_succeeds(page, block, tmp_path)
     assert list(workdir.iterdir()) == [], "a quick start writes nothing into the directory it runs in"
 
 
+@pytest.mark.extended  # a whole install (90 s on 2 cores); the make path is what every run of make test installs
 def test_the_install_without_make_works_in_a_fresh_clone(tmp_path):
     """The getting-started page's pip commands, verbatim, in a fresh clone of this checkout's commit."""
     (block,) = [block for page in PAGES for block in shell_blocks(page) if is_install(block)]
