@@ -93,6 +93,8 @@ def test_range_samples_are_stored_and_read_back_and_a_bad_or_stale_file_is_compu
     ranges = first.quantization_ranges()
     stored = first.range_sample.stored_path(f"{first.ranges_depend_on()}|normalize=True")
     assert calls == [1000] and first.range_sample.read_from is None and stored.is_file()
+    monkeypatch.setattr(first, "ranges_depend_on", lambda: pytest.fail("keyed again after the first embedding"))
+    np.testing.assert_array_equal(first.quantization_ranges(), ranges)  # a request's ranges: no key, no file
     assert list(stored.parent.iterdir()) == [stored]  # no temporary file left beside it
 
     again = encoder()  # a new process would do the same: the file, not the computation

@@ -437,13 +437,14 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
     def ranges_depend_on(self) -> str | None:
         """The embedding signature, the weights' names, sizes and times, and the runtime's graph and the
         precision it computes in (an int8 graph calibrated otherwise, bf16 on a CPU without it: other vectors)."""
-        weights = weights_fingerprint(self.spec.path) if Path(self.spec.path).is_dir() else ""
+        signature = EmbeddingSignature.of(self)  # fingerprints the weights of local and hub models; here all
+        if signature.weights is None:
+            signature = dataclasses.replace(signature, weights=weights_fingerprint(self.spec.path))
         runtime = self.runtime
         graph = getattr(runtime, "path", "")
         computes = getattr(runtime, "inference_precision", "")
         device = getattr(runtime, "device", "cpu")
-        key = EmbeddingSignature.of(self).cache_key()
-        return f"{key}|weights={weights}|graph={graph}|computes={computes}|device={device}"
+        return f"{signature.cache_key()}|graph={graph}|computes={computes}|device={device}"
 
 
 class OverEncoder(TokenizesText, RuntimeFacts):

@@ -66,12 +66,16 @@ class RangeSample:
         """From a list of texts, or the path of a ``.txt``/``.jsonl`` file (:func:`read_texts`)."""
         return cls(read_texts(texts) if isinstance(texts, (str, Path)) else texts)
 
-    def embeddings(self, encode: Callable[[list[str]], np.ndarray], *, stored_as: str | None = None) -> np.ndarray:
-        """The sample's embeddings ``(N, D)``, computed with ``encode`` on first use. With ``stored_as`` (what
-        the embeddings depend on besides the texts) they are read from, or written to, the on-disk store."""
+    def embeddings(
+        self, encode: Callable[[list[str]], np.ndarray], *, stored_as: Callable[[], str | None] | None = None
+    ) -> np.ndarray:
+        """The sample's embeddings ``(N, D)``, computed with ``encode`` on first use. With ``stored_as`` (giving
+        what the embeddings depend on besides the texts, asked only then) they are read from, or written to,
+        the on-disk store."""
         with self._lock:
             if self._embeddings is None:
-                path = self.stored_path(stored_as) if stored_as is not None else None
+                depends_on = stored_as() if stored_as is not None else None
+                path = self.stored_path(depends_on) if depends_on is not None else None
                 found = read_stored(path, len(self.texts)) if path is not None else None
                 self.read_from = path if found is not None else None
                 if found is None:
@@ -94,7 +98,7 @@ class RangeSample:
         *,
         dimensions: int | None = None,
         normalize: bool = True,
-        stored_as: str | None = None,
+        stored_as: Callable[[], str | None] | None = None,
     ) -> np.ndarray:
         """``(2, dimensions or D)`` per-dimension ``[min; max]`` for :func:`~embedrank.math.quantization.quantize`."""
         sample = truncate_dims(self.embeddings(encode, stored_as=stored_as), dimensions, renormalize=normalize)
@@ -189,10 +193,14 @@ class FitsRanges:
     def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
         """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the range sample's embeddings (computed once)."""
         do_norm = self.normalize if normalize is None else normalize
-        depends_on = self.ranges_depend_on()
+
+        def stored_as() -> str | None:  # asked once, when the sample is first embedded: not on every request
+            depends_on = self.ranges_depend_on()
+            return None if depends_on is None else f"{depends_on}|normalize={do_norm}"
+
         return self.range_sample.ranges(
             partial(self.embed_for_ranges, normalize=do_norm),
             dimensions=dimensions,
             normalize=do_norm,
-            stored_as=None if depends_on is None else f"{depends_on}|normalize={do_norm}",
+            stored_as=stored_as,
         )
