@@ -3,8 +3,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-EMBEDRANK_DATA ?= $(abspath ../shared/data)
-export EMBEDRANK_DATA
 export TOKENIZERS_PARALLELISM ?= false
 # the tests and the main job run offline (the packaged model); `make serve` may load hub models
 OFFLINE := HF_HUB_OFFLINE=1
@@ -121,7 +119,7 @@ bench-index-memory: setup
 fuzz: setup  ## schemathesis --checks all, 1,000 fuzzing cases per operation (the suite runs 100)
 	$(PY) eval/fuzz_api.py
 
-eval: setup  ## the reference evaluations on ../shared/data, recorded for the benchmarks page
+eval: setup  ## the reference evaluations on $EMBEDRANK_DATA (else the user's data directory), recorded for the benchmarks page
 	$(RECORD) quality "Retrieval quality: SciFact, NFCorpus and Cranfield, dense, BM25 and hybrid" -- \
 	  $(PY) eval/run.py scifact nfcorpus-preprocessed-partial cranfield --retriever dense bm25 hybrid --metrics ndcg@10 recall@100
 	$(RECORD) quality-dl19 "Retrieval quality: TREC DL19, BM25 and BM25 reranked" -- \

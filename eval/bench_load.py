@@ -50,7 +50,9 @@ def texts() -> tuple[list[str], list[str]]:
 
     root = default_data_dir()
     if root is None or not (root / "scifact" / "corpus.jsonl").is_file():
-        raise SystemExit("needs ../shared/data/scifact (or $EMBEDRANK_DATA)")
+        raise SystemExit(
+            "needs scifact in $EMBEDRANK_DATA (else ~/.local/share/embedrank): python eval/get_data.py fetch scifact"
+        )
     ds = load_beir(root / "scifact")
     return list(ds.queries.values())[:200], [doc_text(d) for d in list(ds.corpus.values())[:400]]
 

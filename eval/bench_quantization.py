@@ -23,7 +23,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", nargs="?", default="scifact", help="BEIR collection name or path (default: scifact)")
-    p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
+    p.add_argument(
+        "--data-dir",
+        help="directory holding BEIR collections (default: $EMBEDRANK_DATA, else ~/.local/share/embedrank)",
+    )
     p.add_argument("--range-sample", type=int, default=1000, help="corpus documents the corpus ranges are fitted on")
     args = p.parse_args(argv)
 

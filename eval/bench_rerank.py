@@ -41,7 +41,7 @@ def main() -> None:
 
     root = default_data_dir()
     if root is None or not (root / "scifact" / "corpus.jsonl").is_file():
-        raise SystemExit("needs SciFact in the data directory ($EMBEDRANK_DATA or ../shared/data)")
+        raise SystemExit("needs SciFact in the data directory ($EMBEDRANK_DATA, else ~/.local/share/embedrank)")
     ds = load_beir(root / "scifact")
     queries = list(ds.queries.values())[: args.queries]
     passages = [doc_text(d) for d in list(ds.corpus.values())[: args.passages]]

@@ -29,7 +29,7 @@ EPILOG = """examples:
 systems are named by first stage, and "first>reranker" (the reranker's short name) when reranked; run
 files are runs/<dataset>/<system>.trec with ">" written "__".
 
-datasets are resolved in --data-dir, else $EMBEDRANK_DATA, else ../shared/data; a path to a BEIR
+datasets are resolved in --data-dir, else $EMBEDRANK_DATA, else ~/.local/share/embedrank; a path to a BEIR
 directory (corpus.jsonl, queries.jsonl, qrels/test.tsv) works too.
 """
 
@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="eval/run.py", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("datasets", nargs="*", help="dataset names (in --data-dir) or paths; none = demo collection")
-    p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
+    p.add_argument(
+        "--data-dir",
+        help="directory holding BEIR collections (default: $EMBEDRANK_DATA, else ~/.local/share/embedrank)",
+    )
     p.add_argument(
         "--retriever",
         nargs="+",
@@ -596,7 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     if demo:
         print(
             "\nThat was the built-in demo collection. Real benchmarks (BEIR layout, see README):\n"
-            "  python eval/run.py scifact --data-dir ../shared/data\n"
+            "  python eval/get_data.py fetch scifact   # into $EMBEDRANK_DATA, else ~/.local/share/embedrank\n"
+            "  python eval/run.py scifact\n"
             "  python eval/run.py scifact nfcorpus-preprocessed-partial cranfield --retriever dense bm25 hybrid\n"
             "  python eval/run.py --help"
         )

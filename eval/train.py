@@ -35,7 +35,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, FinetuneCo
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", help="BEIR collection with a train split (qrels/train.tsv), name or path")
     p.add_argument("--output", required=True, help="directory for the fine-tuned model")
-    p.add_argument("--data-dir", help="directory holding BEIR collections (default: $EMBEDRANK_DATA or ../shared/data)")
+    p.add_argument(
+        "--data-dir",
+        help="directory holding BEIR collections (default: $EMBEDRANK_DATA, else ~/.local/share/embedrank)",
+    )
     for field in dataclasses.fields(FinetuneConfig):
         default = getattr(defaults, field.name)
         flag = "--" + field.name.replace("_", "-")
