@@ -69,40 +69,32 @@ def test_bf16_says_it_is_bf16_and_stays_close(torch_encoder):
     assert cos.min() > 0.999
 
 
-def _judged_subset(scifact, n_queries: int = 100, n_distractors: int = 400):
-    """The first test queries, their judged documents and seeded distractors: a small judged collection."""
-    rng = np.random.default_rng(0)
-    queries = dict(list(scifact.queries.items())[:n_queries])
-    judged = {d for q in queries for d in scifact.qrels.get(q, {})}
-    others = sorted(set(scifact.corpus) - judged)
-    docs = sorted(judged) + [others[i] for i in rng.choice(len(others), n_distractors, replace=False)]
-    return queries, docs
-
-
-def _quantized_quality(enc, reference, scifact) -> dict[str, float]:
-    """What users of a quantized backend care about, against the fp32 reference on the same judged subset:
-    nDCG@10 of both, the mean top-10 overlap per query, and the mean cosine of the document vectors."""
+def _quantized_quality(enc, sample_dense, n_queries: int = 100, n_docs: int = 500) -> dict[str, float]:
+    """What users of a quantized backend care about, against the default fp32 encoder's cached vectors on a
+    judged subset of SciFact's sample (its first ``n_queries`` queries, their judged documents and seeded
+    others): nDCG@10 of both, the mean top-10 overlap per query, and the mean cosine of the document vectors."""
     from embedrank import evaluate
-    from embedrank.retrieval.data import doc_text
+    from embedrank.retrieval.data import doc_text, judged_sample
 
-    queries, docs = _judged_subset(scifact)
-    texts = [doc_text(scifact.corpus[d]) for d in docs]
-    qtexts = list(queries.values())
+    sample, sample_docs, sample_queries = sample_dense
+    subset = judged_sample(sample, n_docs, n_queries=n_queries)
+    rows = {d: i for i, d in enumerate(sample.corpus)}
+    docs = list(subset.corpus)
+    reference = (sample_docs[[rows[d] for d in docs]], sample_queries[:n_queries])
+    quantized = (enc.encode([doc_text(subset.corpus[d]) for d in docs], batch_size=32),
+                 enc.encode(list(subset.queries.values()), batch_size=32))  # fmt: skip
     out: dict[str, float] = {}
     tops = {}
-    for name, model in (("ref", reference), ("quant", enc)):
-        d = model.encode(texts, batch_size=32)
-        q = model.encode(qtexts, batch_size=32)
+    for name, (d, q) in (("ref", reference), ("quant", quantized)):
         scores = q @ d.T  # (Q, D)
         top = np.argsort(-scores, axis=1)[:, :10]
         tops[name] = top
-        run = {qid: {docs[j]: float(scores[i, j]) for j in top[i]} for i, qid in enumerate(queries)}
-        out[f"ndcg_{name}"] = evaluate(scifact.qrels, run, ["ndcg@10"])["ndcg@10"]
-        out[f"docs_{name}"] = d
+        run = {qid: {docs[j]: float(scores[i, j]) for j in top[i]} for i, qid in enumerate(subset.queries)}
+        out[f"ndcg_{name}"] = evaluate(subset.qrels, run, ["ndcg@10"])["ndcg@10"]
     out["overlap@10"] = float(
         np.mean([len(set(a) & set(b)) / 10 for a, b in zip(tops["ref"], tops["quant"], strict=True)])
     )
-    out["cosine"] = float((out.pop("docs_ref") * out.pop("docs_quant")).sum(axis=1).mean())
+    out["cosine"] = float((reference[0] * quantized[0]).sum(axis=1).mean())
     return out
 
 
@@ -120,14 +112,15 @@ def _assert_quantized_quality(quality: dict[str, float]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.data
-def test_openvino_int8_keeps_retrieval_quality(torch_encoder, scifact):
+def test_openvino_int8_keeps_retrieval_quality(scifact_sample_dense):
     enc = Encoder.from_pretrained(backend="openvino", precision="int8")
     assert enc.runtime.inference_precision.startswith("int8+")
-    _assert_quantized_quality(_quantized_quality(enc, torch_encoder, scifact))
+    _assert_quantized_quality(_quantized_quality(enc, scifact_sample_dense))
 
 
 @pytest.mark.slow
-def test_cross_encoder_backends_keep_scores_and_order(cross_encoder_dir, tmp_path):
+def test_cross_encoder_backends_keep_scores_and_order(cross_encoder_dir):
+    # the suite's cache: its exports are made by the first run, like the others
     query = "what causes the seasons on earth"
     docs = [t for t in TEXTS if t != query] + [
         "Seasons are caused by the distance from the sun, a common misconception.",
@@ -135,12 +128,12 @@ def test_cross_encoder_backends_keep_scores_and_order(cross_encoder_dir, tmp_pat
         "Axial tilt makes summer and winter.",
     ]
     ref = CrossEncoder.from_pretrained(cross_encoder_dir, backend="torch").score(query, docs)
-    fp32 = CrossEncoder.from_pretrained(cross_encoder_dir, backend="openvino", cache_dir=tmp_path)
+    fp32 = CrossEncoder.from_pretrained(cross_encoder_dir, backend="openvino")
     assert fp32.backend == "openvino" and fp32.num_labels == 1 and fp32.activation == "Sigmoid"
     assert np.abs(fp32.score(query, docs) - ref).max() < 1e-4
     calibration = [f"{d} {q}" for d in docs for q in ("seasons", "sun and earth")]
     int8 = CrossEncoder.from_pretrained(
-        cross_encoder_dir, backend="openvino", precision="int8", calibration=calibration, cache_dir=tmp_path
+        cross_encoder_dir, backend="openvino", precision="int8", calibration=calibration
     )
     scores = int8.score(query, docs)
     tau = kendalltau(scores, ref).statistic
@@ -185,12 +178,12 @@ def test_exported_backends_refuse_torch_only_options():
 
 @pytest.mark.slow
 @pytest.mark.data
-def test_onnx_int8_is_dynamic_and_keeps_retrieval_quality(torch_encoder, scifact):
+def test_onnx_int8_is_dynamic_and_keeps_retrieval_quality(scifact_sample_dense):
     enc = Encoder.from_pretrained(backend="onnx", precision="int8")
     assert enc.runtime.inference_precision == "int8+f32"
     info = (enc.runtime.path.parent / "export.json").read_text()
     assert '"calibration": null' in info  # dynamic quantization: no calibration texts
-    _assert_quantized_quality(_quantized_quality(enc, torch_encoder, scifact))
+    _assert_quantized_quality(_quantized_quality(enc, scifact_sample_dense))
 
 
 @pytest.mark.slow

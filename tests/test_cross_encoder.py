@@ -86,3 +86,23 @@ def test_load_reranker_detects_kind(cross_encoder_dir):
     assert isinstance(scorer, BiEncoderScorer) and scorer.kind == "bi-encoder"
     s = scorer.score(QUERY, DOCS[:2])
     assert s.shape == (2,) and s[0] > s[1]
+
+
+def test_a_bi_encoder_scorer_encodes_a_document_once_across_queries_and_scores_as_without_its_cache(
+    encoder, monkeypatch
+):
+    encoded: list[list[str]] = []
+    real = encoder.encode
+
+    def counting(texts, **kwargs):
+        encoded.append(list(texts))
+        return real(texts, **kwargs)
+
+    monkeypatch.setattr(encoder, "encode", counting)
+    scorer, plain = BiEncoderScorer(encoder, cache_size=3), BiEncoderScorer(encoder, cache_size=0)
+    a, b, c, d = DOCS[0], DOCS[3], DOCS[4], DOCS[5]
+    for query, docs in (("q one", [a, b, a]), ("q two", [b, c]), ("q three", [d]), ("q four", [a, c])):
+        np.testing.assert_allclose(scorer.score(query, docs), plain.score(query, docs), atol=1e-5)
+    ours = encoded[0::2]  # the calls alternate: the cached scorer's, then the plain one's
+    assert [texts[1:] for texts in ours] == [[a, b], [c], [d], [a]]  # a was the least recent when d came
+    assert [texts[1:] for texts in encoded[1::2]] == [[a, b], [b, c], [d], [a, c]]  # without a cache: each call's own

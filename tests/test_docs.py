@@ -115,8 +115,11 @@ def test_http_examples_are_answered(page, fake_service):
 @pytest.mark.slow
 @pytest.mark.data
 @pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: str(p.relative_to(REPO)))
-def test_python_examples_run(page, scifact_dense, cross_encoder_dir, monkeypatch, tmp_path, capsys):
-    # the SciFact corpus vectors are in the embedding cache (scifact_dense), as after a first run
+def test_python_examples_run(
+    page, sample_data_dir, scifact_sample_dense, cross_encoder_dir, monkeypatch, tmp_path, capsys
+):
+    # SciFact is its judged sample, whose vectors are in the embedding cache, as after a first run
+    monkeypatch.setenv("EMBEDRANK_DATA", str(sample_data_dir))
     # offline, the hub id the examples name is a seeded model of the same layout in a hub cache of the test's
     _cache_as_hub_model(tmp_path / "hub", "cross-encoder/ms-marco-MiniLM-L6-v2", Path(cross_encoder_dir), monkeypatch)
     monkeypatch.chdir(tmp_path)

@@ -86,8 +86,8 @@ def test_factory_and_protocol():
 
 @pytest.mark.slow
 @pytest.mark.data
-def test_real_embeddings_flat_equals_oracle_and_ann_recall(scifact_dense):
-    ds, doc_vectors, query_vectors = scifact_dense
+def test_real_embeddings_flat_equals_oracle_and_ann_recall(scifact_sample_dense):
+    ds, doc_vectors, query_vectors = scifact_sample_dense
     ids = list(ds.corpus)
     exact = build_index(384, kind="numpy")
     exact.add(ids, doc_vectors)

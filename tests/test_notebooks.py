@@ -51,10 +51,12 @@ def test_committed_notebook_carries_its_outputs_and_figures(path):
 @pytest.mark.notebooks
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_and_draws_its_figures(path, data_dir):
+def test_notebook_runs_and_draws_its_figures(path, sample_data_dir, scifact_sample_dense):
     from execute_notebooks import run_notebook  # eval/: the same run as `make notebooks`, in quick mode
 
-    nb = run_notebook(path, {"EMBEDRANK_NOTEBOOK_QUICK": "1", "EMBEDRANK_DATA": str(data_dir)}, timeout=600)
+    # quick mode, on SciFact's judged sample (its vectors in the embedding cache, as after a first run)
+    env = {"EMBEDRANK_NOTEBOOK_QUICK": "1", "EMBEDRANK_DATA": str(sample_data_dir)}
+    nb = run_notebook(path, env, timeout=600)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     missing = [c.source.splitlines()[0] for c in _figure_cells(nb) if not _has_image(c)]

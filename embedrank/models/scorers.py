@@ -7,6 +7,9 @@ score).
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
@@ -60,16 +63,23 @@ class BiEncoderScorer:
     """Reranks by cosine similarity between the query embedding and each document embedding.
 
     When the documents' vectors are already at hand (an index built with the same encoder holds them),
-    :meth:`score_vectors` scores them without encoding the documents again.
+    :meth:`score_vectors` scores them without encoding the documents again. Otherwise the vectors of the
+    last ``cache_size`` distinct documents (or windows) it encoded are kept (about 1.5 KiB each for a 384-d
+    model; 0 keeps none): a document that is a candidate of several queries of a run is encoded once.
     """
 
     kind: ScorerKind = "bi-encoder"
 
-    def __init__(self, encoder: Encoder, *, batch_size: int = 32, chunking: Chunking | None = None) -> None:
+    def __init__(
+        self, encoder: Encoder, *, batch_size: int = 32, chunking: Chunking | None = None, cache_size: int = 10_000
+    ) -> None:
         self.encoder = encoder
         self.model_id = encoder.model_id
         self.batch_size = batch_size
         self.chunking = chunking  # None: long documents are truncated; else windows, aggregated
+        self.cache_size = cache_size
+        self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()  # text digest -> (D,), least recent first
+        self._lock = threading.Lock()
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         if not isinstance(query, str):
@@ -88,13 +98,26 @@ class BiEncoderScorer:
 
     def with_chunking(self, chunking: Chunking | None) -> BiEncoderScorer:
         """The same model, scoring with ``chunking`` (None: truncation)."""
-        return BiEncoderScorer(self.encoder, batch_size=self.batch_size, chunking=chunking)
+        return BiEncoderScorer(self.encoder, batch_size=self.batch_size, chunking=chunking, cache_size=self.cache_size)
 
     def _cosines(self, query: str, docs: Sequence[str]) -> np.ndarray:
-        """One pass for query and documents, each with its own prompt (none for most models)."""
-        texts = [self.encoder.query_prompt + query, *(self.encoder.document_prompt + d for d in docs)]
-        vectors = self.encoder.encode(texts, batch_size=self.batch_size, show_progress=False, prompt="")  # (1 + N, D)
-        return cosine_scores(vectors[0], vectors[1:])
+        """One pass for the query and the documents not in the cache, each with its own prompt (none for
+        most models)."""
+        keys = [hashlib.blake2b(d.encode("utf-8", "surrogatepass"), digest_size=16).digest() for d in docs]
+        with self._lock:  # the cache is shared by the threads that score with this scorer
+            known = {k: self._vectors[k] for k in keys if k in self._vectors}
+        missing = {k: d for k, d in zip(keys, docs, strict=True) if k not in known}  # first text of each key
+        texts = [self.encoder.query_prompt + query, *(self.encoder.document_prompt + d for d in missing.values())]
+        vectors = self.encoder.encode(texts, batch_size=self.batch_size, show_progress=False, prompt="")  # (1 + M, D)
+        known.update(zip(missing, [row.copy() for row in vectors[1:]], strict=True))  # not views of the batch
+        doc_vectors = np.stack([known[k] for k in keys]) if keys else vectors[1:]  # (N, D)
+        with self._lock:
+            for k in keys:
+                self._vectors[k] = known[k]
+                self._vectors.move_to_end(k)
+            while len(self._vectors) > self.cache_size:
+                self._vectors.popitem(last=False)
+        return cosine_scores(vectors[0], doc_vectors)
 
     def score_vectors(self, query_vector: np.ndarray, document_vectors: np.ndarray) -> np.ndarray:
         """Cosine of a query vector ``(D,)`` with stored document vectors ``(N, D)`` from the same encoder."""

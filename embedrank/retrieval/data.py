@@ -255,6 +255,32 @@ def write_beir(
     return root
 
 
+def judged_sample(dataset: BeirDataset, n_docs: int, *, n_queries: int | None = None, seed: int = 0) -> BeirDataset:
+    """A smaller collection with the same judgments: the first ``n_queries`` queries (all by default), every
+    document judged for them, and seeded unjudged documents up to ``n_docs`` in all, in corpus order.
+
+    Every judged document stays, so for a fixed model each query's nDCG@k and recall@k on the sample are at
+    least those on the whole collection (only unjudged documents leave the ranking); the sample is for
+    quick experiments and tests, not for figures to compare with published ones. The same ``dataset``,
+    sizes and ``seed`` give the same sample. Its ``path`` is the source's; :func:`write_beir` writes it out.
+
+    Raises:
+        ValueError: if the queries' judged documents alone number more than ``n_docs``.
+    """
+    import numpy as np
+
+    queries = dict(list(dataset.queries.items())[:n_queries])
+    qrels = {q: dict(dataset.qrels[q]) for q in queries if q in dataset.qrels}
+    judged = {d for rels in qrels.values() for d in rels if d in dataset.corpus}
+    if len(judged) > n_docs:
+        raise ValueError(f"{len(queries)} queries judge {len(judged)} documents, more than n_docs={n_docs}")
+    others = [d for d in dataset.corpus if d not in judged]
+    picked = np.random.default_rng(seed).choice(len(others), min(n_docs - len(judged), len(others)), replace=False)
+    keep = judged | {others[i] for i in picked}
+    corpus = {d: dict(doc) for d, doc in dataset.corpus.items() if d in keep}
+    return BeirDataset(name=dataset.name, path=dataset.path, corpus=corpus, queries=queries, qrels=qrels)
+
+
 def write_demo_collection(directory: str | os.PathLike[str]) -> Path:
     """Write the built-in demo collection in BEIR layout under ``directory/demo`` and return its path."""
     return write_beir(
