@@ -36,6 +36,11 @@ class UnsupportedModelError(EmbedrankError):
     """The model's own files ask for something embedrank does not implement."""
 
 
+class ModelLoadError(EmbedrankError):
+    """A model that was found could not be loaded (unreadable weights, a failed export, too little memory);
+    the message names the model and says why."""
+
+
 class ConfigurationError(EmbedrankError, ValueError):
     """A model entry cannot be served as configured (a precision its kind does not run in, a missing file)."""
 

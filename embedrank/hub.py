@@ -65,7 +65,7 @@ def hub_path(model_id: str, tried: list[str], trust_remote_code: bool) -> str:
         patterns = hub_patterns(modules, files, trust_remote_code=trust_remote_code, router=router)
         return snapshot_download(model_id, allow_patterns=patterns, local_files_only=True)
     except (HFValidationError, OSError, ValueError) as exc:
-        tried.append(f"Hugging Face cache ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+        tried.append(f"Hugging Face cache {_hub_cache()} ({_cache_miss(exc)})")
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
         tried.append("Hugging Face hub (skipped: HF_HUB_OFFLINE is set)")
         raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}")
@@ -80,6 +80,23 @@ def hub_path(model_id: str, tried: list[str], trust_remote_code: bool) -> str:
     except Exception as exc:  # network errors come in many types; all mean the same here
         tried.append(f"Hugging Face hub ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
         raise ModelNotFoundError(f"model {model_id!r} not found; tried: {'; '.join(tried)}") from None
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def _cache_miss(exc: Exception) -> str:
+    """Why the hub cache did not have the model, in a few words."""
+    from huggingface_hub.utils import HFValidationError, LocalEntryNotFoundError
+
+    if isinstance(exc, LocalEntryNotFoundError):
+        return "not there"
+    if isinstance(exc, HFValidationError):
+        return "not a hub id"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
 
 def _has_weights(files: list[str]) -> bool:

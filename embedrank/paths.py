@@ -5,10 +5,12 @@ Both live below every layer that needs them (model exports, embedding cache, dat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 CACHE_ENV = "EMBEDRANK_CACHE"
@@ -34,6 +36,39 @@ def default_data_dir() -> Path:
     return base / "embedrank"
 
 
+_PARTIAL: set[Path] = set()  # temporary files and folders being written, until renamed into place or removed
+_PARTIAL_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[Path]:
+    """Mark ``path`` (a temporary file or folder that will be renamed into place) as being written, so that a
+    process told to stop at once can remove it (:func:`remove_unfinished`) instead of leaving it behind."""
+    path = Path(path)
+    with _PARTIAL_LOCK:
+        _PARTIAL.add(path)
+    try:
+        yield path
+    finally:
+        with _PARTIAL_LOCK:
+            _PARTIAL.discard(path)
+
+
+def remove_unfinished() -> list[Path]:
+    """Remove every file and folder :func:`writing` marks as still being written; returns them. For a process
+    that exits without waiting for the threads that write them."""
+    with _PARTIAL_LOCK:
+        found = sorted(_PARTIAL)
+        _PARTIAL.clear()
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return found
+
+
 def build_directory(target: str | Path, build: Callable[[Path], object], *, done: str = "config.json") -> str:
     """Build a directory at ``target`` by calling ``build`` on an empty temporary folder beside it, then
     renaming that into place, so concurrent processes never see half of it; returns ``target``. If another
@@ -42,14 +77,15 @@ def build_directory(target: str | Path, build: Callable[[Path], object], *, done
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        build(tmp)
-        if target.exists() and not any(target.iterdir()):
-            target.rmdir()
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process built it first, or target is a non-empty folder we must not replace
-            if not (target / done).is_file():
-                raise
+        with writing(tmp):
+            build(tmp)
+            if target.exists() and not any(target.iterdir()):
+                target.rmdir()
+            try:
+                os.rename(tmp, target)
+            except OSError:  # another process built it first, or target is a non-empty folder we must not replace
+                if not (target / done).is_file():
+                    raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)

@@ -15,7 +15,6 @@ import logging
 import secrets
 import sys
 from collections.abc import AsyncIterator, Mapping
-from functools import partial
 from typing import Any
 
 from litestar import Litestar, Request, Router
@@ -30,7 +29,7 @@ from embedrank.errors import ConfigurationError, shorten
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
 from embedrank.serving.vector_cache import VectorCache
-from service import shutdown
+from service import process, shutdown
 from service.auth import BearerAuth
 from service.batches.http import FILE_HANDLERS, FORM_PATHS, BatchService
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
@@ -75,7 +74,7 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
         set_decoded_body(request, await read_json_body(request, schema, settings))
 
 
-async def _load(service: ServiceState) -> None:
+async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
     try:
         loaded = await asyncio.to_thread(service.pool.load)
         on_idle = trim_heap if service.settings.tune_malloc else None  # give the kept peak heap back when quiet
@@ -92,9 +91,11 @@ async def _load(service: ServiceState) -> None:
         gc.freeze()
         service.status = "ok"
         logger.info("models ready: %s", ", ".join(service.pool.models))
-    except Exception as exc:  # keep serving /health with the reason
-        service.status, service.detail = "failed", f"{type(exc).__name__}: {exc}"
-        logger.exception("model loading failed")
+    except Exception as exc:
+        if exit_on_failure:  # a server process: one line, exit code 3 (service.process)
+            process.failed_while_serving(exc)
+        service.status, service.detail = "failed", f"{type(exc).__name__}: {exc}"  # an app in a test client
+        logger.error("model loading failed: %s", service.detail, exc_info=process.debugging())
 
 
 def create_app(
@@ -106,7 +107,13 @@ def create_app(
     (e.g. ``{"fake": FakeEncoder()}`` from :mod:`embedrank.testing.fake`) to serve instead of loading the
     configured ones; the fast HTTP tests use it.
     """
-    settings = settings or Settings.from_env()
+    if settings is None:  # the process's entry point (litestar run, uvicorn --factory)
+        try:
+            settings = Settings.from_env()
+            logging.getLogger("embedrank").setLevel(settings.log_level.upper())
+            return create_app(settings, wait_for_models=wait_for_models, models=models)
+        except Exception as exc:  # a setting, a model entry, a model that cannot be found: one line, code 3
+            process.fail_to_start(exc)
     keys = settings.api_keys
     generated = None
     if not keys and not settings.no_auth:
@@ -128,6 +135,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        server = asgi_server()  # before install() puts its handler in front of the server's
+        if server is not None:
+            listening = process.can_listen(server.config)
+            if listening is not None:  # the port is taken: say so now, not after the models have loaded
+                process.failed_while_serving(listening)
         if not settings.access_log:  # one log line per request costs ~10% of the event loop at high rates
             logging.getLogger("uvicorn.access").disabled = True
         if generated:
@@ -144,12 +156,17 @@ def create_app(
             )
         threads, cpus = compute_threads()  # a container's CPU quota, not the host's cores
         logger.info("compute threads: %d (usable CPUs: %d)", threads, cpus)
-        server = asgi_server()  # before install() puts its handler in front of the server's
         deadline = HeaderDeadline(server, settings.header_timeout_seconds) if server is not None else None
         if server is not None:
             json_parse_errors(server)
-        shutdown.install(partial(setattr, service, "status", "draining"), drain, settings.drain_seconds)
-        service.load_task = asyncio.get_running_loop().create_task(_load(service))
+        signals: list[int] = []
+
+        def draining(sig: int) -> None:
+            signals.append(sig)
+            service.status = "draining"
+
+        shutdown.install(draining, drain, settings.drain_seconds)
+        service.load_task = asyncio.get_running_loop().create_task(_load(service, exit_on_failure=server is not None))
         batch_worker = asyncio.get_running_loop().create_task(service.batches.run())  # type: ignore[union-attr]
         if deadline is not None:
             deadline.start()
@@ -165,6 +182,8 @@ def create_app(
             batch_worker.cancel()  # a chunk in flight is not recorded: it runs again after the restart
             await asyncio.gather(batch_worker, return_exceptions=True)
             await service.pool.drain(settings.drain_seconds)
+            if server is not None:  # a thread still loading or writing does not hold the exit up
+                process.exit_soon(process.exit_code(signals[0] if signals else None))
 
     inflight = shutdown.InFlight()
     service.metrics.in_progress.set_function(lambda: inflight.count)

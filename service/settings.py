@@ -265,6 +265,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     access_log: Annotated[bool, Meta(description="one log line per request (`/metrics` counts them either way)")] = (
         False
     )
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error"],
+        Meta(
+            description="the service's log lines at this level and above; `debug` also prints the traceback of a "
+            "failure that stops the start (otherwise one line, exit code 3)"
+        ),
+    ] = "info"
     tune_malloc: Annotated[
         bool,
         Meta(
@@ -497,6 +504,7 @@ class Settings:
     body_timeout_seconds: float = BODY_TIMEOUT_SECONDS
     header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS
     access_log: bool = False
+    log_level: str = "info"
     tune_malloc: bool = True
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
     token_ids: bool = True  # token-id input read as cl100k_base; False: refused
@@ -610,6 +618,7 @@ class Settings:
             body_timeout_seconds=config.body_timeout_seconds,
             header_timeout_seconds=config.header_timeout_seconds,
             access_log=config.access_log,
+            log_level=config.log_level,
             tune_malloc=config.tune_malloc,
             cors_origins=config.cors_origins,
             token_ids=config.token_ids != "off",

@@ -66,11 +66,11 @@ def _forward(handler: Any, sig: int, frame: FrameType | None) -> None:
         signal.raise_signal(sig)
 
 
-def install(on_drain: Callable[[], None], drain: Callable[[float], Awaitable[None]], drain_seconds: float) -> bool:
+def install(on_drain: Callable[[int], None], drain: Callable[[float], Awaitable[None]], drain_seconds: float) -> bool:
     """Chain the handler described in the module docstring in front of the current ones.
 
-    ``on_drain`` marks the service as draining (called in the signal handler), ``drain(timeout)`` finishes
-    the work in flight. Returns False (and installs nothing) off the main thread.
+    ``on_drain(signal)`` marks the service as draining (called in the signal handler), ``drain(timeout)``
+    finishes the work in flight. Returns False (and installs nothing) off the main thread.
     """
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -104,7 +104,7 @@ def install(on_drain: Callable[[], None], drain: Callable[[float], Awaitable[Non
             return
         started.append(sig)
         logger.info("%s: draining (up to %.0f s), then stopping", signal.Signals(sig).name, drain_seconds)
-        on_drain()
+        on_drain(sig)
         since = time.monotonic()
         loop.call_soon_threadsafe(spawn, sig, frame, since)
 

@@ -486,7 +486,7 @@ def test_a_cached_hub_model_without_weights_is_a_clear_miss(tmp_path, monkeypatc
     (repo / "refs" / "main").write_text("0" * 40)
     shutil.copy(Path(tiny_model("bert")) / "config.json", snapshot / "config.json")
     with pytest.raises(
-        ModelNotFoundError, match=r"Hugging Face cache \(FileNotFoundError: no safetensors .*HF_HUB_OFFLINE"
+        ModelNotFoundError, match=r"Hugging Face cache \S+ \(FileNotFoundError: no safetensors .*HF_HUB_OFFLINE"
     ):
         resolve("someone/half-downloaded")
     shutil.copy(Path(tiny_model("bert")) / "model.safetensors", snapshot / "model.safetensors")

@@ -43,7 +43,7 @@ import numpy as np
 from embedrank.errors import InvalidInputError
 from embedrank.math.quantization import quantization_ranges
 from embedrank.math.similarity import truncate_dims
-from embedrank.paths import default_cache_dir
+from embedrank.paths import default_cache_dir, writing
 from embedrank.texts import read_texts
 
 logger = logging.getLogger(__name__)
@@ -133,11 +133,11 @@ def write_stored(path: Path, embeddings: np.ndarray) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".npy", dir=path.parent)
         try:
-            with os.fdopen(fd, "wb") as out:
+            with writing(tmp), os.fdopen(fd, "wb") as out:
                 np.save(out, embeddings, allow_pickle=False)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, path)
+                os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

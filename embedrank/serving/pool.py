@@ -23,7 +23,14 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from embedrank.errors import ConfigurationError, InvalidInputError, ModelKindError, ModelNotFoundError, shorten
+from embedrank.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    ModelKindError,
+    ModelLoadError,
+    ModelNotFoundError,
+    shorten,
+)
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
 from embedrank.runtime.backends import check_backend
 from embedrank.runtime.cpus import limit_threads, usable_cpus
@@ -195,14 +202,25 @@ class ModelPool:
     def load(self) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an
         entry's ``calibration`` names and fitting embedding models' int8/uint8 ranges (on the texts its
-        ``ranges`` names, else the default sample) before the models are served. Returns the loaded models by id."""
+        ``ranges`` names, else the default sample) before the models are served. Returns the loaded models by id.
+
+        Raises:
+            ModelLoadError: a model could not be loaded; the message names it and gives the cause.
+        """
         loaded: dict[str, Any] = {}
         for model_id, served in self.models.items():
             entry = served.entry
             model = self._built.get(model_id)
-            if model is None:
-                model = served.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
-            served.prepare(model, ranges=entry.ranges, label=model_id)
+            try:
+                if model is None:
+                    model = served.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
+                served.prepare(model, ranges=entry.ranges, label=model_id)
+            except Exception as exc:  # each cause has its own type; all mean this entry cannot be served
+                where = f" from {served.spec.path}" if served.spec.path and served.spec.path != model_id else ""
+                reason = " ".join(str(exc).split()) or "no message"
+                raise ModelLoadError(
+                    f"model {model_id!r}{where} could not be loaded: {type(exc).__name__}: {reason}"
+                ) from exc
             loaded[model_id] = model
         return loaded
 

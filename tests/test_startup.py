@@ -1,0 +1,133 @@
+"""The service as a process on real servers: a start that cannot succeed ends with one line on stderr and
+exit code 3; SIGTERM while the models load ends the process at once, leaving no half-written export or
+range sample behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedrank.testing.launch import REPO, free_port, running_server
+
+pytestmark = pytest.mark.slow  # real servers as subprocesses
+
+
+def _litestar(port: int) -> list[str]:
+    litestar = Path(sys.executable).with_name("litestar")
+    return [str(litestar), "run", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def _start(env: dict[str, str], port: int, tmp_path: Path) -> subprocess.Popen[str]:
+    child = {k: v for k, v in os.environ.items() if k != "EMBEDRANK_LOG_LEVEL"}
+    child |= {"HF_HUB_OFFLINE": "1", "EMBEDRANK_BATCH_DIR": str(tmp_path / "batches"), **env}
+    return subprocess.Popen(
+        _litestar(port), cwd=REPO, env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _fails_to_start(env: dict[str, str], tmp_path: Path, port: int | None = None) -> tuple[int, list[str], str]:
+    """Start a server that should not start: its exit code, its stderr lines from the failure on, and all it
+    wrote."""
+    proc = _start(env, port or free_port(), tmp_path)
+    out, err = proc.communicate(timeout=120)
+    lines = err.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith("embedrank: cannot start:")), len(lines))
+    return proc.returncode, lines[first:], out + err
+
+
+@pytest.fixture
+def broken_model(tmp_path) -> str:
+    """A model folder whose configuration is found but whose weights cannot be read: it fails while loading,
+    after the server has started."""
+    from embedrank.testing.tiny import tiny_model
+
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_model("bert"), folder)
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        (
+            "missing model",
+            "model 'someone/not-here' not found; tried: local path 'someone/not-here' (does not exist); "
+            "Hugging Face cache ",
+        ),
+        ("bad setting", "EMBEDRANK_DRAIN_SECONDS (given 'soon'): expected a number"),
+        ("unreadable key file", "EMBEDRANK_API_KEYS_FILE="),
+        ("port in use", "cannot listen on 127.0.0.1:"),
+        ("model fails to load", "model 'broken' from "),
+    ],
+)
+def test_a_start_that_cannot_succeed_is_one_line_and_exit_code_3(case, says, tmp_path, broken_model):
+    env = {
+        "missing model": {"EMBEDRANK_MODELS": "someone/not-here"},
+        "bad setting": {"EMBEDRANK_DRAIN_SECONDS": "soon"},
+        "unreadable key file": {"EMBEDRANK_API_KEYS_FILE": str(tmp_path / "no-such-file")},
+        "port in use": {"EMBEDRANK_MODELS": "fake=fake:encoder"},
+        "model fails to load": {"EMBEDRANK_MODELS": f"broken={broken_model}", "EMBEDRANK_API_KEYS": "k"},
+    }[case]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1] if case == "port in use" else None
+        code, failure, everything = _fails_to_start(env, tmp_path, port)
+    assert code == 3, everything[-3000:]
+    assert len(failure) == 1 and says in failure[0], everything[-3000:]
+    assert "Traceback" not in everything
+    if case == "missing model":
+        assert failure[0].endswith("Hugging Face hub (skipped: HF_HUB_OFFLINE is set)")
+
+
+def test_the_debug_log_level_adds_the_traceback(tmp_path):
+    code, failure, everything = _fails_to_start(
+        {"EMBEDRANK_MODELS": "someone/not-here", "EMBEDRANK_LOG_LEVEL": "debug"}, tmp_path
+    )
+    assert code == 3 and len(failure) == 1 and "Traceback" in everything and "ModelNotFoundError" in everything
+
+
+def _unfinished(cache: Path) -> list[Path]:
+    """Temporary files and folders (named ``.<target>-...``) left in the cache, and exports without their
+    record."""
+    left = list(cache.rglob(".*"))
+    exports = cache / "exports"
+    if exports.is_dir():
+        left += [p for p in exports.iterdir() if p.is_dir() and not (p / "export.json").is_file()]
+    return left
+
+
+def test_sigterm_while_the_models_load_exits_at_once_and_leaves_nothing_half_written(tmp_path):
+    """The packaged model with an empty cache: its start exports it and fits its int8/uint8 ranges (seconds).
+    SIGTERM at seeded random points of that ends the process with code 0, without waiting for the loading
+    thread, and the cache holds only finished exports and samples; a last start uses them."""
+    cache = tmp_path / "cache"
+    env = {"EMBEDRANK_CACHE": str(cache), "EMBEDRANK_API_KEYS": "k"}
+    rng = np.random.default_rng(5)
+    for delay in rng.uniform(0.0, 4.0, size=3):
+        proc = _start(env, free_port(), tmp_path)
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the lifespan has started the loading thread
+            if "Application startup complete" in line:
+                break
+        time.sleep(delay)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - started
+        assert proc.returncode == 0, err[-3000:]
+        assert took < 10, f"{took:.1f} s to exit after SIGTERM during loading"  # ~0.7 s on a quiet 2-core machine
+        assert not _unfinished(cache), _unfinished(cache)
+    with running_server(env) as base:
+        assert base  # what the interrupted starts left is used or made again, and the service becomes ready
+    assert not _unfinished(cache)
