@@ -34,10 +34,8 @@ def _start(env: dict[str, str], port: int, tmp_path: Path) -> subprocess.Popen[s
     )
 
 
-def _fails_to_start(env: dict[str, str], tmp_path: Path, port: int | None = None) -> tuple[int, list[str], str]:
-    """Start a server that should not start: its exit code, its stderr lines from the failure on, and all it
-    wrote."""
-    proc = _start(env, port or free_port(), tmp_path)
+def _outcome(proc: subprocess.Popen[str]) -> tuple[int, list[str], str]:
+    """A server that should not start: its exit code, its stderr lines from the failure on, and all it wrote."""
     out, err = proc.communicate(timeout=120)
     lines = err.splitlines()
     first = next((i for i, line in enumerate(lines) if line.startswith("embedrank: cannot start:")), len(lines))
@@ -56,45 +54,42 @@ def broken_model(tmp_path) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize(
-    ("case", "says"),
-    [
-        (
-            "missing model",
-            "model 'someone/not-here' not found; tried: local path 'someone/not-here' (does not exist); "
-            "Hugging Face cache ",
-        ),
-        ("bad setting", "EMBEDRANK_DRAIN_SECONDS (given 'soon'): expected a number"),
-        ("unreadable key file", "EMBEDRANK_API_KEYS_FILE="),
-        ("port in use", "cannot listen on 127.0.0.1:"),
-        ("model fails to load", "model 'broken' from "),
-    ],
-)
-def test_a_start_that_cannot_succeed_is_one_line_and_exit_code_3(case, says, tmp_path, broken_model):
-    env = {
-        "missing model": {"EMBEDRANK_MODELS": "someone/not-here"},
-        "bad setting": {"EMBEDRANK_DRAIN_SECONDS": "soon"},
-        "unreadable key file": {"EMBEDRANK_API_KEYS_FILE": str(tmp_path / "no-such-file")},
-        "port in use": {"EMBEDRANK_MODELS": "fake=fake:encoder"},
-        "model fails to load": {"EMBEDRANK_MODELS": f"broken={broken_model}", "EMBEDRANK_API_KEYS": "k"},
-    }[case]
+# each case: what it sets, and what its one line says
+CASES = {
+    "missing model": (
+        {"EMBEDRANK_MODELS": "someone/not-here"},
+        "model 'someone/not-here' not found; tried: local path 'someone/not-here' (does not exist); "
+        "Hugging Face cache ",
+    ),
+    "bad setting": ({"EMBEDRANK_DRAIN_SECONDS": "soon"}, "EMBEDRANK_DRAIN_SECONDS (given 'soon'): expected a number"),
+    "unreadable key file": ({"EMBEDRANK_API_KEYS_FILE": "{tmp}/no-such-file"}, "EMBEDRANK_API_KEYS_FILE="),
+    "port in use": ({"EMBEDRANK_MODELS": "fake=fake:encoder"}, "cannot listen on 127.0.0.1:"),
+    "model fails to load": ({"EMBEDRANK_MODELS": "broken={broken}", "EMBEDRANK_API_KEYS": "k"}, "model 'broken' from "),
+}
+
+
+def test_a_start_that_cannot_succeed_is_one_line_and_exit_code_3(tmp_path, broken_model):
+    """Every case at once (each server is its own process), then each one's outcome."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1] if case == "port in use" else None
-        code, failure, everything = _fails_to_start(env, tmp_path, port)
-    assert code == 3, everything[-3000:]
-    assert len(failure) == 1 and says in failure[0], everything[-3000:]
-    assert "Traceback" not in everything
-    if case == "missing model":
-        assert failure[0].endswith("Hugging Face hub (skipped: HF_HUB_OFFLINE is set)")
-
-
-def test_the_debug_log_level_adds_the_traceback(tmp_path):
-    code, failure, everything = _fails_to_start(
-        {"EMBEDRANK_MODELS": "someone/not-here", "EMBEDRANK_LOG_LEVEL": "debug"}, tmp_path
-    )
-    assert code == 3 and len(failure) == 1 and "Traceback" in everything and "ModelNotFoundError" in everything
+        started = {}
+        for case, (env, _) in CASES.items():
+            env = {k: v.format(tmp=tmp_path, broken=broken_model) for k, v in env.items()}
+            port = taken.getsockname()[1] if case == "port in use" else free_port()
+            started[case] = _start(env, port, tmp_path / case.replace(" ", "-"))
+        debug = _start({"EMBEDRANK_MODELS": "someone/not-here", "EMBEDRANK_LOG_LEVEL": "debug"}, free_port(), tmp_path)
+        outcomes = {case: _outcome(proc) for case, proc in started.items()}
+        debug_code, debug_failure, debug_everything = _outcome(debug)
+    for case, (code, failure, everything) in outcomes.items():
+        says = CASES[case][1]
+        assert code == 3, (case, everything[-3000:])
+        assert len(failure) == 1 and says in failure[0], (case, everything[-3000:])
+        assert "Traceback" not in everything, case
+    assert outcomes["missing model"][1][0].endswith("Hugging Face hub (skipped: HF_HUB_OFFLINE is set)")
+    # EMBEDRANK_LOG_LEVEL=debug adds the traceback to the same line
+    assert debug_code == 3 and debug_failure == outcomes["missing model"][1]
+    assert "Traceback" in debug_everything and "ModelNotFoundError" in debug_everything
 
 
 def _unfinished(cache: Path) -> list[Path]:
@@ -114,7 +109,7 @@ def test_sigterm_while_the_models_load_exits_at_once_and_leaves_nothing_half_wri
     cache = tmp_path / "cache"
     env = {"EMBEDRANK_CACHE": str(cache), "EMBEDRANK_API_KEYS": "k"}
     rng = np.random.default_rng(5)
-    for delay in rng.uniform(0.0, 4.0, size=3):
+    for delay in rng.uniform(0.0, 2.5, size=3):
         proc = _start(env, free_port(), tmp_path)
         assert proc.stderr is not None
         for line in proc.stderr:  # the lifespan has started the loading thread
