@@ -3,7 +3,7 @@
 
 Starts ``litestar run`` on a free loopback port (by default with the weightless fake models, one embedding
 model with e5-style query/passage prompts and one cross-encoder, so that thousands of cases take seconds; ``--real`` serves the packaged
-MiniLM instead) and runs ``schemathesis run --checks all`` against ``/schema/openapi.json``: the examples,
+MiniLM instead) and runs ``schemathesis run --checks all`` against ``/openapi.json``: the examples,
 coverage (boundary values of every field) and fuzzing phases, positive and negative data, with a key.
 
 The schema names the served models (``model`` is an ``enum`` of the ids and aliases of ``/v1/models``), so
@@ -76,7 +76,7 @@ def _run(env: dict[str, str], tmp: str, cases: int, seed: int, workers: int, log
             "--config-file",
             str(EVAL / "schemathesis.toml"),
             "run",
-            f"{base}/schema/openapi.json",
+            f"{base}/openapi.json",
             "--checks",
             "all",
             "--max-examples",
@@ -121,7 +121,7 @@ def run_edges(base: str) -> dict:
 
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     with httpx.Client(base_url=base, headers=headers, timeout=120) as client:
-        schema = client.get("/schema/openapi.json").raise_for_status().json()
+        schema = client.get("/openapi.json").raise_for_status().json()
         models = [m["id"] for m in client.get("/v1/models").raise_for_status().json()["data"]]
         bases = fuzz_edges.bases(schema, models, lambda path, body: client.post(path, content=body).status_code)
         cases = fuzz_edges.edges(schema, bases)

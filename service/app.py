@@ -22,6 +22,7 @@ from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin, RedocRenderPlugin, SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 import embedrank
@@ -40,7 +41,7 @@ from service.litestar_internals import set_decoded_body
 from service.middleware import RequestMiddleware
 from service.observability import CacheMetrics, Metrics
 from service.openapi import complete_openapi
-from service.routes import BODIES, ROUTE_HANDLERS, ROUTES
+from service.routes import BODIES, DOC_PATHS, ROUTE_HANDLERS, ROUTES
 from service.settings import Settings, SettingsError
 
 logger = logging.getLogger("embedrank.service")
@@ -194,7 +195,12 @@ def create_app(
         await inflight.wait_idle(timeout)
         await service.pool.drain(max(0.0, timeout - (asyncio.get_running_loop().time() - start)))
 
-    auth = None if settings.no_auth else BearerAuth(keys, open_preflights=bool(settings.cors_origins))
+    open_paths = DOC_PATHS if settings.public_docs else ()
+    auth = (
+        None
+        if settings.no_auth
+        else BearerAuth(keys, open_preflights=bool(settings.cors_origins), open_paths=open_paths)
+    )
     service.auth = auth  # the exception handler checks it for paths that are no route (no middleware runs there)
     tracking = RequestMiddleware(service.metrics, auth, inflight)
     middleware = [tracking]
@@ -228,10 +234,17 @@ def create_app(
             title="embedrank",
             version=embedrank.__version__,
             description="Text embeddings (OpenAI-compatible) and reranking (Cohere/Jina-compatible) for the models this "
-            "server was configured with. Every route but /health needs "
-            "'Authorization: Bearer <key>'. Errors use the OpenAI body {error: {message, type, param, code}}.",
+            "server was configured with. Every route but /health (and this description, /openapi.json, with its "
+            "pages /docs and /docs/redoc) needs 'Authorization: Bearer <key>'. Errors use the OpenAI body "
+            "{error: {message, type, param, code}}.",
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
             security=[{"bearer": []}],
+            path="/docs",  # Swagger UI at /docs, ReDoc at /docs/redoc; the document also at /openapi.json
+            render_plugins=[
+                SwaggerRenderPlugin(path="/"),
+                RedocRenderPlugin(path="/redoc"),
+                JsonRenderPlugin(path="/openapi.json"),
+            ],
         ),
         debug=False,
     )

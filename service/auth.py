@@ -1,4 +1,5 @@
-"""Bearer-key authentication for every route except ``/health``, and for paths that are no route: without a
+"""Bearer-key authentication for every route except ``/health`` (and the API's description and its pages,
+``/openapi.json`` and ``/docs``, unless the ``public_docs`` setting is off), and for paths that are no route: without a
 valid key, an unknown path is a 401 like a known one, so routes cannot be discovered without a key. CORS
 preflights (``OPTIONS``), which browsers send without credentials, are open only when CORS is on; with CORS
 off, ``OPTIONS`` needs the key like every other method."""
@@ -36,15 +37,18 @@ def check_bearer(header: str | None, keys: Iterable[bytes]) -> None:
 
 
 class BearerAuth:
-    """The configured keys, checked against a request's ``Authorization`` header (not on ``/health``)."""
+    """The configured keys, checked against a request's ``Authorization`` header (not on ``open_paths``)."""
 
-    def __init__(self, keys: Iterable[str], *, open_preflights: bool = False) -> None:
+    def __init__(
+        self, keys: Iterable[str], *, open_preflights: bool = False, open_paths: Iterable[str] = OPEN_PATHS
+    ) -> None:
         self.keys = tuple(k.encode() for k in keys)
         self.open_preflights = open_preflights  # CORS on: browsers send preflights without credentials
+        self.open_paths = frozenset(open_paths) | OPEN_PATHS  # /health always; the API's pages when public
 
     def check(self, scope: Scope) -> None:
         """Raise :class:`NotAuthorizedException` unless the request may pass."""
-        if scope["path"] in OPEN_PATHS or (self.open_preflights and scope.get("method") == "OPTIONS"):
+        if scope["path"] in self.open_paths or (self.open_preflights and scope.get("method") == "OPTIONS"):
             return
         header = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), None)
         check_bearer(header, self.keys)

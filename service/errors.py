@@ -166,7 +166,7 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
     if isinstance(exc, MethodNotAllowedException):
         return APIError(
             405,
-            f"method not allowed on this route; allowed: {allowed_methods or 'see /schema'}",
+            f"method not allowed on this route; allowed: {allowed_methods or 'see /openapi.json'}",
             code="method_not_allowed",
             headers={"Allow": allowed_methods} if allowed_methods else {},
         )

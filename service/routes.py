@@ -266,6 +266,20 @@ async def tei_info(pool: ModelPool, state: State) -> tei.Info:
     return tei.info(pool, service_of(state).settings)
 
 
+@get(
+    ["/openapi.json", "/schema/openapi.json"],
+    include_in_schema=False,
+    media_type="application/vnd.oai.openapi+json",
+    sync_to_thread=False,
+)
+def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The API's OpenAPI description, as ``/docs/openapi.json`` (Swagger UI's and ReDoc's) serves it."""
+    return request.app.openapi_schema.to_schema()
+
+
+# the API's description and its pages: open without a key unless `public_docs` is off
+DOC_PATHS = frozenset({"/openapi.json", "/schema/openapi.json", "/docs", "/docs/", "/docs/redoc", "/docs/openapi.json"})
+
 ROUTE_HANDLERS = (
     *(h for h in batch_routes.HANDLERS if h not in batch_routes.FILE_HANDLERS),  # uploads: service.app
     embeddings,
@@ -282,6 +296,7 @@ ROUTE_HANDLERS = (
     tei_root,
     tei_tokenize,
     tei_info,
+    openapi_document,
 )
 """The one route table: the app serves these handlers, metrics label requests by their paths, and each POST
 body is decoded against the type of its handler's ``data`` parameter."""

@@ -265,6 +265,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     access_log: Annotated[bool, Meta(description="one log line per request (`/metrics` counts them either way)")] = (
         False
     )
+    public_docs: Annotated[
+        bool,
+        Meta(
+            description="serve the API's OpenAPI description (`/openapi.json`) and its Swagger UI (`/docs`) and "
+            "ReDoc (`/docs/redoc`) pages without a key; false: they need a key like every route but `/health`"
+        ),
+    ] = True
     log_level: Annotated[
         Literal["debug", "info", "warning", "error"],
         Meta(
@@ -505,6 +512,7 @@ class Settings:
     header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS
     access_log: bool = False
     log_level: str = "info"
+    public_docs: bool = True
     tune_malloc: bool = True
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
     token_ids: bool = True  # token-id input read as cl100k_base; False: refused
@@ -619,6 +627,7 @@ class Settings:
             header_timeout_seconds=config.header_timeout_seconds,
             access_log=config.access_log,
             log_level=config.log_level,
+            public_docs=config.public_docs,
             tune_malloc=config.tune_malloc,
             cors_origins=config.cors_origins,
             token_ids=config.token_ids != "off",

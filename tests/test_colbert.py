@@ -276,7 +276,7 @@ def test_the_service_serves_token_vectors_and_maxsim_and_refuses_what_does_not_a
         assert spans.status_code == 200, spans.text
         tei = client.post("/embed", json={"inputs": "x"})  # no model named: the dense model answers, not ColBERT
         assert tei.status_code == 200 and len(tei.json()[0]) == FakeEncoder().dimension
-        schema = client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
         enum = schema["properties"]["embedding_types"]["oneOf"][0]["items"]["enum"]
         assert "multivector" in enum and "sparse" not in enum
     with fake_service({"colbert": model}, limits=Limits(max_multivector_tokens=30)) as client:

@@ -136,10 +136,10 @@ def test_the_service_serves_every_output_and_refuses_what_does_not_apply(fake_se
             assert response.status_code == 400, (name, response.text)
         assert "bge-m3 models have" in refused["sparse from another model"].json()["error"]["message"]
         assert refused["sparse from another model"].json()["error"]["code"] == "output_not_available"
-        schema = client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
         assert {"sparse", "multivector"} <= set(schema["properties"]["embedding_types"]["oneOf"][0]["items"]["enum"])
     with fake_service({"plain": FakeEncoder()}) as client:  # no bge-m3 served: the schema does not offer them
-        schema = client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
         assert "sparse" not in schema["properties"]["embedding_types"]["oneOf"][0]["items"]["enum"]
     with fake_service({"m3": m3}, limits=Limits(max_multivector_tokens=10)) as client:
         body = {"model": "m3", "input": TEXTS, "embedding_types": ["multivector"]}

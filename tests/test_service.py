@@ -23,6 +23,7 @@ from embedrank.models.chunking import Chunking, split_windows
 from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.app import create_app
+from service.routes import DOC_PATHS
 from service.settings import Limits, ModelEntry, Settings, SettingsError
 
 MODEL = "fake-encoder"
@@ -214,7 +215,7 @@ def test_models_health_metrics(client):
 def test_every_served_route_is_counted_under_its_own_path(client):
     from service.app import ROUTES
 
-    served = {route.path for route in client.app.routes if not route.path.startswith("/schema")}
+    served = {route.path for route in client.app.routes if not route.path.startswith("/docs")}  # Litestar's pages
     assert served == ROUTES
     assert client.post("/v1/tokenize", json={"model": MODEL, "input": "count me"}).status_code == 200
     text = client.get("/metrics").text
@@ -222,8 +223,8 @@ def test_every_served_route_is_counted_under_its_own_path(client):
 
 
 def test_openapi_describes_routes_examples_and_errors(client):
-    schema = client.get("/schema/openapi.json").json()
-    text = client.get("/schema/openapi.json").text
+    schema = client.get("/openapi.json").json()
+    text = client.get("/openapi.json").text
     assert "SPEC" not in text and "shared/" not in text  # the description speaks for itself, no outside file
     for path in ("/v1/embeddings", "/v1/rerank", "/v1/models", "/health", "/metrics"):
         assert path in schema["paths"]
@@ -551,13 +552,13 @@ def test_input_42_says_what_was_wrong(client):
 
 
 def test_schema_states_the_limits_the_server_enforces(client):
-    schemas = client.get("/schema/openapi.json").json()["components"]["schemas"]
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
     emb, rr = schemas["EmbeddingsRequest"]["properties"], schemas["RerankRequest"]["properties"]
     text = str(emb["input"])
     assert "'minLength': 1" in text and "'minItems': 1" in text
     assert "'minimum': 1" in str(emb["dimensions"]) and "'minimum': 1" in str(rr["top_n"])
     assert rr["query"]["minLength"] == 1 and rr["documents"]["minItems"] == 1
-    paths = client.get("/schema/openapi.json").json()["paths"]
+    paths = client.get("/openapi.json").json()["paths"]
     assert paths["/health"]["get"]["security"] == []  # documented as open, as it is
     assert "401" in paths["/metrics"]["get"]["responses"]
     assert "408" in paths["/v1/embeddings"]["post"]["responses"]
@@ -565,7 +566,7 @@ def test_schema_states_the_limits_the_server_enforces(client):
 
 def test_schema_names_the_served_models_and_limits(client):
     """``model`` is an enum of the ids and aliases ``/v1/models`` lists for the route; limits are bounds."""
-    schemas = client.get("/schema/openapi.json").json()["components"]["schemas"]
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
     emb, rr = schemas["EmbeddingsRequest"]["properties"], schemas["RerankRequest"]["properties"]
     cards = client.get("/v1/models").json()["data"]
     served = {
@@ -651,12 +652,29 @@ def test_every_route_but_health_needs_the_key():
                 resp = c.request(method, path, headers=headers)
                 if path == "/health":
                     assert resp.status_code in (200, 204), (method, path)
+                elif path in DOC_PATHS:  # the API's description and its pages: open (public_docs)
+                    assert resp.status_code != 401, (method, path)
                 else:
                     assert resp.status_code == 401, (method, path, headers, resp.status_code)
         assert c.get("/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200  # RFC 7235
         assert c.get("/v1/nope", headers=AUTH).status_code == 404  # with the key: what the path is
         assert c.delete("/v1/embeddings", headers=AUTH).status_code == 405
         assert c.options("/v1/embeddings", headers=AUTH).status_code == 204
+
+
+def test_the_api_description_and_its_pages_are_open_unless_closed():
+    with TestClient(make_app()) as c:
+        document = c.get("/openapi.json")
+        assert document.status_code == 200 and document.json() == c.get("/docs/openapi.json").json()
+        assert document.json() == c.get("/schema/openapi.json").json()  # where it was before
+        assert "/v1/embeddings" in document.json()["paths"] and "/openapi.json" not in document.json()["paths"]
+        for page, marker in (("/docs", "swagger-ui"), ("/docs/redoc", "redoc")):
+            shown = c.get(page)
+            assert shown.status_code == 200 and marker in shown.text.lower() and '"/v1/embeddings"' in shown.text
+    closed = Settings.from_env({"EMBEDRANK_API_KEYS": KEY, "EMBEDRANK_PUBLIC_DOCS": "false"})
+    with TestClient(make_app(closed)) as c:
+        for path in ("/openapi.json", "/docs", "/docs/redoc", "/docs/openapi.json"):
+            assert c.get(path).status_code == 401 and c.get(path, headers=AUTH).status_code == 200, path
 
 
 def test_cors_is_off_by_default_and_configurable():

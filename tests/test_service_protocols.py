@@ -211,7 +211,7 @@ def test_token_ids_can_be_switched_off(fake_service):
     with fake_service({EMB: FakeEncoder(EMB)}, key="k", settings=settings) as client:
         err = error(client.post("/v1/embeddings", json={"model": EMB, "input": [[9906]]}), 400, "input")
         assert "EMBEDRANK_TOKEN_IDS" in err["message"]
-        schema = client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
         assert "integer" not in str(schema["properties"]["input"])
     with pytest.raises(SettingsError, match="EMBEDRANK_TOKEN_IDS"):
         Settings.from_env({"EMBEDRANK_TOKEN_IDS": "p50k_base"})
@@ -339,7 +339,7 @@ def test_v1_embeddings_refuses_what_a_splade_cannot_give(sparse_client):
     assert cut.status_code == 200 and cut.headers["x-truncated-inputs"] == "1"
     # the dense model stays the default of the routes whose bodies name no model
     assert len(sparse_client.post("/embed", json={"inputs": "x"}).json()[0]) == 32
-    schema = sparse_client.get("/schema/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
+    schema = sparse_client.get("/openapi.json").json()["components"]["schemas"]["EmbeddingsRequest"]
     enum = schema["properties"]["embedding_types"]["oneOf"][0]["items"]["enum"]
     assert "sparse" in enum and "multivector" not in enum
     assert schema["properties"]["dimensions"]["oneOf"][0]["maximum"] == 32  # not the vocabulary
