@@ -33,6 +33,8 @@ import time
 import weakref
 from typing import Any
 
+from service import request_ids
+
 logger = logging.getLogger("embedrank.service")
 
 
@@ -52,8 +54,10 @@ def error_bytes(status: int, reason: str, message: str, code: str, headers: Any 
     >>> error_bytes(408, "Request Timeout", "late", "request_timeout").split(b"\\r\\n")[0]
     b'HTTP/1.1 408 Request Timeout'
     """
-    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    request_id = request_ids.new_id()  # the server answers before any request is parsed: a fresh id
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code, "request_id": request_id}
     body = json.dumps({"error": error}).encode()
+    headers = [*headers, (request_ids.HEADER, request_id.encode())]
     extra = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
     head = f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
     return f"HTTP/1.1 {status} {reason}\r\n".encode() + extra + head.encode() + body

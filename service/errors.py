@@ -1,6 +1,6 @@
 """Every error leaves the service here, as the OpenAI error body::
 
-    {"error": {"message": str, "type": str, "param": str | null, "code": str | null}}
+    {"error": {"message": str, "type": str, "param": str | null, "code": str | null, "request_id": str}}
 
 Deterministic client mistakes are 4xx (never 5xx or 429, which the OpenAI SDK retries).
 """
@@ -36,6 +36,7 @@ from embedrank.errors import (
     OverloadedError,
     RequestTooLargeError,
 )
+from service import request_ids
 from service.batches.database import DatabaseUnavailableError
 from service.validation_messages import split_at
 
@@ -194,9 +195,12 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
     return APIError(500, "internal error; see the server log", type="server_error", code="internal_error")
 
 
-def error_response(error: APIError) -> Response[Any]:
-    body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
-    return Response(content=body, status_code=error.status, headers=error.headers, media_type=MediaType.JSON)
+def error_response(error: APIError, request_id: str) -> Response[Any]:
+    """The error body, with the request's id (also in the ``x-request-id`` header)."""
+    fields = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
+    headers = {**error.headers, request_ids.HEADER.decode(): request_id}
+    body = {"error": {**fields, "request_id": request_id}}
+    return Response(content=body, status_code=error.status, headers=headers, media_type=MediaType.JSON)
 
 
 def matches_route(template: str, path: str) -> bool:
@@ -236,8 +240,11 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         except NotAuthorizedException as denied:
             exc = denied
     error = to_api_error(exc, allowed)
+    request_id = request_ids.of_scope(request.scope)  # a path that is no route has had no middleware
     if error.status >= HTTP_500_INTERNAL_SERVER_ERROR and error.status != 503:
-        logger.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        logger.exception(
+            "request %s: internal error on %s %s", request_id, request.method, request.url.path, exc_info=exc
+        )
     elif error.status == 499:
-        logger.info("%s %s: %s", request.method, request.url.path, error.message)
-    return error_response(error)
+        logger.info("request %s: %s %s: %s", request_id, request.method, request.url.path, error.message)
+    return error_response(error, request_id)

@@ -1,4 +1,4 @@
-"""The service's one per-request ASGI layer: bearer auth, then request count and latency.
+"""The service's one per-request ASGI layer: the request id, bearer auth, then request count and latency.
 
 One layer instead of one per concern: each Litestar middleware layer adds calls on every request, and
 the event loop's time per request is what limits small requests on few cores (eval/bench_service.py).
@@ -12,6 +12,7 @@ from typing import Any
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from service import request_ids
 from service.auth import BearerAuth
 from service.errors import allowed_methods, to_api_error
 from service.observability import Metrics
@@ -36,13 +37,19 @@ class RequestMiddleware(ASGIMiddleware):
         key first (the embeddings fast path, :mod:`service.fast_path`, has checked it already)."""
         start = time.perf_counter()
         status = 0
+        request_id = request_ids.of_scope(scope)
+        token = request_ids.CURRENT.set(request_id)
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = list(message.get("headers", ()))
                 if scope.get("method") == "OPTIONS" and status == 204:  # Litestar's Allow names one handler's methods
-                    message = {**message, "headers": _with_allow(message.get("headers", ()), scope)}
+                    headers = _with_allow(headers, scope)
+                if not any(name.lower() == request_ids.HEADER for name, _ in headers):  # errors carry it already
+                    headers.append((request_ids.HEADER, request_id.encode()))
+                message = {**message, "headers": headers}
             await send(message)
 
         self.inflight.enter()
@@ -55,6 +62,7 @@ class RequestMiddleware(ASGIMiddleware):
                 status = to_api_error(exc).status
             raise
         finally:
+            request_ids.CURRENT.reset(token)
             self.inflight.exit()
             self.metrics.observe_request(
                 scope["path"], str(scope.get("method", "GET")), status or 500, time.perf_counter() - start

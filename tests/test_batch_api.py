@@ -102,7 +102,10 @@ def test_the_openai_sdk_runs_an_embeddings_batch_and_each_line_is_the_direct_ans
         assert got["body"]["usage"] == body["usage"] and output[i]["error"] is None
     for e in errors:
         status, body = direct(app_client, KEYS[0], "/v1/embeddings", rows[int(e["custom_id"][2:])]["body"])
-        assert (e["response"]["status_code"], e["response"]["body"]) == (status, body) and status == 400
+        line = e["response"]["body"]
+        assert line["error"].pop("request_id") == e["response"]["request_id"]  # the line's own request id
+        assert body["error"].pop("request_id").startswith("req_")
+        assert (e["response"]["status_code"], line) == (status, body) and status == 400
     assert [b.id for b in api.batches.list().data] == [batch.id]
     assert {f.purpose for f in api.files.list().data} == {"batch", "batch_output"}
     metrics = app_client.get("/metrics", headers={"Authorization": f"Bearer {KEYS[0]}"}).text

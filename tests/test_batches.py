@@ -187,6 +187,7 @@ def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(s
     ):
         status, expected = asyncio.run(direct(body))
         got = next(e for e in errors if e["custom_id"] == custom_id)["response"]
+        assert got["body"]["error"].pop("request_id") == got["request_id"]  # the line's own request id
         assert (got["status_code"], got["body"]) == (status, expected) and status == 400
     assert not (tmp_path / "parts" / batch["id"]).exists()  # the parts are joined and gone
 

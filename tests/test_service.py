@@ -51,7 +51,8 @@ def _assert_error(resp, status, code=None, param=None):
     assert resp.status_code == status, resp.text
     body = resp.json()
     assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert set(body["error"]) == {"message", "type", "param", "code", "request_id"}
+    assert body["error"]["request_id"] == resp.headers["x-request-id"]  # the same id in the header
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
     if code is not None:
         assert body["error"]["code"] == code
@@ -342,6 +343,37 @@ def test_internal_error_is_500_without_trace(client):
     err = _assert_error(_embed(client, input="x"), 500, "internal_error")
     assert "secret" not in err["message"]
     assert 'route="/v1/embeddings",status="500"' in client.get("/metrics").text
+
+
+def test_every_answer_carries_a_request_id_and_the_log_names_it(client, caplog):
+    """The client's X-Request-Id when well-formed, else a fresh one; in the header of every answer, in every
+    error body, and in the log line about the request."""
+    ok = client.post("/v1/embeddings", json={"model": MODEL, "input": "x"}, headers={"X-Request-Id": "trace-42:a/b"})
+    assert ok.status_code == 200 and ok.headers["x-request-id"] == "trace-42:a/b"
+    fresh = {
+        client.post("/v1/embeddings", json={"model": MODEL, "input": "x"}).headers["x-request-id"] for _ in range(3)
+    }
+    assert len(fresh) == 3 and all(re.fullmatch(r"req_[0-9a-f]{24}", f) for f in fresh)
+    for sent in ("has space", "x" * 129, "-lead", ""):  # not well-formed: replaced, not echoed
+        got = client.post("/v1/embeddings", json={"model": MODEL}, headers={"X-Request-Id": sent})
+        assert re.fullmatch(r"req_[0-9a-f]{24}", _assert_error(got, 400)["request_id"]), sent
+    for resp in (
+        client.get("/v1/nope", headers={"X-Request-Id": "r1"}),  # no route
+        client.get("/v1/models", headers={"Authorization": "Bearer wrong", "X-Request-Id": "r1"}),  # refused
+        client.get("/health", headers={"X-Request-Id": "r1"}),
+    ):
+        assert resp.headers["x-request-id"] == "r1"
+        assert resp.status_code == 200 or resp.json()["error"]["request_id"] == "r1"
+    runner = client.app.state.service.pool.models[MODEL].runner
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    runner.embed = broken
+    with caplog.at_level("ERROR", logger="embedrank.service"):
+        sent = client.post("/v1/embeddings", json={"model": MODEL, "input": "x"}, headers={"X-Request-Id": "r-500"})
+        _assert_error(sent, 500, "internal_error")
+    assert any("request r-500" in r.getMessage() for r in caplog.records)
 
 
 def test_loading_is_503_then_ready(monkeypatch):

@@ -20,7 +20,7 @@ import msgspec
 
 from embedrank.errors import NotReadyError, OverloadedError
 from embedrank.serving.pool import ModelPool
-from service import api, cohere
+from service import api, cohere, request_ids
 from service.batches.store import Chunk
 from service.cohere import CohereEmbedRequest
 from service.decoding import decode_strict
@@ -149,21 +149,22 @@ class Retry(Exception):
     """The line could not run for now (the service is overloaded or not ready): run it again later."""
 
 
-async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tuple[int, bytes]:
-    """``line``'s response as ``(status code, JSON body)``: its body decoded against the endpoint's schema and
-    the endpoint's core call made, behind every direct request (:data:`BATCH_PRIORITY`); a failure gets the
-    status and error body the direct request would get.
+async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tuple[int, bytes, str]:
+    """``line``'s response as ``(status code, JSON body, request id)``: its body decoded against the endpoint's
+    schema and the endpoint's core call made, behind every direct request (:data:`BATCH_PRIORITY`); a failure
+    gets the status and error body the direct request would get, with the line's own request id.
 
     Raises:
         Retry: the engine refused the work for now (overloaded: 429; not ready: 503).
     """
     schema, work = ENDPOINTS[line.url]
+    request_id = request_ids.new_id()
     try:
         data = decode_strict(bytes(line.body), schema)
         if hasattr(data, "priority"):
             data = msgspec.structs.replace(data, priority=max(data.priority, BATCH_PRIORITY))
         body, _ = await work(data, pool, settings)
-        return 200, msgspec.json.encode(body)
+        return 200, msgspec.json.encode(body), request_id
     except (OverloadedError, NotReadyError) as exc:
         raise Retry(str(exc)) from exc
     except Exception as exc:
@@ -171,10 +172,10 @@ async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tupl
         if error.status in (429, 503):
             raise Retry(error.message) from exc
         fields = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
-        return error.status, msgspec.json.encode({"error": fields})
+        return error.status, msgspec.json.encode({"error": {**fields, "request_id": request_id}}), request_id
 
 
-def result_line(custom_id: str, status: int, body: bytes) -> bytes:
+def result_line(custom_id: str, status: int, body: bytes, request_id: str) -> bytes:
     """One line of an output or error file, as OpenAI writes it."""
     return (
         msgspec.json.encode(
@@ -183,7 +184,7 @@ def result_line(custom_id: str, status: int, body: bytes) -> bytes:
                 "custom_id": custom_id,
                 "response": {
                     "status_code": status,
-                    "request_id": f"req_{secrets.token_hex(12)}",
+                    "request_id": request_id,
                     "body": msgspec.Raw(body),
                 },
                 "error": None,

@@ -179,12 +179,12 @@ class BatchWorker:
         finally:
             watching.cancel()
         output = b"".join(
-            result_line(line.custom_id, s, b) for line, (s, b) in zip(lines, results, strict=True) if s < 400
+            result_line(line.custom_id, s, b, r) for line, (s, b, r) in zip(lines, results, strict=True) if s < 400
         )
         errors = b"".join(
-            result_line(line.custom_id, s, b) for line, (s, b) in zip(lines, results, strict=True) if s >= 400
+            result_line(line.custom_id, s, b, r) for line, (s, b, r) in zip(lines, results, strict=True) if s >= 400
         )
-        failed = sum(1 for s, _ in results if s >= 400)
+        failed = sum(1 for s, _, _ in results if s >= 400)
         recorded = await asyncio.to_thread(
             self.store.finish, self.name, chunk, output, errors, len(lines) - failed, failed
         )
@@ -197,7 +197,7 @@ class BatchWorker:
                 chunk.number,
             )
 
-    async def _run(self, line: InputLine) -> tuple[int, bytes]:
+    async def _run(self, line: InputLine) -> tuple[int, bytes, str]:
         delay = 0.05
         while True:
             try:
