@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -95,6 +95,10 @@ bench-service: setup
 
 bench-fairness: setup
 	$(RECORD) fairness "Fairness: small requests during a bulk request" -- $(PY) eval/bench_fairness.py
+	$(PY) eval/render_benchmarks.py
+
+bench-ready: setup  ## time from `litestar run` to ready: a first start on an empty cache, then later starts
+	$(RECORD) ready "Time to ready: first start and later starts" -- $(PY) eval/bench_ready.py
 	$(PY) eval/render_benchmarks.py
 
 bench-batch: setup
