@@ -78,7 +78,7 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-bench: bench-encode bench-rerank bench-service bench-fairness bench-batch
+bench: bench-encode bench-rerank bench-service bench-fairness bench-ready bench-batch
 
 # each benchmark records its output, command, date, commit and CPU in eval/results/; the docs' page is rendered from them
 bench-encode: setup
