@@ -15,6 +15,7 @@ import logging
 import secrets
 import sys
 from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from typing import Any
 
 from litestar import Litestar, Request, Router
@@ -77,7 +78,8 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
 
 async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
     try:
-        loaded = await asyncio.to_thread(service.pool.load)
+        keep_going = service.settings.on_model_failure == "serve-others"
+        loaded = await asyncio.to_thread(partial(service.pool.load, keep_going=keep_going))
         on_idle = trim_heap if service.settings.tune_malloc else None  # give the kept peak heap back when quiet
         metrics = service.metrics
         service.pool.start(
@@ -90,6 +92,10 @@ async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
         # The ~450k objects of torch, transformers and the app live as long as the process. Moving them out
         # of the collector's generations keeps each full collection from stalling the loop for ~240 ms.
         gc.freeze()
+        failed = list(dict.fromkeys(service.pool.failed.values()))  # one reason per model (its aliases share it)
+        if failed:  # on_model_failure = "serve-others": the others serve, and /health says which did not
+            served = len(service.pool.models)
+            service.detail = f"serving {served} of {served + len(failed)} models; " + "; ".join(failed)
         service.status = "ok"
         logger.info("models ready: %s", ", ".join(service.pool.models))
     except Exception as exc:

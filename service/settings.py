@@ -265,6 +265,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     access_log: Annotated[bool, Meta(description="one log line per request (`/metrics` counts them either way)")] = (
         False
     )
+    on_model_failure: Annotated[
+        Literal["exit", "serve-others"],
+        Meta(
+            description="a model that cannot be loaded: `exit` stops the start (one line on stderr, exit code 3); "
+            "`serve-others` serves the models that loaded, `/health` says which failed and why, and a request "
+            "for a failed one gets 503 with the reason (with no model loaded the start stops as with `exit`)"
+        ),
+    ] = "exit"
     public_docs: Annotated[
         bool,
         Meta(
@@ -512,6 +520,7 @@ class Settings:
     header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS
     access_log: bool = False
     log_level: str = "info"
+    on_model_failure: str = "exit"
     public_docs: bool = True
     tune_malloc: bool = True
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
@@ -628,6 +637,7 @@ class Settings:
             access_log=config.access_log,
             log_level=config.log_level,
             public_docs=config.public_docs,
+            on_model_failure=config.on_model_failure,
             tune_malloc=config.tune_malloc,
             cors_origins=config.cors_origins,
             token_ids=config.token_ids != "off",

@@ -211,7 +211,7 @@ def test_a_key_may_have_so_many_batches_unfinished_and_a_cancelled_one_ends(tmp_
 
     gate = threading.Event()
     real_load = ModelPool.load
-    monkeypatch.setattr(ModelPool, "load", lambda self: gate.wait(30) and real_load(self))
+    monkeypatch.setattr(ModelPool, "load", lambda self, **kw: gate.wait(30) and real_load(self, **kw))
     limits = Limits(max_batches_in_flight=3)
     settings = Settings(api_keys=KEYS, models=MODELS, tune_malloc=False, batch_dir=str(tmp_path), limits=limits)
     with TestClient(create_app(settings)) as client:

@@ -383,10 +383,10 @@ def test_loading_is_503_then_ready(monkeypatch):
     loaded = threading.Event()
     real_load = ModelPool.load
 
-    def slow_load(self):
+    def slow_load(self, **kwargs):
         gate.wait(30)
         try:
-            return real_load(self)
+            return real_load(self, **kwargs)
         finally:
             loaded.set()
 

@@ -126,3 +126,31 @@ def test_sigterm_while_the_models_load_exits_at_once_and_leaves_nothing_half_wri
     with running_server(env) as base:
         assert base  # what the interrupted starts left is used or made again, and the service becomes ready
     assert not _unfinished(cache)
+
+
+def test_serve_others_serves_the_models_that_loaded_and_says_which_did_not(broken_model):
+    """``on_model_failure = "serve-others"``: the broken model is left out, /health is 200 and names it, a
+    request for it (by id or alias) is a 503 with the reason, and the other model serves."""
+    from litestar.testing import TestClient
+
+    from service.app import create_app
+    from service.settings import ModelEntry, Settings
+
+    entries = (
+        ModelEntry(id="fine", path="fake:encoder"),
+        ModelEntry(id="broken", path=broken_model, aliases=("also-broken",)),
+    )
+    settings = Settings(models=entries, api_keys=("k",), tune_malloc=False, on_model_failure="serve-others")
+    auth = {"Authorization": "Bearer k"}
+    with TestClient(create_app(settings, wait_for_models=True)) as client:
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert health.json()["detail"].startswith("serving 1 of 2 models; model 'broken' from ")
+        assert [m["id"] for m in client.get("/v1/models", headers=auth).json()["data"]] == ["fine"]
+        for name in ("broken", "also-broken"):
+            refused = client.post("/v1/embeddings", json={"model": name, "input": "x"}, headers=auth)
+            assert refused.status_code == 503 and "could not be loaded" in refused.json()["error"]["message"]
+        assert client.post("/v1/embeddings", json={"model": "fine", "input": "x"}, headers=auth).status_code == 200
+    alone = Settings(models=entries[1:], api_keys=("k",), tune_malloc=False, on_model_failure="serve-others")
+    with TestClient(create_app(alone, wait_for_models=True)) as client:  # nothing to serve: it fails
+        assert client.get("/health").status_code == 503 and client.get("/health").json()["status"] == "failed"

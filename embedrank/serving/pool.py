@@ -29,6 +29,7 @@ from embedrank.errors import (
     ModelKindError,
     ModelLoadError,
     ModelNotFoundError,
+    NotReadyError,
     shorten,
 )
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
@@ -137,6 +138,7 @@ class ModelPool:
         self.cache = cache
         self.models: dict[str, ServedModel] = {}
         self.aliases: dict[str, str] = {}
+        self.failed: dict[str, str] = {}  # a model left out by load(keep_going=True), by id and alias: why
         self._built = dict(preloaded or {})  # models that need no loading: preloaded ones and fakes
         if preloaded is not None:
             by_id = {e.id: e for e in entries}
@@ -199,15 +201,21 @@ class ModelPool:
             entry=entry, spec=spec, backend=backend, precision=precision, device=device, cache=self.cache
         )
 
-    def load(self) -> dict[str, Any]:
+    def load(self, *, keep_going: bool = False) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an
         entry's ``calibration`` names and fitting embedding models' int8/uint8 ranges (on the texts its
         ``ranges`` names, else the default sample) before the models are served. Returns the loaded models by id.
 
+        With ``keep_going``, a model that cannot be loaded is left out and the others are served: it leaves
+        :attr:`models`, and :attr:`failed` maps its id and aliases to why (asking for it is then a
+        :class:`~embedrank.errors.NotReadyError` that says so).
+
         Raises:
-            ModelLoadError: a model could not be loaded; the message names it and gives the cause.
+            ModelLoadError: a model could not be loaded (with ``keep_going``: none could); the message names
+                it and gives the cause.
         """
         loaded: dict[str, Any] = {}
+        failed: dict[str, str] = {}
         for model_id, served in self.models.items():
             entry = served.entry
             model = self._built.get(model_id)
@@ -218,10 +226,22 @@ class ModelPool:
             except Exception as exc:  # each cause has its own type; all mean this entry cannot be served
                 where = f" from {served.spec.path}" if served.spec.path and served.spec.path != model_id else ""
                 reason = " ".join(str(exc).split()) or "no message"
-                raise ModelLoadError(
-                    f"model {model_id!r}{where} could not be loaded: {type(exc).__name__}: {reason}"
-                ) from exc
+                error = ModelLoadError(f"model {model_id!r}{where} could not be loaded: {type(exc).__name__}: {reason}")
+                if not keep_going:
+                    raise error from exc
+                logger.error("%s; serving the other models", error)
+                failed[model_id] = str(error)
+                continue
             loaded[model_id] = model
+        if failed and not loaded:
+            raise ModelLoadError("; ".join(failed.values()))
+        for model_id, reason in failed.items():
+            del self.models[model_id]
+            self.failed[model_id] = reason
+        for alias, model_id in list(self.aliases.items()):
+            if model_id in failed:
+                del self.aliases[alias]
+                self.failed[alias] = failed[model_id]
         return loaded
 
     def start(
@@ -254,9 +274,12 @@ class ModelPool:
 
         Raises:
             ModelNotFoundError: no served model has that id or alias.
+            NotReadyError: the model was configured but could not be loaded; the message says why.
             ModelKindError: the model cannot serve ``capability``; the message lists those that can.
         """
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
+        if served is None and model_id in self.failed:
+            raise NotReadyError(self.failed[model_id])
         if served is None:
             raise ModelNotFoundError(
                 f"model {shorten(model_id)!r} is not served here; available: {sorted(self.models)}"
