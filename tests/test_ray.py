@@ -28,7 +28,9 @@ def ray_local():
 
     # test hooks run inside the actors: ship this module's functions by value (tests/ is not importable there)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Ray starts its workers at nice 15: on a machine busy with anything at the normal priority they get a few
+    # percent of a core (the tests took 18+ minutes beside two busy loops); these workers are the test itself
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0})
     yield ray
     ray.shutdown()
 
