@@ -242,7 +242,7 @@ def create_app(
             description="Text embeddings (OpenAI-compatible) and reranking (Cohere/Jina-compatible) for the models this "
             "server was configured with. Every route but /health (and this description, /openapi.json, with its "
             "pages /docs and /docs/redoc) needs 'Authorization: Bearer <key>'. Errors use the OpenAI body "
-            "{error: {message, type, param, code}}.",
+            "{error: {message, type, param, code, request_id}}; every answer carries its request id in x-request-id.",
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
             security=[{"bearer": []}],
             path="/docs",  # Swagger UI at /docs, ReDoc at /docs/redoc; the document also at /openapi.json

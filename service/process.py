@@ -95,11 +95,13 @@ def exit_soon(code: int, grace: float = EXIT_GRACE_SECONDS) -> None:
 
 
 def can_listen(config: Any) -> OSError | None:
-    """Whether the address a uvicorn ``config`` will listen on is free: None if so (or if it listens on a
-    socket it is handed), else the error binding it gives, said for a reader. Checked before the models
-    load, so a port in use fails the start in a second rather than after the loading."""
+    """Whether the address a uvicorn ``config`` will listen on is free: None if so (or if the server is handed
+    its socket: ``--fd``, ``--uds``, several workers, reload), else the error binding it gives, said for a
+    reader. Checked before the models load, so a port in use fails the start in a second, not after loading."""
     if getattr(config, "fd", None) is not None or getattr(config, "uds", None):
         return None
+    if getattr(config, "workers", 1) > 1 or getattr(config, "should_reload", False):
+        return None  # the supervising process has bound the address and hands its socket to this one
     host, port = str(getattr(config, "host", "127.0.0.1")), int(getattr(config, "port", 8000))
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
