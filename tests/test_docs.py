@@ -72,6 +72,9 @@ def test_the_manual_builds_strictly(tmp_path):
     config = load_config(str(REPO / "mkdocs.yml"), site_dir=str(tmp_path / "site"), strict=True)
     build(config)  # strict: a broken link, anchor or reference aborts
     assert (tmp_path / "site" / "reference" / "models" / "index.html").is_file()
+    for page in (tmp_path / "site" / "reference").rglob("*.html"):  # docstrings' Sphinx roles: links or code
+        raw = re.findall(r":(?:class|func|meth|mod|data|attr|exc):`", page.read_text(encoding="utf-8"))
+        assert not raw, (page, len(raw))
 
 
 def _curl_requests(page: Path) -> list[tuple[str, dict]]:
