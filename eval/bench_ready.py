@@ -52,11 +52,10 @@ def time_to_ready(env: dict[str, str], log: Path, timeout: float = 900.0) -> flo
     """Seconds from spawning ``litestar run`` to its first ``/health`` 200; the server is then stopped."""
     import httpx
 
-    from embedrank.testing.launch import REPO, free_port
+    from embedrank.testing.launch import REPO, free_port, litestar_command
 
     port = free_port()
-    litestar = Path(sys.executable).with_name("litestar")
-    command = [str(litestar), "run", "--host", "127.0.0.1", "--port", str(port)]
+    command = litestar_command(port)
     with open(log, "wb") as out:
         started = time.perf_counter()
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)

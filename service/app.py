@@ -92,17 +92,18 @@ async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
         # The ~450k objects of torch, transformers and the app live as long as the process. Moving them out
         # of the collector's generations keeps each full collection from stalling the loop for ~240 ms.
         gc.freeze()
-        failed = list(dict.fromkeys(service.pool.failed.values()))  # one reason per model (its aliases share it)
+        failed = list(service.pool.failed.values())
         if failed:  # on_model_failure = "serve-others": the others serve, and /health says which did not
             served = len(service.pool.models)
             service.detail = f"serving {served} of {served + len(failed)} models; " + "; ".join(failed)
         service.status = "ok"
         logger.info("models ready: %s", ", ".join(service.pool.models))
     except Exception as exc:
+        debug = service.settings.log_level == "debug"
         if exit_on_failure:  # a server process: one line, exit code 3 (service.process)
-            process.failed_while_serving(exc)
+            process.failed_while_serving(exc, debug=debug)
         service.status, service.detail = "failed", f"{type(exc).__name__}: {exc}"  # an app in a test client
-        logger.error("model loading failed: %s", service.detail, exc_info=process.debugging())
+        logger.error("model loading failed: %s", service.detail, exc_info=debug)
 
 
 def create_app(
@@ -146,7 +147,7 @@ def create_app(
         if server is not None:
             listening = process.can_listen(server.config)
             if listening is not None:  # the port is taken: say so now, not after the models have loaded
-                process.failed_while_serving(listening)
+                process.failed_while_serving(listening, debug=settings.log_level == "debug")
         if not settings.access_log:  # one log line per request costs ~10% of the event loop at high rates
             logging.getLogger("uvicorn.access").disabled = True
         if generated:

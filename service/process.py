@@ -51,15 +51,16 @@ def failure_line(exc: BaseException) -> str:
     return f"embedrank: cannot start: {text if ours else f'{type(exc).__name__}: {text}'}"
 
 
-def _say(exc: BaseException) -> None:
-    if debugging():
+def _say(exc: BaseException, debug: bool) -> None:
+    if debug:
         traceback.print_exception(exc, file=sys.stderr)
     print(failure_line(exc), file=sys.stderr, flush=True)
 
 
 def fail_to_start(exc: BaseException) -> NoReturn:
-    """Say why in one line and exit with code 3; for failures before the server runs (the app factory)."""
-    _say(exc)
+    """Say why in one line and exit with code 3; for failures before the server runs (the app factory, where
+    the settings may be what failed: the traceback follows ``EMBEDRANK_LOG_LEVEL`` as set)."""
+    _say(exc, debugging())
     raise SystemExit(EXIT_STARTUP_FAILURE)
 
 
@@ -74,9 +75,10 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def failed_while_serving(exc: BaseException) -> NoReturn:
-    """A start-up failure once the server runs (a model failed to load): one line, exit code 3 now."""
-    _say(exc)
+def failed_while_serving(exc: BaseException, *, debug: bool) -> NoReturn:
+    """A start-up failure once the server runs (a model failed to load): one line (``debug``: and the
+    traceback), exit code 3 now."""
+    _say(exc, debug)
     exit_now(EXIT_STARTUP_FAILURE)
 
 

@@ -9,28 +9,22 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from embedrank.testing.launch import REPO, free_port, running_server
+from embedrank.testing.launch import REPO, free_port, litestar_command, running_server
 
 pytestmark = pytest.mark.slow  # real servers as subprocesses
-
-
-def _litestar(port: int) -> list[str]:
-    litestar = Path(sys.executable).with_name("litestar")
-    return [str(litestar), "run", "--host", "127.0.0.1", "--port", str(port)]
 
 
 def _start(env: dict[str, str], port: int, tmp_path: Path) -> subprocess.Popen[str]:
     child = {k: v for k, v in os.environ.items() if k != "EMBEDRANK_LOG_LEVEL"}
     child |= {"HF_HUB_OFFLINE": "1", "EMBEDRANK_BATCH_DIR": str(tmp_path / "batches"), **env}
     return subprocess.Popen(
-        _litestar(port), cwd=REPO, env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        litestar_command(port), cwd=REPO, env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 

@@ -132,15 +132,16 @@ def write_stored(path: Path, embeddings: np.ndarray) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".npy", dir=path.parent)
-        try:
-            with writing(tmp), os.fdopen(fd, "wb") as out:
-                np.save(out, embeddings, allow_pickle=False)
-                out.flush()
-                os.fsync(out.fileno())
+        with writing(tmp):  # a process stopped at once removes it
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    np.save(out, embeddings, allow_pickle=False)
+                    out.flush()
+                    os.fsync(out.fileno())
                 os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
     except OSError as exc:
         logger.warning("int8/uint8 range sample not stored at %s (%s)", path, exc)
 

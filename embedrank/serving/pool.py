@@ -138,7 +138,8 @@ class ModelPool:
         self.cache = cache
         self.models: dict[str, ServedModel] = {}
         self.aliases: dict[str, str] = {}
-        self.failed: dict[str, str] = {}  # a model left out by load(keep_going=True), by id and alias: why
+        self.failed: dict[str, str] = {}  # a model left out by load(keep_going=True): its id -> why
+        self._failed_aliases: dict[str, str] = {}  # an alias of such a model -> its id
         self._built = dict(preloaded or {})  # models that need no loading: preloaded ones and fakes
         if preloaded is not None:
             by_id = {e.id: e for e in entries}
@@ -207,7 +208,7 @@ class ModelPool:
         ``ranges`` names, else the default sample) before the models are served. Returns the loaded models by id.
 
         With ``keep_going``, a model that cannot be loaded is left out and the others are served: it leaves
-        :attr:`models`, and :attr:`failed` maps its id and aliases to why (asking for it is then a
+        :attr:`models`, and :attr:`failed` maps its id to why (asking for it is then a
         :class:`~embedrank.errors.NotReadyError` that says so).
 
         Raises:
@@ -235,13 +236,11 @@ class ModelPool:
             loaded[model_id] = model
         if failed and not loaded:
             raise ModelLoadError("; ".join(failed.values()))
-        for model_id, reason in failed.items():
+        for model_id in failed:
             del self.models[model_id]
-            self.failed[model_id] = reason
-        for alias, model_id in list(self.aliases.items()):
-            if model_id in failed:
-                del self.aliases[alias]
-                self.failed[alias] = failed[model_id]
+        self.failed.update(failed)
+        self._failed_aliases.update((a, m) for a, m in self.aliases.items() if m in failed)
+        self.aliases = {a: m for a, m in self.aliases.items() if m not in failed}
         return loaded
 
     def start(
@@ -278,8 +277,9 @@ class ModelPool:
             ModelKindError: the model cannot serve ``capability``; the message lists those that can.
         """
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
-        if served is None and model_id in self.failed:
-            raise NotReadyError(self.failed[model_id])
+        failed = model_id if model_id in self.failed else self._failed_aliases.get(model_id)
+        if served is None and failed is not None:
+            raise NotReadyError(self.failed[failed])
         if served is None:
             raise ModelNotFoundError(
                 f"model {shorten(model_id)!r} is not served here; available: {sorted(self.models)}"

@@ -47,6 +47,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def litestar_command(port: int) -> list[str]:
+    """``litestar run`` on ``127.0.0.1:port`` with this interpreter's Litestar (run it from :data:`REPO`)."""
+    litestar = Path(sys.executable).with_name("litestar")
+    return [
+        str(litestar) if litestar.exists() else sys.executable,
+        *([] if litestar.exists() else ["-m", "litestar"]),
+        "run",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+
+
 @contextlib.contextmanager
 def running_server(
     env: dict[str, str] | None = None,
@@ -63,16 +77,7 @@ def running_server(
     it with ``inherit_env=False``. ``command`` starts another server instead (one that listens on ``port``
     and answers ``/health``, such as a peer the benchmarks compare with), in ``cwd``."""
     port = port or free_port()
-    litestar = Path(sys.executable).with_name("litestar")
-    cmd = command or [
-        str(litestar) if litestar.exists() else sys.executable,
-        *([] if litestar.exists() else ["-m", "litestar"]),
-        "run",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    cmd = command or litestar_command(port)
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
     child_env = {**os.environ, **(env or {})} if inherit_env else dict(env or {})
     batches = None
