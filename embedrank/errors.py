@@ -103,3 +103,8 @@ class OverloadedError(EmbedrankError):
 
 class NotReadyError(EmbedrankError):
     """The engine is loading or draining."""
+
+
+class ModelUnavailableError(NotReadyError):
+    """A configured model could not be loaded when the service started (the others serve): asking again
+    does not help until the service is restarted with the cause fixed. The message says why."""

@@ -42,6 +42,7 @@ from service.litestar_internals import set_decoded_body
 from service.middleware import RequestMiddleware
 from service.observability import CacheMetrics, Metrics
 from service.openapi import complete_openapi
+from service.request_ids import HEADER as REQUEST_ID_HEADER
 from service.routes import BODIES, DOC_PATHS, ROUTE_HANDLERS, ROUTES
 from service.settings import Settings, SettingsError
 
@@ -232,8 +233,10 @@ def create_app(
         request_max_body_size=settings.limits.max_body_bytes,
         cors_config=CORSConfig(
             allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "HEAD", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
+            # DELETE: /v1/files/{id}; the request id is sent and read back by browser clients too
+            allow_methods=["GET", "POST", "DELETE", "HEAD", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "Content-Encoding", REQUEST_ID_HEADER.decode()],
+            expose_headers=[REQUEST_ID_HEADER.decode()],
         )
         if settings.cors_origins
         else None,

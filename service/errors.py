@@ -31,6 +31,7 @@ from embedrank.errors import (
     InvalidInputError,
     ModelKindError,
     ModelNotFoundError,
+    ModelUnavailableError,
     NotReadyError,
     OutputNotAvailableError,
     OverloadedError,
@@ -86,6 +87,8 @@ def _from_core(exc: EmbedrankError) -> APIError:
             code="queue_full",
             headers={"Retry-After": str(max(1, round(exc.retry_after)))},
         )
+    if isinstance(exc, ModelUnavailableError):  # no Retry-After: only a restart with the cause fixed helps
+        return APIError(503, str(exc), type="service_unavailable", code="model_unavailable")
     if isinstance(exc, NotReadyError):
         return APIError(503, str(exc), type="service_unavailable", code="not_ready", headers={"Retry-After": "5"})
     return APIError(500, "internal error", type="server_error", code="internal_error")
@@ -195,12 +198,23 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
     return APIError(500, "internal error; see the server log", type="server_error", code="internal_error")
 
 
+def error_body(error: APIError, request_id: str) -> dict[str, Any]:
+    """The OpenAI error body of ``error``, with the request's id: a direct answer's and a batch line's."""
+    fields = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
+    return {"error": {**fields, "request_id": request_id}}
+
+
+def is_unexpected(error: APIError) -> bool:
+    """Whether ``error`` is the server's own fault (a 5xx other than 503): logged with its traceback."""
+    return error.status >= HTTP_500_INTERNAL_SERVER_ERROR and error.status != 503
+
+
 def error_response(error: APIError, request_id: str) -> Response[Any]:
     """The error body, with the request's id (also in the ``x-request-id`` header)."""
-    fields = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
     headers = {**error.headers, request_ids.HEADER.decode(): request_id}
-    body = {"error": {**fields, "request_id": request_id}}
-    return Response(content=body, status_code=error.status, headers=headers, media_type=MediaType.JSON)
+    return Response(
+        content=error_body(error, request_id), status_code=error.status, headers=headers, media_type=MediaType.JSON
+    )
 
 
 def matches_route(template: str, path: str) -> bool:
@@ -241,7 +255,7 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
             exc = denied
     error = to_api_error(exc, allowed)
     request_id = request_ids.of_scope(request.scope)  # a path that is no route has had no middleware
-    if error.status >= HTTP_500_INTERNAL_SERVER_ERROR and error.status != 503:
+    if is_unexpected(error):
         logger.exception(
             "request %s: internal error on %s %s", request_id, request.method, request.url.path, exc_info=exc
         )

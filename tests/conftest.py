@@ -176,6 +176,19 @@ def sample_data_dir(tmp_path_factory, data_dir, scifact_sample) -> Path:
     return root
 
 
+@pytest.fixture
+def broken_model(tmp_path) -> str:
+    """A model folder whose configuration is found but whose weights cannot be read: it fails while loading."""
+    import shutil
+
+    from embedrank.testing.tiny import tiny_model
+
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_model("bert"), folder)
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+    return str(folder)
+
+
 @pytest.fixture(scope="session")
 def postgres_server():
     """A PostgreSQL server for the session, from the machine's binaries (``.ci/run`` installs Debian's)."""

@@ -192,6 +192,107 @@ def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(s
     assert not (tmp_path / "parts" / batch["id"]).exists()  # the parts are joined and gone
 
 
+def test_an_unexpected_failure_of_a_line_is_a_500_line_and_is_logged_with_its_request_id(monkeypatch, caplog):
+    from service.batches import lines
+
+    async def broken(data, pool, settings):
+        raise RuntimeError("a bug in the core")
+
+    monkeypatch.setitem(lines.ENDPOINTS, "/v1/embeddings", (lines.ENDPOINTS["/v1/embeddings"][0], broken))
+    (request,) = lines.request_lines(line("req-0", {"model": "enc", "input": "x"}))
+    with caplog.at_level("ERROR", logger="embedrank.service"):
+        status, body, request_id = asyncio.run(lines.run_line(request, pool(), SETTINGS))
+    assert status == 500 and json.loads(body)["error"]["code"] == "internal_error"
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert request_id in record.getMessage() and "req-0" in record.getMessage()
+    assert record.exc_info and isinstance(record.exc_info[1], RuntimeError)
+
+
+def test_a_worker_whose_models_are_not_ready_claims_nothing_and_the_batch_expires(store):
+    """While its models load (or after loading failed) a replica claims no chunk: a claim renewed while waiting
+    would keep the lines from a ready replica and the batch from ever expiring."""
+    from embedrank.errors import NotReadyError
+
+    def loading() -> ModelPool:
+        raise NotReadyError("service is loading")
+
+    batch = new_batch(store, embeddings_file(3), window_seconds=1)
+    worker = BatchWorker(store, loading, SETTINGS, poll_seconds=0.01)
+
+    async def run_until_finished() -> None:
+        task = asyncio.create_task(worker.run())
+        for _ in range(1000):
+            if finished(store, batch["id"])():
+                break
+            assert all(c["state"] != "claimed" for c in store.chunks(batch["id"]))
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run_until_finished())
+    done = store.get_batch(OWNER, batch["id"])
+    assert done["status"] == "expired" and worker.lines_done == 0
+    assert [e["error"]["code"] for e in read_lines(store, done["error_file_id"])] == ["batch_expired"] * 3
+
+
+def test_a_chunk_whose_models_stop_being_ready_is_given_back_unrecorded(store):
+    from embedrank.errors import NotReadyError
+
+    batch = new_batch(store, embeddings_file(4))
+    models = pool()
+    ready = {"calls": 0}
+
+    def draining_after_two_lines() -> ModelPool:
+        ready["calls"] += 1
+        if ready["calls"] > 2:
+            raise NotReadyError("service is draining")
+        return models
+
+    worker = BatchWorker(store, draining_after_two_lines, SETTINGS, chunk_lines=4)
+
+    async def one_chunk() -> None:
+        models.start(models.load(), EngineConfig(max_wait_ms=1))
+        await worker.validate(store.get_batch(None, batch["id"]))
+        chunk = store.claim(worker.name, 60)
+        await asyncio.wait_for(worker.run_chunk(chunk), 30)
+        await models.drain(1.0)
+
+    asyncio.run(one_chunk())
+    (chunk,) = store.chunks(batch["id"])
+    assert (chunk["state"], chunk["claimed_by"]) == ("pending", None) and worker.lines_done == 0
+    assert store.claim("another-replica", 60) is not None  # a ready replica takes it at once
+
+
+def test_a_line_for_a_model_that_failed_to_load_gets_the_direct_503_and_the_batch_completes(store, broken_model):
+    """With ``on_model_failure = "serve-others"``, a line naming the model that could not be loaded gets the
+    direct request's 503 error body (waiting would not bring the model); the other lines run."""
+    entries = (ModelEntry(id="enc", path="fake:encoder"), ModelEntry(id="broken", path=broken_model))
+    content = embeddings_file(2) + line("to-broken", {"model": "broken", "input": "x"})
+    batch = new_batch(store, content)
+    models = ModelPool(entries)
+
+    async def run() -> BatchWorker:
+        models.start(models.load(keep_going=True), EngineConfig(max_wait_ms=1))
+        worker = BatchWorker(store, lambda: models, SETTINGS, poll_seconds=0.01)
+        task = asyncio.create_task(worker.run())
+        for _ in range(3000):
+            if finished(store, batch["id"])():
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await models.drain(1.0)
+        return worker
+
+    asyncio.run(run())
+    done = store.get_batch(OWNER, batch["id"])
+    assert (done["status"], done["completed"], done["failed"]) == ("completed", 2, 1)
+    (error,) = read_lines(store, done["error_file_id"])
+    assert error["response"]["status_code"] == 503
+    assert error["response"]["body"]["error"]["code"] == "model_unavailable"
+    assert "could not be loaded" in error["response"]["body"]["error"]["message"]
+
+
 def test_a_reranking_batch_answers_as_the_direct_request(store, tmp_path):
     body = {"model": "rer", "query": "hot drinks", "documents": TEXTS, "top_n": 3}
     batch = new_batch(store, line("r", body, url="/v2/rerank"), "/v2/rerank")
@@ -372,3 +473,153 @@ def test_a_finalizing_claim_is_renewed_while_the_files_are_written(store, tmp_pa
     row = new_batch(store, embeddings_file(2))
     assert store.claim_finalizing("a", row, "cancelled", 600)
     assert store.renew_finalizing("a", row["id"], 600) and not store.renew_finalizing("b", row["id"], 600)
+
+
+def test_creates_at_once_never_pass_the_limit_of_unfinished_batches(store):
+    """The limit is counted in the transaction that inserts: eight creates at once (threads, each with its own
+    connection, as replicas would be) with room for three make three batches, whatever their timing."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from service.batches.store import TooManyBatchesError
+
+    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(1))
+    new_batch(store, embeddings_file(1))  # one unfinished batch already
+    start = Barrier(8)
+
+    def create(_: int) -> bool:
+        start.wait()
+        try:
+            store.create_batch(
+                OWNER, endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h",
+                window_seconds=86400, metadata=None, max_active=4,
+            )  # fmt: skip
+        except TooManyBatchesError as exc:
+            assert exc.limit == 4
+            return False
+        return True
+
+    with ThreadPoolExecutor(8) as threads:
+        made = list(threads.map(create, range(8)))
+    assert sum(made) == 3 and store.active_batches(OWNER) == 4
+
+
+def test_only_the_worker_holding_the_finalizing_closes_a_batch(store):
+    """A finalizer whose claim ran out and was taken over cannot close the batch: the one holding it does, once."""
+    batch = new_batch(store, embeddings_file(2))
+    size = len(embeddings_file(2)) // 2
+    assert store.start(batch["id"], [Chunk(batch["id"], 0, 0, 2, 0, 2 * size)])
+    chunk = store.claim("w", 600)
+    assert chunk is not None and store.finish("w", chunk, b"", b"", 2, 0)
+    assert store.claim_finalizing("slow", store.get_batch(None, batch["id"]), "completed", 0.01)
+    time.sleep(0.05)  # the slow finalizer's claim runs out; another takes it over
+    assert store.claim_finalizing("fast", store.get_batch(None, batch["id"]), "completed", 600)
+    assert not store.close_batch("slow", batch["id"], "completed", "file-slow", None)
+    assert store.get_batch(None, batch["id"])["status"] == "finalizing"
+    assert store.close_batch("fast", batch["id"], "completed", "file-fast", None)
+    assert not store.close_batch("fast", batch["id"], "completed", "file-again", None)  # closed once
+    assert store.get_batch(None, batch["id"])["output_file_id"] == "file-fast"
+
+
+def test_closing_the_sqlite_store_closes_every_thread_connection(tmp_path):
+    import sqlite3
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = BatchStore(tmp_path)
+    with ThreadPoolExecutor(3) as threads:  # each thread reads through a connection of its own
+        list(threads.map(lambda _: store.active_batches(OWNER), range(3)))
+    conns = list(store.db._all)  # type: ignore[attr-defined]
+    assert len(conns) >= 2
+    store.close()
+    for conn in conns:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            conn.execute("SELECT 1")
+
+
+def test_a_busy_or_failing_sqlite_database_is_unavailable_not_an_internal_error(tmp_path, monkeypatch):
+    """SQLite's operational errors (its write lock held past the timeout at BEGIN or at COMMIT, an I/O error, a
+    full disk) are :class:`DatabaseUnavailableError` (the documented 503), and the transaction is rolled back."""
+    import sqlite3
+
+    from service.batches.database import DatabaseUnavailableError, SqliteDatabase
+    from service.errors import to_api_error
+
+    db = SqliteDatabase(tmp_path / "t.db")
+    with db.write() as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+    with pytest.raises(DatabaseUnavailableError) as failed, db.write() as conn:
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("INSERT INTO missing_table VALUES (1)")  # an operational error inside the transaction
+    assert to_api_error(failed.value).status == 503
+    assert db.connection().execute("SELECT COUNT(*) AS n FROM t").fetchone()["n"] == 0  # rolled back
+
+    class CommitFails:  # COMMIT refused, as when another process holds the lock past the timeout
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn = conn
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("database is locked")
+            return self.conn.execute(sql, *args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.conn, name)
+
+    real = db._connection()
+    monkeypatch.setattr(db, "_connection", lambda: CommitFails(real))
+    with pytest.raises(DatabaseUnavailableError, match="locked"), db.write() as conn:
+        conn.execute("INSERT INTO t VALUES (2)")
+    monkeypatch.undo()
+    assert db.connection().execute("SELECT COUNT(*) AS n FROM t").fetchone()["n"] == 0
+    db.close()
+
+
+@pytest.mark.slow
+def test_sql_with_percent_signs_and_quoted_question_marks_runs_on_postgresql(postgres_url):
+    from service.batches.database import PostgresDatabase
+
+    db = PostgresDatabase(postgres_url)
+    with db.write() as conn:
+        conn.execute("CREATE TABLE t (name TEXT)")
+        conn.executemany("INSERT INTO t VALUES (?)", [("50% off",), ("what?",), ("plain",)])
+    read = db.connection()
+    assert read.execute("SELECT name FROM t WHERE name LIKE '%\\%%' ESCAPE '\\'").fetchone()["name"] == "50% off"
+    rows = read.execute("SELECT name, '?' AS mark FROM t WHERE name LIKE ? ORDER BY name", ("%?",)).fetchall()
+    assert [(r["name"], r["mark"]) for r in rows] == [("what?", "?")]
+    db.close()
+
+
+def test_a_chunk_whose_claim_cannot_be_renewed_is_given_up_after_one_lease(store, monkeypatch, caplog):
+    """The store unreachable while a chunk runs: the watcher says so once and keeps the chunk while its lease
+    lasts, then gives it up (another worker may hold it by then), instead of dying and leaving it running."""
+    from service.batches import worker as worker_module
+    from service.batches.database import DatabaseUnavailableError
+
+    batch = new_batch(store, embeddings_file(2))
+    worker = BatchWorker(store, pool, SETTINGS, lease_seconds=0.6)
+
+    async def never_done(line, pool, settings):
+        await asyncio.sleep(3600)
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseUnavailableError("PostgreSQL at db:5432: connection refused")
+
+    async def run() -> float:
+        await worker.validate(store.get_batch(None, batch["id"]))
+        chunk = store.claim(worker.name, 0.6)
+        monkeypatch.setattr(worker_module, "run_line", never_done)
+        read = store.get_batch
+        reads = iter([read])  # the chunk's own first read of its batch works; then the store is unreachable
+        monkeypatch.setattr(store, "get_batch", lambda *a: next(reads, unreachable)(*a))
+        monkeypatch.setattr(store, "renew", unreachable)
+        monkeypatch.setattr(store, "release", unreachable)
+        started = time.monotonic()
+        await asyncio.wait_for(worker.run_chunk(chunk), 30)
+        return time.monotonic() - started
+
+    with caplog.at_level("WARNING", logger="embedrank.service"):
+        took = asyncio.run(run())
+    assert took >= 0.6  # kept while its lease lasted
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("cannot be renewed" in m for m in said) == 1 and sum("given up" in m for m in said) == 1
+    assert worker.lines_done == 0

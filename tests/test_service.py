@@ -726,6 +726,10 @@ def test_cors_is_off_by_default_and_configurable():
         assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == "https://app.example"
         other = c.options("/v1/embeddings", headers={**preflight, "Origin": "https://evil.example"})
         assert other.headers.get("access-control-allow-origin") != "https://evil.example"
+        # a browser deletes its uploaded files and reads the request id of every answer
+        delete = c.options("/v1/files/file-abc", headers={**preflight, "Access-Control-Request-Method": "DELETE"})
+        assert delete.status_code in (200, 204) and "DELETE" in delete.headers["access-control-allow-methods"]
+        assert resp.headers["access-control-expose-headers"] == "x-request-id"
 
 
 def test_priority_is_accepted_and_typed(client):

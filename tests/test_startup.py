@@ -5,7 +5,6 @@ range sample behind."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,18 +33,6 @@ def _outcome(proc: subprocess.Popen[str]) -> tuple[int, list[str], str]:
     lines = err.splitlines()
     first = next((i for i, line in enumerate(lines) if line.startswith("embedrank: cannot start:")), len(lines))
     return proc.returncode, lines[first:], out + err
-
-
-@pytest.fixture
-def broken_model(tmp_path) -> str:
-    """A model folder whose configuration is found but whose weights cannot be read: it fails while loading,
-    after the server has started."""
-    from embedrank.testing.tiny import tiny_model
-
-    folder = tmp_path / "broken"
-    shutil.copytree(tiny_model("bert"), folder)
-    (folder / "model.safetensors").write_bytes(b"not safetensors")
-    return str(folder)
 
 
 # each case: what it sets, and what its one line says
@@ -144,6 +131,7 @@ def test_serve_others_serves_the_models_that_loaded_and_says_which_did_not(broke
         for name in ("broken", "also-broken"):
             refused = client.post("/v1/embeddings", json={"model": name, "input": "x"}, headers=auth)
             assert refused.status_code == 503 and "could not be loaded" in refused.json()["error"]["message"]
+            assert refused.json()["error"]["code"] == "model_unavailable" and "retry-after" not in refused.headers
         assert client.post("/v1/embeddings", json={"model": "fine", "input": "x"}, headers=auth).status_code == 200
     alone = Settings(models=entries[1:], api_keys=("k",), tune_malloc=False, on_model_failure="serve-others")
     with TestClient(create_app(alone, wait_for_models=True)) as client:  # nothing to serve: it fails

@@ -29,7 +29,7 @@ from embedrank.errors import (
     ModelKindError,
     ModelLoadError,
     ModelNotFoundError,
-    NotReadyError,
+    ModelUnavailableError,
     shorten,
 )
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
@@ -209,7 +209,7 @@ class ModelPool:
 
         With ``keep_going``, a model that cannot be loaded is left out and the others are served: it leaves
         :attr:`models`, and :attr:`failed` maps its id to why (asking for it is then a
-        :class:`~embedrank.errors.NotReadyError` that says so).
+        :class:`~embedrank.errors.ModelUnavailableError` that says so).
 
         Raises:
             ModelLoadError: a model could not be loaded (with ``keep_going``: none could); the message names
@@ -273,13 +273,13 @@ class ModelPool:
 
         Raises:
             ModelNotFoundError: no served model has that id or alias.
-            NotReadyError: the model was configured but could not be loaded; the message says why.
+            ModelUnavailableError: the model was configured but could not be loaded; the message says why.
             ModelKindError: the model cannot serve ``capability``; the message lists those that can.
         """
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
         failed = model_id if model_id in self.failed else self._failed_aliases.get(model_id)
         if served is None and failed is not None:
-            raise NotReadyError(self.failed[failed])
+            raise ModelUnavailableError(self.failed[failed])
         if served is None:
             raise ModelNotFoundError(
                 f"model {shorten(model_id)!r} is not served here; available: {sorted(self.models)}"

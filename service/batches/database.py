@@ -14,11 +14,12 @@ Connections are per thread (the store is called from worker threads). A PostgreS
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -51,7 +52,8 @@ class Database(Protocol):
     words: ClassVar[dict[str, str]]
     """The dialect's words for the store's SQL: ``serial`` (an auto-numbered primary key), ``real`` (a float
     column), ``skip_locked`` (what makes a claim skip rows another transaction holds), ``lock_row`` (what
-makes a read hold its row until the transaction ends) and ``schema_lock``
+makes a read hold its row until the transaction ends), ``owner_lock`` (what serializes one owner's
+    writes that check a count before they insert; one ``?``, the owner) and ``schema_lock``
     (a statement that serializes creating the tables; empty where writes are serialized anyway)."""
     shared: bool
     """True when other hosts may use the same database: claims are then never released at start (a claim
@@ -76,6 +78,7 @@ class SqliteDatabase:
         "real": "REAL",
         "skip_locked": "",
         "lock_row": "",
+        "owner_lock": "",  # every write holds the database's write lock already (BEGIN IMMEDIATE)
         "schema_lock": "",
     }
     shared = False
@@ -83,55 +86,103 @@ class SqliteDatabase:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []  # every thread's connection, for close()
+        self._lock = threading.Lock()
 
     def connection(self) -> Connection:
-        return cast(Connection, self._connection())
+        return _Connection(self._connection(), self._unavailable)
 
     def _connection(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
+            # each connection is used by its own thread only; close() may come from another
+            with self._unavailable():
+                db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
+                db.row_factory = sqlite3.Row
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
             self._local.db = db
+            with self._lock:
+                self._all.append(db)
         return db
+
+    @contextlib.contextmanager
+    def _unavailable(self) -> Iterator[None]:
+        """SQLite's errors of a database that cannot be used now (its write lock held past the timeout, an I/O
+        error, a full disk) as :class:`DatabaseUnavailableError`."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            raise DatabaseUnavailableError(f"{self.path}: {exc}") from exc
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
         db = self._connection()
-        try:
+        with self._unavailable():
             db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:  # the write lock held past the timeout (another process)
-            raise DatabaseUnavailableError(f"{self.path}: {exc}") from exc
         try:
-            yield cast(Connection, db)
+            yield _Connection(db, self._unavailable)
+            with self._unavailable():
+                db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
 
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for db in conns:
             db.close()
-            self._local.db = None
+        self._local = threading.local()
 
 
-class _PostgresConnection:
-    """A psycopg connection that reads the store's ``?`` parameters (psycopg's are ``%s``)."""
+class _Connection:
+    """A driver's connection (sqlite3's, psycopg's) as the store uses it: the store's SQL in the driver's
+    ``placeholders``, and the driver's errors of a database that cannot be used now raised as
+    :class:`DatabaseUnavailableError` (by ``unavailable``)."""
 
-    def __init__(self, conn: Any, unavailable: Any) -> None:
+    def __init__(self, conn: Any, unavailable: Any, placeholders: Callable[[str], str] = str) -> None:
         self.conn = conn
         self.unavailable = unavailable
+        self.placeholders = placeholders
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
         with self.unavailable():
-            return self.conn.execute(sql.replace("?", "%s"), args)
+            return self.conn.execute(self.placeholders(sql), args)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self.unavailable(), self.conn.cursor() as cur:
-            cur.executemany(sql.replace("?", "%s"), rows)
+        with self.unavailable(), contextlib.closing(self.conn.cursor()) as cur:
+            cur.executemany(self.placeholders(sql), rows)
+
+
+@functools.lru_cache(maxsize=256)
+def psycopg_sql(sql: str) -> str:
+    r"""The store's SQL with psycopg's placeholders: each ``?`` parameter becomes ``%s`` and each literal ``%`` is
+    doubled (psycopg reads ``%`` everywhere in a query that has parameters); a ``?`` inside a quoted string or
+    identifier stays as it is.
+
+    >>> psycopg_sql("SELECT '?', \"a?\" FROM t WHERE name LIKE 'x%' AND id = ? AND n = ?")
+    'SELECT \'?\', "a?" FROM t WHERE name LIKE \'x%%\' AND id = %s AND n = %s'
+    >>> psycopg_sql("SELECT 'it''s ?' WHERE a = ?")
+    "SELECT 'it''s ?' WHERE a = %s"
+    """
+    out: list[str] = []
+    quote = ""  # the quote character of the string or identifier being read, "" outside one
+    for char in sql:
+        if char == "%":
+            out.append("%%")
+            continue
+        if quote:
+            quote = "" if char == quote else quote  # a doubled quote closes and opens again: the same output
+        elif char in "'\"":
+            quote = char
+        elif char == "?":
+            out.append("%s")
+            continue
+        out.append(char)
+    return "".join(out)
 
 
 class PostgresDatabase:
@@ -143,6 +194,7 @@ class PostgresDatabase:
         "real": "DOUBLE PRECISION",
         "skip_locked": "FOR UPDATE OF c SKIP LOCKED",
         "lock_row": "FOR UPDATE",
+        "owner_lock": "SELECT pg_advisory_xact_lock(4243, hashtext(?))",
         "schema_lock": "SELECT pg_advisory_xact_lock(4242)",  # replicas starting together: one creates the tables
     }
     shared = True
@@ -176,14 +228,14 @@ class PostgresDatabase:
                 self._all.append(conn)
         return conn
 
-    def connection(self) -> _PostgresConnection:
-        return _PostgresConnection(self._conn(), self._unavailable)
+    def connection(self) -> Connection:
+        return _Connection(self._conn(), self._unavailable, psycopg_sql)
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[_PostgresConnection]:
+    def write(self) -> Iterator[Connection]:
         conn = self._conn()
         with self._unavailable(), conn.transaction():
-            yield _PostgresConnection(conn, self._unavailable)
+            yield _Connection(conn, self._unavailable, psycopg_sql)
 
     def close(self) -> None:
         with self._lock:

@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from embedrank.serving.pool import ModelPool
 from service.batches.database import DatabaseUnavailableError, PostgresDatabase
-from service.batches.store import ACTIVE, BatchStore, FileInUseError
+from service.batches.store import ACTIVE, BatchStore, FileInUseError, TooManyBatchesError
 from service.batches.worker import RETRY_SECONDS, BatchWorker
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
@@ -425,23 +425,25 @@ async def create_batch(data: CreateBatchRequest, request: Request[Any, Any, Any]
     file = await asyncio.to_thread(store.get_file, owner, data.input_file_id)
     if file is None or file["purpose"] != "batch":
         raise _not_found("input_file", data.input_file_id)
-    limit = batches.settings.limits.max_batches_in_flight
-    if await asyncio.to_thread(store.active_batches, owner) >= limit:
+    try:
+        row = await asyncio.to_thread(
+            store.create_batch,
+            owner,
+            endpoint=data.endpoint,
+            input_file_id=data.input_file_id,
+            completion_window=data.completion_window,
+            window_seconds=seconds,
+            metadata=data.metadata,
+            max_active=batches.settings.limits.max_batches_in_flight,
+        )
+    except TooManyBatchesError as exc:
         raise APIError(
             429,
-            f"this API key has {limit} unfinished batches, the limit (max_batches_in_flight); wait for one to finish",
+            f"this API key has {exc.limit} unfinished batches, the limit (max_batches_in_flight); "
+            "wait for one to finish",
             type="rate_limit_error",
             code="too_many_batches",
-        )
-    row = await asyncio.to_thread(
-        store.create_batch,
-        owner,
-        endpoint=data.endpoint,
-        input_file_id=data.input_file_id,
-        completion_window=data.completion_window,
-        window_seconds=seconds,
-        metadata=data.metadata,
-    )
+        ) from exc
     if batches.worker is not None:
         batches.worker.wake()
     return batch_object(row)

@@ -12,21 +12,24 @@ would have got, and the other lines run.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
 
-from embedrank.errors import NotReadyError, OverloadedError
+from embedrank.errors import ModelUnavailableError, NotReadyError, OverloadedError
 from embedrank.serving.pool import ModelPool
 from service import api, cohere, request_ids
 from service.batches.store import Chunk
 from service.cohere import CohereEmbedRequest
 from service.decoding import decode_strict
-from service.errors import to_api_error
+from service.errors import error_body, is_unexpected, to_api_error
 from service.schemas import EmbeddingsRequest, RerankRequest
 from service.settings import Settings
+
+logger = logging.getLogger("embedrank.service")
 
 BATCH_PRIORITY = 1_000_000
 """The engine priority of batch lines: behind every direct request (whose default is 0), at any priority
@@ -146,7 +149,12 @@ def request_lines(part: bytes) -> list[InputLine]:
 
 
 class Retry(Exception):
-    """The line could not run for now (the service is overloaded or not ready): run it again later."""
+    """The line could not run for now (the engine is overloaded): run it again shortly."""
+
+
+class Unready(Exception):
+    """The line could not run because the service is not ready (loading, draining, stopped): its chunk is given
+    back for a ready worker (or the batch's expiry) rather than held while waiting."""
 
 
 async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tuple[int, bytes, str]:
@@ -154,8 +162,12 @@ async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tupl
     schema and the endpoint's core call made, behind every direct request (:data:`BATCH_PRIORITY`); a failure
     gets the status and error body the direct request would get, with the line's own request id.
 
+    A model that could not be loaded at start (``on_model_failure = "serve-others"``) gets its 503 error line, as
+    the direct request does: waiting would not bring it.
+
     Raises:
-        Retry: the engine refused the work for now (overloaded: 429; not ready: 503).
+        Retry: the engine refused the work for now (overloaded: 429, or another 429 or 503).
+        Unready: the service or the engine is not ready (loading, draining).
     """
     schema, work = ENDPOINTS[line.url]
     request_id = request_ids.new_id()
@@ -165,14 +177,21 @@ async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tupl
             data = msgspec.structs.replace(data, priority=max(data.priority, BATCH_PRIORITY))
         body, _ = await work(data, pool, settings)
         return 200, msgspec.json.encode(body), request_id
-    except (OverloadedError, NotReadyError) as exc:
+    except OverloadedError as exc:
         raise Retry(str(exc)) from exc
+    except NotReadyError as exc:
+        if not isinstance(exc, ModelUnavailableError):
+            raise Unready(str(exc)) from exc
+        return 503, msgspec.json.encode(error_body(to_api_error(exc), request_id)), request_id
     except Exception as exc:
         error = to_api_error(exc)
         if error.status in (429, 503):
             raise Retry(error.message) from exc
-        fields = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
-        return error.status, msgspec.json.encode({"error": {**fields, "request_id": request_id}}), request_id
+        if is_unexpected(error):
+            logger.error(
+                "request %s: internal error on batch line %r (%s)", request_id, line.custom_id, line.url, exc_info=exc
+            )
+        return error.status, msgspec.json.encode(error_body(error, request_id)), request_id
 
 
 def result_line(custom_id: str, status: int, body: bytes, request_id: str) -> bytes:

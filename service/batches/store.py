@@ -94,6 +94,14 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 FINISHED = ("failed", "completed", "expired", "cancelled")
 
 
+class TooManyBatchesError(Exception):
+    """The owner has as many unfinished batches as it may have."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"{limit} unfinished batches")
+        self.limit = limit
+
+
 class FileInUseError(Exception):
     """A file cannot be deleted while an unfinished batch reads it."""
 
@@ -242,8 +250,14 @@ class BatchStore:
         completion_window: str,
         window_seconds: int,
         metadata: dict[str, str] | None,
+        max_active: int | None = None,
     ) -> dict[str, Any]:
-        """A new batch of ``owner`` in status ``validating``. Returns its row."""
+        """A new batch of ``owner`` in status ``validating``. Returns its row.
+
+        Raises:
+            TooManyBatchesError: ``owner`` has ``max_active`` unfinished batches (counted in the transaction
+                that inserts, so that creates at once, on any replica, cannot pass the limit together).
+        """
         now = int(time.time())
         batch_id = new_id("batch_")
         row = {
@@ -258,6 +272,11 @@ class BatchStore:
             "expires_at": now + window_seconds,
         }
         with self._write() as db:
+            if max_active is not None:
+                if self.db.words["owner_lock"]:
+                    db.execute(self.db.words["owner_lock"], (owner,))
+                if self._active(db, owner) >= max_active:
+                    raise TooManyBatchesError(max_active)
             db.execute(
                 "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, metadata, status, "
                 "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -288,9 +307,13 @@ class BatchStore:
 
     def active_batches(self, owner: str) -> int:
         """How many of ``owner``'s batches are not finished."""
+        return self._active(self._db(), owner)
+
+    @staticmethod
+    def _active(db: Connection, owner: str) -> int:
         marks = ", ".join("?" * len(ACTIVE))
         query = f"SELECT COUNT(*) AS n FROM batches WHERE owner = ? AND status IN ({marks})"
-        return int(self._db().execute(query, (owner, *ACTIVE)).fetchone()["n"])
+        return int(db.execute(query, (owner, *ACTIVE)).fetchone()["n"])
 
     def batches_in(self, *statuses: str) -> list[dict[str, Any]]:
         """Every batch in one of ``statuses``, oldest first (for the worker)."""
@@ -498,14 +521,22 @@ class BatchStore:
             ).rowcount
         return bool(changed)
 
-    def close_batch(self, batch_id: str, final: str, output_file_id: str | None, error_file_id: str | None) -> None:
-        """The end of finalizing: the files written, the status ``final`` with its timestamp."""
+    def close_batch(
+        self, worker: str, batch_id: str, final: str, output_file_id: str | None, error_file_id: str | None
+    ) -> bool:
+        """The end of finalizing: the files written, the status ``final`` with its timestamp, the batch's parts
+        removed. Only by the ``worker`` that holds the finalizing claim: False (nothing changed) when another
+        worker took it over, so that one batch is closed once, with one pair of files."""
         stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[final]
         with self._write() as db:
-            db.execute(
-                f"UPDATE batches SET status = ?, {stamp} = ?, output_file_id = ?, error_file_id = ? WHERE id = ?",
-                (final, int(time.time()), output_file_id, error_file_id, batch_id),
-            )
+            closed = db.execute(
+                f"UPDATE batches SET status = ?, {stamp} = ?, output_file_id = ?, error_file_id = ?, "
+                "finalizer = NULL, finalize_until = NULL WHERE id = ? AND status = 'finalizing' AND finalizer = ?",
+                (final, int(time.time()), output_file_id, error_file_id, batch_id, worker),
+            ).rowcount
+        if closed:
+            shutil.rmtree(self.root / "parts" / batch_id, ignore_errors=True)
+        return bool(closed)
 
     def close(self) -> None:
         self.db.close()

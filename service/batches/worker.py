@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,16 @@ from typing import Any
 from embedrank.errors import NotReadyError
 from embedrank.serving.pool import ModelPool
 from service.batches.database import DatabaseUnavailableError
-from service.batches.lines import InputLine, Retry, read_input, request_lines, result_line, run_line, unrun_line
+from service.batches.lines import (
+    InputLine,
+    Retry,
+    Unready,
+    read_input,
+    request_lines,
+    result_line,
+    run_line,
+    unrun_line,
+)
 from service.batches.store import BatchStore, Chunk
 from service.settings import Settings
 
@@ -67,7 +75,9 @@ class BatchWorker:
             while True:
                 try:
                     busy = await self._housekeeping()
-                    while len(inflight) < self.concurrency:
+                    # no chunk is claimed while the models are not ready: a claim held while waiting would keep
+                    # the lines from a ready replica, and the batch from expiring if loading never ends
+                    while len(inflight) < self.concurrency and self._ready():
                         chunk = await asyncio.to_thread(self.store.claim, self.name, self.lease_seconds)
                         if chunk is None:
                             break
@@ -92,6 +102,13 @@ class BatchWorker:
             for task in inflight:
                 task.cancel()
             await asyncio.gather(*inflight, return_exceptions=True)
+
+    def _ready(self) -> bool:
+        try:
+            self.pool_of()
+        except NotReadyError:
+            return False
+        return True
 
     async def _housekeeping(self) -> bool:
         """Validate new batches and finalize finished ones; True when there was any.
@@ -167,13 +184,21 @@ class BatchWorker:
         if batch is None:
             return
         lines = await asyncio.to_thread(_read_chunk, self.store.file_path(batch["input_file_id"]), chunk)
-        work = asyncio.ensure_future(asyncio.gather(*(self._run(line) for line in lines)))
+        running = [asyncio.ensure_future(self._run(line)) for line in lines]
+        work = asyncio.gather(*running)
         watching = asyncio.create_task(self._watch(chunk, work))
         try:
             results = await work
         except asyncio.CancelledError:
             if not watching.done():  # this task was cancelled: the worker is stopping
                 raise
+            with contextlib.suppress(DatabaseUnavailableError):  # unreachable: the claim runs out by itself
+                await asyncio.to_thread(self.store.release, self.name, chunk)
+            return
+        except Unready as exc:  # the models are not ready (any more): the chunk goes back, unrecorded
+            for task in running:
+                task.cancel()
+            logger.warning("batch %s: chunk %d given back: %s", chunk.batch_id, chunk.number, exc)
             await asyncio.to_thread(self.store.release, self.name, chunk)
             return
         finally:
@@ -198,25 +223,55 @@ class BatchWorker:
             )
 
     async def _run(self, line: InputLine) -> tuple[int, bytes, str]:
+        """``line`` run (:func:`run_line`), again after a growing pause while the engine is overloaded.
+
+        Raises:
+            Unready: the models are not ready (any more).
+        """
         delay = 0.05
         while True:
             try:
-                return await run_line(line, self.pool_of(), self.settings)
-            except (Retry, NotReadyError):  # overloaded, or the models are not ready (yet, or any more)
+                pool = self.pool_of()
+            except NotReadyError as exc:
+                raise Unready(str(exc)) from exc
+            try:
+                return await run_line(line, pool, self.settings)
+            except Retry:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
     async def _watch(self, chunk: Chunk, work: asyncio.Future[Any]) -> None:
-        """While ``chunk`` runs: renew its claim, and give it up (cancel ``work``) when its batch is cancelled
-        or the claim is lost."""
-        renewed = asyncio.get_running_loop().time()
+        """While ``chunk`` runs: renew its claim, and give it up (cancel ``work``) when its batch is cancelled,
+        the claim is lost, or the store has been unreachable for a whole lease (another worker may hold the
+        chunk by then: its results would be refused)."""
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
+        unreachable = False
         while True:
             await asyncio.sleep(min(self.lease_seconds / 3, WATCH_SECONDS))
-            batch = await asyncio.to_thread(self.store.get_batch, None, chunk.batch_id)
-            held = True
-            if asyncio.get_running_loop().time() - renewed >= self.lease_seconds / 3:
-                held = await asyncio.to_thread(self.store.renew, self.name, chunk, self.lease_seconds)
-                renewed = asyncio.get_running_loop().time()
+            try:
+                batch = await asyncio.to_thread(self.store.get_batch, None, chunk.batch_id)
+                held = True
+                if loop.time() - renewed >= self.lease_seconds / 3:
+                    held = await asyncio.to_thread(self.store.renew, self.name, chunk, self.lease_seconds)
+                    renewed = loop.time()
+            except DatabaseUnavailableError as exc:
+                if loop.time() - renewed < self.lease_seconds:
+                    if not unreachable:  # one line per outage; the chunk runs on while its lease lasts
+                        logger.warning(
+                            "batch %s: chunk %d: its claim cannot be renewed: %s", chunk.batch_id, chunk.number, exc
+                        )
+                    unreachable = True
+                    continue
+                logger.warning(
+                    "batch %s: chunk %d given up: its claim could not be renewed for %.0f s (its lease)",
+                    chunk.batch_id,
+                    chunk.number,
+                    self.lease_seconds,
+                )
+                work.cancel()
+                return
+            unreachable = False
             if batch is None or (batch["status"] != "in_progress" and batch["status"] != "finalizing") or not held:
                 work.cancel()
                 return
@@ -235,12 +290,11 @@ class BatchWorker:
             renewed = await asyncio.to_thread(self.store.renew_finalizing, self.name, batch["id"], self.lease_seconds)
             held = held and renewed
         output_id, error_id = await writing
-        if not held:  # another worker took the finalizing over (this one was too slow to renew): it closes it
+        closed = held and await asyncio.to_thread(
+            self.store.close_batch, self.name, batch["id"], ending, output_id, error_id
+        )
+        if not closed:  # another worker took the finalizing over (this one was too slow to renew): it closes it
             logger.warning("batch %s: its finalizing was taken over by another worker", batch["id"])
-            return
-        await asyncio.to_thread(self.store.close_batch, batch["id"], ending, output_id, error_id)
-        with contextlib.suppress(FileNotFoundError):
-            await asyncio.to_thread(shutil.rmtree, self.store.root / "parts" / batch["id"])
 
     def _write_results(self, batch: dict[str, Any], ending: str) -> tuple[str | None, str | None]:
         chunks = self.store.chunks(batch["id"])
