@@ -54,19 +54,24 @@ lock:  ## resolve the newest allowed versions in a fresh environment, write them
 run: setup  ## the main job on the embedded defaults: a BEIR evaluation of the packaged model on the demo collection
 	$(OFFLINE) $(PY) eval/run.py
 
+# the suite's worker processes (pytest-xdist): many tests wait on servers and subprocesses, so two workers
+# finish sooner on two cores; PYTEST_WORKERS=0 runs it in one process
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS)
+
 test: setup-tests lint typecheck  ## lint, type check, then the whole default suite (doctests, parity, service, data, notebooks)
-	$(OFFLINE) $(PY) -m pytest
+	$(OFFLINE) $(PYTEST)
 
 # the whole suite as on an AVX2-only CPU without bf16, with AVX2_LOAD busy loops beside it (tests/as_avx2.sh)
 AVX2_LOAD ?= 0
 test-avx2: setup-tests
-	tests/as_avx2.sh --load $(AVX2_LOAD) env $(OFFLINE) $(PY) -m pytest
+	tests/as_avx2.sh --load $(AVX2_LOAD) env $(OFFLINE) $(PYTEST)
 
 test-extended: setup-tests  ## the benchmark-sized checks the default run leaves out (pytest -m extended)
-	$(OFFLINE) $(PY) -m pytest -m extended
+	$(OFFLINE) $(PYTEST) -m extended
 
 test-fast: setup
-	$(OFFLINE) $(PY) -m pytest -m "not slow and not notebooks"
+	$(OFFLINE) $(PYTEST) -m "not slow and not notebooks"
 
 docs: setup  ## the manual, built strictly into build/site (the suite builds it too)
 	$(VENV)/bin/mkdocs build --strict

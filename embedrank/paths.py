@@ -71,21 +71,28 @@ def remove_unfinished() -> list[Path]:
 
 def build_directory(target: str | Path, build: Callable[[Path], object], *, done: str = "config.json") -> str:
     """Build a directory at ``target`` by calling ``build`` on an empty temporary folder beside it, then
-    renaming that into place, so concurrent processes never see half of it; returns ``target``. If another
-    process finished first (or ``target`` is a non-empty folder with the file ``done``), theirs is kept."""
+    renaming that into place, so concurrent processes never see half of it; returns ``target``. Processes that
+    build the same ``target`` at once (replicas starting together on a shared cache, parallel test workers)
+    take turns on a lock file beside it: the first builds, the others find its result (a folder with the file
+    ``done``) and keep it, instead of each building it again."""
+    from filelock import FileLock
+
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        with writing(tmp):
-            build(tmp)
-            if target.exists() and not any(target.iterdir()):
-                target.rmdir()
-            try:
-                os.rename(tmp, target)
-            except OSError:  # another process built it first, or target is a non-empty folder we must not replace
-                if not (target / done).is_file():
-                    raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with FileLock(target.parent / f".{target.name}.lock"):
+        if (target / done).is_file():
+            return str(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            with writing(tmp):
+                build(tmp)
+                if target.exists() and not any(target.iterdir()):
+                    target.rmdir()
+                try:
+                    os.rename(tmp, target)
+                except OSError:  # a non-empty folder we must not replace (or a lock the file system ignores)
+                    if not (target / done).is_file():
+                        raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return str(target)

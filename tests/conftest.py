@@ -121,6 +121,8 @@ SCIFACT_SAMPLE_DOCS = 1000
 def _embedded(request, encoder, dataset, what: str):
     """A collection's corpus and query embeddings through the on-disk embedding cache (computed once per
     machine); the terminal says so before a cold encoding starts (progress bar: ``pytest -s``)."""
+    from filelock import FileLock
+
     from embedrank.retrieval.cache import EmbeddingCache, corpus_key
     from embedrank.retrieval.data import doc_text
     from embedrank.retrieval.pipeline import embed_corpus, encoder_cache_key
@@ -128,14 +130,17 @@ def _embedded(request, encoder, dataset, what: str):
     ids = list(dataset.corpus)
     texts = [doc_text(dataset.corpus[d]) for d in ids]
     cache = EmbeddingCache()
-    if cache.load(corpus_key(encoder_cache_key(encoder), ids, texts), len(ids)) is None:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(
-                f"\n[embedrank] embedding {what} ({len(ids):,} documents) into the cache at {cache.directory}, "
-                "once per machine (progress: pytest -s)"
-            )
-    vectors = embed_corpus(encoder, ids, texts, batch_size=64, cache=cache, show_progress=True).vectors
+    key = corpus_key(encoder_cache_key(encoder), ids, texts)
+    cache.directory.mkdir(parents=True, exist_ok=True)
+    with FileLock(cache.directory / f".{key}.lock"):  # parallel test workers: one embeds, the others read it
+        if cache.load(key, len(ids)) is None:
+            reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(
+                    f"\n[embedrank] embedding {what} ({len(ids):,} documents) into the cache at {cache.directory}, "
+                    "once per machine (progress: pytest -s)"
+                )
+        vectors = embed_corpus(encoder, ids, texts, batch_size=64, cache=cache, show_progress=True).vectors
     queries = encoder.encode(list(dataset.queries.values()))
     return dataset, vectors, queries
 

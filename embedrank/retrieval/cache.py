@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from embedrank.paths import CACHE_ENV, default_cache_dir
+from embedrank.paths import CACHE_ENV, default_cache_dir, writing
 
 __all__ = ["CACHE_ENV", "EmbeddingCache", "corpus_key", "default_cache_dir"]
 
@@ -49,8 +50,9 @@ class EmbeddingCache:
     def store(self, key: str, array: np.ndarray, info: dict) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(key)
-        tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, array)
-        os.replace(tmp, path)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npy")  # one per writer
+        with writing(tmp):
+            np.save(tmp, array)
+            os.replace(tmp, path)
         path.with_suffix(".json").write_text(json.dumps({**info, "shape": list(array.shape)}, indent=2))
         return path
