@@ -6,6 +6,7 @@ Both live below every layer that needs them (model exports, embedding cache, dat
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -69,17 +70,27 @@ def remove_unfinished() -> list[Path]:
     return found
 
 
+def build_lock(target: Path) -> contextlib.AbstractContextManager[object]:
+    """A lock that the processes of this machine building ``target`` take turns on: a file in the temporary
+    directory named by a digest of ``target``'s absolute path."""
+    from filelock import FileLock
+
+    locks = Path(tempfile.gettempdir()) / "embedrank-locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(str(Path(target).resolve()).encode()).hexdigest()[:32]
+    return FileLock(locks / f"{digest}.lock")
+
+
 def build_directory(target: str | Path, build: Callable[[Path], object], *, done: str = "config.json") -> str:
     """Build a directory at ``target`` by calling ``build`` on an empty temporary folder beside it, then
     renaming that into place, so concurrent processes never see half of it; returns ``target``. Processes that
     build the same ``target`` at once (replicas starting together on a shared cache, parallel test workers)
     take turns on a lock file beside it: the first builds, the others find its result (a folder with the file
-    ``done``) and keep it, instead of each building it again."""
-    from filelock import FileLock
-
+    ``done``) and keep it, instead of each building it again (processes of one machine: the lock files live in
+    its temporary directory, :func:`build_lock`, so that the cache holds only what was built)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(target.parent / f".{target.name}.lock"):
+    with build_lock(target):
         if (target / done).is_file():
             return str(target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

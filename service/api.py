@@ -8,7 +8,7 @@ import contextlib
 import re
 import uuid
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -17,8 +17,10 @@ from msgspec import UNSET, UnsetType
 
 from embedrank.errors import InvalidInputError, shorten
 from embedrank.serving.hosting import Embedded
+from embedrank.serving.options import EmbedOptions, RerankOptions
 from embedrank.serving.pool import ModelPool
 from embedrank.types import Chunking
+from service.context import Context
 from service.errors import invalid
 from service.schemas import (
     CompactEmbeddings,
@@ -72,7 +74,7 @@ def _request_fields() -> Iterator[None]:
 
 
 def _checked_inputs(value: str | list[Any], limits: Limits, param: str = "input") -> list[str | list[int]]:
-    """``input`` as a list of texts and token-id arrays, within the limits (the decoder already refused empty
+    """``value`` (the request's field ``param``) as a list of texts and token-id arrays, within the limits (the decoder already refused empty
     texts and lists). A flat array of integers is one token-id array."""
     items: list[Any] = [value] if isinstance(value, str) else value
     bare = [isinstance(item, int) for item in items]
@@ -80,9 +82,9 @@ def _checked_inputs(value: str | list[Any], limits: Limits, param: str = "input"
         items = [items]
     elif any(bare):
         raise invalid(
-            "input mixes token ids with texts or token-id arrays; send a string, an array of strings, "
+            f"{param} mixes token ids with texts or token-id arrays; send a string, an array of strings, "
             "an array of token ids, or an array of token-id arrays",
-            param="input",
+            param=param,
             code="invalid_type",
         )
     if len(items) > limits.max_inputs:
@@ -94,8 +96,8 @@ def _checked_inputs(value: str | list[Any], limits: Limits, param: str = "input"
     for i, item in enumerate(items):
         if not isinstance(item, str) and len(item) > limits.max_text_chars:
             raise invalid(
-                f"input[{i}] has {len(item)} token ids; the limit is max_text_chars={limits.max_text_chars}",
-                param="input",
+                f"{param}[{i}] has {len(item)} token ids; the limit is max_text_chars={limits.max_text_chars}",
+                param=param,
                 code="text_too_long",
             )
     return items
@@ -108,14 +110,15 @@ def checked_texts(value: str | list[str], limits: Limits, param: str = "input") 
     return texts
 
 
-async def _input_texts(value: str | list[Any], limits: Limits, token_ids: bool) -> list[str]:
-    """``input`` as texts: token-id arrays decoded with cl100k_base (:mod:`service.token_ids`), off the loop."""
-    items = _checked_inputs(value, limits)
+async def _input_texts(value: str | list[Any], limits: Limits, token_ids: bool, param: str = "input") -> list[str]:
+    """``value`` (the request's field ``param``) as texts: token-id arrays decoded with cl100k_base
+    (:mod:`service.token_ids`), off the loop."""
+    items = _checked_inputs(value, limits, param)
     if all(isinstance(item, str) for item in items):
         texts: list[str] = items  # type: ignore[assignment]
     else:
         texts = await asyncio.to_thread(decode_inputs, items, token_ids)
-    _check_texts(texts, "input", limits)
+    _check_texts(texts, param, limits)
     return texts
 
 
@@ -131,51 +134,41 @@ def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | st
     """A float32 vector as numbers (:func:`float_json`) or base64 of little-endian float32; an int8/uint8 one
     as integers or base64 of its bytes."""
     if encoding_format == "base64":
-        raw = vector.astype("<f4", copy=False) if vector.dtype.kind == "f" else vector
+        raw = vector.astype("<f4", copy=False) if np.issubdtype(vector.dtype, np.floating) else vector
         return base64.b64encode(raw.tobytes()).decode("ascii")
-    return float_json(vector) if vector.dtype.kind == "f" else vector.tolist()  # type: ignore[no-any-return]
+    return float_json(vector) if np.issubdtype(vector.dtype, np.floating) else vector.tolist()  # type: ignore[no-any-return]
 
 
-async def embed_vectors(
-    req: EmbeddingsRequest,
-    pool: ModelPool,
-    limits: Limits,
-    *,
-    token_ids: bool = True,
-    normalize: bool | None = None,
-    truncation_side: Literal["right", "left"] = "right",
-    cached: bool = False,
-) -> Embedded:
-    """The core call behind every embedding route: the vectors ``(N, D)`` and each of ``req.embedding_types``.
-    ``normalize`` overrides the model's normalization; ``truncation_side`` says which end an over-long text loses;
-    ``cached``: texts embedded before come from the embedding cache (batch lines; direct requests when
-    ``embedding_cache_direct`` is set)."""
-    texts = await _input_texts(req.input, limits, token_ids)
+def embed_options(req: EmbeddingsRequest, limits: Limits, **given: Any) -> EmbedOptions:
+    """Every option of ``req`` as the core's :class:`~embedrank.serving.options.EmbedOptions`, within
+    ``limits``; ``given`` sets the options another protocol's request words differently (``normalize``,
+    ``truncation_side``, ``cached``, ``fields``)."""
+    return EmbedOptions(
+        input_type=req.input_type,
+        prompt_name=req.prompt_name,
+        types=tuple(req.embedding_types or ()),
+        dimensions=req.dimensions,
+        truncate=req.truncate,
+        priority=req.priority,
+        chunking=Chunking(overlap=req.chunk_overlap) if req.chunking else None,
+        budget=limits.max_request_tokens,
+        multi_budget=limits.max_multivector_tokens,
+        **given,
+    )
+
+
+async def embed_vectors(req: EmbeddingsRequest, ctx: Context, options: EmbedOptions, *, token_ids: bool) -> Embedded:
+    """The core call behind every embedding route: the vectors ``(N, D)`` and each of the types ``options``
+    asks for, for the texts of ``req.input`` (token-id arrays decoded when ``token_ids``)."""
+    texts = await _input_texts(req.input, ctx.limits, token_ids, options.fields.texts)
     with _request_fields():
-        embedded = await pool.get(req.model, "embeddings").embed(
-            texts,
-            input_type=req.input_type,
-            prompt_name=req.prompt_name,
-            types=req.embedding_types or (),
-            dimensions=req.dimensions,
-            truncate=req.truncate,
-            priority=req.priority,
-            chunking=Chunking(overlap=req.chunk_overlap) if req.chunking else None,
-            normalize=normalize,
-            truncation_side=truncation_side,
-            budget=limits.max_request_tokens,
-            multi_budget=limits.max_multivector_tokens,
-            name=shorten(req.model),
-            cached=cached,
-        )
-    return embedded
+        return await ctx.pool.get(req.model, "embeddings").embed(texts, options, name=shorten(req.model))
 
 
-async def create_embeddings(
-    req: EmbeddingsRequest, pool: ModelPool, limits: Limits, token_ids: bool = True, *, cached: bool = False
-) -> tuple[EmbeddingList, int]:
+async def create_embeddings(req: EmbeddingsRequest, ctx: Context) -> tuple[EmbeddingList, int]:
     """Embeddings. Returns the body and the number of inputs that were truncated."""
-    embedded = await embed_vectors(req, pool, limits, token_ids=token_ids, cached=cached)
+    options = embed_options(req, ctx.limits, cached=ctx.cached)
+    embedded = await embed_vectors(req, ctx, options, token_ids=ctx.settings.token_ids)
     out, compact = embedded.output, embedded.compact
     fmt = req.encoding_format
     types = set(req.embedding_types or [])
@@ -200,10 +193,11 @@ async def create_embeddings(
     return EmbeddingList(data=data, model=req.model, usage=usage), out.truncated_count
 
 
-async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> TokenizeResponse:
-    """Token counts of each input as ``/v1/embeddings`` would process it (same prompt selection)."""
-    texts = await _input_texts(req.input, limits, token_ids=False)
-    served = pool.get(req.model, "embeddings")
+async def tokenize(req: TokenizeRequest, ctx: Context) -> tuple[TokenizeResponse, None]:
+    """Token counts of each input as ``/v1/embeddings`` would process it (same prompt selection); nothing is
+    truncated."""
+    texts = await _input_texts(req.input, ctx.limits, token_ids=False)
+    served = ctx.pool.get(req.model, "embeddings")
     counts, tokens = await served.count(
         texts, input_type=req.input_type, prompt_name=req.prompt_name, return_tokens=req.return_tokens
     )
@@ -218,13 +212,12 @@ async def tokenize(req: TokenizeRequest, pool: ModelPool, limits: Limits) -> Tok
         )
         for i, n in enumerate(counts)
     ]
-    return TokenizeResponse(model=req.model, max_tokens=limit, data=data)
+    return TokenizeResponse(model=req.model, max_tokens=limit, data=data), None
 
 
-async def rerank(
-    req: RerankRequest, pool: ModelPool, limits: Limits, raw_scores: bool = False
-) -> tuple[RerankResponse, int]:
+async def rerank(req: RerankRequest, ctx: Context, *, raw_scores: bool = False) -> tuple[RerankResponse, int]:
     """Rerank. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
+    limits = ctx.limits
     # the decoder has refused an empty query, an empty documents list and top_n < 1 (service.decoding)
     if _ONLY_WHITESPACE.fullmatch(req.query):
         raise invalid("query is empty or only whitespace", param="query", code="empty_query")
@@ -244,16 +237,15 @@ async def rerank(
         max_tokens=req.max_tokens_per_doc,
     )
     with _request_fields():
-        reranked = await pool.get(req.model, "rerank").rerank(
-            req.query,
-            texts,
+        options = RerankOptions(
             truncate=req.truncate,
-            priority=req.priority,
             chunking=chunking,
             raw_scores=raw_scores,
+            priority=req.priority,
             budget=limits.max_request_tokens,
             top_n=req.top_n,
         )
+        reranked = await ctx.pool.get(req.model, "rerank").rerank(req.query, texts, options)
     out = reranked.output
     results = [
         RerankResult(

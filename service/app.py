@@ -31,7 +31,7 @@ from embedrank.errors import ConfigurationError, shorten
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
 from embedrank.serving.vector_cache import VectorCache
-from service import process, shutdown
+from service import logs, process, shutdown
 from service.auth import BearerAuth
 from service.batches.http import FILE_HANDLERS, FORM_PATHS, BatchService
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
@@ -120,7 +120,10 @@ def create_app(
         try:
             settings = Settings.from_env()
             logging.getLogger("embedrank").setLevel(settings.log_level.upper())
-            return create_app(settings, wait_for_models=wait_for_models, models=models)
+            app = create_app(settings, wait_for_models=wait_for_models, models=models)
+            if settings.log_format == "json":  # the server and the app have set their logging up: JSON from here
+                logs.use_json_lines()
+            return app
         except Exception as exc:  # a setting, a model entry, a model that cannot be found: one line, code 3
             process.fail_to_start(exc)
     keys = settings.api_keys
@@ -149,8 +152,9 @@ def create_app(
             listening = process.can_listen(server.config)
             if listening is not None:  # the port is taken: say so now, not after the models have loaded
                 process.failed_while_serving(listening, debug=settings.log_level == "debug")
-        if not settings.access_log:  # one log line per request costs ~10% of the event loop at high rates
-            logging.getLogger("uvicorn.access").disabled = True
+        # the access lines are the middleware's (with the request id and model: service.logs), off by default:
+        # one log line per request costs ~10% of the event loop at high rates
+        logging.getLogger("uvicorn.access").disabled = True
         if generated:
             print(
                 f"embedrank: no API key configured (EMBEDRANK_API_KEYS); generated one for this run:\n"
@@ -210,7 +214,7 @@ def create_app(
         else BearerAuth(keys, open_preflights=bool(settings.cors_origins), open_paths=open_paths)
     )
     service.auth = auth  # the exception handler checks it for paths that are no route (no middleware runs there)
-    tracking = RequestMiddleware(service.metrics, auth, inflight)
+    tracking = RequestMiddleware(service.metrics, auth, inflight, access_log=settings.access_log)
     middleware = [tracking]
     app = Litestar(
         route_handlers=[

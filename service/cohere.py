@@ -17,11 +17,12 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from embedrank.serving.options import COHERE_FIELDS
 from embedrank.serving.pool import ModelPool
 from service import api
+from service.context import Context
 from service.errors import invalid
 from service.schemas import INT32_MAX, CohereMeta, EmbeddingsRequest, NonEmptyText, Priority, cohere_meta
-from service.settings import Limits
 
 CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
@@ -105,19 +106,13 @@ def _request(req: CohereEmbedRequest, pool: ModelPool, version: str) -> Embeddin
     )
 
 
-async def embed(
-    req: CohereEmbedRequest,
-    pool: ModelPool,
-    limits: Limits,
-    version: str,
-    token_ids: bool = True,
-    *,
-    cached: bool = False,
-) -> tuple[CohereEmbedResponse, int]:
-    """Cohere's embed over :func:`service.api.embed_vectors`. Returns the body and the truncated count."""
-    inner = _request(req, pool, version)
+async def embed(req: CohereEmbedRequest, ctx: Context, *, version: str) -> tuple[CohereEmbedResponse, int]:
+    """Cohere's embed (``version`` "1" or "2") over :func:`service.api.embed_vectors`. Returns the body and the
+    truncated count."""
+    inner = _request(req, ctx.pool, version)
     side: Literal["left", "right"] = "left" if req.truncate == "START" else "right"
-    embedded = await api.embed_vectors(inner, pool, limits, token_ids=token_ids, truncation_side=side, cached=cached)
+    options = api.embed_options(inner, ctx.limits, truncation_side=side, cached=ctx.cached, fields=COHERE_FIELDS)
+    embedded = await api.embed_vectors(inner, ctx, options, token_ids=ctx.settings.token_ids)
     out, compact = embedded.output, embedded.compact
     types = req.embedding_types or (["float"] if version == "2" else [])
     body_meta = cohere_meta(version, out.total_tokens, out.truncated_count)
@@ -127,12 +122,12 @@ async def embed(
             response_type="embeddings_floats", embeddings=api.float_json(out.embeddings), **common
         ), out.truncated_count
     by_type: dict[str, Any] = {}
-    for kind in dict.fromkeys(types):
-        if kind == "float":
+    for name in dict.fromkeys(types):
+        if name == "float":
             by_type["float_"] = api.float_json(out.embeddings)
-        elif kind == "base64":
+        elif name == "base64":
             by_type["base64"] = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in out.embeddings]
         else:
-            by_type[kind] = compact[kind].tolist()
+            by_type[name] = compact[name].tolist()
     embeddings = CohereEmbeddingsByType(**by_type)
     return CohereEmbedResponse(response_type="embeddings_by_type", embeddings=embeddings, **common), out.truncated_count

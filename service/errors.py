@@ -38,10 +38,18 @@ from embedrank.errors import (
     RequestTooLargeError,
 )
 from service import request_ids
-from service.batches.database import DatabaseUnavailableError
 from service.validation_messages import split_at
 
 logger = logging.getLogger("embedrank.service")
+
+
+class UnavailableError(Exception):
+    """Something the API depends on (the Batch API's database) cannot be used now; the same call may succeed
+    later. Mapped to 503 with ``Retry-After`` and the subclass's ``code`` and ``public_message`` (the
+    exception's own text, which may name hosts, goes to the log only)."""
+
+    code = "service_unavailable"
+    public_message = "a service this API depends on is not available now; try again shortly"
 
 
 class APIError(Exception):
@@ -150,14 +158,10 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
         return exc
     if isinstance(exc, EmbedrankError):
         return _from_core(exc)
-    if isinstance(exc, DatabaseUnavailableError):
-        logger.warning("the Batch API's database: %s", exc)
+    if isinstance(exc, UnavailableError):
+        logger.warning("%s: %s", exc.public_message, exc)
         return APIError(
-            503,
-            "the Batch API's database is not available now; try again shortly",
-            type="service_unavailable",
-            code="batch_database_unavailable",
-            headers={"Retry-After": "5"},
+            503, exc.public_message, type="service_unavailable", code=exc.code, headers={"Retry-After": "5"}
         )
     if isinstance(exc, ValidationException):
         return _from_validation(exc)

@@ -6,7 +6,7 @@ injection and the handler signature cost more per request than the service's own
 :class:`EmbeddingsFastPath` sits in front of the app's ASGI handler and answers ``POST /v1/embeddings``
 (and ``/embeddings``) itself, with the same parts the routed handler runs: the bearer check
 (:class:`~service.auth.BearerAuth`), the strict body decoding (:func:`service.handling.read_json_body`),
-:func:`service.handling.finish` over :func:`service.api.create_embeddings` (the response is sent as
+:func:`service.handling.finish` over the endpoint's call (:data:`service.endpoints.EMBEDDINGS`, the response is sent as
 :func:`service.handling.respond` builds it), the request count, latency
 and in-flight tracking (:meth:`service.middleware.RequestMiddleware.track`), and :func:`service.errors.handle_exception` for every error. So the responses,
 errors included, are the routed handler's, byte for byte (``tests/test_fast_path.py``).
@@ -26,14 +26,13 @@ from litestar.routes import HTTPRoute
 from litestar.serialization import encode_json
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from service import api
+from service.endpoints import EMBEDDINGS
 from service.errors import handle_exception
 from service.handling import TRUNCATED_HEADER, ServiceState, finish, read_json_body
 from service.litestar_internals import bind_route_handler
 from service.middleware import RequestMiddleware
-from service.schemas import EmbeddingsRequest
 
-PATHS = ("/v1/embeddings", "/embeddings")
+PATHS = EMBEDDINGS.paths
 TRUNCATED_NAME = TRUNCATED_HEADER.lower().encode()
 
 
@@ -80,16 +79,8 @@ class EmbeddingsFastPath:
         bind_route_handler(scope, self.handlers[scope["path"]])
         request: Request[Any, Any, Any] = Request(scope, receive, send)
         try:
-            settings = self.service.settings
-            req: EmbeddingsRequest = await read_json_body(request, EmbeddingsRequest, settings)
-            work = api.create_embeddings(
-                req,
-                self.service.ready_pool(),
-                settings.limits,
-                settings.token_ids,
-                cached=settings.embedding_cache_direct,
-            )
-            body, truncated = await finish(receive, work)
+            req = await read_json_body(request, EMBEDDINGS.body, self.service.settings)
+            body, truncated = await finish(receive, EMBEDDINGS.call(req, self.service.ready_context()))
             content = encode_json(body)
         except Exception as exc:
             response = handle_exception(request, exc)

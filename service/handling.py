@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Coroutine
 from typing import Any
 
@@ -15,7 +16,9 @@ from litestar.types import Receive
 
 from embedrank.errors import NotReadyError
 from embedrank.serving.pool import ModelPool
+from service import logs
 from service.auth import BearerAuth
+from service.context import Context
 from service.decoding import decode_strict, decompressed
 from service.errors import APIError
 from service.observability import Metrics
@@ -43,6 +46,16 @@ class ServiceState:
             raise NotReadyError(f"service is {self.status}" + (f": {self.detail}" if self.detail else ""))
         return self.pool
 
+    def ready_context(self) -> Context:
+        """What an endpoint's call needs (:class:`~service.context.Context`), built once; while the service is
+        not ready, :class:`~embedrank.errors.NotReadyError`."""
+        self.ready_pool()
+        return self.context
+
+    @functools.cached_property
+    def context(self) -> Context:
+        return Context.of(self.pool, self.settings)
+
 
 def service_of(state: State) -> ServiceState:
     return state.service  # type: ignore[no-any-return]
@@ -67,13 +80,15 @@ ERRORS = {
 }
 
 
-async def respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int]]) -> Response[Any]:
-    """The response of ``work`` (:func:`finish`), with the number of truncated inputs in its header."""
+async def respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int | None]]) -> Response[Any]:
+    """The response of ``work`` (:func:`finish`), with the number of truncated inputs in its header (none for
+    work that truncates nothing)."""
     body, truncated = await finish(request.receive, work)
-    return Response(content=body, headers={TRUNCATED_HEADER: str(truncated)}, media_type=MediaType.JSON)
+    headers = {TRUNCATED_HEADER: str(truncated)} if truncated is not None else {}
+    return Response(content=body, headers=headers, media_type=MediaType.JSON)
 
 
-async def finish(receive: Receive, work: Coroutine[Any, Any, tuple[Any, int]]) -> tuple[Any, int]:
+async def finish(receive: Receive, work: Coroutine[Any, Any, tuple[Any, int | None]]) -> tuple[Any, int | None]:
     """Run ``work`` unless the client goes away first (then its queued items are dropped before compute and
     the request ends in a 499); returns what ``work`` returns: the body and the number of truncated inputs.
 
@@ -117,7 +132,9 @@ async def read_json_body(request: Request[Any, Any, Any], schema: Any, settings:
             headers={"Connection": "close"},
         ) from None
     body = decompressed(body, request.headers.get("content-encoding", ""), settings.limits.max_body_bytes)
-    return decode_strict(body, schema, request.headers.get("content-type", ""))
+    decoded = decode_strict(body, schema, request.headers.get("content-type", ""))
+    logs.note_model(getattr(decoded, "model", None))  # the request's later log lines name it
+    return decoded
 
 
 async def disconnected(receive: Receive) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import request_ids
+from service import logs, request_ids
 from service.auth import BearerAuth
 from service.errors import allowed_methods, to_api_error
 from service.observability import Metrics
@@ -22,10 +22,13 @@ from service.shutdown import InFlight
 class RequestMiddleware(ASGIMiddleware):
     scopes = ("http",)  # type: ignore[assignment]
 
-    def __init__(self, metrics: Metrics, auth: BearerAuth | None, inflight: InFlight | None = None) -> None:
+    def __init__(
+        self, metrics: Metrics, auth: BearerAuth | None, inflight: InFlight | None = None, *, access_log: bool = False
+    ) -> None:
         self.metrics = metrics
         self.auth = auth  # None only when the operator switched auth off (EMBEDRANK_NO_AUTH)
         self.inflight = inflight or InFlight()  # what a SIGTERM drain waits for
+        self.access_log = access_log  # one log line per request (service.logs.access)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         await self.track(scope, receive, send, next_app, auth=self.auth)
@@ -53,20 +56,23 @@ class RequestMiddleware(ASGIMiddleware):
             await send(message)
 
         self.inflight.enter()
-        try:
-            if auth is not None:
-                auth.check(scope)
-            await app(scope, receive, send_wrapper)
-        except Exception as exc:
-            if not status:  # the app's exception handler answers outside this layer, with this status
-                status = to_api_error(exc).status
-            raise
-        finally:
-            request_ids.CURRENT.reset(token)
-            self.inflight.exit()
-            self.metrics.observe_request(
-                scope["path"], str(scope.get("method", "GET")), status or 500, time.perf_counter() - start
-            )
+        method = str(scope.get("method", "GET"))
+        with logs.opened(scope["path"], method) as fields:
+            try:
+                if auth is not None:
+                    auth.check(scope)
+                await app(scope, receive, send_wrapper)
+            except Exception as exc:
+                if not status:  # the app's exception handler answers outside this layer, with this status
+                    status = to_api_error(exc).status
+                raise
+            finally:
+                self.inflight.exit()
+                seconds = time.perf_counter() - start
+                self.metrics.observe_request(scope["path"], method, status or 500, seconds)
+                if self.access_log:
+                    logs.access(fields, status or 500, seconds)
+                request_ids.CURRENT.reset(token)
 
 
 def _with_allow(headers: Any, scope: Scope) -> list[tuple[bytes, bytes]]:

@@ -15,9 +15,22 @@ from litestar.openapi.spec import Example
 from litestar.params import Body
 
 from embedrank.serving.pool import ModelPool
-from service import api, cohere, tei
+from service import api, cohere, endpoints, tei
 from service.batches import http as batch_routes
-from service.decoding import ByField
+from service.endpoints import (
+    BY_PATH,
+    COHERE_EMBED_V1,
+    COHERE_EMBED_V2,
+    EMBEDDINGS,
+    RERANK,
+    RERANK_EITHER,
+    TEI_EMBED,
+    TEI_EMBED_SPARSE,
+    TEI_ROOT,
+    TEI_TOKENIZE,
+    TOKENIZE,
+    Endpoint,
+)
 from service.handling import ERRORS, respond, service_of
 from service.litestar_internals import decoded_body
 from service.schemas import (
@@ -36,8 +49,13 @@ from service.schemas import (
 )
 
 
+async def _answer(endpoint: Endpoint, data: Any, request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    """The response of ``endpoint``'s call on the decoded body, with the service's context."""
+    return await respond(request, endpoint.call(data, service_of(state).ready_context()))
+
+
 @post(
-    ["/v1/embeddings", "/embeddings"],
+    list(EMBEDDINGS.paths),
     summary="Create embeddings",
     description="One vector per input, in input order, as OpenAI's embeddings API returns them; optional Cohere-style "
     "embedding_types, prompts and chunking. Response header X-Truncated-Inputs counts inputs cut at max tokens.",
@@ -49,17 +67,11 @@ async def embeddings(
     request: Request[Any, Any, Any],
     state: State,
 ) -> Response[EmbeddingList]:
-    rt = service_of(state)
-    return await respond(
-        request,
-        api.create_embeddings(
-            data, rt.ready_pool(), rt.settings.limits, rt.settings.token_ids, cached=rt.settings.embedding_cache_direct
-        ),
-    )
+    return await _answer(EMBEDDINGS, data, request, state)
 
 
 @post(
-    ["/v1/rerank", "/v2/rerank"],
+    list(RERANK.paths),
     summary="Rerank documents",
     description="Each document scored against the query, as Cohere's (v1 and v2) and Jina's rerank APIs do; results "
     "sorted by relevance_score, highest first, ties by index. Long documents are scored in windows by default.",
@@ -73,12 +85,11 @@ async def rerank(
     request: Request[Any, Any, Any],
     state: State,
 ) -> Response[RerankResponse]:
-    rt = service_of(state)
-    return await respond(request, api.rerank(data, rt.ready_pool(), rt.settings.limits))
+    return await _answer(RERANK, data, request, state)
 
 
 @post(
-    "/v1/tokenize",
+    list(TOKENIZE.paths),
     summary="Count tokens",
     description="Token counts of each input as /v1/embeddings would process it (same prompt selection); "
     "the tokens themselves with return_tokens. As TEI's and vLLM's tokenize.",
@@ -97,10 +108,10 @@ async def tokenize(
             ]
         ),
     ],
+    request: Request[Any, Any, Any],
     state: State,
-) -> TokenizeResponse:
-    rt = service_of(state)
-    return await api.tokenize(data, rt.ready_pool(), rt.settings.limits)
+) -> Response[TokenizeResponse]:
+    return await _answer(TOKENIZE, data, request, state)
 
 
 @get("/v1/models", summary="List loaded models", responses={401: ERRORS[401], 503: ERRORS[503]})
@@ -139,7 +150,7 @@ async def metrics(state: State) -> bytes:
 
 
 @post(
-    ["/v1/embed", "/v2/embed"],
+    [*COHERE_EMBED_V1.paths, *COHERE_EMBED_V2.paths],
     summary="Create embeddings (Cohere)",
     description="Cohere's embed API, v1 and v2: texts, input_type, embedding_types (float, int8, uint8, binary, "
     "ubinary, base64), truncate NONE/START/END, output_dimension. v1 without embedding_types answers "
@@ -167,17 +178,11 @@ async def cohere_embed(
     request: Request[Any, Any, Any],
     state: State,
 ) -> Response[cohere.CohereEmbedResponse]:
-    rt = service_of(state)
-    version = "2" if request.url.path.startswith("/v2/") else "1"
-    settings = rt.settings
-    work = cohere.embed(
-        data, rt.ready_pool(), settings.limits, version, settings.token_ids, cached=settings.embedding_cache_direct
-    )
-    return await respond(request, work)
+    return await _answer(BY_PATH[request.url.path], data, request, state)  # v1 or v2
 
 
 @post(
-    "/embed",
+    list(TEI_EMBED.paths),
     summary="Create embeddings (TEI)",
     description="Text Embeddings Inference's /embed: a bare array of vectors, L2-normalized unless normalize is false.",
     responses={200: ResponseSpec(list[list[float]], examples=[Example(value=[[0.0123, -0.0456]])]), **ERRORS},
@@ -188,20 +193,11 @@ async def tei_embed(
     request: Request[Any, Any, Any],
     state: State,
 ) -> Response[list[list[float]]]:
-    rt = service_of(state)
-    return await respond(request, tei.embed(data, rt.ready_pool(), rt.settings))
-
-
-async def _tei_or_cohere_rerank(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    rt = service_of(state)
-    data = decoded_body(request)
-    if isinstance(data, tei.TEIRerankRequest):
-        return await respond(request, tei.rerank(data, rt.ready_pool(), rt.settings))
-    return await respond(request, api.rerank(data, rt.ready_pool(), rt.settings.limits))
+    return await _answer(TEI_EMBED, data, request, state)
 
 
 @post(
-    "/rerank",
+    list(RERANK_EITHER.paths),
     summary="Rerank (TEI's or Cohere's shape)",
     description="A body with texts is TEI's rerank and answers [{index, score, text?}]; a body with documents is "
     "Cohere's, as vLLM and Infinity serve it on /rerank, and answers as /v1/rerank.",
@@ -209,26 +205,22 @@ async def _tei_or_cohere_rerank(request: Request[Any, Any, Any], state: State) -
     status_code=200,
 )
 async def rerank_either(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    return await _tei_or_cohere_rerank(request, state)
+    return await _answer(RERANK_EITHER, decoded_body(request), request, state)
 
 
 @post(
-    "/",
+    list(TEI_ROOT.paths),
     summary="Embed or rerank (TEI's predict route)",
     description="TEI's root route: a body with inputs embeds (as /embed), one with texts reranks (as TEI's /rerank).",
     responses={200: ResponseSpec(list[list[float]], description="As /embed; as TEI's /rerank for texts"), **ERRORS},
     status_code=200,
 )
 async def tei_root(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    data = decoded_body(request)
-    if isinstance(data, tei.TEIEmbedRequest):
-        rt = service_of(state)
-        return await respond(request, tei.embed(data, rt.ready_pool(), rt.settings))
-    return await _tei_or_cohere_rerank(request, state)
+    return await _answer(TEI_ROOT, decoded_body(request), request, state)
 
 
 @post(
-    "/embed_sparse",
+    list(TEI_EMBED_SPARSE.paths),
     summary="Sparse embeddings (TEI)",
     description="Text Embeddings Inference's /embed_sparse for SPLADE models: per input, its non-zero weights as "
     "[{index, value}] by vocabulary index.",
@@ -242,12 +234,11 @@ async def tei_embed_sparse(
     request: Request[Any, Any, Any],
     state: State,
 ) -> Response[list[list[tei.SparseValue]]]:
-    rt = service_of(state)
-    return await respond(request, tei.embed_sparse(data, rt.ready_pool(), rt.settings))
+    return await _answer(TEI_EMBED_SPARSE, data, request, state)
 
 
 @post(
-    "/tokenize",
+    list(TEI_TOKENIZE.paths),
     summary="Tokenize (TEI)",
     description="Text Embeddings Inference's /tokenize: every token of each input with its id, text and span.",
     responses={200: ResponseSpec(list[list[tei.SimpleToken]]), **ERRORS},
@@ -255,10 +246,10 @@ async def tei_embed_sparse(
 )
 async def tei_tokenize(
     data: Annotated[tei.TEITokenizeRequest, Body(examples=[Example(summary="One text", value={"inputs": "test"})])],
+    request: Request[Any, Any, Any],
     state: State,
-) -> list[list[tei.SimpleToken]]:
-    rt = service_of(state)
-    return await tei.tokenize(data, rt.ready_pool(), rt.settings)
+) -> Response[list[list[tei.SimpleToken]]]:
+    return await _answer(TEI_TOKENIZE, data, request, state)
 
 
 @get("/info", summary="Model information (TEI)", responses={401: ERRORS[401], 503: ERRORS[503]})
@@ -313,8 +304,6 @@ def _body_types() -> dict[str, type]:
     return bodies
 
 
-BODIES: dict[str, Any] = {
-    **_body_types(),
-    "/rerank": ByField("texts", tei.TEIRerankRequest, RerankRequest),
-    "/": ByField("texts", tei.TEIRerankRequest, tei.TEIEmbedRequest),
-}
+BODIES: dict[str, Any] = {**_body_types(), **endpoints.BODIES}
+"""The schema each POST path's body is decoded against: the endpoint table's, and the batch routes' (from their
+handlers' ``data``)."""

@@ -40,7 +40,7 @@ from embedrank.paths import CACHE_ENV, DATA_ENV
 from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, EngineConfig
 from embedrank.serving.hosting import GPU_BATCH_SIZE, GPU_MAX_BATCH_TOKENS
 from embedrank.serving.pool import DEFAULT_ENTRIES, ModelEntry, check_device, check_runtime
-from service.batches.database import is_postgres_url, redacted
+from service.database_urls import is_postgres_url, redacted
 from service.validation_messages import reworded, split_at
 
 PREFIX = "EMBEDRANK_"
@@ -262,9 +262,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         float,
         Meta(gt=0, description="a connection that waits longer for a request's headers gets 408 and is closed"),
     ] = HEADER_TIMEOUT_SECONDS
-    access_log: Annotated[bool, Meta(description="one log line per request (`/metrics` counts them either way)")] = (
-        False
-    )
+    access_log: Annotated[
+        bool,
+        Meta(
+            description="one log line per request: its id, method, route, model, status and latency (`/metrics` "
+            "counts them either way)"
+        ),
+    ] = False
     on_model_failure: Annotated[
         Literal["exit", "serve-others"],
         Meta(
@@ -287,6 +291,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "failure that stops the start (otherwise one line, exit code 3)"
         ),
     ] = "info"
+    log_format: Annotated[
+        Literal["text", "json"],
+        Meta(
+            description="`json`: every log line of the process as one JSON object (timestamp, level, logger, "
+            "message, and for a request's lines its request_id, route, method, model, status and latency_ms)"
+        ),
+    ] = "text"
     tune_malloc: Annotated[
         bool,
         Meta(
@@ -520,6 +531,7 @@ class Settings:
     header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS
     access_log: bool = False
     log_level: str = "info"
+    log_format: str = "text"
     on_model_failure: str = "exit"
     public_docs: bool = True
     tune_malloc: bool = True
@@ -636,6 +648,7 @@ class Settings:
             header_timeout_seconds=config.header_timeout_seconds,
             access_log=config.access_log,
             log_level=config.log_level,
+            log_format=config.log_format,
             public_docs=config.public_docs,
             on_model_failure=config.on_model_failure,
             tune_malloc=config.tune_malloc,

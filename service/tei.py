@@ -19,8 +19,10 @@ from typing import Annotated, Literal
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 import embedrank
+from embedrank.serving.options import TEI_FIELDS, EmbedOptions
 from embedrank.serving.pool import ModelPool
 from service import api
+from service.context import Context
 from service.errors import invalid
 from service.schemas import INT32_MAX, EmbeddingsRequest, NonEmptyText, RerankRequest
 from service.settings import Settings
@@ -164,31 +166,26 @@ def _model(pool: ModelPool, model: str | None, capability: str) -> str:
     return model if model is not None else pool.default(capability)
 
 
-async def embed(req: TEIEmbedRequest, pool: ModelPool, settings: Settings) -> tuple[list[list[float]], int]:
+async def embed(req: TEIEmbedRequest, ctx: Context) -> tuple[list[list[float]], int]:
     """TEI's ``/embed``: the vectors as a bare array. Returns it and the truncated count."""
     inner = EmbeddingsRequest(
-        model=_model(pool, req.model, "embeddings"),
+        model=_model(ctx.pool, req.model, "embeddings"),
         input=req.inputs,  # type: ignore[arg-type]  # texts only: a subset of what EmbeddingsRequest takes
         dimensions=req.dimensions,
         prompt_name=req.prompt_name,
         truncate=req.truncate is not False,
     )
     side: Literal["left", "right"] = "left" if req.truncation_direction.lower() == "left" else "right"
-    embedded = await api.embed_vectors(
-        inner,
-        pool,
-        settings.limits,
-        token_ids=False,
-        normalize=req.normalize,
-        truncation_side=side,
-        cached=settings.embedding_cache_direct,
+    options = api.embed_options(
+        inner, ctx.limits, normalize=req.normalize, truncation_side=side, cached=ctx.cached, fields=TEI_FIELDS
     )
+    embedded = await api.embed_vectors(inner, ctx, options, token_ids=False)
     return api.float_json(embedded.output.embeddings), embedded.output.truncated_count
 
 
-async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> tuple[list[Rank], int]:
+async def rerank(req: TEIRerankRequest, ctx: Context) -> tuple[list[Rank], int]:
     """TEI's ``/rerank``: ``[{index, score, text?}]``, highest score first. Returns it and the truncated count."""
-    model = _model(pool, req.model, "rerank")
+    model = _model(ctx.pool, req.model, "rerank")
     if req.truncation_direction.lower() == "left":
         raise invalid(
             "truncation_direction=Left is not supported for reranking (pairs lose their end); leave it out",
@@ -202,7 +199,7 @@ async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> 
         truncate=req.truncate is not False,
         max_chunks_per_doc=1,  # TEI scores a text's first window
     )
-    body, truncated = await api.rerank(inner, pool, settings.limits, raw_scores=req.raw_scores)
+    body, truncated = await api.rerank(inner, ctx, raw_scores=req.raw_scores)
     ranks = [
         Rank(index=r.index, score=r.relevance_score, text=req.texts[r.index] if req.return_text else UNSET)
         for r in body.results
@@ -210,23 +207,22 @@ async def rerank(req: TEIRerankRequest, pool: ModelPool, settings: Settings) -> 
     return ranks, truncated
 
 
-async def embed_sparse(
-    req: TEIEmbedSparseRequest, pool: ModelPool, settings: Settings
-) -> tuple[list[list[SparseValue]], int]:
+async def embed_sparse(req: TEIEmbedSparseRequest, ctx: Context) -> tuple[list[list[SparseValue]], int]:
     """TEI's ``/embed_sparse``: per input, its non-zero weights by vocabulary index (ascending). Returns them
     and the truncated count."""
     if req.truncation_direction.lower() == "left":
         raise invalid(
             "truncation_direction=Left is not supported for sparse models; leave it out", param="truncation_direction"
         )
-    texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    embedded = await pool.get(_model(pool, req.model, "sparse"), "sparse").sparse(
-        texts,
+    texts = api.checked_texts(req.inputs, ctx.limits, "inputs")
+    options = EmbedOptions(
         input_type=req.input_type,
         prompt_name=req.prompt_name,
         truncate=req.truncate is not False,
-        budget=settings.limits.max_request_tokens,
+        budget=ctx.limits.max_request_tokens,
+        fields=TEI_FIELDS,
     )
+    embedded = await ctx.pool.get(_model(ctx.pool, req.model, "sparse"), "sparse").sparse(texts, options)
     rows = [
         [SparseValue(index=k, value=v) for k, v in zip(indices, values, strict=True)]
         for indices, values in embedded.sparse or ()
@@ -234,14 +230,15 @@ async def embed_sparse(
     return rows, embedded.output.truncated_count
 
 
-async def tokenize(req: TEITokenizeRequest, pool: ModelPool, settings: Settings) -> list[list[SimpleToken]]:
-    """TEI's ``/tokenize``: every token of each input, untruncated."""
-    texts = api.checked_texts(req.inputs, settings.limits, "inputs")
-    served = pool.get(_model(pool, req.model, "embeddings"), "embeddings")
+async def tokenize(req: TEITokenizeRequest, ctx: Context) -> tuple[list[list[SimpleToken]], None]:
+    """TEI's ``/tokenize``: every token of each input, untruncated (nothing is truncated)."""
+    texts = api.checked_texts(req.inputs, ctx.limits, "inputs")
+    served = ctx.pool.get(_model(ctx.pool, req.model, "embeddings"), "embeddings")
     spans = await served.token_spans(texts, prompt_name=req.prompt_name, add_special_tokens=req.add_special_tokens)
-    return [
+    tokens = [
         [SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop) for t in row] for row in spans
     ]
+    return tokens, None
 
 
 def info(pool: ModelPool, settings: Settings) -> Info:
@@ -249,8 +246,9 @@ def info(pool: ModelPool, settings: Settings) -> Info:
     model_id = next(iter(pool.models))
     served = pool.models[model_id]
     spec = served.spec
-    if served.kind in ("embedding", "sparse", "m3"):
-        pooling = "splade" if served.kind == "sparse" else spec.pooling.value if spec.pooling is not None else "mean"
+    declared = served.declared
+    if declared.tei_type == "embedding":
+        pooling = declared.tei_pooling or (spec.pooling.value if spec.pooling is not None else "mean")
         model_type = ModelType(embedding=EmbeddingModelInfo(pooling=str(pooling)))
     else:
         model_type = ModelType(reranker=ClassifierInfo(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}))

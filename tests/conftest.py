@@ -121,8 +121,7 @@ SCIFACT_SAMPLE_DOCS = 1000
 def _embedded(request, encoder, dataset, what: str):
     """A collection's corpus and query embeddings through the on-disk embedding cache (computed once per
     machine); the terminal says so before a cold encoding starts (progress bar: ``pytest -s``)."""
-    from filelock import FileLock
-
+    from embedrank.paths import build_lock
     from embedrank.retrieval.cache import EmbeddingCache, corpus_key
     from embedrank.retrieval.data import doc_text
     from embedrank.retrieval.pipeline import embed_corpus, encoder_cache_key
@@ -131,8 +130,7 @@ def _embedded(request, encoder, dataset, what: str):
     texts = [doc_text(dataset.corpus[d]) for d in ids]
     cache = EmbeddingCache()
     key = corpus_key(encoder_cache_key(encoder), ids, texts)
-    cache.directory.mkdir(parents=True, exist_ok=True)
-    with FileLock(cache.directory / f".{key}.lock"):  # parallel test workers: one embeds, the others read it
+    with build_lock(cache.path(key)):  # parallel test workers: one embeds, the others read it
         if cache.load(key, len(ids)) is None:
             reporter = request.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:

@@ -4,6 +4,7 @@ import only downwards."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import embedrank
@@ -178,3 +179,15 @@ def test_the_service_imports_only_the_serving_layer_of_the_core():
     service = ROOT.parent / "service"
     for path in sorted(service.rglob("*.py")):
         assert _imports(path) <= allowed, f"service/{path.name} imports {sorted(_imports(path) - allowed)}"
+
+
+def test_only_the_app_and_the_route_table_import_the_batch_package():
+    """The Batch API is a domain package above the service's shared modules: errors, settings, decoding and
+    the endpoint table know nothing of it; it registers its routes in the route table and the app starts it."""
+    service = ROOT.parent / "service"
+    importers = {
+        path.name
+        for path in service.glob("*.py")
+        if re.search(r"^\s*(from service\.batches|from service import .*\bbatches\b)", path.read_text(), re.M)
+    }
+    assert importers == {"app.py", "routes.py"}

@@ -16,9 +16,11 @@ import pytest
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.pool import ModelEntry, ModelPool
 from service.batches.database import PostgresDatabase
-from service.batches.lines import ENDPOINTS, read_input
+from service.batches.lines import read_input
 from service.batches.store import BatchStore, Chunk
 from service.batches.worker import BatchWorker
+from service.context import Context
+from service.endpoints import BY_PATH
 from service.errors import to_api_error
 from service.settings import Settings
 
@@ -91,9 +93,11 @@ async def direct(body: dict[str, Any], url: str = "/v1/embeddings") -> tuple[int
 
     models = pool()
     models.start(models.load(), EngineConfig(max_wait_ms=1))
-    schema, work = ENDPOINTS[url]
+    endpoint = BY_PATH[url]
     try:
-        out, _ = await work(decode_strict(json.dumps(body).encode(), schema), models, SETTINGS)
+        out, _ = await endpoint.call(
+            decode_strict(json.dumps(body).encode(), endpoint.body), Context.of(models, SETTINGS)
+        )
         return 200, json.loads(msgspec.json.encode(out))
     except Exception as exc:
         error = to_api_error(exc)
@@ -195,13 +199,15 @@ def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(s
 def test_an_unexpected_failure_of_a_line_is_a_500_line_and_is_logged_with_its_request_id(monkeypatch, caplog):
     from service.batches import lines
 
-    async def broken(data, pool, settings):
+    async def broken(data, ctx):
         raise RuntimeError("a bug in the core")
 
-    monkeypatch.setitem(lines.ENDPOINTS, "/v1/embeddings", (lines.ENDPOINTS["/v1/embeddings"][0], broken))
+    import dataclasses
+
+    monkeypatch.setitem(lines.BATCH, "/v1/embeddings", dataclasses.replace(lines.BATCH["/v1/embeddings"], call=broken))
     (request,) = lines.request_lines(line("req-0", {"model": "enc", "input": "x"}))
     with caplog.at_level("ERROR", logger="embedrank.service"):
-        status, body, request_id = asyncio.run(lines.run_line(request, pool(), SETTINGS))
+        status, body, request_id = asyncio.run(lines.run_line(request, Context(pool(), SETTINGS, cached=True)))
     assert status == 500 and json.loads(body)["error"]["code"] == "internal_error"
     (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
     assert request_id in record.getMessage() and "req-0" in record.getMessage()
@@ -598,7 +604,7 @@ def test_a_chunk_whose_claim_cannot_be_renewed_is_given_up_after_one_lease(store
     batch = new_batch(store, embeddings_file(2))
     worker = BatchWorker(store, pool, SETTINGS, lease_seconds=0.6)
 
-    async def never_done(line, pool, settings):
+    async def never_done(line, ctx):
         await asyncio.sleep(3600)
 
     def unreachable(*args: Any, **kwargs: Any) -> Any:

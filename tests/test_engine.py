@@ -12,6 +12,7 @@ import pytest
 
 from embedrank.errors import InputTooLongError, InvalidInputError, NotReadyError, OverloadedError
 from embedrank.serving.engine import BatchEngine, EngineConfig
+from embedrank.serving.options import EmbedOptions, RerankOptions
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.types import ModelOutput
@@ -301,25 +302,25 @@ def test_truncate_false_is_refused_before_the_queue_naming_field_and_index():
         runner = AsyncEncoder(encoder, EngineConfig(max_wait_ms=0))
         runner.engine.start()
         with pytest.raises(InputTooLongError) as info:
-            await runner.embed(["ok", "fine", long], truncate=False)
+            await runner.embed(["ok", "fine", long], EmbedOptions(truncate=False))
         assert (info.value.param, info.value.index) == ("input", 2) and "input[2]" in str(info.value)
         with pytest.raises(InputTooLongError) as info:
-            await runner.rerank("q", ["ok", long], truncate=False)
+            await runner.rerank("q", ["ok", long], RerankOptions(truncate=False))
         assert (info.value.param, info.value.index) == ("documents", 1) and "documents[1]" in str(info.value)
         with pytest.raises(InputTooLongError) as info:
-            await runner.rerank(long, ["ok"], truncate=False)
+            await runner.rerank(long, ["ok"], RerankOptions(truncate=False))
         assert (info.value.param, info.value.index) == ("query", 0)
         assert encoder.batches == 0  # nothing reached the model
         lenient = await runner.embed(["ok", long])
         assert lenient.truncated == [False, True] and lenient.token_counts == [3, 8]
         with pytest.raises(InvalidInputError) as info:
-            await runner.embed(["ok"], dimensions=0)
+            await runner.embed(["ok"], EmbedOptions(dimensions=0))
         assert info.value.param == "dimensions"
 
         scorer = AsyncCrossEncoder(FakeCrossEncoder(max_seq_length=10), EngineConfig(max_wait_ms=0))
         scorer.engine.start()
         with pytest.raises(InputTooLongError) as info:
-            await scorer.rerank("q", ["a", "b", long], truncate=False)
+            await scorer.rerank("q", ["a", "b", long], RerankOptions(truncate=False))
         assert (info.value.param, info.value.index) == ("documents", 2)
         out = await scorer.rerank("red apple", ["an apple", long])
         assert out.values.tolist() == [0.5, 0.0] and out.truncated == [False, True]
@@ -339,7 +340,7 @@ def test_bi_encoder_rerank_is_the_cosine_of_the_encoder_vectors():
         vectors = encoder.encode(["apple", *docs])
         np.testing.assert_allclose(out.values, vectors[1:] @ vectors[0], atol=1e-6)
         assert out.token_counts == encoder.count_tokens(["apple", *docs])
-        short = await runner.embed(docs, dimensions=8)
+        short = await runner.embed(docs, EmbedOptions(dimensions=8))
         full = vectors[1:, :8]
         expected = full / np.maximum(np.linalg.norm(full, axis=1, keepdims=True), 1e-12)
         np.testing.assert_allclose(short.values, expected, atol=1e-6)
@@ -384,9 +385,9 @@ def test_start_side_truncation_and_unnormalized_vectors_on_the_real_model(encode
     async def main():
         runner = AsyncEncoder(encoder, EngineConfig(max_wait_ms=0))
         runner.engine.start()
-        left = await runner.embed(texts, truncation_side="left")
+        left = await runner.embed(texts, EmbedOptions(truncation_side="left"))
         right = await runner.embed(texts)
-        raw = await runner.embed(texts, normalize=False)
+        raw = await runner.embed(texts, EmbedOptions(normalize=False))
         await runner.engine.drain(1)
         return left, right, raw
 
@@ -418,7 +419,7 @@ def test_raw_scores_are_refused_for_several_labels():
         scorer = AsyncCrossEncoder(ThreeLabels(max_seq_length=10), EngineConfig(max_wait_ms=0))
         scorer.engine.start()
         with pytest.raises(InvalidInputError) as info:
-            await scorer.rerank("q", ["a"], raw_scores=True)
+            await scorer.rerank("q", ["a"], RerankOptions(raw_scores=True))
         assert info.value.param == "raw_scores" and "several labels" in str(info.value)
         assert (await scorer.rerank("q", ["q"])).values.tolist() == [1.0]
         await scorer.engine.drain(1)

@@ -11,6 +11,7 @@ import pytest
 from embedrank.errors import InvalidInputError
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.hosting import KINDS, HostedModel, kind_of
+from embedrank.serving.options import EmbedOptions
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 
 
@@ -67,9 +68,9 @@ def test_embed_gives_the_compact_types_and_refuses_outputs_the_kind_lacks():
     async def run():
         hosted.start(model, EngineConfig(max_wait_ms=0))
         try:
-            embedded = await hosted.embed(["a b", "c"], types=["float", "binary", "binary"])
+            embedded = await hosted.embed(["a b", "c"], EmbedOptions(types=("float", "binary", "binary")))
             with pytest.raises(OutputNotAvailableError, match="no sparse output") as err:
-                await hosted.embed(["a"], types=["sparse"])
+                await hosted.embed(["a"], EmbedOptions(types=("sparse",)))
             assert err.value.param == "embedding_types"
             return embedded
         finally:

@@ -971,3 +971,24 @@ def test_vectors_are_written_at_float32_precision_on_every_embedding_route(clien
             len(n.lstrip("-").split("e")[0].split("E")[0].replace(".", "").lstrip("0")) for n in numbers(vector_text)
         ]
         assert max(digits) <= 9, (route, max(digits))
+
+
+def test_the_manuals_http_reference_is_the_served_description_rendered():
+    """docs/http-api.md is what a default server's /openapi.json says, rendered: every route, its body and its
+    error codes, and every schema's fields."""
+    from pathlib import Path
+
+    from service.openapi_reference import openapi_document, render_reference
+
+    with TestClient(make_app(Settings(api_keys=(KEY,), tune_malloc=False))) as c:
+        served = c.get("/openapi.json").json()
+    document = openapi_document()
+    assert document["paths"].keys() == served["paths"].keys()
+    assert document["components"]["schemas"].keys() == served["components"]["schemas"].keys()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "http-api.md").read_text()
+    assert page == render_reference(document), "run: python -m service.openapi_reference > docs/http-api.md"
+    for path, item in document["paths"].items():
+        for method in item:
+            assert f"`{path}`" in page, (method, path)
+    for name in document["components"]["schemas"]:
+        assert f"### {name}\n" in page

@@ -79,10 +79,15 @@ def test_cohere_truncate_end_start_and_none(client):
     assert start.status_code == 200 and start.headers["x-truncated-inputs"] == "1"
     expected = native(client, [" ".join(words[-14:]), "short"])  # the last 14 words fill the window
     np.testing.assert_allclose(start.json()["embeddings"], expected, atol=1e-7)
+    error(  # each error names a field of Cohere's body
+        client.post("/v2/embed", json={"model": EMB, "texts": ["ok"], "output_dimension": 100_000}),
+        400,
+        "output_dimension",
+    )
     error(
         client.post("/v1/embed", json={"model": EMB, "texts": ["ok", LONG], "truncate": "NONE"}),
         400,
-        "input",
+        "texts",  # the field Cohere's body has (it has no input)
         "input_too_long",
     )
 
@@ -155,7 +160,7 @@ def test_tei_embed_is_a_bare_array_normalized_unless_asked_not_to(client):
 def test_tei_truncation_direction_and_refusal(client):
     left = client.post("/embed", json={"inputs": [LONG], "truncation_direction": "Left"})
     np.testing.assert_allclose(left.json(), native(client, [" ".join(LONG.split()[-14:])]), atol=1e-7)
-    error(client.post("/embed", json={"inputs": [LONG], "truncate": False}), 400, "input", "input_too_long")
+    error(client.post("/embed", json={"inputs": [LONG], "truncate": False}), 400, "inputs", "input_too_long")
     error(client.post("/embed", json={"inputs": [[1, 2]]}), 400, "inputs")  # ids are not read on TEI routes
     error(client.post("/embed", json={"inputs": "x", "model": CE}), 400, "model", "model_wrong_kind")
 
@@ -281,7 +286,9 @@ def test_embed_sparse_applies_the_prompt_of_the_input_type(fake_service):
 
 def test_embed_sparse_refusals(sparse_client):
     long = " ".join(f"w{i}" for i in range(40))
-    error(sparse_client.post("/embed_sparse", json={"inputs": long, "truncate": False}), 400, "input", "input_too_long")
+    error(
+        sparse_client.post("/embed_sparse", json={"inputs": long, "truncate": False}), 400, "inputs", "input_too_long"
+    )
     assert sparse_client.post("/embed_sparse", json={"inputs": long}).headers["x-truncated-inputs"] == "1"
     error(sparse_client.post("/embed_sparse", json={"inputs": "x", "truncation_direction": "Left"}), 400)
     error(sparse_client.post("/embed_sparse", json={"inputs": "x", "model": EMB}), 400, "model", "model_wrong_kind")

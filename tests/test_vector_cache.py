@@ -17,6 +17,7 @@ import pytest
 from embedrank.errors import InputTooLongError, RequestTooLargeError
 from embedrank.serving import vector_cache
 from embedrank.serving.engine import EngineConfig
+from embedrank.serving.options import EmbedOptions
 from embedrank.serving.pool import ModelEntry, ModelPool
 from embedrank.serving.vector_cache import ENTRY_OVERHEAD, CachedVector, VectorCache, cache_key
 from embedrank.testing.tiny import tiny_model
@@ -27,7 +28,7 @@ TEXTS = ["green tea", "black coffee with milk", "green tea", "a cup of cocoa " *
 async def embed_with(pool: ModelPool, texts: Sequence[str], **options: Any) -> Any:
     pool.start(pool.load(), EngineConfig(max_wait_ms=1))
     try:
-        return await pool.get("enc", "embeddings").embed(texts, **options)
+        return await pool.get("enc", "embeddings").embed(texts, EmbedOptions(**options))
     finally:
         await pool.drain(1.0)
 
@@ -38,7 +39,7 @@ def fake_pool(cache: VectorCache | None) -> ModelPool:
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"input_type": "search_query"}, {"truncation_side": "left"}, {"dimensions": 8}, {"types": ["int8"]}],
+    [{}, {"input_type": "search_query"}, {"truncation_side": "left"}, {"dimensions": 8}, {"types": ("int8",)}],
     ids=["plain", "query", "left", "dimensions", "int8"],
 )
 def test_a_cached_request_answers_as_an_uncached_one(tmp_path, options):

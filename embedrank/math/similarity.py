@@ -31,11 +31,11 @@ def l2_normalize(x: np.ndarray, eps: float = EPS) -> np.ndarray:
     return x / np.maximum(norms, eps)
 
 
-def check_dimensions(dimensions: int | None, full: int) -> int | None:
+def check_dimensions(dimensions: int | None, full: int, param: str = "dimensions") -> int | None:
     """Validate a Matryoshka target size against the model's dimension ``full``; None keeps ``full``.
 
     Raises:
-        InvalidInputError: ``dimensions`` is not an integer in ``[1, full]`` (``param="dimensions"``).
+        InvalidInputError: ``dimensions`` is not an integer in ``[1, full]`` (named ``param``).
 
     >>> check_dimensions(64, 384)
     64
@@ -47,7 +47,7 @@ def check_dimensions(dimensions: int | None, full: int) -> int | None:
     if dimensions is None:
         return None
     if isinstance(dimensions, bool) or not isinstance(dimensions, int | np.integer) or not 1 <= dimensions <= full:
-        raise InvalidInputError(f"dimensions must be between 1 and {full}, got {dimensions}", param="dimensions")
+        raise InvalidInputError(f"{param} must be between 1 and {full}, got {dimensions}", param=param)
     return int(dimensions)
 
 
@@ -71,6 +71,25 @@ def truncate_dims(x: np.ndarray, dimensions: int | None, *, renormalize: bool = 
         return x
     out = x[..., :d]
     return l2_normalize(out) if renormalize else np.ascontiguousarray(out)
+
+
+def finish_vectors(pooled: np.ndarray, *, normalize: bool, dimensions: int | None = None) -> np.ndarray:
+    """Pooled vectors made final: L2-normalized when ``normalize``, then cut to ``dimensions`` (renormalized
+    when normalizing).
+
+    Args:
+        pooled: ``(N, D)``.
+        normalize: whether the model's vectors are L2-normalized.
+        dimensions: target size ``d`` with ``1 <= d <= D``, or None to keep ``D``.
+
+    Returns:
+        ``(N, d)`` float32, C-contiguous.
+
+    >>> finish_vectors(np.array([[3.0, 4.0, 12.0]]), normalize=True, dimensions=2)
+    array([[0.6, 0.8]], dtype=float32)
+    """
+    vectors = l2_normalize(pooled) if normalize else pooled
+    return np.ascontiguousarray(truncate_dims(vectors, dimensions, renormalize=normalize), dtype=np.float32)
 
 
 def similarity(a: np.ndarray, b: np.ndarray, metric: str = "cosine") -> np.ndarray:

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from embedrank.errors import InvalidInputError, ModelKindError
 from embedrank.math.pooling import PoolingMode, exclude_leading, pool
 from embedrank.math.quantization import check_embedding_type, quantize
-from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
+from embedrank.math.similarity import check_dimensions, finish_vectors, truncate_dims
 from embedrank.models.batching import AHEAD_CHUNK, PROGRESS_THRESHOLD
 from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, ChunkPlan
@@ -260,9 +260,9 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
     ) -> np.ndarray:
         """Step 3, second half, on the host: normalize (the model's setting unless ``normalize`` says), truncate
         to ``dimensions``; float32 ``(B, D)``."""
-        do_norm = self.normalize if normalize is None else normalize
-        vectors = l2_normalize(pooled) if do_norm else pooled
-        return truncate_dims(vectors, dimensions, renormalize=do_norm)
+        return finish_vectors(
+            pooled, normalize=self.normalize if normalize is None else normalize, dimensions=dimensions
+        )
 
     def pooled_batch(self, batch: Tokenized, *, skip: Any = 0) -> torch.Tensor:
         """Step 2 and the first half of step 3 on one tokenized batch: ``(B, D)`` pooled fp32, on the model's

@@ -14,11 +14,11 @@ from embedrank.errors import InvalidInputError
 from embedrank.math.late import maxsim_scores
 from embedrank.math.similarity import l2_normalize
 from embedrank.models.checks import too_long_error
-from embedrank.models.chunking import Chunking
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.tokens import TokenRow
-from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks, refuse_given
+from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks
 from embedrank.serving.late import LateInteractionRunner
+from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, Refusal, RerankOptions, refuse
 from embedrank.types import ModelOutput
 
 
@@ -31,6 +31,15 @@ class MultiVectorResult(ModelOutput):
         means = np.stack([m.mean(axis=0) if len(m) else np.zeros(m.shape[1], np.float32) for m in multi])
         super().__init__(l2_normalize(means.astype(np.float32)), token_counts, truncated)
         self.multi = multi
+
+
+REFUSED = (
+    Refusal("chunking", "ColBERT models return a document's token vectors up to its window"),
+    Refusal("truncation_side", "ColBERT models cut over-long texts at the end only", lambda side: side != "right"),
+    Refusal("dimensions", "ColBERT token vectors keep the model's width"),
+    Refusal("normalize", "ColBERT token vectors are always L2-normalized, as MaxSim needs", lambda n: n is False),
+)
+"""The embedding options a ColBERT model refuses."""
 
 
 class AsyncColBERTEncoder(LateInteractionRunner):
@@ -84,52 +93,34 @@ class AsyncColBERTEncoder(LateInteractionRunner):
     async def embed(
         self,
         texts: Sequence[str],
+        options: EmbedOptions = EMBED_DEFAULTS,
         *,
-        dimensions: int | None = None,
-        truncate: bool = True,
-        priority: int = 0,
         prompt: str = "",
-        chunking: Chunking | None = None,
-        truncation_side: str = "right",
-        param: str = "input",
-        budget: int | None = None,
-        multi_budget: int | None = None,
         query: bool = False,
-        normalize: bool | None = None,
     ) -> MultiVectorResult:
         """Token vectors of each text as a query (``query``: marker, expansion to the query length) or a document
-        (marker, skiplist). Chunking, left truncation, ``dimensions`` and prompts do not apply and are refused."""
-        refuse_given(
-            (chunking is not None, "chunking", "ColBERT models return a document's token vectors up to its window"),
-            (truncation_side != "right", "truncation_direction", "ColBERT models cut over-long texts at the end only"),
-            (dimensions is not None, "dimensions", "ColBERT token vectors keep the model's width"),
-            (normalize is False, "normalize", "ColBERT token vectors are always L2-normalized, as MaxSim needs"),
-            (
-                bool(prompt),
-                "input_type",
+        (marker, skiplist). :data:`REFUSED` and prompts do not apply; ``multi_budget`` bounds the token vectors."""
+        refuse(options, *REFUSED)
+        if prompt:
+            raise InvalidInputError(
                 "ColBERT models mark queries and documents with their own tokens, not prompts",
-            ),
+                param=options.fields.input_type,
+            )
+        fields = () if options.truncate else [(options.fields.texts, len(texts))]
+        rows = await self._rows(
+            texts, query=query, fields=fields, budget=options.budget, multi_budget=options.multi_budget
         )
-        fields = () if truncate else [(param, len(texts))]
-        rows = await self._rows(texts, query=query, fields=fields, budget=budget, multi_budget=multi_budget)
-        vectors, out = await self.submit_rows(rows, priority)
+        vectors, out = await self.submit_rows(rows, options.priority)
         return MultiVectorResult(vectors, list(out.token_counts), list(out.truncated))
 
     async def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        *,
-        truncate: bool = True,
-        priority: int = 0,
-        chunking: Chunking | None = None,
-        budget: int | None = None,
-        raw_scores: bool = False,
+        self, query: str, documents: Sequence[str], options: RerankOptions = RERANK_DEFAULTS
     ) -> ModelOutput:
         """MaxSim of ``query`` against each document, one job for all texts; token counts cover the query
         (first) and every document (window). With ``chunking``, documents are split into windows of the
         document length and each gets the aggregate of its windows' scores. MaxSim has no activation, so
         ``raw_scores`` gives the same scores."""
+        truncate, priority, chunking, budget = options.truncate, options.priority, options.chunking, options.budget
         plan = None
         if chunking is not None:
             plan = await plan_chunks(

@@ -40,10 +40,11 @@ from embedrank.runtime.devices import gpu_batch_tokens
 from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.m3 import AsyncM3Encoder
+from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, RerankOptions
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
 from embedrank.serving.vector_cache import VectorCache
-from embedrank.types import Chunking, ModelOutput
+from embedrank.types import ModelOutput
 
 logger = logging.getLogger("embedrank.serving")
 
@@ -58,39 +59,20 @@ class Runner(Protocol):
 
 
 class RerankRunner(Runner, Protocol):
-    """A runner that scores documents against a query (every kind that declares ``rerank``)."""
+    """A runner that scores documents against a query (every kind that declares ``rerank``) with every option
+    of the call (:class:`~embedrank.serving.options.RerankOptions`)."""
 
     async def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        *,
-        truncate: bool = True,
-        priority: int = 0,
-        chunking: Chunking | None = None,
-        raw_scores: bool = False,
-        budget: int | None = None,
+        self, query: str, documents: Sequence[str], options: RerankOptions = RERANK_DEFAULTS
     ) -> ModelOutput: ...
 
 
 class EmbeddingRunner(Runner, Protocol):
-    """A runner that embeds texts (every kind that declares ``embeddings``). A kind's runner may take more
-    keywords than these (ColBERT's ``query``, the token-vector ``multi_budget``); :meth:`HostedModel.embed`
-    passes them only to the kinds that declare the output they belong to."""
+    """A runner that embeds texts (every kind that declares ``embeddings``) with every option of the call
+    (:class:`~embedrank.serving.options.EmbedOptions`) and the prompt :meth:`HostedModel.resolve` chose. A
+    kind's runner may take more keywords than these (ColBERT's ``query``)."""
 
-    async def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        dimensions: int | None = None,
-        truncate: bool = True,
-        priority: int = 0,
-        prompt: str = "",
-        chunking: Chunking | None = None,
-        normalize: bool | None = None,
-        truncation_side: Literal["right", "left"] = "right",
-        budget: int | None = None,
-    ) -> ModelOutput: ...
+    async def embed(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS, *, prompt: str = "") -> Any: ...
 
     async def count(
         self, texts: Sequence[str], *, prompt: str = "", return_tokens: bool = False
@@ -111,24 +93,72 @@ class DenseRunner(EmbeddingRunner, Protocol):
 class Kind:
     """What one kind of model declares: what it can be asked for (``embeddings``, ``rerank``, ``sparse``), the
     vectors it gives (``dense``, ``sparse``, ``multivector``), how it scores a query against documents, the
-    runner that serves it and the core class that loads it."""
+    runner that serves it and the core class that loads it; whether it runs in fp32 only (its loader takes
+    the backend resolved at configuration, no precision), whether int8/uint8 ranges are fitted for its dense
+    vectors (and a ``ranges`` file may be named), whether its dense vectors may come from the vector cache,
+    what it is preferred for when a request names no model, and how TEI's ``/info`` describes it."""
 
     capabilities: tuple[str, ...]
     outputs: tuple[str, ...]
     scorer: str | None
     runner: type
     loader: type
+    fp32_only: bool = False
+    ranges: bool = False
+    cached: bool = False
+    preferred_for: tuple[str, ...] = ()
+    tei_type: Literal["embedding", "reranker"] = "embedding"
+    tei_pooling: str | None = None  # None: the model's own pooling
 
 
 # the one table the protocols consult, a row per kind
 KINDS: dict[str, Kind] = {
-    "embedding": Kind(("embeddings", "rerank"), ("dense",), "bi-encoder", AsyncEncoder, Encoder),  # cosine
-    "multi-vector": Kind(("embeddings", "rerank"), ("multivector",), "colbert", AsyncColBERTEncoder, ColBERTEncoder),
-    "sparse": Kind(("embeddings", "sparse"), ("sparse",), None, AsyncSparseEncoder, SparseEncoder),  # SPLADE
-    "m3": Kind(
-        ("embeddings", "rerank", "sparse"), ("dense", "sparse", "multivector"), "bge-m3", AsyncM3Encoder, M3Encoder
+    "embedding": Kind(  # reranks by cosine
+        ("embeddings", "rerank"),
+        ("dense",),
+        "bi-encoder",
+        AsyncEncoder,
+        Encoder,
+        ranges=True,
+        cached=True,
+        preferred_for=("embeddings",),
     ),
-    "cross-encoder": Kind(("rerank",), (), "cross-encoder", AsyncCrossEncoder, CrossEncoder),  # LLM rerankers too
+    "multi-vector": Kind(
+        ("embeddings", "rerank"),
+        ("multivector",),
+        "colbert",
+        AsyncColBERTEncoder,
+        ColBERTEncoder,
+        preferred_for=("rerank",),
+        tei_type="reranker",
+    ),
+    "sparse": Kind(  # SPLADE
+        ("embeddings", "sparse"),
+        ("sparse",),
+        None,
+        AsyncSparseEncoder,
+        SparseEncoder,
+        fp32_only=True,
+        tei_pooling="splade",
+    ),
+    "m3": Kind(
+        ("embeddings", "rerank", "sparse"),
+        ("dense", "sparse", "multivector"),
+        "bge-m3",
+        AsyncM3Encoder,
+        M3Encoder,
+        ranges=True,
+        preferred_for=("embeddings",),
+    ),
+    "cross-encoder": Kind(  # LLM rerankers too
+        ("rerank",),
+        (),
+        "cross-encoder",
+        AsyncCrossEncoder,
+        CrossEncoder,
+        preferred_for=("rerank",),
+        tei_type="reranker",
+    ),
 }
 
 
@@ -227,20 +257,25 @@ class HostedModel:
         return kind_of(self.spec)
 
     @property
+    def declared(self) -> Kind:
+        """What its kind declares (:data:`KINDS`)."""
+        return KINDS[self.kind]
+
+    @property
     def capabilities(self) -> list[str]:
         """What it can be asked for: ``embeddings``, ``rerank``, ``sparse``."""
-        return list(KINDS[self.kind].capabilities)
+        return list(self.declared.capabilities)
 
     @property
     def outputs(self) -> list[str]:
         """The vectors it gives: ``dense``, ``sparse``, ``multivector``."""
-        return list(KINDS[self.kind].outputs)
+        return list(self.declared.outputs)
 
     @property
     def scorer(self) -> str | None:
         """How it scores documents against a query: ``bi-encoder`` (cosine), ``cross-encoder``, ``colbert``
         (MaxSim), ``bge-m3`` (combined); None for a model that cannot rerank."""
-        return KINDS[self.kind].scorer
+        return self.declared.scorer
 
     def runner_for(self, task: str | None) -> Runner:
         """The runner of ``task``'s branch (:func:`~embedrank.models.router.pick_branch`); the only runner of a
@@ -264,34 +299,19 @@ class HostedModel:
         started = self.runner is not None or bool(self.branch_runners)
         return Resolved(task=task, runner=self.runner_for(task) if started else None, prompt=prompt)
 
-    async def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        input_type: str | None = None,
-        prompt_name: str | None = None,
-        types: Sequence[str] = (),
-        dimensions: int | None = None,
-        truncate: bool = True,
-        priority: int = 0,
-        chunking: Chunking | None = None,
-        normalize: bool | None = None,
-        truncation_side: Literal["right", "left"] = "right",
-        budget: int | None = None,
-        multi_budget: int | None = None,
-        name: str = "",
-        cached: bool = False,
-    ) -> Embedded:
-        """Embed ``texts`` as a request with ``input_type`` or ``prompt_name`` asks (prompt and branch resolved
-        once), giving each of ``types``: ``sparse`` and ``multivector`` from the models that declare them, and
-        the compact types of :func:`~embedrank.math.quantization.quantize` of the dense vectors (``float``
-        and the integer and binary types). ``name`` is the model's name in messages. ``cached``: the dense
-        vectors of texts embedded before come from :attr:`cache` (a dense model's, when it has one).
+    async def embed(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS, *, name: str = "") -> Embedded:
+        """Embed ``texts`` with every option of the call (the prompt and branch resolved once from its
+        ``input_type`` or ``prompt_name``), giving each of ``options.types``: ``sparse`` and ``multivector``
+        from the models that declare them, and the compact types of
+        :func:`~embedrank.math.quantization.quantize` of the dense vectors (``float`` and the integer and binary
+        types). ``name`` is the model's name in messages. With ``options.cached``, the dense vectors of texts
+        embedded before come from :attr:`cache` (a dense model's, when it has one).
 
         Raises:
-            OutputNotAvailableError: a type the model does not give (param ``embedding_types``).
+            OutputNotAvailableError: a type the model does not give (the request's ``embedding_types``).
         """
-        chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
+        chosen = self.resolve(input_type=options.input_type, prompt_name=options.prompt_name)
+        types = options.types
         asked = set(types)
         outputs = {"sparse", "multivector"} & asked
         has = set(self.outputs) & {"sparse", "multivector"}  # ColBERT and SPLADE: one each and no dense; bge-m3 both
@@ -301,91 +321,45 @@ class HostedModel:
             raise OutputNotAvailableError(
                 f"model {label!r} has no {' or '.join(sorted(outputs - has))} output (bge-m3 models have "
                 "sparse and multivector, SPLADE models sparse, ColBERT models multivector)",
-                param="embedding_types",
+                param=options.fields.types,
             )
         if sole is not None and (sole not in outputs or asked - {sole, "float"}):
             what = "a ColBERT model" if sole == "multivector" else "a SPLADE model (or use /embed_sparse)"
             raise OutputNotAvailableError(
                 f'model {label!r} is {what}: ask for embedding_types ["{sole}"]; compact types do not apply',
-                param="embedding_types",
+                param=options.fields.types,
             )
-        prompt = chosen.prompt
-        extra: dict[str, Any] = {}
+        prompt, extra = chosen.prompt, cast(dict[str, Any], {})
         if sole == "multivector":  # a query's or a document's token vectors, marked by the model's own tokens
             extra["query"] = chosen.task == "query"
             prompt = ""
-        if "multivector" in outputs:
-            extra["multi_budget"] = multi_budget
-        if cached and self.kind == "embedding":
-            extra["cached"] = True
         runner = cast(DenseRunner, chosen.runner)  # the kind declares embeddings: the pool checked
-        out = await runner.embed(
-            texts,
-            dimensions=dimensions,
-            truncate=truncate,
-            priority=priority,
-            prompt=prompt,
-            chunking=chunking,
-            normalize=normalize,
-            truncation_side=truncation_side,
-            budget=budget,
-            **extra,
-        )
+        out = await runner.embed(texts, options, prompt=prompt, **extra)
         compact = [t for t in types if t not in outputs]  # a SPLADE's "float" is empty
-        ranges = await runner.quantization_ranges(dimensions) if {"int8", "uint8"} & set(compact) else None
+        ranges = await runner.quantization_ranges(options.dimensions) if {"int8", "uint8"} & set(compact) else None
         return Embedded(
             out,
             {t: quantize(out.embeddings, t, ranges) for t in dict.fromkeys(compact)},
             sparse_rows(out.sparse) if "sparse" in outputs else None,  # type: ignore[attr-defined]  # SPLADE, bge-m3
         )
 
-    async def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        *,
-        truncate: bool = True,
-        priority: int = 0,
-        chunking: Chunking | None = None,
-        raw_scores: bool = False,
-        budget: int | None = None,
-        top_n: int | None = None,
-    ) -> Reranked:
+    async def rerank(self, query: str, documents: Sequence[str], options: RerankOptions = RERANK_DEFAULTS) -> Reranked:
         """Scores ``(N,)`` of ``documents`` against ``query`` in input order, by the kind's scorer: a
         cross-encoder's, a bi-encoder's cosine (a Router model's query branch embeds the query, its document
-        branch the documents), MaxSim, or bge-m3's combined score, and the ``top_n`` best (all by default),
-        ties by input order. Token counts cover the query (first) and every document."""
-        options: dict[str, Any] = {"query_runner": self.runner_for("query")} if self.branch_table else {}
+        branch the documents), MaxSim, or bge-m3's combined score, and the ``options.top_n`` best (all by
+        default), ties by input order. Token counts cover the query (first) and every document."""
+        extra: dict[str, Any] = {"query_runner": self.runner_for("query")} if self.branch_table else {}
         runner = cast(RerankRunner, self.runner_for("document"))
-        out = await runner.rerank(
-            query,
-            documents,
-            truncate=truncate,
-            priority=priority,
-            chunking=chunking,
-            raw_scores=raw_scores,
-            budget=budget,
-            **options,
-        )
-        return Reranked(out, rank_scores(out.scores, top_n))
+        out = await runner.rerank(query, documents, options, **extra)
+        return Reranked(out, rank_scores(out.scores, options.top_n))
 
-    async def sparse(
-        self,
-        texts: Sequence[str],
-        *,
-        input_type: str | None = None,
-        prompt_name: str | None = None,
-        truncate: bool = True,
-        budget: int | None = None,
-    ) -> Embedded:
+    async def sparse(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS) -> Embedded:
         """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and branch the request
         asks for (:meth:`resolve`): the output's rows ``(N, V)`` of ``scipy.sparse`` in input order, and each
         as ``(indices, values)``."""
-        chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
-        out = await cast(EmbeddingRunner, chosen.runner).embed(
-            texts, truncate=truncate, prompt=chosen.prompt, budget=budget
-        )
-        return Embedded(out, {}, sparse_rows(out.sparse))  # type: ignore[attr-defined]  # SPLADE, bge-m3
+        chosen = self.resolve(input_type=options.input_type, prompt_name=options.prompt_name)
+        out = await cast(EmbeddingRunner, chosen.runner).embed(texts, options, prompt=chosen.prompt)
+        return Embedded(out, {}, sparse_rows(out.sparse))  # SPLADE, bge-m3
 
     async def count(
         self,
@@ -417,8 +391,8 @@ class HostedModel:
         the configuration names (None: the defaults; a model the default backend cannot export then runs on
         torch, and the core logs why); a SPLADE model runs on the backend resolved into :attr:`backend`.
         ``calibration`` names the texts that calibrate an int8 runtime."""
-        loader: Any = KINDS[self.kind].loader
-        if self.kind == "sparse":
+        loader: Any = self.declared.loader
+        if self.declared.fp32_only:
             return loader.from_spec(self.spec, backend=self.backend, device=self.device)
         return loader.from_spec(
             self.spec, backend=backend, precision=precision, calibration=calibration, device=self.device
@@ -431,7 +405,7 @@ class HostedModel:
         for part in {id(m): m for m in (getattr(model, "branches", None) or {None: model}).values()}.values():
             if ranges:
                 part.fit_ranges(ranges)
-            if self.spec.kind == "embedding":
+            if self.declared.ranges:
                 started = time.perf_counter()
                 part.quantization_ranges()
                 encoder = getattr(part, "encoder", part)  # bge-m3's dense vectors are its encoder's
@@ -462,13 +436,13 @@ class HostedModel:
         """Wrap the loaded ``model`` (each of its branches) in a runner with its own batching engine and start
         them; must run inside the event loop. ``on_batch(branch)`` gives each engine's batch observer.
         Returns ``(branch, runner)`` for every runner started (branch None: a model without branches)."""
-        runner_cls = KINDS[self.kind].runner
+        runner_cls = self.declared.runner
         config = engine_config_on(config, model, self.device)
         branches = getattr(model, "branches", None) or {None: model}
         started = []
         for branch, part in branches.items():
             runner = runner_cls(part, config, on_batch=on_batch(None if part is model else branch), on_idle=on_idle)
-            if self.cache is not None and self.kind == "embedding":
+            if self.cache is not None and self.declared.cached:
                 runner.cache = self.cache
                 signature = EmbeddingSignature.of(part).cache_key()
                 runner.cache_signature = signature if part is model else f"{signature}|branch={branch}"

@@ -27,20 +27,6 @@ def field_of(index: int, fields: Sequence[tuple[str, int]]) -> tuple[str, int]:
     raise IndexError(index)
 
 
-def refuse_given(*options: tuple[bool, str, str]) -> None:
-    """Refuse the first request option that was ``given`` but does not apply to the model: ``(given, param,
-    why)``, a 400 naming ``param``.
-
-    >>> refuse_given((False, "dimensions", "fixed width"))
-    >>> refuse_given((True, "chunking", "one vector per text"))
-    Traceback (most recent call last):
-    embedrank.errors.InvalidInputError: one vector per text
-    """
-    for given, param, why in options:
-        if given:
-            raise InvalidInputError(why, param=param)
-
-
 def first_cut(rows: Sequence[TokenRow], limit: int | None = None) -> int | None:
     """Index of the first of ``rows[:limit]`` cut at the maximum length, or None."""
     return next((i for i, row in enumerate(rows[:limit]) if row.truncated), None)

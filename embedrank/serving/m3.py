@@ -16,12 +16,12 @@ import numpy as np
 from embedrank.errors import InvalidInputError
 from embedrank.math.similarity import check_dimensions, l2_normalize, truncate_dims
 from embedrank.models.checks import too_long_error
-from embedrank.models.chunking import Chunking
 from embedrank.models.m3 import DEFAULT_WEIGHTS, M3Encoder, M3Output, M3Row, gather, query_scores
 from embedrank.models.prompts import with_prompt
 from embedrank.models.tokens import TokenRow
 from embedrank.serving.inputs import check_budget, first_cut
 from embedrank.serving.late import LateInteractionRunner
+from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, Refusal, RerankOptions, refuse
 from embedrank.types import ModelOutput
 
 
@@ -38,6 +38,13 @@ class M3Result(ModelOutput):
     @property
     def vectors(self) -> Any:
         return self.sparse
+
+
+REFUSED = (
+    Refusal("chunking", "chunking is not supported for bge-m3 models (they read 8,192 tokens)"),
+    Refusal("truncation_side", "bge-m3 models cut over-long texts at the end only", lambda side: side != "right"),
+)
+"""The embedding options a bge-m3 model refuses."""
 
 
 class AsyncM3Encoder(LateInteractionRunner):
@@ -85,37 +92,24 @@ class AsyncM3Encoder(LateInteractionRunner):
         return gather(m3_rows, list(out.token_counts), list(out.truncated), self.model.vocab_size, normalize=False)
 
     async def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        dimensions: int | None = None,
-        truncate: bool = True,
-        priority: int = 0,
-        prompt: str = "",
-        chunking: Chunking | None = None,
-        normalize: bool | None = None,
-        truncation_side: str = "right",
-        param: str = "input",
-        budget: int | None = None,
-        multi_budget: int | None = None,
+        self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS, *, prompt: str = ""
     ) -> M3Result:
         """The outputs of ``prompt + text`` for each text; the dense vectors normalized (unless ``normalize``
-        is False) and cut to ``dimensions``. Chunking and left truncation are refused: bge-m3 reads 8,192
-        tokens at once."""
-        if chunking is not None:
-            raise InvalidInputError(
-                "chunking is not supported for bge-m3 models (they read 8,192 tokens)", param="chunking"
-            )
-        if truncation_side != "right":
-            raise InvalidInputError("bge-m3 models cut over-long texts at the end only", param="truncation_direction")
-        check_dimensions(dimensions, self.dimension)
-        texts = with_prompt(texts, prompt)
+        is False) and cut to ``dimensions``; ``multi_budget`` bounds the token vectors when ``multivector`` is
+        among the types asked for. :data:`REFUSED`: bge-m3 reads 8,192 tokens at once."""
+        refuse(options, *REFUSED)
+        check_dimensions(options.dimensions, self.dimension, options.fields.dimensions)
         out = await self._outputs(
-            texts, truncate=truncate, priority=priority, param=param, budget=budget, multi_budget=multi_budget
+            with_prompt(texts, prompt),
+            truncate=options.truncate,
+            priority=options.priority,
+            param=options.fields.texts,
+            budget=options.budget,
+            multi_budget=options.multi_budget if "multivector" in options.types else None,
         )
-        do_norm = normalize is not False
+        do_norm = options.normalize is not False
         dense = l2_normalize(out.dense) if do_norm else out.dense
-        return M3Result(out, truncate_dims(dense.astype(np.float32), dimensions, renormalize=do_norm))
+        return M3Result(out, truncate_dims(dense.astype(np.float32), options.dimensions, renormalize=do_norm))
 
     async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
         return await asyncio.to_thread(partial(self.encoder.quantization_ranges, dimensions))
@@ -124,19 +118,16 @@ class AsyncM3Encoder(LateInteractionRunner):
         self,
         query: str,
         documents: Sequence[str],
+        options: RerankOptions = RERANK_DEFAULTS,
         *,
-        truncate: bool = True,
-        priority: int = 0,
-        budget: int | None = None,
-        chunking: Chunking | None = None,
         weights: Sequence[float] = DEFAULT_WEIGHTS,
-        raw_scores: bool = False,
     ) -> ModelOutput:
         """bge-m3's combined score (dense, lexical, MaxSim with ``weights``) of ``query`` against each
         document, one job for all texts; token counts cover the query (first) and every document. Documents
         are read whole up to the model's window (8,192 tokens for bge-m3), and cut there: ``chunking`` that
         asks for windows (an overlap or a number of chunks) is refused. The combined score has no activation, so
         ``raw_scores`` gives the same scores."""
+        chunking = options.chunking
         if chunking is not None and (chunking.overlap is not None or chunking.max_chunks is not None):
             raise InvalidInputError(
                 "bge-m3 models read each document whole up to their window; chunk_overlap and max_chunks_per_doc "
@@ -144,6 +135,8 @@ class AsyncM3Encoder(LateInteractionRunner):
                 param="chunk_overlap" if chunking.overlap is not None else "max_chunks_per_doc",
             )
         texts = [query, *documents]
-        out = await self._outputs(texts, truncate=truncate, priority=priority, param="query", budget=budget)
+        out = await self._outputs(
+            texts, truncate=options.truncate, priority=options.priority, param="query", budget=options.budget
+        )
         scores = query_scores(dataclasses.replace(out, dense=l2_normalize(out.dense)), weights)["combined"]
         return ModelOutput(scores, out.token_counts, out.truncated)

@@ -32,13 +32,13 @@ from embedrank.errors import (
     ModelUnavailableError,
     shorten,
 )
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, kind_of, resolve
 from embedrank.runtime.backends import check_backend
 from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.exports import runs_on
 from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
-from embedrank.serving.hosting import HostedModel, runtime_of
+from embedrank.serving.hosting import KINDS, HostedModel, runtime_of
 from embedrank.serving.vector_cache import VectorCache
 from embedrank.testing.fake import fake_model
 
@@ -166,7 +166,8 @@ class ModelPool:
                 )
             except InvalidInputError as exc:
                 raise ConfigurationError(f"model {entry.id!r}: {exc}") from None
-        if built is None and spec.kind == "sparse":  # SPLADE: torch unless named, in fp32
+        declared = KINDS[kind_of(spec)]
+        if built is None and declared.fp32_only:  # SPLADE: torch unless named, in fp32
             if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):  # as named (on a GPU: torch's)
                 raise ConfigurationError(
                     f"model {entry.id!r} is a SPLADE model, which runs in fp32 only (torch, openvino or onnx); "
@@ -182,7 +183,7 @@ class ModelPool:
                 raise ConfigurationError(f"model {entry.id!r}{where}: {exc}") from None
         else:
             backend, precision = runtime_of(built)[:2]  # type: ignore[assignment]
-        if entry.calibration is not None and precision != "int8" and spec.kind == "embedding" and not entry.ranges:
+        if entry.calibration is not None and precision != "int8" and declared.ranges and not entry.ranges:
             logger.warning(
                 "model %r: 'calibration' on a model that is not int8 sets its embedding ranges; name that "
                 "file 'ranges' ('calibration' calibrates an int8 runtime only; deprecated, removed next release)",
@@ -190,7 +191,7 @@ class ModelPool:
             )
             entry = msgspec.structs.replace(entry, ranges=entry.calibration, calibration=None)
         for field, allowed, what in (
-            ("ranges", spec.kind == "embedding", "an embedding model"),
+            ("ranges", declared.ranges, "an embedding model"),
             ("calibration", precision == "int8", "a model with precision int8"),
         ):
             value = getattr(entry, field)
@@ -296,11 +297,7 @@ class ModelPool:
         for reranking, the first that is not a plain embedding model if there is one (an embedding model
         reranks by cosine); for embeddings, the first dense embedding model if there is one."""
         able = [m for m, served in self.models.items() if capability in served.capabilities]
-        kinds = {m: self.models[m].spec.kind for m in able}  # bge-m3 counts as embedding
-        if capability == "rerank":
-            preferred = [m for m in able if kinds[m] != "embedding"]
-        else:  # a dense embedding model before a ColBERT or SPLADE model (whose vectors are not dense)
-            preferred = [m for m in able if kinds[m] == "embedding"]
+        preferred = [m for m in able if capability in self.models[m].declared.preferred_for]
         if able:
             return (preferred or able)[0]
         raise ModelKindError(f"no served model can serve {capability}; served: {sorted(self.models)}")

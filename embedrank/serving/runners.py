@@ -18,19 +18,19 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 from functools import partial
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from embedrank.errors import InvalidInputError
-from embedrank.math.similarity import check_dimensions, cosine_scores, l2_normalize, truncate_dims
+from embedrank.math.similarity import check_dimensions, cosine_scores, l2_normalize
 from embedrank.models.checks import too_long_error
-from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
 from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, cut_starts, field_of, first_cut, plan_chunks
+from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, RerankOptions
 from embedrank.serving.vector_cache import CachedVector, VectorCache, cache_key
 from embedrank.types import ModelOutput
 
@@ -56,6 +56,10 @@ class EmbeddingModel(Protocol):
     def prompt_skip(self, prompt: str) -> int: ...
 
     def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput: ...
+
+    def finish_vectors(
+        self, pooled: np.ndarray, *, normalize: bool | None = None, dimensions: int | None = None
+    ) -> np.ndarray: ...
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
 
@@ -201,84 +205,55 @@ class AsyncEncoder(EncoderTokens):
         return rows
 
     async def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        dimensions: int | None = None,
-        truncate: bool = True,
-        priority: int = 0,
-        param: str = "input",
-        prompt: str = "",
-        chunking: Chunking | None = None,
-        normalize: bool | None = None,
-        truncation_side: Literal["right", "left"] = "right",
-        budget: int | None = None,
-        cached: bool = False,
+        self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS, *, prompt: str = ""
     ) -> ModelOutput:
-        """Vectors ``(N, D)`` (or ``(N, dimensions)``, truncated then renormalized) in input order; a lower
-        ``priority`` is scheduled first. ``prompt`` goes before every text (the model sees and counts it).
-        With ``chunking``, long texts are embedded window by window and pooled, as ``Encoder.encode_with_stats``.
-        ``normalize`` overrides the model's own L2 normalization (None: the model's). A text longer than the
-        model's window loses its end (``truncation_side="right"``) or its start (``"left"``: it keeps its
-        last tokens, the prompt stays first). ``budget``: the most tokens the request may hold after
-        tokenizing and chunking (:class:`~embedrank.errors.RequestTooLargeError`, before anything is queued).
-        ``cached``: texts whose vectors :attr:`cache` holds are neither tokenized nor computed again (their
-        token counts and truncation come from the cache; a request that would fail runs uncached, so it
-        answers and fails as it would uncached); chunked texts are always computed."""
-        check_dimensions(dimensions, self.dimension)
-        norm = self.encoder.normalize if normalize is None else normalize
-        if chunking is not None:
-            out = await self._embed_chunked(
-                texts, prompt, chunking, truncate=truncate, priority=priority, norm=norm, budget=budget
+        """Vectors ``(N, D)`` (or ``(N, options.dimensions)``, cut then renormalized) in input order, with every
+        option of :class:`~embedrank.serving.options.EmbedOptions`; ``prompt`` goes before every text (the
+        model sees and counts it). With ``chunking``, long texts are embedded window by window and pooled, as
+        ``Encoder.encode_with_stats``. A left-truncated text keeps its last tokens, the prompt stays first.
+        ``budget`` is checked after tokenizing and chunking (:class:`~embedrank.errors.RequestTooLargeError`,
+        before anything is queued). ``cached`` (with a :attr:`cache`): texts whose vectors it holds are neither
+        tokenized nor computed again (their token counts and truncation come from the cache; a request that
+        would fail runs uncached, so it answers and fails as it would uncached); chunked texts are always
+        computed. Normalization and the cut to ``dimensions`` are the model's own
+        (:meth:`~embedrank.models.encoder.Encoder.finish_vectors`)."""
+        check_dimensions(options.dimensions, self.dimension, options.fields.dimensions)
+        if options.chunking is not None:
+            norm = self.encoder.normalize if options.normalize is None else options.normalize
+            out = await self._embed_chunked(texts, prompt, options, norm=norm)
+        elif options.cached and self.cache is not None:
+            # no cache hit list when the request would fail: it then fails as it would uncached
+            out = await self._embed_cached(self.cache, texts, prompt, options) or await self._embed_texts(
+                texts, prompt, options
             )
         else:
-            found = None
-            if cached and self.cache is not None:
-                found = await self._embed_cached(self.cache, texts, prompt, truncate, truncation_side, budget, priority)
-            if found is None:  # no cache, or a request that fails: it fails as it would uncached
-                found = await self._embed_texts(texts, prompt, truncate, truncation_side, param, budget, priority)
-            out = ModelOutput(l2_normalize(found.values) if norm else found.values, found.token_counts, found.truncated)
-        vectors = truncate_dims(out.values, dimensions, renormalize=norm)
-        return ModelOutput(
-            np.ascontiguousarray(vectors, dtype=np.float32), out.token_counts, out.truncated, out.chunked
-        )
+            out = await self._embed_texts(texts, prompt, options)
+        vectors = self.encoder.finish_vectors(out.values, normalize=options.normalize, dimensions=options.dimensions)
+        return dataclasses.replace(out, values=vectors)
 
-    async def _embed_texts(
-        self,
-        texts: Sequence[str],
-        prompt: str,
-        truncate: bool,
-        truncation_side: str,
-        param: str,
-        budget: int | None,
-        priority: int,
-    ) -> ModelOutput:
+    async def _embed_texts(self, texts: Sequence[str], prompt: str, options: EmbedOptions) -> ModelOutput:
         """Every text tokenized, checked (the request's budget; with ``truncate`` off, the first text cut at
-        the window, named by ``param``) and computed: the vectors before normalization, in input order."""
-        fields = () if truncate else [(param, len(texts))]
-        rows = await self._rows(with_prompt(texts, prompt), fields, prompt=prompt, budget=budget)
+        the window, named by the request's field) and computed: the vectors before normalization, in input
+        order."""
+        param = options.fields.texts
+        fields = () if options.truncate else [(param, len(texts))]
+        rows = await self._rows(with_prompt(texts, prompt), fields, prompt=prompt, budget=options.budget)
         started: set[int] = set()
-        if truncate and truncation_side == "left":
+        if options.truncate and options.truncation_side == "left":
             rows, started = await self._cut_at_start(texts, rows, prompt, param)
-        out = await self.engine.submit(rows, priority=priority)
+        out = await self.engine.submit(rows, priority=options.priority)
         flags = [cut or i in started for i, cut in enumerate(out.truncated)] if started else out.truncated
         return ModelOutput(out.values, out.token_counts, flags)
 
     async def _embed_cached(
-        self,
-        cache: VectorCache,
-        texts: Sequence[str],
-        prompt: str,
-        truncate: bool,
-        truncation_side: str,
-        budget: int | None,
-        priority: int,
+        self, cache: VectorCache, texts: Sequence[str], prompt: str, options: EmbedOptions
     ) -> ModelOutput | None:
         """What :meth:`_embed_texts` gives, computing only the texts ``cache`` lacks (each distinct one once,
         then stored) and tokenizing only those: a cached text's token count and truncation come from the
         cache. None, and nothing computed, when the request would fail (over ``budget``, or a text cut with
         ``truncate`` off): the caller runs it uncached, which fails it with the error it would get."""
-        keys = [cache_key(self.cache_signature, prompt, truncation_side, text) for text in texts]
+        truncate, budget = options.truncate, options.budget
+        keys = [cache_key(self.cache_signature, prompt, options.truncation_side, text) for text in texts]
         if len(keys) <= INLINE_LOOKUP_KEYS:
             found = cache.get_many(keys)
         else:
@@ -293,8 +268,8 @@ class AsyncEncoder(EncoderTokens):
             missing = [texts[i] for i in todo.values()]
             try:
                 rows = await self._rows(with_prompt(missing, prompt), prompt=prompt)
-                if truncate and truncation_side == "left":
-                    rows, started = await self._cut_at_start(missing, rows, prompt, "input")
+                if truncate and options.truncation_side == "left":
+                    rows, started = await self._cut_at_start(missing, rows, prompt, options.fields.texts)
             except InvalidInputError:
                 return None
         fresh = {
@@ -306,7 +281,7 @@ class AsyncEncoder(EncoderTokens):
             return None
         vectors = {key: hit.vector for key, hit in found.items()}
         if todo:
-            computed = await self.engine.submit(rows, priority=priority)
+            computed = await self.engine.submit(rows, priority=options.priority)
             stored = []
             for n, key in enumerate(todo):
                 vectors[key] = computed.values[n]
@@ -331,20 +306,21 @@ class AsyncEncoder(EncoderTokens):
         return rows, set(long)
 
     async def _embed_chunked(
-        self,
-        texts: Sequence[str],
-        prompt: str,
-        chunking: Chunking,
-        *,
-        truncate: bool,
-        priority: int,
-        norm: bool,
-        budget: int | None,
+        self, texts: Sequence[str], prompt: str, options: EmbedOptions, *, norm: bool
     ) -> ModelOutput:
+        assert options.chunking is not None
         window = partial(self.encoder.chunk_window, prompt)
-        plan = await plan_chunks(texts, self.encoder.token_offsets, window, chunking, truncate, "input", budget)
-        rows = await self._rows(with_prompt(plan.texts, prompt), prompt=prompt, budget=budget)  # windows fit
-        out = await self.engine.submit(rows, priority=priority)
+        plan = await plan_chunks(
+            texts,
+            self.encoder.token_offsets,
+            window,
+            options.chunking,
+            options.truncate,
+            options.fields.texts,
+            options.budget,
+        )
+        rows = await self._rows(with_prompt(plan.texts, prompt), prompt=prompt, budget=options.budget)  # windows fit
+        out = await self.engine.submit(rows, priority=options.priority)
         if norm:  # each window normalized, then their token-weighted mean renormalized
             out = dataclasses.replace(out, values=l2_normalize(out.values))
         return plan.vectors(out, normalize=norm)
@@ -358,12 +334,8 @@ class AsyncEncoder(EncoderTokens):
         self,
         query: str,
         documents: Sequence[str],
+        options: RerankOptions = RERANK_DEFAULTS,
         *,
-        truncate: bool = True,
-        priority: int = 0,
-        chunking: Chunking | None = None,
-        raw_scores: bool = False,
-        budget: int | None = None,
         query_runner: AsyncEncoder | None = None,
     ) -> ModelOutput:
         """Cosine between the query embedding and each document embedding, each with the model's query or
@@ -374,6 +346,7 @@ class AsyncEncoder(EncoderTokens):
         windows go through the engine as one job, and each document gets the aggregate of its windows'
         scores; ``truncated`` then flags the documents whose text past the chunking bounds was left out.
         ``raw_scores`` changes nothing: a cosine has no activation."""
+        truncate, priority, chunking, budget = options.truncate, options.priority, options.chunking, options.budget
         spec = self.encoder.spec
         query_text = role_prompt(spec.prompts, spec.default_prompt_name, QUERY_NAMES) + query
         document_prompt = role_prompt(spec.prompts, spec.default_prompt_name, DOCUMENT_NAMES)
@@ -416,15 +389,7 @@ class AsyncCrossEncoder:
         return self.cross_encoder.max_seq_length
 
     async def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        *,
-        truncate: bool = True,
-        priority: int = 0,
-        chunking: Chunking | None = None,
-        raw_scores: bool = False,
-        budget: int | None = None,
+        self, query: str, documents: Sequence[str], options: RerankOptions = RERANK_DEFAULTS
     ) -> ModelOutput:
         """Scores ``(N,)`` of each (query, document) pair in input order; with ``chunking``, each document's
         windows (sized to fit next to the query) are scored as pairs and aggregated, as :class:`AsyncEncoder`.
@@ -433,6 +398,8 @@ class AsyncCrossEncoder:
         Raises:
             InvalidInputError: ``raw_scores`` for a model with several labels (its score is a probability).
         """
+        truncate, priority, chunking, budget = options.truncate, options.priority, options.chunking, options.budget
+        raw_scores = options.raw_scores
         if raw_scores and getattr(self.cross_encoder, "num_labels", 1) != 1:
             raise InvalidInputError(
                 f"raw_scores: {self.cross_encoder.model_id!r} has several labels and scores by the probability of "

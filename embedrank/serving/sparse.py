@@ -14,12 +14,12 @@ import scipy.sparse as sp
 
 from embedrank.math.sparse import to_csr
 from embedrank.models.checks import too_long_error
-from embedrank.models.chunking import Chunking
 from embedrank.models.prompts import with_prompt
 from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
 from embedrank.serving.engine import BatchEngine, EngineConfig
-from embedrank.serving.inputs import check_budget, first_cut, refuse_given
+from embedrank.serving.inputs import check_budget, first_cut
+from embedrank.serving.options import EMBED_DEFAULTS, EmbedOptions, Refusal, refuse
 from embedrank.serving.runners import EncoderTokens
 from embedrank.types import ModelOutput
 
@@ -72,6 +72,15 @@ class SparseOutput(ModelOutput):
         return np.zeros((self.values.shape[0], 0), dtype=np.float32)
 
 
+REFUSED = (
+    Refusal("chunking", "SPLADE models return one vector per text; chunking does not apply"),
+    Refusal("truncation_side", "SPLADE models cut over-long texts at the end only", lambda side: side != "right"),
+    Refusal("dimensions", "a SPLADE vector spans the vocabulary; dimensions does not apply"),
+    Refusal("normalize", "SPLADE weights are returned as the model computes them, unnormalized"),
+)
+"""The embedding options a SPLADE model refuses."""
+
+
 class AsyncSparseEncoder(EncoderTokens):
     """Sparse (SPLADE) embeddings through a :class:`BatchEngine`; token counting as any encoder's."""
 
@@ -90,38 +99,22 @@ class AsyncSparseEncoder(EncoderTokens):
     async def embed(
         self,
         texts: Sequence[str],
+        options: EmbedOptions = EMBED_DEFAULTS,
         *,
-        dimensions: int | None = None,
-        truncate: bool = True,
-        priority: int = 0,
-        param: str = "input",
         prompt: str = "",
-        chunking: Chunking | None = None,
-        truncation_side: str = "right",
         top_k: int | None = None,
-        budget: int | None = None,
-        normalize: bool | None = None,
     ) -> SparseOutput:
         """The sparse vectors of ``prompt + text`` for each text, in input order (each text's ``top_k``
-        heaviest terms with ``top_k``). With ``truncate=False`` a text over the window is refused before it
-        is queued, as are requests over ``budget`` tokens. ``dimensions``, chunking and left truncation do
-        not apply to a vector over the vocabulary and are refused."""
-        refuse_given(
-            (chunking is not None, "chunking", "SPLADE models return one vector per text; chunking does not apply"),
-            (truncation_side != "right", "truncation_direction", "SPLADE models cut over-long texts at the end only"),
-            (dimensions is not None, "dimensions", "a SPLADE vector spans the vocabulary; dimensions does not apply"),
-            (
-                normalize is not None,
-                "normalize",
-                "SPLADE weights are returned as the model computes them, unnormalized",
-            ),
-        )
+        heaviest terms with ``top_k``). With ``truncate`` off a text over the window is refused before it
+        is queued, as are requests over ``budget`` tokens. :data:`REFUSED`: what does not apply to a vector
+        over the vocabulary."""
+        refuse(options, *REFUSED)
         texts = with_prompt(texts, prompt)
         rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
-        check_budget(rows, budget)
-        at = None if truncate else first_cut(rows)
+        check_budget(rows, options.budget)
+        at = None if options.truncate else first_cut(rows)
         if at is not None:
-            raise too_long_error(at, self.max_seq_length, param=param)
-        out = await self.engine.submit(rows, priority=priority)
+            raise too_long_error(at, self.max_seq_length, param=options.fields.texts)
+        out = await self.engine.submit(rows, priority=options.priority)
         vectors = await asyncio.to_thread(partial(to_csr, out.values, top_k))
         return SparseOutput(vectors, list(out.token_counts), list(out.truncated))  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ import numpy as np
 
 from embedrank.errors import ModelNotFoundError
 from embedrank.math.pooling import PoolingMode
-from embedrank.math.similarity import l2_normalize
+from embedrank.math.similarity import finish_vectors, l2_normalize
 from embedrank.models.prompts import select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
 from embedrank.models.tokens import TokenRow, TokenSpan
@@ -190,6 +190,13 @@ class FakeEncoder(WordTokens, FitsRanges):
                 out[i, slot] += sign
         vectors = l2_normalize(out) if (self.normalize if normalize is None else normalize) else out
         return ModelOutput(vectors, [r.length for r in rows], [r.truncated for r in rows])
+
+    def finish_vectors(
+        self, pooled: np.ndarray, *, normalize: bool | None = None, dimensions: int | None = None
+    ) -> np.ndarray:
+        return finish_vectors(
+            pooled, normalize=self.normalize if normalize is None else normalize, dimensions=dimensions
+        )
 
     def encode(self, texts: Sequence[str], **_: object) -> np.ndarray:
         return self.encode_batch(list(texts)).values

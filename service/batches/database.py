@@ -20,14 +20,18 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
-POSTGRES_SCHEMES = ("postgresql", "postgres")
+from service.database_urls import redacted
+from service.errors import UnavailableError
 
 
-class DatabaseUnavailableError(Exception):
+class DatabaseUnavailableError(UnavailableError):
     """The database cannot be reached or used now (the server is down or restarting, the network failed, a
-    lock was held too long); the same call may succeed later."""
+    lock was held too long, the disk is full); the same call may succeed later: 503
+    ``batch_database_unavailable`` with ``Retry-After``."""
+
+    code = "batch_database_unavailable"
+    public_message = "the Batch API's database is not available now; try again shortly"
 
 
 class Cursor(Protocol):
@@ -243,17 +247,3 @@ class PostgresDatabase:
         for conn in conns:
             conn.close()
         self._local = threading.local()
-
-
-def is_postgres_url(url: str) -> bool:
-    return urlsplit(url).scheme in POSTGRES_SCHEMES
-
-
-def redacted(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

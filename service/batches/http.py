@@ -17,7 +17,7 @@ import shutil
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, delete, get, post
@@ -33,6 +33,7 @@ from embedrank.serving.pool import ModelPool
 from service.batches.database import DatabaseUnavailableError, PostgresDatabase
 from service.batches.store import ACTIVE, BatchStore, FileInUseError, TooManyBatchesError
 from service.batches.worker import RETRY_SECONDS, BatchWorker
+from service.endpoints import BATCH_URLS
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
 from service.schemas import ErrorResponse
@@ -53,7 +54,10 @@ READ = {status: ERRORS[status] for status in (400, 401)} | NOT_FOUND | UNAVAILAB
 IN_USE = {409: ResponseSpec(data_container=ErrorResponse, description="The file is the input of an unfinished batch")}
 CANCEL = {status: ERRORS[status] for status in (400, 401, 415)} | NOT_FOUND
 WINDOW = r"^([1-9][0-9]{0,3}m|[1-9][0-9]{0,2}h)$"  # 1 to 9999 minutes, or 1 to 999 hours
-Endpoint = Literal["/v1/embeddings", "/v1/rerank", "/v2/embed", "/v2/rerank"]
+if TYPE_CHECKING:
+    BatchUrl = str
+else:  # the urls of the endpoint table that batch lines may name, as one literal (its values in the OpenAPI schema)
+    BatchUrl = Literal[BATCH_URLS]
 
 Metadata = Annotated[
     dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
@@ -140,7 +144,7 @@ class CreateBatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     """OpenAI's batch creation body."""
 
     input_file_id: Annotated[str, Meta(min_length=1, description="a file uploaded with purpose `batch`")]
-    endpoint: Annotated[Endpoint, Meta(description="the url of every line of the input file")]
+    endpoint: Annotated[BatchUrl, Meta(description="the url of every line of the input file")]
     completion_window: Annotated[
         str,
         Meta(

@@ -14,44 +14,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
 
 from embedrank.errors import ModelUnavailableError, NotReadyError, OverloadedError
-from embedrank.serving.pool import ModelPool
-from service import api, cohere, request_ids
+from service import request_ids
 from service.batches.store import Chunk
-from service.cohere import CohereEmbedRequest
+from service.context import Context
 from service.decoding import decode_strict
+from service.endpoints import BATCH
 from service.errors import error_body, is_unexpected, to_api_error
-from service.schemas import EmbeddingsRequest, RerankRequest
-from service.settings import Settings
 
 logger = logging.getLogger("embedrank.service")
 
 BATCH_PRIORITY = 1_000_000
 """The engine priority of batch lines: behind every direct request (whose default is 0), at any priority
 a client may ask for below it."""
-
-Work = Callable[[Any, ModelPool, Settings], Coroutine[Any, Any, tuple[Any, int]]]
-
-ENDPOINTS: dict[str, tuple[type, Work]] = {
-    "/v1/embeddings": (
-        EmbeddingsRequest,
-        lambda data, pool, settings: api.create_embeddings(
-            data, pool, settings.limits, settings.token_ids, cached=True
-        ),
-    ),
-    "/v1/rerank": (RerankRequest, lambda data, pool, settings: api.rerank(data, pool, settings.limits)),
-    "/v2/rerank": (RerankRequest, lambda data, pool, settings: api.rerank(data, pool, settings.limits)),
-    "/v2/embed": (
-        CohereEmbedRequest,
-        lambda data, pool, settings: cohere.embed(data, pool, settings.limits, "2", settings.token_ids, cached=True),
-    ),
-}
-"""The endpoints a batch may name: each with its request schema and the core call its route makes."""
 
 MAX_REPORTED_ERRORS = 100  # errors listed for a malformed input file (OpenAI lists them per line)
 
@@ -157,9 +136,10 @@ class Unready(Exception):
     back for a ready worker (or the batch's expiry) rather than held while waiting."""
 
 
-async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tuple[int, bytes, str]:
-    """``line``'s response as ``(status code, JSON body, request id)``: its body decoded against the endpoint's
-    schema and the endpoint's core call made, behind every direct request (:data:`BATCH_PRIORITY`); a failure
+async def run_line(line: InputLine, ctx: Context) -> tuple[int, bytes, str]:
+    """``line``'s response as ``(status code, JSON body, request id)``: its body decoded against its endpoint's
+    schema (:data:`service.endpoints.BATCH`) and the endpoint's call made with ``ctx`` (batch lines': vectors
+    of texts embedded before come from the cache), behind every direct request (:data:`BATCH_PRIORITY`); a failure
     gets the status and error body the direct request would get, with the line's own request id.
 
     A model that could not be loaded at start (``on_model_failure = "serve-others"``) gets its 503 error line, as
@@ -169,13 +149,13 @@ async def run_line(line: InputLine, pool: ModelPool, settings: Settings) -> tupl
         Retry: the engine refused the work for now (overloaded: 429, or another 429 or 503).
         Unready: the service or the engine is not ready (loading, draining).
     """
-    schema, work = ENDPOINTS[line.url]
+    endpoint = BATCH[line.url]
     request_id = request_ids.new_id()
     try:
-        data = decode_strict(bytes(line.body), schema)
+        data = decode_strict(bytes(line.body), endpoint.body)
         if hasattr(data, "priority"):
             data = msgspec.structs.replace(data, priority=max(data.priority, BATCH_PRIORITY))
-        body, _ = await work(data, pool, settings)
+        body, _ = await endpoint.call(data, ctx)
         return 200, msgspec.json.encode(body), request_id
     except OverloadedError as exc:
         raise Retry(str(exc)) from exc

@@ -32,6 +32,7 @@ from service.batches.lines import (
     unrun_line,
 )
 from service.batches.store import BatchStore, Chunk
+from service.context import Context
 from service.settings import Settings
 
 logger = logging.getLogger("embedrank.service")
@@ -235,7 +236,7 @@ class BatchWorker:
             except NotReadyError as exc:
                 raise Unready(str(exc)) from exc
             try:
-                return await run_line(line, pool, self.settings)
+                return await run_line(line, Context(pool, self.settings, cached=True))
             except Retry:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

@@ -1,0 +1,33 @@
+"""What an endpoint's call needs besides its body (:class:`Context`): built once when the service starts, and
+shared by the routes, the fast path and batch lines (which read their vectors from the cache)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from embedrank.serving.pool import ModelPool
+from service.settings import Limits, Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """The served models, the settings, and whether the dense vectors of texts embedded before come from the
+    model's vector cache (``cached``: batch lines always; direct requests when ``embedding_cache_direct`` is
+    set)."""
+
+    pool: ModelPool
+    settings: Settings
+    cached: bool = False
+
+    @property
+    def limits(self) -> Limits:
+        return self.settings.limits
+
+    @classmethod
+    def of(cls, pool: ModelPool, settings: Settings) -> Context:
+        """The context of direct requests."""
+        return cls(pool, settings, cached=settings.embedding_cache_direct)
+
+    def for_batches(self) -> Context:
+        """The context of batch lines: vectors of texts embedded before come from the cache."""
+        return dataclasses.replace(self, cached=True)
