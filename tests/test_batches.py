@@ -629,3 +629,19 @@ def test_a_chunk_whose_claim_cannot_be_renewed_is_given_up_after_one_lease(store
     said = [r.getMessage() for r in caplog.records]
     assert sum("cannot be renewed" in m for m in said) == 1 and sum("given up" in m for m in said) == 1
     assert worker.lines_done == 0
+
+
+def test_leases_are_read_on_the_database_clock_so_a_replica_ahead_in_time_takes_no_live_claim(
+    store, tmp_path, monkeypatch
+):
+    """A replica whose own clock runs ten minutes ahead sees another's one-minute claim as live: claims and
+    their leases are set and read on the database's clock, not each host's."""
+    content = embeddings_file(2)
+    batch = new_batch(store, content)
+    assert store.start(batch["id"], [Chunk(batch["id"], 0, 0, 2, 0, len(content))])
+    assert store.claim("replica-a", lease_seconds=60) is not None
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 600)  # this host's clock, ten minutes ahead
+    assert store.claim("replica-b", lease_seconds=60) is None
+    assert not store.renew("replica-b", Chunk(batch["id"], 0, 0, 2, 0, len(content)), 60)
+    assert store.renew("replica-a", Chunk(batch["id"], 0, 0, 2, 0, len(content)), 60)

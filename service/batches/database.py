@@ -56,7 +56,8 @@ class Database(Protocol):
     words: ClassVar[dict[str, str]]
     """The dialect's words for the store's SQL: ``serial`` (an auto-numbered primary key), ``real`` (a float
     column), ``skip_locked`` (what makes a claim skip rows another transaction holds), ``lock_row`` (what
-makes a read hold its row until the transaction ends), ``owner_lock`` (what serializes one owner's
+makes a read hold its row until the transaction ends), ``now`` (the database's clock, in seconds since the
+    epoch: every replica's leases are read on one clock), ``owner_lock`` (what serializes one owner's
     writes that check a count before they insert; one ``?``, the owner) and ``schema_lock``
     (a statement that serializes creating the tables; empty where writes are serialized anyway)."""
     shared: bool
@@ -84,6 +85,7 @@ class SqliteDatabase:
         "lock_row": "",
         "owner_lock": "",  # every write holds the database's write lock already (BEGIN IMMEDIATE)
         "schema_lock": "",
+        "now": "SELECT (julianday('now') - 2440587.5) * 86400.0 AS now",
     }
     shared = False
 
@@ -200,6 +202,7 @@ class PostgresDatabase:
         "lock_row": "FOR UPDATE",
         "owner_lock": "SELECT pg_advisory_xact_lock(4243, hashtext(?))",
         "schema_lock": "SELECT pg_advisory_xact_lock(4242)",  # replicas starting together: one creates the tables
+        "now": "SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now",
     }
     shared = True
 

@@ -149,6 +149,11 @@ class BatchStore:
     def _db(self) -> Connection:
         return self.db.connection()
 
+    def _now(self, db: Connection) -> float:
+        """The database's clock (seconds since the epoch): leases are set and read on it, so replicas whose
+        own clocks differ never take a live claim from each other."""
+        return float(db.execute(self.db.words["now"]).fetchone()["now"])
+
     def _write(self) -> contextlib.AbstractContextManager[Connection]:
         return self.db.write()
 
@@ -369,9 +374,10 @@ class BatchStore:
     # -- chunks -------------------------------------------------------------------------------------
     def claim(self, worker: str, lease_seconds: float) -> Chunk | None:
         """The next chunk that needs a worker: of the oldest batch in progress, not done and not claimed (or
-        its claim's lease has run out). Claimed for ``worker`` until ``lease_seconds`` from now."""
-        now = time.time()
+        its claim's lease has run out). Claimed for ``worker`` until ``lease_seconds`` from now (the
+        database's clock, as every lease)."""
         with self._write() as db:
+            now = self._now(db)
             row = db.execute(
                 "SELECT c.batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte FROM chunks c "
                 "JOIN batches b ON b.id = c.batch_id "
@@ -394,7 +400,7 @@ class BatchStore:
             changed = db.execute(
                 "UPDATE chunks SET lease_until = ? WHERE batch_id = ? AND number = ? AND claimed_by = ? "
                 "AND state = 'claimed'",
-                (time.time() + lease_seconds, chunk.batch_id, chunk.number, worker),
+                (self._now(db) + lease_seconds, chunk.batch_id, chunk.number, worker),
             ).rowcount
         return bool(changed)
 
@@ -473,8 +479,9 @@ class BatchStore:
         """Batches to finalize, each with the status it ends in: ``completed`` (every chunk done),
         ``cancelled`` (cancelling, and no chunk claimed under a live lease), ``expired`` (past its window),
         or a batch left ``finalizing`` by a crash."""
-        now = time.time() if now is None else now
-        rows = self._db().execute(  # one pass over the chunks of every batch that may be done
+        db = self._db()
+        now = self._now(db) if now is None else now
+        rows = db.execute(  # one pass over the chunks of every batch that may be done
             "SELECT b.*, COUNT(CASE WHEN c.state <> 'done' THEN 1 END) AS unfinished, "
             "COUNT(CASE WHEN c.state = 'claimed' AND c.lease_until >= ? THEN 1 END) AS live "
             "FROM batches b LEFT JOIN chunks c ON c.batch_id = b.id "
@@ -501,8 +508,8 @@ class BatchStore:
         ``lease_seconds``: status ``finalizing``, remembering the status it ends in (a crash while finalizing
         ends the same, once the claim runs out). False when its status changed since it was read, or
         another worker holds the claim."""
-        now = time.time()
         with self._write() as db:
+            now = self._now(db)
             changed = db.execute(
                 "UPDATE batches SET status = 'finalizing', finalizing_at = COALESCE(finalizing_at, ?), "
                 "ending = COALESCE(ending, ?), finalizer = ?, finalize_until = ? "
@@ -517,7 +524,7 @@ class BatchStore:
         with self._write() as db:
             changed = db.execute(
                 "UPDATE batches SET finalize_until = ? WHERE id = ? AND finalizer = ? AND status = 'finalizing'",
-                (time.time() + lease_seconds, batch_id, worker),
+                (self._now(db) + lease_seconds, batch_id, worker),
             ).rowcount
         return bool(changed)
 
