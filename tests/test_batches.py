@@ -67,10 +67,13 @@ def pool() -> ModelPool:
     )
 
 
-async def serve(store: BatchStore, until: Callable[[], bool], **options: Any) -> BatchWorker:
-    """Run a worker over fake models until ``until()`` holds (or 30 s), then stop it as a crash would."""
-    models = pool()
-    models.start(models.load(), EngineConfig(max_wait_ms=1))
+async def serve(
+    store: BatchStore, until: Callable[[], bool], models: ModelPool | None = None, **options: Any
+) -> BatchWorker:
+    """Run a worker over ``models`` (default: fake ones) until ``until()`` holds (or 30 s), then stop it as a
+    crash would. A model of ``models`` that cannot be loaded is left out, as with ``serve-others``."""
+    models = models or pool()
+    models.start(models.load(keep_going=True), EngineConfig(max_wait_ms=1))
     worker = BatchWorker(store, lambda: models, SETTINGS, poll_seconds=0.01, **options)
     task = asyncio.create_task(worker.run())
     for _ in range(3000):
@@ -275,22 +278,7 @@ def test_a_line_for_a_model_that_failed_to_load_gets_the_direct_503_and_the_batc
     entries = (ModelEntry(id="enc", path="fake:encoder"), ModelEntry(id="broken", path=broken_model))
     content = embeddings_file(2) + line("to-broken", {"model": "broken", "input": "x"})
     batch = new_batch(store, content)
-    models = ModelPool(entries)
-
-    async def run() -> BatchWorker:
-        models.start(models.load(keep_going=True), EngineConfig(max_wait_ms=1))
-        worker = BatchWorker(store, lambda: models, SETTINGS, poll_seconds=0.01)
-        task = asyncio.create_task(worker.run())
-        for _ in range(3000):
-            if finished(store, batch["id"])():
-                break
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await models.drain(1.0)
-        return worker
-
-    asyncio.run(run())
+    asyncio.run(serve(store, finished(store, batch["id"]), ModelPool(entries)))
     done = store.get_batch(OWNER, batch["id"])
     assert (done["status"], done["completed"], done["failed"]) == ("completed", 2, 1)
     (error,) = read_lines(store, done["error_file_id"])
