@@ -70,6 +70,13 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
             f"Content-Type must be {expected}, got {shorten(content_type or 'none')!r}",
             code="unsupported_media_type",
         )
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if path in FORM_PATHS and encoding not in ("", "identity"):  # the form would be read as if it were plain
+        raise APIError(
+            415,
+            f"Content-Encoding {shorten(encoding)!r} is not supported for uploads; send the form uncompressed",
+            code="unsupported_media_type",
+        )
     if schema is not None:
         # decode once: Litestar reads the JSON of the connection state before parsing the body itself,
         # and passes a value that already has the handler's data type through unchanged

@@ -291,6 +291,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "failure that stops the start (otherwise one line, exit code 3)"
         ),
     ] = "info"
+    metrics_batch_ids: Annotated[
+        bool,
+        Meta(
+            description="`/metrics` shows each unfinished batch's progress with its id (any key may read "
+            "`/metrics`: off, the batches' lines are summed)"
+        ),
+    ] = False
     log_format: Annotated[
         Literal["text", "json"],
         Meta(
@@ -532,6 +539,7 @@ class Settings:
     access_log: bool = False
     log_level: str = "info"
     log_format: str = "text"
+    metrics_batch_ids: bool = False
     on_model_failure: str = "exit"
     public_docs: bool = True
     tune_malloc: bool = True
@@ -649,6 +657,7 @@ class Settings:
             access_log=config.access_log,
             log_level=config.log_level,
             log_format=config.log_format,
+            metrics_batch_ids=config.metrics_batch_ids,
             public_docs=config.public_docs,
             on_model_failure=config.on_model_failure,
             tune_malloc=config.tune_malloc,

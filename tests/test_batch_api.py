@@ -194,6 +194,9 @@ def test_the_limits_refuse_before_any_work(app_client):
         api.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     with pytest.raises(openai.BadRequestError, match="completion_window"):
         api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="forever")
+    for window in ("24h\n", "24h ", " 24h", "0h", "1000h"):  # a window with anything around it is a 400, not a 500
+        with pytest.raises(openai.BadRequestError, match="completion_window"):
+            api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window=window)
     failed = wait(
         api, api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id
     )
@@ -213,7 +216,9 @@ def test_a_key_may_have_so_many_batches_unfinished_and_a_cancelled_one_ends(tmp_
     real_load = ModelPool.load
     monkeypatch.setattr(ModelPool, "load", lambda self, **kw: gate.wait(30) and real_load(self, **kw))
     limits = Limits(max_batches_in_flight=3)
-    settings = Settings(api_keys=KEYS, models=MODELS, tune_malloc=False, batch_dir=str(tmp_path), limits=limits)
+    settings = Settings(
+        api_keys=KEYS, models=MODELS, tune_malloc=False, batch_dir=str(tmp_path), limits=limits, metrics_batch_ids=True
+    )
     with TestClient(create_app(settings)) as client:
         api, other = sdk(client, KEYS[0]), sdk(client, KEYS[1])
         uploaded = api.files.create(file=("in.jsonl", jsonl([embed_line(i) for i in range(50)])), purpose="batch")
@@ -324,3 +329,34 @@ def test_an_unreachable_batch_database_answers_503_with_retry_after_never_500(tm
             assert "127.0.0.1" not in resp.text  # the server's address stays in the log
         assert client.get("/metrics", headers=auth).status_code == 200
         assert direct(client, KEYS[0], "/v1/embeddings", {"model": "enc", "input": "still served"})[0] == 200
+
+
+def test_a_compressed_upload_is_refused_not_read_as_plain(app_client):
+    """An upload declared compressed is a 415 (the form is not decompressed): it used to be stored as if it
+    were plain, bytes that no line of could be read."""
+    body = jsonl([embed_line(0)])
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    for encoding in ("br", "gzip", "deflate"):
+        resp = app_client.post(
+            "/v1/files",
+            files={"file": ("in.jsonl", body)},
+            data={"purpose": "batch"},
+            headers={**auth, "Content-Encoding": encoding},
+        )
+        assert resp.status_code == 415 and resp.json()["error"]["code"] == "unsupported_media_type", resp.text
+        assert encoding in resp.json()["error"]["message"]
+    plain = app_client.post("/v1/files", files={"file": ("in.jsonl", body)}, data={"purpose": "batch"}, headers=auth)
+    assert plain.status_code == 200
+    assert app_client.get("/v1/files", headers=auth).json()["data"] == [plain.json()]
+
+
+def test_metrics_show_no_batch_id_unless_asked(app_client):
+    """Any key may read /metrics: by default it sums every key's unfinished batches, naming none."""
+    api = sdk(app_client, KEYS[0])
+    uploaded = api.files.create(file=("in.jsonl", jsonl([embed_line(i) for i in range(3)])), purpose="batch")
+    made = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    metrics = app_client.get("/metrics", headers={"Authorization": f"Bearer {KEYS[1]}"}).text
+    assert made.id not in metrics and uploaded.id not in metrics
+    assert re.search(r"^embedrank_batches_unfinished [01]\.0$", metrics, re.M)
+    assert re.search(r'^embedrank_batch_lines_done\{outcome="completed"\} \d+\.0$', metrics, re.M)
+    assert re.search(r"^embedrank_batch_lines_waiting \d+\.0$", metrics, re.M)

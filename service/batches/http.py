@@ -53,7 +53,9 @@ UNAVAILABLE = {
 READ = {status: ERRORS[status] for status in (400, 401)} | NOT_FOUND | UNAVAILABLE  # what a GET may answer
 IN_USE = {409: ResponseSpec(data_container=ErrorResponse, description="The file is the input of an unfinished batch")}
 CANCEL = {status: ERRORS[status] for status in (400, 401, 415)} | NOT_FOUND
-WINDOW = r"^([1-9][0-9]{0,3}m|[1-9][0-9]{0,2}h)$"  # 1 to 9999 minutes, or 1 to 999 hours
+# 1 to 9999 minutes, or 1 to 999 hours, and nothing after ("$" would let a final newline through, in Python's
+# regular expressions and in JSON Schema's)
+WINDOW = r"^([1-9][0-9]{0,3}m|[1-9][0-9]{0,2}h)(?![\s\S])"
 if TYPE_CHECKING:
     BatchUrl = str
 else:  # the urls of the endpoint table that batch lines may name, as one literal (its values in the OpenAPI schema)
@@ -215,15 +217,20 @@ class BatchService:
         await self.worker.run()
 
     def collect(self) -> Iterator[Metric]:
-        """The batches' progress for ``/metrics``, read from the store at each scrape: each unfinished batch's
-        lines, lines recorded and lines waiting (its queue depth), and the lines this process recorded."""
+        """The batches' progress for ``/metrics``, read from the store at each scrape: the unfinished batches,
+        their lines waiting (the queue depth) and done, and the lines this process recorded. Summed over
+        every key's batches: any key may read ``/metrics``, so batch ids appear (one series per batch) only
+        when ``metrics_batch_ids`` is set."""
+        by_batch = self.settings.metrics_batch_ids
+        labels = ["batch"] if by_batch else []
+        unfinished = GaugeMetricFamily("embedrank_batches_unfinished", "Batches not finished (every key's)")
         waiting = GaugeMetricFamily(
-            "embedrank_batch_lines_waiting", "Lines of an unfinished batch not yet recorded", labels=["batch"]
+            "embedrank_batch_lines_waiting", "Lines of unfinished batches not yet recorded", labels=labels
         )
         done = GaugeMetricFamily(
             "embedrank_batch_lines_done",
-            "Lines of an unfinished batch recorded, by outcome",
-            labels=["batch", "outcome"],
+            "Lines of unfinished batches recorded, by outcome",
+            labels=[*labels, "outcome"],
         )
         recorded = CounterMetricFamily(
             "embedrank_batch_lines_recorded", "Batch lines this process has recorded (rate: lines per second)"
@@ -235,11 +242,17 @@ class BatchService:
                 rows = self._store.batches_in(*ACTIVE)
             except DatabaseUnavailableError as exc:  # the scrape still answers, without the batches' rows
                 logger.warning("/metrics: the Batch API's database: %s", exc)
-        for row in rows:
-            waiting.add_metric([row["id"]], row["total"] - row["completed"] - row["failed"])
-            done.add_metric([row["id"], "completed"], row["completed"])
-            done.add_metric([row["id"], "failed"], row["failed"])
-        yield from (waiting, done, recorded)
+        unfinished.add_metric([], len(rows))
+        if by_batch:
+            for row in rows:
+                waiting.add_metric([row["id"]], row["total"] - row["completed"] - row["failed"])
+                done.add_metric([row["id"], "completed"], row["completed"])
+                done.add_metric([row["id"], "failed"], row["failed"])
+        else:
+            waiting.add_metric([], sum(row["total"] - row["completed"] - row["failed"] for row in rows))
+            done.add_metric(["completed"], sum(row["completed"] for row in rows))
+            done.add_metric(["failed"], sum(row["failed"] for row in rows))
+        yield from (unfinished, waiting, done, recorded)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
