@@ -633,3 +633,17 @@ def test_leases_are_read_on_the_database_clock_so_a_replica_ahead_in_time_takes_
     assert store.claim("replica-b", lease_seconds=60) is None
     assert not store.renew("replica-b", Chunk(batch["id"], 0, 0, 2, 0, len(content)), 60)
     assert store.renew("replica-a", Chunk(batch["id"], 0, 0, 2, 0, len(content)), 60)
+
+
+def test_an_error_quotes_at_most_200_characters_of_a_line_so_the_batch_object_stays_small(store):
+    """Sixty lines whose url is a megabyte each: the batch's errors quote 200 characters of each, not all."""
+    huge = "/v1/" + "x" * 1_000_000
+    content = b"".join(line(f"req-{i}", {"input": "x"}, url=huge) for i in range(60))
+    batch = new_batch(store, content)
+    asyncio.run(serve(store, finished(store, batch["id"])))
+    failed = store.get_batch(OWNER, batch["id"])
+    errors = json.loads(failed["errors"])
+    assert failed["status"] == "failed" and len(errors) == 60
+    assert all(e["code"] == "mismatched_url" and len(e["message"]) < 400 for e in errors)
+    assert "(1000004 characters)" in errors[0]["message"]
+    assert len(failed["errors"]) < 30_000

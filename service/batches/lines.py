@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from embedrank.errors import ModelUnavailableError, NotReadyError, OverloadedError
+from embedrank.errors import ModelUnavailableError, NotReadyError, OverloadedError, shorten
 from service import request_ids
 from service.batches.store import Chunk
 from service.context import Context
@@ -33,6 +33,7 @@ BATCH_PRIORITY = 1_000_000
 a client may ask for below it."""
 
 MAX_REPORTED_ERRORS = 100  # errors listed for a malformed input file (OpenAI lists them per line)
+QUOTED = 200  # characters of a line's own value an error quotes at most: a batch object stays small
 
 
 class InputLine(msgspec.Struct):
@@ -107,12 +108,15 @@ def _check(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, str] | None:
     if not line.custom_id:
         return "missing_custom_id", "custom_id is empty"
     if line.custom_id in seen:
-        return "duplicate_custom_id", f"custom_id {line.custom_id!r} is used by an earlier line; each must be unique"
+        return (
+            "duplicate_custom_id",
+            f"custom_id {shorten(line.custom_id, QUOTED)!r} is used by an earlier line; each must be unique",
+        )
     seen.add(line.custom_id)
     if line.method != "POST":
-        return "invalid_method", f"method must be POST, got {line.method!r}"
+        return "invalid_method", f"method must be POST, got {shorten(line.method, QUOTED)!r}"
     if line.url != endpoint:
-        return "mismatched_url", f"url {line.url!r} is not the batch's endpoint {endpoint!r}"
+        return "mismatched_url", f"url {shorten(line.url, QUOTED)!r} is not the batch's endpoint {endpoint!r}"
     if not bytes(line.body).startswith(b"{"):  # the line is valid JSON: its body is an object or it is not
         return "invalid_request_line", "the line's body is not a JSON object"
     return None
