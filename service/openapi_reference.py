@@ -57,14 +57,14 @@ def type_text(schema: dict[str, Any]) -> str:
             return " or ".join(dict.fromkeys(type_text(part) for part in schema[key]))
     if "enum" in schema:
         return " or ".join(f"`{json.dumps(value)}`" for value in schema["enum"])
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        return " or ".join(kind)
-    if kind == "array":
+    json_type = schema.get("type")
+    if isinstance(json_type, list):
+        return " or ".join(json_type)
+    if json_type == "array":
         return f"array of {type_text(schema.get('items', {}))}"
-    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+    if json_type == "object" and isinstance(schema.get("additionalProperties"), dict):
         return f"object of {type_text(schema['additionalProperties'])}"
-    return str(kind or "any")
+    return str(json_type or "any")
 
 
 def _constraints(schema: dict[str, Any]) -> list[str]:
