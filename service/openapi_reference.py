@@ -159,8 +159,8 @@ def render_reference(document: dict[str, Any] | None = None) -> str:
             for p in parameters:
                 required = "yes" if p.get("required") else ""
                 text = _cell(p.get("description", "") + _default(p.get("schema", {})))
-                kind = _cell(type_text(p.get("schema", {})))
-                lines.append(f"| `{p['name']}` | {p['in']} | {kind} | {required} | {text} |")
+                shape = _cell(type_text(p.get("schema", {})))
+                lines.append(f"| `{p['name']}` | {p['in']} | {shape} | {required} | {text} |")
             lines.append("")
         body = operation.get("requestBody")
         if body:
