@@ -360,3 +360,19 @@ def test_metrics_show_no_batch_id_unless_asked(app_client):
     assert re.search(r"^embedrank_batches_unfinished [01]\.0$", metrics, re.M)
     assert re.search(r'^embedrank_batch_lines_done\{outcome="completed"\} \d+\.0$', metrics, re.M)
     assert re.search(r"^embedrank_batch_lines_waiting \d+\.0$", metrics, re.M)
+
+
+def test_a_file_name_with_a_control_character_is_refused(app_client):
+    """A NUL byte in a file's name was a 500 on PostgreSQL, with the file left on disk: refused on every database."""
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    for name in (b"in\x00.jsonl", b"in\x1b[31m.jsonl"):  # sent as raw bytes (clients may percent-encode them)
+        body = (
+            b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="file"; filename="' + name + b'"\r\n'
+            b"Content-Type: application/jsonl\r\n\r\n" + jsonl([embed_line(0)]) + b"\r\n--b--\r\n"
+        )
+        resp = app_client.post(
+            "/v1/files", content=body, headers={**auth, "Content-Type": "multipart/form-data; boundary=b"}
+        )
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "file", resp.text
+    assert app_client.get("/v1/files", headers=auth).json()["data"] == []

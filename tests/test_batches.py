@@ -647,3 +647,15 @@ def test_an_error_quotes_at_most_200_characters_of_a_line_so_the_batch_object_st
     assert all(e["code"] == "mismatched_url" and len(e["message"]) < 400 for e in errors)
     assert "(1000004 characters)" in errors[0]["message"]
     assert len(failed["errors"]) < 30_000
+
+
+def test_a_file_whose_row_cannot_be_written_leaves_nothing_on_disk(store, monkeypatch):
+    from service.batches.database import DatabaseUnavailableError
+
+    def unreachable() -> Any:
+        raise DatabaseUnavailableError("the database went away")
+
+    monkeypatch.setattr(store, "_write", unreachable)
+    with pytest.raises(DatabaseUnavailableError):
+        store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(1))
+    assert list((store.root / "files").iterdir()) == []

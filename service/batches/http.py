@@ -359,14 +359,15 @@ async def upload_file(request: Request[Any, Any, Any], state: State) -> FileObje
         raise invalid(f"purpose must be 'batch', got {str(purpose)[:50]!r}", param="purpose")
     if upload is None or isinstance(upload, str):
         raise invalid("the form has no file part named 'file'", param="file", code="missing_field")
+    filename = upload.filename or "input.jsonl"
+    if any(ord(c) < 32 or ord(c) == 127 for c in filename):  # a NUL byte no database stores, a newline in a log
+        raise invalid("the file's name holds a control character (a NUL byte, a newline)", param="file")
     content = await upload.read()
     if len(content) > limit:
         raise APIError(
             413, f"the file is {len(content)} bytes; the limit is max_file_bytes={limit}", code="file_too_large"
         )
-    row = await asyncio.to_thread(
-        (await _store(state)).add_file, owner_of(request), (upload.filename or "input.jsonl")[:255], "batch", content
-    )
+    row = await asyncio.to_thread((await _store(state)).add_file, owner_of(request), filename[:255], "batch", content)
     return file_object(row)
 
 

@@ -162,7 +162,8 @@ class BatchStore:
         return self.root / "files" / file_id
 
     def add_file(self, owner: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
-        """Store ``content`` as a file of ``owner`` (written and synced before its row exists). Returns its row."""
+        """Store ``content`` as a file of ``owner`` (written and synced before its row exists, removed if the row
+        cannot be written). Returns its row."""
         file_id = new_id("file-")
         _write_synced(self.file_path(file_id), [content])
         row = {
@@ -174,12 +175,16 @@ class BatchStore:
             "created_at": int(time.time()),
             "expires_at": None,
         }
-        with self._write() as db:
-            db.execute(
-                "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                tuple(row.values()),
-            )
+        try:
+            with self._write() as db:
+                db.execute(
+                    "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    tuple(row.values()),
+                )
+        except BaseException:  # no row: the file would be one nothing can list or delete
+            self.file_path(file_id).unlink(missing_ok=True)
+            raise
         return {"seq": None, **row}
 
     def add_file_from(self, owner: str, file_id: str, filename: str, parts: Sequence[Path | bytes]) -> str | None:
