@@ -72,10 +72,11 @@ def remove_unfinished() -> list[Path]:
 
 def build_lock(target: Path) -> contextlib.AbstractContextManager[object]:
     """A lock that the processes of this machine building ``target`` take turns on: a file in the temporary
-    directory named by a digest of ``target``'s absolute path."""
+    directory (a folder per user) named by a digest of ``target``'s absolute path."""
     from filelock import FileLock
 
-    locks = Path(tempfile.gettempdir()) / "embedrank-locks"
+    uid = getattr(os, "getuid", lambda: 0)()  # one folder per user: another user's is not writable
+    locks = Path(tempfile.gettempdir()) / f"embedrank-locks-{uid}"
     locks.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(str(Path(target).resolve()).encode()).hexdigest()[:32]
     return FileLock(locks / f"{digest}.lock")
