@@ -139,10 +139,10 @@ def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | st
     return float_json(vector) if np.issubdtype(vector.dtype, np.floating) else vector.tolist()  # type: ignore[no-any-return]
 
 
-def embed_options(req: EmbeddingsRequest, limits: Limits, **given: Any) -> EmbedOptions:
-    """Every option of ``req`` as the core's :class:`~embedrank.serving.options.EmbedOptions`, within
-    ``limits``; ``given`` sets the options another protocol's request words differently (``normalize``,
-    ``truncation_side``, ``cached``, ``fields``)."""
+def embed_options(req: EmbeddingsRequest, ctx: Context, **given: Any) -> EmbedOptions:
+    """Every option of ``req`` as the core's :class:`~embedrank.serving.options.EmbedOptions`, within the
+    context's limits and with its use of the vector cache; ``given`` sets the options another protocol's
+    request words differently (``normalize``, ``truncation_side``, ``fields``)."""
     return EmbedOptions(
         input_type=req.input_type,
         prompt_name=req.prompt_name,
@@ -151,8 +151,9 @@ def embed_options(req: EmbeddingsRequest, limits: Limits, **given: Any) -> Embed
         truncate=req.truncate,
         priority=req.priority,
         chunking=Chunking(overlap=req.chunk_overlap) if req.chunking else None,
-        budget=limits.max_request_tokens,
-        multi_budget=limits.max_multivector_tokens,
+        budget=ctx.limits.max_request_tokens,
+        multi_budget=ctx.limits.max_multivector_tokens,
+        cached=ctx.cached,
         **given,
     )
 
@@ -167,7 +168,7 @@ async def embed_vectors(req: EmbeddingsRequest, ctx: Context, options: EmbedOpti
 
 async def create_embeddings(req: EmbeddingsRequest, ctx: Context) -> tuple[EmbeddingList, int]:
     """Embeddings. Returns the body and the number of inputs that were truncated."""
-    options = embed_options(req, ctx.limits, cached=ctx.cached)
+    options = embed_options(req, ctx)
     embedded = await embed_vectors(req, ctx, options, token_ids=ctx.settings.token_ids)
     out, compact = embedded.output, embedded.compact
     fmt = req.encoding_format

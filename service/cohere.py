@@ -111,7 +111,7 @@ async def embed(req: CohereEmbedRequest, ctx: Context, *, version: str) -> tuple
     truncated count."""
     inner = _request(req, ctx.pool, version)
     side: Literal["left", "right"] = "left" if req.truncate == "START" else "right"
-    options = api.embed_options(inner, ctx.limits, truncation_side=side, cached=ctx.cached, fields=COHERE_FIELDS)
+    options = api.embed_options(inner, ctx, truncation_side=side, fields=COHERE_FIELDS)
     embedded = await api.embed_vectors(inner, ctx, options, token_ids=ctx.settings.token_ids)
     out, compact = embedded.output, embedded.compact
     types = req.embedding_types or (["float"] if version == "2" else [])

@@ -25,9 +25,5 @@ class Context:
 
     @classmethod
     def of(cls, pool: ModelPool, settings: Settings) -> Context:
-        """The context of direct requests."""
+        """The context of direct requests (batch lines make theirs with ``cached=True``)."""
         return cls(pool, settings, cached=settings.embedding_cache_direct)
-
-    def for_batches(self) -> Context:
-        """The context of batch lines: vectors of texts embedded before come from the cache."""
-        return dataclasses.replace(self, cached=True)

@@ -176,9 +176,7 @@ async def embed(req: TEIEmbedRequest, ctx: Context) -> tuple[list[list[float]], 
         truncate=req.truncate is not False,
     )
     side: Literal["left", "right"] = "left" if req.truncation_direction.lower() == "left" else "right"
-    options = api.embed_options(
-        inner, ctx.limits, normalize=req.normalize, truncation_side=side, cached=ctx.cached, fields=TEI_FIELDS
-    )
+    options = api.embed_options(inner, ctx, normalize=req.normalize, truncation_side=side, fields=TEI_FIELDS)
     embedded = await api.embed_vectors(inner, ctx, options, token_ids=False)
     return api.float_json(embedded.output.embeddings), embedded.output.truncated_count
 

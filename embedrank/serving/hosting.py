@@ -329,7 +329,8 @@ class HostedModel:
                 f'model {label!r} is {what}: ask for embedding_types ["{sole}"]; compact types do not apply',
                 param=options.fields.types,
             )
-        prompt, extra = chosen.prompt, cast(dict[str, Any], {})
+        prompt = chosen.prompt
+        extra: dict[str, Any] = {}
         if sole == "multivector":  # a query's or a document's token vectors, marked by the model's own tokens
             extra["query"] = chosen.task == "query"
             prompt = ""
