@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -96,6 +96,10 @@ bench-rerank: setup
 
 bench-service: setup
 	$(RECORD) service "HTTP service throughput against in-process encoding" -- $(PY) eval/bench_service.py --servers default int8 --clients 32 --rounds 2
+	$(PY) eval/render_benchmarks.py
+
+bench-tracing: setup
+	$(RECORD) tracing "Tracing's cost: every request traced and exported against no tracing" -- $(PY) eval/bench_service.py --servers default traced --clients 1 32 --rounds 2
 	$(PY) eval/render_benchmarks.py
 
 bench-fairness: setup

@@ -25,13 +25,15 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, RedocRenderPlugin, SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
+from opentelemetry.sdk.trace import TracerProvider
 
 import embedrank
 from embedrank.errors import ConfigurationError, shorten
+from embedrank.serving import tracing as core_tracing
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
 from embedrank.serving.vector_cache import VectorCache
-from service import logs, process, shutdown
+from service import logs, process, shutdown, tracing
 from service.auth import BearerAuth
 from service.batches.http import FILE_HANDLERS, FORM_PATHS, BatchService
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
@@ -115,19 +117,26 @@ async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
 
 
 def create_app(
-    settings: Settings | None = None, *, wait_for_models: bool = False, models: Mapping[str, Any] | None = None
+    settings: Settings | None = None,
+    *,
+    wait_for_models: bool = False,
+    models: Mapping[str, Any] | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> Litestar:
     """Build the app from ``settings`` (default: the environment, see :mod:`service.settings`).
 
     ``wait_for_models=True`` loads the models before serving. ``models`` maps ids to already-built models
     (e.g. ``{"fake": FakeEncoder()}`` from :mod:`embedrank.testing.fake`) to serve instead of loading the
-    configured ones; the fast HTTP tests use it.
+    configured ones; the fast HTTP tests use it. ``tracer_provider`` records OpenTelemetry traces of the
+    requests and their work (default: none; from the environment, what its ``OTEL_*`` variables ask for,
+    :mod:`service.tracing`).
     """
     if settings is None:  # the process's entry point (litestar run, uvicorn --factory)
         try:
             settings = Settings.from_env()
             logging.getLogger("embedrank").setLevel(settings.log_level.upper())
-            app = create_app(settings, wait_for_models=wait_for_models, models=models)
+            provider = tracer_provider or tracing.provider_from_env()
+            app = create_app(settings, wait_for_models=wait_for_models, models=models, tracer_provider=provider)
             if settings.log_format == "json":  # the server and the app have set their logging up: JSON from here
                 logs.use_json_lines()
             return app
@@ -186,6 +195,7 @@ def create_app(
             service.status = "draining"
 
         shutdown.install(draining, drain, settings.drain_seconds)
+        core_tracing.use(tracer_provider)
         service.load_task = asyncio.get_running_loop().create_task(_load(service, exit_on_failure=server is not None))
         batch_worker = asyncio.get_running_loop().create_task(service.batches.run())  # type: ignore[union-attr]
         if deadline is not None:
@@ -202,6 +212,9 @@ def create_app(
             batch_worker.cancel()  # a chunk in flight is not recorded: it runs again after the restart
             await asyncio.gather(batch_worker, return_exceptions=True)
             await service.pool.drain(settings.drain_seconds)
+            if tracer_provider is not None:  # what is still batched for export goes out before the exit
+                core_tracing.use(None)
+                await asyncio.to_thread(tracer_provider.force_flush)
             if server is not None:  # a thread still loading or writing does not hold the exit up
                 process.exit_soon(process.exit_code(signals[0] if signals else None))
 
@@ -221,7 +234,9 @@ def create_app(
         else BearerAuth(keys, open_preflights=bool(settings.cors_origins), open_paths=open_paths)
     )
     service.auth = auth  # the exception handler checks it for paths that are no route (no middleware runs there)
-    tracking = RequestMiddleware(service.metrics, auth, inflight, access_log=settings.access_log)
+    tracking = RequestMiddleware(
+        service.metrics, auth, inflight, access_log=settings.access_log, traced=tracer_provider is not None
+    )
     middleware = [tracking]
     app = Litestar(
         route_handlers=[
@@ -272,4 +287,6 @@ def create_app(
     complete_openapi(app, settings.limits, service.pool, settings.token_ids)
     if not settings.cors_origins:  # CORS headers come from Litestar's middleware: those requests take the routes
         app.asgi_handler = EmbeddingsFastPath(app, app.asgi_handler, service, tracking)
+    if tracer_provider is not None:  # outermost: the server span covers the fast path too
+        app.asgi_handler = tracing.traced(app.asgi_handler, tracer_provider, service.metrics.route_of)
     return app

@@ -72,11 +72,15 @@ class Metrics:
             registry=self.registry,
         )
 
+    def route_of(self, path: str) -> str:
+        """The route ``path`` is counted under: itself, the template of a route with path parameters
+        (``/v1/files/{file_id:str}``), or ``other``."""
+        return path if path in self.routes else next((t for t in self._templates if matches_route(t, path)), "other")
+
     def observe_request(self, path: str, method: str, status: int, seconds: float) -> None:
         """Count one HTTP request and its latency under its route (a route with path parameters under its
         template, ``/v1/files/{file_id:str}``); unknown paths are counted as route ``other``."""
-        route = path if path in self.routes else next((t for t in self._templates if matches_route(t, path)), "other")
-        key = (route, method, status)
+        key = (self.route_of(path), method, status)
         children = self._request_children.get(key)
         if children is None:  # label lookups take a lock; do them once per (route, method, status)
             route, _, _ = key

@@ -46,9 +46,10 @@ def _fast_tests_start_no_process(request, monkeypatch):
 
 
 @contextlib.contextmanager
-def _fake_service(models: dict, *, key: str = "test-key", settings=None, **overrides):
+def _fake_service(models: dict, *, key: str = "test-key", settings=None, tracer_provider=None, **overrides):
     """The one way the HTTP tests start the app on weightless fakes: ``models`` by id, a bearer ``key`` sent
-    with every request, no batching wait; ``settings`` or keyword ``overrides`` change the rest."""
+    with every request, no batching wait; ``settings`` or keyword ``overrides`` change the rest;
+    ``tracer_provider`` records the requests' traces."""
     from litestar.testing import TestClient
 
     from embedrank.serving.engine import EngineConfig
@@ -57,7 +58,8 @@ def _fake_service(models: dict, *, key: str = "test-key", settings=None, **overr
 
     if settings is None:
         settings = Settings(api_keys=(key,), engine=EngineConfig(max_wait_ms=0), tune_malloc=False, **overrides)
-    with TestClient(create_app(settings, wait_for_models=True, models=models)) as client:
+    app = create_app(settings, wait_for_models=True, models=models, tracer_provider=tracer_provider)
+    with TestClient(app) as client:
         client.headers.update({"Authorization": f"Bearer {key}"})
         yield client
 

@@ -16,6 +16,7 @@ from embedrank.math.similarity import l2_normalize
 from embedrank.models.checks import too_long_error
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.tokens import TokenRow
+from embedrank.serving import tracing
 from embedrank.serving.inputs import check_budget, field_of, first_cut, plan_chunks
 from embedrank.serving.late import LateInteractionRunner
 from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, Refusal, RerankOptions, refuse
@@ -74,7 +75,8 @@ class AsyncColBERTEncoder(LateInteractionRunner):
     ) -> list[TokenRow]:
         """Tokenize off the event loop and check the bounds: ``budget`` tokens, ``multi_budget`` token vectors;
         with ``fields`` (truncation off), the first cut text is refused, named by request field."""
-        rows = await asyncio.to_thread(partial(self.model.tokenize_rows, list(texts), query=query))
+        with tracing.tokenizing(len(texts)):
+            rows = await asyncio.to_thread(partial(self.model.tokenize_rows, list(texts), query=query))
         check_budget(rows, budget)
         vectors = sum(int(r.tokens["keep"].sum()) for r in rows)
         if multi_budget is not None and vectors > multi_budget:

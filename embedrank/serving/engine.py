@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from embedrank.errors import InvalidInputError, NotReadyError, OverloadedError
+from embedrank.serving import tracing
 from embedrank.serving.scheduler import FairQueue, QueuedJob
 from embedrank.types import ModelOutput
 
@@ -61,6 +62,7 @@ class _Job(QueuedJob):
     token_counts: list[int]
     truncated: list[bool]
     remaining: int  # items whose results have not arrived
+    trace: tracing.Queued | None = None  # its context and submission time, when it is traced
 
     def output(self) -> ModelOutput:
         return ModelOutput(np.stack([np.asarray(v) for v in self.values]), self.token_counts, self.truncated)
@@ -209,6 +211,7 @@ class BatchEngine(Generic[Item]):
             token_counts=[0] * n,
             truncated=[False] * n,
             remaining=n,
+            trace=tracing.queued(),
         )
         with self._cond:
             if self._queue.queued + n > self.config.max_queue_items:
@@ -341,13 +344,14 @@ class BatchEngine(Generic[Item]):
                     self.on_idle()
                 continue
             start = self.clock()
+            tokens = sum(job.est[i] for job, i in batch)
             outcome: ModelOutput | Exception
             try:
-                outcome = self.model.run_batch([job.items[i] for job, i in batch])
+                with self._traced(batch, tokens):
+                    outcome = self.model.run_batch([job.items[i] for job, i in batch])
             except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
                 outcome = exc
             seconds = self.clock() - start
-            tokens = sum(job.est[i] for job, i in batch)
             with self._cond:
                 self._computing -= len(batch)
                 self._computing_tokens -= tokens
@@ -358,6 +362,23 @@ class BatchEngine(Generic[Item]):
                 self._loop.call_soon_threadsafe(self._deliver, batch, outcome, seconds)
             except RuntimeError:  # the event loop is closed: nobody is waiting any more
                 return
+
+    def _traced(self, batch: list[tuple[_Job, int]], tokens: int) -> contextlib.AbstractContextManager[None]:
+        """The forward pass's span (:func:`embedrank.serving.tracing.forward`), after each traced job of the batch
+        that had waited for its first batch has its queue wait recorded; nothing while tracing is off."""
+        if tracing.tracer() is None:
+            return contextlib.nullcontext()
+        traced = list({id(job.trace): job.trace for job, _ in batch if job.trace is not None}.values())
+        now = time.time_ns()
+        for queued in traced:
+            queued.waited(now)
+        padded = max(job.est[i] for job, i in batch) * len(batch)
+        attributes = {
+            "embedrank.batch.items": len(batch),
+            "embedrank.batch.padded_tokens": padded,
+            "embedrank.batch.tokens": tokens,
+        }
+        return tracing.forward(traced, attributes)
 
     # -- results (event loop) ----------------------------------------------------------------------
     def _deliver(self, batch: list[tuple[_Job, int]], outcome: ModelOutput | Exception, seconds: float) -> None:

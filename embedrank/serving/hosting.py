@@ -37,6 +37,7 @@ from embedrank.models.tokens import TokenSpan
 from embedrank.registry import ModelSpec, kind_of
 from embedrank.runtime.devices import GPU_MAX_BATCH_TOKENS as GPU_MAX_BATCH_TOKENS  # the settings' reference names it
 from embedrank.runtime.devices import gpu_batch_tokens
+from embedrank.serving import tracing
 from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.m3 import AsyncM3Encoder
@@ -335,7 +336,9 @@ class HostedModel:
             extra["query"] = chosen.task == "query"
             prompt = ""
         runner = cast(DenseRunner, chosen.runner)  # the kind declares embeddings: the pool checked
+        tracing.note_operation("embeddings")
         out = await runner.embed(texts, options, prompt=prompt, **extra)
+        tracing.note_operation("embeddings", out.total_tokens)
         compact = [t for t in types if t not in outputs]  # a SPLADE's "float" is empty
         ranges = await runner.quantization_ranges(options.dimensions) if {"int8", "uint8"} & set(compact) else None
         return Embedded(
@@ -351,7 +354,9 @@ class HostedModel:
         default), ties by input order. Token counts cover the query (first) and every document."""
         extra: dict[str, Any] = {"query_runner": self.runner_for("query")} if self.branch_table else {}
         runner = cast(RerankRunner, self.runner_for("document"))
+        tracing.note_operation("rerank")
         out = await runner.rerank(query, documents, options, **extra)
+        tracing.note_operation("rerank", out.total_tokens)
         return Reranked(out, rank_scores(out.scores, options.top_n))
 
     async def sparse(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS) -> Embedded:
@@ -359,7 +364,9 @@ class HostedModel:
         asks for (:meth:`resolve`): the output's rows ``(N, V)`` of ``scipy.sparse`` in input order, and each
         as ``(indices, values)``."""
         chosen = self.resolve(input_type=options.input_type, prompt_name=options.prompt_name)
+        tracing.note_operation("embeddings")
         out = await cast(EmbeddingRunner, chosen.runner).embed(texts, options, prompt=chosen.prompt)
+        tracing.note_operation("embeddings", out.total_tokens)
         return Embedded(out, {}, sparse_rows(out.sparse))  # SPLADE, bge-m3
 
     async def count(

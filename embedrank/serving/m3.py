@@ -19,6 +19,7 @@ from embedrank.models.checks import too_long_error
 from embedrank.models.m3 import DEFAULT_WEIGHTS, M3Encoder, M3Output, M3Row, gather, query_scores
 from embedrank.models.prompts import with_prompt
 from embedrank.models.tokens import TokenRow
+from embedrank.serving import tracing
 from embedrank.serving.inputs import check_budget, first_cut
 from embedrank.serving.late import LateInteractionRunner
 from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, Refusal, RerankOptions, refuse
@@ -70,7 +71,8 @@ class AsyncM3Encoder(LateInteractionRunner):
     ) -> M3Output:
         """Tokenize, check the bounds (``budget`` tokens; ``multi_budget`` multi-vectors), then compute.
         ``param`` ``"query"`` names the first text the query and the rest ``documents[i]``."""
-        rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
+        with tracing.tokenizing(len(texts)):
+            rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
         check_budget(rows, budget)
         vectors = sum(r.length - 1 for r in rows)
         if multi_budget is not None and vectors > multi_budget:

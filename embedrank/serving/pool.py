@@ -37,6 +37,7 @@ from embedrank.runtime.backends import check_backend
 from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.exports import runs_on
+from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.hosting import KINDS, HostedModel, runtime_of
 from embedrank.serving.vector_cache import VectorCache
@@ -277,6 +278,7 @@ class ModelPool:
             ModelUnavailableError: the model was configured but could not be loaded; the message says why.
             ModelKindError: the model cannot serve ``capability``; the message lists those that can.
         """
+        tracing.note_model(model_id)
         served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
         failed = model_id if model_id in self.failed else self._failed_aliases.get(model_id)
         if served is None and failed is not None:

@@ -28,6 +28,7 @@ from embedrank.models.checks import too_long_error
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
 from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
+from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, cut_starts, field_of, first_cut, plan_chunks
 from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, RerankOptions
@@ -192,10 +193,11 @@ class AsyncEncoder(EncoderTokens):
         (truncation off), the first of the texts they cover that is cut at the maximum length is refused,
         named by request field."""
         skip = self.encoder.prompt_skip(prompt)  # pooling leaves the prompt out for some models
-        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # a few short texts: cheaper than the thread hop
-            rows = self.encoder.tokenize_rows(list(texts), skip=skip)
-        else:
-            rows = await asyncio.to_thread(partial(self.encoder.tokenize_rows, list(texts), skip=skip))
+        with tracing.tokenizing(len(texts)):
+            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # a few short texts: cheaper than the thread hop
+                rows = self.encoder.tokenize_rows(list(texts), skip=skip)
+            else:
+                rows = await asyncio.to_thread(partial(self.encoder.tokenize_rows, list(texts), skip=skip))
         check_budget(rows, budget)
         at = first_cut(rows, sum(size for _, size in fields)) if fields else None
         if at is not None:
@@ -434,7 +436,8 @@ class AsyncCrossEncoder:
         """The (query, document) pairs tokenized once, off the event loop; with truncation off, the first
         cut pair is refused as ``documents[i]`` (``owners[i]`` for a window)."""
         pairs = [(query, d) for d in documents]
-        rows = await asyncio.to_thread(self.cross_encoder.tokenize_rows, pairs)
+        with tracing.tokenizing(len(pairs)):
+            rows = await asyncio.to_thread(self.cross_encoder.tokenize_rows, pairs)
         check_budget(rows, budget)
         at = None if truncate else first_cut(rows)
         if at is not None:

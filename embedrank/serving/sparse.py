@@ -17,6 +17,7 @@ from embedrank.models.checks import too_long_error
 from embedrank.models.prompts import with_prompt
 from embedrank.models.tokens import TokenRow, TokenSpan
 from embedrank.registry import ModelSpec
+from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, first_cut
 from embedrank.serving.options import EMBED_DEFAULTS, EmbedOptions, Refusal, refuse
@@ -110,7 +111,8 @@ class AsyncSparseEncoder(EncoderTokens):
         over the vocabulary."""
         refuse(options, *REFUSED)
         texts = with_prompt(texts, prompt)
-        rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
+        with tracing.tokenizing(len(texts)):
+            rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
         check_budget(rows, options.budget)
         at = None if options.truncate else first_cut(rows)
         if at is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from embedrank.errors import NotReadyError
+from embedrank.serving import tracing
 from embedrank.serving.pool import ModelPool
 from service.batches.database import DatabaseUnavailableError
 from service.batches.lines import (
@@ -180,12 +181,22 @@ class BatchWorker:
 
     async def run_chunk(self, chunk: Chunk) -> None:
         """Run every line of ``chunk`` together and record its output and error lines. A chunk of a batch that
-        is cancelled meanwhile is given up (its lines not recorded, its claim released)."""
+        is cancelled meanwhile is given up (its lines not recorded, its claim released). Traced as one span
+        (``embedrank.batch_chunk``) with a child span per line (``embedrank.batch_line``)."""
+        attributes = {
+            "embedrank.batch.id": chunk.batch_id,
+            "embedrank.batch.chunk": chunk.number,
+            "embedrank.batch.lines": chunk.lines,
+        }
+        with tracing.span("embedrank.batch_chunk", attributes):
+            await self._run_chunk(chunk)
+
+    async def _run_chunk(self, chunk: Chunk) -> None:
         batch = await asyncio.to_thread(self.store.get_batch, None, chunk.batch_id)
         if batch is None:
             return
         lines = await asyncio.to_thread(_read_chunk, self.store.file_path(batch["input_file_id"]), chunk)
-        running = [asyncio.ensure_future(self._run(line)) for line in lines]
+        running = [asyncio.ensure_future(self._run(line, chunk.first_line + k)) for k, line in enumerate(lines)]
         work = asyncio.gather(*running)
         watching = asyncio.create_task(self._watch(chunk, work))
         try:
@@ -223,12 +234,17 @@ class BatchWorker:
                 chunk.number,
             )
 
-    async def _run(self, line: InputLine) -> tuple[int, bytes, str]:
-        """``line`` run (:func:`run_line`), again after a growing pause while the engine is overloaded.
+    async def _run(self, line: InputLine, number: int) -> tuple[int, bytes, str]:
+        """``line`` (request line ``number`` of its file, from 0) run (:func:`run_line`), again after a growing
+        pause while the engine is overloaded.
 
         Raises:
             Unready: the models are not ready (any more).
         """
+        with tracing.span("embedrank.batch_line", {"embedrank.batch.line": number}):
+            return await self._retried(line)
+
+    async def _retried(self, line: InputLine) -> tuple[int, bytes, str]:
         delay = 0.05
         while True:
             try:

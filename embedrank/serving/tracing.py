@@ -1,0 +1,131 @@
+"""OpenTelemetry spans of the serving core: what a request's trace shows beside its server span.
+
+Off until :func:`use` is given a tracer provider (the service does, when the standard ``OTEL_*`` variables ask
+for traces: :mod:`service.tracing`); while off every function here returns at once and records nothing.
+
+What is recorded, following OpenTelemetry's GenAI conventions where they apply:
+
+- on the span current when a model is asked (the request's server span, or a batch line's span):
+  ``gen_ai.request.model`` (the name the request used, :func:`note_model`), ``gen_ai.operation.name``
+  (``embeddings``, or ``rerank`` for reranking, which the conventions do not name) and
+  ``gen_ai.usage.input_tokens`` (:func:`note_operation`);
+- ``embedrank.tokenize``: a child span while a request's texts are tokenized (:func:`tokenizing`);
+- ``embedrank.queue_wait``: a child span from the moment a request's items were queued until its first item
+  went into a forward pass (:meth:`Queued.waited`);
+- ``embedrank.forward``: one span per forward pass of the engine (:func:`forward`), a child of the request
+  whose item leads the batch, linked to every request with items in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider
+
+OPERATION = "gen_ai.operation.name"
+REQUEST_MODEL = "gen_ai.request.model"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+
+_tracer: Tracer | None = None
+
+
+def use(provider: TracerProvider | None) -> None:
+    """Record spans through ``provider`` from now on (None: record nothing)."""
+    global _tracer
+    _tracer = provider.get_tracer("embedrank") if provider is not None else None
+
+
+def tracer() -> Tracer | None:
+    """The tracer spans are recorded with; None while tracing is off."""
+    return _tracer
+
+
+def _current() -> Span | None:
+    """The current span if it records, else None (also while tracing is off)."""
+    if _tracer is None:
+        return None
+    current = trace.get_current_span()
+    return current if current.is_recording() else None
+
+
+def note(name: str, value: str | int | float | bool) -> None:
+    """Set an attribute of the current span."""
+    if (current := _current()) is not None:
+        current.set_attribute(name, value)
+
+
+def note_model(model: str) -> None:
+    """Name the model the current request asked for (``gen_ai.request.model``)."""
+    if (current := _current()) is not None:
+        current.set_attribute(REQUEST_MODEL, model)
+
+
+def note_operation(operation: str, input_tokens: int | None = None) -> None:
+    """Mark the current span as a GenAI ``operation`` (``embeddings``, ``rerank``) and, once known, the tokens its
+    inputs cost."""
+    if (current := _current()) is not None:
+        current.set_attribute(OPERATION, operation)
+        if input_tokens is not None:
+            current.set_attribute(INPUT_TOKENS, input_tokens)
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[None]:
+    """A child span of the current one around the block (nothing while tracing is off)."""
+    if _tracer is None:
+        yield
+        return
+    with _tracer.start_as_current_span(name, attributes=attributes):
+        yield
+
+
+def tokenizing(texts: int) -> contextlib.AbstractContextManager[None]:
+    """The span of a request's tokenization of ``texts`` texts (or pairs)."""
+    return span("embedrank.tokenize", {"embedrank.tokenize.texts": texts})
+
+
+class Queued:
+    """What the engine keeps of a request to trace it: the context it was submitted in and when."""
+
+    __slots__ = ("context", "queued_ns", "started")
+
+    def __init__(self) -> None:
+        self.context = otel_context.get_current()
+        self.queued_ns = time.time_ns()
+        self.started = False  # whether one of its items has gone into a forward pass
+
+    def span_context(self) -> trace.SpanContext:
+        return trace.get_current_span(self.context).get_span_context()
+
+    def waited(self, until_ns: int) -> None:
+        """Record the request's queue wait, once: from its submission to ``until_ns``."""
+        if self.started or _tracer is None:
+            return
+        self.started = True
+        _tracer.start_span(
+            "embedrank.queue_wait", context=self.context, start_time=self.queued_ns, kind=SpanKind.INTERNAL
+        ).end(end_time=until_ns)
+
+
+def queued() -> Queued | None:
+    """A new request's :class:`Queued`, when tracing is on and it is part of a recorded trace."""
+    return Queued() if _current() is not None else None
+
+
+@contextlib.contextmanager
+def forward(requests: Sequence[Queued], attributes: dict[str, Any]) -> Iterator[None]:
+    """The span of one forward pass over items of ``requests`` (those traced; the first leads the batch):
+    a child of the first one's span, linked to each of them. Nothing without a traced request."""
+    if _tracer is None or not requests:
+        yield
+        return
+    links = [Link(r.span_context()) for r in requests]
+    with _tracer.start_as_current_span(
+        "embedrank.forward", context=requests[0].context, links=links, attributes=attributes
+    ):
+        yield
