@@ -1,10 +1,13 @@
-"""Render the documentation's benchmarks page from the result files ``eval/record.py`` writes.
+"""Render the documentation's benchmark pages from the result files ``eval/record.py`` writes.
 
-    python eval/render_benchmarks.py            # writes docs/benchmarks.md, docs/models.md, eval/results/suite.md
+    python eval/render_benchmarks.py            # writes docs/benchmarks.md, docs/benchmark-records.md,
+                                                # docs/models.md, eval/results/suite.md
     python eval/render_benchmarks.py --check    # exit 1 if a page is not what the files render to
 
-Each result is shown with its command, date, wall time, CPU (model, cores, vector flags) and library
-versions, then what the benchmark printed. No figure reaches the page any other way.
+The benchmarks page holds tables: the headline figure of each result (read from its output) with its CPU and
+date, and each record's command, date, wall time and CPU, linked to the records page, which shows each result
+with its library versions and everything the benchmark printed. The supported-models page shows the support
+matrix's summary table; its row-by-row detail is on the records page. No figure reaches a page any other way.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "eval" / "results"
 PAGE = REPO / "docs" / "benchmarks.md"
+RECORDS_PAGE = REPO / "docs" / "benchmark-records.md"
 # the order of the page; results not named here follow, by name
 ORDER = (
     "quality",
@@ -30,6 +34,7 @@ ORDER = (
     "rerank",
     "service",
     "service-avx2",
+    "tracing",
     "fairness",
     "fairness-avx2",
     "batch",
@@ -174,7 +179,14 @@ figures (nDCG, recall) do not depend on the CPU for fp32.
 
 To measure on your machine, run the `make` target named with each result (`make bench` runs the speed
 benchmarks, `make eval` the reference evaluations); each writes its result file, then
-`python eval/render_benchmarks.py` renders this page.
+`python eval/render_benchmarks.py` renders this page. Everything each benchmark printed, with the library
+versions it ran with, is on the [records page](benchmark-records.md).
+"""
+
+RECORDS_INTRO = """# Benchmark records
+
+What each benchmark printed, with its command, date, wall time, CPU and library versions, as
+`eval/record.py` recorded it in `eval/results/`. The [benchmarks page](benchmarks.md) sums them up.
 """
 
 
@@ -214,8 +226,25 @@ def render_models(results: list[dict]) -> str:
     if not support:
         parts.append("\nThe matrix is not recorded yet: run `make support-matrix`.\n")
     for r in support:
-        parts.append(f"\n## {r['title']}\n\n{_provenance(r)}\n{r['output'].strip()}\n")
+        parts.append(
+            f"\n## {r['title']}\n\n{_provenance(r)}\n{first_table(r['output'])}\n\n{closing_line(r['output'])} "
+            f"Each row by backend and precision, with its difference, export time and speed, is on the "
+            f"[records page](benchmark-records.md#{r['name']}).\n"
+        )
     return "".join(parts)
+
+
+def first_table(output: str) -> str:
+    """The first Markdown table of ``output``."""
+    lines = output.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def closing_line(output: str) -> str:
+    """The last line of ``output`` that is not a table row."""
+    return next(line for line in reversed(output.strip().splitlines()) if line.strip() and not line.startswith("|"))
 
 
 def suite_tail(output: str) -> str:
@@ -355,11 +384,29 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
             if "four" in found:
                 figure += f"; four models: {found['four'][1]} s (first start {found['four'][0]} s)"
             return ("time from `litestar run` to `/health` 200, a start after the first (median)", figure, "")
+    if name == "tracing":
+        found = {
+            m[1]: m[2] for m in re.finditer(r"^goal traced .*?, (query|passage), 32 clients: ([\d.]+%)", out, re.M)
+        }
+        if found:
+            return (
+                "HTTP service throughput with every request traced (OTLP), 32 clients",
+                ", ".join(
+                    f"{v} ({'1 query' if k == 'query' else '16 passages'} per request)" for k, v in found.items()
+                ),
+                "the same server without tracing",
+            )
     if name == "container":
         size, ready = _search(r"^image size: ([\d.]+ GB)", out), _search(r"^time to ready: median ([\d.]+ s)", out)
         if size and ready:
             return ("container image: size, time from `docker run` to ready", f"{size[1]}, {ready[1]}", "")
     return None
+
+
+def where(machine: dict) -> str:
+    """The GPU, or the CPU and its widest vector instructions."""
+    gpu = machine.get("gpu")
+    return gpu["name"] if gpu else f"{machine.get('cpu')}, {vector_isa(machine)}"
 
 
 def render_summary(results: list[dict]) -> str:
@@ -369,13 +416,24 @@ def render_summary(results: list[dict]) -> str:
         if row is not None:
             what, figure, against = row
             date = r["date"].split(" ")[0]
-            gpu = r["machine"].get("gpu")
-            where = gpu["name"] if gpu else f"{r['machine'].get('cpu')}, {vector_isa(r['machine'])}"
-            rows.append(f"| {what} | {figure} | {against} | {where} | {date} |")
+            link = f"[{r['name']}](benchmark-records.md#{r['name']})"
+            rows.append(f"| {what} | {figure} | {against} | {where(r['machine'])} | {date} | {link} |")
     if not rows:
         return ""
-    head = "\n## Summary\n\n| what | figure | against | CPU or GPU | date |\n|---|---|---|---|---|\n"
-    return head + "\n".join(rows) + "\n\nEach row is read from the record of the same name below.\n"
+    head = "\n## Summary\n\n| what | figure | against | CPU or GPU | date | record |\n|---|---|---|---|---|---|\n"
+    return head + "\n".join(rows) + "\n\nEach row is read from the output of the record it links to.\n"
+
+
+def render_record_table(results: list[dict]) -> str:
+    """Each record: its command, date, wall time and machine, linked to what it printed."""
+    rows = []
+    for r in results:
+        minutes, seconds = divmod(round(r["seconds"]), 60)
+        took = f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
+        link = f"[{r['title']}](benchmark-records.md#{r['name']})"
+        rows.append(f"| {link} | `{r['command']}` | {r['date']} | {took} | {where(r['machine'])} |")
+    head = "\n## Records\n\n| record | command | date | wall time | CPU or GPU |\n|---|---|---|---|---|\n"
+    return head + "\n".join(rows) + "\n"
 
 
 def shown_output(output: str) -> str:
@@ -384,20 +442,30 @@ def shown_output(output: str) -> str:
 
 
 def render(results: list[dict]) -> str:
+    """The benchmarks page: the summary table, the machines, and the table of records."""
     results = [r for r in results if r["name"] != "support" and r["name"] not in SUITE_RUNS]
     parts = [INTRO, render_summary(results)]
     if not results:
         parts.append("\nNo results are recorded yet.\n")
+        return "".join(parts)
     if not any(r["name"] == "gpu" for r in results):
         parts.append(
             "\nNo figure on this page comes from a GPU: the GPU check (`python eval/bench_gpu.py`, "
             "`make bench-gpu`) has not been recorded on one yet.\n"
         )
     machines = sorted({cpu_line(r["machine"]) for r in results})
-    if machines:
-        parts.append("\n## Machines\n\n" + "\n".join(f"- {m}" for m in machines) + "\n")
-    for r in results:
-        parts.append(f"\n## {r['title']}\n\n{_provenance(r)}\n```text\n{shown_output(r['output'])}\n```\n")
+    parts.append("\n## Machines\n\n" + "\n".join(f"- {m}" for m in machines) + "\n")
+    parts.append(render_record_table(results))
+    return "".join(parts)
+
+
+def render_records(results: list[dict]) -> str:
+    """The records page: each result (the support matrix's included) with its provenance and its output."""
+    parts = [RECORDS_INTRO]
+    for r in (r for r in results if r["name"] not in SUITE_RUNS):
+        parts.append(
+            f"\n## {r['title']} {{#{r['name']}}}\n\n{_provenance(r)}\n```text\n{shown_output(r['output'])}\n```\n"
+        )
     return "".join(parts)
 
 
@@ -406,7 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
     args = parser.parse_args(argv)
     results = load_results()
-    pages = {PAGE: render(results), MODELS_PAGE: render_models(results), SUITE_PART: render_suite(results)}
+    pages = {
+        PAGE: render(results),
+        RECORDS_PAGE: render_records(results),
+        MODELS_PAGE: render_models(results),
+        SUITE_PART: render_suite(results),
+    }
     for path, page in pages.items():
         if args.check:
             if not path.is_file() or path.read_text(encoding="utf-8") != page:

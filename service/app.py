@@ -234,9 +234,7 @@ def create_app(
         else BearerAuth(keys, open_preflights=bool(settings.cors_origins), open_paths=open_paths)
     )
     service.auth = auth  # the exception handler checks it for paths that are no route (no middleware runs there)
-    tracking = RequestMiddleware(
-        service.metrics, auth, inflight, access_log=settings.access_log, traced=tracer_provider is not None
-    )
+    tracking = RequestMiddleware(service.metrics, auth, inflight, access_log=settings.access_log)
     middleware = [tracking]
     app = Litestar(
         route_handlers=[

@@ -12,7 +12,6 @@ from typing import Any
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from embedrank.serving import tracing
 from service import logs, request_ids
 from service.auth import BearerAuth
 from service.errors import allowed_methods, to_api_error
@@ -30,13 +29,11 @@ class RequestMiddleware(ASGIMiddleware):
         inflight: InFlight | None = None,
         *,
         access_log: bool = False,
-        traced: bool = False,
     ) -> None:
         self.metrics = metrics
         self.auth = auth  # None only when the operator switched auth off (EMBEDRANK_NO_AUTH)
         self.inflight = inflight or InFlight()  # what a SIGTERM drain waits for
         self.access_log = access_log  # one log line per request (service.logs.access)
-        self.traced = traced  # the request's server span gets its id (service.tracing)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         await self.track(scope, receive, send, next_app, auth=self.auth)
@@ -50,8 +47,6 @@ class RequestMiddleware(ASGIMiddleware):
         status = 0
         request_id = request_ids.of_scope(scope)
         token = request_ids.CURRENT.set(request_id)
-        if self.traced:
-            tracing.note("embedrank.request_id", request_id)
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status

@@ -102,11 +102,37 @@ def render_reference() -> str:
         "| variable | read by | meaning |",
         "|---|---|---|",
     ]
-    for group, names in OTHER_ENVIRONMENT.items():
-        read_by = "the library and the service" if group == "library" else "the project's tests and scripts"
-        for name, help_text in names.items():
-            lines.append(f"| `{name}` | {read_by} | {help_text} |")
+    for name, help_text in OTHER_ENVIRONMENT["library"].items():  # the project's own scripts': the testing guide
+        lines.append(f"| `{name}` | the library and the service | {help_text} |")
+    lines += [
+        "",
+        "## Tracing",
+        "",
+        "OpenTelemetry's own variables turn traces on; with none set the service records none. The",
+        "[deployment guide](guides/deployment.md#tracing) says what each trace holds.",
+        "",
+        "| variable | meaning |",
+        "|---|---|",
+        *(f"| `{name}` | {help_text} |" for name, help_text in TRACING_ENVIRONMENT.items()),
+    ]
     return "\n".join(lines) + "\n"
+
+
+TRACING_ENVIRONMENT = {
+    "OTEL_TRACES_EXPORTER": "the exporters, comma-separated: `otlp`, `console`, or another installed exporter's name; "
+    "`none` (or unset, with no OTLP endpoint): no traces",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "the collector (`http://collector:4318`); set alone, it turns `otlp` on",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "the traces' own OTLP endpoint, if it differs",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "`http/protobuf` (default, installed) or `grpc` (install "
+    "`opentelemetry-exporter-otlp-proto-grpc`)",
+    "OTEL_EXPORTER_OTLP_HEADERS": "headers sent with each export (`api-key=...`)",
+    "OTEL_SERVICE_NAME": "the `service.name` of the traces (default `embedrank`)",
+    "OTEL_RESOURCE_ATTRIBUTES": "more attributes of the service (`deployment.environment=prod`)",
+    "OTEL_TRACES_SAMPLER": "`parentbased_always_on` (default: every request, or as the caller's `traceparent` "
+    "decided), `parentbased_traceidratio` with `OTEL_TRACES_SAMPLER_ARG=0.1` for 10%, `always_off`",
+    "OTEL_PROPAGATORS": "how a caller's trace context is read (default `tracecontext,baggage`: W3C `traceparent`)",
+    "OTEL_SDK_DISABLED": "`true`: no traces, whatever else is set",
+}
 
 
 EXAMPLE_TOML = """

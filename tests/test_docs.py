@@ -54,6 +54,9 @@ def test_benchmarks_page_is_rendered_from_the_result_files():
     assert (DOCS / "benchmarks.md").read_text(encoding="utf-8") == render_benchmarks.render(
         render_benchmarks.load_results()
     ), "docs/benchmarks.md was edited by hand or is stale: run python eval/render_benchmarks.py"
+    assert (DOCS / "benchmark-records.md").read_text(encoding="utf-8") == render_benchmarks.render_records(
+        render_benchmarks.load_results()
+    ), "docs/benchmark-records.md was edited by hand or is stale: run python eval/render_benchmarks.py"
     assert (DOCS / "models.md").read_text(encoding="utf-8") == render_benchmarks.render_models(
         render_benchmarks.load_results()
     ), "docs/models.md was edited by hand or is stale: run python eval/render_benchmarks.py"
@@ -189,7 +192,7 @@ def test_documented_harness_commands_parse():
 
 
 # pages whose figures are rendered from the result files, or that record studies with their own commands
-FIGURES_ELSEWHERE = {"benchmarks.md", "models.md", "studies.md", "CHANGELOG.md", "changelog.md"}
+FIGURES_ELSEWHERE = {"benchmarks.md", "benchmark-records.md", "models.md", "studies.md", "CHANGELOG.md", "changelog.md"}
 FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+x|\d+(?:\.\d+)?%|0\.\d{4})(?!\w)")
 
 

@@ -87,14 +87,14 @@ def test_no_variable_no_provider_and_the_service_name_defaults_to_embedrank(monk
     provider.shutdown()
 
 
-def test_without_a_provider_the_app_has_no_tracing_layer_and_records_nothing(fake_service, recorded):
-    provider, exporter = recorded
-    trace.get_tracer_provider()  # the global provider is never set by the service
+def test_without_a_provider_the_app_has_no_tracing_layer_and_the_core_records_nothing(fake_service, monkeypatch):
+    made = []
+    monkeypatch.setattr(core_tracing, "Queued", lambda: made.append(1))  # what a traced request would keep
     with fake_service({"fake": FakeEncoder()}) as client:
         assert not isinstance(client.app.asgi_handler, OpenTelemetryInstrumentationMiddleware)
         assert core_tracing.tracer() is None
         assert client.post("/v1/embeddings", json={"model": "fake", "input": "green tea"}).status_code == 200
-    assert exporter.get_finished_spans() == ()
+    assert made == []
 
 
 # -- spans of a request -------------------------------------------------------------------------------------------
@@ -121,7 +121,8 @@ def test_an_embeddings_request_is_one_server_span_with_the_genai_attributes_and_
     # the caller's trace continues: same trace id, the caller's span as parent
     assert format(server.context.trace_id, "032x") == TRACE_ID
     assert format(server.parent.span_id, "016x") == PARENT_ID
-    for name in ("embedrank.tokenize", "embedrank.queue_wait", "embedrank.forward"):
+    assert not _by_name(spans, "embedrank.tokenize")  # a short text is tokenized inline: no span of its own
+    for name in ("embedrank.queue_wait", "embedrank.forward"):
         (child,) = _by_name(spans, name)
         assert child.context.trace_id == server.context.trace_id, name
         assert child.parent.span_id == server.context.span_id, name
@@ -131,6 +132,20 @@ def test_an_embeddings_request_is_one_server_span_with_the_genai_attributes_and_
     assert forward.attributes["embedrank.batch.items"] == 1
     (queue_wait,) = _by_name(spans, "embedrank.queue_wait")
     assert queue_wait.end_time <= forward.start_time
+    assert server.attributes["http.request.method"] == "POST" and server.attributes["url.path"] == "/v1/embeddings"
+    assert server.attributes["http.response.status_code"] == 200
+
+
+def test_texts_tokenized_in_a_worker_thread_get_a_tokenize_span(fake_service, recorded):
+    provider, exporter = recorded
+    long = " ".join(["green tea"] * 400)  # over INLINE_TOKENIZE_CHARS: tokenized off the event loop
+    with fake_service({"fake": FakeEncoder()}, tracer_provider=provider) as client:
+        assert client.post("/v1/embeddings", json={"model": "fake", "input": [long, "tea"]}).status_code == 200
+    spans = exporter.get_finished_spans()
+    (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
+    (tokenize,) = _by_name(spans, "embedrank.tokenize")
+    assert tokenize.parent.span_id == server.context.span_id
+    assert tokenize.attributes["embedrank.tokenize.texts"] == 2
 
 
 def test_a_rerank_request_is_a_rerank_operation(fake_service, recorded):
@@ -154,7 +169,7 @@ def test_an_error_is_a_server_span_with_its_status_and_no_text_of_the_request(fa
         assert client.get("/v1/files/file-abc", headers={}).status_code == 404
     servers = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
     assert [s.name for s in servers] == ["POST /v1/embeddings", "GET /v1/files/{file_id:str}"]  # templates, not paths
-    assert servers[0].attributes["http.status_code"] == 404  # the instrumentation's default HTTP conventions
+    assert servers[0].attributes["http.response.status_code"] == 404
     assert servers[0].attributes["gen_ai.request.model"] == "missing"
     assert secret not in json.dumps([dict(s.attributes) for s in exporter.get_finished_spans()])
 

@@ -338,7 +338,7 @@ class HostedModel:
         runner = cast(DenseRunner, chosen.runner)  # the kind declares embeddings: the pool checked
         tracing.note_operation("embeddings")
         out = await runner.embed(texts, options, prompt=prompt, **extra)
-        tracing.note_operation("embeddings", out.total_tokens)
+        tracing.note_usage(out.total_tokens)
         compact = [t for t in types if t not in outputs]  # a SPLADE's "float" is empty
         ranges = await runner.quantization_ranges(options.dimensions) if {"int8", "uint8"} & set(compact) else None
         return Embedded(
@@ -356,7 +356,7 @@ class HostedModel:
         runner = cast(RerankRunner, self.runner_for("document"))
         tracing.note_operation("rerank")
         out = await runner.rerank(query, documents, options, **extra)
-        tracing.note_operation("rerank", out.total_tokens)
+        tracing.note_usage(out.total_tokens)
         return Reranked(out, rank_scores(out.scores, options.top_n))
 
     async def sparse(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS) -> Embedded:
@@ -366,7 +366,7 @@ class HostedModel:
         chosen = self.resolve(input_type=options.input_type, prompt_name=options.prompt_name)
         tracing.note_operation("embeddings")
         out = await cast(EmbeddingRunner, chosen.runner).embed(texts, options, prompt=chosen.prompt)
-        tracing.note_operation("embeddings", out.total_tokens)
+        tracing.note_usage(out.total_tokens)
         return Embedded(out, {}, sparse_rows(out.sparse))  # SPLADE, bge-m3
 
     async def count(

@@ -193,10 +193,10 @@ class AsyncEncoder(EncoderTokens):
         (truncation off), the first of the texts they cover that is cut at the maximum length is refused,
         named by request field."""
         skip = self.encoder.prompt_skip(prompt)  # pooling leaves the prompt out for some models
-        with tracing.tokenizing(len(texts)):
-            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # a few short texts: cheaper than the thread hop
-                rows = self.encoder.tokenize_rows(list(texts), skip=skip)
-            else:
+        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # a few short texts: cheaper than the thread hop
+            rows = self.encoder.tokenize_rows(list(texts), skip=skip)  # microseconds: a span would cost more
+        else:
+            with tracing.tokenizing(len(texts)):
                 rows = await asyncio.to_thread(partial(self.encoder.tokenize_rows, list(texts), skip=skip))
         check_budget(rows, budget)
         at = first_cut(rows, sum(size for _, size in fields)) if fields else None

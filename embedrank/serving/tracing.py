@@ -7,9 +7,11 @@ What is recorded, following OpenTelemetry's GenAI conventions where they apply:
 
 - on the span current when a model is asked (the request's server span, or a batch line's span):
   ``gen_ai.request.model`` (the name the request used, :func:`note_model`), ``gen_ai.operation.name``
-  (``embeddings``, or ``rerank`` for reranking, which the conventions do not name) and
-  ``gen_ai.usage.input_tokens`` (:func:`note_operation`);
-- ``embedrank.tokenize``: a child span while a request's texts are tokenized (:func:`tokenizing`);
+  (``embeddings``, or ``rerank`` for reranking, which the conventions do not name, :func:`note_operation`) and
+  ``gen_ai.usage.input_tokens`` (:func:`note_usage`);
+- ``embedrank.tokenize``: a child span while a request's texts are tokenized in a worker thread
+  (:func:`tokenizing`); a few short texts tokenized on the event loop (microseconds, less than recording a
+  span costs) get none;
 - ``embedrank.queue_wait``: a child span from the moment a request's items were queued until its first item
   went into a forward pass (:meth:`Queued.waited`);
 - ``embedrank.forward``: one span per forward pass of the engine (:func:`forward`), a child of the request
@@ -53,25 +55,22 @@ def _current() -> Span | None:
     return current if current.is_recording() else None
 
 
-def note(name: str, value: str | int | float | bool) -> None:
-    """Set an attribute of the current span."""
-    if (current := _current()) is not None:
-        current.set_attribute(name, value)
-
-
 def note_model(model: str) -> None:
     """Name the model the current request asked for (``gen_ai.request.model``)."""
     if (current := _current()) is not None:
         current.set_attribute(REQUEST_MODEL, model)
 
 
-def note_operation(operation: str, input_tokens: int | None = None) -> None:
-    """Mark the current span as a GenAI ``operation`` (``embeddings``, ``rerank``) and, once known, the tokens its
-    inputs cost."""
+def note_operation(operation: str) -> None:
+    """Mark the current span as a GenAI ``operation`` (``embeddings``, ``rerank``)."""
     if (current := _current()) is not None:
         current.set_attribute(OPERATION, operation)
-        if input_tokens is not None:
-            current.set_attribute(INPUT_TOKENS, input_tokens)
+
+
+def note_usage(input_tokens: int) -> None:
+    """The tokens the current operation's inputs cost (what the response's usage reports)."""
+    if (current := _current()) is not None:
+        current.set_attribute(INPUT_TOKENS, input_tokens)
 
 
 @contextlib.contextmanager
