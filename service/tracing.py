@@ -27,7 +27,8 @@ from litestar.enums import ScopeType
 from litestar.middleware.base import AbstractMiddleware
 from litestar.plugins.opentelemetry import OpenTelemetryConfig, OpenTelemetryInstrumentationMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
-from opentelemetry import propagate
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
@@ -118,8 +119,8 @@ class ServerSpans(OpenTelemetryInstrumentationMiddleware):
     """Litestar's OpenTelemetry middleware with a lean server span: the caller's context from ``traceparent``
     (the configured propagators, over the headers that can carry it), then one ``SERVER`` span named by the
     config's ``scope_span_details_extractor``, with OpenTelemetry's stable HTTP attributes
-    (``http.request.method``, ``url.path``, ``url.scheme``, ``http.route``, ``network.protocol.version``,
-    ``http.response.status_code``; error status from 500).
+    (``http.request.method``, ``url.path``, ``url.scheme``, ``http.route``, ``http.response.status_code``; error
+    status from 500) and the request's id (``embedrank.request_id``).
 
     opentelemetry-instrumentation-asgi's middleware, which Litestar's runs by default, records about 15
     attributes per request (the full URL, host, user agent, ...) and wraps every ASGI message: about 80 us of
@@ -140,25 +141,26 @@ class ServerSpans(OpenTelemetryInstrumentationMiddleware):
         attributes["http.request.method"] = scope.get("method", "")
         attributes["url.path"] = scope["path"]
         attributes["url.scheme"] = scope.get("scheme", "http")
-        attributes["network.protocol.version"] = scope.get("http_version", "1.1")
         attributes["embedrank.request_id"] = request_ids.of_scope(scope)  # the id of x-request-id and the logs
-        with self.tracer.start_as_current_span(
-            name, context=propagate.extract(carrier) if carrier else None, kind=SpanKind.SERVER, attributes=attributes
-        ) as span:
-            status = 0
+        parent = propagate.extract(carrier) if carrier else None
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        status = 0
 
-            async def send_status(message: Message) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = message["status"]
-                await send(message)
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
 
-            try:
-                await self.app(scope, receive, send_status)
-            finally:
-                span.set_attribute("http.response.status_code", status or 500)
-                if not status or status >= 500:
-                    span.set_status(StatusCode.ERROR)
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            span.set_attribute("http.response.status_code", status or 500)
+            if not status or status >= 500:
+                span.set_status(StatusCode.ERROR)
+            span.end()
+            otel_context.detach(token)
 
 
 def traced(app: ASGIApp, provider: TracerProvider, route_of: Any) -> ASGIApp:

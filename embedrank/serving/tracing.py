@@ -124,7 +124,13 @@ def forward(requests: Sequence[Queued], attributes: dict[str, Any]) -> Iterator[
         yield
         return
     links = [Link(r.span_context()) for r in requests]
-    with _tracer.start_as_current_span(
+    forward_span = _tracer.start_span(
         "embedrank.forward", context=requests[0].context, links=links, attributes=attributes
-    ):
+    )
+    try:
         yield
+    except BaseException as exc:  # its type only: a message may quote an input
+        forward_span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
+        raise
+    finally:
+        forward_span.end()
