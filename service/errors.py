@@ -153,6 +153,16 @@ def _from_validation(exc: ValidationException) -> APIError:
     return validation_error(messages[0])
 
 
+def body_too_large() -> APIError:
+    """A body over ``max_body_bytes``: sent directly (Litestar refuses it before it is read) or as a batch line."""
+    return APIError(
+        413,
+        "the request body is larger than this server's max_body_bytes (EMBEDRANK_MAX_BODY_BYTES); "
+        "send the texts in several smaller requests",
+        code="body_too_large",
+    )
+
+
 def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
     if isinstance(exc, APIError):
         return exc
@@ -183,12 +193,7 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
     if isinstance(exc, InternalServerException) and exc.detail == "client disconnected prematurely":
         return APIError(499, "client closed the connection before sending the whole body", code="client_closed_request")
     if isinstance(exc, HTTPException) and exc.status_code == 413:
-        return APIError(
-            413,
-            "the request body is larger than this server's max_body_bytes (EMBEDRANK_MAX_BODY_BYTES); "
-            "send the texts in several smaller requests",
-            code="body_too_large",
-        )
+        return body_too_large()
     if isinstance(exc, HTTPException) and exc.status_code < 500:
         code = {413: "body_too_large", 415: "unsupported_media_type"}.get(exc.status_code, "invalid_request")
         cause = exc.__cause__.__cause__ if isinstance(exc.__cause__, SerializationException) else exc.__cause__

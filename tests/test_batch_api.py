@@ -166,6 +166,32 @@ def test_a_line_with_invalid_utf_8_fails_its_batch_and_another_keys_batch_comple
         assert wait(theirs, again.id).status == "completed"
 
 
+def test_a_line_obeys_the_limits_of_the_direct_request_with_its_error_body(tmp_path):
+    """A line whose body is over max_body_bytes is refused as the same body sent directly is (413), and one over
+    max_inputs as the direct request is (400); the error bodies are the direct ones, request id aside."""
+    limits = Limits(max_body_bytes=2_000, max_inputs=4)
+    big = embed_line(0, input=["green tea " * 60] * 4)  # 4 inputs (within max_inputs), 2.4 kB: past max_body_bytes
+    many = embed_line(1, input=TEXTS)  # 5 inputs
+    good = embed_line(2)
+    with running_app(tmp_path / "batches", limits=limits) as client:
+        api = sdk(client, KEYS[0])
+        uploaded = api.files.create(file=("in.jsonl", jsonl([big, many, good])), purpose="batch")
+        batch = wait(
+            api, api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id
+        )
+        assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (1, 2)
+        errors = {
+            json.loads(row)["custom_id"]: json.loads(row)["response"]
+            for row in api.files.content(batch.error_file_id).content.splitlines()
+        }
+        for line in (big, many):
+            status, body = direct(client, KEYS[0], "/v1/embeddings", line["body"])
+            assert errors[line["custom_id"]]["status_code"] == status and status in (400, 413)
+            got = errors[line["custom_id"]]["body"]["error"]
+            assert {**got, "request_id": None} == {**body["error"], "request_id": None}
+        assert errors[big["custom_id"]]["status_code"] == 413
+
+
 def test_listing_pages_with_after_and_limit(app_client):
     api = sdk(app_client, KEYS[0])
     uploaded = api.files.create(file=("in.jsonl", jsonl([embed_line(0)])), purpose="batch")

@@ -424,6 +424,51 @@ def test_workers_claiming_at_once_never_share_a_chunk_or_a_finalizing(store):
     assert not store.finish(claimed["claimed_by"], chunk, b"x\n", b"", 2, 0)  # being finalized: too late
 
 
+def _started(store: BatchStore, owner: str, chunks: int) -> dict[str, Any]:
+    """A batch of ``owner`` in progress, ``chunks`` chunks of two lines each."""
+    content = embeddings_file(chunks * 2)
+    file = store.add_file(owner, "in.jsonl", "batch", content)
+    batch = store.create_batch(
+        owner, endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h", window_seconds=86400,
+        metadata=None,
+    )  # fmt: skip
+    size = len(content) // (chunks * 2)
+    parts = [Chunk(batch["id"], n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in range(chunks)]
+    assert store.start(batch["id"], parts)
+    return batch
+
+
+def test_claims_take_turns_between_owners_so_a_small_batch_runs_beside_large_ones(store):
+    """One key's two large batches came first; another key's one-chunk batch is claimed second, not after the
+    large ones: the owner with the fewest chunks running goes next, then the one with the oldest batch."""
+    large = [_started(store, OWNER, 10), _started(store, OWNER, 10)]
+    small = _started(store, "owner-b", 1)
+    claimed = [store.claim(f"w{i}", lease_seconds=600) for i in range(4)]
+    assert [c.batch_id for c in claimed] == [large[0]["id"], small["id"], large[0]["id"], large[0]["id"]]
+    assert store.finish("w0", claimed[0], b"{}\n{}\n", b"", 2, 0)  # a chunk of the first key ends: it runs 2 now
+    third = _started(store, "owner-c", 2)
+    # running now: the first key 2, the second 1 (its only chunk), the third none
+    assert store.claim("w4", lease_seconds=600).batch_id == third["id"]
+    assert store.claim("w5", lease_seconds=600).batch_id == third["id"]  # the second key has nothing left to claim
+    assert store.claim("w6", lease_seconds=600).batch_id == large[0]["id"]  # 2 running each: the oldest batch's key
+
+
+def test_a_round_validates_one_batch_per_key_so_another_keys_batch_starts_at_once(store):
+    """One key's three new batches and then another key's one: the first round of the worker validates the first
+    key's oldest and the other key's, and claims their chunks, before the first key's other two."""
+    mine = [new_batch(store, embeddings_file(4)) for _ in range(3)]
+    file = store.add_file("owner-b", "in.jsonl", "batch", embeddings_file(2))
+    theirs = store.create_batch(
+        "owner-b", endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h",
+        window_seconds=86400, metadata=None,
+    )  # fmt: skip
+    worker = BatchWorker(store, pool, SETTINGS)
+    assert asyncio.run(worker._housekeeping())
+    status = {b["id"]: store.get_batch(None, b["id"])["status"] for b in [*mine, theirs]}
+    assert [status[b["id"]] for b in mine] == ["in_progress", "validating", "validating"]
+    assert status[theirs["id"]] == "in_progress"
+
+
 def test_a_crash_while_finalizing_or_cleaning_up_is_finished_at_the_next_start(store, tmp_path):
     """A single server killed while it finalized a batch finalizes it again as soon as it starts (not after
     its claim on finalizing runs out), and part folders a crash left behind a closed batch are found."""

@@ -10,7 +10,7 @@ import pytest
 
 from embedrank.errors import InvalidInputError
 from embedrank.serving.engine import EngineConfig
-from embedrank.serving.hosting import KINDS, HostedModel, kind_of
+from embedrank.serving.hosting import KINDS, HostedModel
 from embedrank.serving.options import EmbedOptions
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 
@@ -25,7 +25,7 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEnco
 )
 def test_capabilities_come_from_the_kind_table(model, kind, capabilities, outputs):
     hosted = HostedModel(spec=model.spec)
-    assert (kind_of(model.spec), hosted.capabilities, hosted.outputs) == (kind, capabilities, outputs)
+    assert (model.spec.kind, hosted.capabilities, hosted.outputs) == (kind, capabilities, outputs)
     assert set(KINDS) == {"embedding", "multi-vector", "sparse", "m3", "cross-encoder"}
 
 

@@ -112,7 +112,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             InvalidInputError: an unknown backend, or a precision the backend does not run.
         """
         check_max_seq_length(max_seq_length)
-        if spec.kind != "embedding":
+        if spec.kind not in ("embedding", "m3"):  # bge-m3's dense vectors are an embedding model's
             what = "a causal LM scored as an LLM reranker" if spec.scoring == "yes-no" else "a classification head"
             what, loader = {"sparse": ("SPLADE", "SparseEncoder"), "multi-vector": ("ColBERT", "ColBERTEncoder")}.get(
                 spec.kind, (what, "CrossEncoder")

@@ -23,7 +23,7 @@ from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
 from embedrank.models.m3 import M3Encoder
-from embedrank.registry import kind_of, resolve
+from embedrank.registry import resolve
 
 ScorerKind = Literal["cross-encoder", "bi-encoder", "late-interaction"]
 
@@ -168,7 +168,7 @@ def load_reranker(
     by the same cosine); :class:`~embedrank.retrieval.pipeline.RetrieveRerank` warns when it sees that.
     """
     spec = resolve(model_id)
-    kind = kind_of(spec)
+    kind = spec.kind
     if kind in ("multi-vector", "m3"):  # ColBERT's MaxSim; bge-m3's combined score
         loader = ColBERTEncoder if kind == "multi-vector" else M3Encoder
         late = loader.from_spec(

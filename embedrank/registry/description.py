@@ -122,7 +122,10 @@ def _sentence_transformer(spec: ModelSpec, transformer: Transformer, modules: An
     root = Path(spec.path)
     pipeline = read_pipeline(root, modules, spec.model_id, transformer.hidden)
     max_len = STATIC_MAX_TOKENS if pipeline.static is not None else transformer.st_config.get("max_seq_length")
-    pooling, normalize, kind = pipeline.pooling, pipeline.normalize, "embedding"
+    pooling, normalize = pipeline.pooling, pipeline.normalize
+    kind = (
+        "m3" if has_m3_heads(root) else "embedding"
+    )  # bge-m3: an embedding model with its lexical and multi-vector heads
     if is_pylate(modules):  # PyLate's ColBERT: per-token projections, no pooling; its window is the document length
         pooling, normalize, kind = None, True, "multi-vector"
         max_len = pylate_document_length(prompts_root)
@@ -140,5 +143,4 @@ def _sentence_transformer(spec: ModelSpec, transformer: Transformer, modules: An
         dense=pipeline.dense,
         static=pipeline.static,
         include_prompt=pipeline.include_prompt,
-        m3=has_m3_heads(root),
     )

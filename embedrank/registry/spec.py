@@ -8,7 +8,9 @@ from typing import Literal
 
 from embedrank.math.pooling import PoolingMode
 
-ModelKind = Literal["embedding", "cross-encoder", "sparse", "multi-vector"]  # multi-vector: ColBERT (models.colbert)
+# what a model is, and so what loads, scores and serves it: multi-vector is ColBERT (models.colbert); m3 is bge-m3
+# (models.m3), an embedding model whose lexical and multi-vector heads lie beside its weights
+ModelKind = Literal["embedding", "cross-encoder", "sparse", "multi-vector", "m3"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,7 +45,6 @@ class ModelSpec:
     router: str | None = None
     branches: tuple[str, ...] = ()
     branch: str | None = None
-    m3: bool = False  # bge-m3's lexical and multi-vector heads beside the weights (models.m3)
 
     @property
     def routes(self) -> tuple[str, ...]:
@@ -62,8 +63,6 @@ MODEL_KINDS = ("embedding", "multi-vector", "sparse", "m3", "cross-encoder")
 
 
 def kind_of(spec: ModelSpec) -> str:
-    """What kind of model ``spec`` describes, one of :data:`MODEL_KINDS`: its ``kind``, except that a bge-m3 model
-    (an embedding model with lexical and multi-vector heads) is ``m3``. Loading, scoring and serving dispatch on it."""
-    if spec.m3:
-        return "m3"
-    return spec.kind if spec.kind in MODEL_KINDS else "cross-encoder"
+    """Deprecated: ``spec.kind`` (which now names bge-m3 models ``m3`` itself)."""
+    warnings.warn("kind_of(spec) is deprecated: use spec.kind", DeprecationWarning, stacklevel=2)
+    return spec.kind

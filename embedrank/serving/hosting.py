@@ -34,7 +34,7 @@ from embedrank.models.router import BranchTable, pick_branch, task_of
 from embedrank.models.signature import EmbeddingSignature
 from embedrank.models.sparse import SparseEncoder
 from embedrank.models.tokens import TokenSpan
-from embedrank.registry import ModelSpec, kind_of
+from embedrank.registry import ModelSpec
 from embedrank.runtime.devices import GPU_MAX_BATCH_TOKENS as GPU_MAX_BATCH_TOKENS  # the settings' reference names it
 from embedrank.runtime.devices import gpu_batch_tokens
 from embedrank.serving import tracing
@@ -255,7 +255,7 @@ class HostedModel:
 
     @property
     def kind(self) -> str:
-        return kind_of(self.spec)
+        return self.spec.kind
 
     @property
     def declared(self) -> Kind:

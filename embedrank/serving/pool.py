@@ -32,7 +32,7 @@ from embedrank.errors import (
     ModelUnavailableError,
     shorten,
 )
-from embedrank.registry import DEFAULT_EMBEDDING_MODEL, kind_of, resolve
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
 from embedrank.runtime.backends import check_backend
 from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.runtime.devices import resolve_device
@@ -167,7 +167,7 @@ class ModelPool:
                 )
             except InvalidInputError as exc:
                 raise ConfigurationError(f"model {entry.id!r}: {exc}") from None
-        declared = KINDS[kind_of(spec)]
+        declared = KINDS[spec.kind]
         if built is None and declared.fp32_only:  # SPLADE: torch unless named, in fp32
             if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):  # as named (on a GPU: torch's)
                 raise ConfigurationError(

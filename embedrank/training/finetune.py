@@ -261,7 +261,7 @@ def finetune(
     if len(pairs) < 2:
         raise InvalidInputError(f"{ds.name}: fewer than 2 relevant (query, document) pairs to train on")
     spec = resolve(cfg.model)
-    if spec.kind not in ("embedding", "sparse"):
+    if spec.kind not in ("embedding", "m3", "sparse"):
         raise InvalidInputError(f"{cfg.model} is a {spec.kind} model; this trains embedding and SPLADE models")
     sparse = spec.kind == "sparse"
     if cfg.window is not None and (sparse or cfg.window < 1):

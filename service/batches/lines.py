@@ -24,7 +24,7 @@ from service.batches.store import Chunk
 from service.context import Context
 from service.decoding import decode_strict
 from service.endpoints import BATCH
-from service.errors import error_body, is_unexpected, to_api_error
+from service.errors import body_too_large, error_body, is_unexpected, to_api_error
 
 logger = logging.getLogger("embedrank.service")
 
@@ -144,7 +144,9 @@ async def run_line(line: InputLine, ctx: Context) -> tuple[int, bytes, str]:
     """``line``'s response as ``(status code, JSON body, request id)``: its body decoded against its endpoint's
     schema (:data:`service.endpoints.BATCH`) and the endpoint's call made with ``ctx`` (batch lines': vectors
     of texts embedded before come from the cache), behind every direct request (:data:`BATCH_PRIORITY`); a failure
-    gets the status and error body the direct request would get, with the line's own request id.
+    gets the status and error body the direct request would get, with the line's own request id: a body over
+    ``max_body_bytes`` is refused as the direct request is (413), and the texts' and tokens' limits are the
+    endpoint call's own.
 
     A model that could not be loaded at start (``on_model_failure = "serve-others"``) gets its 503 error line, as
     the direct request does: waiting would not bring it.
@@ -155,6 +157,8 @@ async def run_line(line: InputLine, ctx: Context) -> tuple[int, bytes, str]:
     """
     endpoint = BATCH[line.url]
     request_id = request_ids.new_id()
+    if len(line.body) > ctx.limits.max_body_bytes:  # what the direct request's body limit refuses
+        return 413, msgspec.json.encode(error_body(body_too_large(), request_id)), request_id
     try:
         data = decode_strict(bytes(line.body), endpoint.body)
         if hasattr(data, "priority"):

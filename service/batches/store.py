@@ -378,19 +378,38 @@ class BatchStore:
 
     # -- chunks -------------------------------------------------------------------------------------
     def claim(self, worker: str, lease_seconds: float) -> Chunk | None:
-        """The next chunk that needs a worker: of the oldest batch in progress, not done and not claimed (or
-        its claim's lease has run out). Claimed for ``worker`` until ``lease_seconds`` from now (the
-        database's clock, as every lease)."""
+        """The next chunk that needs a worker, not done and not claimed (or its claim's lease has run out), fairly
+        between keys: of the owner with the fewest chunks being run now (on every replica), then the one with
+        the oldest batch in progress; within an owner, of its oldest batch. So one key's small batch runs
+        beside another key's many large ones instead of after them. Claimed for ``worker`` until
+        ``lease_seconds`` from now (the database's clock, as every lease)."""
         with self._write() as db:
             now = self._now(db)
-            row = db.execute(
-                "SELECT c.batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte FROM chunks c "
-                "JOIN batches b ON b.id = c.batch_id "
-                "WHERE b.status = 'in_progress' AND b.expires_at > ? AND c.state != 'done' "
-                "AND (c.lease_until IS NULL OR c.lease_until < ?) ORDER BY b.seq, c.number LIMIT 1 "
-                + self.db.words["skip_locked"],
-                (int(now), now),
-            ).fetchone()
+            running = {
+                found["owner"]: found["running"]
+                for found in db.execute(
+                    "SELECT b.owner AS owner, COUNT(*) AS running FROM chunks c JOIN batches b ON b.id = c.batch_id "
+                    "WHERE c.state = 'claimed' AND c.lease_until >= ? GROUP BY b.owner",
+                    (now,),
+                ).fetchall()
+            }
+            waiting = db.execute(
+                "SELECT owner, MIN(seq) AS first FROM batches WHERE status = 'in_progress' AND expires_at > ? "
+                "GROUP BY owner",
+                (int(now),),
+            ).fetchall()
+            row = None
+            for found in sorted(waiting, key=lambda f: (running.get(f["owner"], 0), f["first"])):
+                row = db.execute(
+                    "SELECT c.batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte FROM chunks c "
+                    "JOIN batches b ON b.id = c.batch_id "
+                    "WHERE b.owner = ? AND b.status = 'in_progress' AND b.expires_at > ? AND c.state != 'done' "
+                    "AND (c.lease_until IS NULL OR c.lease_until < ?) ORDER BY b.seq, c.number LIMIT 1 "
+                    + self.db.words["skip_locked"],
+                    (found["owner"], int(now), now),
+                ).fetchone()
+                if row is not None:
+                    break
             if row is None:
                 return None
             db.execute(

@@ -113,14 +113,15 @@ class BatchWorker:
         return True
 
     async def _housekeeping(self) -> bool:
-        """Validate new batches and finalize finished ones; True when there was any.
+        """Validate new batches, each key's oldest one per round (so one key's many new batches do not hold up
+        another key's, nor the claims between rounds), and finalize finished ones; True when there was any.
 
         A batch whose validation or finalizing fails for a reason of its own is set apart, so that no batch
         holds up another (or another key's): its validation is tried again at the next round and, failing
         :data:`VALIDATION_TRIES` times in turn, fails the batch with the reason; its finalizing is tried again
         at the next round. The store failing (its database unreachable) stops the round: nothing can be done."""
         validating = await asyncio.to_thread(self.store.batches_in, "validating")
-        for batch in validating:
+        for batch in oldest_of_each_owner(validating):
             try:
                 await self.validate(batch)
             except DatabaseUnavailableError:
@@ -335,6 +336,18 @@ class BatchWorker:
             batch["owner"], f"file-{stem}-errors", f"{batch['id']}_errors.jsonl", errors
         )
         return output_id, error_id
+
+
+def oldest_of_each_owner(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of ``batches`` (oldest first), each owner's oldest, in that order.
+
+    >>> [b["id"] for b in oldest_of_each_owner([{"id": 1, "owner": "a"}, {"id": 2, "owner": "a"}, {"id": 3, "owner": "b"}])]
+    [1, 3]
+    """
+    first: dict[str, dict[str, Any]] = {}
+    for batch in batches:
+        first.setdefault(batch["owner"], batch)
+    return list(first.values())
 
 
 def _read_chunk(path: Path, chunk: Chunk) -> list[InputLine]:
