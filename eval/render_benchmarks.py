@@ -38,6 +38,8 @@ ORDER = (
     "fairness",
     "fairness-avx2",
     "batch",
+    "batch-owners",
+    "batch-validation",
     "gpu",
     "load",
     "embed-job",
@@ -357,6 +359,25 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 "a re-run after 5% of the texts changed",
                 f"{float(ratio[1]):.0%}; {p99[1]}; {share[1]} of the first run",
                 "the same texts as 32-text requests (4 clients)",
+            )
+    if name == "batch-owners":
+        took = _search(r"^key B's batch: completed ([\d.]+ s) after its creation", out)
+        setup = _search(r"^key A: (\d+) batches of (\d+) lines running; key B: one batch of (\d+) lines", out)
+        if took and setup:
+            return (
+                f"Batch API: a {setup[3]}-line batch of one key, from creation to completed, beside another key's "
+                f"{setup[1]} batches of {setup[2]} lines (fake model)",
+                took[1],
+                "",
+            )
+    if name == "batch-validation":
+        blank = _search(r"^blank\s+([\d.]+)\s+\S+\s+([\d.]+)\s+([\d.]+)\s+[\d.]+ / ([\d.]+) /", out)
+        lines = _search(r"^lines\s+([\d.]+)\s+\S+\s+([\d.]+)\s+([\d.]+)\s+[\d.]+ / ([\d.]+) /", out)
+        if blank and lines:
+            return (
+                "Batch API: validating an input file, memory above start and event-loop lag p99",
+                f"50,000 lines: {lines[2]} MiB, {lines[4]} ms; 90 MB of blank lines: {blank[2]} MiB, {blank[4]} ms",
+                "",
             )
     if name == "gpu":
         found = {m[1]: m[2] for m in re.finditer(r"^(minilm-l6|bert-base)\s+passages\s+\S+\s+\S+\s+(\S+x)", out, re.M)}

@@ -469,6 +469,40 @@ def test_a_round_validates_one_batch_per_key_so_another_keys_batch_starts_at_onc
     assert status[theirs["id"]] == "in_progress"
 
 
+def test_the_lines_of_a_file_are_read_a_block_at_a_time_with_their_numbers_and_offsets():
+    """Lines that are not blank, with their number and first byte, as splitting the whole file would give them,
+    whatever the block size (a line longer than a block, blank runs across blocks, no final newline); the file
+    is never read whole."""
+    import io
+    import random
+
+    from service.batches.lines import written_lines
+
+    def expected(content: bytes) -> list[tuple[int, bytes]]:
+        return [(n, raw.strip()) for n, raw in enumerate(content.split(b"\n"), start=1) if raw.strip()]
+
+    random.seed(7)
+    pieces = [b"", b" ", b"\t", b"\r", b"{}", b'  {"a": 1}', b"x" * 9]
+    for _ in range(2000):
+        content = b"\n".join(random.choice(pieces) for _ in range(random.randint(0, 12)))
+        block = random.randint(1, 8)
+        got = list(written_lines(io.BytesIO(content), block))
+        assert [(n, line.strip()) for n, _, line in got] == expected(content), (content, block)
+        assert all(content[start : start + len(line)] == line for _, start, line in got)
+
+    sizes: list[int] = []
+
+    class Reads(io.BytesIO):
+        def read(self, size: int | None = -1) -> bytes:
+            sizes.append(-1 if size is None else size)
+            return super().read(size)
+
+    blank = Reads(b"\n" * 5_000_000 + line("a", {"input": "x"}))
+    checked = read_input("b", blank, "/v1/embeddings", chunk_lines=10, max_lines=10)
+    assert [(c.first_line, c.lines) for c in checked.chunks] == [(0, 1)]
+    assert all(0 < size <= 1 << 20 for size in sizes) and len(sizes) > 4  # a block at a time, never read()
+
+
 def test_a_crash_while_finalizing_or_cleaning_up_is_finished_at_the_next_start(store, tmp_path):
     """A single server killed while it finalized a batch finalizes it again as soon as it starts (not after
     its claim on finalizing runs out), and part folders a crash left behind a closed batch are found."""
@@ -662,6 +696,37 @@ def test_a_chunk_whose_claim_cannot_be_renewed_is_given_up_after_one_lease(store
     said = [r.getMessage() for r in caplog.records]
     assert sum("cannot be renewed" in m for m in said) == 1 and sum("given up" in m for m in said) == 1
     assert worker.lines_done == 0
+
+
+def test_a_database_outage_is_one_log_line_per_try_with_the_traceback_at_debug(store, monkeypatch, caplog):
+    """The worker outlasts an unreachable database: each try it says so in one line (no traceback above debug),
+    while an unexpected failure of the store still logs its traceback."""
+    from service.batches import worker as worker_module
+    from service.batches.database import DatabaseUnavailableError
+
+    monkeypatch.setattr(worker_module, "RETRY_SECONDS", 0.01)
+    failures = iter([DatabaseUnavailableError("PostgreSQL at db:5432: connection refused")] * 3 + [KeyError("bug")])
+
+    def failing(*args: Any) -> Any:
+        raise next(failures, DatabaseUnavailableError("still down"))
+
+    monkeypatch.setattr(store, "batches_in", failing)
+    worker = BatchWorker(store, pool, SETTINGS, poll_seconds=0.01)
+
+    async def run() -> None:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level("DEBUG", logger="embedrank"):
+        asyncio.run(run())
+    failed = [r for r in caplog.records if "the store failed" in r.getMessage()]
+    outage = [r for r in failed if r.levelname == "ERROR" and "connection refused" in r.getMessage()]
+    assert len(outage) == 3 and all(r.exc_info is None for r in outage)
+    assert any(r.levelname == "DEBUG" and r.exc_info for r in failed)  # the traceback, at debug
+    (bug,) = [r for r in failed if r.levelname == "ERROR" and r.exc_info]
+    assert isinstance(bug.exc_info[1], KeyError)
 
 
 def test_leases_are_read_on_the_database_clock_so_a_replica_ahead_in_time_takes_no_live_claim(

@@ -23,6 +23,7 @@ from embedrank.serving import tracing
 from embedrank.serving.pool import ModelPool
 from service.batches.database import DatabaseUnavailableError
 from service.batches.lines import (
+    Checked,
     InputLine,
     Retry,
     Unready,
@@ -85,8 +86,8 @@ class BatchWorker:
                             break
                         inflight.add(asyncio.create_task(self.run_chunk(chunk)))
                         busy = True
-                except Exception:  # the store failed: its claims run out, and the loop tries again
-                    logger.exception("batch worker: the store failed; trying again in %.0f s", RETRY_SECONDS)
+                except Exception as exc:  # the store failed: its claims run out, and the loop tries again
+                    _log_failure(exc, f"batch worker: the store failed; trying again in {RETRY_SECONDS:.0f} s")
                     await asyncio.sleep(RETRY_SECONDS)
                     continue
                 if inflight:
@@ -94,8 +95,8 @@ class BatchWorker:
                         inflight, timeout=self.poll_seconds, return_when="FIRST_COMPLETED"
                     )
                     for task in done:
-                        if task.exception() is not None:
-                            logger.error("batch chunk failed", exc_info=task.exception())
+                        if (failure := task.exception()) is not None:
+                            _log_failure(failure, "batch worker: a chunk failed; its claim runs out and it runs again")
                 elif not busy:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._woken.wait(), self.poll_seconds)
@@ -166,15 +167,19 @@ class BatchWorker:
     async def validate(self, batch: dict[str, Any]) -> None:
         """Check the batch's input file and cut it into chunks, or fail the batch with the file's errors."""
         path = self.store.file_path(batch["input_file_id"])
+
+        def check() -> Checked:  # the file read a line at a time, in a worker thread
+            with path.open("rb") as lines:
+                return read_input(
+                    batch["id"], lines, batch["endpoint"], chunk_lines=self.chunk_lines, max_lines=self.max_lines
+                )
+
         try:
-            content = await asyncio.to_thread(path.read_bytes)
+            checked = await asyncio.to_thread(check)
         except FileNotFoundError:
             error = {"code": "missing_input_file", "message": "the input file was deleted", "param": "input_file_id"}
             await asyncio.to_thread(self.store.fail, batch["id"], [{**error, "line": None}])
             return
-        checked = await asyncio.to_thread(
-            read_input, batch["id"], content, batch["endpoint"], chunk_lines=self.chunk_lines, max_lines=self.max_lines
-        )
         if checked.errors:
             await asyncio.to_thread(self.store.fail, batch["id"], checked.errors)
         else:
@@ -336,6 +341,16 @@ class BatchWorker:
             batch["owner"], f"file-{stem}-errors", f"{batch['id']}_errors.jsonl", errors
         )
         return output_id, error_id
+
+
+def _log_failure(exc: BaseException, what: str) -> None:
+    """Log ``what`` happened because of ``exc``: one line while the database is unreachable (an outage the worker
+    outlasts: its traceback at debug), the traceback for anything else."""
+    if isinstance(exc, DatabaseUnavailableError):
+        logger.error("%s: %s", what, exc)
+        logger.debug("%s", what, exc_info=exc)
+    else:
+        logger.error("%s", what, exc_info=exc)
 
 
 def oldest_of_each_owner(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
