@@ -753,10 +753,15 @@ def test_an_error_quotes_at_most_200_characters_of_a_line_so_the_batch_object_st
     asyncio.run(serve(store, finished(store, batch["id"])))
     failed = store.get_batch(OWNER, batch["id"])
     errors = json.loads(failed["errors"])
-    assert failed["status"] == "failed" and len(errors) == 60
+    assert failed["status"] == "failed" and len(errors) == 10  # the object lists ten ...
     assert all(e["code"] == "mismatched_url" and len(e["message"]) < 400 for e in errors)
     assert "(1000004 characters)" in errors[0]["message"]
-    assert len(failed["errors"]) < 30_000
+    assert len(failed["errors"]) < 5_000
+    in_file = read_lines(store, failed["error_file_id"])  # ... its error file every one, with its line
+    assert [(e["custom_id"], e["error"]["code"], e["error"]["line"]) for e in in_file] == [
+        (None, "mismatched_url", n) for n in range(1, 61)
+    ]
+    assert store.get_file(OWNER, failed["error_file_id"])["purpose"] == "batch_output"
 
 
 def test_a_file_whose_row_cannot_be_written_leaves_nothing_on_disk(store, monkeypatch):

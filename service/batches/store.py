@@ -106,6 +106,10 @@ class FileInUseError(Exception):
     """A file cannot be deleted while an unfinished batch reads it."""
 
 
+OBJECT_ERRORS = 10
+"""The errors a failed batch's object lists at most (OpenAI's list a few); the rest are in its error file."""
+
+
 def new_id(prefix: str) -> str:
     """A fresh object id in OpenAI's style (``file-…``, ``batch_…``)."""
     return f"{prefix}{secrets.token_hex(12)}"
@@ -352,12 +356,35 @@ class BatchStore:
         return bool(changed)
 
     def fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
-        """A batch whose input cannot run: status ``failed`` with OpenAI's ``errors`` list."""
+        """A batch whose input cannot run: status ``failed`` with OpenAI's ``errors`` list, its first
+        :data:`OBJECT_ERRORS` (the batch object stays small: it is returned by every retrieve and list); with more,
+        every one is a line of its error file (``{"id", "custom_id": null, "response": null, "error": {"code",
+        "message", "line"}}``)."""
+        error_file_id = None
+        if len(errors) > OBJECT_ERRORS:
+            row = self._db().execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is not None:
+                lines = b"".join(
+                    json.dumps(
+                        {
+                            "id": new_id("batch_req_"),
+                            "custom_id": None,
+                            "response": None,
+                            "error": {"code": e["code"], "message": e["message"], "line": e.get("line")},
+                        }
+                    ).encode()
+                    + b"\n"
+                    for e in errors
+                )
+                error_file_id = self.add_file_from(row["owner"], new_id("file-"), f"{batch_id}_errors.jsonl", [lines])
         with self._write() as db:
-            db.execute(
-                "UPDATE batches SET status = 'failed', failed_at = ?, errors = ? WHERE id = ? AND status = 'validating'",
-                (int(time.time()), json.dumps(errors), batch_id),
-            )
+            failed = db.execute(
+                "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, error_file_id = ? "
+                "WHERE id = ? AND status = 'validating'",
+                (int(time.time()), json.dumps(errors[:OBJECT_ERRORS]), error_file_id, batch_id),
+            ).rowcount
+        if not failed and error_file_id is not None:  # cancelled meanwhile: its error file is nobody's
+            self.delete_file(row["owner"], error_file_id)
 
     def cancel(self, owner: str, batch_id: str) -> dict[str, Any] | None:
         """Ask ``owner``'s batch to stop: ``cancelling`` until the chunks in flight are done (a batch still
