@@ -110,6 +110,7 @@ def test_the_openai_sdk_runs_an_embeddings_batch_and_each_line_is_the_direct_ans
     assert {f.purpose for f in api.files.list().data} == {"batch", "batch_output"}
     metrics = app_client.get("/metrics", headers={"Authorization": f"Bearer {KEYS[0]}"}).text
     assert "embedrank_batch_lines_recorded_total 122.0" in metrics  # its rate is the lines per second
+    assert "embedrank_batch_orphans_removed_total 0.0" in metrics  # nothing was left behind
     assert 'route="/v1/files/{file_id:str}/content",status="200"' in metrics  # a route with a parameter
 
 

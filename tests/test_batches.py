@@ -503,6 +503,33 @@ def test_the_lines_of_a_file_are_read_a_block_at_a_time_with_their_numbers_and_o
     assert all(0 < size <= 1 << 20 for size in sizes) and len(sizes) > 4  # a block at a time, never read()
 
 
+def test_files_without_a_row_and_rows_without_a_file_are_removed_once_old_enough(store):
+    """What a crash or an outage leaves (a file whose row was never written, a temporary file, a row whose file
+    went) is removed by the worker's first round, and counted; a file younger than the grace period (an upload
+    whose row is being written) and every file with its row are kept."""
+    import os
+
+    kept = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(2))
+    lost = store.add_file(OWNER, "lost.jsonl", "batch", embeddings_file(2))
+    store.file_path(lost["id"]).unlink()  # its file went: the row is left
+    old = time.time() - 3600
+    stray, partial, young = (store.root / "files" / n for n in ("file-stray", ".file-x.1a2b.tmp", "file-young"))
+    for path in (stray, partial, young):
+        path.write_bytes(b"{}\n")
+    for path in (stray, partial):
+        os.utime(path, (old, old))
+    with store._write() as db:  # the lost row is an hour old too
+        db.execute("UPDATE files SET created_at = ? WHERE id = ?", (int(old), lost["id"]))
+    worker = BatchWorker(store, pool, SETTINGS)
+    asyncio.run(worker._housekeeping())
+    assert worker.orphans_removed == 3
+    assert not stray.exists() and not partial.exists() and young.exists()
+    assert store.get_file(OWNER, lost["id"]) is None and store.get_file(OWNER, kept["id"]) is not None
+    assert store.file_path(kept["id"]).exists()
+    asyncio.run(worker._housekeeping())  # not again before sweep_seconds
+    assert worker.orphans_removed == 3 and store.remove_orphans(grace_seconds=0) == 1  # the young one, now
+
+
 def test_a_crash_while_finalizing_or_cleaning_up_is_finished_at_the_next_start(store, tmp_path):
     """A single server killed while it finalized a batch finalizes it again as soon as it starts (not after
     its claim on finalizing runs out), and part folders a crash left behind a closed batch are found."""

@@ -236,6 +236,11 @@ class BatchService:
             "embedrank_batch_lines_recorded", "Batch lines this process has recorded (rate: lines per second)"
         )
         recorded.add_metric([], self.worker.lines_done if self.worker is not None else 0)
+        orphans = CounterMetricFamily(
+            "embedrank_batch_orphans_removed",
+            "Files without a row, and file rows without a file, this process removed from the Batch API's store",
+        )
+        orphans.add_metric([], self.worker.orphans_removed if self.worker is not None else 0)
         rows: list[dict[str, Any]] = []
         if self._store is not None:
             try:
@@ -252,7 +257,7 @@ class BatchService:
             waiting.add_metric([], sum(row["total"] - row["completed"] - row["failed"] for row in rows))
             done.add_metric(["completed"], sum(row["completed"] for row in rows))
             done.add_metric(["failed"], sum(row["failed"] for row in rows))
-        yield from (unfinished, waiting, done, recorded)
+        yield from (unfinished, waiting, done, recorded, orphans)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -106,6 +106,9 @@ class FileInUseError(Exception):
     """A file cannot be deleted while an unfinished batch reads it."""
 
 
+ORPHAN_GRACE_SECONDS = 600.0
+"""How old a file without a row (or a row without a file) must be before it counts as left behind."""
+
 OBJECT_ERRORS = 10
 """The errors a failed batch's object lists at most (OpenAI's list a few); the rest are in its error file."""
 
@@ -472,6 +475,31 @@ class BatchStore:
                 "UPDATE chunks SET state = 'pending', claimed_by = NULL, lease_until = NULL WHERE state = 'claimed'"
             )
             db.execute("UPDATE batches SET finalizer = NULL, finalize_until = NULL WHERE status = 'finalizing'")
+
+    def remove_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
+        """Remove what no row and no file accounts for, once older than ``grace_seconds`` (a file is written before
+        its row, so a younger one may be an upload or a finalizing in progress, here or on another replica): files
+        (temporary ones included) with no row, and file rows whose file is gone. Returns how many."""
+        cutoff = time.time() - grace_seconds
+        on_disk = {path.name: path for path in (self.root / "files").iterdir() if path.is_file()}
+        rows = self._db().execute("SELECT id, created_at FROM files").fetchall()
+        known = {row["id"] for row in rows}
+        removed = 0
+        for name, path in on_disk.items():
+            if name in known:
+                continue
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:  # removed meanwhile (its batch deleted it, or another replica did)
+                pass
+        gone = [row["id"] for row in rows if row["id"] not in on_disk and row["created_at"] < cutoff]
+        if gone:
+            with self._write() as db:
+                for file_id in gone:
+                    removed += db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount
+        return removed
 
     def leftover_parts(self) -> list[Path]:
         """Part folders no unfinished batch needs: a crash after a batch closed but before its parts were removed

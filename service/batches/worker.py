@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ class BatchWorker:
     max_lines: int = 50_000
     name: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
     lines_done: int = 0  # request lines this worker has recorded (output and error lines)
+    orphans_removed: int = 0  # files without a row and rows without a file it removed (BatchStore.remove_orphans)
+    sweep_seconds: float = 600.0  # how often it looks for them
+    _next_sweep: float = 0.0  # when it looks next (monotonic); at once when it starts
     _woken: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     _failures: dict[str, int] = dataclasses.field(default_factory=dict)  # batch id: its checks that failed in turn
 
@@ -131,6 +135,12 @@ class BatchWorker:
                 await self._validation_failed(batch, exc)
             else:
                 self._failures.pop(batch["id"], None)
+        if time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + self.sweep_seconds
+            removed = await asyncio.to_thread(self.store.remove_orphans)
+            if removed:
+                logger.warning("batch store: removed %d files without a row or rows without a file", removed)
+            self.orphans_removed += removed
         finishing = await asyncio.to_thread(self.store.ready_to_finalize)
         for batch, ending in finishing:
             try:
