@@ -52,6 +52,13 @@ class UnavailableError(Exception):
     public_message = "a service this API depends on is not available now; try again shortly"
 
 
+class InsufficientStorageError(Exception):
+    """The disk that holds what a request writes (the Batch API's files and database) is full: 507
+    ``insufficient_storage``. The exception's own text, which names paths, goes to the log only."""
+
+    public_message = "the server has no room to store this now; delete files you no longer need, or try again later"
+
+
 class APIError(Exception):
     """An error with its HTTP status and OpenAI-style fields."""
 
@@ -173,6 +180,9 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
         return APIError(
             503, exc.public_message, type="service_unavailable", code=exc.code, headers={"Retry-After": "5"}
         )
+    if isinstance(exc, InsufficientStorageError):
+        logger.warning("insufficient storage: %s", exc)
+        return APIError(507, InsufficientStorageError.public_message, type="server_error", code="insufficient_storage")
     if isinstance(exc, ValidationException):
         return _from_validation(exc)
     if isinstance(exc, SerializationException):

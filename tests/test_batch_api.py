@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import openai
 import pytest
 from litestar.testing import TestClient
 
+from embedrank.testing.fake import FakeEncoder
 from service.app import create_app
 from service.settings import Limits, ModelEntry, Settings
 
@@ -403,3 +405,89 @@ def test_a_file_name_with_a_control_character_is_refused(app_client):
         )
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "file", resp.text
     assert app_client.get("/v1/files", headers=auth).json()["data"] == []
+
+
+# -- a full disk ----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MiB tmpfs mounted for the test (root only; skipped where mounting is not allowed)."""
+    import subprocess as sp
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = sp.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        sp.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(folder: Path, leave: int = 0) -> Path:
+    """A file that takes all of ``folder``'s disk but ``leave`` bytes."""
+    filler = folder / "filler"
+    with open(filler, "wb") as out:
+        while True:
+            free = shutil.disk_usage(folder).free - leave
+            if free <= 0:
+                break
+            try:
+                out.write(b"\0" * min(free, 1 << 20))
+                out.flush()
+            except OSError:
+                break
+    return filler
+
+
+class SlowEncoder(FakeEncoder):
+    """A fake encoder whose forward pass takes 20 ms, so a batch runs long enough to fill the disk meanwhile."""
+
+    def embed_rows(self, rows, *, normalize=None):
+        time.sleep(0.02)
+        return super().embed_rows(rows, normalize=normalize)
+
+
+@pytest.mark.slow
+def test_a_full_disk_refuses_uploads_with_507_deleting_frees_it_and_a_batch_waits_then_resumes(small_disk, monkeypatch):
+    from service.batches import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "RETRY_SECONDS", 0.2)
+    folder = small_disk / "batches"
+    settings = Settings(api_keys=KEYS, tune_malloc=False, batch_dir=str(folder), limits=Limits(max_file_bytes=8 << 20))
+    with TestClient(create_app(settings, wait_for_models=True, models={"enc": SlowEncoder("enc")})) as client:
+        api = sdk(client, KEYS[0])
+        content = b"x" * (6 << 20)
+        kept = [api.files.create(file=(f"{i}.jsonl", content), purpose="batch") for i in range(3)]
+        refused = client.post(
+            "/v1/files",
+            files={"file": ("2.jsonl", content)},
+            data={"purpose": "batch"},
+            headers={"Authorization": f"Bearer {KEYS[0]}"},
+        )
+        assert refused.status_code == 507 and refused.json()["error"]["code"] == "insufficient_storage"
+        assert not [p for p in (folder / "files").iterdir() if p.name.endswith(".tmp")]
+        assert len(api.files.list().data) == 3  # reading still works
+        for file in kept:  # deleting frees the space
+            assert api.files.delete(file.id).deleted
+        assert api.files.create(file=("2.jsonl", content), purpose="batch").bytes == len(content)
+
+        lines = jsonl([embed_line(i) for i in range(1280)])  # ten chunks of 128 lines
+        uploaded = api.files.create(file=("in.jsonl", lines), purpose="batch")
+        batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        deadline = time.monotonic() + 30
+        while api.batches.retrieve(batch.id).request_counts.completed == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        filler = fill(folder)  # the disk is full while the batch runs
+        time.sleep(1.5)
+        stalled = api.batches.retrieve(batch.id)
+        assert stalled.status == "in_progress" and stalled.request_counts.completed < 1280
+        metrics = client.get("/metrics", headers={"Authorization": f"Bearer {KEYS[0]}"}).text
+        full = re.search(r"^embedrank_batch_store_full_seconds (\S+)$", metrics, re.M)
+        assert full is not None and float(full[1]) > 0
+        filler.unlink()  # room again: the batch goes on by itself
+        done = wait(api, batch.id, seconds=60)
+        assert done.status == "completed" and done.request_counts.completed == 1280
+        output = [json.loads(row) for row in api.files.content(done.output_file_id).content.splitlines()]
+        assert [row["custom_id"] for row in output] == [f"e-{i}" for i in range(1280)]

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from service.database_urls import redacted
-from service.errors import UnavailableError
+from service.errors import InsufficientStorageError, UnavailableError
 
 
 class DatabaseUnavailableError(UnavailableError):
     """The database cannot be reached or used now (the server is down or restarting, the network failed, a
-    lock was held too long, the disk is full); the same call may succeed later: 503
-    ``batch_database_unavailable`` with ``Retry-After``."""
+    lock was held too long, an I/O error); the same call may succeed later: 503 ``batch_database_unavailable``
+    with ``Retry-After``. A full disk is :class:`~service.errors.InsufficientStorageError` (507)."""
 
     code = "batch_database_unavailable"
     public_message = "the Batch API's database is not available now; try again shortly"
@@ -115,10 +115,12 @@ class SqliteDatabase:
     @contextlib.contextmanager
     def _unavailable(self) -> Iterator[None]:
         """SQLite's errors of a database that cannot be used now (its write lock held past the timeout, an I/O
-        error, a full disk) as :class:`DatabaseUnavailableError`."""
+        error) as :class:`DatabaseUnavailableError`, a full disk as :class:`~service.errors.InsufficientStorageError`."""
         try:
             yield
         except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                raise InsufficientStorageError(f"{self.path}: {exc}") from exc
             raise DatabaseUnavailableError(f"{self.path}: {exc}") from exc
 
     @contextlib.contextmanager
@@ -220,6 +222,8 @@ class PostgresDatabase:
         """psycopg's errors of a server or network that fails, as :class:`DatabaseUnavailableError`."""
         try:
             yield
+        except self._psycopg.errors.DiskFull as exc:  # the server's disk: its own to free, the same answer here
+            raise InsufficientStorageError(f"PostgreSQL at {redacted(self.url)}: {exc}") from exc
         except self._psycopg.OperationalError as exc:
             raise DatabaseUnavailableError(f"PostgreSQL at {redacted(self.url)}: {exc}") from exc
 

@@ -15,6 +15,7 @@ import json
 import logging
 import shutil
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -257,7 +258,13 @@ class BatchService:
             waiting.add_metric([], sum(row["total"] - row["completed"] - row["failed"] for row in rows))
             done.add_metric(["completed"], sum(row["completed"] for row in rows))
             done.add_metric(["failed"], sum(row["failed"] for row in rows))
-        yield from (unfinished, waiting, done, recorded, orphans)
+        full = GaugeMetricFamily(
+            "embedrank_batch_store_full_seconds",
+            "How long the Batch API's store has been out of disk space, batches waiting (0: it has room)",
+        )
+        since = self.worker.room_wanted_since if self.worker is not None else None
+        full.add_metric([], time.time() - since if since is not None else 0.0)
+        yield from (unfinished, waiting, done, recorded, orphans, full)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

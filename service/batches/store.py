@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import secrets
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from service.batches.database import Connection, Database, SqliteDatabase
+from service.errors import InsufficientStorageError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -106,6 +108,9 @@ class FileInUseError(Exception):
     """A file cannot be deleted while an unfinished batch reads it."""
 
 
+RESERVE = 4 * 2**20
+"""Bytes an upload leaves free on the store's disk (:func:`check_room`)."""
+
 ORPHAN_GRACE_SECONDS = 600.0
 """How old a file without a row (or a row without a file) must be before it counts as left behind."""
 
@@ -172,6 +177,7 @@ class BatchStore:
         """Store ``content`` as a file of ``owner`` (written and synced before its row exists, removed if the row
         cannot be written). Returns its row."""
         file_id = new_id("file-")
+        check_room(self.root / "files", len(content))
         _write_synced(self.file_path(file_id), [content])
         row = {
             "id": file_id,
@@ -252,10 +258,12 @@ class BatchStore:
             ).fetchone()
             if using is not None:
                 raise FileInUseError(f"file {file_id!r} is the input of batch {using['id']!r}, which is not finished")
-            deleted = db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner)).rowcount
-        if deleted:
+            if db.execute("SELECT id FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone() is None:
+                return False
+            # its space first: on a full disk the database may need it to delete the row (its journal)
             self.file_path(file_id).unlink(missing_ok=True)
-        return bool(deleted)
+            db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner))
+        return True
 
     # -- batches ------------------------------------------------------------------------------------
     def create_batch(
@@ -630,21 +638,43 @@ class BatchStore:
 
 def _write_synced(path: Path, parts: Sequence[Path | bytes], *, keep_empty: bool = True) -> int:
     """``parts`` (bytes, or files streamed in) one after the other in ``path``, whole or not at all: written to
-    a temporary file, synced, then renamed into place. Returns the size; with ``keep_empty=False`` nothing
-    is written when it is 0."""
+    a temporary file, synced, then renamed into place; a failure removes the temporary file. Returns the size;
+    with ``keep_empty=False`` nothing is written when it is 0.
+
+    Raises:
+        InsufficientStorageError: the disk is full (or the quota reached).
+    """
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "wb") as out:
-        for part in parts:
-            if isinstance(part, bytes):
-                out.write(part)
-            else:
-                with open(part, "rb") as f:
-                    shutil.copyfileobj(f, out)
-        out.flush()
-        os.fsync(out.fileno())
-        size = out.tell()
-    if size or keep_empty:
-        os.replace(tmp, path)
-    else:
-        tmp.unlink()
+    try:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                if isinstance(part, bytes):
+                    out.write(part)
+                else:
+                    with open(part, "rb") as f:
+                        shutil.copyfileobj(f, out)
+            out.flush()
+            os.fsync(out.fileno())
+            size = out.tell()
+        if size or keep_empty:
+            os.replace(tmp, path)
+        else:
+            tmp.unlink()
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientStorageError(f"{path.parent}: {exc.strerror}") from exc
+        raise
     return size
+
+
+def check_room(folder: Path, size: int) -> None:
+    """Refuse to write ``size`` bytes in ``folder`` unless its disk has that much free and :data:`RESERVE` more
+    (room for the database's journal, and for deleting: a full disk could not delete a row).
+
+    Raises:
+        InsufficientStorageError: it has not.
+    """
+    free = shutil.disk_usage(folder).free
+    if free < size + RESERVE:
+        raise InsufficientStorageError(f"{folder}: {free} bytes free, {size} to write and {RESERVE} kept in reserve")

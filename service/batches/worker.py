@@ -36,6 +36,7 @@ from service.batches.lines import (
 )
 from service.batches.store import BatchStore, Chunk
 from service.context import Context
+from service.errors import InsufficientStorageError
 from service.settings import Settings
 
 logger = logging.getLogger("embedrank.service")
@@ -68,6 +69,8 @@ class BatchWorker:
     orphans_removed: int = 0  # files without a row and rows without a file it removed (BatchStore.remove_orphans)
     sweep_seconds: float = 600.0  # how often it looks for them
     _next_sweep: float = 0.0  # when it looks next (monotonic); at once when it starts
+    room_wanted_since: float | None = None  # since when (Unix time) the store's disk has been full; None: it is not
+    _no_claims_until: float = 0.0  # no chunk is claimed before this (monotonic): the disk was full
     _woken: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     _failures: dict[str, int] = dataclasses.field(default_factory=dict)  # batch id: its checks that failed in turn
 
@@ -84,12 +87,16 @@ class BatchWorker:
                     busy = await self._housekeeping()
                     # no chunk is claimed while the models are not ready: a claim held while waiting would keep
                     # the lines from a ready replica, and the batch from expiring if loading never ends
-                    while len(inflight) < self.concurrency and self._ready():
+                    while len(inflight) < self.concurrency and self._ready() and not self._waiting_for_room():
                         chunk = await asyncio.to_thread(self.store.claim, self.name, self.lease_seconds)
                         if chunk is None:
                             break
                         inflight.add(asyncio.create_task(self.run_chunk(chunk)))
                         busy = True
+                except InsufficientStorageError as exc:  # the disk is full: batches wait, none fails
+                    self._out_of_room(exc)
+                    await asyncio.sleep(RETRY_SECONDS)
+                    continue
                 except Exception as exc:  # the store failed: its claims run out, and the loop tries again
                     _log_failure(exc, f"batch worker: the store failed; trying again in {RETRY_SECONDS:.0f} s")
                     await asyncio.sleep(RETRY_SECONDS)
@@ -110,6 +117,24 @@ class BatchWorker:
                 task.cancel()
             await asyncio.gather(*inflight, return_exceptions=True)
 
+    def _out_of_room(self, exc: InsufficientStorageError) -> None:
+        """The store's disk is full: claim no chunk for :data:`RETRY_SECONDS` (the chunks in flight that cannot
+        be recorded go back), say so once; batches wait and none fails."""
+        if self.room_wanted_since is None:
+            self.room_wanted_since = time.time()
+            logger.error("batch store: the disk is full (%s); batches wait until there is room", exc)
+        self._no_claims_until = time.monotonic() + RETRY_SECONDS
+
+    def _room_again(self) -> None:
+        if self.room_wanted_since is not None:
+            logger.warning(
+                "batch store: there is room again after %.0f s; batches go on", time.time() - self.room_wanted_since
+            )
+            self.room_wanted_since = None
+
+    def _waiting_for_room(self) -> bool:
+        return time.monotonic() < self._no_claims_until
+
     def _ready(self) -> bool:
         try:
             self.pool_of()
@@ -129,12 +154,13 @@ class BatchWorker:
         for batch in oldest_of_each_owner(validating):
             try:
                 await self.validate(batch)
-            except DatabaseUnavailableError:
+            except (DatabaseUnavailableError, InsufficientStorageError):  # the store's, not the batch's
                 raise
             except Exception as exc:
                 await self._validation_failed(batch, exc)
             else:
                 self._failures.pop(batch["id"], None)
+                self._room_again()
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + self.sweep_seconds
             removed = await asyncio.to_thread(self.store.remove_orphans)
@@ -145,7 +171,8 @@ class BatchWorker:
         for batch, ending in finishing:
             try:
                 await self.finalize(batch, ending)
-            except DatabaseUnavailableError:
+                self._room_again()
+            except (DatabaseUnavailableError, InsufficientStorageError):
                 raise
             except Exception as exc:
                 logger.error("batch %s: finalizing failed (%s: %s); trying again", batch["id"], type(exc).__name__, exc)
@@ -238,9 +265,16 @@ class BatchWorker:
             result_line(line.custom_id, s, b, r) for line, (s, b, r) in zip(lines, results, strict=True) if s >= 400
         )
         failed = sum(1 for s, _, _ in results if s >= 400)
-        recorded = await asyncio.to_thread(
-            self.store.finish, self.name, chunk, output, errors, len(lines) - failed, failed
-        )
+        try:
+            recorded = await asyncio.to_thread(
+                self.store.finish, self.name, chunk, output, errors, len(lines) - failed, failed
+            )
+        except InsufficientStorageError as exc:  # the chunk goes back, to run again once there is room
+            self._out_of_room(exc)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.store.release, self.name, chunk)
+            return
+        self._room_again()
         if recorded:
             self.lines_done += len(lines)
         else:
