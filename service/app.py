@@ -37,10 +37,11 @@ from service import logs, process, shutdown, tracing
 from service.auth import BearerAuth
 from service.batches.http import FILE_HANDLERS, FORM_PATHS, BatchService
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
+from service.decoding import decompressed
 from service.errors import APIError, handle_exception
 from service.fast_path import EmbeddingsFastPath
 from service.handling import ServiceState, pool_of, read_json_body, service_of
-from service.litestar_internals import set_decoded_body
+from service.litestar_internals import set_body, set_decoded_body
 from service.middleware import RequestMiddleware
 from service.observability import CacheMetrics, Metrics
 from service.openapi import complete_openapi
@@ -73,17 +74,33 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
             code="unsupported_media_type",
         )
     encoding = request.headers.get("content-encoding", "").strip().lower()
-    if path in FORM_PATHS and encoding not in ("", "identity"):  # the form would be read as if it were plain
-        raise APIError(
-            415,
-            f"Content-Encoding {shorten(encoding)!r} is not supported for uploads; send the form uncompressed",
-            code="unsupported_media_type",
-        )
+    if path in FORM_PATHS and encoding not in ("", "identity"):  # decompressed before the form is parsed
+        await _decompress_form(request, encoding, service_of(request.app.state).settings.limits.max_file_bytes)
     if schema is not None:
         # decode once: Litestar reads the JSON of the connection state before parsing the body itself,
         # and passes a value that already has the handler's data type through unchanged
         settings = service_of(request.app.state).settings
         set_decoded_body(request, await read_json_body(request, schema, settings))
+
+
+async def _decompress_form(request: Request[Any, Any, Any], encoding: str, max_file_bytes: int) -> None:
+    """A gzip-compressed upload's form, decompressed (at most ``max_file_bytes`` and the form's margin) before
+    it is parsed; any other encoding is a 415 (it would be read as if it were plain)."""
+    if encoding not in ("gzip", "x-gzip"):
+        raise APIError(
+            415,
+            f"Content-Encoding {shorten(encoding)!r} is not supported for uploads; send the form as is, or gzip",
+            code="unsupported_media_type",
+        )
+    try:
+        body = decompressed(await request.body(), encoding, max_file_bytes + FORM_MARGIN)
+    except APIError as exc:
+        if exc.status == 413:
+            raise APIError(
+                413, f"the decompressed upload is larger than max_file_bytes={max_file_bytes}", code="file_too_large"
+            ) from None
+        raise APIError(400, "the upload is labelled gzip but is not whole gzip data", code="invalid_request") from None
+    set_body(request, body)
 
 
 async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:

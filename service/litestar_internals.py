@@ -5,6 +5,8 @@
   handler runs. Litestar reads a request's JSON from its connection state when that holds a value, and
   passes a value that already has the handler's data type through unchanged, so storing the decoded body
   there makes it what the handler receives. Litestar has no public way to hand a handler a body.
+- The body bytes: a gzip-compressed upload is decompressed before Litestar parses its form, by storing the
+  decompressed bytes where Litestar keeps a body it has read (the connection state).
 - The route handler of a request built outside routing (:mod:`service.fast_path`): a ``Request`` reads
   limits such as the body size from ``scope["route_handler"]``.
 """
@@ -16,6 +18,12 @@ from typing import Any
 from litestar import Request
 from litestar.handlers import HTTPRouteHandler
 from litestar.types import Scope
+
+
+def set_body(request: Request[Any, Any, Any], body: bytes) -> None:
+    """Make ``body`` the bytes this request (and every ``Request`` of its scope) reads as its body: a compressed
+    upload, decompressed before its form is parsed. Litestar keeps a read body in the connection state."""
+    request._body = request._connection_state.body = body
 
 
 def set_decoded_body(request: Request[Any, Any, Any], value: Any) -> None:

@@ -360,23 +360,58 @@ def test_an_unreachable_batch_database_answers_503_with_retry_after_never_500(tm
         assert direct(client, KEYS[0], "/v1/embeddings", {"model": "enc", "input": "still served"})[0] == 200
 
 
-def test_a_compressed_upload_is_refused_not_read_as_plain(app_client):
-    """An upload declared compressed is a 415 (the form is not decompressed): it used to be stored as if it
-    were plain, bytes that no line of could be read."""
-    body = jsonl([embed_line(0)])
+def _form(parts: list[tuple[bytes, bytes]]) -> tuple[bytes, str]:
+    """A multipart form written by hand (part headers, value), so that its bytes can be anything."""
+    body = b"".join(b"--B0UNDARY\r\n" + head + b"\r\n\r\n" + value + b"\r\n" for head, value in parts)
+    return body + b"--B0UNDARY--\r\n", "multipart/form-data; boundary=B0UNDARY"
+
+
+def _upload_parts(content: bytes, purpose: bytes = b"batch", purpose_head: bytes = b"") -> list[tuple[bytes, bytes]]:
+    return [
+        (b'Content-Disposition: form-data; name="purpose"' + purpose_head, purpose),
+        (b'Content-Disposition: form-data; name="file"; filename="in.jsonl"', content),
+    ]
+
+
+def test_a_gzip_upload_is_decompressed_and_other_encodings_are_refused(app_client):
+    """An upload compressed with gzip is stored decompressed, as the file the client compressed; a gzip body over
+    max_file_bytes once decompressed is a 413, one that is not gzip a 400, any other encoding a 415 (an upload
+    used to be stored as sent, compressed bytes no line of could be read)."""
+    import gzip
+
+    content = jsonl([embed_line(i) for i in range(3)])
     auth = {"Authorization": f"Bearer {KEYS[0]}"}
-    for encoding in ("br", "gzip", "deflate"):
-        resp = app_client.post(
-            "/v1/files",
-            files={"file": ("in.jsonl", body)},
-            data={"purpose": "batch"},
-            headers={**auth, "Content-Encoding": encoding},
-        )
-        assert resp.status_code == 415 and resp.json()["error"]["code"] == "unsupported_media_type", resp.text
-        assert encoding in resp.json()["error"]["message"]
-    plain = app_client.post("/v1/files", files={"file": ("in.jsonl", body)}, data={"purpose": "batch"}, headers=auth)
-    assert plain.status_code == 200
-    assert app_client.get("/v1/files", headers=auth).json()["data"] == [plain.json()]
+    body, content_type = _form(_upload_parts(content))
+
+    def post(data: bytes, encoding: str) -> Any:
+        headers = {**auth, "Content-Type": content_type, "Content-Encoding": encoding}
+        return app_client.post("/v1/files", content=data, headers=headers)
+
+    stored = post(gzip.compress(body), "gzip")
+    assert stored.status_code == 200, stored.text
+    assert stored.json()["bytes"] == len(content)
+    assert app_client.get(f"/v1/files/{stored.json()['id']}/content", headers=auth).content == content
+    for encoding in ("br", "deflate"):
+        refused = post(body, encoding)
+        assert refused.status_code == 415 and refused.json()["error"]["code"] == "unsupported_media_type"
+        assert encoding in refused.json()["error"]["message"]
+    assert post(body, "gzip").status_code == 400  # labelled gzip, sent plain
+    bomb, _ = _form(_upload_parts(b"\n" * 300_000))  # 300 kB of blank lines: over max_file_bytes (200 kB)
+    too_big = post(gzip.compress(bomb), "gzip")
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "file_too_large"
+
+
+def test_a_form_field_not_in_its_charset_is_a_400(app_client):
+    """A field that is not UTF-8, or declares a charset that does not exist, is a 400 (it was a 500)."""
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    content = jsonl([embed_line(0)])
+    for parts in (
+        _upload_parts(content, purpose=b"batch\xff"),
+        _upload_parts(content, purpose_head=b"\r\nContent-Type: text/plain; charset=no-such-charset"),
+    ):
+        body, content_type = _form(parts)
+        resp = app_client.post("/v1/files", content=body, headers={**auth, "Content-Type": content_type})
+        assert resp.status_code == 400 and "charset" in resp.json()["error"]["message"], resp.text
 
 
 def test_metrics_show_no_batch_id_unless_asked(app_client):

@@ -9,7 +9,7 @@ import msgspec
 from litestar import Litestar, Request, post
 from litestar.testing import TestClient
 
-from service.litestar_internals import bind_route_handler, decoded_body, set_decoded_body
+from service.litestar_internals import bind_route_handler, decoded_body, set_body, set_decoded_body
 
 
 class Body(msgspec.Struct):
@@ -36,6 +36,22 @@ def test_a_stored_body_is_what_the_handler_receives_unchanged():
         answer = client.post("/typed", content=b'{"text": "hello"}', headers={"Content-Type": "application/json"})
         assert answer.json() == {"text": "HELLO", "type": "Body"}  # the stored value, not the body parsed again
         assert client.post("/raw", json={"text": "again"}).json() == {"text": "AGAIN"}
+
+
+async def _replace_body(request: Request[Any, Any, Any]) -> None:
+    await request.body()
+    set_body(request, b"text=replaced")
+
+
+@post("/form", before_request=_replace_body)
+async def form(request: Request[Any, Any, Any]) -> dict:
+    return {"text": (await request.form())["text"], "body": (await request.body()).decode()}
+
+
+def test_a_stored_body_is_what_the_handler_reads_and_parses():
+    with TestClient(Litestar([form])) as client:
+        answer = client.post("/form", data={"text": "sent"})
+        assert answer.json() == {"text": "replaced", "body": "text=replaced"}
 
 
 def test_a_request_built_outside_routing_reads_its_bound_handlers_body_limit():

@@ -366,6 +366,8 @@ async def upload_file(request: Request[Any, Any, Any], state: State) -> FileObje
         if exc.status_code != 413:
             raise
         raise APIError(413, f"the file is larger than max_file_bytes={limit}", code="file_too_large") from None
+    except (UnicodeDecodeError, LookupError):  # a field that is not text in its charset, or a charset that is none
+        raise invalid("a form field is not text in its declared charset (UTF-8 when none is declared)") from None
     purpose, upload = form.get("purpose"), form.get("file")
     if purpose != "batch":
         raise invalid(f"purpose must be 'batch', got {str(purpose)[:50]!r}", param="purpose")
