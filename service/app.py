@@ -35,7 +35,8 @@ from embedrank.serving.pool import ModelPool, compute_threads
 from embedrank.serving.vector_cache import VectorCache
 from service import logs, process, shutdown, tracing
 from service.auth import BearerAuth
-from service.batches.http import FILE_HANDLERS, FORM_PATHS, BatchService
+from service.batches.routes import FILE_HANDLERS, FORM_PATHS
+from service.batches.service import BatchService
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
 from service.decoding import decompressed
 from service.errors import APIError, handle_exception

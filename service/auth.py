@@ -6,17 +6,20 @@ off, ``OPTIONS`` needs the key like every other method."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterable
+from typing import Any
 
+from litestar import Request
 from litestar.exceptions import NotAuthorizedException
 from litestar.types import Scope
 
 OPEN_PATHS = frozenset({"/health"})  # and CORS preflights (OPTIONS) when CORS is on
 
 
-def check_bearer(header: str | None, keys: Iterable[bytes]) -> None:
-    """Raise :class:`NotAuthorizedException` unless ``header`` is ``Bearer <one of keys>``.
+def check_bearer(header: str | None, keys: Iterable[bytes]) -> str:
+    """The key of ``header``; :class:`NotAuthorizedException` unless it is ``Bearer <one of keys>``.
 
     The scheme name is case-insensitive (RFC 7235); scheme and key are separated by exactly one space and
     the key holds no whitespace (RFC 6750's ``Bearer SP b64token``), so ``Bearer  key`` is malformed, not
@@ -34,6 +37,7 @@ def check_bearer(header: str | None, keys: Iterable[bytes]) -> None:
         matched |= hmac.compare_digest(given, key)
     if not matched:
         raise NotAuthorizedException("invalid API key")
+    return token
 
 
 class BearerAuth:
@@ -51,4 +55,15 @@ class BearerAuth:
         if scope["path"] in self.open_paths or (self.open_preflights and scope.get("method") == "OPTIONS"):
             return
         header = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), None)
-        check_bearer(header, self.keys)
+        key = check_bearer(header, self.keys)
+        scope.setdefault("state", {})[OWNER] = hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+OWNER = "embedrank_owner"
+"""Where :meth:`BearerAuth.check` leaves, in a request's scope state, who the request acts for."""
+
+
+def owner_of(request: Request[Any, Any, Any]) -> str:
+    """Who a request acts for, as the auth layer found it: a digest of its API key (the Batch API's files and
+    batches belong to it); ``anonymous`` when authentication is off."""
+    return str(request.scope.get("state", {}).get(OWNER, "anonymous"))

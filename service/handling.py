@@ -39,7 +39,7 @@ class ServiceState:
     detail: str | None = None
     load_task: asyncio.Task[None] | None = None
     auth: BearerAuth | None = None  # None: the operator switched authentication off
-    batches: Any = None  # the Batch API's store and worker (service.batches.http.BatchService)
+    batches: Any = None  # the Batch API's store and worker (service.batches.service.BatchService)
 
     def ready_pool(self) -> ModelPool:
         if self.status != "ok":

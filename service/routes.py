@@ -16,7 +16,7 @@ from litestar.params import Body
 
 from embedrank.serving.pool import ModelPool
 from service import api, cohere, endpoints, tei
-from service.batches import http as batch_routes
+from service.batches import routes as batch_routes
 from service.endpoints import (
     BY_PATH,
     COHERE_EMBED_V1,

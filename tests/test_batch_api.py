@@ -279,7 +279,7 @@ def test_a_key_may_have_so_many_batches_unfinished_and_a_cancelled_one_ends(tmp_
 def test_the_schema_offers_exactly_the_endpoints_a_line_can_run():
     from typing import get_args
 
-    from service.batches.http import BatchUrl
+    from service.batches.schemas import BatchUrl
     from service.endpoints import BATCH
 
     assert set(get_args(BatchUrl)) == set(BATCH)

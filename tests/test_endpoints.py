@@ -13,7 +13,7 @@ import pytest
 
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 from service import endpoints, fast_path
-from service.batches.http import CreateBatchRequest
+from service.batches.schemas import CreateBatchRequest
 from service.endpoints import BATCH, BATCH_URLS, BY_PATH, ENDPOINTS, Endpoint
 from service.routes import BODIES, ROUTE_HANDLERS
 
