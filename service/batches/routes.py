@@ -23,6 +23,7 @@ from litestar.response import Stream
 
 from service.auth import owner_of
 from service.batches.schemas import (
+    WINDOW_SECONDS,
     BatchList,
     BatchObject,
     CreateBatchRequest,
@@ -183,7 +184,7 @@ async def delete_file(request: Request[Any, Any, Any], state: State, file_id: st
 )
 async def create_batch(data: CreateBatchRequest, request: Request[Any, Any, Any], state: State) -> BatchObject:
     batches = _batches(state)
-    seconds = int(data.completion_window[:-1]) * (60 if data.completion_window.endswith("m") else 3600)
+    seconds = WINDOW_SECONDS[data.completion_window]
     store, owner = await _store(state), owner_of(request)
     file = await asyncio.to_thread(store.get_file, owner, data.input_file_id)
     if file is None or file["purpose"] != "batch":

@@ -10,9 +10,8 @@ from msgspec import Meta
 
 from service.endpoints import BATCH_URLS
 
-# 1 to 9999 minutes, or 1 to 999 hours, and nothing after ("$" would let a final newline through, in Python's
-# regular expressions and in JSON Schema's)
-WINDOW = r"^([1-9][0-9]{0,3}m|[1-9][0-9]{0,2}h)(?![\s\S])"
+WINDOW_SECONDS = {"24h": 86_400}
+"""The completion windows a batch may have, as OpenAI's API takes them (``24h`` only), and their length."""
 if TYPE_CHECKING:
     BatchUrl = str
 else:  # the urls of the endpoint table that batch lines may name, as one literal (its values in the OpenAPI schema)
@@ -105,11 +104,9 @@ class CreateBatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     input_file_id: Annotated[str, Meta(min_length=1, description="a file uploaded with purpose `batch`")]
     endpoint: Annotated[BatchUrl, Meta(description="the url of every line of the input file")]
     completion_window: Annotated[
-        str,
+        Literal["24h"],
         Meta(
-            pattern=WINDOW,
-            description="how long the batch may take: `24h` as OpenAI, or minutes or hours (`90m`, `48h`); "
-            "what has not run by then is reported as expired",
+            description="how long the batch may take: `24h`, as OpenAI; what has not run by then is reported as expired"
         ),
     ] = "24h"
     metadata: Metadata | None = None
