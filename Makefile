@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -83,7 +83,7 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-bench: bench-encode bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-batch-owners
+bench: bench-encode bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-batch-owners bench-batch-validation
 
 # each benchmark records its output, command, date, commit and CPU in eval/results/; the docs' page is rendered from them
 bench-encode: setup
@@ -104,6 +104,10 @@ bench-tracing: setup
 
 bench-batch-owners: setup
 	$(RECORD) batch-owners "Batch jobs of two keys: a small batch beside another key's large ones" -- $(PY) eval/bench_batch_owners.py
+	$(PY) eval/render_benchmarks.py
+
+bench-batch-validation: setup
+	$(RECORD) batch-validation "Validating a batch's input file: memory and the event loop" -- $(PY) eval/bench_batch_validation.py
 	$(PY) eval/render_benchmarks.py
 
 bench-fairness: setup
