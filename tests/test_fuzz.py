@@ -33,6 +33,8 @@ def test_schemathesis_finds_nothing(tmp_path, cases):
         phases = result["per_operation"][operation]
         assert phases["fuzzing/positive"] + phases["fuzzing/negative"] >= cases, (operation, phases)
         assert phases["coverage/negative"] > 0 and phases["fuzzing/negative"] > 0, (operation, phases)
+    for operation in ("POST /v1/files", "POST /v1/batches", "GET /v1/batches/{batch_id}", "DELETE /v1/files/{file_id}"):
+        assert sum(result["per_operation"][operation].values()) > 0, sorted(result["per_operation"])  # fuzzed too
     edges = result["edges"]
     assert edges["failures"] == [], edges["failures"][:10]
     assert edges["cases"] >= 400 and len(edges["operations"]) == 12, edges  # every POST operation got its edges
