@@ -372,10 +372,9 @@ class BatchEngine(Generic[Item]):
         now = time.time_ns()
         for queued in traced:
             queued.waited(now)
-        padded = max(job.est[i] for job, i in batch) * len(batch)
         attributes = {
             "embedrank.batch.items": len(batch),
-            "embedrank.batch.padded_tokens": padded,
+            "embedrank.batch.padded_tokens": _padded(batch),
             "embedrank.batch.tokens": tokens,
         }
         return tracing.forward(traced, attributes)
@@ -402,7 +401,13 @@ class BatchEngine(Generic[Item]):
         with self._cond:
             self._peak_inflight *= 0.9  # forget old load slowly; submit() raises it again
         if self.on_batch is not None:
-            padded = max(job.est[i] for job, i in batch) * len(batch)
             self.on_batch(
-                BatchReport(items=len(batch), padded_tokens=padded, tokens=outcome.total_tokens, seconds=seconds)
+                BatchReport(
+                    items=len(batch), padded_tokens=_padded(batch), tokens=outcome.total_tokens, seconds=seconds
+                )
             )
+
+
+def _padded(batch: list[tuple[_Job, int]]) -> int:
+    """A batch's estimated padded tokens: its longest item's estimate times its items."""
+    return max(job.est[i] for job, i in batch) * len(batch)
