@@ -161,14 +161,16 @@ def test_a_faiss_index_goes_to_a_gpu_only_with_a_gpu_build_of_faiss():
     assert index.to_device("cpu").device == "cpu" and index.search(np.eye(1, 4, dtype=np.float32), 1)[1] == [["a"]]
 
 
-def test_texts_tokenized_ahead_give_what_texts_tokenized_in_turn_give(monkeypatch):
+@pytest.mark.parametrize("workers", [1, 3])
+def test_texts_tokenized_ahead_give_what_texts_tokenized_in_turn_give(monkeypatch, workers):
     import numpy as np
 
     from embedrank.errors import InputTooLongError
+    from embedrank.models import batching, tokens
     from embedrank.models import encoder as encoder_module
-    from embedrank.models import tokens
 
-    monkeypatch.setattr(tokens, "AHEAD_CHUNK", 7)  # several chunks, the next one tokenized while one runs
+    monkeypatch.setattr(batching, "AHEAD_WORKERS", workers)  # chunks tokenized at once, handed over in order
+    monkeypatch.setattr(tokens, "AHEAD_CHUNK", 7)  # several chunks, the next ones tokenized while one runs
     monkeypatch.setattr(encoder_module, "AHEAD_CHUNK", 7)  # and vectors copied back every 7 texts or more
     enc = Encoder.from_pretrained(tiny_model("bert"), backend="torch")
     texts = [f"text number {i} " * (1 + i % 9) for i in range(40)]

@@ -152,3 +152,73 @@ def test_the_runtime_finds_real_positions_on_the_host_and_packs_with_them(encode
     ours = encoder.runtime(batch.features)
     mask = batch.features["attention_mask"].bool()
     assert seen == ["cpu"] and (ours[mask] - ref[mask]).abs().max() < 1e-5
+
+
+def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None):
+    """What torch.nn.attention.varlen.varlen_attn computes, one sequence at a time with SDPA: ``(N, heads, hd)``."""
+    assert cu_q is cu_k and max_q == max_k
+    assert int((cu_q[1:] - cu_q[:-1]).max()) == max_q
+    out = torch.empty_like(q)
+    for start, end in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+        one = [t[start:end].transpose(0, 1) for t in (q, k, v)]
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(*one, scale=scale).transpose(0, 1)
+    return out
+
+
+def test_variable_length_attention_over_the_packed_rows_equals_the_padded_forward(encoder, cross_encoder_dir):
+    from embedrank.runtime import packed
+
+    batch = encoder.tokenize(TEXTS)
+    mask = batch.features["attention_mask"]
+    varlen = packed.varlen_of(mask, reference_varlen_attn)
+    assert varlen.offsets.tolist() == [0, *mask.sum(1).cumsum(0).tolist()] and varlen.longest == mask.shape[1]
+    with torch.inference_mode():
+        ref = encoder.model(**batch.features).last_hidden_state
+        ours = packed_forward(encoder.model, **batch.features, varlen=varlen)
+    real = mask.bool()
+    assert (ours[real] - ref[real]).abs().max() < 1e-5 and ours[~real].abs().max() == 0
+
+    ce = CrossEncoder.from_pretrained(cross_encoder_dir, backend="torch")
+    pairs = ce.tokenize(["what causes the seasons on earth"] * len(TEXTS), TEXTS).features
+    with torch.inference_mode():
+        expected = ce.model(**pairs).logits
+        got = packed.packed_classifier_logits(
+            ce.model, **pairs, varlen=packed.varlen_of(pairs["attention_mask"], reference_varlen_attn)
+        )
+    assert (got - expected).abs().max() < 1e-4
+
+
+def test_the_runtime_attends_on_the_packed_rows_where_a_kernel_is_found(encoder, monkeypatch):
+    from embedrank.runtime import packed
+    from embedrank.runtime.backends import TorchRuntime
+
+    assert encoder.runtime.varlen is None  # a CPU: torch's kernel is flash attention, CUDA only
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(args[3].device.type)
+        return reference_varlen_attn(*args, **kwargs)
+
+    monkeypatch.setattr(packed, "varlen_kernel", lambda device, dtype, head_dim: kernel)
+    runtime = TorchRuntime(encoder.model, encoder.tokenizer, "encoder")
+    batch = encoder.tokenize(TEXTS)
+    with torch.inference_mode():
+        ref = encoder.model(**batch.features).last_hidden_state
+    ours = runtime(batch.features)
+    real = batch.features["attention_mask"].bool()
+    assert calls == ["cpu"] * encoder.model.config.num_hidden_layers
+    assert (ours[real] - ref[real]).abs().max() < 1e-5
+
+
+def test_a_variable_length_kernel_is_used_only_where_it_runs_and_agrees_with_sdpa():
+    from embedrank.runtime import packed
+
+    cpu = torch.device("cpu")
+    assert packed.varlen_kernel(cpu, torch.float16, 64) is None  # no CUDA device
+    assert packed._agrees_with_sdpa(reference_varlen_attn, cpu, torch.float32, 32)
+
+    def across_the_border(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None):  # sequences of 4 and 4, not 5 and 3
+        wrong = torch.tensor([0, 4, 8], dtype=torch.int32)
+        return reference_varlen_attn(q, k, v, wrong, wrong, 4, 4, scale=scale)
+
+    assert not packed._agrees_with_sdpa(across_the_border, cpu, torch.float32, 32)

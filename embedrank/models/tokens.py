@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embedrank.models import batching
 from embedrank.models.batching import AHEAD_CHUNK, TOKENIZE_CHUNK, by_length
 from embedrank.models.checks import check_max_seq_length, check_truncation
 
@@ -369,13 +371,16 @@ class TextTokens:
             for start in starts:
                 yield from chunk(start, start + size)
             return
-        with ThreadPoolExecutor(1, thread_name_prefix="embedrank-tokenize") as pool:
-            coming = pool.submit(chunk, 0, size)
-            for start in starts:
-                batches = coming.result()
-                if start + size < len(texts):
-                    coming = pool.submit(chunk, start + size, start + 2 * size)
+        # up to AHEAD_WORKERS chunks tokenized at once, handed over in order
+        workers = min(batching.AHEAD_WORKERS, len(starts))
+        with ThreadPoolExecutor(workers, thread_name_prefix="embedrank-tokenize") as pool:
+            coming = deque(pool.submit(chunk, start, start + size) for start in starts[:workers])
+            for start in starts[workers:]:
+                batches = coming.popleft().result()
+                coming.append(pool.submit(chunk, start, start + size))
                 yield from batches
+            while coming:
+                yield from coming.popleft().result()
 
     def lengths(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[int]:
         """Untruncated token count of each text (or pair), special tokens included."""

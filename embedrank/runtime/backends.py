@@ -134,6 +134,9 @@ class TorchRuntime:
             dtype, str(dtype)
         )
         self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")  # type: ignore[assignment]
+        # on a GPU, the packed forward's attention too runs on the real tokens only (flash attention's
+        # variable-length kernel) where it can: None attends on the padded layout
+        self.varlen = packed.varlen_kernel(self.device, dtype, _head_dim(model)) if supported else None
 
     @torch.inference_mode()
     def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
@@ -145,12 +148,23 @@ class TorchRuntime:
         if real is not None:
             ids, mask, types = inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
             on_device = real.to(self.device, non_blocking=True)
+            varlen = None
+            if self.varlen is not None:
+                varlen = packed.varlen_of(features["attention_mask"], self.varlen)
+                varlen = varlen._replace(offsets=varlen.offsets.to(self.device, non_blocking=True))
             if self.head == "encoder":
-                return packed.packed_forward(self.module, ids, mask, types, real=on_device)
-            return packed.packed_classifier_logits(self.module, ids, mask, types, real=on_device)
+                return packed.packed_forward(self.module, ids, mask, types, real=on_device, varlen=varlen)
+            return packed.packed_classifier_logits(self.module, ids, mask, types, real=on_device, varlen=varlen)
         if self.head == "encoder":
             return self.module(**inputs).last_hidden_state
         return self.module(**inputs).logits
+
+
+def _head_dim(model: torch.nn.Module) -> int:
+    """The attention heads' size from the model's config (0 when it does not say)."""
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", 0)
+    return getattr(config, "hidden_size", 0) // heads if heads else 0
 
 
 def _feed(names: Sequence[str], features: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

@@ -4,7 +4,9 @@ A padded batch ``(B, T)`` of mixed lengths spends most of its time in the linear
 same work for padding as for real tokens: for ~14-token queries padded to 19, a quarter of it. Here every
 token-wise step (embeddings, the Q/K/V/output projections, feed-forward, layer norms) runs on the ``N``
 real tokens only, packed as ``(N, H)``; only attention, which mixes tokens, runs on the padded
-``(B, heads, T, head_dim)`` layout with a key mask. The weights are the model's own modules, so the result
+``(B, heads, T, head_dim)`` layout with a key mask, unless a variable-length attention kernel is given
+(:class:`Varlen`: on a GPU, torch's flash attention over the packed rows, :func:`varlen_kernel`): then no
+step sees padding. The weights are the model's own modules, so the result
 matches the model's ordinary forward pass up to float rounding (checked against sentence-transformers in
 ``tests/test_packed.py``).
 
@@ -15,7 +17,10 @@ says no for anything else, and callers then use the model's own ``forward``.
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch.nn import functional as F
@@ -24,6 +29,8 @@ from torch.nn import functional as F
 # (32 x 200 tokens, 2 cores), with 26% padding (mixed-length queries) 15-50% faster. Below this share of
 # padding the model's own forward runs.
 MIN_PADDING_SHARE = 0.10
+
+log = logging.getLogger(__name__)
 
 
 ENCODERS = frozenset({"BertModel", "RobertaModel", "XLMRobertaModel"})
@@ -79,6 +86,85 @@ def real_positions(attention_mask: torch.Tensor) -> torch.Tensor | None:
     return mask.reshape(-1).nonzero().squeeze(1)
 
 
+class Varlen(NamedTuple):
+    """Variable-length attention over the packed ``(N, heads, head_dim)`` rows of a batch.
+
+    ``kernel`` has :func:`torch.nn.attention.varlen.varlen_attn`'s signature: ``(q, k, v, cu_q, cu_k, max_q,
+    max_k, *, scale) -> (N, heads, head_dim)``; ``offsets`` ``(B + 1,)`` int32 is where each sequence's rows
+    start (and the last one ends), ``longest`` the longest sequence's length.
+    """
+
+    kernel: Callable[..., torch.Tensor]
+    offsets: torch.Tensor
+    longest: int
+
+
+def varlen_of(attention_mask: torch.Tensor, kernel: Callable[..., torch.Tensor]) -> Varlen:
+    """The :class:`Varlen` of a right-padded ``(B, T)`` mask, computed where the mask is (the host).
+
+    >>> varlen_of(torch.tensor([[1, 1, 1], [1, 0, 0]]), kernel=print)[1:]
+    (tensor([0, 3, 4], dtype=torch.int32), 3)
+    """
+    lengths = attention_mask.sum(1, dtype=torch.int32)
+    offsets = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    return Varlen(kernel, offsets, int(lengths.max()))
+
+
+def _torch_varlen_attn() -> Callable[..., torch.Tensor] | None:
+    """:func:`torch.nn.attention.varlen.varlen_attn` if this torch has it with a ``scale`` argument (2.10 on)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn if "scale" in inspect.signature(varlen_attn).parameters else None
+
+
+def varlen_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> Callable[..., torch.Tensor] | None:
+    """torch's variable-length flash attention where it runs and agrees with SDPA, else None.
+
+    It runs on CUDA GPUs of compute capability 8.0 on (A100, H100, L4, RTX 30xx on) in fp16 or bf16 with a
+    head size that is a multiple of 8 up to 256. A first call on a small batch is compared with
+    :func:`torch.nn.functional.scaled_dot_product_attention`; a kernel that fails or disagrees is logged and
+    not used (the packed forward then attends on the padded layout).
+    """
+    kernel = _torch_varlen_attn()
+    if (
+        kernel is None
+        or device.type != "cuda"
+        or dtype not in (torch.float16, torch.bfloat16)
+        or head_dim % 8
+        or head_dim > 256
+        or torch.cuda.get_device_capability(device) < (8, 0)
+    ):
+        return None
+    try:
+        agrees = _agrees_with_sdpa(kernel, device, dtype, head_dim)
+    except RuntimeError as exc:  # a torch built without flash attention for this GPU
+        log.warning("embedrank: variable-length attention failed on %s (%s); attending on padded rows", device, exc)
+        return None
+    if not agrees:
+        log.warning("embedrank: variable-length attention disagreed with SDPA on %s; attending on padded rows", device)
+        return None
+    return kernel
+
+
+def _agrees_with_sdpa(
+    kernel: Callable[..., torch.Tensor], device: torch.device, dtype: torch.dtype, head_dim: int
+) -> bool:
+    """Whether ``kernel`` on two sequences (5 and 3 tokens, 2 heads) matches SDPA on each sequence alone."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(8, 2, head_dim, generator=generator).to(device, dtype) for _ in range(3))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    varlen = varlen_of(mask, kernel)
+    got = kernel(q, k, v, varlen.offsets.to(device), varlen.offsets.to(device), 5, 5, scale=head_dim**-0.5)
+    for start, end in ((0, 5), (5, 8)):
+        one = [t[start:end].transpose(0, 1) for t in (q, k, v)]  # (heads, T, head_dim)
+        expected = F.scaled_dot_product_attention(*one, scale=head_dim**-0.5).transpose(0, 1)
+        if not torch.allclose(got[start:end].float(), expected.float(), atol=2e-2, rtol=2e-2):
+            return False
+    return True
+
+
 @torch.inference_mode()
 def packed_forward(
     model: Any,
@@ -87,6 +173,7 @@ def packed_forward(
     token_type_ids: torch.Tensor | None = None,
     *,
     real: torch.Tensor | None = None,
+    varlen: Varlen | None = None,
 ) -> torch.Tensor:
     """Last hidden state ``(B, T, H)`` of a BERT or RoBERTa encoder, computed on real tokens only.
 
@@ -94,6 +181,8 @@ def packed_forward(
     which must come first in each row (right padding). Padding positions of the result are zero.
     ``real``: :func:`real_positions` of the mask if the caller has them (found on the host); None finds them
     here, and runs the model's own forward when there is too little padding to skip.
+    ``varlen``: attention runs on the packed rows with this kernel (its offsets on the model's device);
+    None attends on the padded ``(B, heads, T, head_dim)`` layout with SDPA.
     """
     batch, length = input_ids.shape
     mask = attention_mask.bool()
@@ -120,14 +209,29 @@ def packed_forward(
         attn = layer.attention.self
         heads, head_dim = attn.num_attention_heads, attn.attention_head_size
         qkv = torch.cat([attn.query(hidden), attn.key(hidden), attn.value(hidden)], dim=1)  # (N, 3 * heads * hd)
-        qkv = _scatter(qkv, index, rows).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        context = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=key_mask, scale=attn.scaling)
-        context = context.transpose(1, 2).reshape(rows, heads * head_dim)[index]  # (N, H)
+        if varlen is not None:
+            q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)  # each (N, heads, hd)
+            cu = varlen.offsets
+            context = varlen.kernel(q, k, v, cu, cu, varlen.longest, varlen.longest, scale=attn.scaling)
+            context = context.reshape(-1, heads * head_dim)  # (N, H)
+        else:
+            context = _padded_attention(attn, qkv, index, batch, length, key_mask)
         out = layer.attention.output
         hidden = out.LayerNorm(out.dense(context) + hidden)
         ffn = layer.output
         hidden = ffn.LayerNorm(ffn.dense(layer.intermediate(hidden)) + hidden)
     return _scatter(hidden, index, rows).view(batch, length, -1)
+
+
+def _padded_attention(
+    attn: Any, qkv: torch.Tensor, index: torch.Tensor, batch: int, length: int, key_mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention of the packed ``(N, 3 * heads * hd)`` projections on the padded layout: ``(N, heads * hd)``."""
+    heads, head_dim = attn.num_attention_heads, attn.attention_head_size
+    rows = batch * length
+    qkv = _scatter(qkv, index, rows).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+    context = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=key_mask, scale=attn.scaling)
+    return context.transpose(1, 2).reshape(rows, heads * head_dim)[index]  # (N, H)
 
 
 def supports_classifier(model: Any) -> bool:
@@ -144,11 +248,12 @@ def packed_classifier_logits(
     token_type_ids: torch.Tensor | None = None,
     *,
     real: torch.Tensor | None = None,
+    varlen: Varlen | None = None,
 ) -> torch.Tensor:
     """Logits ``(B, L)`` of a sequence classifier: :func:`packed_forward`, then the model's own head, as its
     ``forward`` does (BERT: pooler on ``[CLS]``, dropout, classifier; RoBERTa: classification head on ``<s>``)."""
     encoder = getattr(model, CLASSIFIERS[type(model).__name__])
-    hidden = packed_forward(encoder, input_ids, attention_mask, token_type_ids, real=real)
+    hidden = packed_forward(encoder, input_ids, attention_mask, token_type_ids, real=real, varlen=varlen)
     if CLASSIFIERS[type(model).__name__] == "bert":
         pooled = encoder.pooler(hidden) if encoder.pooler is not None else hidden[:, 0]
         return model.classifier(model.dropout(pooled))
