@@ -17,7 +17,7 @@ TOKENIZE_CHUNK = 8192  # inputs tokenized at once before length-sorted batching
 AHEAD_CHUNK = 1024  # inputs per chunk when the next chunks are tokenized while this one computes (a GPU)
 # threads tokenizing chunks ahead (each a chunk at a time; the tokenizer releases the GIL): one tokenizer thread
 # keeps up with a GPU on short queries but not on passages, which it tokenizes slower than a GPU embeds them
-AHEAD_WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) // 2)) if hasattr(os, "sched_getaffinity") else 1
+AHEAD_WORKERS = max(1, min(8, len(os.sched_getaffinity(0)) // 2)) if hasattr(os, "sched_getaffinity") else 1
 
 
 class HasLength(Protocol):

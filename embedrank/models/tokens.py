@@ -365,14 +365,17 @@ class TextTokens:
                 for idx in by_length([len(r["input_ids"]) for r in rows], batch_size)
             ]
 
-        size = AHEAD_CHUNK if ahead else TOKENIZE_CHUNK
+        workers = batching.AHEAD_WORKERS
+        # ahead: chunks small enough that every worker has one and the first batches start soon, but of a few
+        # batches each (a chunk's batches are sorted by length within it)
+        size = min(AHEAD_CHUNK, max(4 * batch_size, -(-len(texts) // (2 * workers)))) if ahead else TOKENIZE_CHUNK
         starts = range(0, len(texts), size)
         if not ahead or len(starts) < 2:
             for start in starts:
                 yield from chunk(start, start + size)
             return
         # up to AHEAD_WORKERS chunks tokenized at once, handed over in order
-        workers = min(batching.AHEAD_WORKERS, len(starts))
+        workers = min(workers, len(starts))
         with ThreadPoolExecutor(workers, thread_name_prefix="embedrank-tokenize") as pool:
             coming = deque(pool.submit(chunk, start, start + size) for start in starts[:workers])
             for start in starts[workers:]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -38,6 +39,7 @@ import torch
 
 from embedrank.errors import InvalidInputError
 from embedrank.runtime import packed
+from embedrank.runtime.graphs import CudaGraphs
 
 Backend = Literal["torch", "openvino", "onnx"]
 Precision = Literal["fp32", "bf16", "fp16", "int8"]
@@ -137,9 +139,19 @@ class TorchRuntime:
         # on a GPU, the packed forward's attention too runs on the real tokens only (flash attention's
         # variable-length kernel) where it can: None attends on the padded layout
         self.varlen = packed.varlen_kernel(self.device, dtype, _head_dim(model)) if supported else None
+        # on a GPU, small batches replay CUDA graphs of the padded forward (launching kernels one by one takes
+        # longer than they compute); None: every batch runs eagerly
+        self.graphs: CudaGraphs | None = None
+        if supported and self.device.type == "cuda":
+            token_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+            self.graphs = CudaGraphs(partial(_graphed_forward, model, head), self.device, token_types=token_types)
 
     @torch.inference_mode()
     def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
+        if self.graphs is not None and not all_positions:  # padding positions come out zero, not computed
+            out = self.graphs(features)
+            if out is not None:
+                return out
         packing = self.padding_free and (self.head != "encoder" or not all_positions)
         # the real tokens' positions are found where the features are (the host), before they move: found on
         # a GPU, they would make the host wait for it; None when there is too little padding to skip
@@ -158,6 +170,20 @@ class TorchRuntime:
         if self.head == "encoder":
             return self.module(**inputs).last_hidden_state
         return self.module(**inputs).logits
+
+
+def _graphed_forward(
+    model: torch.nn.Module,
+    head: Head,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """What a CUDA graph records for a BERT or RoBERTa ``model``: hidden states, or a classifier's logits."""
+    if head == "encoder":
+        return packed.padded_forward(model, input_ids, attention_mask, token_type_ids)
+    encoder = getattr(model, packed.CLASSIFIERS[type(model).__name__])
+    return packed.classifier_head(model, packed.padded_forward(encoder, input_ids, attention_mask, token_type_ids))
 
 
 def _head_dim(model: torch.nn.Module) -> int:

@@ -191,17 +191,9 @@ def packed_forward(
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
     index = index.to(input_ids.device)  # (N,) flat positions of real tokens
-    emb = model.embeddings
-    if hasattr(emb, "create_position_ids_from_input_ids"):  # RoBERTa: positions start after padding_idx
-        positions = emb.create_position_ids_from_input_ids(input_ids, emb.padding_idx).reshape(-1)[index]
-    else:
-        positions = torch.arange(length, device=input_ids.device).repeat(batch)[index]
+    positions = _positions(model, input_ids).reshape(-1)[index]
     types = token_type_ids.reshape(-1)[index] if token_type_ids is not None else torch.zeros_like(positions)
-
-    hidden = emb.word_embeddings(input_ids.reshape(-1)[index])
-    hidden = hidden + emb.token_type_embeddings(types)
-    hidden = hidden + emb.position_embeddings(positions)
-    hidden = emb.LayerNorm(hidden)  # (N, H)
+    hidden = _embeddings(model, input_ids.reshape(-1)[index], positions, types)  # (N, H)
 
     key_mask = mask[:, None, None, :]  # (B, 1, 1, T): which keys each query may attend to
     rows = batch * length
@@ -215,23 +207,61 @@ def packed_forward(
             context = varlen.kernel(q, k, v, cu, cu, varlen.longest, varlen.longest, scale=attn.scaling)
             context = context.reshape(-1, heads * head_dim)  # (N, H)
         else:
-            context = _padded_attention(attn, qkv, index, batch, length, key_mask)
-        out = layer.attention.output
-        hidden = out.LayerNorm(out.dense(context) + hidden)
-        ffn = layer.output
-        hidden = ffn.LayerNorm(ffn.dense(layer.intermediate(hidden)) + hidden)
+            context = _padded_attention(attn, _scatter(qkv, index, rows), batch, length, key_mask)[index]
+        hidden = _after_attention(layer, context, hidden)
     return _scatter(hidden, index, rows).view(batch, length, -1)
 
 
-def _padded_attention(
-    attn: Any, qkv: torch.Tensor, index: torch.Tensor, batch: int, length: int, key_mask: torch.Tensor
+@torch.inference_mode()
+def padded_forward(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Attention of the packed ``(N, 3 * heads * hd)`` projections on the padded layout: ``(N, heads * hd)``."""
+    """Last hidden state ``(B, T, H)`` of a BERT or RoBERTa encoder on the padded layout, as fixed-shape
+    tensor operations with no step that depends on the values (nothing waits for the GPU): what a CUDA graph
+    captures (:mod:`embedrank.runtime.graphs`). Padding positions of the result are zero; a row must hold at
+    least one real token."""
+    batch, length = input_ids.shape
+    positions = _positions(model, input_ids).reshape(-1)
+    types = token_type_ids.reshape(-1) if token_type_ids is not None else torch.zeros_like(positions)
+    hidden = _embeddings(model, input_ids.reshape(-1), positions, types)  # (B * T, H)
+    key_mask = attention_mask.bool()[:, None, None, :]
+    for layer in model.encoder.layer:
+        attn = layer.attention.self
+        qkv = torch.cat([attn.query(hidden), attn.key(hidden), attn.value(hidden)], dim=1)
+        hidden = _after_attention(layer, _padded_attention(attn, qkv, batch, length, key_mask), hidden)
+    return (hidden.view(batch, length, -1) * attention_mask[..., None]).to(hidden.dtype)
+
+
+def _positions(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` position ids as the model's embeddings compute them (RoBERTa: after ``padding_idx``)."""
+    emb = model.embeddings
+    if hasattr(emb, "create_position_ids_from_input_ids"):
+        return emb.create_position_ids_from_input_ids(input_ids, emb.padding_idx)
+    batch, length = input_ids.shape
+    return torch.arange(length, device=input_ids.device).expand(batch, length)
+
+
+def _embeddings(model: Any, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+    """``(R,)`` token, position and type ids -> ``(R, H)`` embeddings after the embeddings' layer norm."""
+    emb = model.embeddings
+    hidden = emb.word_embeddings(ids) + emb.token_type_embeddings(types) + emb.position_embeddings(positions)
+    return emb.LayerNorm(hidden)
+
+
+def _after_attention(layer: Any, context: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """A layer's output projection, feed-forward and layer norms on ``(R, H)`` rows."""
+    out = layer.attention.output
+    hidden = out.LayerNorm(out.dense(context) + hidden)
+    ffn = layer.output
+    return ffn.LayerNorm(ffn.dense(layer.intermediate(hidden)) + hidden)
+
+
+def _padded_attention(attn: Any, qkv: torch.Tensor, batch: int, length: int, key_mask: torch.Tensor) -> torch.Tensor:
+    """Attention of ``(B * T, 3 * heads * hd)`` projections on the padded layout: ``(B * T, heads * hd)``."""
     heads, head_dim = attn.num_attention_heads, attn.attention_head_size
-    rows = batch * length
-    qkv = _scatter(qkv, index, rows).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+    qkv = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
     context = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=key_mask, scale=attn.scaling)
-    return context.transpose(1, 2).reshape(rows, heads * head_dim)[index]  # (N, H)
+    return context.transpose(1, 2).reshape(batch * length, heads * head_dim)
 
 
 def supports_classifier(model: Any) -> bool:
@@ -253,8 +283,16 @@ def packed_classifier_logits(
     """Logits ``(B, L)`` of a sequence classifier: :func:`packed_forward`, then the model's own head, as its
     ``forward`` does (BERT: pooler on ``[CLS]``, dropout, classifier; RoBERTa: classification head on ``<s>``)."""
     encoder = getattr(model, CLASSIFIERS[type(model).__name__])
-    hidden = packed_forward(encoder, input_ids, attention_mask, token_type_ids, real=real, varlen=varlen)
+    return classifier_head(
+        model, packed_forward(encoder, input_ids, attention_mask, token_type_ids, real=real, varlen=varlen)
+    )
+
+
+def classifier_head(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """A sequence classifier's logits ``(B, L)`` from its encoder's last hidden state ``(B, T, H)``, as its
+    ``forward`` does (BERT: pooler on ``[CLS]``, dropout, classifier; RoBERTa: classification head on ``<s>``)."""
     if CLASSIFIERS[type(model).__name__] == "bert":
+        encoder = model.bert
         pooled = encoder.pooler(hidden) if encoder.pooler is not None else hidden[:, 0]
         return model.classifier(model.dropout(pooled))
     return model.classifier(hidden)
