@@ -128,3 +128,19 @@ def test_a_runtime_with_graphs_gives_sentence_transformers_embeddings_and_scores
     assert ce_runtime.graphs.graphs
     reference = STCrossEncoder(cross_encoder_dir, device="cpu").predict(pairs)
     assert np.abs(np.asarray(scores) - reference).max() < 1e-5
+
+
+def test_a_graph_that_replays_something_else_is_not_used(monkeypatch, caplog):
+    import transformers
+
+    model = transformers.BertModel(transformers.BertConfig(**TINY)).eval()
+    runner = graphs.CudaGraphs(partial(packed.padded_forward, model), torch.device("cpu"), token_types=False)
+
+    def stale(shape):  # replays the first batch it saw, whatever the buffers hold now
+        entry = _eager_capture(runner, shape)
+        return graphs._Graph(lambda: None, entry.inputs, entry.output)
+
+    monkeypatch.setattr(runner, "capture", stale)
+    ids, mask = _right_padded(0, [4, 2])
+    assert runner({"input_ids": ids, "attention_mask": mask}) is None and not runner.graphs
+    assert "replay differs from the eager forward" in runner.failed and "run eagerly" in caplog.text

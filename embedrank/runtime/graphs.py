@@ -89,13 +89,38 @@ class CudaGraphs:
             return (out[:, :length] if out.dim() == 3 else out).clone()  # the buffer is rewritten by the next call
 
     def _capture_or_fail(self, shape: tuple[int, int]) -> _Graph | None:
+        """A new bucket's graph, checked once against the eager forward on random ids (a graph that replays
+        something else is worse than none); None, and every later batch eager, if either fails."""
         try:
-            entry = self.graphs[shape] = self.capture(shape)
+            entry = self.capture(shape)
+            problem = self._disagreement(entry)
         except RuntimeError as exc:
-            self.failed = f"{type(exc).__name__}: {exc}"
-            log.warning("embedrank: CUDA graph capture failed (%s); small batches run eagerly", self.failed)
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            self.failed = problem
+            log.warning("embedrank: CUDA graph capture failed (%s); small batches run eagerly", problem)
             return None
+        self.graphs[shape] = entry
         return entry
+
+    def _disagreement(self, entry: _Graph) -> str | None:
+        """Why ``entry``'s replay differs from the eager forward on the same random batch, or None."""
+        inputs = entry.inputs
+        rows, length = inputs["input_ids"].shape
+        generator = torch.Generator().manual_seed(rows * 1000 + length)
+        ids = torch.randint(2, 99, (rows, length), generator=generator)  # in any vocabulary
+        real = torch.randint(1, length + 1, (rows, 1), generator=generator)
+        mask = (torch.arange(length) < real).long()
+        for name, value in (("input_ids", ids * mask), ("attention_mask", mask)):
+            inputs[name].copy_(value)
+        if "token_type_ids" in inputs:
+            inputs["token_type_ids"].zero_()
+        entry.graph()
+        replayed = entry.output.float()
+        expected = self.forward(**inputs).float()
+        worst = float((replayed - expected).abs().max())
+        scale = float(expected.abs().max()) or 1.0
+        return None if worst <= 1e-2 * scale else f"replay differs from the eager forward by {worst:.3g}"
 
     def _buffers(self, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
         names = (
