@@ -169,7 +169,7 @@ def test_texts_tokenized_ahead_give_what_texts_tokenized_in_turn_give(monkeypatc
     from embedrank.models import batching, tokens
     from embedrank.models import encoder as encoder_module
 
-    monkeypatch.setattr(batching, "AHEAD_WORKERS", workers)  # chunks tokenized at once, handed over in order
+    monkeypatch.setattr(batching, "ahead_workers", lambda: workers)  # chunks tokenized at once, handed over in order
     monkeypatch.setattr(tokens, "AHEAD_CHUNK", 7)  # several chunks, the next ones tokenized while one runs
     monkeypatch.setattr(encoder_module, "AHEAD_CHUNK", 7)  # and vectors copied back every 7 texts or more
     enc = Encoder.from_pretrained(tiny_model("bert"), backend="torch")
@@ -194,6 +194,18 @@ def test_texts_tokenized_ahead_give_what_texts_tokenized_in_turn_give(monkeypatc
     long = [*texts[:30], "word " * 500]  # in the fifth chunk: named by its position in the whole input
     with pytest.raises(InputTooLongError, match=r"texts\[30\]"):
         list(rows.batches(long, batch_size=4, truncate=False, ahead=True))
+
+
+def test_tokenizing_ahead_uses_threads_of_its_own_only_where_the_tokenizer_uses_none(monkeypatch):
+    from embedrank.models import batching
+
+    monkeypatch.setattr(batching, "AHEAD_WORKERS", 6)
+    for setting, workers in ((None, 1), ("true", 1), ("1", 1), ("false", 6), ("0", 6), ("OFF", 6), ("", 6)):
+        if setting is None:
+            monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+        else:
+            monkeypatch.setenv("TOKENIZERS_PARALLELISM", setting)
+        assert batching.ahead_workers() == workers, setting
 
 
 def test_a_model_on_a_gpu_batches_what_its_memory_holds_unless_told(monkeypatch):

@@ -365,7 +365,7 @@ class TextTokens:
                 for idx in by_length([len(r["input_ids"]) for r in rows], batch_size)
             ]
 
-        workers = batching.AHEAD_WORKERS
+        workers = batching.ahead_workers()
         # ahead: chunks small enough that every worker has one and the first batches start soon, but of a few
         # batches each (a chunk's batches are sorted by length within it)
         size = min(AHEAD_CHUNK, max(4 * batch_size, -(-len(texts) // (2 * workers)))) if ahead else TOKENIZE_CHUNK
