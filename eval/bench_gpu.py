@@ -25,7 +25,8 @@ Parts (``--parts``, all by default):
 - ``encode``: texts/s of ``Encoder.encode`` (the device's default precision: fp16 on a GPU) against
   ``SentenceTransformer.encode`` in the same precision (``.half()``; bf16 on a CPU), the same batch size
   (``--batch-size``, 32), alternated A B A B for ``--rounds`` rounds, medians: passages and queries, for
-  ``minilm-l6`` and ``bert-base`` (goal >= 2x).
+  ``minilm-l6`` and ``bert-base``, with the tokenizers on their own threads (their default) and on one
+  (``TOKENIZERS_PARALLELISM=false``) (goal >= 2x).
 - ``forward``: ``bert-base``'s transformer alone on batches already on the device, against the bf16 matrix rate
   measured here (an 8192 x 8192 x 8192 product on a GPU). FLOPs counted per real token: 2 x (4 H^2 + 2 H I) per
   layer for the projections and feed-forward, plus 4 T H per token per layer for attention's two products
@@ -319,23 +320,43 @@ def encode(device: str, models: dict[str, Path], workloads: dict[str, list[str]]
         f"\nencode: texts/s, embedrank Encoder.encode (torch {half}) vs SentenceTransformer.encode ({half}), "
         f"batch {args.batch_size}, {args.rounds} rounds A B A B, medians"
     )
-    print(f"{'model':<11}{'texts':<10}{'embedrank':>11}{'st':>11}{'ratio':>8}   rounds")
+    print(
+        "tokenizer: 'own' lets Hugging Face tokenizers spread each batch over the cores (their default), 'one' "
+        "keeps them on one thread (TOKENIZERS_PARALLELISM=false)"
+    )
+    print(f"{'model':<11}{'texts':<10}{'tokenizer':<11}{'embedrank':>11}{'st':>11}{'ratio':>8}   rounds")
     for name, path in models.items():
         st = SentenceTransformer(str(path), device=device)
         st.to(torch.float16 if half == "fp16" else torch.bfloat16)
         ours = Encoder.from_pretrained(str(path), device=device, backend="torch", precision=half)
-        for kind, items in workloads.items():
-            pairs = []
-            for _ in range(args.rounds):
-                theirs = rate(partial(st.encode, items, batch_size=args.batch_size), len(items), device, args.seconds)
-                encode = partial(ours.encode, items, batch_size=args.batch_size, show_progress=False)
-                pairs.append((rate(encode, len(items), device, args.seconds), theirs))
-            ratio = median_ratio(pairs)
-            mine, theirs = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-            shown = " ".join(f"{a / b:.2f}" for a, b in pairs)
-            print(f"{name:<11}{kind:<10}{mine:>11.0f}{theirs:>11.0f}{ratio:>7.2f}x   {shown}")
-            print(f"goal {name} {kind} >= 2x sentence-transformers: {ratio:.2f}x {'met' if ratio >= 2 else 'NOT met'}")
-            results[f"encode_{name}_{kind}"] = {"embedrank": mine, "sentence_transformers": theirs, "ratio": ratio}
+        for threads, setting in (("own", "true"), ("one", "false")):
+            before = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = setting  # read by the tokenizers at each call
+            try:
+                for kind, items in workloads.items():
+                    pairs = []
+                    for _ in range(args.rounds):
+                        theirs = rate(
+                            partial(st.encode, items, batch_size=args.batch_size), len(items), device, args.seconds
+                        )
+                        encode = partial(ours.encode, items, batch_size=args.batch_size, show_progress=False)
+                        pairs.append((rate(encode, len(items), device, args.seconds), theirs))
+                    ratio = median_ratio(pairs)
+                    mine, theirs = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+                    shown = " ".join(f"{a / b:.2f}" for a, b in pairs)
+                    print(f"{name:<11}{kind:<10}{threads:<11}{mine:>11.0f}{theirs:>11.0f}{ratio:>7.2f}x   {shown}")
+                    print(
+                        f"goal {name} {kind} (tokenizers on {'their own threads' if threads == 'own' else 'one thread'})"
+                        f" >= 2x sentence-transformers: {ratio:.2f}x "
+                        f"{'met' if ratio >= 2 else 'NOT met'}"
+                    )
+                    key = f"encode_{name}_{kind}" + ("" if threads == "own" else "_one_thread")
+                    results[key] = {"embedrank": mine, "sentence_transformers": theirs, "ratio": ratio}
+            finally:
+                if before is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = before
         st = ours = None  # frees the GPU memory before the next model loads
         if device.startswith("cuda"):
             torch.cuda.empty_cache()

@@ -380,12 +380,15 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 "",
             )
     if name == "gpu":
-        found = {m[1]: m[2] for m in re.finditer(r"^(minilm-l6|bert-base)\s+passages\s+\S+\s+\S+\s+(\S+x)", out, re.M)}
+        found = {
+            m[1]: m[2] for m in re.finditer(r"^(minilm-l6|bert-base)\s+passages\s+own\s+\S+\s+\S+\s+(\S+x)", out, re.M)
+        }
         share = _search(r"^goal service >= 80% .*: (\d+%)", out)
         if found:
             figure = ", ".join(f"{k} {v}" for k, v in found.items()) + (f"; service {share[1]}" if share else "")
             return (
-                "GPU: encode speed on passages (fp16); the service at 64 clients x 16 passages",
+                "GPU: encode speed on passages (fp16, tokenizers on their own threads); the service at 64 clients x 16 "
+                "passages",
                 figure,
                 "SentenceTransformer.encode in fp16; the same runtime in-process",
             )

@@ -52,4 +52,6 @@ def test_the_gpu_check_runs_on_the_cpu_with_only_what_a_gpu_image_has(tmp_path, 
     found = json.loads(figures.read_text())
     assert found["fp32_max_diff"] <= 1e-4 and found["bf16_min_cosine"] >= 0.999 and found["bf16_top10"] >= 0.95
     assert {"encode_minilm-l6_passages", "encode_minilm-l6_queries", "forward_bf16"} <= found.keys()
+    assert {"encode_minilm-l6_passages_one_thread", "encode_minilm-l6_queries_one_thread"} <= found.keys()
+    assert set(found["forward_bf16"]["variants"]) == {"padded", "packed"}  # variable-length attention: GPUs only
     assert "goal fp32 max |diff| <= 1e-4" in done.stdout and "goal minilm-l6 forward >= 40%" in done.stdout
