@@ -43,19 +43,42 @@ from service.validation_messages import split_at
 logger = logging.getLogger("embedrank.service")
 
 
-class UnavailableError(Exception):
-    """Something the API depends on (the Batch API's database) cannot be used now; the same call may succeed
-    later. Mapped to 503 with ``Retry-After`` and the subclass's ``code`` and ``public_message`` (the
-    exception's own text, which may name hosts, goes to the log only)."""
+class StoreError(Exception):
+    """What the Batch API's store (its database, its files, its disk) refuses or cannot do now. Each subclass
+    declares its answer, mapped once (:func:`to_api_error`): the HTTP status, OpenAI's ``type`` and ``code``,
+    the field it concerns and ``Retry-After``; the message clients see is :attr:`public_message` where one is
+    declared (the exception's own text, which may name hosts or paths, then goes to the log only), else the
+    exception's text."""
 
+    status = 500
+    type = "server_error"
+    code = "store_error"
+    param: str | None = None
+    retry_after: int | None = None
+    public_message: str | None = None
+
+    def public(self) -> str:
+        """The message the client reads."""
+        return self.public_message or str(self)
+
+
+class UnavailableError(StoreError):
+    """Something the API depends on (the Batch API's database) cannot be used now; the same call may succeed
+    later: 503 with ``Retry-After`` and the subclass's ``code`` and ``public_message``."""
+
+    status = 503
+    type = "service_unavailable"
     code = "service_unavailable"
+    retry_after = 5
     public_message = "a service this API depends on is not available now; try again shortly"
 
 
-class InsufficientStorageError(Exception):
+class InsufficientStorageError(StoreError):
     """The disk that holds what a request writes (the Batch API's files and database) is full: 507
-    ``insufficient_storage``. The exception's own text, which names paths, goes to the log only."""
+    ``insufficient_storage``."""
 
+    status = 507
+    code = "insufficient_storage"
     public_message = "the server has no room to store this now; delete files you no longer need, or try again later"
 
 
@@ -175,14 +198,11 @@ def to_api_error(exc: Exception, allowed_methods: str = "") -> APIError:
         return exc
     if isinstance(exc, EmbedrankError):
         return _from_core(exc)
-    if isinstance(exc, UnavailableError):
-        logger.warning("%s: %s", exc.public_message, exc)
-        return APIError(
-            503, exc.public_message, type="service_unavailable", code=exc.code, headers={"Retry-After": "5"}
-        )
-    if isinstance(exc, InsufficientStorageError):
-        logger.warning("insufficient storage: %s", exc)
-        return APIError(507, InsufficientStorageError.public_message, type="server_error", code="insufficient_storage")
+    if isinstance(exc, StoreError):
+        if exc.public_message is not None:  # the client reads the declared message; the log, what happened
+            logger.warning("%s: %s", exc.public_message, exc)
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return APIError(exc.status, exc.public(), type=exc.type, param=exc.param, code=exc.code, headers=headers)
     if isinstance(exc, ValidationException):
         return _from_validation(exc)
     if isinstance(exc, SerializationException):

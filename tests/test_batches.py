@@ -801,3 +801,22 @@ def test_a_file_whose_row_cannot_be_written_leaves_nothing_on_disk(store, monkey
     with pytest.raises(DatabaseUnavailableError):
         store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(1))
     assert list((store.root / "files").iterdir()) == []
+
+
+def test_store_errors_come_from_one_base_and_are_mapped_in_one_place():
+    from service.batches.database import DatabaseUnavailableError
+    from service.batches.store import FileInUseError, TooManyBatchesError
+    from service.errors import InsufficientStorageError, StoreError, to_api_error
+
+    cases = [
+        (TooManyBatchesError(3), 429, "too_many_batches", None, "3 unfinished batches"),
+        (FileInUseError("file 'f' is the input of batch 'b'"), 409, "file_in_use", "file_id", "file 'f'"),
+        (DatabaseUnavailableError("db.internal:5432 refused"), 503, DatabaseUnavailableError.code, None, "database"),
+        (InsufficientStorageError("/srv/batches: no space left"), 507, "insufficient_storage", None, "no room"),
+    ]
+    for exc, status, code, param, shown in cases:
+        assert isinstance(exc, StoreError)
+        error = to_api_error(exc)
+        assert (error.status, error.code, error.param) == (status, code, param) and shown in error.message
+        assert "db.internal" not in error.message and "/srv" not in error.message  # hosts and paths: the log only
+        assert ("Retry-After" in error.headers) == (status == 503)

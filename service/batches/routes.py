@@ -34,7 +34,7 @@ from service.batches.schemas import (
     file_object,
 )
 from service.batches.service import BatchService
-from service.batches.store import BatchStore, FileInUseError, TooManyBatchesError
+from service.batches.store import BatchStore
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
 from service.schemas import ErrorResponse
@@ -165,10 +165,7 @@ def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
 
 @delete(FILE_PATH + "/{file_id:str}", summary="Delete a file", status_code=200, responses=READ | IN_USE)
 async def delete_file(request: Request[Any, Any, Any], state: State, file_id: str) -> FileDeleted:
-    try:
-        deleted = await asyncio.to_thread((await _store(state)).delete_file, owner_of(request), file_id)
-    except FileInUseError as exc:
-        raise APIError(409, f"{exc}; cancel it or wait for it to finish", param="file_id", code="file_in_use") from None
+    deleted = await asyncio.to_thread((await _store(state)).delete_file, owner_of(request), file_id)
     if not deleted:
         raise _not_found("file", file_id)
     return FileDeleted(id=file_id, deleted=True)
@@ -189,25 +186,16 @@ async def create_batch(data: CreateBatchRequest, request: Request[Any, Any, Any]
     file = await asyncio.to_thread(store.get_file, owner, data.input_file_id)
     if file is None or file["purpose"] != "batch":
         raise _not_found("input_file", data.input_file_id)
-    try:
-        row = await asyncio.to_thread(
-            store.create_batch,
-            owner,
-            endpoint=data.endpoint,
-            input_file_id=data.input_file_id,
-            completion_window=data.completion_window,
-            window_seconds=seconds,
-            metadata=data.metadata,
-            max_active=batches.settings.limits.max_batches_in_flight,
-        )
-    except TooManyBatchesError as exc:
-        raise APIError(
-            429,
-            f"this API key has {exc.limit} unfinished batches, the limit (max_batches_in_flight); "
-            "wait for one to finish",
-            type="rate_limit_error",
-            code="too_many_batches",
-        ) from exc
+    row = await asyncio.to_thread(
+        store.create_batch,
+        owner,
+        endpoint=data.endpoint,
+        input_file_id=data.input_file_id,
+        completion_window=data.completion_window,
+        window_seconds=seconds,
+        metadata=data.metadata,
+        max_active=batches.settings.limits.max_batches_in_flight,
+    )
     if batches.worker is not None:
         batches.worker.wake()
     return batch_object(row)

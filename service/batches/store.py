@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from service.batches.database import Connection, Database, SqliteDatabase
-from service.errors import InsufficientStorageError
+from service.errors import InsufficientStorageError, StoreError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -96,16 +96,27 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 FINISHED = ("failed", "completed", "expired", "cancelled")
 
 
-class TooManyBatchesError(Exception):
-    """The owner has as many unfinished batches as it may have."""
+class TooManyBatchesError(StoreError):
+    """The owner has as many unfinished batches as it may have: 429 ``too_many_batches``."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "too_many_batches"
 
     def __init__(self, limit: int) -> None:
-        super().__init__(f"{limit} unfinished batches")
+        super().__init__(
+            f"this API key has {limit} unfinished batches, the limit (max_batches_in_flight); wait for one to finish"
+        )
         self.limit = limit
 
 
-class FileInUseError(Exception):
-    """A file cannot be deleted while an unfinished batch reads it."""
+class FileInUseError(StoreError):
+    """A file cannot be deleted while an unfinished batch reads it: 409 ``file_in_use``."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "file_in_use"
+    param = "file_id"
 
 
 RESERVE = 4 * 2**20
@@ -257,7 +268,10 @@ class BatchStore:
                 (file_id, owner, *ACTIVE),
             ).fetchone()
             if using is not None:
-                raise FileInUseError(f"file {file_id!r} is the input of batch {using['id']!r}, which is not finished")
+                raise FileInUseError(
+                    f"file {file_id!r} is the input of batch {using['id']!r}, which is not finished; cancel it or "
+                    "wait for it to finish"
+                )
             if db.execute("SELECT id FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone() is None:
                 return False
             # its space first: on a full disk the database may need it to delete the row (its journal)
