@@ -820,3 +820,13 @@ def test_store_errors_come_from_one_base_and_are_mapped_in_one_place():
         assert (error.status, error.code, error.param) == (status, code, param) and shown in error.message
         assert "db.internal" not in error.message and "/srv" not in error.message  # hosts and paths: the log only
         assert ("Retry-After" in error.headers) == (status == 503)
+
+
+def test_the_store_names_a_batchs_result_files_and_writing_one_again_replaces_it(store):
+    first = store.add_result_file("alice", "batch_abc", "output", [b'{"a": 1}\n'])
+    again = store.add_result_file("alice", "batch_abc", "output", [b'{"a": 1}\n{"b": 2}\n'])
+    assert first == again == "file-abc-output"
+    row = store.get_file("alice", first)
+    assert (row["filename"], row["purpose"], row["bytes"]) == ("batch_abc_output.jsonl", "batch_output", 18)
+    assert [f["id"] for f in store.list_files("alice")] == ["file-abc-output"]
+    assert store.add_result_file("alice", "batch_abc", "errors", [b""]) is None  # nothing to say: no file

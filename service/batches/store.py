@@ -27,7 +27,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from service.batches.database import Connection, Database, SqliteDatabase
 from service.errors import InsufficientStorageError, StoreError
@@ -211,14 +211,18 @@ class BatchStore:
             raise
         return {"seq": None, **row}
 
-    def add_file_from(self, owner: str, file_id: str, filename: str, parts: Sequence[Path | bytes]) -> str | None:
-        """A ``batch_output`` file of ``owner`` made of ``parts`` (part files, or bytes) in order, streamed into
-        place; ``file_id`` again replaces it (finalizing twice writes the same file). None, and no file, when
-        the parts hold nothing."""
+    def add_result_file(
+        self, owner: str, batch_id: str, which: Literal["output", "errors"], parts: Sequence[Path | bytes]
+    ) -> str | None:
+        """Batch ``batch_id``'s output or error file (a ``batch_output`` file of ``owner``) made of ``parts``
+        (part files, or bytes) in order, streamed into place. Its id follows from the batch's, so writing it
+        again replaces it (finalizing twice writes the same file). None, and no file, when the parts hold
+        nothing."""
+        file_id = f"file-{batch_id.removeprefix('batch_')}-{which}"
         size = _write_synced(self.file_path(file_id), parts, keep_empty=False)
         if not size:
             return None
-        row = (file_id, owner, filename, "batch_output", size, int(time.time()), None)
+        row = (file_id, owner, f"{batch_id}_{which}.jsonl", "batch_output", size, int(time.time()), None)
         with self._write() as db:
             db.execute(  # finalizing again replaces the file it wrote before, in the same place of the list
                 "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
@@ -401,7 +405,7 @@ class BatchStore:
                     + b"\n"
                     for e in errors
                 )
-                error_file_id = self.add_file_from(row["owner"], new_id("file-"), f"{batch_id}_errors.jsonl", [lines])
+                error_file_id = self.add_result_file(row["owner"], batch_id, "errors", [lines])
         with self._write() as db:
             failed = db.execute(
                 "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, error_file_id = ? "

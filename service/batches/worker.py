@@ -377,13 +377,8 @@ class BatchWorker:
                         unrun_line(line.custom_id, "batch_expired", EXPIRED_MESSAGE)
                         for line in _read_chunk(source, chunk)
                     ]
-        stem = batch["id"].removeprefix("batch_")
-        output_id = self.store.add_file_from(
-            batch["owner"], f"file-{stem}-output", f"{batch['id']}_output.jsonl", outputs
-        )
-        error_id = self.store.add_file_from(
-            batch["owner"], f"file-{stem}-errors", f"{batch['id']}_errors.jsonl", errors
-        )
+        output_id = self.store.add_result_file(batch["owner"], batch["id"], "output", outputs)
+        error_id = self.store.add_result_file(batch["owner"], batch["id"], "errors", errors)
         return output_id, error_id
 
 
