@@ -275,16 +275,16 @@ def list_models(pool: ModelPool) -> ModelList:
                 capabilities=served.capabilities,  # type: ignore[arg-type]
                 outputs=served.outputs,  # type: ignore[arg-type]
                 scorer=served.scorer,  # type: ignore[arg-type]
-                dimension=served.dimension or served.spec.dimension,
+                dimension=getattr(served, "dimension", None) or served.spec.dimension,
                 max_tokens=served.spec.max_seq_length,
-                aliases=list(served.entry.aliases),
+                aliases=list(served.aliases),
                 prompts=dict(served.spec.prompts),
                 backend=served.backend,
                 precision=served.precision,
-                inference_precision=served.inference_precision,
-                fallback_reason=served.fallback_reason,
-                auto_choice=served.auto_choice,
+                inference_precision=getattr(served, "inference_precision", None),  # known once served
+                fallback_reason=getattr(served, "fallback_reason", None),
+                auto_choice=getattr(served, "auto_choice", None),
             )
-            for model_id, served in pool.models.items()
+            for model_id, served in pool.described().items()
         ]
     )

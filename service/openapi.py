@@ -64,17 +64,17 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
     types = embeddings.properties["embedding_types"].one_of[0]  # type: ignore[index, union-attr]
     types.min_items, types.max_items = 1, 16  # type: ignore[union-attr]
     # sparse: a bge-m3 or SPLADE model's; multivector: a bge-m3 or ColBERT model's (the others answer 400)
-    given = {o for s in pool.models.values() for o in s.outputs}
+    given = {o for s in pool.plans.values() for o in s.outputs}
     types.items.enum = [*get_args(EmbeddingType), *(o for o in ("sparse", "multivector") if o in given)]  # type: ignore[union-attr]
-    dims = [s.spec.dimension for s in pool.models.values() if "dense" in s.outputs and s.spec.dimension]
+    dims = [s.spec.dimension for s in pool.plans.values() if "dense" in s.outputs and s.spec.dimension]
     if dims:
         embeddings.properties["dimensions"].one_of[0].maximum = max(dims)  # type: ignore[index, union-attr]
     for body, capability in ((embeddings, "embeddings"), (tokenizing, "embeddings"), (reranking, "rerank")):
-        names = [m for m, s in pool.models.items() if capability in s.capabilities]
-        names += [a for a, m in pool.aliases.items() if capability in pool.models[m].capabilities]
+        names = [m for m, s in pool.plans.items() if capability in s.capabilities]
+        names += [a for a, m in pool.aliases.items() if capability in pool.plans[m].capabilities]
         body.properties["model"].enum = names  # type: ignore[index, union-attr]
         body.properties["model"].examples = names[:1]  # type: ignore[index, union-attr]
-    names = sorted({n for s in pool.models.values() if "embeddings" in s.capabilities for n in s.spec.prompts})
+    names = sorted({n for s in pool.plans.values() if "embeddings" in s.capabilities for n in s.spec.prompts})
     for body in (embeddings, tokenizing):
         prompt_name = body.properties["prompt_name"]  # type: ignore[index]
         text = next(o for o in prompt_name.one_of if getattr(o, "type", None) == OpenAPIType.STRING)  # type: ignore[union-attr]
@@ -171,8 +171,8 @@ def _allows_null(prop: Any) -> bool:
 
 
 def _serving(pool: ModelPool, capability: str) -> list[str]:
-    names = [m for m, s in pool.models.items() if capability in s.capabilities]
-    return names + [a for a, m in pool.aliases.items() if capability in pool.models[m].capabilities]
+    names = [m for m, s in pool.plans.items() if capability in s.capabilities]
+    return names + [a for a, m in pool.aliases.items() if capability in pool.plans[m].capabilities]
 
 
 def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
@@ -190,14 +190,14 @@ def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
         cohere.properties[field] = Schema(one_of=[NULL], description="Not supported")  # type: ignore[index]
     types = cohere.properties["embedding_types"].one_of[0]  # type: ignore[index, union-attr]
     types.min_items, types.max_items = 1, 16  # type: ignore[union-attr]
-    windows = [s.spec.max_seq_length for s in pool.models.values() if "embeddings" in s.capabilities]
+    windows = [s.spec.max_seq_length for s in pool.plans.values() if "embeddings" in s.capabilities]
     max_tokens = cohere.properties["max_tokens"].one_of[0]  # type: ignore[index, union-attr]
     max_tokens.minimum, max_tokens.maximum = max(windows, default=1), INT32_MAX  # type: ignore[union-attr]
     for name in ("TEIEmbedRequest", "TEITokenizeRequest", "TEIEmbedSparseRequest"):
         tei = schemas[name].properties  # type: ignore[union-attr]
         capability = "sparse" if name == "TEIEmbedSparseRequest" else "embeddings"
         tei["model"].one_of[0].enum = _serving(pool, capability) or None  # type: ignore[index, union-attr]
-        prompts = sorted({n for m in pool.models.values() if capability in m.capabilities for n in m.spec.prompts})
+        prompts = sorted({n for m in pool.plans.values() if capability in m.capabilities for n in m.spec.prompts})
         tei["prompt_name"] = (  # type: ignore[index]
             Schema(one_of=[Schema(type=OpenAPIType.STRING, enum=prompts), NULL]) if prompts else Schema(one_of=[NULL])
         )
@@ -219,7 +219,8 @@ def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     rerank["texts"]["items"].update(maxLength=limits.max_text_chars)
     rerank["truncation_direction"] = {"enum": ["Right", "right"], "description": "Only Right is supported for pairs"}
     rerank["model"]["anyOf"][0]["enum"] = _serving(pool, "rerank")
-    if any(getattr(getattr(s.runner, "cross_encoder", None), "num_labels", 1) != 1 for s in pool.models.values()):
+    served = pool.described().values()
+    if any(getattr(getattr(getattr(s, "runner", None), "cross_encoder", None), "num_labels", 1) != 1 for s in served):
         rerank["raw_scores"] = {"enum": [False], "description": "Only false: a served model has several labels"}
     _nullable_optionals(extra["TEIRerankRequest"])
     for name, value in extra.items():

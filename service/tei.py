@@ -241,8 +241,7 @@ async def tokenize(req: TEITokenizeRequest, ctx: Context) -> tuple[list[list[Sim
 
 def info(pool: ModelPool, settings: Settings) -> Info:
     """TEI's ``/info`` for the model that TEI routes use by default (the first configured one)."""
-    model_id = next(iter(pool.models))
-    served = pool.models[model_id]
+    model_id, served = next(iter(pool.described().items()))
     spec = served.spec
     declared = served.declared
     if declared.tei_type == "embedding":

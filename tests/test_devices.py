@@ -94,14 +94,14 @@ def test_the_pool_records_where_each_model_runs(two_gpus, monkeypatch):
             ModelEntry(id="second", path=path, device="cuda:1"),
         )
     )
-    placed = {i: (m.device, m.backend, m.precision) for i, m in pool.models.items()}
+    placed = {i: (m.device, m.backend, m.precision) for i, m in pool.plans.items()}
     assert placed == {
         "gpu": ("cuda:0", "torch", "fp16"),
         "cpu": ("cpu", "openvino", "fp32"),
         "second": ("cuda:1", "torch", "fp16"),
     }
     splade = ModelPool((ModelEntry(id="splade", path=tiny_model("bert", "masked-lm"), device="auto"),))
-    assert splade.models["splade"].device == "cuda:0"  # its precision is the runtime's, read once loaded
+    assert splade.plans["splade"].device == "cuda:0"  # its precision is the runtime's, read once loaded
     with pytest.raises(ConfigurationError, match=r"model 'int8' on cuda:0: backend 'torch' runs precision fp32"):
         ModelPool((ModelEntry(id="int8", path=path, device="cuda", precision="int8"),))
     with pytest.raises(ConfigurationError, match=r"model 'far': device 'cuda:7': this machine has 2 CUDA devices"):

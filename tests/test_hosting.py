@@ -10,7 +10,7 @@ import pytest
 
 from embedrank.errors import InvalidInputError
 from embedrank.serving.engine import EngineConfig
-from embedrank.serving.hosting import KINDS, HostedModel
+from embedrank.serving.hosting import KINDS, HostedModel, ModelPlan
 from embedrank.serving.options import EmbedOptions
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 
@@ -24,30 +24,39 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEnco
     ],
 )
 def test_capabilities_come_from_the_kind_table(model, kind, capabilities, outputs):
-    hosted = HostedModel(spec=model.spec)
-    assert (model.spec.kind, hosted.capabilities, hosted.outputs) == (kind, capabilities, outputs)
+    plan = ModelPlan(spec=model.spec)
+    assert (model.spec.kind, plan.capabilities, plan.outputs) == (kind, capabilities, outputs)
     assert set(KINDS) == {"embedding", "multi-vector", "sparse", "m3", "cross-encoder"}
 
 
 def test_resolve_picks_the_prompt_once_and_refuses_what_the_model_lacks():
-    hosted = HostedModel(spec=FakeEncoder("e", prompts={"query": "query: ", "passage": "passage: "}).spec)
-    assert hosted.resolve(input_type="search_query").prompt == "query: "
-    assert hosted.resolve(input_type="document").prompt == "passage: "
-    assert hosted.resolve(prompt_name="passage").task == "document"
-    assert hosted.resolve().prompt == ""
-    with pytest.raises(InvalidInputError, match="not both"):
-        hosted.resolve(input_type="query", prompt_name="query")
-    with pytest.raises(InvalidInputError):
-        hosted.resolve(prompt_name="no-such-prompt")
+    model = FakeEncoder("e", prompts={"query": "query: ", "passage": "passage: "})
+
+    async def run() -> None:
+        hosted = HostedModel.start(ModelPlan(spec=model.spec), model, EngineConfig(max_wait_ms=0))
+        try:
+            assert hosted.resolve(input_type="search_query").prompt == "query: "
+            assert hosted.resolve(input_type="document").prompt == "passage: "
+            assert hosted.resolve(prompt_name="passage").task == "document"
+            assert hosted.resolve().prompt == "" and hosted.resolve().runner is hosted.runner
+            with pytest.raises(InvalidInputError, match="not both"):
+                hosted.resolve(input_type="query", prompt_name="query")
+            with pytest.raises(InvalidInputError):
+                hosted.resolve(prompt_name="no-such-prompt")
+        finally:
+            for runner in hosted.runners():
+                await runner.engine.drain(1.0)
+
+    asyncio.run(run())
 
 
 def test_a_notebook_hosts_a_model_as_the_service_does():
     model = FakeEncoder("e", prompts={"query": "query: "})
-    hosted = HostedModel(spec=model.spec)
 
     async def run() -> np.ndarray:
-        started = hosted.start(model, EngineConfig(max_wait_ms=0))
-        assert [branch for branch, _ in started] == [None] and hosted.runners() == [hosted.runner]
+        hosted = HostedModel.start(ModelPlan(spec=model.spec), model, EngineConfig(max_wait_ms=0))
+        assert [branch for branch, _ in hosted.started()] == [None] and hosted.runners() == [hosted.runner]
+        assert (hosted.backend, hosted.inference_precision, hosted.dimension) == ("fake", "f32", model.dimension)
         chosen = hosted.resolve(input_type="query")
         out = await chosen.runner.embed(["green tea"], prompt=chosen.prompt)
         for runner in hosted.runners():
@@ -63,10 +72,9 @@ def test_embed_gives_the_compact_types_and_refuses_outputs_the_kind_lacks():
     from embedrank.math.quantization import quantize
 
     model = FakeEncoder("e")
-    hosted = HostedModel(spec=model.spec)
 
     async def run():
-        hosted.start(model, EngineConfig(max_wait_ms=0))
+        hosted = HostedModel.start(ModelPlan(spec=model.spec), model, EngineConfig(max_wait_ms=0))
         try:
             embedded = await hosted.embed(["a b", "c"], EmbedOptions(types=("float", "binary", "binary")))
             with pytest.raises(OutputNotAvailableError, match="no sparse output") as err:
@@ -109,3 +117,30 @@ def test_every_kind_row_names_a_runner_with_the_protocols_signatures():
                     assert param in given, f"{row.runner.__name__}.{name} lacks {param!r} ({kind})"
                     assert given[param].default == spec.default, f"{row.runner.__name__}.{name}({param}) ({kind})"
                     assert not any(p.kind is p.VAR_KEYWORD for p in given.values()), f"{row.runner.__name__}.{name}"
+
+
+def test_the_pool_plans_at_construction_and_hosts_complete_models_once_started():
+    import dataclasses
+
+    from embedrank.errors import NotReadyError
+    from embedrank.serving.pool import ModelEntry, ModelPool
+
+    pool = ModelPool((ModelEntry(id="demo", path="fake:encoder", aliases=("d",)),))
+    assert pool.models == {} and pool.plans["demo"].aliases == ("d",) and pool.default("embeddings") == "demo"
+    assert pool.described() == {"demo": pool.plans["demo"]}  # what /v1/models and the schema describe meanwhile
+    with pytest.raises(NotReadyError, match="still loading"):
+        pool.get("d", "embeddings")
+
+    async def run():
+        pool.start(pool.load(), EngineConfig(max_wait_ms=0))
+        hosted = pool.get("d", "embeddings")
+        try:
+            assert isinstance(hosted, HostedModel) and pool.described() == {"demo": hosted}
+            assert hosted.runner is not None and hosted.inference_precision == "f32" and hosted.dimension
+            assert hosted.created == pool.plans["demo"].created and hosted.aliases == ("d",)
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                hosted.runner = None  # type: ignore[misc]
+        finally:
+            await pool.drain(1.0)
+
+    asyncio.run(run())

@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ class CudaGraphs:
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.failed: str | None = None  # why capturing failed; then every batch runs eagerly
         self._lock = threading.Lock()
-        self._pool: object | None = None
+        self._pool: Any = None  # torch.cuda.graph_pool_handle(), made at the first capture
 
     def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The forward's result for features on the host, or None where no graph applies (too large, or

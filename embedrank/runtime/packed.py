@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.nn import functional as F
@@ -116,7 +116,9 @@ def _torch_varlen_attn() -> Callable[..., torch.Tensor] | None:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    return varlen_attn if "scale" in inspect.signature(varlen_attn).parameters else None
+    return (
+        cast(Callable[..., torch.Tensor], varlen_attn) if "scale" in inspect.signature(varlen_attn).parameters else None
+    )
 
 
 def varlen_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> Callable[..., torch.Tensor] | None:
@@ -158,8 +160,8 @@ def _agrees_with_sdpa(
     varlen = varlen_of(mask, kernel)
     got = kernel(q, k, v, varlen.offsets.to(device), varlen.offsets.to(device), 5, 5, scale=head_dim**-0.5)
     for start, end in ((0, 5), (5, 8)):
-        one = [t[start:end].transpose(0, 1) for t in (q, k, v)]  # (heads, T, head_dim)
-        expected = F.scaled_dot_product_attention(*one, scale=head_dim**-0.5).transpose(0, 1)
+        one_q, one_k, one_v = (t[start:end].transpose(0, 1) for t in (q, k, v))  # (heads, T, head_dim)
+        expected = F.scaled_dot_product_attention(one_q, one_k, one_v, scale=head_dim**-0.5).transpose(0, 1)
         if not torch.allclose(got[start:end].float(), expected.float(), atol=2e-2, rtol=2e-2):
             return False
     return True

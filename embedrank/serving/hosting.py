@@ -2,12 +2,13 @@
 kind can do, declared in one table. A request's prompt and branch are resolved here, once
 (:meth:`HostedModel.resolve`), for every protocol that serves the model, and in a notebook as in the service.
 
+A model is planned (:class:`ModelPlan`: what it is and where it will run), loaded, then served
+(:meth:`HostedModel.start`, which builds the hosted model complete, runners included).
+
 >>> from embedrank.testing.fake import FakeEncoder
->>> hosted = HostedModel(spec=FakeEncoder("m", prompts={"query": "query: "}).spec)
->>> hosted.capabilities, hosted.outputs
+>>> plan = ModelPlan(spec=FakeEncoder("m", prompts={"query": "query: "}).spec)
+>>> plan.capabilities, plan.outputs
 (['embeddings', 'rerank'], ['dense'])
->>> hosted.resolve(input_type="search_query").prompt
-'query: '
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Literal, Protocol, cast
 import numpy as np
 import scipy.sparse as sp
 
-from embedrank.errors import NotReadyError, OutputNotAvailableError
+from embedrank.errors import OutputNotAvailableError
 from embedrank.math.quantization import quantize
 from embedrank.math.ranking import RankedResult, rank_scores
 from embedrank.math.sparse import row_pairs
@@ -206,7 +207,7 @@ class Resolved:
     and the prompt to put before each text."""
 
     task: str | None
-    runner: Runner | None  # None until the model is started
+    runner: Runner
     prompt: str
 
 
@@ -236,22 +237,18 @@ def engine_config_on(config: EngineConfig, model: Any, device: str) -> EngineCon
     )
 
 
-@dataclasses.dataclass(kw_only=True)
-class HostedModel:
-    """A model as it is served: its spec, its runners once :meth:`start` has run, and its capabilities."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelPlan:
+    """A model as configured, decided before any loading: its spec, the backend and precision it is to run
+    on, its device, the other names clients may send for it and when it was configured. What its kind can do
+    comes from :data:`KINDS`. :meth:`load` loads it; :meth:`HostedModel.start` serves the loaded model."""
 
     spec: ModelSpec
-    runner: Runner | None = None  # the default branch's runner (the only one of a model without branches)
-    branch_runners: dict[str, Runner] = dataclasses.field(default_factory=dict)
-    branch_table: BranchTable | None = None
     backend: str = "torch"  # what runs the transformer (embedrank.runtime.backends); "fake" for fakes
     precision: str = "fp32"
     device: str = "cpu"  # where the model runs: "cpu" or "cuda:<index>" (embedrank.runtime.devices)
-    inference_precision: str | None = None  # what really computes, known once loaded
-    fallback_reason: str | None = None  # why it runs on torch although no backend was named, once loaded
-    auto_choice: str | None = None  # what backend/precision "auto" chose and why, once loaded
-    dimension: int | None = None  # the embedding width, once loaded (a static model's is measured)
-    cache: VectorCache | None = None  # computed vectors, for the requests that ask (``embed(cached=True)``)
+    aliases: tuple[str, ...] = ()
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
     @property
     def kind(self) -> str:
@@ -278,13 +275,118 @@ class HostedModel:
         (MaxSim), ``bge-m3`` (combined); None for a model that cannot rerank."""
         return self.declared.scorer
 
+    @property
+    def batch_bounds(self) -> tuple[int, int]:
+        """(padded tokens, items) a forward pass holds at most: the engine's defaults until it is served."""
+        return CPU_BATCH_TOKENS, CPU_BATCH_SIZE
+
+    def load(self, *, backend: str | None = None, precision: str | None = None, calibration: str | None = None) -> Any:
+        """Load the weights as the core model of this kind (blocking). ``backend`` and ``precision`` are what
+        the configuration names (None: the defaults; a model the default backend cannot export then runs on
+        torch, and the core logs why); a SPLADE model runs on the backend resolved into :attr:`backend`.
+        ``calibration`` names the texts that calibrate an int8 runtime."""
+        loader: Any = self.declared.loader
+        if self.declared.fp32_only:
+            return loader.from_spec(self.spec, backend=self.backend, device=self.device)
+        return loader.from_spec(
+            self.spec, backend=backend, precision=precision, calibration=calibration, device=self.device
+        )
+
+    def prepare(self, model: Any, *, ranges: str | None = None, label: str = "") -> None:
+        """Make a loaded (or prebuilt) ``model`` ready to serve: each branch's int8/uint8 embedding ranges
+        fitted now (on the texts ``ranges`` names, else the default sample), so that no request pays for them."""
+        for part in {id(m): m for m in (getattr(model, "branches", None) or {None: model}).values()}.values():
+            if ranges:
+                part.fit_ranges(ranges)
+            if self.declared.ranges:
+                started = time.perf_counter()
+                part.quantization_ranges()
+                encoder = getattr(part, "encoder", part)  # bge-m3's dense vectors are its encoder's
+                read_from = getattr(getattr(encoder, "range_sample", None), "read_from", None)
+                if read_from is not None:
+                    logger.info("%s: int8/uint8 ranges read from %s", label or self.spec.model_id, read_from)
+                else:
+                    logger.info(
+                        "%s: int8/uint8 ranges fitted in %.1f s",
+                        label or self.spec.model_id,
+                        time.perf_counter() - started,
+                    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostedModel(ModelPlan):
+    """A model as it is served, complete from the start (:meth:`start`): its plan, what really runs it, its
+    runners (one batching engine each, one per Router branch) and the cache its dense vectors may use."""
+
+    inference_precision: str  # what really computes
+    fallback_reason: str | None = None  # why it runs on torch although no backend was named
+    auto_choice: str | None = None  # what backend/precision "auto" chose and why
+    dimension: int | None = None  # the embedding width (a static model's is measured); None for SPLADE
+    runner: Runner | None = None  # the runner of a model without branches
+    branch_runners: dict[str, Runner] = dataclasses.field(default_factory=dict)  # a Router model's, by branch
+    branch_table: BranchTable | None = None
+    cache: VectorCache | None = None  # computed vectors, for the requests that ask (``embed(cached=True)``)
+
+    @classmethod
+    def start(
+        cls,
+        plan: ModelPlan,
+        model: Any,
+        config: EngineConfig,
+        *,
+        cache: VectorCache | None = None,
+        on_batch: Callable[[str | None], Callable[[BatchReport], None] | None] = lambda branch: None,
+        on_idle: Callable[[], object] | None = None,
+    ) -> HostedModel:
+        """Serve the loaded (and prepared) ``model`` of ``plan``: each of its branches wrapped in a runner with
+        its own batching engine, started; must run inside the event loop. ``on_batch(branch)`` gives each
+        engine's batch observer (branch None: a model without branches)."""
+        declared = plan.declared
+        runner_cls = declared.runner
+        config = engine_config_on(config, model, plan.device)
+        branches = getattr(model, "branches", None) or {None: model}
+        runner: Runner | None = None
+        branch_runners: dict[str, Runner] = {}
+        for branch, part in branches.items():
+            started = runner_cls(part, config, on_batch=on_batch(None if part is model else branch), on_idle=on_idle)
+            if cache is not None and declared.cached:
+                started.cache = cache
+                signature = EmbeddingSignature.of(part).cache_key()
+                started.cache_signature = signature if part is model else f"{signature}|branch={branch}"
+            started.engine.start()
+            if part is model:
+                runner = started
+            if branch is not None:
+                branch_runners[branch] = started
+        backend, precision, inference_precision = runtime_of(model)
+        choice = getattr(model, "auto_choice", None)
+        return cls(
+            spec=plan.spec,
+            backend=backend,
+            precision=precision,
+            device=plan.device,
+            aliases=plan.aliases,
+            created=plan.created,
+            inference_precision=inference_precision,
+            fallback_reason=getattr(model, "fallback_reason", None),
+            auto_choice=choice.summary if choice is not None else None,
+            # a SPLADE's width is its vocabulary: the spec says it
+            dimension=model.dimension if {"dense", "multivector"} & set(declared.outputs) else None,
+            runner=runner,
+            branch_runners=branch_runners,
+            branch_table=getattr(model, "branch_table", None),
+            cache=cache,
+        )
+
+    def started(self) -> list[tuple[str | None, Runner]]:
+        """``(branch, runner)`` for every runner (branch None: a model without branches)."""
+        return [(None, self.runner)] if self.runner is not None else list(self.branch_runners.items())
+
     def runner_for(self, task: str | None) -> Runner:
         """The runner of ``task``'s branch (:func:`~embedrank.models.router.pick_branch`); the only runner of a
         model without branches."""
         if self.branch_table is None:
-            if self.runner is None:
-                raise NotReadyError(f"model {self.spec.model_id!r} has no runner yet: start() it first")
-            return self.runner
+            return cast(Runner, self.runner)
         return self.branch_runners[pick_branch(self.branch_table, task)]
 
     def resolve(self, *, input_type: str | None = None, prompt_name: str | None = None) -> Resolved:
@@ -297,8 +399,7 @@ class HostedModel:
             self.spec.prompts, self.spec.default_prompt_name, input_type=input_type, prompt_name=prompt_name
         )
         task = task_of(input_type, prompt_name)
-        started = self.runner is not None or bool(self.branch_runners)
-        return Resolved(task=task, runner=self.runner_for(task) if started else None, prompt=prompt)
+        return Resolved(task=task, runner=self.runner_for(task), prompt=prompt)
 
     async def embed(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS, *, name: str = "") -> Embedded:
         """Embed ``texts`` with every option of the call (the prompt and branch resolved once from its
@@ -394,85 +495,11 @@ class HostedModel:
             texts, prompt=chosen.prompt, add_special_tokens=add_special_tokens
         )
 
-    def load(self, *, backend: str | None = None, precision: str | None = None, calibration: str | None = None) -> Any:
-        """Load the weights as the core model of this kind (blocking). ``backend`` and ``precision`` are what
-        the configuration names (None: the defaults; a model the default backend cannot export then runs on
-        torch, and the core logs why); a SPLADE model runs on the backend resolved into :attr:`backend`.
-        ``calibration`` names the texts that calibrate an int8 runtime."""
-        loader: Any = self.declared.loader
-        if self.declared.fp32_only:
-            return loader.from_spec(self.spec, backend=self.backend, device=self.device)
-        return loader.from_spec(
-            self.spec, backend=backend, precision=precision, calibration=calibration, device=self.device
-        )
-
-    def prepare(self, model: Any, *, ranges: str | None = None, label: str = "") -> None:
-        """Make a loaded (or prebuilt) ``model`` ready to serve and record what runs it: each branch's int8/uint8
-        embedding ranges fitted now (on the texts ``ranges`` names, else the default sample), so that no
-        request pays for them."""
-        for part in {id(m): m for m in (getattr(model, "branches", None) or {None: model}).values()}.values():
-            if ranges:
-                part.fit_ranges(ranges)
-            if self.declared.ranges:
-                started = time.perf_counter()
-                part.quantization_ranges()
-                encoder = getattr(part, "encoder", part)  # bge-m3's dense vectors are its encoder's
-                read_from = getattr(getattr(encoder, "range_sample", None), "read_from", None)
-                if read_from is not None:
-                    logger.info("%s: int8/uint8 ranges read from %s", label or self.spec.model_id, read_from)
-                else:
-                    logger.info(
-                        "%s: int8/uint8 ranges fitted in %.1f s",
-                        label or self.spec.model_id,
-                        time.perf_counter() - started,
-                    )
-        self.backend, self.precision, self.inference_precision = runtime_of(model)
-        self.fallback_reason = getattr(model, "fallback_reason", None)
-        choice = getattr(model, "auto_choice", None)
-        self.auto_choice = choice.summary if choice is not None else None
-        if {"dense", "multivector"} & set(self.outputs):  # a SPLADE's width is its vocabulary: the spec says it
-            self.dimension = model.dimension
-
-    def start(
-        self,
-        model: Any,
-        config: EngineConfig,
-        *,
-        on_batch: Callable[[str | None], Callable[[BatchReport], None] | None] = lambda branch: None,
-        on_idle: Callable[[], object] | None = None,
-    ) -> list[tuple[str | None, Any]]:
-        """Wrap the loaded ``model`` (each of its branches) in a runner with its own batching engine and start
-        them; must run inside the event loop. ``on_batch(branch)`` gives each engine's batch observer.
-        Returns ``(branch, runner)`` for every runner started (branch None: a model without branches)."""
-        runner_cls = self.declared.runner
-        config = engine_config_on(config, model, self.device)
-        branches = getattr(model, "branches", None) or {None: model}
-        started = []
-        for branch, part in branches.items():
-            runner = runner_cls(part, config, on_batch=on_batch(None if part is model else branch), on_idle=on_idle)
-            if self.cache is not None and self.declared.cached:
-                runner.cache = self.cache
-                signature = EmbeddingSignature.of(part).cache_key()
-                runner.cache_signature = signature if part is model else f"{signature}|branch={branch}"
-            runner.engine.start()
-            if part is model:
-                self.runner = runner
-            if branch is not None:
-                self.branch_runners[branch] = runner
-            started.append((branch if part is not model else None, runner))
-        self.branch_table = getattr(model, "branch_table", None)
-        return started
-
     @property
     def batch_bounds(self) -> tuple[int, int]:
-        """(padded tokens, items) a forward pass of its engines holds at most: its runner's engine's, once
-        :meth:`start` has run (the engine's defaults before)."""
-        engine = getattr(self.runner, "engine", None)
-        return (
-            (engine.max_batch_tokens, engine.max_batch_size)
-            if engine is not None
-            else (CPU_BATCH_TOKENS, CPU_BATCH_SIZE)
-        )
+        """(padded tokens, items) a forward pass of its engines holds at most."""
+        engine = cast(Runner, self.runner or next(iter(self.branch_runners.values()))).engine
+        return engine.max_batch_tokens, engine.max_batch_size
 
     def runners(self) -> list[Any]:
         """Every runner, once each."""

@@ -1,5 +1,6 @@
-"""The models one process serves: each configured entry resolved at construction (fast, fails loudly),
-loaded in :meth:`ModelPool.load`, wrapped in its runners by :meth:`ModelPool.start`, found by id or alias.
+"""The models one process serves: each configured entry planned at construction (resolved, fast, fails
+loudly: :class:`~embedrank.serving.hosting.ModelPlan`), loaded in :meth:`ModelPool.load`, served by
+:meth:`ModelPool.start` (each a complete :class:`~embedrank.serving.hosting.HostedModel`), found by id or alias.
 
 The service builds one pool from its settings; a notebook can build the same pool and call the same
 :class:`~embedrank.serving.hosting.HostedModel` methods the HTTP handlers call. An entry whose path is one
@@ -7,15 +8,13 @@ of :data:`~embedrank.testing.fake.FAKE_PATHS` gets a weightless fake, and ``prel
 e.g. fakes) are served as they are, which is how the fast HTTP tests run.
 
 >>> pool = ModelPool((ModelEntry(id="demo", path="fake:encoder", aliases=("d",)),))
->>> pool.get("d", "embeddings").spec.model_id, pool.default("rerank")
-('demo', 'demo')
+>>> pool.plans["demo"].capabilities, pool.default("rerank")
+(['embeddings', 'rerank'], 'demo')
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,6 +29,7 @@ from embedrank.errors import (
     ModelLoadError,
     ModelNotFoundError,
     ModelUnavailableError,
+    NotReadyError,
     shorten,
 )
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
@@ -39,7 +39,7 @@ from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.exports import runs_on
 from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
-from embedrank.serving.hosting import KINDS, HostedModel, runtime_of
+from embedrank.serving.hosting import KINDS, HostedModel, ModelPlan, runtime_of
 from embedrank.serving.vector_cache import VectorCache
 from embedrank.testing.fake import fake_model
 
@@ -108,16 +108,9 @@ def compute_threads() -> tuple[int, int]:
     return limit_threads(), usable_cpus()
 
 
-@dataclasses.dataclass(kw_only=True)
-class ServedModel(HostedModel):
-    """A hosted model (:class:`~embedrank.serving.hosting.HostedModel`) with its configuration entry."""
-
-    entry: ModelEntry
-    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
-
-
 class ModelPool:
-    """Resolves every entry at construction, loads weights in :meth:`load`, starts runners in :meth:`start`.
+    """Plans every entry at construction (:attr:`plans`), loads weights in :meth:`load`, serves the loaded
+    models in :meth:`start` (:attr:`models`, the hosted ones).
 
     ``preloaded`` maps model ids to models that are already built (anything with a ``spec`` and the
     model interface the runners use); then nothing is resolved or loaded, and ``entries`` only contribute
@@ -137,7 +130,9 @@ class ModelPool:
         cache: VectorCache | None = None,
     ) -> None:
         self.cache = cache
-        self.models: dict[str, ServedModel] = {}
+        self.entries: dict[str, ModelEntry] = {}  # the configuration of each planned model
+        self.plans: dict[str, ModelPlan] = {}  # every configured model that can still be served, by id
+        self.models: dict[str, HostedModel] = {}  # the served ones, once started
         self.aliases: dict[str, str] = {}
         self.failed: dict[str, str] = {}  # a model left out by load(keep_going=True): its id -> why
         self._failed_aliases: dict[str, str] = {}  # an alias of such a model -> its id
@@ -148,12 +143,13 @@ class ModelPool:
         for entry in entries:
             if entry.id not in self._built and (entry.path or "").startswith("fake:"):
                 self._built[entry.id] = fake_model(entry.id, entry.path or "")
-            self.models[entry.id] = self._served(entry, self._built.get(entry.id))
+            self.entries[entry.id], self.plans[entry.id] = self._plan(entry, self._built.get(entry.id))
             for alias in entry.aliases:
                 self.aliases.setdefault(alias, entry.id)
 
-    def _served(self, entry: ModelEntry, built: Any) -> ServedModel:
-        """The entry's model resolved (not loaded) with the backend and precision it will run on."""
+    def _plan(self, entry: ModelEntry, built: Any) -> tuple[ModelEntry, ModelPlan]:
+        """The entry (as it is to be read) and its model resolved, not loaded, with the backend and precision
+        it will run on."""
         spec = (
             built.spec
             if built is not None
@@ -200,9 +196,7 @@ class ModelPool:
                 raise ConfigurationError(
                     f"model {entry.id!r}: {field} {value!r} must be an existing .txt or .jsonl file, for {what}"
                 )
-        return ServedModel(
-            entry=entry, spec=spec, backend=backend, precision=precision, device=device, cache=self.cache
-        )
+        return entry, ModelPlan(spec=spec, backend=backend, precision=precision, device=device, aliases=entry.aliases)
 
     def load(self, *, keep_going: bool = False) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an
@@ -219,15 +213,15 @@ class ModelPool:
         """
         loaded: dict[str, Any] = {}
         failed: dict[str, str] = {}
-        for model_id, served in self.models.items():
-            entry = served.entry
+        for model_id, plan in self.plans.items():
+            entry = self.entries[model_id]
             model = self._built.get(model_id)
             try:
                 if model is None:
-                    model = served.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
-                served.prepare(model, ranges=entry.ranges, label=model_id)
+                    model = plan.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
+                plan.prepare(model, ranges=entry.ranges, label=model_id)
             except Exception as exc:  # each cause has its own type; all mean this entry cannot be served
-                where = f" from {served.spec.path}" if served.spec.path and served.spec.path != model_id else ""
+                where = f" from {plan.spec.path}" if plan.spec.path and plan.spec.path != model_id else ""
                 reason = " ".join(str(exc).split()) or "no message"
                 error = ModelLoadError(f"model {model_id!r}{where} could not be loaded: {type(exc).__name__}: {reason}")
                 if not keep_going:
@@ -239,7 +233,7 @@ class ModelPool:
         if failed and not loaded:
             raise ModelLoadError("; ".join(failed.values()))
         for model_id in failed:
-            del self.models[model_id]
+            del self.plans[model_id]
         self.failed.update(failed)
         self._failed_aliases.update((a, m) for a, m in self.aliases.items() if m in failed)
         self.aliases = {a: m for a, m in self.aliases.items() if m not in failed}
@@ -254,55 +248,69 @@ class ModelPool:
         on_engine: Callable[[str, BatchEngine], object] = lambda label, engine: None,
         on_idle: Callable[[], object] | None = None,
     ) -> None:
-        """Wrap each loaded model (each of its branches) in a runner with its own batching engine and start
-        them; must run inside the event loop. Each engine has a label, the model id (``id:branch`` for a
-        Router model's branches): ``on_batch(label)`` gives its batch observer, ``on_engine(label, engine)``
-        is told of it once started. ``on_idle`` runs in a forward thread after ``config.idle_seconds``
-        without work (the service returns heap memory then)."""
+        """Serve each loaded model: :meth:`HostedModel.start <embedrank.serving.hosting.HostedModel.start>`
+        wraps each of its branches in a runner with its own batching engine; must run inside the event loop.
+        Each engine has a label, the model id (``id:branch`` for a Router model's branches): ``on_batch(label)``
+        gives its batch observer, ``on_engine(label, engine)`` is told of it once started. ``on_idle`` runs in a
+        forward thread after ``config.idle_seconds`` without work (the service returns heap memory then)."""
         for model_id, core in loaded.items():
 
             def label(branch: str | None, model_id: str = model_id) -> str:
                 return model_id if branch is None else f"{model_id}:{branch}"
 
-            started = self.models[model_id].start(
-                core, config, on_batch=lambda branch: on_batch(label(branch)), on_idle=on_idle
+            hosted = HostedModel.start(
+                self.plans[model_id],
+                core,
+                config,
+                cache=self.cache,
+                on_batch=lambda branch: on_batch(label(branch)),
+                on_idle=on_idle,
             )
-            for branch, runner in started:
+            self.models[model_id] = hosted
+            for branch, runner in hosted.started():
                 on_engine(label(branch), runner.engine)
 
-    def get(self, model_id: str, capability: str) -> ServedModel:
+    def get(self, model_id: str, capability: str) -> HostedModel:
         """The served model ``model_id`` names (its id or an alias), if it can serve ``capability``.
 
         Raises:
-            ModelNotFoundError: no served model has that id or alias.
+            ModelNotFoundError: no configured model has that id or alias.
             ModelUnavailableError: the model was configured but could not be loaded; the message says why.
             ModelKindError: the model cannot serve ``capability``; the message lists those that can.
+            NotReadyError: the model is configured but not served yet.
         """
         tracing.note_model(model_id)
-        served = self.models.get(model_id) or self.models.get(self.aliases.get(model_id, ""))
+        found = model_id if model_id in self.plans else self.aliases.get(model_id)
         failed = model_id if model_id in self.failed else self._failed_aliases.get(model_id)
-        if served is None and failed is not None:
+        if found is None and failed is not None:
             raise ModelUnavailableError(self.failed[failed])
-        if served is None:
-            raise ModelNotFoundError(
-                f"model {shorten(model_id)!r} is not served here; available: {sorted(self.models)}"
-            )
-        if capability not in served.capabilities:
+        if found is None:
+            raise ModelNotFoundError(f"model {shorten(model_id)!r} is not served here; available: {sorted(self.plans)}")
+        plan = self.plans[found]
+        if capability not in plan.capabilities:
             raise ModelKindError(
-                f"model {shorten(model_id)!r} is a {served.spec.kind} model and cannot serve {capability}; "
-                f"use one of {sorted(m for m, s in self.models.items() if capability in s.capabilities)}"
+                f"model {shorten(model_id)!r} is a {plan.spec.kind} model and cannot serve {capability}; "
+                f"use one of {sorted(m for m, p in self.plans.items() if capability in p.capabilities)}"
             )
-        return served
+        hosted = self.models.get(found)
+        if hosted is None:
+            raise NotReadyError(f"model {found!r} is not served yet: it is still loading")
+        return hosted
+
+    def described(self) -> dict[str, ModelPlan]:
+        """Every configured model that can still be served, by id: the hosted model once served, else its
+        plan (what protocols describe before the models are ready)."""
+        return {model_id: self.models.get(model_id, plan) for model_id, plan in self.plans.items()}
 
     def default(self, capability: str) -> str:
         """The first configured model that serves ``capability`` (for protocols whose bodies name no model);
         for reranking, the first that is not a plain embedding model if there is one (an embedding model
         reranks by cosine); for embeddings, the first dense embedding model if there is one."""
-        able = [m for m, served in self.models.items() if capability in served.capabilities]
-        preferred = [m for m in able if capability in self.models[m].declared.preferred_for]
+        able = [m for m, plan in self.plans.items() if capability in plan.capabilities]
+        preferred = [m for m in able if capability in self.plans[m].declared.preferred_for]
         if able:
             return (preferred or able)[0]
-        raise ModelKindError(f"no served model can serve {capability}; served: {sorted(self.models)}")
+        raise ModelKindError(f"no served model can serve {capability}; served: {sorted(self.plans)}")
 
     async def drain(self, timeout: float) -> None:
         """Wait until every engine has finished its queued work, at most ``timeout`` seconds each."""
