@@ -16,18 +16,7 @@ import torch
 from embedrank import CrossEncoder, Encoder
 from embedrank.runtime import graphs, packed
 from embedrank.runtime.backends import TorchRuntime, _graphed_forward
-
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37, "vocab_size": 99}
-
-
-def _right_padded(pad_id: int, lengths: list[int], width: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.full((len(lengths), width), pad_id)
-    mask = torch.zeros(len(lengths), width, dtype=torch.long)
-    for row, n in enumerate(lengths):
-        ids[row, :n] = torch.randint(3, TINY["vocab_size"], (n,), generator=generator)
-        mask[row, :n] = 1
-    return ids, mask
+from embedrank.testing.tiny import TINY_SIZES, right_padded
 
 
 def _eager_capture(runner: graphs.CudaGraphs, shape):
@@ -42,8 +31,8 @@ def test_the_padded_forward_equals_the_models_own(kind):
     import transformers
 
     torch.manual_seed(0)
-    model = getattr(transformers, kind)(getattr(transformers, kind.replace("Model", "Config"))(**TINY)).eval()
-    ids, mask = _right_padded(model.config.pad_token_id or 0, [12, 3, 7, 1])
+    model = getattr(transformers, kind)(getattr(transformers, kind.replace("Model", "Config"))(**TINY_SIZES)).eval()
+    ids, mask = right_padded(model.config.pad_token_id or 0, [12, 3, 7, 1])
     with torch.inference_mode():
         ref = model(input_ids=ids, attention_mask=mask).last_hidden_state
         ours = packed.padded_forward(model, ids, mask)
@@ -63,12 +52,12 @@ def test_replayed_batches_equal_the_eager_forward_whatever_their_shape(monkeypat
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.BertModel(transformers.BertConfig(**TINY)).eval()
+    model = transformers.BertModel(transformers.BertConfig(**TINY_SIZES)).eval()
     runner = graphs.CudaGraphs(partial(packed.padded_forward, model), torch.device("cpu"), token_types=True)
     captured = []
     monkeypatch.setattr(runner, "capture", lambda shape: captured.append(shape) or _eager_capture(runner, shape))
     for lengths, width in (([12, 3, 7, 1], 12), ([5, 2, 4], 5), ([3, 1], 3), ([16] * 4, 16), ([2], 2)):
-        ids, mask = _right_padded(0, lengths, width)
+        ids, mask = right_padded(0, lengths, width)
         types = (torch.arange(width) >= 1).long().expand(len(lengths), width) * mask
         with torch.inference_mode():
             ref = model(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
@@ -84,14 +73,14 @@ def test_replayed_batches_equal_the_eager_forward_whatever_their_shape(monkeypat
 def test_a_failed_capture_leaves_every_batch_to_the_eager_forward(monkeypatch, caplog):
     import transformers
 
-    model = transformers.BertModel(transformers.BertConfig(**TINY)).eval()
+    model = transformers.BertModel(transformers.BertConfig(**TINY_SIZES)).eval()
     runner = graphs.CudaGraphs(partial(packed.padded_forward, model), torch.device("cpu"), token_types=False)
 
     def fail(shape):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(runner, "capture", fail)
-    ids, mask = _right_padded(0, [4, 2])
+    ids, mask = right_padded(0, [4, 2])
     assert runner({"input_ids": ids, "attention_mask": mask}) is None
     assert "stream is capturing" in runner.failed and "CUDA graph capture failed" in caplog.text
     monkeypatch.setattr(runner, "capture", lambda shape: pytest.fail("not tried again"))
@@ -133,7 +122,7 @@ def test_a_runtime_with_graphs_gives_sentence_transformers_embeddings_and_scores
 def test_a_graph_that_replays_something_else_is_not_used(monkeypatch, caplog):
     import transformers
 
-    model = transformers.BertModel(transformers.BertConfig(**TINY)).eval()
+    model = transformers.BertModel(transformers.BertConfig(**TINY_SIZES)).eval()
     runner = graphs.CudaGraphs(partial(packed.padded_forward, model), torch.device("cpu"), token_types=False)
 
     def stale(shape):  # replays the first batch it saw, whatever the buffers hold now
@@ -141,6 +130,6 @@ def test_a_graph_that_replays_something_else_is_not_used(monkeypatch, caplog):
         return graphs._Graph(lambda: None, entry.inputs, entry.output)
 
     monkeypatch.setattr(runner, "capture", stale)
-    ids, mask = _right_padded(0, [4, 2])
+    ids, mask = right_padded(0, [4, 2])
     assert runner({"input_ids": ids, "attention_mask": mask}) is None and not runner.graphs
     assert "replay differs from the eager forward" in runner.failed and "run eagerly" in caplog.text

@@ -10,6 +10,7 @@ import torch
 
 from embedrank import CrossEncoder, Encoder
 from embedrank.runtime.packed import packed_forward, supports, supports_classifier
+from embedrank.testing.tiny import TINY_SIZES, right_padded
 
 pytestmark = pytest.mark.slow
 
@@ -65,28 +66,15 @@ def test_cross_encoder_pairs_with_token_types_match(cross_encoder_dir):
     assert np.abs(ours - ref).max() < 1e-5
 
 
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37, "vocab_size": 99}
-
-
-def _right_padded(pad_id: int, lengths: list[int], width: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.full((len(lengths), width), pad_id)
-    mask = torch.zeros(len(lengths), width, dtype=torch.long)
-    for row, n in enumerate(lengths):
-        ids[row, :n] = torch.randint(3, TINY["vocab_size"], (n,), generator=generator)
-        mask[row, :n] = 1
-    return ids, mask
-
-
 @pytest.mark.parametrize("kind", ["RobertaModel", "XLMRobertaModel"])
 def test_roberta_family_encoders_match_their_own_forward(kind):
     import transformers
 
     torch.manual_seed(0)
     config_cls = getattr(transformers, kind.replace("Model", "Config"))
-    model = getattr(transformers, kind)(config_cls(**TINY)).eval()
+    model = getattr(transformers, kind)(config_cls(**TINY_SIZES)).eval()
     assert supports(model)
-    ids, mask = _right_padded(model.config.pad_token_id, [12, 3, 7, 1])
+    ids, mask = right_padded(model.config.pad_token_id, [12, 3, 7, 1])
     with torch.inference_mode():
         ref = model(input_ids=ids, attention_mask=mask).last_hidden_state
         ours = packed_forward(model, ids, mask)
@@ -102,9 +90,9 @@ def test_sequence_classifiers_match_their_own_forward(kind):
 
     torch.manual_seed(0)
     config_cls = getattr(transformers, kind.replace("ForSequenceClassification", "Config"))
-    model = getattr(transformers, kind)(config_cls(**TINY, num_labels=2)).eval()
+    model = getattr(transformers, kind)(config_cls(**TINY_SIZES, num_labels=2)).eval()
     assert supports_classifier(model)
-    ids, mask = _right_padded(model.config.pad_token_id or 0, [12, 3, 7, 1])
+    ids, mask = right_padded(model.config.pad_token_id or 0, [12, 3, 7, 1])
     types = (torch.arange(12) >= 2).long().expand(4, 12) * mask if kind.startswith("Bert") else None
     with torch.inference_mode():
         ref = model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits

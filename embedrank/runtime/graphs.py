@@ -144,6 +144,8 @@ class CudaGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a service's other forward thread may launch and allocate on the GPU meanwhile (the
+        # default, global, would fail that thread's calls during the capture)
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             output = self.forward(**inputs)
         return _Graph(graph.replay, inputs, output)

@@ -408,3 +408,27 @@ def tiny_stanford_colbert(out: str | Path | None = None, *, seed: int = 0) -> st
         (tmp / "artifact.metadata").write_text(json.dumps(metadata, indent=2))
 
     return build_directory(out, build)
+
+
+TINY_SIZES = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 37,
+    "vocab_size": 99,
+}
+"""A transformers config's sizes for a model built in a test on the spot (``BertConfig(**TINY_SIZES)``)."""
+
+
+def right_padded(pad_id: int, lengths: list[int], width: int = 12, *, vocab_size: int = 99) -> tuple[Any, Any]:
+    """A seeded ``(len(lengths), width)`` batch of token ids right-padded with ``pad_id``, and its mask: row ``i``
+    has ``lengths[i]`` real tokens (ids from 3 up, below ``vocab_size``)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.full((len(lengths), width), pad_id)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(3, vocab_size, (n,), generator=generator)
+        mask[row, :n] = 1
+    return ids, mask
