@@ -36,7 +36,8 @@ Parts (``--parts``, all by default):
   requests of 1,024 passages run (goal p50 <= 0.5 s, p99 <= 1.5 s).
 
 It prints a table per part and one ``goal`` line per goal; run it through ``eval/record.py`` to keep the result
-(``make bench-gpu``). The service part needs the service's packages (litestar, uvicorn, msgspec); on a machine
+(``make bench-gpu``). With ``--keep-going`` (``eval/gpu_check.sh`` passes it), a part that fails prints why and
+a ``goal <part> ran to its end: NOT met`` line, the other parts run, and the record keeps them all. The service part needs the service's packages (litestar, uvicorn, msgspec); on a machine
 that has only PyTorch and sentence-transformers, ``--prepare`` puts their wheels in ``build/gpu/wheels``.
 """
 
@@ -54,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -577,6 +579,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seconds", type=float, default=2.0, help="per timed measurement")
     p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a part that fails says so (a 'goal ... NOT met' line, 'failed' in the figures) and the others run; "
+        "the exit status stays 0, so eval/record.py keeps what ran",
+    )
     args = p.parse_args(argv)
     if args.prepare:
         prepare(args.prepare)
@@ -604,15 +612,27 @@ def main(argv: list[str] | None = None) -> int:
         trained = minilm(work, args.carried)
         passages, queries = texts(trained, n_passages, n_queries, passage_words=passage_words)
         models = {name: sized(name, work, trained) for name in sizes}
-        if "parity" in args.parts:
-            parity(device, trained, passages[: min(2000, n_passages)], queries[:100], results)
-        if "encode" in args.parts:
-            encode(device, models, {"passages": passages, "queries": queries}, args, results)
-        if "forward" in args.parts:
-            name = "bert-base" if "bert-base" in models else sizes[0]
-            forward(device, name, models[name], passages, queries, args, results)
-        if "service" in args.parts:
-            service(device, models["minilm-l6"], passages, queries, args, results)
+        name = "bert-base" if "bert-base" in models else sizes[0]
+        steps = {
+            "parity": partial(parity, device, trained, passages[: min(2000, n_passages)], queries[:100], results),
+            "encode": partial(encode, device, models, {"passages": passages, "queries": queries}, args, results),
+            "forward": partial(forward, device, name, models[name], passages, queries, args, results),
+            "service": partial(service, device, models["minilm-l6"], passages, queries, args, results),
+        }
+        failed = {}
+        for part in args.parts:
+            try:
+                steps[part]()
+            except Exception as exc:
+                if not args.keep_going:
+                    raise
+                # a lent GPU's time is short: the parts that ran stay recorded, and this one says why it did not
+                traceback.print_exc()
+                failed[part] = f"{type(exc).__name__}: {exc}"
+                print(f"\npart {part} failed: {failed[part]}")
+                print(f"goal {part} ran to its end: NOT met")
+    if failed:
+        results["failed"] = failed
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -55,3 +55,22 @@ def test_the_gpu_check_runs_on_the_cpu_with_only_what_a_gpu_image_has(tmp_path, 
     assert {"encode_minilm-l6_passages_one_thread", "encode_minilm-l6_queries_one_thread"} <= found.keys()
     assert set(found["forward_bf16"]["variants"]) == {"padded", "packed"}  # variable-length attention: GPUs only
     assert "goal fp32 max |diff| <= 1e-4" in done.stdout and "goal minilm-l6 forward >= 40%" in done.stdout
+
+
+def test_with_keep_going_a_failing_part_is_reported_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "eval"))
+    import bench_gpu
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the server answered 429")
+
+    monkeypatch.setattr(bench_gpu, "forward", broken)
+    figures = tmp_path / "figures.json"
+    argv = ["--device", "cpu", "--quick", "--parts", "forward", "parity", "--keep-going", "--json", str(figures)]
+    assert bench_gpu.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "part forward failed: RuntimeError: the server answered 429" in out
+    assert "goal forward ran to its end: NOT met" in out and "goal fp32 max |diff| <= 1e-4" in out  # parity ran after it
+    assert json.loads(figures.read_text())["failed"] == {"forward": "RuntimeError: the server answered 429"}
+    with pytest.raises(RuntimeError, match="429"):  # without it, the first failure ends the run
+        bench_gpu.main(["--device", "cpu", "--quick", "--parts", "forward"])
