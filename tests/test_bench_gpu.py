@@ -70,7 +70,9 @@ def test_with_keep_going_a_failing_part_is_reported_and_the_others_still_run(tmp
     assert bench_gpu.main(argv) == 0
     out = capsys.readouterr().out
     assert "part forward failed: RuntimeError: the server answered 429" in out
-    assert "goal forward ran to its end: NOT met" in out and "goal fp32 max |diff| <= 1e-4" in out  # parity ran after it
+    assert (
+        "goal forward ran to its end: NOT met" in out and "goal fp32 max |diff| <= 1e-4" in out
+    )  # parity ran after it
     assert json.loads(figures.read_text())["failed"] == {"forward": "RuntimeError: the server answered 429"}
     with pytest.raises(RuntimeError, match="429"):  # without it, the first failure ends the run
         bench_gpu.main(["--device", "cpu", "--quick", "--parts", "forward"])
