@@ -219,8 +219,7 @@ def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     rerank["texts"]["items"].update(maxLength=limits.max_text_chars)
     rerank["truncation_direction"] = {"enum": ["Right", "right"], "description": "Only Right is supported for pairs"}
     rerank["model"]["anyOf"][0]["enum"] = _serving(pool, "rerank")
-    served = pool.described().values()
-    if any(getattr(getattr(getattr(s, "runner", None), "cross_encoder", None), "num_labels", 1) != 1 for s in served):
+    if any((plan.spec.num_labels or 1) != 1 for plan in pool.plans.values() if "rerank" in plan.capabilities):
         rerank["raw_scores"] = {"enum": [False], "description": "Only false: a served model has several labels"}
     _nullable_optionals(extra["TEIRerankRequest"])
     for name, value in extra.items():

@@ -350,3 +350,17 @@ def test_v1_embeddings_refuses_what_a_splade_cannot_give(sparse_client):
     enum = schema["properties"]["embedding_types"]["oneOf"][0]["items"]["enum"]
     assert "sparse" in enum and "multivector" not in enum
     assert schema["properties"]["dimensions"]["oneOf"][0]["maximum"] == 32  # not the vocabulary
+
+
+def test_the_schema_allows_only_false_raw_scores_when_a_served_reranker_has_several_labels(fake_service):
+    import dataclasses
+
+    several = FakeCrossEncoder("labels")
+    several.spec = dataclasses.replace(several.spec, num_labels=3)
+    for model, only_false in ((FakeCrossEncoder("one"), False), (several, True)):
+        with fake_service({model.model_id: model}) as client:
+            schema = client.get("/openapi.json").json()["components"]["schemas"]["TEIRerankRequest"]
+            raw = schema["properties"]["raw_scores"]  # a value or null (TEI's optional fields)
+            assert (
+                {"enum": [False], "description": "Only false: a served model has several labels"} in raw["anyOf"]
+            ) == only_false
