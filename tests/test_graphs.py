@@ -15,7 +15,7 @@ import torch
 
 from embedrank import CrossEncoder, Encoder
 from embedrank.runtime import graphs, packed
-from embedrank.runtime.backends import TorchRuntime, _graphed_forward
+from embedrank.runtime.backends import TorchRuntime
 from embedrank.testing.tiny import TINY_SIZES, right_padded
 
 
@@ -97,8 +97,11 @@ def test_a_runtime_with_graphs_gives_sentence_transformers_embeddings_and_scores
     encoder = Encoder.from_pretrained(backend="torch")
     assert encoder.runtime.graphs is None  # a CPU: no CUDA graphs
     runtime = encoder.runtime
-    runtime.graphs = graphs.CudaGraphs(
-        partial(_graphed_forward, runtime.module, "encoder"), runtime.device, token_types=True
+    # set through monkeypatch: a loaded model may be shared with later tests, which must find no graphs
+    monkeypatch.setattr(
+        runtime,
+        "graphs",
+        graphs.CudaGraphs(partial(packed.padded_forward, runtime.module), runtime.device, token_types=True),
     )
     monkeypatch.setattr(runtime.graphs, "capture", partial(_eager_capture, runtime.graphs))
     ours = encoder.encode(texts, batch_size=4)
@@ -108,8 +111,12 @@ def test_a_runtime_with_graphs_gives_sentence_transformers_embeddings_and_scores
     ce = CrossEncoder.from_pretrained(cross_encoder_dir, backend="torch")
     ce_runtime = ce.runtime
     assert isinstance(ce_runtime, TorchRuntime)
-    ce_runtime.graphs = graphs.CudaGraphs(
-        partial(_graphed_forward, ce_runtime.module, ce_runtime.head), ce_runtime.device, token_types=True
+    monkeypatch.setattr(
+        ce_runtime,
+        "graphs",
+        graphs.CudaGraphs(
+            partial(packed.padded_classifier_logits, ce_runtime.module), ce_runtime.device, token_types=True
+        ),
     )
     monkeypatch.setattr(ce_runtime.graphs, "capture", partial(_eager_capture, ce_runtime.graphs))
     pairs = [("what causes the seasons", t) for t in texts]

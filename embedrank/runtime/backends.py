@@ -144,7 +144,8 @@ class TorchRuntime:
         self.graphs: CudaGraphs | None = None
         if supported and self.device.type == "cuda":
             token_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
-            self.graphs = CudaGraphs(partial(_graphed_forward, model, head), self.device, token_types=token_types)
+            forward = packed.padded_forward if head == "encoder" else packed.padded_classifier_logits
+            self.graphs = CudaGraphs(partial(forward, model), self.device, token_types=token_types)
 
     @torch.inference_mode()
     def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
@@ -160,30 +161,15 @@ class TorchRuntime:
         if real is not None:
             ids, mask, types = inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
             on_device = real.to(self.device, non_blocking=True)
-            varlen = None
-            if self.varlen is not None:
-                varlen = packed.varlen_of(features["attention_mask"], self.varlen)
-                varlen = varlen._replace(offsets=varlen.offsets.to(self.device, non_blocking=True))
+            varlen = (
+                None if self.varlen is None else packed.varlen_of(features["attention_mask"], self.varlen, self.device)
+            )
             if self.head == "encoder":
                 return packed.packed_forward(self.module, ids, mask, types, real=on_device, varlen=varlen)
             return packed.packed_classifier_logits(self.module, ids, mask, types, real=on_device, varlen=varlen)
         if self.head == "encoder":
             return self.module(**inputs).last_hidden_state
         return self.module(**inputs).logits
-
-
-def _graphed_forward(
-    model: torch.nn.Module,
-    head: Head,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    token_type_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """What a CUDA graph records for a BERT or RoBERTa ``model``: hidden states, or a classifier's logits."""
-    if head == "encoder":
-        return packed.padded_forward(model, input_ids, attention_mask, token_type_ids)
-    encoder = getattr(model, packed.CLASSIFIERS[type(model).__name__])
-    return packed.classifier_head(model, packed.padded_forward(encoder, input_ids, attention_mask, token_type_ids))
 
 
 def _head_dim(model: torch.nn.Module) -> int:

@@ -99,15 +99,18 @@ class Varlen(NamedTuple):
     longest: int
 
 
-def varlen_of(attention_mask: torch.Tensor, kernel: Callable[..., torch.Tensor]) -> Varlen:
-    """The :class:`Varlen` of a right-padded ``(B, T)`` mask, computed where the mask is (the host).
+def varlen_of(
+    attention_mask: torch.Tensor, kernel: Callable[..., torch.Tensor], device: torch.device | str | None = None
+) -> Varlen:
+    """The :class:`Varlen` of a right-padded ``(B, T)`` mask, computed where the mask is (the host), its offsets
+    then sent to ``device`` (the model's) without waiting.
 
     >>> varlen_of(torch.tensor([[1, 1, 1], [1, 0, 0]]), kernel=print)[1:]
     (tensor([0, 3, 4], dtype=torch.int32), 3)
     """
     lengths = attention_mask.sum(1, dtype=torch.int32)
     offsets = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-    return Varlen(kernel, offsets, int(lengths.max()))
+    return Varlen(kernel, offsets.to(device, non_blocking=True), int(lengths.max()))
 
 
 def _torch_varlen_attn() -> Callable[..., torch.Tensor] | None:
@@ -157,8 +160,8 @@ def _agrees_with_sdpa(
     generator = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(8, 2, head_dim, generator=generator).to(device, dtype) for _ in range(3))
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    varlen = varlen_of(mask, kernel)
-    got = kernel(q, k, v, varlen.offsets.to(device), varlen.offsets.to(device), 5, 5, scale=head_dim**-0.5)
+    varlen = varlen_of(mask, kernel, device)
+    got = kernel(q, k, v, varlen.offsets, varlen.offsets, 5, 5, scale=head_dim**-0.5)
     for start, end in ((0, 5), (5, 8)):
         one_q, one_k, one_v = (t[start:end].transpose(0, 1) for t in (q, k, v))  # (heads, T, head_dim)
         expected = F.scaled_dot_product_attention(one_q, one_k, one_v, scale=head_dim**-0.5).transpose(0, 1)
@@ -231,7 +234,7 @@ def padded_forward(
         attn = layer.attention.self
         qkv = torch.cat([attn.query(hidden), attn.key(hidden), attn.value(hidden)], dim=1)
         hidden = _after_attention(layer, _padded_attention(attn, qkv, batch, length, key_mask), hidden)
-    return (hidden.view(batch, length, -1) * attention_mask[..., None]).to(hidden.dtype)
+    return hidden.view(batch, length, -1) * attention_mask[..., None]  # a float times an integer tensor: float
 
 
 def _positions(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
@@ -288,6 +291,14 @@ def packed_classifier_logits(
     return classifier_head(
         model, packed_forward(encoder, input_ids, attention_mask, token_type_ids, real=real, varlen=varlen)
     )
+
+
+def padded_classifier_logits(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Logits ``(B, L)`` of a sequence classifier: :func:`padded_forward`, then the model's own head."""
+    encoder = getattr(model, CLASSIFIERS[type(model).__name__])
+    return classifier_head(model, padded_forward(encoder, input_ids, attention_mask, token_type_ids))
 
 
 def classifier_head(model: Any, hidden: torch.Tensor) -> torch.Tensor:

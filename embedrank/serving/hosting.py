@@ -498,10 +498,9 @@ class HostedModel(ModelPlan):
     @property
     def batch_bounds(self) -> tuple[int, int]:
         """(padded tokens, items) a forward pass of its engines holds at most."""
-        engine = cast(Runner, self.runner or next(iter(self.branch_runners.values()))).engine
+        engine = self.started()[0][1].engine
         return engine.max_batch_tokens, engine.max_batch_size
 
     def runners(self) -> list[Any]:
         """Every runner, once each."""
-        found = [self.runner, *self.branch_runners.values()]
-        return list({id(r): r for r in found if r is not None}.values())
+        return [runner for _, runner in self.started()]
