@@ -464,3 +464,51 @@ def test_batches_are_sized_by_the_measured_speed():
         await engine.drain(1)
 
     asyncio.run(main())
+
+
+def test_next_rate_moves_with_full_batches_and_only_up_with_small_ones():
+    from embedrank.serving.engine import next_rate
+
+    assert next_rate(0.0, 500.0, full=True) == 500.0  # the first full batch sets it
+    assert next_rate(0.0, 5.0, full=False) == 0.0  # a lone query's fixed cost is no speed
+    assert next_rate(1000.0, 500.0, full=True) == pytest.approx(850.0)  # a slower machine: follows it down
+    assert next_rate(1000.0, 5.0, full=False) == 1000.0  # a lone query: no lower
+    assert next_rate(1000.0, 2000.0, full=False) == pytest.approx(1300.0)  # faster even when small: up
+
+
+def test_lone_queries_leave_the_rate_of_full_batches_and_bulk_requests_admitted():
+    """Each forward pass costs 1 s of the injected clock whatever its size (a GPU's launch-bound pass): the
+    rate a full batch measured stays while 1-item batches run, so bulk requests are still admitted and their
+    batches keep their size (a rate dragged down by the lone queries refused them with 429)."""
+    now = [0.0]
+
+    class Fixed(FakeBatchModel):
+        def run_batch(self, items):
+            out = super().run_batch(items)
+            now[0] += 1.0
+            return out
+
+    async def main():
+        model = Fixed()
+        config = EngineConfig(max_batch_tokens=400, target_batch_seconds=1.0, max_queue_seconds=30, max_wait_ms=0)
+        engine = BatchEngine(model, config, clock=lambda: now[0])
+        engine.start()
+        await engine.submit(["a" * 20] * 20)  # one full batch: 400 tokens in 1 s
+        assert engine.token_rate == pytest.approx(400.0)
+        for _ in range(20):
+            await engine.submit(["q"])  # 1 token in 1 s, alone
+        assert engine.token_rate == pytest.approx(400.0)
+        assert engine.batch_tokens() == 400
+        model.gate.clear()
+        model.entered.clear()
+        running = asyncio.ensure_future(engine.submit(["q"]))
+        await _entered(model)
+        bulks = [asyncio.ensure_future(engine.submit(["b" * 20] * 100)) for _ in range(4)]  # 8,000 tokens: 20 s
+        await asyncio.sleep(0)
+        assert not any(b.done() for b in bulks)  # admitted, none refused
+        model.gate.set()
+        await asyncio.wait_for(asyncio.gather(running, *bulks), WAIT)
+        assert {len(b) for b in model.batches[22:]} == {20}  # full batches, as before the queries
+        await engine.drain(1)
+
+    asyncio.run(main())
