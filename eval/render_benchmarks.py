@@ -41,6 +41,7 @@ ORDER = (
     "batch-owners",
     "batch-validation",
     "gpu",
+    "gpu-service",
     "load",
     "embed-job",
     "index-memory",
@@ -391,6 +392,15 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 "passages",
                 figure,
                 "SentenceTransformer.encode in fp16; the same runtime in-process",
+            )
+    if name == "gpu-service":
+        share = _search(r"^goal service >= 80% .*: (\d+%)", out)
+        fair = _search(r"^goal small p50 .*: ([\d.]+ s), ([\d.]+ s)", out)
+        if share and fair:
+            return (
+                "GPU: the service at 64 clients x 16 passages; 1-text requests during 8 x 1,024-passage requests",
+                f"{share[1]} of the runtime in-process; p50 {fair[1]}, p99 {fair[2]}",
+                "the same runtime in-process (Encoder.encode)",
             )
     if name == "index-memory":
         per = _search(r"holds ([\d.]+ B) per vector", out)
