@@ -470,7 +470,7 @@ def test_next_rate_moves_with_full_batches_and_only_up_with_small_ones():
     from embedrank.serving.engine import next_rate
 
     assert next_rate(0.0, 500.0, full=True) == 500.0  # the first full batch sets it
-    assert next_rate(0.0, 5.0, full=False) == 0.0  # a lone query's fixed cost is no speed
+    assert next_rate(0.0, 5.0, full=False) == 5.0  # the first batch sizes the next ones, full or not
     assert next_rate(1000.0, 500.0, full=True) == pytest.approx(850.0)  # a slower machine: follows it down
     assert next_rate(1000.0, 5.0, full=False) == 1000.0  # a lone query: no lower
     assert next_rate(1000.0, 2000.0, full=False) == pytest.approx(1300.0)  # faster even when small: up
@@ -509,6 +509,39 @@ def test_lone_queries_leave_the_rate_of_full_batches_and_bulk_requests_admitted(
         model.gate.set()
         await asyncio.wait_for(asyncio.gather(running, *bulks), WAIT)
         assert {len(b) for b in model.batches[22:]} == {20}  # full batches, as before the queries
+        await engine.drain(1)
+
+    asyncio.run(main())
+
+
+def test_no_request_is_refused_for_its_wait_until_a_full_batch_measured_the_speed():
+    """A lone query as the first batch measures mostly fixed cost: it sizes the next batches, but bulk requests
+    are not refused for a wait estimated from it."""
+    now = [0.0]
+
+    class Fixed(FakeBatchModel):
+        def run_batch(self, items):
+            out = super().run_batch(items)
+            now[0] += 1.0
+            return out
+
+    async def main():
+        model = Fixed()
+        config = EngineConfig(max_batch_tokens=400, target_batch_seconds=1.0, max_queue_seconds=2, max_wait_ms=0)
+        engine = BatchEngine(model, config, clock=lambda: now[0])
+        engine.start()
+        await engine.submit(["q"])  # 1 token in 1 s
+        assert engine.token_rate == pytest.approx(1.0) and not engine.rate_of_full
+        model.gate.clear()
+        model.entered.clear()
+        running = asyncio.ensure_future(engine.submit(["q"]))
+        await _entered(model)
+        bulks = [asyncio.ensure_future(engine.submit(["b" * 20] * 10)) for _ in range(3)]  # 200 s at 1 token/s
+        await asyncio.sleep(0)
+        assert not any(b.done() for b in bulks)  # admitted
+        model.gate.set()
+        await asyncio.wait_for(asyncio.gather(running, *bulks), WAIT)
+        assert engine.rate_of_full  # the bulk's batches filled their budget
         await engine.drain(1)
 
     asyncio.run(main())

@@ -136,6 +136,7 @@ class BatchEngine(Generic[Item]):
         self._computing = 0  # items in forward passes right now
         self._computing_tokens = 0  # their estimated tokens
         self.token_rate = 0.0  # estimated tokens computed per second (moving average; 0 until measured)
+        self.rate_of_full = False  # whether a full batch has measured token_rate (only then may it refuse work)
         self._peak_inflight = 0.0  # decaying maximum of items in flight
         self._stopping = False
         self._closing = False  # refuse new jobs (drain started)
@@ -239,14 +240,14 @@ class BatchEngine(Generic[Item]):
     def estimated_wait(self, priority: int, work: int) -> float:
         """Seconds until a new job of ``priority`` and ``work`` estimated tokens would get its first batch:
         the batch in flight plus the queued work scheduled before it (:meth:`FairQueue.work_ahead`), at
-        the measured rate. 0 until a batch has been measured. Call under ``self._cond``."""
-        if self.token_rate <= 0:
+        the measured rate. 0 until a full batch has been measured (:func:`next_rate`). Call under ``self._cond``."""
+        if not self.rate_of_full:
             return 0.0
         return (self._computing_tokens + self._queue.work_ahead(priority, work)) / self.token_rate
 
     def _wait_bound(self) -> float:
         """An upper bound of :meth:`estimated_wait` for any job: all queued work ahead (under ``self._cond``)."""
-        return 0.0 if self.token_rate <= 0 else (self._computing_tokens + self._queue.work) / self.token_rate
+        return 0.0 if not self.rate_of_full else (self._computing_tokens + self._queue.work) / self.token_rate
 
     def _admit_by_wait(self, priority: int, work: int) -> None:
         """Refuse a job that would wait longer than ``max_queue_seconds`` for its first batch, with the
@@ -362,6 +363,7 @@ class BatchEngine(Generic[Item]):
                 self._computing_tokens -= tokens
                 if seconds > 0 and not isinstance(outcome, Exception):
                     self.token_rate = next_rate(self.token_rate, tokens / seconds, full=full)
+                    self.rate_of_full = self.rate_of_full or full
             try:
                 self._loop.call_soon_threadsafe(self._deliver, batch, outcome, seconds)
             except RuntimeError:  # the event loop is closed: nobody is waiting any more
@@ -419,11 +421,13 @@ def next_rate(estimate: float, measured: float, *, full: bool) -> float:
     full batch computes 1.6 million), so it only raises the estimate, never lowers it: queries arriving one by
     one would otherwise drag the rate down until the next bulk request's estimated wait exceeded
     ``max_queue_seconds`` and it was refused, and its batches shrank to the lone queries' size. 0 stands for
-    "not measured yet" (then the first full batch sets it; until then a batch holds ``max_batch_tokens`` and no
-    request is refused for its estimated wait)."""
-    if full:
-        return measured if estimate <= 0 else 0.7 * estimate + 0.3 * measured
-    return 0.7 * estimate + 0.3 * measured if 0 < estimate < measured else estimate
+    "not measured yet": the first batch sets it, full or not, so a bulk request's first batches are sized by a
+    measured speed (the engine refuses work for its estimated wait only once a full batch has measured it)."""
+    if estimate <= 0:
+        return measured
+    if full or measured > estimate:
+        return 0.7 * estimate + 0.3 * measured
+    return estimate
 
 
 def _padded(batch: list[tuple[_Job, int]]) -> int:
