@@ -466,6 +466,22 @@ def test_batches_are_sized_by_the_measured_speed():
     asyncio.run(main())
 
 
+class FixedCost(FakeBatchModel):
+    """Every forward pass takes 1 s of its clock whatever its size, as a GPU's launch-bound pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def run_batch(self, items):
+        out = super().run_batch(items)
+        self.now += 1.0
+        return out
+
+
 def test_next_rate_moves_with_full_batches_and_only_up_with_small_ones():
     from embedrank.serving.engine import next_rate
 
@@ -480,18 +496,11 @@ def test_lone_queries_leave_the_rate_of_full_batches_and_bulk_requests_admitted(
     """Each forward pass costs 1 s of the injected clock whatever its size (a GPU's launch-bound pass): the
     rate a full batch measured stays while 1-item batches run, so bulk requests are still admitted and their
     batches keep their size (a rate dragged down by the lone queries refused them with 429)."""
-    now = [0.0]
-
-    class Fixed(FakeBatchModel):
-        def run_batch(self, items):
-            out = super().run_batch(items)
-            now[0] += 1.0
-            return out
 
     async def main():
-        model = Fixed()
+        model = FixedCost()
         config = EngineConfig(max_batch_tokens=400, target_batch_seconds=1.0, max_queue_seconds=30, max_wait_ms=0)
-        engine = BatchEngine(model, config, clock=lambda: now[0])
+        engine = BatchEngine(model, config, clock=model.clock)
         engine.start()
         await engine.submit(["a" * 20] * 20)  # one full batch: 400 tokens in 1 s
         assert engine.token_rate == pytest.approx(400.0)
@@ -517,18 +526,11 @@ def test_lone_queries_leave_the_rate_of_full_batches_and_bulk_requests_admitted(
 def test_no_request_is_refused_for_its_wait_until_a_full_batch_measured_the_speed():
     """A lone query as the first batch measures mostly fixed cost: it sizes the next batches, but bulk requests
     are not refused for a wait estimated from it."""
-    now = [0.0]
-
-    class Fixed(FakeBatchModel):
-        def run_batch(self, items):
-            out = super().run_batch(items)
-            now[0] += 1.0
-            return out
 
     async def main():
-        model = Fixed()
+        model = FixedCost()
         config = EngineConfig(max_batch_tokens=400, target_batch_seconds=1.0, max_queue_seconds=2, max_wait_ms=0)
-        engine = BatchEngine(model, config, clock=lambda: now[0])
+        engine = BatchEngine(model, config, clock=model.clock)
         engine.start()
         await engine.submit(["q"])  # 1 token in 1 s
         assert engine.token_rate == pytest.approx(1.0) and not engine.rate_of_full
