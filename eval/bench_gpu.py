@@ -461,39 +461,6 @@ def small_batches(
     results[f"forward_{precision}_queries"] = {"eager": eager, "graphs": replayed, "ratio": replayed / eager}
 
 
-def engine_alone(encoder, device: str, passages: list[str], clients: int, per_request: int, seconds: float) -> float:
-    """Texts/s of ``encoder`` behind the server's batching engine in this process (the engine settings a served
-    model on ``device`` gets), ``clients`` concurrent callers of ``per_request`` passages each: the service's
-    path without HTTP, the web app or JSON (tokenizing in worker threads, batching, the forward threads)."""
-    import itertools
-
-    from embedrank.serving.engine import EngineConfig
-    from embedrank.serving.hosting import engine_config_on
-    from embedrank.serving.runners import AsyncEncoder
-
-    chunks = [passages[i : i + per_request] for i in range(0, len(passages), per_request)]
-
-    async def run() -> float:
-        runner = AsyncEncoder(encoder, engine_config_on(EngineConfig(), encoder, device))
-        runner.engine.start()
-        which = itertools.count()
-
-        async def caller(deadline: float) -> int:
-            done = 0
-            while done == 0 or time.perf_counter() < deadline:
-                done += len((await runner.embed(chunks[next(which) % len(chunks)])).values)
-            return done
-
-        await asyncio.gather(*(caller(time.perf_counter() + min(seconds, 0.5)) for _ in range(clients)))  # warm
-        start = time.perf_counter()
-        done = sum(await asyncio.gather(*(caller(start + seconds) for _ in range(clients))))
-        rate = done / (time.perf_counter() - start)
-        await runner.engine.drain()
-        return rate
-
-    return asyncio.run(run())
-
-
 @contextlib.contextmanager
 def gpu_server(device: str, model: Path, log: Path, options: dict[str, str]) -> Iterator[str]:
     """``litestar run`` serving ``model`` on ``device``; its log's end is printed if it fails to start."""
@@ -527,6 +494,8 @@ def service(device: str, model: Path, passages: list[str], queries: list[str], a
     from latency import percentile
 
     from embedrank import Encoder
+    from embedrank.serving.engine import EngineConfig
+    from embedrank.serving.hosting import engine_config_on
 
     clients, per_request = args.clients, 16
     requests = max(clients * 4, round(args.service_texts / per_request))
@@ -536,6 +505,7 @@ def service(device: str, model: Path, passages: list[str], queries: list[str], a
     sample = passages
     encode = partial(ours.encode, sample, batch_size=32, show_progress=False)
     pairs, engine_pairs = [], []
+    server_engine = engine_config_on(EngineConfig(), ours, device)  # what the served model's engines get
     print(
         f"\nservice on {device}: {clients} clients x {per_request} passages over HTTP vs the same runtime "
         f"in-process (Encoder.encode, batch 32), {args.rounds} rounds A B A B; between them the same runtime "
@@ -548,7 +518,9 @@ def service(device: str, model: Path, passages: list[str], queries: list[str], a
         for r in range(args.rounds):
             inproc = rate(encode, len(sample), device, args.seconds)
             served = bench_service.run_client(base, passages, per_request, clients, requests, model=MODEL_ID)
-            engine = engine_alone(ours, device, passages, clients, per_request, args.seconds)
+            engine, _ = bench_service.through_engine(
+                ours, passages, clients, args.seconds, per_request=per_request, config=server_engine
+            )
             pairs.append((served["inputs_s"], inproc))
             engine_pairs.append((engine, inproc))
             print(

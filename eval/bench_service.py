@@ -67,6 +67,47 @@ def make_texts(n: int, words: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(words)) + f" {i}" for i in range(n)]
 
 
+def through_engine(
+    runtime, texts: list[str], clients: int, seconds: float, *, per_request: int = 1, config=None
+) -> tuple[float, float]:
+    """``runtime`` behind embedrank's batching engine in this process (``config``, default the engine's own
+    defaults, as the server gives a model on the CPU), ``clients`` concurrent callers sending ``per_request``
+    texts each and waiting for their vectors: the service's path without HTTP and the web app (tokenizing in
+    worker threads, batching, the forward threads). Returns texts/s and the mean batch size; each caller sends
+    at least one request, after a warm-up of up to 0.5 s."""
+    from embedrank.serving.runners import AsyncEncoder
+
+    sizes: list[int] = []
+    chunks = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
+
+    async def run() -> float:
+        encoder = AsyncEncoder(runtime, config, on_batch=lambda report: sizes.append(report.items))
+        encoder.engine.start()
+        counter = itertools.count()  # which chunk each request sends
+
+        async def caller(deadline: float) -> int:
+            answered = 0
+            while answered == 0 or time.perf_counter() < deadline:
+                answered += len((await encoder.embed(chunks[next(counter) % len(chunks)])).values)
+            return answered
+
+        await asyncio.gather(*(caller(time.perf_counter() + min(seconds, 0.5)) for _ in range(clients)))  # warm up
+        sizes.clear()
+        t0 = time.perf_counter()
+        done = sum(await asyncio.gather(*(caller(t0 + seconds) for _ in range(clients))))
+        elapsed = time.perf_counter() - t0  # until the last answer, which the count includes
+        await encoder.engine.drain()
+        return done / elapsed
+
+    try:
+        import uvloop
+    except ImportError:  # a GPU machine with only the service's wheels may lack it
+        rate = asyncio.run(run())
+    else:
+        rate = uvloop.run(run())
+    return rate, statistics.mean(sizes) if sizes else 0.0
+
+
 def cpu_seconds(pid: int | None) -> tuple[float, float]:
     """CPU seconds (user + system) used so far by process ``pid`` and by its main thread (zeros without a pid)."""
     if pid is None:
@@ -260,39 +301,6 @@ def main() -> None:
             model.encode([texts[(done + j) % len(texts)] for j in range(per_call)], batch_size=batch)
             done += per_call
         return done / (time.perf_counter() - t0)
-
-    def through_engine(runtime, texts: list[str], clients: int, seconds: float) -> tuple[float, float]:
-        """The same runtime behind embedrank's batching engine in this process (the server's default engine
-        settings), ``clients`` concurrent callers sending one text each and waiting for its vector: no HTTP and
-        no web app. Returns inputs/s and the mean batch size."""
-        import uvloop
-
-        from embedrank.serving.runners import AsyncEncoder
-
-        sizes: list[int] = []
-
-        async def run() -> float:
-            encoder = AsyncEncoder(runtime, on_batch=lambda report: sizes.append(report.items))
-            encoder.engine.start()
-            counter = itertools.count()  # which text each request sends
-
-            async def caller(deadline: float) -> int:
-                answered = 0
-                while time.perf_counter() < deadline:
-                    await encoder.embed([texts[next(counter) % len(texts)]])
-                    answered += 1
-                return answered
-
-            await asyncio.gather(*(caller(time.perf_counter() + 0.5) for _ in range(clients)))  # warm up
-            sizes.clear()
-            t0 = time.perf_counter()
-            done = sum(await asyncio.gather(*(caller(t0 + seconds) for _ in range(clients))))
-            elapsed = time.perf_counter() - t0  # until the last answer, which the count includes
-            await encoder.engine.drain()
-            return done / elapsed
-
-        rate = uvloop.run(run())
-        return rate, statistics.mean(sizes) if sizes else 0.0
 
     def same_runtime(server: str):
         """The server's own runtime in-process (embedrank's Encoder with the server's backend and precision)."""
