@@ -26,7 +26,7 @@ from embedrank.serving.engine import EngineConfig
 from embedrank.serving.pool import ModelEntry, ModelPool
 from service.batches.store import BatchStore
 from service.batches.worker import BatchWorker
-from service.settings import Settings
+from service.settings import Auth, Engine, Settings
 
 WORDS = "green tea black coffee sparkling water fresh orange juice a cup of cocoa with milk".split()
 
@@ -55,7 +55,7 @@ def create(store: BatchStore, owner: str, content: bytes) -> str:
 
 
 async def run(args: argparse.Namespace) -> None:
-    settings = Settings(api_keys=("k",), tune_malloc=False)
+    settings = Settings(auth=Auth(api_keys=("k",)), engine=Engine(tune_malloc=False))
     with tempfile.TemporaryDirectory(prefix="embedrank-bench-owners-") as folder:
         store = BatchStore(Path(folder))
         models = ModelPool((ModelEntry(id="enc", path="fake:encoder"),))

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.batches.store import BatchStore
 from service.batches.worker import BatchWorker
-from service.settings import Settings
+from service.settings import Auth, Engine, Settings
 
 LINE = {
     "custom_id": "r{}",
@@ -55,7 +55,7 @@ async def measure(store: BatchStore, make: Callable[[], bytes]) -> dict[str, Any
         "key", endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h", window_seconds=86400,
         metadata=None,
     )  # fmt: skip
-    worker = BatchWorker(store, lambda: None, Settings(api_keys=("k",), tune_malloc=False))
+    worker = BatchWorker(store, lambda: None, Settings(auth=Auth(api_keys=("k",)), engine=Engine(tune_malloc=False)))
     process = psutil.Process()
     base = process.memory_info().rss
     peak = base

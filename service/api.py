@@ -169,7 +169,7 @@ async def embed_vectors(req: EmbeddingsRequest, ctx: Context, options: EmbedOpti
 async def create_embeddings(req: EmbeddingsRequest, ctx: Context) -> tuple[EmbeddingList, int]:
     """Embeddings. Returns the body and the number of inputs that were truncated."""
     options = embed_options(req, ctx)
-    embedded = await embed_vectors(req, ctx, options, token_ids=ctx.settings.token_ids)
+    embedded = await embed_vectors(req, ctx, options, token_ids=ctx.settings.server.decodes_token_ids)
     out, compact = embedded.output, embedded.compact
     fmt = req.encoding_format
     types = set(req.embedding_types or [])

@@ -106,13 +106,13 @@ async def _decompress_form(request: Request[Any, Any, Any], encoding: str, max_f
 
 async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
     try:
-        keep_going = service.settings.on_model_failure == "serve-others"
+        keep_going = service.settings.models.on_model_failure == "serve-others"
         loaded = await asyncio.to_thread(partial(service.pool.load, keep_going=keep_going))
-        on_idle = trim_heap if service.settings.tune_malloc else None  # give the kept peak heap back when quiet
+        on_idle = trim_heap if service.settings.engine.tune_malloc else None  # give the kept peak heap back when quiet
         metrics = service.metrics
         service.pool.start(
             loaded,
-            service.settings.engine,
+            service.settings.engine.engine_config(),
             on_batch=metrics.batch_observer,
             on_engine=metrics.track_engine,
             on_idle=on_idle,
@@ -127,7 +127,7 @@ async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
         service.status = "ok"
         logger.info("models ready: %s", ", ".join(service.pool.models))
     except Exception as exc:
-        debug = service.settings.log_level == "debug"
+        debug = service.settings.telemetry.log_level == "debug"
         if exit_on_failure:  # a server process: one line, exit code 3 (service.process)
             process.failed_while_serving(exc, debug=debug)
         service.status, service.detail = "failed", f"{type(exc).__name__}: {exc}"  # an app in a test client
@@ -152,23 +152,25 @@ def create_app(
     if settings is None:  # the process's entry point (litestar run, uvicorn --factory)
         try:
             settings = Settings.from_env()
-            logging.getLogger("embedrank").setLevel(settings.log_level.upper())
+            logging.getLogger("embedrank").setLevel(settings.telemetry.log_level.upper())
             provider = tracer_provider or tracing.provider_from_env()
             app = create_app(settings, wait_for_models=wait_for_models, models=models, tracer_provider=provider)
-            if settings.log_format == "json":  # the server and the app have set their logging up: JSON from here
+            if (
+                settings.telemetry.log_format == "json"
+            ):  # the server and the app have set their logging up: JSON from here
                 logs.use_json_lines()
             return app
         except Exception as exc:  # a setting, a model entry, a model that cannot be found: one line, code 3
             process.fail_to_start(exc)
-    keys = settings.api_keys
+    keys = settings.auth.api_keys
     generated = None
-    if not keys and not settings.no_auth:
+    if not keys and not settings.auth.no_auth:
         generated = secrets.token_urlsafe(32)
         keys = (generated,)
     try:
-        cache_path = settings.embedding_cache_path()
-        cache = VectorCache(cache_path, settings.embedding_cache_bytes) if cache_path is not None else None
-        pool = ModelPool(settings.models, preloaded=models, cache=cache)
+        cache_path = settings.cache.file(settings.batches)
+        cache = VectorCache(cache_path, settings.cache.embedding_cache_bytes) if cache_path is not None else None
+        pool = ModelPool(settings.models.entries, preloaded=models, cache=cache)
     except ConfigurationError as exc:  # a model entry its model cannot serve: a setting to fix, said as one
         raise SettingsError(str(exc)) from None
     service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
@@ -176,7 +178,7 @@ def create_app(
     service.metrics.registry.register(service.batches)  # its collect(): the batches' progress
     if cache is not None:
         service.metrics.registry.register(CacheMetrics(cache))
-    if settings.tune_malloc:  # before the loading and forward threads exist
+    if settings.engine.tune_malloc:  # before the loading and forward threads exist
         tune_malloc()
 
     @contextlib.asynccontextmanager
@@ -185,7 +187,7 @@ def create_app(
         if server is not None:
             listening = process.can_listen(server.config)
             if listening is not None:  # the port is taken: say so now, not after the models have loaded
-                process.failed_while_serving(listening, debug=settings.log_level == "debug")
+                process.failed_while_serving(listening, debug=settings.telemetry.log_level == "debug")
         # the access lines are the middleware's (with the request id and model: service.logs), off by default:
         # one log line per request costs ~10% of the event loop at high rates
         logging.getLogger("uvicorn.access").disabled = True
@@ -196,14 +198,14 @@ def create_app(
                 file=sys.stderr,
                 flush=True,
             )
-        if settings.no_auth:
+        if settings.auth.no_auth:
             logger.warning("EMBEDRANK_NO_AUTH is set: the service runs WITHOUT authentication")
             print(
                 "embedrank: WARNING: running without authentication (EMBEDRANK_NO_AUTH=1)", file=sys.stderr, flush=True
             )
         threads, cpus = compute_threads()  # a container's CPU quota, not the host's cores
         logger.info("compute threads: %d (usable CPUs: %d)", threads, cpus)
-        deadline = HeaderDeadline(server, settings.header_timeout_seconds) if server is not None else None
+        deadline = HeaderDeadline(server, settings.server.header_timeout_seconds) if server is not None else None
         if server is not None:
             json_parse_errors(server)
         signals: list[int] = []
@@ -212,7 +214,7 @@ def create_app(
             signals.append(sig)
             service.status = "draining"
 
-        shutdown.install(draining, drain, settings.drain_seconds)
+        shutdown.install(draining, drain, settings.server.drain_seconds)
         core_tracing.use(tracer_provider)
         service.load_task = asyncio.get_running_loop().create_task(_load(service, exit_on_failure=server is not None))
         batch_worker = asyncio.get_running_loop().create_task(service.batches.run())  # type: ignore[union-attr]
@@ -229,7 +231,7 @@ def create_app(
             service.load_task.cancel()
             batch_worker.cancel()  # a chunk in flight is not recorded: it runs again after the restart
             await asyncio.gather(batch_worker, return_exceptions=True)
-            await service.pool.drain(settings.drain_seconds)
+            await service.pool.drain(settings.server.drain_seconds)
             if tracer_provider is not None:  # what is still batched for export goes out before the exit
                 core_tracing.use(None)
                 await asyncio.to_thread(tracer_provider.force_flush)
@@ -245,14 +247,14 @@ def create_app(
         await inflight.wait_idle(timeout)
         await service.pool.drain(max(0.0, timeout - (asyncio.get_running_loop().time() - start)))
 
-    open_paths = DOC_PATHS if settings.public_docs else ()
+    open_paths = DOC_PATHS if settings.auth.public_docs else ()
     auth = (
         None
-        if settings.no_auth
-        else BearerAuth(keys, open_preflights=bool(settings.cors_origins), open_paths=open_paths)
+        if settings.auth.no_auth
+        else BearerAuth(keys, open_preflights=bool(settings.server.cors_origins), open_paths=open_paths)
     )
     service.auth = auth  # the exception handler checks it for paths that are no route (no middleware runs there)
-    tracking = RequestMiddleware(service.metrics, auth, inflight, access_log=settings.access_log)
+    tracking = RequestMiddleware(service.metrics, auth, inflight, access_log=settings.telemetry.access_log)
     middleware = [tracking]
     app = Litestar(
         route_handlers=[
@@ -274,13 +276,13 @@ def create_app(
         exception_handlers={Exception: handle_exception},
         request_max_body_size=settings.limits.max_body_bytes,
         cors_config=CORSConfig(
-            allow_origins=list(settings.cors_origins),
+            allow_origins=list(settings.server.cors_origins),
             # DELETE: /v1/files/{id}; the request id is sent and read back by browser clients too
             allow_methods=["GET", "POST", "DELETE", "HEAD", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "Content-Encoding", REQUEST_ID_HEADER.decode()],
             expose_headers=[REQUEST_ID_HEADER.decode()],
         )
-        if settings.cors_origins
+        if settings.server.cors_origins
         else None,
         openapi_config=OpenAPIConfig(
             title="embedrank",
@@ -300,8 +302,8 @@ def create_app(
         ),
         debug=False,
     )
-    complete_openapi(app, settings.limits, service.pool, settings.token_ids)
-    if not settings.cors_origins:  # CORS headers come from Litestar's middleware: those requests take the routes
+    complete_openapi(app, settings.limits, service.pool, settings.server.decodes_token_ids)
+    if not settings.server.cors_origins:  # CORS headers come from Litestar's middleware: those requests take the routes
         app.asgi_handler = EmbeddingsFastPath(app, app.asgi_handler, service, tracking)
     if tracer_provider is not None:  # outermost: the server span covers the fast path too
         app.asgi_handler = tracing.traced(app.asgi_handler, tracer_provider, service.metrics.route_of)

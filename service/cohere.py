@@ -112,7 +112,7 @@ async def embed(req: CohereEmbedRequest, ctx: Context, *, version: str) -> tuple
     inner = _request(req, ctx.pool, version)
     side: Literal["left", "right"] = "left" if req.truncate == "START" else "right"
     options = api.embed_options(inner, ctx, truncation_side=side, fields=COHERE_FIELDS)
-    embedded = await api.embed_vectors(inner, ctx, options, token_ids=ctx.settings.token_ids)
+    embedded = await api.embed_vectors(inner, ctx, options, token_ids=ctx.settings.server.decodes_token_ids)
     out, compact = embedded.output, embedded.compact
     types = req.embedding_types or (["float"] if version == "2" else [])
     body_meta = cohere_meta(version, out.total_tokens, out.truncated_count)

@@ -26,4 +26,4 @@ class Context:
     @classmethod
     def of(cls, pool: ModelPool, settings: Settings) -> Context:
         """The context of direct requests (batch lines make theirs with ``cached=True``)."""
-        return cls(pool, settings, cached=settings.embedding_cache_direct)
+        return cls(pool, settings, cached=settings.cache.embedding_cache_direct)

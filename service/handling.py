@@ -120,8 +120,8 @@ async def finish(receive: Receive, work: Coroutine[Any, Any, tuple[Any, int | No
 
 async def read_json_body(request: Request[Any, Any, Any], schema: Any, settings: Settings) -> Any:
     """The request's body, decompressed and decoded strictly against ``schema`` (:mod:`service.decoding`);
-    408 when it does not arrive within ``settings.body_timeout_seconds``."""
-    timeout = settings.body_timeout_seconds
+    408 when it does not arrive within ``settings.server.body_timeout_seconds``."""
+    timeout = settings.server.body_timeout_seconds
     try:
         body = await asyncio.wait_for(request.body(), timeout)
     except TimeoutError:

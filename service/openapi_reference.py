@@ -31,9 +31,9 @@ def openapi_document() -> dict[str, Any]:
     from litestar.serialization import encode_json
 
     from service.app import create_app
-    from service.settings import Settings
+    from service.settings import Auth, Engine, Settings
 
-    app = create_app(Settings(api_keys=("reference",), tune_malloc=False))
+    app = create_app(Settings(auth=Auth(api_keys=("reference",)), engine=Engine(tune_malloc=False)))
     document: dict[str, Any] = json.loads(encode_json(app.openapi_schema.to_schema()))  # as a client reads it
     return document
 

@@ -1,11 +1,14 @@
-"""The service's settings: one typed table, :class:`Config`, read from a TOML file and from the environment.
+"""The service's settings: one typed table, :class:`Settings`, read from a TOML file and from the environment.
 
-Every setting is a field of :class:`Config` with one name, one type, one default and one line of help. Its
-TOML key is that name; its environment variable is the name in upper case after ``EMBEDRANK_``
-(``max_inputs``: ``EMBEDRANK_MAX_INPUTS``). The TOML file is the one ``EMBEDRANK_CONFIG`` names. For each
-setting, the environment variable wins over the file's key, and the file's key over the default; an empty
-environment variable counts as unset. In the environment a list is comma-separated
-(``EMBEDRANK_API_KEYS=key-1,key-2``); in the file it is a TOML array (``api_keys = ["key-1", "key-2"]``).
+The table is grouped by concern (:class:`Models`, :class:`Auth`, :class:`Server`, :class:`Limits`,
+:class:`Engine`, :class:`Batches`, :class:`Cache`, :class:`Telemetry`), and each part of the service reads the
+group it concerns (``settings.limits.max_inputs``). Every setting has one name, one type, one default and one
+line of help. Its TOML key is that name, at the top of the file whatever its group; its environment variable is
+the name in upper case after ``EMBEDRANK_`` (``max_inputs``: ``EMBEDRANK_MAX_INPUTS``). The TOML file is the one
+``EMBEDRANK_CONFIG`` names. For each setting, the environment variable wins over the file's key, and the file's
+key over the default; an empty environment variable counts as unset. In the environment a list is
+comma-separated (``EMBEDRANK_API_KEYS=key-1,key-2``); in the file it is a TOML array
+(``api_keys = ["key-1", "key-2"]``).
 
 Anything the table cannot read stops the start with a :class:`SettingsError` naming the setting and where its
 value came from: a value of the wrong type or out of range, a TOML key or ``[[models]]`` key the table does
@@ -14,13 +17,12 @@ key, a key that a client could not send. The configuration reference in the manu
 (:mod:`service.settings_reference`).
 
 >>> settings = Settings.from_env({"EMBEDRANK_API_KEYS": "key-1,key-2", "EMBEDRANK_MAX_INPUTS": "64"})
->>> settings.api_keys, settings.limits.max_inputs
+>>> settings.auth.api_keys, settings.limits.max_inputs
 (('key-1', 'key-2'), 64)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import importlib.util
@@ -28,9 +30,9 @@ import os
 import re
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 from msgspec import Meta
@@ -82,35 +84,19 @@ def parse_model_entry(text: str) -> ModelEntry:
     )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Limits:
-    max_inputs: int = 2048
-    max_documents: int = 1000
-    max_body_bytes: int = 16 * 1024 * 1024
-    max_text_chars: int = 100_000
-    max_request_tokens: int = 1_048_576  # tokens one request may hold after tokenizing (and chunking): 413 past it
-    max_multivector_tokens: int = 8192  # bge-m3 token vectors one /v1/embeddings response may hold: 400 past it
-    max_file_bytes: int = 100_000_000  # an uploaded batch input file: 413 past it
-    max_batch_lines: int = 50_000  # request lines of one batch's input file: the batch fails past it
-    max_batches_in_flight: int = 16  # unfinished batches of one API key: 429 past it
-
-
-_LIMITS = Limits()
-_ENGINE = EngineConfig()
 DEFAULT_MODELS = DEFAULT_ENTRIES
-
-DRAIN_SECONDS = 30.0
-BODY_TIMEOUT_SECONDS = 30.0
-HEADER_TIMEOUT_SECONDS = 20.0
-BATCH_LEASE_SECONDS = 60.0
-EMBEDDING_CACHE_BYTES = 1 << 30  # 1 GiB: about 650,000 vectors of 384 floats
+_ENGINE = EngineConfig()
 Positive = Meta(ge=1)
 
 
-class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The settings table: every setting of the service, its type, default and meaning."""
+class _Group(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A group of settings: one concern, read as a whole by what it concerns."""
 
-    models: Annotated[
+
+class Models(_Group, frozen=True):
+    """The served models, and what each entry gets where it names nothing itself."""
+
+    entries: Annotated[
         tuple[ModelEntry, ...],
         Meta(
             description="the served models. Environment: comma-separated `id` or `id=path`, each optionally "
@@ -118,7 +104,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "variable replaces every `[[models]]` table. A path `fake:encoder`, `fake:encoder-with-prompts` or "
             "`fake:cross-encoder` serves a weightless fake for testing clients"
         ),
-    ] = DEFAULT_MODELS
+    ] = msgspec.field(default=DEFAULT_MODELS, name="models")
     backend: Annotated[
         str | None,
         Meta(
@@ -148,6 +134,46 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "model's table); a model that needs it is refused at startup otherwise"
         ),
     ] = ()
+    on_model_failure: Annotated[
+        Literal["exit", "serve-others"],
+        Meta(
+            description="a model that cannot be loaded: `exit` stops the start (one line on stderr, exit code 3); "
+            "`serve-others` serves the models that loaded, `/health` says which failed and why, and a request "
+            "for a failed one gets 503 with the reason (with no model loaded the start stops as with `exit`)"
+        ),
+    ] = "exit"
+
+    def resolved(self) -> Models:
+        """The entries with the group's backend, precision, device and trust applied where an entry names none.
+
+        Raises:
+            SettingsError: two entries share an id, or ``trust_remote_code`` names an id no entry has.
+        """
+        ids = [m.id for m in self.entries]
+        duplicated = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicated:
+            raise SettingsError(f"models: the id {duplicated[0]!r} is given to more than one model")
+        unknown = set(self.trust_remote_code) - set(ids)
+        if unknown:
+            raise SettingsError(
+                f"{env_name('trust_remote_code')} names {sorted(unknown)}, which no model entry has as its id"
+            )
+        entries = tuple(
+            msgspec.structs.replace(
+                m,
+                trust_remote_code=m.trust_remote_code or m.id in self.trust_remote_code,
+                backend=m.backend or self.backend,
+                precision=m.precision or self.precision,
+                device=m.device or self.device,
+            )
+            for m in self.entries
+        )
+        return msgspec.structs.replace(self, entries=entries)
+
+
+class Auth(_Group, frozen=True):
+    """Who may call the service."""
+
     api_keys: Annotated[
         tuple[str, ...],
         Meta(
@@ -159,6 +185,18 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         str | None, Meta(description="a file with one more key per line (`#` comments and blank lines skipped)")
     ] = None
     no_auth: Annotated[bool, Meta(description="serve without authentication (warned at startup)")] = False
+    public_docs: Annotated[
+        bool,
+        Meta(
+            description="serve the API's OpenAPI description (`/openapi.json`) and its Swagger UI (`/docs`) and "
+            "ReDoc (`/docs/redoc`) pages without a key; false: they need a key like every route but `/health`"
+        ),
+    ] = True
+
+
+class Server(_Group, frozen=True):
+    """The HTTP server: browsers, input decoding, timeouts and stopping."""
+
     cors_origins: Annotated[
         tuple[str, ...],
         Meta(
@@ -172,12 +210,37 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "`off` refuses them with 400"
         ),
     ] = "cl100k_base"
-    max_inputs: Annotated[int, Positive, Meta(description="texts per embeddings request")] = _LIMITS.max_inputs
-    max_documents: Annotated[int, Positive, Meta(description="documents per rerank request")] = _LIMITS.max_documents
+    drain_seconds: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="on SIGTERM, how long the work in flight gets before every connection is closed "
+            "(new requests get 503 at once)",
+        ),
+    ] = 30.0
+    body_timeout_seconds: Annotated[
+        float, Meta(gt=0, description="a request body that takes longer to arrive gets 408")
+    ] = 30.0
+    header_timeout_seconds: Annotated[
+        float,
+        Meta(gt=0, description="a connection that waits longer for a request's headers gets 408 and is closed"),
+    ] = 20.0
+
+    @property
+    def decodes_token_ids(self) -> bool:
+        """Whether token-id input is read (as ``cl100k_base``) rather than refused."""
+        return self.token_ids != "off"
+
+
+class Limits(_Group, frozen=True):
+    """What one request, one file and one key may hold: each bound is documented and answered with its status."""
+
+    max_inputs: Annotated[int, Positive, Meta(description="texts per embeddings request")] = 2048
+    max_documents: Annotated[int, Positive, Meta(description="documents per rerank request")] = 1000
     max_body_bytes: Annotated[
         int, Positive, Meta(description="bytes of a request body, after decompression (413 past it)")
-    ] = _LIMITS.max_body_bytes
-    max_text_chars: Annotated[int, Positive, Meta(description="characters per text")] = _LIMITS.max_text_chars
+    ] = 16 * 1024 * 1024
+    max_text_chars: Annotated[int, Positive, Meta(description="characters per text")] = 100_000
     max_request_tokens: Annotated[
         int,
         Positive,
@@ -185,25 +248,30 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             description="tokens one request may hold after tokenizing and chunking; past it, 413 "
             "`request_too_large` before any of its work is queued"
         ),
-    ] = _LIMITS.max_request_tokens
+    ] = 1_048_576
     max_multivector_tokens: Annotated[
         int,
         Positive,
         Meta(
             description="token vectors one multi-vector (bge-m3, ColBERT) answer may hold; past it, 400 before any work"
         ),
-    ] = _LIMITS.max_multivector_tokens
+    ] = 8192
     max_file_bytes: Annotated[
         int, Positive, Meta(description="bytes of a file uploaded to `/v1/files` (a batch's input; 413 past it)")
-    ] = _LIMITS.max_file_bytes
+    ] = 100_000_000
     max_batch_lines: Annotated[
         int,
         Positive,
         Meta(description="request lines of one batch's input file (a batch whose file holds more fails)"),
-    ] = _LIMITS.max_batch_lines
+    ] = 50_000
     max_batches_in_flight: Annotated[
         int, Positive, Meta(description="batches one API key may have unfinished at once (429 past it)")
-    ] = _LIMITS.max_batches_in_flight
+    ] = 16
+
+
+class Engine(_Group, frozen=True):
+    """How each model's forward passes are batched and queued, and their memory given back."""
+
     max_queue: Annotated[
         int, Positive, Meta(description="items waiting for a forward pass; past it, 429 with `Retry-After`")
     ] = _ENGINE.max_queue_items
@@ -247,64 +315,6 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     idle_seconds: Annotated[
         float, Meta(gt=0, description="after this long without work, freed activation memory is given back")
     ] = _ENGINE.idle_seconds
-    drain_seconds: Annotated[
-        float,
-        Meta(
-            ge=0,
-            description="on SIGTERM, how long the work in flight gets before every connection is closed "
-            "(new requests get 503 at once)",
-        ),
-    ] = DRAIN_SECONDS
-    body_timeout_seconds: Annotated[
-        float, Meta(gt=0, description="a request body that takes longer to arrive gets 408")
-    ] = BODY_TIMEOUT_SECONDS
-    header_timeout_seconds: Annotated[
-        float,
-        Meta(gt=0, description="a connection that waits longer for a request's headers gets 408 and is closed"),
-    ] = HEADER_TIMEOUT_SECONDS
-    access_log: Annotated[
-        bool,
-        Meta(
-            description="one log line per request: its id, method, route, model, status and latency (`/metrics` "
-            "counts them either way)"
-        ),
-    ] = False
-    on_model_failure: Annotated[
-        Literal["exit", "serve-others"],
-        Meta(
-            description="a model that cannot be loaded: `exit` stops the start (one line on stderr, exit code 3); "
-            "`serve-others` serves the models that loaded, `/health` says which failed and why, and a request "
-            "for a failed one gets 503 with the reason (with no model loaded the start stops as with `exit`)"
-        ),
-    ] = "exit"
-    public_docs: Annotated[
-        bool,
-        Meta(
-            description="serve the API's OpenAPI description (`/openapi.json`) and its Swagger UI (`/docs`) and "
-            "ReDoc (`/docs/redoc`) pages without a key; false: they need a key like every route but `/health`"
-        ),
-    ] = True
-    log_level: Annotated[
-        Literal["debug", "info", "warning", "error"],
-        Meta(
-            description="the service's log lines at this level and above; `debug` also prints the traceback of a "
-            "failure that stops the start (otherwise one line, exit code 3)"
-        ),
-    ] = "info"
-    metrics_batch_ids: Annotated[
-        bool,
-        Meta(
-            description="`/metrics` shows each unfinished batch's progress with its id (any key may read "
-            "`/metrics`: off, the batches' lines are summed)"
-        ),
-    ] = False
-    log_format: Annotated[
-        Literal["text", "json"],
-        Meta(
-            description="`json`: every log line of the process as one JSON object (timestamp, level, logger, "
-            "message, and for a request's lines its request_id, route, method, model, status and latency_ms)"
-        ),
-    ] = "text"
     tune_malloc: Annotated[
         bool,
         Meta(
@@ -312,6 +322,23 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "(glibc only); false: the allocator's defaults"
         ),
     ] = True
+
+    def engine_config(self) -> EngineConfig:
+        """The serving layer's engine configuration these settings describe."""
+        return EngineConfig(
+            max_batch_tokens=self.max_batch_tokens,
+            target_batch_seconds=self.target_batch_seconds or None,
+            max_batch_size=self.max_batch_size,
+            max_wait_ms=self.batch_wait_ms,
+            max_queue_items=self.max_queue,
+            max_queue_seconds=self.max_queue_seconds,
+            idle_seconds=self.idle_seconds,
+        )
+
+
+class Batches(_Group, frozen=True):
+    """The Batch API's database, files and claims."""
+
     batch_dir: Annotated[
         str | None,
         Meta(
@@ -319,6 +346,31 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             "`$XDG_DATA_HOME/embedrank/batches`, else `~/.local/share/embedrank/batches`)"
         ),
     ] = None
+    batch_database: Annotated[
+        str | None,
+        Meta(
+            description="the Batch API's database: unset, SQLite in `batch_dir` (one host); a `postgresql://` "
+            "URL, a PostgreSQL server that replicas share (each with `batch_dir` on a folder they all reach; "
+            'needs `pip install "embedrank[postgres]"`)'
+        ),
+    ] = None
+    batch_lease_seconds: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="how long a claim on a batch's chunk of lines lasts unless renewed (a running chunk renews "
+            "it every third of this): a replica that dies has its chunks run by another after this long",
+        ),
+    ] = 60.0
+
+    def folder(self) -> Path:
+        """The Batch API's folder: ``batch_dir``, else :func:`default_batch_dir`."""
+        return Path(self.batch_dir).expanduser() if self.batch_dir else default_batch_dir()
+
+
+class Cache(_Group, frozen=True):
+    """The embedding cache: the dense vectors of texts already embedded, kept on disk."""
+
     embedding_cache_bytes: Annotated[
         int,
         Meta(
@@ -326,7 +378,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             description="the embedding cache's bound, in bytes of vectors (least recently used evicted past it); "
             "0: no cache. Batch lines always use it, direct requests when `embedding_cache_direct` is set",
         ),
-    ] = EMBEDDING_CACHE_BYTES
+    ] = 1 << 30  # 1 GiB: about 650,000 vectors of 384 floats
     embedding_cache_dir: Annotated[
         str | None,
         Meta(
@@ -338,22 +390,135 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         bool,
         Meta(description="direct embedding requests use the embedding cache too (batch lines always do)"),
     ] = False
-    batch_lease_seconds: Annotated[
-        float,
+
+    def file(self, batches: Batches) -> Path | None:
+        """The cache's file (in ``batches``' folder unless ``embedding_cache_dir`` says); None when it is off."""
+        if not self.embedding_cache_bytes:
+            return None
+        folder = Path(self.embedding_cache_dir).expanduser() if self.embedding_cache_dir else batches.folder()
+        return folder / "embedding-cache.db"
+
+
+class Telemetry(_Group, frozen=True):
+    """What the service tells its operator: log lines and metrics."""
+
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error"],
         Meta(
-            gt=0,
-            description="how long a claim on a batch's chunk of lines lasts unless renewed (a running chunk renews "
-            "it every third of this): a replica that dies has its chunks run by another after this long",
+            description="the service's log lines at this level and above; `debug` also prints the traceback of a "
+            "failure that stops the start (otherwise one line, exit code 3)"
         ),
-    ] = BATCH_LEASE_SECONDS
-    batch_database: Annotated[
-        str | None,
+    ] = "info"
+    log_format: Annotated[
+        Literal["text", "json"],
         Meta(
-            description="the Batch API's database: unset, SQLite in `batch_dir` (one host); a `postgresql://` "
-            "URL, a PostgreSQL server that replicas share (each with `batch_dir` on a folder they all reach; "
-            'needs `pip install "embedrank[postgres]"`)'
+            description="`json`: every log line of the process as one JSON object (timestamp, level, logger, "
+            "message, and for a request's lines its request_id, route, method, model, status and latency_ms)"
         ),
-    ] = None
+    ] = "text"
+    access_log: Annotated[
+        bool,
+        Meta(
+            description="one log line per request: its id, method, route, model, status and latency (`/metrics` "
+            "counts them either way)"
+        ),
+    ] = False
+    metrics_batch_ids: Annotated[
+        bool,
+        Meta(
+            description="`/metrics` shows each unfinished batch's progress with its id (any key may read "
+            "`/metrics`: off, the batches' lines are summed)"
+        ),
+    ] = False
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The settings table: every setting of the service in its group, with its type, default and meaning.
+
+    Build it with :meth:`from_env` (the environment and the TOML file, checked) or directly, group by group.
+    """
+
+    models: Models = msgspec.field(default_factory=Models)
+    auth: Auth = msgspec.field(default_factory=Auth)
+    server: Server = msgspec.field(default_factory=Server)
+    limits: Limits = msgspec.field(default_factory=Limits)
+    engine: Engine = msgspec.field(default_factory=Engine)
+    batches: Batches = msgspec.field(default_factory=Batches)
+    cache: Cache = msgspec.field(default_factory=Cache)
+    telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings of ``environ`` (default ``os.environ``) and of the TOML file its ``EMBEDRANK_CONFIG``
+        names, checked (:meth:`checked`); see the module's docstring for precedence.
+
+        Raises:
+            SettingsError: a setting cannot be read; the message names it.
+        """
+        env = dict(os.environ if environ is None else environ)
+        set_in_env = _from_environment(env)
+        in_env = _convert(set_in_env, strict=False, where="environment")
+        path = env.get(CONFIG_ENV, "").strip()
+        file_data = _from_file(path) if path else {}
+        in_file = _convert(file_data, strict=True, where=f"{CONFIG_ENV}={path}")
+        settings = _overlaid(in_file, in_env, set_in_env)
+        keys_source = env_name("api_keys") if "api_keys" in set_in_env else f"`api_keys` in {CONFIG_ENV}={path}"
+        if ("api_keys" in set_in_env or "api_keys" in file_data) and not settings.auth.api_keys:
+            raise SettingsError(
+                f"{keys_source} is set but holds no key; give at least one, or unset it to have a key generated"
+            )
+        return settings.checked(keys_source=keys_source)
+
+    def checked(self, *, keys_source: str = "api_keys") -> Settings:
+        """These settings checked as a whole and resolved: the key file's keys added to ``auth.api_keys``, the
+        model group's defaults applied to each entry.
+
+        Raises:
+            SettingsError: what no single setting's type says is wrong (a key a client cannot send, an origin
+                with a path, a file where a folder belongs, a model's backend, precision or device).
+        """
+        keys = list(self.auth.api_keys)
+        for key in keys:
+            check_key(key, keys_source)
+        if self.auth.api_keys_file:
+            from_file = read_keys_file(self.auth.api_keys_file)
+            for key in from_file:
+                check_key(key, f"{env_name('api_keys_file')}={self.auth.api_keys_file}")
+            keys += from_file
+        for origin in self.server.cors_origins:
+            _check_origin(origin)
+        for name, folder in (
+            ("batch_dir", self.batches.batch_dir),
+            ("embedding_cache_dir", self.cache.embedding_cache_dir),
+        ):
+            if folder and Path(folder).expanduser().exists() and not Path(folder).expanduser().is_dir():
+                raise SettingsError(
+                    f"{env_name(name)} (`{name}` in a file) is {folder!r}, a file; name a folder "
+                    "(it is created on first use)"
+                )
+        if self.batches.batch_database is not None:
+            _check_batch_database(self.batches.batch_database)
+        if self.models.device is not None:
+            try:  # each model's own device is checked below
+                check_device(self.models.device)
+            except InvalidInputError as exc:
+                raise SettingsError(f"{env_name('device')} (`device` in a file): {exc}") from None
+        try:  # the names alone; each model's pair is checked below
+            check_runtime(self.models.backend or "auto", self.models.precision or "auto")
+        except InvalidInputError as exc:
+            name = "backend" if exc.param == "backend" else "precision"
+            raise SettingsError(f"{env_name(name)} (`{name}` in a file): {exc}") from None
+        models = self.models.resolved()
+        for entry in models.entries:
+            if (entry.path or "").startswith("fake:"):
+                continue
+            try:
+                check_runtime(entry.backend, entry.precision)
+                check_device(entry.device)
+            except InvalidInputError as exc:
+                raise SettingsError(f"model {entry.id!r}: {exc}") from None
+        auth = msgspec.structs.replace(self.auth, api_keys=tuple(dict.fromkeys(keys)), api_keys_file=None)
+        return msgspec.structs.replace(self, models=models, auth=auth)
 
 
 # Variables read outside the service's table: the library's, and the project's own scripts'. An EMBEDRANK_
@@ -374,17 +539,33 @@ OTHER_ENVIRONMENT = {
 }
 
 
+class Setting(NamedTuple):
+    """One setting of the table: its group, its attribute there, its type, default and help."""
+
+    group: str
+    attribute: str
+    kind: Any
+    default: Any
+    help: str
+
+
 @functools.cache
-def fields() -> dict[str, tuple[Any, Any, str]]:
-    """Every setting of :class:`Config`: ``name -> (type, default, help)`` (read once: the table is fixed)."""
-    hints = typing.get_type_hints(Config, include_extras=True)
+def fields() -> dict[str, Setting]:
+    """Every setting of :class:`Settings` by its name (its TOML key), group by group (read once: the table is
+    fixed)."""
     out = {}
-    for field in msgspec.structs.fields(Config):
-        annotated = hints[field.name]
-        kind, *extras = typing.get_args(annotated)
-        help_text = next(m.description for m in extras if isinstance(m, Meta) and m.description)
-        out[field.name] = (kind, field.default, help_text)
+    for group in msgspec.structs.fields(Settings):
+        hints = typing.get_type_hints(group.type, include_extras=True)
+        for field in msgspec.structs.fields(group.type):
+            kind, *extras = typing.get_args(hints[field.name])
+            help_text = next(m.description for m in extras if isinstance(m, Meta) and m.description)
+            out[field.encode_name] = Setting(group.name, field.name, kind, field.default, help_text)
     return out
+
+
+def groups() -> dict[str, type[msgspec.Struct]]:
+    """Each group of the table by its name, in the table's order."""
+    return {group.name: group.type for group in msgspec.structs.fields(Settings)}
 
 
 @functools.cache
@@ -399,7 +580,7 @@ def _is_text_list(kind: Any) -> bool:
     return typing.get_origin(kind) is tuple and typing.get_args(kind)[0] is str
 
 
-_LIST_FIELDS = frozenset(name for name, (kind, _, _) in fields().items() if _is_text_list(kind))
+_LIST_FIELDS = frozenset(name for name, setting in fields().items() if _is_text_list(setting.kind))
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -457,34 +638,63 @@ def _plain(msg: str) -> str:
     return msg[0].lower() + msg[1:]
 
 
-def _convert(data: dict[str, Any], *, strict: bool, where: str) -> Config:
-    """``data`` as a :class:`Config`; a :class:`SettingsError` naming the setting and ``where`` otherwise."""
+def _unknown_key(where: str, key: str, known: list[str], table: str | None) -> SettingsError:
+    close = difflib.get_close_matches(key, known, 1)
+    guess = f" (did you mean `{close[0]}`?)" if close else ""
+    if table is None:
+        return SettingsError(
+            f"{where}: unknown key `{key}`{guess} in the file; the keys are listed in the configuration reference"
+        )
+    keys = ", ".join(f"`{k}`" for k in known)
+    return SettingsError(f"{where}: unknown key `{key}`{guess} in the [[models]] table {table}; the keys are {keys}")
+
+
+def _convert(data: dict[str, Any], *, strict: bool, where: str) -> Settings:
+    """Flat ``data`` (``{"max_inputs": 64}``, as the environment and the file name the settings) as
+    :class:`Settings` (``limits.max_inputs``); a :class:`SettingsError` naming the setting and ``where``
+    otherwise. A group's name is not a key: the file has no ``[limits]`` table."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for name, value in data.items():
+        if name in groups() and name not in fields():
+            raise SettingsError(
+                f"{where}: `{name}` is a group of the configuration reference, not a table of the file; write "
+                "its keys at the top level (`max_inputs = 64`, not `[limits]`)"
+            )
+        if name not in fields():
+            raise _unknown_key(where, name, list(fields()), None)
+        grouped.setdefault(fields()[name].group, {})[name] = value
     try:
-        return msgspec.convert(data, Config, strict=strict)
+        return msgspec.convert(grouped, Settings, strict=strict)
     except msgspec.ValidationError as exc:
         msg, at = split_at(str(exc))
-        path = at or ""
+        path = (at or "").partition(".")[2]  # `limits.max_inputs` -> `max_inputs`, `models.models[0]` -> `models[0]`
         unknown = re.fullmatch(r"Object contains unknown field `(.+)`", msg)
-        if unknown:
-            known = [f.name for f in msgspec.structs.fields(ModelEntry if path else Config)]
-            close = difflib.get_close_matches(unknown[1], known, 1)
-            guess = f" (did you mean `{close[0]}`?)" if close else ""
-            table = f"the [[models]] table {path}" if path else "the file"
-            choices = (
-                "are " + ", ".join(f"`{k}`" for k in known) if path else "are listed in the configuration reference"
-            )
-            raise SettingsError(f"{where}: unknown key `{unknown[1]}`{guess} in {table}; the keys {choices}") from None
+        if unknown:  # only a [[models]] table can hold one: every other key was placed above
+            raise _unknown_key(where, unknown[1], [f.name for f in msgspec.structs.fields(ModelEntry)], path) from None
         name = path.split("[", 1)[0].split(".", 1)[0]
         label = env_name(name) if where == "environment" else f"`{path}` in {where}"
         given = data.get(name)
         if msg.startswith("Invalid enum value"):
-            kind = fields()[name][0]
-            msg = "must be one of " + ", ".join(f"`{v}`" for v in typing.get_args(kind))
+            msg = "must be one of " + ", ".join(f"`{v}`" for v in typing.get_args(fields()[name].kind))
         hint = ""
         if name in _LIST_FIELDS and isinstance(given, str):
             hint = f'; write a TOML array: {name} = ["{given}"]'
         value = f" (given {given!r})" if where == "environment" and name not in ("api_keys", "models") else ""
         raise SettingsError(f"{label}{value}: {_plain(msg)}{hint}") from None
+
+
+def _overlaid(base: Settings, top: Settings, names: Iterable[str]) -> Settings:
+    """``base`` with the settings ``names`` taken from ``top`` (the environment's over the file's)."""
+    changed: dict[str, dict[str, Any]] = {}
+    for name in names:
+        setting = fields()[name]
+        changed.setdefault(setting.group, {})[setting.attribute] = getattr(
+            getattr(top, setting.group), setting.attribute
+        )
+    return msgspec.structs.replace(
+        base,
+        **{group: msgspec.structs.replace(getattr(base, group), **values) for group, values in changed.items()},
+    )
 
 
 def read_keys_file(path: str) -> list[str]:
@@ -522,168 +732,6 @@ def _check_origin(origin: str) -> None:
             f"{env_name('cors_origins')}: {origin!r} is not an origin; write scheme://host[:port] with no path "
             "(https://app.example.com), or *"
         )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Settings:
-    """What the service runs on, built from a :class:`Config` (:meth:`from_env`) or directly (the tests)."""
-
-    models: tuple[ModelEntry, ...] = DEFAULT_MODELS
-    api_keys: tuple[str, ...] = ()
-    no_auth: bool = False
-    limits: Limits = dataclasses.field(default_factory=Limits)
-    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
-    drain_seconds: float = DRAIN_SECONDS
-    body_timeout_seconds: float = BODY_TIMEOUT_SECONDS
-    header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS
-    access_log: bool = False
-    log_level: str = "info"
-    log_format: str = "text"
-    metrics_batch_ids: bool = False
-    on_model_failure: str = "exit"
-    public_docs: bool = True
-    tune_malloc: bool = True
-    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; empty: CORS off
-    token_ids: bool = True  # token-id input read as cl100k_base; False: refused
-    batch_dir: str | None = None  # the Batch API's database and files; None: default_batch_dir()
-    batch_database: str | None = None  # a postgresql:// URL; None: SQLite in batch_dir
-    batch_lease_seconds: float = BATCH_LEASE_SECONDS  # a claim on a chunk lasts this long unless renewed
-    embedding_cache_bytes: int = EMBEDDING_CACHE_BYTES  # 0: no embedding cache
-    embedding_cache_dir: str | None = None  # None: the batch folder
-    embedding_cache_direct: bool = False  # direct embedding requests use the cache too
-
-    def batch_folder(self) -> Path:
-        """The Batch API's folder: ``batch_dir``, else :func:`default_batch_dir`."""
-        return Path(self.batch_dir).expanduser() if self.batch_dir else default_batch_dir()
-
-    def embedding_cache_path(self) -> Path | None:
-        """The embedding cache's file; None when it is off."""
-        if not self.embedding_cache_bytes:
-            return None
-        folder = Path(self.embedding_cache_dir).expanduser() if self.embedding_cache_dir else self.batch_folder()
-        return folder / "embedding-cache.db"
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """The settings of ``environ`` (default ``os.environ``) and of the TOML file its ``EMBEDRANK_CONFIG``
-        names; see the module's docstring for precedence.
-
-        Raises:
-            SettingsError: a setting cannot be read; the message names it.
-        """
-        env = dict(os.environ if environ is None else environ)
-        set_in_env = _from_environment(env)
-        in_env = _convert(set_in_env, strict=False, where="environment")
-        path = env.get(CONFIG_ENV, "").strip()
-        file_data = _from_file(path) if path else {}
-        in_file = _convert(file_data, strict=True, where=f"{CONFIG_ENV}={path}")
-        config = msgspec.structs.replace(in_file, **{name: getattr(in_env, name) for name in set_in_env})
-        keys_source = env_name("api_keys") if "api_keys" in set_in_env else f"`api_keys` in {CONFIG_ENV}={path}"
-        if ("api_keys" in set_in_env or "api_keys" in file_data) and not config.api_keys:
-            raise SettingsError(
-                f"{keys_source} is set but holds no key; give at least one, or unset it to have a key generated"
-            )
-        return cls.of(config, keys_source=keys_source)
-
-    @classmethod
-    def of(cls, config: Config, *, keys_source: str = "api_keys") -> Settings:
-        """The settings :class:`Config` describes, checked as a whole."""
-        keys = list(config.api_keys)
-        for key in keys:
-            check_key(key, keys_source)
-        if config.api_keys_file:
-            from_file = read_keys_file(config.api_keys_file)
-            for key in from_file:
-                check_key(key, f"{env_name('api_keys_file')}={config.api_keys_file}")
-            keys += from_file
-        for origin in config.cors_origins:
-            _check_origin(origin)
-        for name in ("batch_dir", "embedding_cache_dir"):
-            folder = getattr(config, name)
-            if folder and Path(folder).expanduser().exists() and not Path(folder).expanduser().is_dir():
-                raise SettingsError(
-                    f"{env_name(name)} (`{name}` in a file) is {folder!r}, a file; name a folder "
-                    "(it is created on first use)"
-                )
-        if config.batch_database is not None:
-            _check_batch_database(config.batch_database)
-        if config.device is not None:
-            try:  # each model's own device is checked in validate()
-                check_device(config.device)
-            except InvalidInputError as exc:
-                raise SettingsError(f"{env_name('device')} (`device` in a file): {exc}") from None
-        try:  # the names alone; each model's pair is checked in validate()
-            check_runtime(config.backend or "auto", config.precision or "auto")
-        except InvalidInputError as exc:
-            name = "backend" if exc.param == "backend" else "precision"
-            raise SettingsError(f"{env_name(name)} (`{name}` in a file): {exc}") from None
-        models = list(config.models)
-        ids = [m.id for m in models]
-        duplicated = sorted({i for i in ids if ids.count(i) > 1})
-        if duplicated:
-            raise SettingsError(f"models: the id {duplicated[0]!r} is given to more than one model")
-        unknown = set(config.trust_remote_code) - set(ids)
-        if unknown:
-            raise SettingsError(
-                f"{env_name('trust_remote_code')} names {sorted(unknown)}, which no model entry has as its id"
-            )
-        models = [
-            msgspec.structs.replace(
-                m,
-                trust_remote_code=m.trust_remote_code or m.id in config.trust_remote_code,
-                backend=m.backend or config.backend,
-                precision=m.precision or config.precision,
-                device=m.device or config.device,
-            )
-            for m in models
-        ]
-        settings = cls(
-            models=tuple(models),
-            api_keys=tuple(dict.fromkeys(keys)),
-            no_auth=config.no_auth,
-            limits=Limits(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Limits)}),
-            engine=EngineConfig(
-                max_batch_tokens=config.max_batch_tokens,
-                target_batch_seconds=config.target_batch_seconds or None,
-                max_batch_size=config.max_batch_size,
-                max_wait_ms=config.batch_wait_ms,
-                max_queue_items=config.max_queue,
-                max_queue_seconds=config.max_queue_seconds,
-                idle_seconds=config.idle_seconds,
-            ),
-            drain_seconds=config.drain_seconds,
-            body_timeout_seconds=config.body_timeout_seconds,
-            header_timeout_seconds=config.header_timeout_seconds,
-            access_log=config.access_log,
-            log_level=config.log_level,
-            log_format=config.log_format,
-            metrics_batch_ids=config.metrics_batch_ids,
-            public_docs=config.public_docs,
-            on_model_failure=config.on_model_failure,
-            tune_malloc=config.tune_malloc,
-            cors_origins=config.cors_origins,
-            token_ids=config.token_ids != "off",
-            batch_dir=config.batch_dir,
-            batch_database=config.batch_database,
-            batch_lease_seconds=config.batch_lease_seconds,
-            embedding_cache_bytes=config.embedding_cache_bytes,
-            embedding_cache_dir=config.embedding_cache_dir,
-            embedding_cache_direct=config.embedding_cache_direct,
-        )
-        settings.validate()
-        return settings
-
-    def validate(self) -> None:
-        """Check what no single setting's type says: each model's backend, precision and device (one this
-        machine has)."""
-        for entry in self.models:
-            if (entry.path or "").startswith("fake:"):
-                continue
-            try:
-                check_runtime(entry.backend, entry.precision)
-                check_device(entry.device)
-            except InvalidInputError as exc:
-                raise SettingsError(f"model {entry.id!r}: {exc}") from None
 
 
 def _check_batch_database(url: str) -> None:

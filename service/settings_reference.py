@@ -1,5 +1,5 @@
 """The manual's configuration reference (``docs/configuration.md``), rendered from the settings table
-:class:`service.settings.Config`; ``python -m service.settings_reference > docs/configuration.md`` writes it."""
+:class:`service.settings.Settings`; ``python -m service.settings_reference > docs/configuration.md`` writes it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import msgspec
 from msgspec import Meta
 
 from embedrank.serving.pool import DEFAULT_ENTRIES
-from service.settings import OTHER_ENVIRONMENT, ModelEntry, env_name, fields
+from service.settings import OTHER_ENVIRONMENT, ModelEntry, env_name, fields, groups
 
 
 def _type_name(kind: Any) -> str:
@@ -40,7 +40,7 @@ def _default_text(name: str, default: Any) -> str:
 
 
 def render_reference() -> str:
-    """The manual's configuration reference (``docs/configuration.md``), rendered from :class:`Config`."""
+    """The manual's configuration reference (``docs/configuration.md``), rendered from :class:`Settings`."""
     lines = [
         "# Configuration reference",
         "",
@@ -66,13 +66,23 @@ def render_reference() -> str:
         "",
         "## Settings",
         "",
-        "| file key | environment variable | type | default | meaning |",
-        "|---|---|---|---|---|",
+        "The settings are grouped by what they concern. The groups organize this page and the code that reads",
+        "them; in the file every key stays at the top level, whatever its group.",
     ]
-    for name, (kind, default, help_text) in fields().items():
-        lines.append(
-            f"| `{name}` | `{env_name(name)}` | {_type_name(kind)} | {_default_text(name, default)} | {help_text} |"
-        )
+    for group, table in groups().items():
+        lines += [
+            "",
+            f"### {group.capitalize()}",
+            "",
+            (table.__doc__ or "").strip(),
+            "",
+            "| file key | environment variable | type | default | meaning |",
+            "|---|---|---|---|---|",
+        ]
+        for name, setting in fields().items():
+            if setting.group == group:
+                kind, default = _type_name(setting.kind), _default_text(name, setting.default)
+                lines.append(f"| `{name}` | `{env_name(name)}` | {kind} | {default} | {setting.help} |")
     lines += [
         "",
         "## Model tables",

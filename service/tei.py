@@ -256,7 +256,7 @@ def info(pool: ModelPool, settings: Settings) -> Info:
         model_dtype=precision,
         served_model_name=model_id,
         model_type=model_type,
-        max_concurrent_requests=settings.engine.max_queue_items,
+        max_concurrent_requests=settings.engine.max_queue,
         max_input_length=spec.max_seq_length,
         max_batch_tokens=served.batch_bounds[0],
         max_batch_requests=served.batch_bounds[1],

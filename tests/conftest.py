@@ -46,18 +46,18 @@ def _fast_tests_start_no_process(request, monkeypatch):
 
 
 @contextlib.contextmanager
-def _fake_service(models: dict, *, key: str = "test-key", settings=None, tracer_provider=None, **overrides):
+def _fake_service(models: dict, *, key: str = "test-key", settings=None, tracer_provider=None, **groups):
     """The one way the HTTP tests start the app on weightless fakes: ``models`` by id, a bearer ``key`` sent
-    with every request, no batching wait; ``settings`` or keyword ``overrides`` change the rest;
+    with every request, no batching wait; ``settings``, or settings groups by keyword (``limits=Limits(...)``),
+    change the rest;
     ``tracer_provider`` records the requests' traces."""
     from litestar.testing import TestClient
 
-    from embedrank.serving.engine import EngineConfig
     from service.app import create_app
-    from service.settings import Settings
+    from service.settings import Auth, Engine, Settings
 
     if settings is None:
-        settings = Settings(api_keys=(key,), engine=EngineConfig(max_wait_ms=0), tune_malloc=False, **overrides)
+        settings = Settings(auth=Auth(api_keys=(key,)), engine=Engine(batch_wait_ms=0, tune_malloc=False), **groups)
     app = create_app(settings, wait_for_models=True, models=models, tracer_provider=tracer_provider)
     with TestClient(app) as client:
         client.headers.update({"Authorization": f"Bearer {key}"})

@@ -46,8 +46,8 @@ def test_tuned_malloc_reuses_freed_activation_memory() -> None:
 def test_service_setting_switches_tuning_off() -> None:
     from service.settings import Settings
 
-    assert Settings.from_env({}).tune_malloc is True
-    assert Settings.from_env({"EMBEDRANK_TUNE_MALLOC": "0"}).tune_malloc is False
+    assert Settings.from_env({}).engine.tune_malloc is True
+    assert Settings.from_env({"EMBEDRANK_TUNE_MALLOC": "0"}).engine.tune_malloc is False
 
 
 TRIM_PROBE = """

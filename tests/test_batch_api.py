@@ -20,7 +20,7 @@ from litestar.testing import TestClient
 
 from embedrank.testing.fake import FakeEncoder
 from service.app import create_app
-from service.settings import Limits, ModelEntry, Settings
+from service.settings import Auth, Batches, Cache, Engine, Limits, ModelEntry, Models, Settings, Telemetry
 
 KEYS = ("key-a", "key-b")
 MODELS = (ModelEntry(id="enc", path="fake:encoder"), ModelEntry(id="rer", path="fake:cross-encoder"))
@@ -37,9 +37,19 @@ def embed_line(i: int, **body: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def running_app(folder: Path, **settings: Any) -> Iterator[TestClient]:
-    """The app on the fake models, its batches in ``folder``; ``settings`` change the rest."""
-    config = Settings(api_keys=KEYS, models=MODELS, tune_malloc=False, batch_dir=str(folder), **settings)
+def running_app(
+    folder: Path, *, limits: Limits | None = None, batch_database: str | None = None, cache: Cache | None = None
+) -> Iterator[TestClient]:
+    """The app on the fake models, its batches in ``folder`` (and ``batch_database``), within ``limits``, with
+    ``cache`` (default: the default embedding cache)."""
+    config = Settings(
+        auth=Auth(api_keys=KEYS),
+        models=Models(entries=MODELS),
+        engine=Engine(tune_malloc=False),
+        limits=limits or Limits(),
+        batches=Batches(batch_dir=str(folder), batch_database=batch_database),
+        cache=cache or Cache(),
+    )
     with TestClient(create_app(config, wait_for_models=True)) as client:
         yield client
 
@@ -246,7 +256,12 @@ def test_a_key_may_have_so_many_batches_unfinished_and_a_cancelled_one_ends(tmp_
     monkeypatch.setattr(ModelPool, "load", lambda self, **kw: gate.wait(30) and real_load(self, **kw))
     limits = Limits(max_batches_in_flight=3)
     settings = Settings(
-        api_keys=KEYS, models=MODELS, tune_malloc=False, batch_dir=str(tmp_path), limits=limits, metrics_batch_ids=True
+        auth=Auth(api_keys=KEYS),
+        models=Models(entries=MODELS),
+        engine=Engine(tune_malloc=False),
+        batches=Batches(batch_dir=str(tmp_path)),
+        limits=limits,
+        telemetry=Telemetry(metrics_batch_ids=True),
     )
     with TestClient(create_app(settings)) as client:
         api, other = sdk(client, KEYS[0]), sdk(client, KEYS[1])
@@ -330,8 +345,7 @@ def test_direct_requests_use_the_cache_when_configured_and_none_without_one(tmp_
     for direct_too, expected in ((True, {"hit": 5.0, "miss": 5.0}), (False, {})):
         with running_app(
             tmp_path / f"batches-{direct_too}",
-            embedding_cache_direct=direct_too,
-            embedding_cache_bytes=1 << 20 if direct_too else 0,
+            cache=Cache(embedding_cache_direct=direct_too, embedding_cache_bytes=1 << 20 if direct_too else 0),
         ) as client:
             answers = [direct(client, KEYS[0], url, body)[1]["data"] for url in ("/v1/embeddings", "/v1/embeddings")]
             assert answers[0] == answers[1] and cache_lookups(client) == expected
@@ -489,7 +503,12 @@ def test_a_full_disk_refuses_uploads_with_507_deleting_frees_it_and_a_batch_wait
 
     monkeypatch.setattr(worker_module, "RETRY_SECONDS", 0.2)
     folder = small_disk / "batches"
-    settings = Settings(api_keys=KEYS, tune_malloc=False, batch_dir=str(folder), limits=Limits(max_file_bytes=8 << 20))
+    settings = Settings(
+        auth=Auth(api_keys=KEYS),
+        engine=Engine(tune_malloc=False),
+        batches=Batches(batch_dir=str(folder)),
+        limits=Limits(max_file_bytes=8 << 20),
+    )
     with TestClient(create_app(settings, wait_for_models=True, models={"enc": SlowEncoder("enc")})) as client:
         api = sdk(client, KEYS[0])
         content = b"x" * (6 << 20)

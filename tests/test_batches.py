@@ -22,9 +22,9 @@ from service.batches.worker import BatchWorker
 from service.context import Context
 from service.endpoints import BY_PATH
 from service.errors import to_api_error
-from service.settings import Settings
+from service.settings import Auth, Engine, Settings
 
-SETTINGS = Settings(api_keys=("k",), tune_malloc=False)
+SETTINGS = Settings(auth=Auth(api_keys=("k",)), engine=Engine(tune_malloc=False))
 OWNER = "owner-a"
 TEXTS = ["green tea", "black coffee with milk", "a cup of cocoa", "sparkling water", "fresh orange juice"]
 

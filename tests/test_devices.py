@@ -80,7 +80,7 @@ def test_the_service_refuses_a_device_the_machine_lacks_at_start(monkeypatch):
             Settings.from_env(env)
         assert "EMBEDRANK_DEVICE" in str(refused.value)  # names the setting
     settings = Settings.from_env({"EMBEDRANK_DEVICE": "auto"})
-    assert {m.device for m in settings.models} == {"auto"}
+    assert {m.device for m in settings.models.entries} == {"auto"}
 
 
 def test_the_pool_records_where_each_model_runs(two_gpus, monkeypatch):

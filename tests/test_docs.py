@@ -106,12 +106,16 @@ def test_http_examples_are_answered(page, fake_service):
     from embedrank.registry import DEFAULT_EMBEDDING_MODEL
     from embedrank.testing.fake import FakeEncoder, FakeSparseEncoder
     from embedrank.testing.tiny import tiny_bge_m3, tiny_colbert
-    from service.settings import ModelEntry, Settings
+    from service.settings import Auth, Engine, ModelEntry, Models, Settings
 
     models = {DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL), "splade": FakeSparseEncoder("splade")}
     models["bge-m3"] = M3Encoder.from_pretrained(tiny_bge_m3(), backend="torch")  # a tiny one in bge-m3's layout
     models["colbert"] = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")  # in PyLate's layout
-    settings = Settings(api_keys=("secret",), models=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL),), tune_malloc=False)
+    settings = Settings(
+        auth=Auth(api_keys=("secret",)),
+        models=Models(entries=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL),)),
+        engine=Engine(tune_malloc=False),
+    )
     with fake_service(models, key="secret", settings=settings) as client:
         for path, body in _curl_requests(page):
             response = client.post(path, json=body)

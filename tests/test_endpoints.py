@@ -100,7 +100,7 @@ def test_a_batch_line_runs_its_endpoint_object():
     from embedrank.serving.pool import ModelEntry, ModelPool
     from service.batches import lines
     from service.context import Context
-    from service.settings import Settings
+    from service.settings import Auth, Settings
 
     models = ModelPool((ModelEntry(id=EMB, path="fake:encoder"),))
     calls: list[str] = []
@@ -114,7 +114,9 @@ def test_a_batch_line_runs_its_endpoint_object():
         models.start(models.load(), EngineConfig(max_wait_ms=0))
         try:
             with spied(BATCH["/v1/embeddings"], calls, "/v1/embeddings"):
-                status, _, _ = await lines.run_line(request, Context(models, Settings(api_keys=("k",)), cached=True))
+                status, _, _ = await lines.run_line(
+                    request, Context(models, Settings(auth=Auth(api_keys=("k",))), cached=True)
+                )
             return status
         finally:
             await models.drain(1.0)

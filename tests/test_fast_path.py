@@ -12,18 +12,16 @@ import time
 import pytest
 from litestar.testing import AsyncTestClient, TestClient
 
-from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.app import create_app
 from service.fast_path import EmbeddingsFastPath
-from service.settings import ModelEntry, Settings
+from service.settings import Auth, Engine, ModelEntry, Models, Server, Settings
 
 MODEL, CE, KEY = "fake-encoder", "fake-ce", "fast-key"
 SETTINGS = Settings(
-    api_keys=(KEY,),
-    models=(ModelEntry(id=MODEL, aliases=("fe",)),),
-    engine=EngineConfig(max_wait_ms=0),
-    tune_malloc=False,
+    auth=Auth(api_keys=(KEY,)),
+    models=Models(entries=(ModelEntry(id=MODEL, aliases=("fe",)),)),
+    engine=Engine(batch_wait_ms=0, tune_malloc=False),
 )
 
 REQUESTS = [  # (path, body): successes and every kind of refusal the route can give
@@ -139,7 +137,11 @@ def test_other_routes_and_cors_go_to_the_app():
         assert fast.get("/v1/embeddings").status_code == 405
         assert fast.post("/v1/rerank", json={"model": MODEL, "query": "q", "documents": ["d"]}).status_code == 200
         assert calls == ["/v1/embeddings", "/v1/rerank"]
-    cors = Settings(api_keys=(KEY,), models=(ModelEntry(id=MODEL),), cors_origins=("https://app.example",))
+    cors = Settings(
+        auth=Auth(api_keys=(KEY,)),
+        models=Models(entries=(ModelEntry(id=MODEL),)),
+        server=Server(cors_origins=("https://app.example",)),
+    )
     assert not isinstance(create_app(cors, models={MODEL: FakeEncoder(MODEL)}).asgi_handler, EmbeddingsFastPath)
 
 

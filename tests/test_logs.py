@@ -10,6 +10,7 @@ import pytest
 
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service import logs, request_ids
+from service.settings import Telemetry
 
 EMB, CE = "fake-encoder", "fake-ce"
 SECRET = "zebra-quartz-7731"  # a text a client sends; no log line at info or above may quote it
@@ -63,7 +64,7 @@ def test_a_json_line_carries_the_request_fields_and_the_traceback():
 
 
 def test_the_access_line_names_the_request_its_model_status_and_latency(fake_service, kept):
-    with fake_service({EMB: FakeEncoder(EMB)}, access_log=True) as client:
+    with fake_service({EMB: FakeEncoder(EMB)}, telemetry=Telemetry(access_log=True)) as client:
         resp = client.post("/v1/embeddings", json={"model": EMB, "input": "green tea"})
         missing = client.post("/v1/embeddings", json={"model": "not-served", "input": "green tea"})
     access = [r for r in kept if r.name == "embedrank.access"]
@@ -97,7 +98,7 @@ def test_no_line_above_debug_quotes_what_a_client_sent(fake_service, kept):
     models = {EMB: FakeEncoder(EMB, max_seq_length=8), CE: FakeCrossEncoder(CE), "failing": failing}
     formatter = logs.JsonLines()
     long = " ".join([SECRET] * 40)
-    with fake_service(models, access_log=True) as client:
+    with fake_service(models, telemetry=Telemetry(access_log=True)) as client:
         failing.armed = True
         for body in (
             {"model": EMB, "input": SECRET},

@@ -17,7 +17,7 @@ from embedrank.math.similarity import truncate_dims
 from embedrank.models.chunking import Chunking
 from embedrank.testing.fake import FakeEncoder
 from service.app import create_app
-from service.settings import Settings
+from service.settings import Auth, Engine, Models, Settings
 
 KEY = "k"
 FAKE = FakeEncoder("fake", dimension=20, max_seq_length=8)  # 20 dims: binary codes pad to 3 bytes
@@ -284,7 +284,9 @@ def test_a_model_entry_names_its_ranges_file_and_calibration_only_calibrates_int
         monkeypatch.setattr(
             embedrank.serving.pool.logger, "warning", lambda msg, *args, out=warned: out.append(msg % args)
         )
-        settings = Settings(api_keys=(KEY,), models=(entry,), tune_malloc=False)
+        settings = Settings(
+            auth=Auth(api_keys=(KEY,)), models=Models(entries=(entry,)), engine=Engine(tune_malloc=False)
+        )
         with TestClient(create_app(settings, wait_for_models=True)) as c:
             body = {"model": "ranged", "input": TEXTS, "embedding_types": ["uint8"]}
             resp = c.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {KEY}"})
@@ -297,4 +299,6 @@ def test_a_model_entry_names_its_ranges_file_and_calibration_only_calibrates_int
         (ModelEntry(id="z", path="fake:cross-encoder", calibration=str(texts)), "calibration"),
     ):
         with pytest.raises(SettingsError, match=f"{field} .* must be an existing"):
-            create_app(Settings(api_keys=(KEY,), models=(bad,), tune_malloc=False))
+            create_app(
+                Settings(auth=Auth(api_keys=(KEY,)), models=Models(entries=(bad,)), engine=Engine(tune_malloc=False))
+            )

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import re
 import threading
 
+import msgspec
 import numpy as np
 import pytest
 from litestar.testing import AsyncTestClient, TestClient
@@ -20,11 +20,10 @@ from litestar.testing import AsyncTestClient, TestClient
 from embedrank.errors import OverloadedError
 from embedrank.math.chunks import aggregate_window_scores
 from embedrank.models.chunking import Chunking, split_windows
-from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.app import create_app
 from service.routes import DOC_PATHS
-from service.settings import Limits, ModelEntry, Settings, SettingsError
+from service.settings import Auth, Engine, Limits, ModelEntry, Models, Settings, SettingsError
 
 MODEL = "fake-encoder"
 CE = "fake-ce"
@@ -32,10 +31,9 @@ KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ENCODER = FakeEncoder(MODEL, dimension=32, max_seq_length=16)
 BASE = Settings(
-    api_keys=(KEY,),
-    models=(ModelEntry(id=MODEL, aliases=("fe",)),),
-    engine=EngineConfig(max_wait_ms=0),
-    tune_malloc=False,
+    auth=Auth(api_keys=(KEY,)),
+    models=Models(entries=(ModelEntry(id=MODEL, aliases=("fe",)),)),
+    engine=Engine(batch_wait_ms=0, tune_malloc=False),
 )
 
 
@@ -302,7 +300,7 @@ def test_malformed_json_wrong_method_media_type_unknown_model(client):
 
 def test_limits():
     limits = Limits(max_inputs=3, max_documents=2, max_body_bytes=2000, max_text_chars=50)
-    with TestClient(make_app(dataclasses.replace(BASE, limits=limits))) as c:
+    with TestClient(make_app(msgspec.structs.replace(BASE, limits=limits))) as c:
         c.headers.update(AUTH)
         err = _assert_error(c.post("/v1/embeddings", json={"model": MODEL, "input": ["a"] * 4}), 400, "too_many_inputs")
         assert "max_inputs=3" in err["message"]
@@ -436,7 +434,7 @@ def test_keys_from_env_and_file(tmp_path):
     settings = Settings.from_env(
         {"EMBEDRANK_API_KEYS": "k-a, k-b", "EMBEDRANK_API_KEYS_FILE": str(keys_file), "EMBEDRANK_MAX_INPUTS": "7"}
     )
-    assert settings.api_keys == ("k-a", "k-b", "file-key") and settings.limits.max_inputs == 7
+    assert settings.auth.api_keys == ("k-a", "k-b", "file-key") and settings.limits.max_inputs == 7
     with TestClient(make_app(settings)) as c:
         for key in ("k-a", "k-b", "file-key"):
             assert c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
@@ -444,14 +442,14 @@ def test_keys_from_env_and_file(tmp_path):
 
 
 def test_generated_key_when_none_configured(capsys):
-    with TestClient(make_app(dataclasses.replace(BASE, api_keys=()))) as c:
+    with TestClient(make_app(msgspec.structs.replace(BASE, auth=Auth()))) as c:
         key = re.search(r"Authorization: Bearer (\S+)", capsys.readouterr().err).group(1)
         assert c.get("/v1/models").status_code == 401
         assert c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
 
 
 def test_explicit_no_auth_warns(capsys):
-    with TestClient(make_app(dataclasses.replace(BASE, api_keys=(), no_auth=True))) as c:
+    with TestClient(make_app(msgspec.structs.replace(BASE, auth=Auth(no_auth=True)))) as c:
         assert "WITHOUT authentication" in capsys.readouterr().err
         assert c.get("/v1/models").status_code == 200
 
@@ -466,7 +464,9 @@ def test_200_mixed_requests_from_32_concurrent_clients():
         n = {"embed1": 1, "embed16": 16, "rerank": 8, "ce": 8}[kind]
         texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 12)))) + f" n{i}x{j}" for j in range(n)]
         requests.append((kind, texts))
-    app = create_app(dataclasses.replace(BASE, engine=EngineConfig()), wait_for_models=True, models=fakes())
+    app = create_app(
+        msgspec.structs.replace(BASE, engine=Engine(tune_malloc=False)), wait_for_models=True, models=fakes()
+    )
     scorer = FakeCrossEncoder(CE, max_seq_length=16)
 
     async def main():
@@ -756,13 +756,13 @@ def test_backend_and_precision_per_model_from_env_and_toml(tmp_path):
     with pytest.raises(SettingsError, match=r"model 'b': backend 'torch' runs precision fp32, bf16, fp16; got 'int8'"):
         Settings.from_env(env)
     ok = Settings.from_env({**env, "EMBEDRANK_PRECISION": ""})
-    got = [(m.id, m.path, m.backend, m.precision) for m in ok.models]
+    got = [(m.id, m.path, m.backend, m.precision) for m in ok.models.entries]
     assert got == [
         ("a", "sentence-transformers/all-MiniLM-L6-v2", "openvino", "int8"),
         ("b", "all-MiniLM-L6-v2", "torch", None),
         ("c", None, None, None),
     ]
-    default = Settings.from_env({"EMBEDRANK_BACKEND": "torch"}).models
+    default = Settings.from_env({"EMBEDRANK_BACKEND": "torch"}).models.entries
     assert [(m.id, m.backend) for m in default] == [("sentence-transformers/all-MiniLM-L6-v2", "torch")]
     with pytest.raises(SettingsError, match="unknown backend 'cuda'"):
         Settings.from_env({"EMBEDRANK_BACKEND": "cuda"})
@@ -773,7 +773,7 @@ def test_backend_and_precision_per_model_from_env_and_toml(tmp_path):
         'backend = "onnx"\n[[models]]\nid = "m1"\npath = "all-MiniLM-L6-v2"\n'
         '[[models]]\nid = "m2"\npath = "all-MiniLM-L6-v2"\nbackend = "openvino"\nprecision = "bf16"\n'
     )
-    models = Settings.from_env({"EMBEDRANK_CONFIG": str(toml)}).models
+    models = Settings.from_env({"EMBEDRANK_CONFIG": str(toml)}).models.entries
     assert [(m.id, m.backend, m.precision) for m in models] == [("m1", "onnx", None), ("m2", "openvino", "bf16")]
 
 
@@ -875,7 +875,7 @@ def test_one_request_over_the_token_limit_is_413_before_it_is_queued(fake_servic
             Counting.batches += 1
             return super().embed_rows(rows, **kwargs)
 
-    settings = dataclasses.replace(BASE, limits=Limits(max_request_tokens=100))
+    settings = msgspec.structs.replace(BASE, limits=Limits(max_request_tokens=100))
     encoder = Counting(MODEL, dimension=32, max_seq_length=16)
     with fake_service({MODEL: encoder, CE: FakeCrossEncoder(CE, max_seq_length=16)}, key=KEY, settings=settings) as c:
         started = Counting.batches  # the int8 ranges fitted at startup
@@ -980,7 +980,7 @@ def test_the_manuals_http_reference_is_the_served_description_rendered():
 
     from service.openapi_reference import openapi_document, render_reference
 
-    with TestClient(make_app(Settings(api_keys=(KEY,), tune_malloc=False))) as c:
+    with TestClient(make_app(Settings(auth=Auth(api_keys=(KEY,)), engine=Engine(tune_malloc=False)))) as c:
         served = c.get("/openapi.json").json()
     document = openapi_document()
     assert document["paths"].keys() == served["paths"].keys()

@@ -212,7 +212,7 @@ def test_token_id_input_is_read_as_cl100k_base(client):
 
 def test_token_ids_can_be_switched_off(fake_service):
     settings = Settings.from_env({"EMBEDRANK_API_KEYS": "k", "EMBEDRANK_TOKEN_IDS": "off"})
-    assert settings.token_ids is False
+    assert settings.server.decodes_token_ids is False
     with fake_service({EMB: FakeEncoder(EMB)}, key="k", settings=settings) as client:
         err = error(client.post("/v1/embeddings", json={"model": EMB, "input": [[9906]]}), 400, "input")
         assert "EMBEDRANK_TOKEN_IDS" in err["message"]

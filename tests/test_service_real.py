@@ -5,22 +5,24 @@ are covered on fake models in ``test_service.py``."""
 from __future__ import annotations
 
 import base64
-import dataclasses
 
+import msgspec
 import numpy as np
 import pytest
 from litestar.testing import TestClient
 
 from embedrank import BiEncoderScorer, CrossEncoder
 from service.app import create_app
-from service.settings import ModelEntry, Settings
+from service.settings import Auth, ModelEntry, Models, Settings
 
 pytestmark = pytest.mark.slow
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-BASE = Settings(api_keys=(KEY,), models=(ModelEntry(id=MODEL, aliases=("all-MiniLM-L6-v2",)),))
+BASE = Settings(
+    auth=Auth(api_keys=(KEY,)), models=Models(entries=(ModelEntry(id=MODEL, aliases=("all-MiniLM-L6-v2",)),))
+)
 DOCS = [
     "Bananas are yellow.",
     "The tilt of Earth's axis causes the seasons.",
@@ -31,13 +33,15 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def client(cross_encoder_dir):
-    settings = dataclasses.replace(
+    settings = msgspec.structs.replace(
         BASE,
-        models=(
-            *BASE.models,
-            ModelEntry(id="my-ce", path=cross_encoder_dir),
-            # the same weights a second time, on the torch backend
-            ModelEntry(id="minilm-torch", path=MODEL, backend="torch"),
+        models=Models(
+            entries=(
+                *BASE.models.entries,
+                ModelEntry(id="my-ce", path=cross_encoder_dir),
+                # the same weights a second time, on the torch backend
+                ModelEntry(id="minilm-torch", path=MODEL, backend="torch"),
+            )
         ),
     )
     with TestClient(create_app(settings, wait_for_models=True)) as c:

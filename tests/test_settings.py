@@ -10,10 +10,18 @@ import msgspec
 import pytest
 from litestar.testing import TestClient
 
-from embedrank.serving.engine import EngineConfig
 from embedrank.testing.fake import FakeEncoder
 from service.app import create_app
-from service.settings import OTHER_ENVIRONMENT, Config, Settings, SettingsError, env_name, fields, known_environment
+from service.settings import (
+    OTHER_ENVIRONMENT,
+    Engine,
+    Settings,
+    SettingsError,
+    env_name,
+    fields,
+    groups,
+    known_environment,
+)
 from service.settings_reference import render_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,22 +80,20 @@ def samples(tmp_path: Path) -> dict[str, tuple[str, str, object]]:
 
 
 def held(settings: Settings, name: str) -> object:
-    """What ``settings`` holds for the setting ``name``."""
+    """What ``settings`` holds for the setting ``name``, read from its group."""
+    entries = settings.models.entries
     if name == "models":
-        return tuple((m.id, m.path) for m in settings.models)
-    if name in ("backend", "precision", "device"):
-        return getattr(settings.models[0], name)
-    if name == "trust_remote_code":
-        return settings.models[0].trust_remote_code
+        return tuple((m.id, m.path) for m in entries)
+    if name in ("backend", "precision", "device", "trust_remote_code"):
+        return getattr(entries[0], name)  # the group's default, applied to the entry that names none
     if name == "api_keys_file":
-        return settings.api_keys
+        return settings.auth.api_keys
     if name == "token_ids":
-        return settings.token_ids
-    engine = {"max_queue": "max_queue_items", "batch_wait_ms": "max_wait_ms"}.get(name, name)
-    for part in (settings.limits, settings.engine, settings):
-        if hasattr(part, engine):
-            return getattr(part, engine)
-    raise AssertionError(name)
+        return settings.server.decodes_token_ids
+    if name == "target_batch_seconds":
+        return settings.engine.engine_config().target_batch_seconds
+    setting = fields()[name]
+    return getattr(getattr(settings, setting.group), setting.attribute)
 
 
 def write_toml(tmp_path: Path, text: str) -> dict[str, str]:
@@ -179,9 +185,9 @@ def test_a_string_api_key_in_toml_is_refused_never_read_as_characters(tmp_path):
     with pytest.raises(SettingsError, match=r"`cors_origins` in .*a list"):
         Settings.from_env(write_toml(tmp_path, 'cors_origins = "https://a.example"\n'))
     settings = Settings.from_env(write_toml(tmp_path, 'api_keys = ["my-secret"]\n'))
-    assert settings.api_keys == ("my-secret",)
+    assert settings.auth.api_keys == ("my-secret",)
     app = create_app(
-        Settings(api_keys=settings.api_keys, engine=EngineConfig(max_wait_ms=0), tune_malloc=False),
+        Settings(auth=settings.auth, engine=Engine(batch_wait_ms=0, tune_malloc=False)),
         wait_for_models=True,
         models={"m": FakeEncoder()},
     )
@@ -197,7 +203,7 @@ def test_the_environment_wins_over_the_file_and_models_replace_every_table(tmp_p
         'max_inputs = 5\napi_keys = ["from-file"]\n[[models]]\nid = "file-model"\npath = "fake:encoder"\n',
     )
     from_file = Settings.from_env(env)
-    assert (from_file.limits.max_inputs, from_file.api_keys, from_file.models[0].id) == (
+    assert (from_file.limits.max_inputs, from_file.auth.api_keys, from_file.models.entries[0].id) == (
         5,
         ("from-file",),
         "file-model",
@@ -205,9 +211,13 @@ def test_the_environment_wins_over_the_file_and_models_replace_every_table(tmp_p
     both = Settings.from_env(
         {**env, "EMBEDRANK_MAX_INPUTS": "9", "EMBEDRANK_API_KEYS": "from-env", "EMBEDRANK_MODELS": "env=fake:encoder"}
     )
-    assert (both.limits.max_inputs, both.api_keys, [m.id for m in both.models]) == (9, ("from-env",), ["env"])
+    assert (both.limits.max_inputs, both.auth.api_keys, [m.id for m in both.models.entries]) == (
+        9,
+        ("from-env",),
+        ["env"],
+    )
     empty = Settings.from_env({**env, "EMBEDRANK_MAX_INPUTS": "", "EMBEDRANK_API_KEYS": ""})  # empty: unset
-    assert (empty.limits.max_inputs, empty.api_keys) == (5, ("from-file",))
+    assert (empty.limits.max_inputs, empty.auth.api_keys) == (5, ("from-file",))
 
 
 @pytest.mark.parametrize(
@@ -220,6 +230,7 @@ def test_the_environment_wins_over_the_file_and_models_replace_every_table(tmp_p
         ({"EMBEDRANK_API_KEYS": "clé"}, None, r"visible ASCII"),
         ({"EMBEDRANK_API_KEY": "secret"}, None, r"EMBEDRANK_API_KEY \(did you mean EMBEDRANK_API_KEYS\?\)"),
         ({}, "max_input = 7", r"unknown key `max_input` \(did you mean `max_inputs`\?\) in the file"),
+        ({}, "[limits]\nmax_inputs = 7", r"`limits` is a group of the configuration reference, not a table"),
         ({}, '[[models]]\nid = "m"\npaht = "x"', r"unknown key `paht` \(did you mean `path`\?\) in the \[\[models\]\]"),
         ({}, '[[models]]\npath = "x"', r"`models\[0\]` .* missing required field `id`"),
         ({"EMBEDRANK_MODELS": "a=fake:encoder,a=fake:encoder"}, None, r"the id 'a' is given to more than one model"),
@@ -243,7 +254,7 @@ def test_the_model_table_keys_and_trust_remote_code(tmp_path):
         'backend = "onnx"\n[[models]]\nid = "a"\npath = "fake:encoder"\naliases = ["alias"]\ntrust_remote_code = true\n'
         '[[models]]\nid = "b"\npath = "fake:encoder"\nbackend = "torch"\n',
     )
-    a, b = Settings.from_env({**env, "EMBEDRANK_TRUST_REMOTE_CODE": "b"}).models
+    a, b = Settings.from_env({**env, "EMBEDRANK_TRUST_REMOTE_CODE": "b"}).models.entries
     assert (a.aliases, a.trust_remote_code, a.backend) == (("alias",), True, "onnx")
     assert (b.trust_remote_code, b.backend) == (True, "torch")
 
@@ -277,8 +288,8 @@ def test_the_reference_example_is_a_valid_configuration(tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("k\n")
     settings = Settings.from_env(write_toml(tmp_path, example[1].replace("/run/secrets/embedrank-keys", str(keys))))
-    assert [m.id for m in settings.models] == ["sentence-transformers/all-MiniLM-L6-v2", "minilm-int8"]
-    assert msgspec.convert({}, Config) == Config()
+    assert [m.id for m in settings.models.entries] == ["sentence-transformers/all-MiniLM-L6-v2", "minilm-int8"]
+    assert msgspec.convert({}, Settings) == Settings()
 
 
 def test_every_toml_example_in_the_manual_is_a_valid_configuration(tmp_path):
@@ -292,7 +303,7 @@ def test_every_toml_example_in_the_manual_is_a_valid_configuration(tmp_path):
     keys.write_text("k\n")
     for page, block in blocks:
         text = block.replace("/run/secrets/embedrank-keys", str(keys))
-        assert Settings.from_env(write_toml(tmp_path, text)).models, page
+        assert Settings.from_env(write_toml(tmp_path, text)).models.entries, page
 
 
 def test_the_service_guide_shows_the_real_message_for_a_string_key(tmp_path, monkeypatch):
@@ -304,3 +315,19 @@ def test_the_service_guide_shows_the_real_message_for_a_string_key(tmp_path, mon
     with pytest.raises(SettingsError) as err:
         Settings.from_env({"EMBEDRANK_CONFIG": "embedrank.toml"})
     assert str(err.value) == shown[1]
+
+
+def test_each_group_is_read_by_what_it_concerns_and_every_setting_has_one_group():
+    """The table is grouped by concern; each setting sits in exactly one group, under its own name (the bound
+    models' list excepted: ``models.entries``), and the reference shows each group's table."""
+    placed = [(setting.group, setting.attribute) for setting in fields().values()]
+    assert len(set(placed)) == len(placed) == len(fields())
+    assert {group for group, _ in placed} == set(groups()) == {
+        "models", "auth", "server", "limits", "engine", "batches", "cache", "telemetry"
+    }  # fmt: skip
+    assert [name for name, s in fields().items() if name != s.attribute] == ["models"]
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    for group in groups():
+        assert f"### {group.capitalize()}" in page
+    settings = Settings.from_env({"EMBEDRANK_MAX_QUEUE": "5", "EMBEDRANK_BATCH_WAIT_MS": "2"})
+    assert (settings.engine.engine_config().max_queue_items, settings.engine.engine_config().max_wait_ms) == (5, 2.0)

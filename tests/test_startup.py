@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -115,13 +116,17 @@ def test_serve_others_serves_the_models_that_loaded_and_says_which_did_not(broke
     from litestar.testing import TestClient
 
     from service.app import create_app
-    from service.settings import ModelEntry, Settings
+    from service.settings import Auth, Engine, ModelEntry, Models, Settings
 
     entries = (
         ModelEntry(id="fine", path="fake:encoder"),
         ModelEntry(id="broken", path=broken_model, aliases=("also-broken",)),
     )
-    settings = Settings(models=entries, api_keys=("k",), tune_malloc=False, on_model_failure="serve-others")
+    settings = Settings(
+        models=Models(entries=entries, on_model_failure="serve-others"),
+        auth=Auth(api_keys=("k",)),
+        engine=Engine(tune_malloc=False),
+    )
     auth = {"Authorization": "Bearer k"}
     with TestClient(create_app(settings, wait_for_models=True)) as client:
         health = client.get("/health")
@@ -133,6 +138,6 @@ def test_serve_others_serves_the_models_that_loaded_and_says_which_did_not(broke
             assert refused.status_code == 503 and "could not be loaded" in refused.json()["error"]["message"]
             assert refused.json()["error"]["code"] == "model_unavailable" and "retry-after" not in refused.headers
         assert client.post("/v1/embeddings", json={"model": "fine", "input": "x"}, headers=auth).status_code == 200
-    alone = Settings(models=entries[1:], api_keys=("k",), tune_malloc=False, on_model_failure="serve-others")
+    alone = msgspec.structs.replace(settings, models=Models(entries=entries[1:], on_model_failure="serve-others"))
     with TestClient(create_app(alone, wait_for_models=True)) as client:  # nothing to serve: it fails
         assert client.get("/health").status_code == 503 and client.get("/health").json()["status"] == "failed"

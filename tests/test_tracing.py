@@ -24,7 +24,7 @@ from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from embedrank.types import ModelOutput
 from service import tracing
-from service.settings import SettingsError
+from service.settings import Batches, SettingsError
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -242,7 +242,9 @@ def test_a_batch_chunk_is_a_span_with_a_child_per_line(fake_service, recorded, t
         for i in range(3)
     ]
     content = "\n".join(json.dumps(line) for line in lines).encode()
-    with fake_service({"fake": FakeEncoder()}, tracer_provider=provider, batch_dir=str(tmp_path)) as client:
+    with fake_service(
+        {"fake": FakeEncoder()}, tracer_provider=provider, batches=Batches(batch_dir=str(tmp_path))
+    ) as client:
         upload = client.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"})
         assert upload.status_code == 200, upload.text
         batch = client.post(

@@ -27,7 +27,7 @@ logger = logging.getLogger("embedrank.service")
 
 @dataclasses.dataclass(eq=False)  # a collector of the app's metrics registry: hashed by identity
 class BatchService:
-    """The batch store of ``settings.batch_dir`` (opened on first use) and the worker that runs its batches."""
+    """The batch store of ``settings.batches.batch_dir`` (opened on first use) and the worker that runs its batches."""
 
     settings: Settings
     pool_of: Callable[[], ModelPool]
@@ -42,7 +42,7 @@ class BatchService:
 
     @property
     def root(self) -> Path:
-        return self.settings.batch_folder()
+        return self.settings.batches.folder()
 
     def store(self) -> BatchStore:
         """The store, opened on first use (blocking: a PostgreSQL server is reached over the network).
@@ -52,14 +52,18 @@ class BatchService:
         """
         with self._opening:
             if self._store is None:
-                url = self.settings.batch_database
+                url = self.settings.batches.batch_database
                 self._store = BatchStore(self.root, PostgresDatabase(url) if url else None)
         return self._store
 
     async def run(self) -> None:
         """The worker, once the store exists (SQLite's is created by the first upload; a PostgreSQL server
         is reached at start, and again every few seconds until it answers); until cancelled."""
-        while not self.settings.batch_database and self._store is None and not (self.root / "batches.db").is_file():
+        while (
+            not self.settings.batches.batch_database
+            and self._store is None
+            and not (self.root / "batches.db").is_file()
+        ):
             await asyncio.sleep(0.5)
         while True:
             try:
@@ -79,7 +83,7 @@ class BatchService:
             self.pool_of,
             self.settings,
             max_lines=self.settings.limits.max_batch_lines,
-            lease_seconds=self.settings.batch_lease_seconds,
+            lease_seconds=self.settings.batches.batch_lease_seconds,
         )
         await self.worker.run()
 
@@ -88,7 +92,7 @@ class BatchService:
         their lines waiting (the queue depth) and done, and the lines this process recorded. Summed over
         every key's batches: any key may read ``/metrics``, so batch ids appear (one series per batch) only
         when ``metrics_batch_ids`` is set."""
-        by_batch = self.settings.metrics_batch_ids
+        by_batch = self.settings.telemetry.metrics_batch_ids
         labels = ["batch"] if by_batch else []
         unfinished = GaugeMetricFamily("embedrank_batches_unfinished", "Batches not finished (every key's)")
         waiting = GaugeMetricFamily(
