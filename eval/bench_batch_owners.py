@@ -46,12 +46,12 @@ def create(store: BatchStore, owner: str, content: bytes) -> str:
     batch = store.create_batch(
         owner,
         endpoint="/v1/embeddings",
-        input_file_id=file["id"],
+        input_file_id=file.id,
         completion_window="24h",
         window_seconds=86400,
         metadata=None,
     )
-    return str(batch["id"])
+    return str(batch.id)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -63,17 +63,17 @@ async def run(args: argparse.Namespace) -> None:
         worker = BatchWorker(store, lambda: models, settings)
         task = asyncio.create_task(worker.run())
         large = [create(store, "key-a", input_file(args.lines, seed)) for seed in range(args.large)]
-        while any(store.get_batch(None, b)["status"] == "validating" for b in large):
+        while any(store.get_batch(None, b).status == "validating" for b in large):
             await asyncio.sleep(0.05)
         await asyncio.sleep(args.settle)  # key A's chunks are running
         done_before = worker.lines_done
         started = time.perf_counter()
         small = create(store, "key-b", input_file(args.small, 99))
         worker.wake()
-        while store.get_batch(None, small)["status"] not in ("completed", "failed", "expired"):
+        while store.get_batch(None, small).status not in ("completed", "failed", "expired"):
             await asyncio.sleep(0.01)
         took = time.perf_counter() - started
-        status = store.get_batch(None, small)["status"]
+        status = store.get_batch(None, small).status
         a_lines = worker.lines_done - done_before - args.small
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

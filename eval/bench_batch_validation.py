@@ -52,7 +52,7 @@ def request_lines(n: int) -> bytes:
 async def measure(store: BatchStore, make: Callable[[], bytes]) -> dict[str, Any]:
     file = store.add_file("key", "in.jsonl", "batch", make())  # on disk; nothing of it kept here
     batch = store.create_batch(
-        "key", endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h", window_seconds=86400,
+        "key", endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h", window_seconds=86400,
         metadata=None,
     )  # fmt: skip
     worker = BatchWorker(store, lambda: None, Settings(auth=Auth(api_keys=("k",)), engine=Engine(tune_malloc=False)))
@@ -80,10 +80,10 @@ async def measure(store: BatchStore, make: Callable[[], bytes]) -> dict[str, Any
     await validating
     sampling = False
     sampler.join()
-    status = store.get_batch(None, batch["id"])["status"]
+    status = store.get_batch(None, batch.id).status
     lags.sort()
     return {
-        "bytes": file["bytes"],
+        "bytes": file.bytes,
         "status": status,
         "peak_mib": (peak - base) / 2**20,
         "seconds": took,

@@ -15,9 +15,9 @@ import pytest
 
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.pool import ModelEntry, ModelPool
-from service.batches.database import PostgresDatabase
+from service.batches.database import PostgresDatabase, SqliteDatabase
 from service.batches.lines import read_input
-from service.batches.store import BatchStore, Chunk
+from service.batches.store import SCHEMA, BatchRow, BatchStore, Chunk
 from service.batches.worker import BatchWorker
 from service.context import Context
 from service.endpoints import BY_PATH
@@ -42,13 +42,13 @@ def embeddings_file(n: int, *, bad: set[int] = frozenset()) -> bytes:
 
 def new_batch(
     store: BatchStore, content: bytes, endpoint: str = "/v1/embeddings", window_seconds: int = 86400
-) -> dict[str, Any]:
+) -> BatchRow:
     """A batch of ``OWNER`` over ``content`` uploaded as its input file."""
     file = store.add_file(OWNER, "in.jsonl", "batch", content)
     return store.create_batch(
         OWNER,
         endpoint=endpoint,
-        input_file_id=file["id"],
+        input_file_id=file.id,
         completion_window="24h",
         window_seconds=window_seconds,
         metadata=None,
@@ -87,7 +87,7 @@ async def serve(
 
 
 def finished(store: BatchStore, batch_id: str) -> Callable[[], bool]:
-    return lambda: store.get_batch(None, batch_id)["status"] in ("completed", "failed", "cancelled", "expired")
+    return lambda: store.get_batch(None, batch_id).status in ("completed", "failed", "cancelled", "expired")
 
 
 async def direct(body: dict[str, Any], url: str = "/v1/embeddings") -> tuple[int, Any]:
@@ -147,40 +147,38 @@ def test_the_input_file_is_checked_line_by_line_before_anything_runs():
 
 def test_objects_belong_to_their_owner(store, tmp_path):
     batch = new_batch(store, b"x\n")
-    file = store.get_file(OWNER, batch["input_file_id"])
-    assert store.get_file("owner-b", file["id"]) is None and store.get_batch("owner-b", batch["id"]) is None
+    file = store.get_file(OWNER, batch.input_file_id)
+    assert store.get_file("owner-b", file.id) is None and store.get_batch("owner-b", batch.id) is None
     assert store.list_files("owner-b") == [] and store.list_batches("owner-b") == []
-    assert (
-        store.cancel("owner-b", batch["id"]) is None and store.get_batch(OWNER, batch["id"])["status"] == "validating"
-    )
-    assert not store.delete_file("owner-b", file["id"]) and store.file_path(file["id"]).exists()
+    assert store.cancel("owner-b", batch.id) is None and store.get_batch(OWNER, batch.id).status == "validating"
+    assert not store.delete_file("owner-b", file.id) and store.file_path(file.id).exists()
     assert store.active_batches(OWNER) == 1 and store.active_batches("owner-b") == 0
 
 
 def test_a_chunk_is_recorded_once_by_the_worker_that_holds_it(store, tmp_path):
     batch = new_batch(store, embeddings_file(3))
-    assert store.start(batch["id"], [Chunk(batch["id"], 0, 0, 3, 0, len(embeddings_file(3)))])
+    assert store.start(batch.id, [Chunk(batch.id, 0, 0, 3, 0, len(embeddings_file(3)))])
     claimed = store.claim("w1", lease_seconds=-1)  # a lease that has already run out: w2 may take the chunk
     assert claimed is not None and store.claim("w2", lease_seconds=60) == claimed
     assert not store.finish("w1", claimed, b"late\n", b"", 3, 0)  # w1 lost it: nothing recorded, no part left
     assert store.finish("w2", claimed, b"out\n", b"", 3, 0)
     assert not store.finish("w2", claimed, b"again\n", b"", 3, 0)
-    assert store.get_batch(OWNER, batch["id"])["completed"] == 3
-    (chunk,) = store.chunks(batch["id"])
-    parts = sorted(p.name for p in (tmp_path / "parts" / batch["id"]).iterdir())
-    assert parts == [f"{chunk['part']}.err", f"{chunk['part']}.out"] and chunk["part"].startswith("0.w2.")
-    assert store.part_path(batch["id"], chunk["part"], "out").read_bytes() == b"out\n"
+    assert store.get_batch(OWNER, batch.id).completed == 3
+    (chunk,) = store.chunks(batch.id)
+    parts = sorted(p.name for p in (tmp_path / "parts" / batch.id).iterdir())
+    assert parts == [f"{chunk.part}.err", f"{chunk.part}.out"] and chunk.part.startswith("0.w2.")
+    assert store.part_path(batch.id, chunk.part, "out").read_bytes() == b"out\n"
     assert store.claim("w3", 60) is None
 
 
 def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(store, tmp_path):
     content = embeddings_file(40, bad={7}) + line("rerank-typo", {"model": "enc", "inputs": ["x"]})
     batch = new_batch(store, content)
-    worker = asyncio.run(serve(store, finished(store, batch["id"]), chunk_lines=8))
-    done = store.get_batch(OWNER, batch["id"])
-    assert (done["status"], done["total"], done["completed"], done["failed"]) == ("completed", 41, 39, 2)
-    assert worker.lines_done == 41 and done["completed_at"] and done["in_progress_at"] and done["finalizing_at"]
-    output, errors = read_lines(store, done["output_file_id"]), read_lines(store, done["error_file_id"])
+    worker = asyncio.run(serve(store, finished(store, batch.id), chunk_lines=8))
+    done = store.get_batch(OWNER, batch.id)
+    assert (done.status, done.total, done.completed, done.failed) == ("completed", 41, 39, 2)
+    assert worker.lines_done == 41 and done.completed_at and done.in_progress_at and done.finalizing_at
+    output, errors = read_lines(store, done.output_file_id), read_lines(store, done.error_file_id)
     assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(40) if i != 7]  # input order, once each
     assert {e["custom_id"] for e in errors} == {"req-7", "rerank-typo"}
     for i in (0, 13, 39):
@@ -196,7 +194,7 @@ def test_lines_run_as_the_direct_requests_and_a_bad_line_gets_the_direct_error(s
         got = next(e for e in errors if e["custom_id"] == custom_id)["response"]
         assert got["body"]["error"].pop("request_id") == got["request_id"]  # the line's own request id
         assert (got["status_code"], got["body"]) == (status, expected) and status == 400
-    assert not (tmp_path / "parts" / batch["id"]).exists()  # the parts are joined and gone
+    assert not (tmp_path / "parts" / batch.id).exists()  # the parts are joined and gone
 
 
 def test_an_unexpected_failure_of_a_line_is_a_500_line_and_is_logged_with_its_request_id(monkeypatch, caplog):
@@ -231,17 +229,17 @@ def test_a_worker_whose_models_are_not_ready_claims_nothing_and_the_batch_expire
     async def run_until_finished() -> None:
         task = asyncio.create_task(worker.run())
         for _ in range(1000):
-            if finished(store, batch["id"])():
+            if finished(store, batch.id)():
                 break
-            assert all(c["state"] != "claimed" for c in store.chunks(batch["id"]))
+            assert all(c.state != "claimed" for c in store.chunks(batch.id))
             await asyncio.sleep(0.01)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(run_until_finished())
-    done = store.get_batch(OWNER, batch["id"])
-    assert done["status"] == "expired" and worker.lines_done == 0
-    assert [e["error"]["code"] for e in read_lines(store, done["error_file_id"])] == ["batch_expired"] * 3
+    done = store.get_batch(OWNER, batch.id)
+    assert done.status == "expired" and worker.lines_done == 0
+    assert [e["error"]["code"] for e in read_lines(store, done.error_file_id)] == ["batch_expired"] * 3
 
 
 def test_a_chunk_whose_models_stop_being_ready_is_given_back_unrecorded(store):
@@ -261,14 +259,14 @@ def test_a_chunk_whose_models_stop_being_ready_is_given_back_unrecorded(store):
 
     async def one_chunk() -> None:
         models.start(models.load(), EngineConfig(max_wait_ms=1))
-        await worker.validate(store.get_batch(None, batch["id"]))
+        await worker.validate(store.get_batch(None, batch.id))
         chunk = store.claim(worker.name, 60)
         await asyncio.wait_for(worker.run_chunk(chunk), 30)
         await models.drain(1.0)
 
     asyncio.run(one_chunk())
-    (chunk,) = store.chunks(batch["id"])
-    assert (chunk["state"], chunk["claimed_by"]) == ("pending", None) and worker.lines_done == 0
+    (chunk,) = store.chunks(batch.id)
+    assert (chunk.state, chunk.claimed_by) == ("pending", None) and worker.lines_done == 0
     assert store.claim("another-replica", 60) is not None  # a ready replica takes it at once
 
 
@@ -278,10 +276,10 @@ def test_a_line_for_a_model_that_failed_to_load_gets_the_direct_503_and_the_batc
     entries = (ModelEntry(id="enc", path="fake:encoder"), ModelEntry(id="broken", path=broken_model))
     content = embeddings_file(2) + line("to-broken", {"model": "broken", "input": "x"})
     batch = new_batch(store, content)
-    asyncio.run(serve(store, finished(store, batch["id"]), ModelPool(entries)))
-    done = store.get_batch(OWNER, batch["id"])
-    assert (done["status"], done["completed"], done["failed"]) == ("completed", 2, 1)
-    (error,) = read_lines(store, done["error_file_id"])
+    asyncio.run(serve(store, finished(store, batch.id), ModelPool(entries)))
+    done = store.get_batch(OWNER, batch.id)
+    assert (done.status, done.completed, done.failed) == ("completed", 2, 1)
+    (error,) = read_lines(store, done.error_file_id)
     assert error["response"]["status_code"] == 503
     assert error["response"]["body"]["error"]["code"] == "model_unavailable"
     assert "could not be loaded" in error["response"]["body"]["error"]["message"]
@@ -290,53 +288,53 @@ def test_a_line_for_a_model_that_failed_to_load_gets_the_direct_503_and_the_batc
 def test_a_reranking_batch_answers_as_the_direct_request(store, tmp_path):
     body = {"model": "rer", "query": "hot drinks", "documents": TEXTS, "top_n": 3}
     batch = new_batch(store, line("r", body, url="/v2/rerank"), "/v2/rerank")
-    asyncio.run(serve(store, finished(store, batch["id"])))
-    (out,) = read_lines(store, store.get_batch(OWNER, batch["id"])["output_file_id"])
+    asyncio.run(serve(store, finished(store, batch.id)))
+    (out,) = read_lines(store, store.get_batch(OWNER, batch.id).output_file_id)
     status, expected = asyncio.run(direct(body, "/v2/rerank"))
     assert out["response"]["body"]["results"] == expected["results"] and status == 200
 
 
 def test_a_crash_in_the_middle_loses_nothing_and_does_nothing_twice(store, tmp_path):
     batch = new_batch(store, embeddings_file(300))
-    recorded = lambda: sum(c["state"] == "done" for c in store.chunks(batch["id"]))  # noqa: E731
+    recorded = lambda: sum(c.state == "done" for c in store.chunks(batch.id))  # noqa: E731
     for stop_after in (3, 9):  # two crashes, each with chunks in flight
         asyncio.run(serve(store, lambda n=stop_after: recorded() >= n, chunk_lines=10, concurrency=3))
-        assert store.get_batch(OWNER, batch["id"])["status"] == "in_progress"
+        assert store.get_batch(OWNER, batch.id).status == "in_progress"
         store.release_claims()  # a single server starting again: no claim of the dead process holds
-    asyncio.run(serve(store, finished(store, batch["id"]), chunk_lines=10, concurrency=3))
-    done = store.get_batch(OWNER, batch["id"])
-    output = read_lines(store, done["output_file_id"])
-    assert done["status"] == "completed" and done["completed"] == 300 and done["failed"] == 0
+    asyncio.run(serve(store, finished(store, batch.id), chunk_lines=10, concurrency=3))
+    done = store.get_batch(OWNER, batch.id)
+    output = read_lines(store, done.output_file_id)
+    assert done.status == "completed" and done.completed == 300 and done.failed == 0
     assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(300)]
 
 
 def test_a_cancelled_batch_keeps_what_it_finished_and_an_expired_one_says_what_never_ran(store, tmp_path):
     batch = new_batch(store, embeddings_file(100))
-    recorded = lambda: sum(c["state"] == "done" for c in store.chunks(batch["id"]))  # noqa: E731
+    recorded = lambda: sum(c.state == "done" for c in store.chunks(batch.id))  # noqa: E731
     asyncio.run(serve(store, lambda: recorded() >= 2, chunk_lines=10, concurrency=1))
-    assert store.cancel(OWNER, batch["id"])["status"] == "cancelling"
+    assert store.cancel(OWNER, batch.id).status == "cancelling"
     store.release_claims()
-    asyncio.run(serve(store, finished(store, batch["id"])))
-    done = store.get_batch(OWNER, batch["id"])
-    assert done["status"] == "cancelled" and done["cancelled_at"] and done["cancelling_at"]
-    output = read_lines(store, done["output_file_id"])
-    assert len(output) == done["completed"] >= 20 and len({o["custom_id"] for o in output}) == len(output)
+    asyncio.run(serve(store, finished(store, batch.id)))
+    done = store.get_batch(OWNER, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at and done.cancelling_at
+    output = read_lines(store, done.output_file_id)
+    assert len(output) == done.completed >= 20 and len({o["custom_id"] for o in output}) == len(output)
 
     expiring = new_batch(store, embeddings_file(100), window_seconds=0)
-    asyncio.run(serve(store, finished(store, expiring["id"])))
-    done = store.get_batch(OWNER, expiring["id"])
-    errors = read_lines(store, done["error_file_id"])
-    assert done["status"] == "expired" and done["expired_at"] and done["output_file_id"] is None
+    asyncio.run(serve(store, finished(store, expiring.id)))
+    done = store.get_batch(OWNER, expiring.id)
+    errors = read_lines(store, done.error_file_id)
+    assert done.status == "expired" and done.expired_at and done.output_file_id is None
     assert [e["custom_id"] for e in errors] == [f"req-{i}" for i in range(100)]
     assert errors[0]["response"] is None and errors[0]["error"]["code"] == "batch_expired"
 
 
 def test_a_malformed_input_file_fails_the_batch_with_its_errors(store, tmp_path):
     batch = new_batch(store, embeddings_file(2) + b"{oops\n")
-    asyncio.run(serve(store, finished(store, batch["id"])))
-    done = store.get_batch(OWNER, batch["id"])
-    assert done["status"] == "failed" and done["failed_at"]
-    assert json.loads(done["errors"]) == [
+    asyncio.run(serve(store, finished(store, batch.id)))
+    done = store.get_batch(OWNER, batch.id)
+    assert done.status == "failed" and done.failed_at
+    assert done.errors == [
         {"code": "invalid_json_line", "message": "the line is not valid JSON", "param": None, "line": 3}
     ]
 
@@ -352,14 +350,14 @@ def test_a_line_that_is_not_utf_8_fails_its_own_batch_and_every_other_batch_runs
     bad = new_batch(store, embeddings_file(2) + b"".join(poison))
     file = store.add_file("owner-b", "in.jsonl", "batch", embeddings_file(3))
     other = store.create_batch(
-        "owner-b", endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h",
+        "owner-b", endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h",
         window_seconds=86400, metadata=None,
     )  # fmt: skip
-    asyncio.run(serve(store, lambda: finished(store, bad["id"])() and finished(store, other["id"])()))
-    assert store.get_batch("owner-b", other["id"])["status"] == "completed"
-    failed = store.get_batch(OWNER, bad["id"])
-    errors = json.loads(failed["errors"])
-    assert failed["status"] == "failed" and [(e["code"], e["line"]) for e in errors] == [
+    asyncio.run(serve(store, lambda: finished(store, bad.id)() and finished(store, other.id)()))
+    assert store.get_batch("owner-b", other.id).status == "completed"
+    failed = store.get_batch(OWNER, bad.id)
+    errors = failed.errors
+    assert failed.status == "failed" and [(e["code"], e["line"]) for e in errors] == [
         ("invalid_json_line", 3),
         ("invalid_json_line", 4),
         ("invalid_json_line", 5),
@@ -375,15 +373,15 @@ def test_a_batch_whose_checking_fails_is_failed_after_a_few_tries_and_holds_up_n
     checked = worker_module.read_input
 
     def read_input(batch_id: str, *args: Any, **kwargs: Any) -> Any:
-        if batch_id == bad["id"]:
+        if batch_id == bad.id:
             raise MemoryError("a reason of this batch's own")
         return checked(batch_id, *args, **kwargs)
 
     monkeypatch.setattr(worker_module, "read_input", read_input)
-    asyncio.run(serve(store, lambda: finished(store, bad["id"])() and finished(store, good["id"])()))
-    assert store.get_batch(OWNER, good["id"])["status"] == "completed"
-    failed = store.get_batch(OWNER, bad["id"])
-    assert failed["status"] == "failed" and json.loads(failed["errors"]) == [
+    asyncio.run(serve(store, lambda: finished(store, bad.id)() and finished(store, good.id)()))
+    assert store.get_batch(OWNER, good.id).status == "completed"
+    failed = store.get_batch(OWNER, bad.id)
+    assert failed.status == "failed" and failed.errors == [
         {
             "code": "validation_failed",
             "message": "the input file could not be checked (MemoryError: a reason of this batch's own)",
@@ -401,9 +399,7 @@ def test_workers_claiming_at_once_never_share_a_chunk_or_a_finalizing(store):
     content = embeddings_file(400)
     batch = new_batch(store, content)
     size = len(content) // 400
-    assert store.start(
-        batch["id"], [Chunk(batch["id"], n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in range(200)]
-    )
+    assert store.start(batch.id, [Chunk(batch.id, n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in range(200)])
 
     def claim_25(worker: str) -> list[int]:  # 8 workers x 25: every chunk, if no two ever take the same one
         claimed = [store.claim(worker, lease_seconds=600) for _ in range(25)]
@@ -413,15 +409,15 @@ def test_workers_claiming_at_once_never_share_a_chunk_or_a_finalizing(store):
         claims = list(pool.map(claim_25, [f"w{i}" for i in range(8)]))
     assert sorted(n for got in claims for n in got) == list(range(200)) and store.claim("late", 600) is None
 
-    row = store.get_batch(None, batch["id"])
+    row = store.get_batch(None, batch.id)
     with ThreadPoolExecutor(2) as pool:
         won = list(pool.map(lambda w: store.claim_finalizing(w, row, "completed", 600), ["a", "b"]))
     assert sorted(won) == [False, True]
     assert store.ready_to_finalize() == []  # claimed: no other worker finalizes it while the claim holds
     assert store.ready_to_finalize(now=time.time() + 601)[0][1] == "completed"  # its claim ran out: taken over
-    claimed = store.chunks(batch["id"])[0]
-    chunk = Chunk(batch["id"], 0, claimed["first_line"], 2, claimed["start_byte"], claimed["end_byte"])
-    assert not store.finish(claimed["claimed_by"], chunk, b"x\n", b"", 2, 0)  # being finalized: too late
+    claimed = store.chunks(batch.id)[0]
+    chunk = Chunk(batch.id, 0, claimed.first_line, 2, claimed.start_byte, claimed.end_byte)
+    assert not store.finish(claimed.claimed_by, chunk, b"x\n", b"", 2, 0)  # being finalized: too late
 
 
 def _started(store: BatchStore, owner: str, chunks: int) -> dict[str, Any]:
@@ -429,12 +425,12 @@ def _started(store: BatchStore, owner: str, chunks: int) -> dict[str, Any]:
     content = embeddings_file(chunks * 2)
     file = store.add_file(owner, "in.jsonl", "batch", content)
     batch = store.create_batch(
-        owner, endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h", window_seconds=86400,
+        owner, endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h", window_seconds=86400,
         metadata=None,
     )  # fmt: skip
     size = len(content) // (chunks * 2)
-    parts = [Chunk(batch["id"], n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in range(chunks)]
-    assert store.start(batch["id"], parts)
+    parts = [Chunk(batch.id, n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in range(chunks)]
+    assert store.start(batch.id, parts)
     return batch
 
 
@@ -444,13 +440,13 @@ def test_claims_take_turns_between_owners_so_a_small_batch_runs_beside_large_one
     large = [_started(store, OWNER, 10), _started(store, OWNER, 10)]
     small = _started(store, "owner-b", 1)
     claimed = [store.claim(f"w{i}", lease_seconds=600) for i in range(4)]
-    assert [c.batch_id for c in claimed] == [large[0]["id"], small["id"], large[0]["id"], large[0]["id"]]
+    assert [c.batch_id for c in claimed] == [large[0].id, small.id, large[0].id, large[0].id]
     assert store.finish("w0", claimed[0], b"{}\n{}\n", b"", 2, 0)  # a chunk of the first key ends: it runs 2 now
     third = _started(store, "owner-c", 2)
     # running now: the first key 2, the second 1 (its only chunk), the third none
-    assert store.claim("w4", lease_seconds=600).batch_id == third["id"]
-    assert store.claim("w5", lease_seconds=600).batch_id == third["id"]  # the second key has nothing left to claim
-    assert store.claim("w6", lease_seconds=600).batch_id == large[0]["id"]  # 2 running each: the oldest batch's key
+    assert store.claim("w4", lease_seconds=600).batch_id == third.id
+    assert store.claim("w5", lease_seconds=600).batch_id == third.id  # the second key has nothing left to claim
+    assert store.claim("w6", lease_seconds=600).batch_id == large[0].id  # 2 running each: the oldest batch's key
 
 
 def test_a_round_validates_one_batch_per_key_so_another_keys_batch_starts_at_once(store):
@@ -459,14 +455,14 @@ def test_a_round_validates_one_batch_per_key_so_another_keys_batch_starts_at_onc
     mine = [new_batch(store, embeddings_file(4)) for _ in range(3)]
     file = store.add_file("owner-b", "in.jsonl", "batch", embeddings_file(2))
     theirs = store.create_batch(
-        "owner-b", endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h",
+        "owner-b", endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h",
         window_seconds=86400, metadata=None,
     )  # fmt: skip
     worker = BatchWorker(store, pool, SETTINGS)
     assert asyncio.run(worker._housekeeping())
-    status = {b["id"]: store.get_batch(None, b["id"])["status"] for b in [*mine, theirs]}
-    assert [status[b["id"]] for b in mine] == ["in_progress", "validating", "validating"]
-    assert status[theirs["id"]] == "in_progress"
+    status = {b.id: store.get_batch(None, b.id).status for b in [*mine, theirs]}
+    assert [status[b.id] for b in mine] == ["in_progress", "validating", "validating"]
+    assert status[theirs.id] == "in_progress"
 
 
 def test_the_lines_of_a_file_are_read_a_block_at_a_time_with_their_numbers_and_offsets():
@@ -511,7 +507,7 @@ def test_files_without_a_row_and_rows_without_a_file_are_removed_once_old_enough
 
     kept = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(2))
     lost = store.add_file(OWNER, "lost.jsonl", "batch", embeddings_file(2))
-    store.file_path(lost["id"]).unlink()  # its file went: the row is left
+    store.file_path(lost.id).unlink()  # its file went: the row is left
     old = time.time() - 3600
     stray, partial, young = (store.root / "files" / n for n in ("file-stray", ".file-x.1a2b.tmp", "file-young"))
     for path in (stray, partial, young):
@@ -519,13 +515,13 @@ def test_files_without_a_row_and_rows_without_a_file_are_removed_once_old_enough
     for path in (stray, partial):
         os.utime(path, (old, old))
     with store._write() as db:  # the lost row is an hour old too
-        db.execute("UPDATE files SET created_at = ? WHERE id = ?", (int(old), lost["id"]))
+        db.execute("UPDATE files SET created_at = ? WHERE id = ?", (int(old), lost.id))
     worker = BatchWorker(store, pool, SETTINGS)
     asyncio.run(worker._housekeeping())
     assert worker.orphans_removed == 3
     assert not stray.exists() and not partial.exists() and young.exists()
-    assert store.get_file(OWNER, lost["id"]) is None and store.get_file(OWNER, kept["id"]) is not None
-    assert store.file_path(kept["id"]).exists()
+    assert store.get_file(OWNER, lost.id) is None and store.get_file(OWNER, kept.id) is not None
+    assert store.file_path(kept.id).exists()
     asyncio.run(worker._housekeeping())  # not again before sweep_seconds
     assert worker.orphans_removed == 3 and store.remove_orphans(grace_seconds=0) == 1  # the young one, now
 
@@ -536,18 +532,18 @@ def test_a_crash_while_finalizing_or_cleaning_up_is_finished_at_the_next_start(s
     content = embeddings_file(4)
     batch = new_batch(store, content)
     size = len(content) // 4
-    assert store.start(batch["id"], [Chunk(batch["id"], n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in (0, 1)])
+    assert store.start(batch.id, [Chunk(batch.id, n, n * 2, 2, n * 2 * size, (n + 1) * 2 * size) for n in (0, 1)])
     for _ in range(2):
         chunk = store.claim("dead", lease_seconds=600)
         assert chunk is not None and store.finish("dead", chunk, b"", b"", 2, 0)
-    assert store.claim_finalizing("dead", store.get_batch(None, batch["id"]), "completed", 600)  # then it dies
+    assert store.claim_finalizing("dead", store.get_batch(None, batch.id), "completed", 600)  # then it dies
     assert store.ready_to_finalize() == []  # another replica would wait for the claim to run out
     store.release_claims()  # the single server starting again: no claim of the dead process holds
-    assert [(b["id"], ending) for b, ending in store.ready_to_finalize()] == [(batch["id"], "completed")]
-    asyncio.run(serve(store, finished(store, batch["id"])))
-    assert store.get_batch(None, batch["id"])["status"] == "completed"
+    assert [(b.id, ending) for b, ending in store.ready_to_finalize()] == [(batch.id, "completed")]
+    asyncio.run(serve(store, finished(store, batch.id)))
+    assert store.get_batch(None, batch.id).status == "completed"
 
-    closed, running = store.root / "parts" / batch["id"], store.root / "parts" / new_batch(store, b"")["id"]
+    closed, running = store.root / "parts" / batch.id, store.root / "parts" / new_batch(store, b"").id
     closed.mkdir(parents=True, exist_ok=True)
     (closed / "0.dead.1.out").write_bytes(b"{}\n")  # the crash came between closing and removing its parts
     running.mkdir()
@@ -563,16 +559,16 @@ def test_a_finalizing_claim_is_renewed_while_the_files_are_written(store, tmp_pa
 
     def write_slowly(self, row, ending):
         time.sleep(2.5)  # more than ten leases of 0.2 s: only renewals keep the claim
-        taken.append(store.claim_finalizing("other", store.get_batch(None, row["id"]), ending, 0.2))
+        taken.append(store.claim_finalizing("other", store.get_batch(None, row.id), ending, 0.2))
         return slow(self, row, ending)
 
     monkeypatch.setattr(BatchWorker, "_write_results", write_slowly)
-    asyncio.run(serve(store, finished(store, batch["id"]), lease_seconds=0.2))
-    assert taken == [False] and store.get_batch(None, batch["id"])["status"] == "completed"
+    asyncio.run(serve(store, finished(store, batch.id), lease_seconds=0.2))
+    assert taken == [False] and store.get_batch(None, batch.id).status == "completed"
 
     row = new_batch(store, embeddings_file(2))
     assert store.claim_finalizing("a", row, "cancelled", 600)
-    assert store.renew_finalizing("a", row["id"], 600) and not store.renew_finalizing("b", row["id"], 600)
+    assert store.renew_finalizing("a", row.id, 600) and not store.renew_finalizing("b", row.id, 600)
 
 
 def test_creates_at_once_never_pass_the_limit_of_unfinished_batches(store):
@@ -591,7 +587,7 @@ def test_creates_at_once_never_pass_the_limit_of_unfinished_batches(store):
         start.wait()
         try:
             store.create_batch(
-                OWNER, endpoint="/v1/embeddings", input_file_id=file["id"], completion_window="24h",
+                OWNER, endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h",
                 window_seconds=86400, metadata=None, max_active=4,
             )  # fmt: skip
         except TooManyBatchesError as exc:
@@ -608,17 +604,17 @@ def test_only_the_worker_holding_the_finalizing_closes_a_batch(store):
     """A finalizer whose claim ran out and was taken over cannot close the batch: the one holding it does, once."""
     batch = new_batch(store, embeddings_file(2))
     size = len(embeddings_file(2)) // 2
-    assert store.start(batch["id"], [Chunk(batch["id"], 0, 0, 2, 0, 2 * size)])
+    assert store.start(batch.id, [Chunk(batch.id, 0, 0, 2, 0, 2 * size)])
     chunk = store.claim("w", 600)
     assert chunk is not None and store.finish("w", chunk, b"", b"", 2, 0)
-    assert store.claim_finalizing("slow", store.get_batch(None, batch["id"]), "completed", 0.01)
+    assert store.claim_finalizing("slow", store.get_batch(None, batch.id), "completed", 0.01)
     time.sleep(0.05)  # the slow finalizer's claim runs out; another takes it over
-    assert store.claim_finalizing("fast", store.get_batch(None, batch["id"]), "completed", 600)
-    assert not store.close_batch("slow", batch["id"], "completed", "file-slow", None)
-    assert store.get_batch(None, batch["id"])["status"] == "finalizing"
-    assert store.close_batch("fast", batch["id"], "completed", "file-fast", None)
-    assert not store.close_batch("fast", batch["id"], "completed", "file-again", None)  # closed once
-    assert store.get_batch(None, batch["id"])["output_file_id"] == "file-fast"
+    assert store.claim_finalizing("fast", store.get_batch(None, batch.id), "completed", 600)
+    assert not store.close_batch("slow", batch.id, "completed", "file-slow", None)
+    assert store.get_batch(None, batch.id).status == "finalizing"
+    assert store.close_batch("fast", batch.id, "completed", "file-fast", None)
+    assert not store.close_batch("fast", batch.id, "completed", "file-again", None)  # closed once
+    assert store.get_batch(None, batch.id).output_file_id == "file-fast"
 
 
 def test_closing_the_sqlite_store_closes_every_thread_connection(tmp_path):
@@ -705,7 +701,7 @@ def test_a_chunk_whose_claim_cannot_be_renewed_is_given_up_after_one_lease(store
         raise DatabaseUnavailableError("PostgreSQL at db:5432: connection refused")
 
     async def run() -> float:
-        await worker.validate(store.get_batch(None, batch["id"]))
+        await worker.validate(store.get_batch(None, batch.id))
         chunk = store.claim(worker.name, 0.6)
         monkeypatch.setattr(worker_module, "run_line", never_done)
         read = store.get_batch
@@ -763,13 +759,13 @@ def test_leases_are_read_on_the_database_clock_so_a_replica_ahead_in_time_takes_
     their leases are set and read on the database's clock, not each host's."""
     content = embeddings_file(2)
     batch = new_batch(store, content)
-    assert store.start(batch["id"], [Chunk(batch["id"], 0, 0, 2, 0, len(content))])
+    assert store.start(batch.id, [Chunk(batch.id, 0, 0, 2, 0, len(content))])
     assert store.claim("replica-a", lease_seconds=60) is not None
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 600)  # this host's clock, ten minutes ahead
     assert store.claim("replica-b", lease_seconds=60) is None
-    assert not store.renew("replica-b", Chunk(batch["id"], 0, 0, 2, 0, len(content)), 60)
-    assert store.renew("replica-a", Chunk(batch["id"], 0, 0, 2, 0, len(content)), 60)
+    assert not store.renew("replica-b", Chunk(batch.id, 0, 0, 2, 0, len(content)), 60)
+    assert store.renew("replica-a", Chunk(batch.id, 0, 0, 2, 0, len(content)), 60)
 
 
 def test_an_error_quotes_at_most_200_characters_of_a_line_so_the_batch_object_stays_small(store):
@@ -777,18 +773,18 @@ def test_an_error_quotes_at_most_200_characters_of_a_line_so_the_batch_object_st
     huge = "/v1/" + "x" * 1_000_000
     content = b"".join(line(f"req-{i}", {"input": "x"}, url=huge) for i in range(60))
     batch = new_batch(store, content)
-    asyncio.run(serve(store, finished(store, batch["id"])))
-    failed = store.get_batch(OWNER, batch["id"])
-    errors = json.loads(failed["errors"])
-    assert failed["status"] == "failed" and len(errors) == 10  # the object lists ten ...
+    asyncio.run(serve(store, finished(store, batch.id)))
+    failed = store.get_batch(OWNER, batch.id)
+    errors = failed.errors
+    assert failed.status == "failed" and len(errors) == 10  # the object lists ten ...
     assert all(e["code"] == "mismatched_url" and len(e["message"]) < 400 for e in errors)
     assert "(1000004 characters)" in errors[0]["message"]
-    assert len(failed["errors"]) < 5_000
-    in_file = read_lines(store, failed["error_file_id"])  # ... its error file every one, with its line
+    assert len(failed.errors) < 5_000
+    in_file = read_lines(store, failed.error_file_id)  # ... its error file every one, with its line
     assert [(e["custom_id"], e["error"]["code"], e["error"]["line"]) for e in in_file] == [
         (None, "mismatched_url", n) for n in range(1, 61)
     ]
-    assert store.get_file(OWNER, failed["error_file_id"])["purpose"] == "batch_output"
+    assert store.get_file(OWNER, failed.error_file_id).purpose == "batch_output"
 
 
 def test_a_file_whose_row_cannot_be_written_leaves_nothing_on_disk(store, monkeypatch):
@@ -827,6 +823,48 @@ def test_the_store_names_a_batchs_result_files_and_writing_one_again_replaces_it
     again = store.add_result_file("alice", "batch_abc", "output", [b'{"a": 1}\n{"b": 2}\n'])
     assert first == again == "file-abc-output"
     row = store.get_file("alice", first)
-    assert (row["filename"], row["purpose"], row["bytes"]) == ("batch_abc_output.jsonl", "batch_output", 18)
-    assert [f["id"] for f in store.list_files("alice")] == ["file-abc-output"]
+    assert (row.filename, row.purpose, row.bytes) == ("batch_abc_output.jsonl", "batch_output", 18)
+    assert [f.id for f in store.list_files("alice")] == ["file-abc-output"]
     assert store.add_result_file("alice", "batch_abc", "errors", [b""]) is None  # nothing to say: no file
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
+def test_a_database_of_the_earlier_shape_is_opened_with_its_finalizing_claim_as_a_lease(request, tmp_path, kind):
+    """Databases made before chunks and finalizing shared one lease shape name the finalizing claim
+    ``finalizer``/``finalize_until``: opening one renames them, keeps a live claim live, and opens again."""
+    database = PostgresDatabase(request.getfixturevalue("postgres_url")) if kind == "postgres" else None
+    database = database or SqliteDatabase(tmp_path / "batches.db")
+    old = SCHEMA.replace(
+        "claimed_by TEXT,\n    lease_until {real}\n);", "finalizer TEXT,\n    finalize_until {real}\n);", 1
+    )
+    assert old != SCHEMA and "finalizer TEXT" in old
+    with database.write() as db:
+        for statement in old.format(**database.words).split(";"):
+            if statement.strip():
+                db.execute(statement)
+        until = time.time() + 600
+        db.execute(
+            "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, created_at, "
+            "expires_at, finalizer, finalize_until, ending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                "batch_old",
+                OWNER,
+                "/v1/embeddings",
+                "file-x",
+                "24h",
+                "finalizing",
+                1,
+                int(until),
+                "w-old",
+                until,
+                "completed",
+            ),
+        )
+    store = BatchStore(tmp_path, database)
+    batch = store.get_batch(OWNER, "batch_old")
+    assert batch is not None and (batch.claimed_by, batch.lease_until) == ("w-old", pytest.approx(until))
+    assert store.ready_to_finalize() == [] and not store.claim_finalizing("w-new", batch, "completed", 60)
+    assert store.renew_finalizing("w-old", "batch_old", 60) and not store.renew_finalizing("w-new", "batch_old", 60)
+    again = BatchStore(tmp_path, database)  # renamed once: a second open finds the new names
+    assert again.get_batch(None, "batch_old") == store.get_batch(None, "batch_old")
+    store.close()

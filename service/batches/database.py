@@ -36,6 +36,7 @@ class DatabaseUnavailableError(UnavailableError):
 
 class Cursor(Protocol):
     rowcount: int
+    description: Any  # the columns of a SELECT: each a sequence whose first item is the column's name
 
     def fetchone(self) -> Any: ...
 

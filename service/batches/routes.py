@@ -10,7 +10,7 @@ that does not exist.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -34,7 +34,7 @@ from service.batches.schemas import (
     file_object,
 )
 from service.batches.service import BatchService
-from service.batches.store import BatchStore
+from service.batches.store import BatchRow, BatchStore, FileRow
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
 from service.schemas import ErrorResponse
@@ -66,12 +66,12 @@ async def _store(state: State) -> BatchStore:
     return opened if opened is not None else await asyncio.to_thread(batches.store)
 
 
-def _page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+def _page(rows: Sequence[FileRow | BatchRow], limit: int) -> dict[str, Any]:
     """A list object's paging fields for the first ``limit`` of ``rows`` (asked for one more than the page)."""
     shown = rows[:limit]
     return {
-        "first_id": shown[0]["id"] if shown else None,
-        "last_id": shown[-1]["id"] if shown else None,
+        "first_id": shown[0].id if shown else None,
+        "last_id": shown[-1].id if shown else None,
         "has_more": len(rows) > limit,
     }
 
@@ -184,7 +184,7 @@ async def create_batch(data: CreateBatchRequest, request: Request[Any, Any, Any]
     seconds = WINDOW_SECONDS[data.completion_window]
     store, owner = await _store(state), owner_of(request)
     file = await asyncio.to_thread(store.get_file, owner, data.input_file_id)
-    if file is None or file["purpose"] != "batch":
+    if file is None or file.purpose != "batch":
         raise _not_found("input_file", data.input_file_id)
     row = await asyncio.to_thread(
         store.create_batch,

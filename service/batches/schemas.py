@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 from msgspec import Meta
 
+from service.batches.store import BatchRow, FileRow
 from service.endpoints import BATCH_URLS
 
 WINDOW_SECONDS = {"24h": 86_400}
@@ -112,37 +112,37 @@ class CreateBatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     metadata: Metadata | None = None
 
 
-def file_object(row: dict[str, Any]) -> FileObject:
+def file_object(row: FileRow) -> FileObject:
     return FileObject(
-        id=row["id"],
-        bytes=row["bytes"],
-        created_at=row["created_at"],
-        filename=row["filename"],
-        purpose=row["purpose"],
-        expires_at=row["expires_at"],
+        id=row.id,
+        bytes=row.bytes,
+        created_at=row.created_at,
+        filename=row.filename,
+        purpose=row.purpose,
+        expires_at=row.expires_at,
     )
 
 
-def batch_object(row: dict[str, Any]) -> BatchObject:
-    errors = json.loads(row["errors"]) if row["errors"] else None
+def batch_object(row: BatchRow) -> BatchObject:
+    errors = row.errors
     return BatchObject(
-        id=row["id"],
-        endpoint=row["endpoint"],
+        id=row.id,
+        endpoint=row.endpoint,
         errors=BatchErrors(data=[BatchError(**e) for e in errors]) if errors else None,
-        input_file_id=row["input_file_id"],
-        completion_window=row["completion_window"],
-        status=row["status"],
-        output_file_id=row["output_file_id"],
-        error_file_id=row["error_file_id"],
-        created_at=row["created_at"],
-        in_progress_at=row["in_progress_at"],
-        expires_at=row["expires_at"],
-        finalizing_at=row["finalizing_at"],
-        completed_at=row["completed_at"],
-        failed_at=row["failed_at"],
-        expired_at=row["expired_at"],
-        cancelling_at=row["cancelling_at"],
-        cancelled_at=row["cancelled_at"],
-        request_counts=RequestCounts(total=row["total"], completed=row["completed"], failed=row["failed"]),
-        metadata=json.loads(row["metadata"]) if row["metadata"] else None,
+        input_file_id=row.input_file_id,
+        completion_window=row.completion_window,
+        status=row.status,
+        output_file_id=row.output_file_id,
+        error_file_id=row.error_file_id,
+        created_at=row.created_at,
+        in_progress_at=row.in_progress_at,
+        expires_at=row.expires_at,
+        finalizing_at=row.finalizing_at,
+        completed_at=row.completed_at,
+        failed_at=row.failed_at,
+        expired_at=row.expired_at,
+        cancelling_at=row.cancelling_at,
+        cancelled_at=row.cancelled_at,
+        request_counts=RequestCounts(total=row.total, completed=row.completed, failed=row.failed),
+        metadata=row.metadata,
     )

@@ -12,13 +12,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from embedrank.serving.pool import ModelPool
 from service.batches.database import DatabaseUnavailableError, PostgresDatabase
-from service.batches.store import ACTIVE, BatchStore
+from service.batches.store import ACTIVE, BatchRow, BatchStore
 from service.batches.worker import RETRY_SECONDS, BatchWorker
 from service.settings import Settings
 
@@ -112,7 +111,7 @@ class BatchService:
             "Files without a row, and file rows without a file, this process removed from the Batch API's store",
         )
         orphans.add_metric([], self.worker.orphans_removed if self.worker is not None else 0)
-        rows: list[dict[str, Any]] = []
+        rows: list[BatchRow] = []
         if self._store is not None:
             try:
                 rows = self._store.batches_in(*ACTIVE)
@@ -121,13 +120,13 @@ class BatchService:
         unfinished.add_metric([], len(rows))
         if by_batch:
             for row in rows:
-                waiting.add_metric([row["id"]], row["total"] - row["completed"] - row["failed"])
-                done.add_metric([row["id"], "completed"], row["completed"])
-                done.add_metric([row["id"], "failed"], row["failed"])
+                waiting.add_metric([row.id], row.total - row.completed - row.failed)
+                done.add_metric([row.id, "completed"], row.completed)
+                done.add_metric([row.id, "failed"], row.failed)
         else:
-            waiting.add_metric([], sum(row["total"] - row["completed"] - row["failed"] for row in rows))
-            done.add_metric(["completed"], sum(row["completed"] for row in rows))
-            done.add_metric(["failed"], sum(row["failed"] for row in rows))
+            waiting.add_metric([], sum(row.total - row.completed - row.failed for row in rows))
+            done.add_metric(["completed"], sum(row.completed for row in rows))
+            done.add_metric(["failed"], sum(row.failed for row in rows))
         full = GaugeMetricFamily(
             "embedrank_batch_store_full_seconds",
             "How long the Batch API's store has been out of disk space, batches waiting (0: it has room)",

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+
 from service.batches.database import Connection, Database, SqliteDatabase
 from service.errors import InsufficientStorageError, StoreError
 
@@ -69,8 +71,8 @@ CREATE TABLE IF NOT EXISTS batches (
     error_file_id TEXT,
     errors TEXT,
     ending TEXT,
-    finalizer TEXT,
-    finalize_until {real}
+    claimed_by TEXT,
+    lease_until {real}
 );
 CREATE INDEX IF NOT EXISTS batches_by_owner ON batches (owner, seq);
 CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
@@ -91,9 +93,20 @@ CREATE TABLE IF NOT EXISTS chunks (
 );
 """
 
-ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+Ending = Literal["completed", "cancelled", "expired"]
+"""How a finalized batch ends."""
+BatchStatus = Literal[
+    "validating", "in_progress", "finalizing", "cancelling", "failed", "completed", "expired", "cancelled"
+]
+
+
+RENAMED_COLUMNS = (("finalizer", "claimed_by"), ("finalize_until", "lease_until"))
+"""Columns of ``batches`` that databases of version 0.2 and earlier name otherwise (the claim on finalizing
+was a lease of its own shape): renamed when the store opens one."""
+
+ACTIVE: tuple[BatchStatus, ...] = ("validating", "in_progress", "finalizing", "cancelling")
 """Statuses of a batch that is not finished: it counts against its key's batches in flight."""
-FINISHED = ("failed", "completed", "expired", "cancelled")
+FINISHED: tuple[BatchStatus, ...] = ("failed", "completed", "expired", "cancelled")
 
 
 class TooManyBatchesError(StoreError):
@@ -127,6 +140,91 @@ ORPHAN_GRACE_SECONDS = 600.0
 
 OBJECT_ERRORS = 10
 """The errors a failed batch's object lists at most (OpenAI's list a few); the rest are in its error file."""
+
+
+class FileRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A file: an uploaded batch input, or a batch's output or error file (``purpose`` ``batch_output``)."""
+
+    id: str
+    owner: str
+    filename: str
+    purpose: str
+    bytes: int
+    created_at: int
+    expires_at: int | None = None
+
+
+class BatchRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A batch: OpenAI's batch object's fields, its owner, and the claim on finalizing it (``claimed_by`` until
+    ``lease_until``, the lease every chunk has too)."""
+
+    seq: int
+    id: str
+    owner: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    metadata: dict[str, str] | None
+    status: BatchStatus
+    created_at: int
+    expires_at: int
+    in_progress_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    total: int
+    completed: int
+    failed: int
+    output_file_id: str | None
+    error_file_id: str | None
+    errors: list[dict[str, Any]] | None
+    ending: Ending | None
+    claimed_by: str | None
+    lease_until: float | None
+
+
+class ChunkRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A chunk's row: where its lines are, its state, its claim (``claimed_by`` until ``lease_until``) and,
+    once done, its part files' name and counts."""
+
+    batch_id: str
+    number: int
+    first_line: int
+    lines: int
+    start_byte: int
+    end_byte: int
+    state: Literal["pending", "claimed", "done"]
+    claimed_by: str | None
+    lease_until: float | None
+    part: str | None
+    completed: int
+    failed: int
+
+    @property
+    def chunk(self) -> Chunk:
+        return Chunk(self.batch_id, self.number, self.first_line, self.lines, self.start_byte, self.end_byte)
+
+
+def _file(row: Any) -> FileRow:
+    found = dict(row)
+    found.pop("seq", None)
+    return msgspec.convert(found, FileRow)
+
+
+def _batch(row: Any) -> BatchRow:
+    found = dict(row)  # metadata and errors are JSON text in the database
+    for name in ("metadata", "errors"):
+        found[name] = json.loads(found[name]) if found[name] else None
+    return msgspec.convert(found, BatchRow)
+
+
+def _lease_free(table: str = "") -> str:
+    """The SQL condition (one parameter: now) of a row whose claim is free, the row of ``table`` (an alias with
+    its dot, ``c.``) in a join: never claimed, or its lease ran out."""
+    return f"({table}lease_until IS NULL OR {table}lease_until < ?)"
 
 
 def new_id(prefix: str) -> str:
@@ -168,6 +266,10 @@ class BatchStore:
             for statement in SCHEMA.format(**self.db.words).split(";"):
                 if statement.strip():
                     db.execute(statement)
+            columns = {column[0] for column in db.execute("SELECT * FROM batches LIMIT 0").description}
+            for old, new in RENAMED_COLUMNS:  # a database made by an earlier version: its columns renamed in place
+                if old in columns:
+                    db.execute(f"ALTER TABLE batches RENAME COLUMN {old} TO {new}")
 
     def _db(self) -> Connection:
         return self.db.connection()
@@ -184,32 +286,26 @@ class BatchStore:
     def file_path(self, file_id: str) -> Path:
         return self.root / "files" / file_id
 
-    def add_file(self, owner: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+    def add_file(self, owner: str, filename: str, purpose: str, content: bytes) -> FileRow:
         """Store ``content`` as a file of ``owner`` (written and synced before its row exists, removed if the row
         cannot be written). Returns its row."""
         file_id = new_id("file-")
         check_room(self.root / "files", len(content))
         _write_synced(self.file_path(file_id), [content])
-        row = {
-            "id": file_id,
-            "owner": owner,
-            "filename": filename,
-            "purpose": purpose,
-            "bytes": len(content),
-            "created_at": int(time.time()),
-            "expires_at": None,
-        }
+        row = FileRow(
+            id=file_id, owner=owner, filename=filename, purpose=purpose, bytes=len(content), created_at=int(time.time())
+        )
         try:
             with self._write() as db:
                 db.execute(
                     "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    tuple(row.values()),
+                    msgspec.structs.astuple(row),
                 )
         except BaseException:  # no row: the file would be one nothing can list or delete
             self.file_path(file_id).unlink(missing_ok=True)
             raise
-        return {"seq": None, **row}
+        return row
 
     def add_result_file(
         self, owner: str, batch_id: str, which: Literal["output", "errors"], parts: Sequence[Path | bytes]
@@ -231,9 +327,9 @@ class BatchStore:
             )
         return file_id
 
-    def get_file(self, owner: str, file_id: str) -> dict[str, Any] | None:
+    def get_file(self, owner: str, file_id: str) -> FileRow | None:
         row = self._db().execute("SELECT * FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
-        return dict(row) if row is not None else None
+        return _file(row) if row is not None else None
 
     def list_files(
         self,
@@ -243,7 +339,7 @@ class BatchStore:
         after: str | None = None,
         limit: int = 10000,
         order: str = "desc",
-    ) -> list[dict[str, Any]]:
+    ) -> list[FileRow]:
         """``owner``'s files, newest first (``order="asc"``: oldest first), those after the file ``after`` in
         that order, at most ``limit``."""
         sign = "<" if order == "desc" else ">"
@@ -257,7 +353,7 @@ class BatchStore:
             args += [after, owner]
         query += f" ORDER BY seq {order} LIMIT ?"
         args.append(limit)
-        return [dict(r) for r in self._db().execute(query, args)]
+        return [_file(r) for r in self._db().execute(query, args)]
 
     def delete_file(self, owner: str, file_id: str) -> bool:
         """Delete ``owner``'s file; False when there is none.
@@ -294,7 +390,7 @@ class BatchStore:
         window_seconds: int,
         metadata: dict[str, str] | None,
         max_active: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> BatchRow:
         """A new batch of ``owner`` in status ``validating``. Returns its row.
 
         Raises:
@@ -329,15 +425,15 @@ class BatchStore:
         assert found is not None
         return found
 
-    def get_batch(self, owner: str | None, batch_id: str) -> dict[str, Any] | None:
+    def get_batch(self, owner: str | None, batch_id: str) -> BatchRow | None:
         """The batch ``batch_id`` if ``owner`` made it (``owner=None``: whoever did; for the worker)."""
         if owner is None:
             row = self._db().execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
         else:
             row = self._db().execute("SELECT * FROM batches WHERE id = ? AND owner = ?", (batch_id, owner)).fetchone()
-        return dict(row) if row is not None else None
+        return _batch(row) if row is not None else None
 
-    def list_batches(self, owner: str, *, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    def list_batches(self, owner: str, *, after: str | None = None, limit: int = 20) -> list[BatchRow]:
         """``owner``'s batches, newest first, those after the batch ``after``, at most ``limit``."""
         query = "SELECT * FROM batches WHERE owner = ?"
         args: list[Any] = [owner]
@@ -346,7 +442,7 @@ class BatchStore:
             args += [after, owner]
         query += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
-        return [dict(r) for r in self._db().execute(query, args)]
+        return [_batch(r) for r in self._db().execute(query, args)]
 
     def active_batches(self, owner: str) -> int:
         """How many of ``owner``'s batches are not finished."""
@@ -358,11 +454,11 @@ class BatchStore:
         query = f"SELECT COUNT(*) AS n FROM batches WHERE owner = ? AND status IN ({marks})"
         return int(db.execute(query, (owner, *ACTIVE)).fetchone()["n"])
 
-    def batches_in(self, *statuses: str) -> list[dict[str, Any]]:
+    def batches_in(self, *statuses: BatchStatus) -> list[BatchRow]:
         """Every batch in one of ``statuses``, oldest first (for the worker)."""
         marks = ", ".join("?" * len(statuses))
         query = f"SELECT * FROM batches WHERE status IN ({marks}) ORDER BY seq"
-        return [dict(r) for r in self._db().execute(query, statuses)]
+        return [_batch(r) for r in self._db().execute(query, statuses)]
 
     def start(self, batch_id: str, chunks: list[Chunk]) -> bool:
         """A validated batch cut into ``chunks``: status ``in_progress`` (``finalizing`` at once when it has no
@@ -415,7 +511,7 @@ class BatchStore:
         if not failed and error_file_id is not None:  # cancelled meanwhile: its error file is nobody's
             self.delete_file(row["owner"], error_file_id)
 
-    def cancel(self, owner: str, batch_id: str) -> dict[str, Any] | None:
+    def cancel(self, owner: str, batch_id: str) -> BatchRow | None:
         """Ask ``owner``'s batch to stop: ``cancelling`` until the chunks in flight are done (a batch still
         validating is cancelled at once); a finished batch is left as it is. None when there is no such batch."""
         now = int(time.time())
@@ -460,8 +556,7 @@ class BatchStore:
                     "SELECT c.batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte FROM chunks c "
                     "JOIN batches b ON b.id = c.batch_id "
                     "WHERE b.owner = ? AND b.status = 'in_progress' AND b.expires_at > ? AND c.state != 'done' "
-                    "AND (c.lease_until IS NULL OR c.lease_until < ?) ORDER BY b.seq, c.number LIMIT 1 "
-                    + self.db.words["skip_locked"],
+                    f"AND {_lease_free('c.')} ORDER BY b.seq, c.number LIMIT 1 " + self.db.words["skip_locked"],
                     (found["owner"], int(now), now),
                 ).fetchone()
                 if row is not None:
@@ -476,11 +571,22 @@ class BatchStore:
 
     def renew(self, worker: str, chunk: Chunk, lease_seconds: float) -> bool:
         """Extend ``worker``'s claim on ``chunk``; False when it has lost it."""
+        return self._renew(
+            "chunks",
+            "batch_id = ? AND number = ? AND state = 'claimed'",
+            (chunk.batch_id, chunk.number),
+            worker,
+            lease_seconds,
+        )
+
+    def _renew(self, table: str, held: str, key: tuple[Any, ...], worker: str, lease_seconds: float) -> bool:
+        """Extend ``worker``'s lease on the row of ``table`` that ``held`` (SQL, its parameters ``key``) finds
+        while the claim holds; False when it holds no more (the lease ran out and another worker took it). One
+        lease for chunks and finalizing: ``claimed_by`` until ``lease_until``, on the database's clock."""
         with self._write() as db:
             changed = db.execute(
-                "UPDATE chunks SET lease_until = ? WHERE batch_id = ? AND number = ? AND claimed_by = ? "
-                "AND state = 'claimed'",
-                (self._now(db) + lease_seconds, chunk.batch_id, chunk.number, worker),
+                f"UPDATE {table} SET lease_until = ? WHERE {held} AND claimed_by = ?",
+                (self._now(db) + lease_seconds, *key, worker),
             ).rowcount
         return bool(changed)
 
@@ -500,7 +606,7 @@ class BatchStore:
             db.execute(
                 "UPDATE chunks SET state = 'pending', claimed_by = NULL, lease_until = NULL WHERE state = 'claimed'"
             )
-            db.execute("UPDATE batches SET finalizer = NULL, finalize_until = NULL WHERE status = 'finalizing'")
+            db.execute("UPDATE batches SET claimed_by = NULL, lease_until = NULL WHERE status = 'finalizing'")
 
     def remove_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
         """Remove what no row and no file accounts for, once older than ``grace_seconds`` (a file is written before
@@ -575,12 +681,12 @@ class BatchStore:
             err_path.unlink(missing_ok=True)
         return bool(changed)
 
-    def chunks(self, batch_id: str) -> list[dict[str, Any]]:
-        return [
-            dict(r) for r in self._db().execute("SELECT * FROM chunks WHERE batch_id = ? ORDER BY number", (batch_id,))
-        ]
+    def chunks(self, batch_id: str) -> list[ChunkRow]:
+        """``batch_id``'s chunks, in line order."""
+        rows = self._db().execute("SELECT * FROM chunks WHERE batch_id = ? ORDER BY number", (batch_id,))
+        return [msgspec.convert(dict(r), ChunkRow) for r in rows]
 
-    def ready_to_finalize(self, now: float | None = None) -> list[tuple[dict[str, Any], str]]:
+    def ready_to_finalize(self, now: float | None = None) -> list[tuple[BatchRow, Ending]]:
         """Batches to finalize, each with the status it ends in: ``completed`` (every chunk done),
         ``cancelled`` (cancelling, and no chunk claimed under a live lease), ``expired`` (past its window),
         or a batch left ``finalizing`` by a crash."""
@@ -591,24 +697,25 @@ class BatchStore:
             "COUNT(CASE WHEN c.state = 'claimed' AND c.lease_until >= ? THEN 1 END) AS live "
             "FROM batches b LEFT JOIN chunks c ON c.batch_id = b.id "
             "WHERE b.status IN ('in_progress', 'cancelling', 'finalizing') "
-            "AND (b.finalize_until IS NULL OR b.finalize_until < ?) GROUP BY b.seq ORDER BY b.seq",
+            f"AND {_lease_free('b.')} GROUP BY b.seq ORDER BY b.seq",
             (now, now),
         )
-        out = []
+        out: list[tuple[BatchRow, Ending]] = []
         for row in rows:
-            batch = dict(row)
-            unfinished, live = batch.pop("unfinished"), batch.pop("live")
-            if batch["status"] == "finalizing":
-                out.append((batch, batch["ending"] or "completed"))
+            found = dict(row)
+            unfinished, live = found.pop("unfinished"), found.pop("live")
+            batch = _batch(found)
+            if batch.status == "finalizing":
+                out.append((batch, batch.ending or "completed"))
             elif not unfinished:
-                out.append((batch, "completed" if batch["status"] == "in_progress" else "cancelled"))
-            elif batch["status"] == "cancelling" and not live:
+                out.append((batch, "completed" if batch.status == "in_progress" else "cancelled"))
+            elif batch.status == "cancelling" and not live:
                 out.append((batch, "cancelled"))
-            elif batch["expires_at"] <= now and not live:
+            elif batch.expires_at <= now and not live:
                 out.append((batch, "expired"))
         return out
 
-    def claim_finalizing(self, worker: str, batch: dict[str, Any], final: str, lease_seconds: float) -> bool:
+    def claim_finalizing(self, worker: str, batch: BatchRow, final: Ending, lease_seconds: float) -> bool:
         """Claim the finalizing of ``batch`` (a row of :meth:`ready_to_finalize`) for ``worker``, for
         ``lease_seconds``: status ``finalizing``, remembering the status it ends in (a crash while finalizing
         ends the same, once the claim runs out). False when its status changed since it was read, or
@@ -617,24 +724,19 @@ class BatchStore:
             now = self._now(db)
             changed = db.execute(
                 "UPDATE batches SET status = 'finalizing', finalizing_at = COALESCE(finalizing_at, ?), "
-                "ending = COALESCE(ending, ?), finalizer = ?, finalize_until = ? "
-                "WHERE id = ? AND status = ? AND (finalize_until IS NULL OR finalize_until < ?)",
-                (int(now), final, worker, now + lease_seconds, batch["id"], batch["status"], now),
+                "ending = COALESCE(ending, ?), claimed_by = ?, lease_until = ? "
+                f"WHERE id = ? AND status = ? AND {_lease_free()}",
+                (int(now), final, worker, now + lease_seconds, batch.id, batch.status, now),
             ).rowcount
         return bool(changed)
 
     def renew_finalizing(self, worker: str, batch_id: str, lease_seconds: float) -> bool:
         """Extend ``worker``'s claim on finalizing ``batch_id`` by ``lease_seconds`` from now; False when the
         claim is no longer its own (it ran out and another worker took it)."""
-        with self._write() as db:
-            changed = db.execute(
-                "UPDATE batches SET finalize_until = ? WHERE id = ? AND finalizer = ? AND status = 'finalizing'",
-                (self._now(db) + lease_seconds, batch_id, worker),
-            ).rowcount
-        return bool(changed)
+        return self._renew("batches", "id = ? AND status = 'finalizing'", (batch_id,), worker, lease_seconds)
 
     def close_batch(
-        self, worker: str, batch_id: str, final: str, output_file_id: str | None, error_file_id: str | None
+        self, worker: str, batch_id: str, final: Ending, output_file_id: str | None, error_file_id: str | None
     ) -> bool:
         """The end of finalizing: the files written, the status ``final`` with its timestamp, the batch's parts
         removed. Only by the ``worker`` that holds the finalizing claim: False (nothing changed) when another
@@ -643,7 +745,7 @@ class BatchStore:
         with self._write() as db:
             closed = db.execute(
                 f"UPDATE batches SET status = ?, {stamp} = ?, output_file_id = ?, error_file_id = ?, "
-                "finalizer = NULL, finalize_until = NULL WHERE id = ? AND status = 'finalizing' AND finalizer = ?",
+                "claimed_by = NULL, lease_until = NULL WHERE id = ? AND status = 'finalizing' AND claimed_by = ?",
                 (final, int(time.time()), output_file_id, error_file_id, batch_id, worker),
             ).rowcount
         if closed:

@@ -34,7 +34,7 @@ from service.batches.lines import (
     run_line,
     unrun_line,
 )
-from service.batches.store import BatchStore, Chunk
+from service.batches.store import BatchRow, BatchStore, Chunk, Ending
 from service.context import Context
 from service.errors import InsufficientStorageError
 from service.settings import Settings
@@ -159,7 +159,7 @@ class BatchWorker:
             except Exception as exc:
                 await self._validation_failed(batch, exc)
             else:
-                self._failures.pop(batch["id"], None)
+                self._failures.pop(batch.id, None)
                 self._room_again()
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + self.sweep_seconds
@@ -175,52 +175,52 @@ class BatchWorker:
             except (DatabaseUnavailableError, InsufficientStorageError):
                 raise
             except Exception as exc:
-                logger.error("batch %s: finalizing failed (%s: %s); trying again", batch["id"], type(exc).__name__, exc)
-                logger.debug("batch %s: finalizing failed", batch["id"], exc_info=exc)
+                logger.error("batch %s: finalizing failed (%s: %s); trying again", batch.id, type(exc).__name__, exc)
+                logger.debug("batch %s: finalizing failed", batch.id, exc_info=exc)
         return bool(validating or finishing)
 
-    async def _validation_failed(self, batch: dict[str, Any], exc: Exception) -> None:
-        tries = self._failures[batch["id"]] = self._failures.get(batch["id"], 0) + 1
+    async def _validation_failed(self, batch: BatchRow, exc: Exception) -> None:
+        tries = self._failures[batch.id] = self._failures.get(batch.id, 0) + 1
         reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-        logger.debug("batch %s: validation failed", batch["id"], exc_info=exc)
+        logger.debug("batch %s: validation failed", batch.id, exc_info=exc)
         if tries < VALIDATION_TRIES:
             logger.error(
                 "batch %s: validation failed (%s); trying again (%d of %d)",
-                batch["id"],
+                batch.id,
                 reason,
                 tries,
                 VALIDATION_TRIES,
             )
             return
-        logger.error("batch %s: validation failed %d times (%s): the batch fails", batch["id"], tries, reason)
+        logger.error("batch %s: validation failed %d times (%s): the batch fails", batch.id, tries, reason)
         message = f"the input file could not be checked ({reason})"
         await asyncio.to_thread(
             self.store.fail,
-            batch["id"],
+            batch.id,
             [{"code": "validation_failed", "message": message, "param": None, "line": None}],
         )
-        self._failures.pop(batch["id"], None)
+        self._failures.pop(batch.id, None)
 
-    async def validate(self, batch: dict[str, Any]) -> None:
+    async def validate(self, batch: BatchRow) -> None:
         """Check the batch's input file and cut it into chunks, or fail the batch with the file's errors."""
-        path = self.store.file_path(batch["input_file_id"])
+        path = self.store.file_path(batch.input_file_id)
 
         def check() -> Checked:  # the file read a line at a time, in a worker thread
             with path.open("rb") as lines:
                 return read_input(
-                    batch["id"], lines, batch["endpoint"], chunk_lines=self.chunk_lines, max_lines=self.max_lines
+                    batch.id, lines, batch.endpoint, chunk_lines=self.chunk_lines, max_lines=self.max_lines
                 )
 
         try:
             checked = await asyncio.to_thread(check)
         except FileNotFoundError:
             error = {"code": "missing_input_file", "message": "the input file was deleted", "param": "input_file_id"}
-            await asyncio.to_thread(self.store.fail, batch["id"], [{**error, "line": None}])
+            await asyncio.to_thread(self.store.fail, batch.id, [{**error, "line": None}])
             return
         if checked.errors:
-            await asyncio.to_thread(self.store.fail, batch["id"], checked.errors)
+            await asyncio.to_thread(self.store.fail, batch.id, checked.errors)
         else:
-            await asyncio.to_thread(self.store.start, batch["id"], checked.chunks)
+            await asyncio.to_thread(self.store.start, batch.id, checked.chunks)
 
     async def run_chunk(self, chunk: Chunk) -> None:
         """Run every line of ``chunk`` together and record its output and error lines. A chunk of a batch that
@@ -238,7 +238,7 @@ class BatchWorker:
         batch = await asyncio.to_thread(self.store.get_batch, None, chunk.batch_id)
         if batch is None:
             return
-        lines = await asyncio.to_thread(_read_chunk, self.store.file_path(batch["input_file_id"]), chunk)
+        lines = await asyncio.to_thread(_read_chunk, self.store.file_path(batch.input_file_id), chunk)
         running = [asyncio.ensure_future(self._run(line, chunk.first_line + k)) for k, line in enumerate(lines)]
         work = asyncio.gather(*running)
         watching = asyncio.create_task(self._watch(chunk, work))
@@ -339,11 +339,11 @@ class BatchWorker:
                 work.cancel()
                 return
             unreachable = False
-            if batch is None or (batch["status"] != "in_progress" and batch["status"] != "finalizing") or not held:
+            if batch is None or (batch.status != "in_progress" and batch.status != "finalizing") or not held:
                 work.cancel()
                 return
 
-    async def finalize(self, batch: dict[str, Any], ending: str) -> None:
+    async def finalize(self, batch: BatchRow, ending: Ending) -> None:
         """Join the recorded parts, in line order, into the batch's output and error files (lines that never
         ran, when it expired, go to the error file), then close it as ``ending``."""
         claimed = await asyncio.to_thread(self.store.claim_finalizing, self.name, batch, ending, self.lease_seconds)
@@ -354,31 +354,30 @@ class BatchWorker:
         writing = asyncio.ensure_future(asyncio.to_thread(self._write_results, batch, ending))
         held = True
         while not (await asyncio.wait({writing}, timeout=self.lease_seconds / 3))[0]:
-            renewed = await asyncio.to_thread(self.store.renew_finalizing, self.name, batch["id"], self.lease_seconds)
+            renewed = await asyncio.to_thread(self.store.renew_finalizing, self.name, batch.id, self.lease_seconds)
             held = held and renewed
         output_id, error_id = await writing
         closed = held and await asyncio.to_thread(
-            self.store.close_batch, self.name, batch["id"], ending, output_id, error_id
+            self.store.close_batch, self.name, batch.id, ending, output_id, error_id
         )
         if not closed:  # another worker took the finalizing over (this one was too slow to renew): it closes it
-            logger.warning("batch %s: its finalizing was taken over by another worker", batch["id"])
+            logger.warning("batch %s: its finalizing was taken over by another worker", batch.id)
 
-    def _write_results(self, batch: dict[str, Any], ending: str) -> tuple[str | None, str | None]:
-        chunks = self.store.chunks(batch["id"])
-        done = [c for c in chunks if c["state"] == "done"]
-        outputs = [self.store.part_path(batch["id"], c["part"], "out") for c in done]
-        errors: list[Path | bytes] = [self.store.part_path(batch["id"], c["part"], "err") for c in done]
+    def _write_results(self, batch: BatchRow, ending: Ending) -> tuple[str | None, str | None]:
+        chunks = self.store.chunks(batch.id)
+        parts = [c.part for c in chunks if c.state == "done" and c.part is not None]
+        outputs = [self.store.part_path(batch.id, part, "out") for part in parts]
+        errors: list[Path | bytes] = [self.store.part_path(batch.id, part, "err") for part in parts]
         if ending == "expired":
-            source = self.store.file_path(batch["input_file_id"])
+            source = self.store.file_path(batch.input_file_id)
             for c in chunks:
-                if c["state"] != "done":
-                    chunk = Chunk(batch["id"], c["number"], c["first_line"], c["lines"], c["start_byte"], c["end_byte"])
+                if c.state != "done":
                     errors += [
                         unrun_line(line.custom_id, "batch_expired", EXPIRED_MESSAGE)
-                        for line in _read_chunk(source, chunk)
+                        for line in _read_chunk(source, c.chunk)
                     ]
-        output_id = self.store.add_result_file(batch["owner"], batch["id"], "output", outputs)
-        error_id = self.store.add_result_file(batch["owner"], batch["id"], "errors", errors)
+        output_id = self.store.add_result_file(batch.owner, batch.id, "output", outputs)
+        error_id = self.store.add_result_file(batch.owner, batch.id, "errors", errors)
         return output_id, error_id
 
 
@@ -392,15 +391,11 @@ def _log_failure(exc: BaseException, what: str) -> None:
         logger.error("%s", what, exc_info=exc)
 
 
-def oldest_of_each_owner(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Of ``batches`` (oldest first), each owner's oldest, in that order.
-
-    >>> [b["id"] for b in oldest_of_each_owner([{"id": 1, "owner": "a"}, {"id": 2, "owner": "a"}, {"id": 3, "owner": "b"}])]
-    [1, 3]
-    """
-    first: dict[str, dict[str, Any]] = {}
+def oldest_of_each_owner(batches: list[BatchRow]) -> list[BatchRow]:
+    """Of ``batches`` (oldest first), each owner's oldest, in that order."""
+    first: dict[str, BatchRow] = {}
     for batch in batches:
-        first.setdefault(batch["owner"], batch)
+        first.setdefault(batch.owner, batch)
     return list(first.values())
 
 
