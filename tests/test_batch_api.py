@@ -492,9 +492,9 @@ def fill(folder: Path, leave: int = 0) -> Path:
 class SlowEncoder(FakeEncoder):
     """A fake encoder whose forward pass takes 20 ms, so a batch runs long enough to fill the disk meanwhile."""
 
-    def embed_rows(self, rows, *, normalize=None):
+    def embed_rows(self, rows):
         time.sleep(0.02)
-        return super().embed_rows(rows, normalize=normalize)
+        return super().embed_rows(rows)
 
 
 @pytest.mark.slow

@@ -146,9 +146,9 @@ def test_other_routes_and_cors_go_to_the_app():
 
 
 class SlowEncoder(FakeEncoder):
-    def embed_rows(self, rows, *, normalize=None):
+    def embed_rows(self, rows):
         time.sleep(0.3)  # the client goes away while this batch computes
-        return super().embed_rows(rows, normalize=normalize)
+        return super().embed_rows(rows)
 
 
 def test_client_gone_while_computing_is_499():

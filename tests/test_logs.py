@@ -89,10 +89,10 @@ def test_no_line_above_debug_quotes_what_a_client_sent(fake_service, kept):
     class Failing(FakeEncoder):
         armed = False
 
-        def embed_rows(self, rows, *, normalize=None):
+        def embed_rows(self, rows):
             if self.armed:
                 raise RuntimeError("the model failed")  # a server error: logged with its traceback
-            return super().embed_rows(rows, normalize=normalize)
+            return super().embed_rows(rows)
 
     failing = Failing("failing")
     models = {EMB: FakeEncoder(EMB, max_seq_length=8), CE: FakeCrossEncoder(CE), "failing": failing}

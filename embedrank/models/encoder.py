@@ -282,19 +282,22 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         """All three steps on one batch, in input order."""
-        return self.embed_rows(self.tokenize_rows(texts))
+        out = self.embed_rows(self.tokenize_rows(texts))
+        return dataclasses.replace(out, values=self.finish_vectors(out.values))
 
-    def tokenize_rows(self, texts: Sequence[str], *, skip: int = 0) -> list[TokenRow]:
-        """Step 1 without padding: one :class:`~embedrank.models.tokens.TokenRow` per text (the serving
-        engine tokenizes at submit time, budgets on real lengths, then batches rows of many requests);
-        ``skip``: the leading tokens pooling leaves out (:meth:`prompt_skip`)."""
-        return self.text_tokens.rows(texts, skip=skip)
+    def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "") -> list[TokenRow]:
+        """Step 1 without padding: one :class:`~embedrank.models.tokens.TokenRow` per text, ``prompt`` before
+        each (the serving engine tokenizes at submit time, budgets on real lengths, then batches rows of many
+        requests); a row's ``skip`` is the prompt's tokens that pooling leaves out (:meth:`prompt_skip`)."""
+        return self.text_tokens.rows(with_prompt(texts, prompt), skip=self.prompt_skip(prompt))
 
-    def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput:
-        """Steps 2 and 3 on rows from :meth:`tokenize_rows`, padded together; what the engine runs per pass."""
+    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+        """Step 2 and the first half of step 3 on rows from :meth:`tokenize_rows`, padded together: the pooled
+        vectors ``(B, D)`` float32, before :meth:`finish_vectors` (normalizing, the cut to ``dimensions``),
+        which the caller applies once with its options; what the engine runs per pass."""
         batch = self.text_tokens.collate(rows)
-        vectors = self.embed_tokenized(batch, normalize=normalize, skip=[r.skip for r in rows])
-        return ModelOutput(vectors, batch.token_counts, batch.truncated)
+        pooled = self.pooled_batch(batch, skip=[r.skip for r in rows]).cpu().numpy()
+        return ModelOutput(pooled, batch.token_counts, batch.truncated)
 
     def prompt_skip(self, prompt: str) -> int:
         """Tokens of ``prompt`` pooling leaves out: none, unless the model pools without its prompt

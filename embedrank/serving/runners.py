@@ -52,11 +52,11 @@ class EmbeddingModel(Protocol):
         self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
     ) -> list[list[str]]: ...
 
-    def tokenize_rows(self, texts: Sequence[str], *, skip: int = 0) -> list[TokenRow]: ...
+    def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "") -> list[TokenRow]: ...
 
     def prompt_skip(self, prompt: str) -> int: ...
 
-    def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput: ...
+    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
 
     def finish_vectors(
         self, pooled: np.ndarray, *, normalize: bool | None = None, dimensions: int | None = None
@@ -100,7 +100,7 @@ class EmbeddingBatchModel:
         return item.length
 
     def run_batch(self, items: Sequence[TokenRow]) -> ModelOutput:
-        return self.encoder.embed_rows(items, normalize=False)
+        return self.encoder.embed_rows(items)
 
 
 def activation_of(cross_encoder: Any) -> str | None:
@@ -189,19 +189,18 @@ class AsyncEncoder(EncoderTokens):
         prompt: str = "",
         budget: int | None = None,
     ) -> list[TokenRow]:
-        """``texts`` (``prompt`` already before each) tokenized once, off the event loop. With ``fields``
-        (truncation off), the first of the texts they cover that is cut at the maximum length is refused,
-        named by request field."""
-        skip = self.encoder.prompt_skip(prompt)  # pooling leaves the prompt out for some models
+        """``texts`` tokenized once with ``prompt`` before each (the model's step), off the event loop. With
+        ``fields`` (truncation off), the first of the texts they cover that is cut at the maximum length is
+        refused, named by request field."""
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # a few short texts: cheaper than the thread hop
-            rows = self.encoder.tokenize_rows(list(texts), skip=skip)  # microseconds: a span would cost more
+            rows = self.encoder.tokenize_rows(texts, prompt=prompt)  # microseconds: a span would cost more
         else:
             with tracing.tokenizing(len(texts)):
-                rows = await asyncio.to_thread(partial(self.encoder.tokenize_rows, list(texts), skip=skip))
+                rows = await asyncio.to_thread(partial(self.encoder.tokenize_rows, texts, prompt=prompt))
         check_budget(rows, budget)
         at = first_cut(rows, sum(size for _, size in fields)) if fields else None
         if at is not None:
-            (length,) = await asyncio.to_thread(partial(self.encoder.count_tokens, [texts[at]], prompt=""))
+            (length,) = await asyncio.to_thread(partial(self.encoder.count_tokens, [texts[at]], prompt=prompt))
             name, index = field_of(at, fields)
             raise too_long_error(index, self.max_seq_length, param=name, tokens=length)
         return rows
@@ -239,7 +238,7 @@ class AsyncEncoder(EncoderTokens):
         order."""
         param = options.fields.texts
         fields = () if options.truncate else [(param, len(texts))]
-        rows = await self._rows(with_prompt(texts, prompt), fields, prompt=prompt, budget=options.budget)
+        rows = await self._rows(texts, fields, prompt=prompt, budget=options.budget)
         started: set[int] = set()
         if options.truncate and options.truncation_side == "left":
             rows, started = await self._cut_at_start(texts, rows, prompt, param)
@@ -269,7 +268,7 @@ class AsyncEncoder(EncoderTokens):
         if todo:
             missing = [texts[i] for i in todo.values()]
             try:
-                rows = await self._rows(with_prompt(missing, prompt), prompt=prompt)
+                rows = await self._rows(missing, prompt=prompt)
                 if truncate and options.truncation_side == "left":
                     rows, started = await self._cut_at_start(missing, rows, prompt, options.fields.texts)
             except InvalidInputError:
@@ -303,7 +302,7 @@ class AsyncEncoder(EncoderTokens):
             return rows, set()
         cut = await asyncio.to_thread(cut_starts, self.encoder, [texts[i] for i in long], prompt, param, long)
         rows = list(rows)
-        for i, row in zip(long, await self._rows(with_prompt(cut, prompt), prompt=prompt), strict=True):
+        for i, row in zip(long, await self._rows(cut, prompt=prompt), strict=True):
             rows[i] = row
         return rows, set(long)
 
@@ -321,7 +320,7 @@ class AsyncEncoder(EncoderTokens):
             options.fields.texts,
             options.budget,
         )
-        rows = await self._rows(with_prompt(plan.texts, prompt), prompt=prompt, budget=options.budget)  # windows fit
+        rows = await self._rows(plan.texts, prompt=prompt, budget=options.budget)  # windows fit
         out = await self.engine.submit(rows, priority=options.priority)
         if norm:  # each window normalized, then their token-weighted mean renormalized
             out = dataclasses.replace(out, values=l2_normalize(out.values))

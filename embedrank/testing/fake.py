@@ -30,7 +30,7 @@ import numpy as np
 
 from embedrank.errors import ModelNotFoundError
 from embedrank.math.pooling import PoolingMode
-from embedrank.math.similarity import finish_vectors, l2_normalize
+from embedrank.math.similarity import finish_vectors
 from embedrank.models.prompts import select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
 from embedrank.models.tokens import TokenRow, TokenSpan
@@ -173,23 +173,24 @@ class FakeEncoder(WordTokens, FitsRanges):
         return self.encode(texts)
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
-        return self.embed_rows(self.tokenize_rows(texts))
+        out = self.embed_rows(self.tokenize_rows(texts))
+        return ModelOutput(self.finish_vectors(out.values), out.token_counts, out.truncated)
 
     def prompt_skip(self, prompt: str) -> int:
         return 0  # a fake pools every token
 
-    def tokenize_rows(self, texts: Sequence[str], *, skip: int = 0) -> list[TokenRow]:
-        """Words kept under the maximum length, with the two special tokens counted."""
-        return _word_rows(texts, self.max_seq_length)
+    def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "") -> list[TokenRow]:
+        """Words (``prompt``'s first) kept under the maximum length, with the two special tokens counted."""
+        return _word_rows(with_prompt(texts, prompt), self.max_seq_length)
 
-    def embed_rows(self, rows: Sequence[TokenRow], *, normalize: bool | None = None) -> ModelOutput:
+    def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
+        """The rows' vectors before :meth:`finish_vectors`."""
         out = np.zeros((len(rows), self.dimension), dtype=np.float32)  # (N, D)
         for i, row in enumerate(rows):
             for word in row.tokens:
                 slot, sign = _slot(word, self.dimension)
                 out[i, slot] += sign
-        vectors = l2_normalize(out) if (self.normalize if normalize is None else normalize) else out
-        return ModelOutput(vectors, [r.length for r in rows], [r.truncated for r in rows])
+        return ModelOutput(out, [r.length for r in rows], [r.truncated for r in rows])
 
     def finish_vectors(
         self, pooled: np.ndarray, *, normalize: bool | None = None, dimensions: int | None = None
