@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from litestar.plugins.opentelemetry import OpenTelemetryInstrumentationMiddleware
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -232,6 +232,49 @@ def test_one_forward_span_per_batch_linked_to_every_request_in_it(recorded):
     waits = {s.parent.span_id: s for s in _by_name(spans, "embedrank.queue_wait")}
     assert set(waits) == set(ids.values())  # one queue wait per request
     assert waits[ids["b"]].end_time - waits[ids["b"]].start_time >= 40_000_000  # it waited behind "a"
+    assert all(f.start_time <= f.end_time for f in forwards)
+    (first,) = [f for f in forwards if f.attributes["embedrank.batch.items"] == 1]
+    assert first.end_time - first.start_time >= 40_000_000  # held at the gate: the pass's own times
+    assert waits[ids["b"]].end_time <= second.start_time and waits[ids["b"]].end_time >= first.end_time
+
+
+class _Threads(SpanProcessor):
+    """Notes the thread each span starts on."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, set[str]] = {}
+
+    def on_start(self, span, parent_context=None) -> None:
+        self.started.setdefault(span.name, set()).add(threading.current_thread().name)
+
+
+def test_the_forward_threads_record_no_span(recorded):
+    """The engine's spans are recorded on the event loop after the pass, with the pass's own times: the
+    forward thread every request waits for spends no time on tracing."""
+    provider, _ = recorded
+    threads = _Threads()
+    provider.add_span_processor(threads)
+    core_tracing.use(provider)
+    tracer = provider.get_tracer("test")
+    model = _Gated()
+    model.gate.set()
+
+    async def main() -> None:
+        engine = BatchEngine(model, EngineConfig(max_wait_ms=0))
+        engine.start()
+
+        async def request(items: list[str]) -> None:
+            with tracer.start_as_current_span("request"):
+                await engine.submit(items)
+
+        await asyncio.gather(*(request(["x", "y"]) for _ in range(8)))
+        await engine.drain(5)
+
+    asyncio.run(main())
+    assert threads.started["embedrank.forward"] and threads.started["embedrank.queue_wait"]
+    loop_threads = threads.started["request"]
+    assert threads.started["embedrank.forward"] <= loop_threads, threads.started
+    assert threads.started["embedrank.queue_wait"] <= loop_threads, threads.started
 
 
 # -- batch jobs ---------------------------------------------------------------------------------------------------

@@ -351,13 +351,14 @@ class BatchEngine(Generic[Item]):
                 continue
             start = self.clock()
             tokens = sum(job.est[i] for job, i in batch)
+            began_ns = _began(batch) if tracing.tracer() is not None else 0  # the spans: on the event loop
             outcome: ModelOutput | Exception
             try:
-                with self._traced(batch, tokens):
-                    outcome = self.model.run_batch([job.items[i] for job, i in batch])
+                outcome = self.model.run_batch([job.items[i] for job, i in batch])
             except Exception as exc:  # a model failure fails the jobs of this batch, not the engine
                 outcome = exc
             seconds = self.clock() - start
+            span = (began_ns, time.time_ns(), tokens) if began_ns else None
             with self._cond:
                 self._computing -= len(batch)
                 self._computing_tokens -= tokens
@@ -365,28 +366,30 @@ class BatchEngine(Generic[Item]):
                     self.token_rate = next_rate(self.token_rate, tokens / seconds, full=full)
                     self.rate_of_full = self.rate_of_full or full
             try:
-                self._loop.call_soon_threadsafe(self._deliver, batch, outcome, seconds)
+                self._loop.call_soon_threadsafe(self._deliver, batch, outcome, seconds, span)
             except RuntimeError:  # the event loop is closed: nobody is waiting any more
                 return
 
-    def _traced(self, batch: list[tuple[_Job, int]], tokens: int) -> contextlib.AbstractContextManager[None]:
-        """The forward pass's span (:func:`embedrank.serving.tracing.forward`), after each traced job of the batch
-        that had waited for its first batch has its queue wait recorded; nothing while tracing is off."""
-        if tracing.tracer() is None:
-            return contextlib.nullcontext()
-        traced = list({id(job.trace): job.trace for job, _ in batch if job.trace is not None}.values())
-        now = time.time_ns()
-        for queued in traced:
-            queued.waited(now)
-        attributes = {
-            "embedrank.batch.items": len(batch),
-            "embedrank.batch.padded_tokens": _padded(batch),
-            "embedrank.batch.tokens": tokens,
-        }
-        return tracing.forward(traced, attributes)
-
     # -- results (event loop) ----------------------------------------------------------------------
-    def _deliver(self, batch: list[tuple[_Job, int]], outcome: ModelOutput | Exception, seconds: float) -> None:
+    def _deliver(
+        self,
+        batch: list[tuple[_Job, int]],
+        outcome: ModelOutput | Exception,
+        seconds: float,
+        span: tuple[int, int, int] | None = None,
+    ) -> None:
+        """Hand a forward pass's ``outcome`` to the jobs of ``batch``; with ``span`` (its start and end in ns and its
+        estimated tokens, while tracing is on), record its spans first."""
+        if span is not None:
+            began_ns, ended_ns, tokens = span
+            traced = list({id(job.trace): job.trace for job, _ in batch if job.trace is not None}.values())
+            attributes = {
+                "embedrank.batch.items": len(batch),
+                "embedrank.batch.padded_tokens": _padded(batch),
+                "embedrank.batch.tokens": tokens,
+            }
+            error = outcome if isinstance(outcome, Exception) else None
+            tracing.forward(traced, attributes, began_ns, ended_ns, error)
         if isinstance(outcome, Exception):
             for job in {id(j): j for j, _ in batch}.values():
                 if not job.future.done():
@@ -428,6 +431,15 @@ def next_rate(estimate: float, measured: float, *, full: bool) -> float:
     if full or measured > estimate:
         return 0.7 * estimate + 0.3 * measured
     return estimate
+
+
+def _began(batch: list[tuple[_Job, int]]) -> int:
+    """Now, in ns, noted as the start of its first forward pass on each traced job of ``batch`` that had none."""
+    now = time.time_ns()
+    for job, _ in batch:
+        if job.trace is not None and not job.trace.began_ns:
+            job.trace.began_ns = now
+    return now
 
 
 def _padded(batch: list[tuple[_Job, int]]) -> int:

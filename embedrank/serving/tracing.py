@@ -16,6 +16,9 @@ What is recorded, following OpenTelemetry's GenAI conventions where they apply:
   went into a forward pass (:meth:`Queued.waited`);
 - ``embedrank.forward``: one span per forward pass of the engine (:func:`forward`), a child of the request
   whose item leads the batch, linked to every request with items in it.
+
+The engine's spans are recorded on the event loop once a forward pass is over, with the times the forward
+thread took: the forward thread, which every request waits for, spends no time on tracing.
 """
 
 from __future__ import annotations
@@ -91,24 +94,26 @@ def tokenizing(texts: int) -> contextlib.AbstractContextManager[None]:
 class Queued:
     """What the engine keeps of a request to trace it: the context it was submitted in and when."""
 
-    __slots__ = ("context", "queued_ns", "started")
+    __slots__ = ("began_ns", "context", "queued_ns", "recorded")
 
     def __init__(self) -> None:
         self.context = otel_context.get_current()
         self.queued_ns = time.time_ns()
-        self.started = False  # whether one of its items has gone into a forward pass
+        self.began_ns = 0  # when its first item went into a forward pass (set by the forward thread)
+        self.recorded = False  # whether its queue wait is recorded
 
     def span_context(self) -> trace.SpanContext:
         return trace.get_current_span(self.context).get_span_context()
 
-    def waited(self, until_ns: int) -> None:
-        """Record the request's queue wait, once: from its submission to ``until_ns``."""
-        if self.started or _tracer is None:
+    def waited(self) -> None:
+        """Record the request's queue wait, once: from its submission until its first item went into a forward
+        pass."""
+        if self.recorded or _tracer is None or not self.began_ns:
             return
-        self.started = True
+        self.recorded = True
         _tracer.start_span(
             "embedrank.queue_wait", context=self.context, start_time=self.queued_ns, kind=SpanKind.INTERNAL
-        ).end(end_time=until_ns)
+        ).end(end_time=self.began_ns)
 
 
 def queued() -> Queued | None:
@@ -116,21 +121,21 @@ def queued() -> Queued | None:
     return Queued() if _current() is not None else None
 
 
-@contextlib.contextmanager
-def forward(requests: Sequence[Queued], attributes: dict[str, Any]) -> Iterator[None]:
-    """The span of one forward pass over items of ``requests`` (those traced; the first leads the batch):
-    a child of the first one's span, linked to each of them. Nothing without a traced request."""
+def forward(
+    requests: Sequence[Queued], attributes: dict[str, Any], began_ns: int, ended_ns: int, error: BaseException | None
+) -> None:
+    """Record one forward pass over items of ``requests`` (those traced; the first leads the batch), which ran
+    from ``began_ns`` to ``ended_ns`` and failed with ``error`` (or not): each request's queue wait
+    (:meth:`Queued.waited`), then the pass's span, a child of the first request's span, linked to each of
+    them. Nothing without a traced request."""
     if _tracer is None or not requests:
-        yield
         return
+    for request in requests:
+        request.waited()
     links = [Link(r.span_context()) for r in requests]
     forward_span = _tracer.start_span(
-        "embedrank.forward", context=requests[0].context, links=links, attributes=attributes
+        "embedrank.forward", context=requests[0].context, links=links, attributes=attributes, start_time=began_ns
     )
-    try:
-        yield
-    except BaseException as exc:  # its type only: a message may quote an input
-        forward_span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
-        raise
-    finally:
-        forward_span.end()
+    if error is not None:  # its type only: a message may quote an input
+        forward_span.set_status(trace.StatusCode.ERROR, type(error).__name__)
+    forward_span.end(end_time=ended_ns)
