@@ -18,7 +18,6 @@ owner, so another key's objects are never found. Time is Unix seconds.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import os
@@ -186,9 +185,9 @@ class BatchRow(msgspec.Struct, frozen=True, kw_only=True):
     lease_until: float | None
 
 
-class ChunkRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A chunk's row: where its lines are, its state, its claim (``claimed_by`` until ``lease_until``) and,
-    once done, its part files' name and counts."""
+class Chunk(msgspec.Struct, frozen=True):
+    """A chunk of a batch: its request lines ``first_line`` to ``first_line + lines - 1`` (0-based, counting
+    request lines only), bytes ``start_byte`` to ``end_byte`` of the input file."""
 
     batch_id: str
     number: int
@@ -196,16 +195,18 @@ class ChunkRow(msgspec.Struct, frozen=True, kw_only=True):
     lines: int
     start_byte: int
     end_byte: int
+
+
+class ChunkRow(Chunk, frozen=True, kw_only=True):
+    """A chunk's row: the chunk, its state, its claim (``claimed_by`` until ``lease_until``) and, once done, its
+    part files' name and counts."""
+
     state: Literal["pending", "claimed", "done"]
     claimed_by: str | None
     lease_until: float | None
     part: str | None
     completed: int
     failed: int
-
-    @property
-    def chunk(self) -> Chunk:
-        return Chunk(self.batch_id, self.number, self.first_line, self.lines, self.start_byte, self.end_byte)
 
 
 def _file(row: Any) -> FileRow:
@@ -230,19 +231,6 @@ def _lease_free(table: str = "") -> str:
 def new_id(prefix: str) -> str:
     """A fresh object id in OpenAI's style (``file-…``, ``batch_…``)."""
     return f"{prefix}{secrets.token_hex(12)}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Chunk:
-    """A chunk of a batch: its request lines ``first_line`` to ``first_line + lines - 1`` (0-based, counting
-    request lines only), bytes ``start_byte`` to ``end_byte`` of the input file."""
-
-    batch_id: str
-    number: int
-    first_line: int
-    lines: int
-    start_byte: int
-    end_byte: int
 
 
 class BatchStore:

@@ -373,8 +373,7 @@ class BatchWorker:
             for c in chunks:
                 if c.state != "done":
                     errors += [
-                        unrun_line(line.custom_id, "batch_expired", EXPIRED_MESSAGE)
-                        for line in _read_chunk(source, c.chunk)
+                        unrun_line(line.custom_id, "batch_expired", EXPIRED_MESSAGE) for line in _read_chunk(source, c)
                     ]
         output_id = self.store.add_result_file(batch.owner, batch.id, "output", outputs)
         error_id = self.store.add_result_file(batch.owner, batch.id, "errors", errors)
