@@ -768,6 +768,18 @@ def test_leases_are_read_on_the_database_clock_so_a_replica_ahead_in_time_takes_
     assert store.renew("replica-a", Chunk(batch.id, 0, 0, 2, 0, len(content)), 60)
 
 
+def test_timestamps_and_expiry_are_on_the_database_clock_whichever_host_writes_them(store, monkeypatch):
+    """A replica whose own clock runs ten minutes ahead stamps its files and batches on the database's clock, so
+    a batch it creates expires when the database says and another replica reads its times as written."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 600)  # this host's clock, ten minutes ahead
+    batch = new_batch(store, embeddings_file(2), window_seconds=300)
+    file = store.get_file(OWNER, batch.input_file_id)
+    assert file is not None and abs(file.created_at - real()) < 5 and abs(batch.created_at - real()) < 5
+    assert batch.expires_at - batch.created_at == 300
+    assert store.cancel(OWNER, batch.id).cancelled_at == pytest.approx(real(), abs=5)
+
+
 def test_an_error_quotes_at_most_200_characters_of_a_line_so_the_batch_object_stays_small(store):
     """Sixty lines whose url is a megabyte each: the batch's errors quote 200 characters of each, not all."""
     huge = "/v1/" + "x" * 1_000_000

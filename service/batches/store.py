@@ -12,7 +12,8 @@ joined, in line order, into its output and error files. Finalizing is idempotent
 from the batch id, so a crash while finalizing is mended by finalizing again once the claim runs out.
 
 Every row carries its owner (a digest of the API key that made it); every read and change names the
-owner, so another key's objects are never found. Time is Unix seconds.
+owner, so another key's objects are never found. Time is Unix seconds on the database's clock: every timestamp, expiry
+and lease, whichever replica writes it.
 """
 
 from __future__ import annotations
@@ -267,6 +268,11 @@ class BatchStore:
         own clocks differ never take a live claim from each other."""
         return float(db.execute(self.db.words["now"]).fetchone()["now"])
 
+    def _stamp(self, db: Connection) -> int:
+        """A row's timestamp (``created_at``, ``completed_at``, ...): the database's clock in whole seconds, the
+        clock its expiry and every lease are read on, whichever replica writes it."""
+        return int(self._now(db))
+
     def _write(self) -> contextlib.AbstractContextManager[Connection]:
         return self.db.write()
 
@@ -280,11 +286,16 @@ class BatchStore:
         file_id = new_id("file-")
         check_room(self.root / "files", len(content))
         _write_synced(self.file_path(file_id), [content])
-        row = FileRow(
-            id=file_id, owner=owner, filename=filename, purpose=purpose, bytes=len(content), created_at=int(time.time())
-        )
         try:
             with self._write() as db:
+                row = FileRow(
+                    id=file_id,
+                    owner=owner,
+                    filename=filename,
+                    purpose=purpose,
+                    bytes=len(content),
+                    created_at=self._stamp(db),
+                )
                 db.execute(
                     "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -306,12 +317,11 @@ class BatchStore:
         size = _write_synced(self.file_path(file_id), parts, keep_empty=False)
         if not size:
             return None
-        row = (file_id, owner, f"{batch_id}_{which}.jsonl", "batch_output", size, int(time.time()), None)
         with self._write() as db:
             db.execute(  # finalizing again replaces the file it wrote before, in the same place of the list
                 "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET bytes = excluded.bytes",
-                row,
+                (file_id, owner, f"{batch_id}_{which}.jsonl", "batch_output", size, self._stamp(db), None),
             )
         return file_id
 
@@ -385,20 +395,20 @@ class BatchStore:
             TooManyBatchesError: ``owner`` has ``max_active`` unfinished batches (counted in the transaction
                 that inserts, so that creates at once, on any replica, cannot pass the limit together).
         """
-        now = int(time.time())
         batch_id = new_id("batch_")
-        row = {
-            "id": batch_id,
-            "owner": owner,
-            "endpoint": endpoint,
-            "input_file_id": input_file_id,
-            "completion_window": completion_window,
-            "metadata": json.dumps(metadata) if metadata is not None else None,
-            "status": "validating",
-            "created_at": now,
-            "expires_at": now + window_seconds,
-        }
         with self._write() as db:
+            now = self._stamp(db)
+            row = {
+                "id": batch_id,
+                "owner": owner,
+                "endpoint": endpoint,
+                "input_file_id": input_file_id,
+                "completion_window": completion_window,
+                "metadata": json.dumps(metadata) if metadata is not None else None,
+                "status": "validating",
+                "created_at": now,
+                "expires_at": now + window_seconds,
+            }
             if max_active is not None:
                 if self.db.words["owner_lock"]:
                     db.execute(self.db.words["owner_lock"], (owner,))
@@ -451,9 +461,9 @@ class BatchStore:
     def start(self, batch_id: str, chunks: list[Chunk]) -> bool:
         """A validated batch cut into ``chunks``: status ``in_progress`` (``finalizing`` at once when it has no
         line). False when it is no longer ``validating`` (cancelled meanwhile)."""
-        now = int(time.time())
         total = sum(c.lines for c in chunks)
         with self._write() as db:
+            now = self._stamp(db)
             status = "in_progress" if total else "finalizing"
             changed = db.execute(
                 "UPDATE batches SET status = ?, total = ?, in_progress_at = ?, finalizing_at = ? "
@@ -494,7 +504,7 @@ class BatchStore:
             failed = db.execute(
                 "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, error_file_id = ? "
                 "WHERE id = ? AND status = 'validating'",
-                (int(time.time()), json.dumps(errors[:OBJECT_ERRORS]), error_file_id, batch_id),
+                (self._stamp(db), json.dumps(errors[:OBJECT_ERRORS]), error_file_id, batch_id),
             ).rowcount
         if not failed and error_file_id is not None:  # cancelled meanwhile: its error file is nobody's
             self.delete_file(row["owner"], error_file_id)
@@ -502,8 +512,8 @@ class BatchStore:
     def cancel(self, owner: str, batch_id: str) -> BatchRow | None:
         """Ask ``owner``'s batch to stop: ``cancelling`` until the chunks in flight are done (a batch still
         validating is cancelled at once); a finished batch is left as it is. None when there is no such batch."""
-        now = int(time.time())
         with self._write() as db:
+            now = self._stamp(db)
             db.execute(
                 "UPDATE batches SET status = 'cancelled', cancelling_at = ?, cancelled_at = ? "
                 "WHERE id = ? AND owner = ? AND status = 'validating'",
@@ -600,9 +610,11 @@ class BatchStore:
         """Remove what no row and no file accounts for, once older than ``grace_seconds`` (a file is written before
         its row, so a younger one may be an upload or a finalizing in progress, here or on another replica): files
         (temporary ones included) with no row, and file rows whose file is gone. Returns how many."""
-        cutoff = time.time() - grace_seconds
+        cutoff = time.time() - grace_seconds  # files' times are the file system's
         on_disk = {path.name: path for path in (self.root / "files").iterdir() if path.is_file()}
-        rows = self._db().execute("SELECT id, created_at FROM files").fetchall()
+        db = self._db()
+        rows = db.execute("SELECT id, created_at FROM files").fetchall()
+        row_cutoff = self._now(db) - grace_seconds  # rows' are the database's
         known = {row["id"] for row in rows}
         removed = 0
         for name, path in on_disk.items():
@@ -614,7 +626,7 @@ class BatchStore:
                     removed += 1
             except FileNotFoundError:  # removed meanwhile (its batch deleted it, or another replica did)
                 pass
-        gone = [row["id"] for row in rows if row["id"] not in on_disk and row["created_at"] < cutoff]
+        gone = [row["id"] for row in rows if row["id"] not in on_disk and row["created_at"] < row_cutoff]
         if gone:
             with self._write() as db:
                 for file_id in gone:
@@ -734,7 +746,7 @@ class BatchStore:
             closed = db.execute(
                 f"UPDATE batches SET status = ?, {stamp} = ?, output_file_id = ?, error_file_id = ?, "
                 "claimed_by = NULL, lease_until = NULL WHERE id = ? AND status = 'finalizing' AND claimed_by = ?",
-                (final, int(time.time()), output_file_id, error_file_id, batch_id, worker),
+                (final, self._stamp(db), output_file_id, error_file_id, batch_id, worker),
             ).rowcount
         if closed:
             shutil.rmtree(self.root / "parts" / batch_id, ignore_errors=True)
