@@ -155,9 +155,8 @@ def create_app(
             logging.getLogger("embedrank").setLevel(settings.telemetry.log_level.upper())
             provider = tracer_provider or tracing.provider_from_env()
             app = create_app(settings, wait_for_models=wait_for_models, models=models, tracer_provider=provider)
-            if (
-                settings.telemetry.log_format == "json"
-            ):  # the server and the app have set their logging up: JSON from here
+            # the server and the app have set their logging up: JSON from here
+            if settings.telemetry.log_format == "json":
                 logs.use_json_lines()
             return app
         except Exception as exc:  # a setting, a model entry, a model that cannot be found: one line, code 3

@@ -517,7 +517,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 check_device(entry.device)
             except InvalidInputError as exc:
                 raise SettingsError(f"model {entry.id!r}: {exc}") from None
-        auth = msgspec.structs.replace(self.auth, api_keys=tuple(dict.fromkeys(keys)), api_keys_file=None)
+        auth = msgspec.structs.replace(self.auth, api_keys=tuple(dict.fromkeys(keys)))  # checking again: the same
         return msgspec.structs.replace(self, models=models, auth=auth)
 
 
@@ -563,6 +563,7 @@ def fields() -> dict[str, Setting]:
     return out
 
 
+@functools.cache
 def groups() -> dict[str, type[msgspec.Struct]]:
     """Each group of the table by its name, in the table's order."""
     return {group.name: group.type for group in msgspec.structs.fields(Settings)}

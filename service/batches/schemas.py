@@ -124,11 +124,10 @@ def file_object(row: FileRow) -> FileObject:
 
 
 def batch_object(row: BatchRow) -> BatchObject:
-    errors = row.errors
     return BatchObject(
         id=row.id,
         endpoint=row.endpoint,
-        errors=BatchErrors(data=[BatchError(**e) for e in errors]) if errors else None,
+        errors=BatchErrors(data=[BatchError(**e) for e in row.errors]) if row.errors else None,
         input_file_id=row.input_file_id,
         completion_window=row.completion_window,
         status=row.status,
