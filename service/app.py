@@ -47,8 +47,9 @@ from service.middleware import RequestMiddleware
 from service.observability import CacheMetrics, Metrics
 from service.openapi import complete_openapi
 from service.request_ids import HEADER as REQUEST_ID_HEADER
-from service.routes import BODIES, DOC_PATHS, ROUTE_HANDLERS, ROUTES
+from service.routes import DOC_PATHS, ROUTE_HANDLERS, ROUTES, body_schema
 from service.settings import Settings, SettingsError
+from service.vector_stores.service import VectorStoreService
 
 logger = logging.getLogger("embedrank.service")
 FORM_MARGIN = 64 * 1024  # an upload's form fields and part headers, beside the file itself
@@ -63,7 +64,7 @@ async def _json_body(request: Request[Any, Any, Any]) -> None:
     if request.method != "POST":
         return
     path = request.url.path
-    schema = BODIES.get(path)
+    schema = body_schema(path)
     expected = "multipart/form-data" if path in FORM_PATHS else "application/json" if schema is not None else None
     if expected is None:
         return
@@ -174,6 +175,7 @@ def create_app(
         raise SettingsError(str(exc)) from None
     service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
     service.batches = BatchService(settings, service.ready_pool)
+    service.vector_stores = VectorStoreService(service.batches)
     service.metrics.registry.register(service.batches)  # its collect(): the batches' progress
     if cache is not None:
         service.metrics.registry.register(CacheMetrics(cache))
@@ -217,6 +219,7 @@ def create_app(
         core_tracing.use(tracer_provider)
         service.load_task = asyncio.get_running_loop().create_task(_load(service, exit_on_failure=server is not None))
         batch_worker = asyncio.get_running_loop().create_task(service.batches.run())  # type: ignore[union-attr]
+        file_reader = asyncio.get_running_loop().create_task(service.vector_stores.run())  # type: ignore[union-attr]
         if deadline is not None:
             deadline.start()
         if wait_for_models:
@@ -229,7 +232,8 @@ def create_app(
             service.status = "draining"
             service.load_task.cancel()
             batch_worker.cancel()  # a chunk in flight is not recorded: it runs again after the restart
-            await asyncio.gather(batch_worker, return_exceptions=True)
+            file_reader.cancel()  # a file in flight is not recorded either: it is read again
+            await asyncio.gather(batch_worker, file_reader, return_exceptions=True)
             await service.pool.drain(settings.server.drain_seconds)
             if tracer_provider is not None:  # what is still batched for export goes out before the exit
                 core_tracing.use(None)

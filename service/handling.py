@@ -40,6 +40,7 @@ class ServiceState:
     load_task: asyncio.Task[None] | None = None
     auth: BearerAuth | None = None  # None: the operator switched authentication off
     batches: Any = None  # the Batch API's store and worker (service.batches.service.BatchService)
+    vector_stores: Any = None  # the vector stores' tables and file reader (service.vector_stores.service)
 
     def ready_pool(self) -> ModelPool:
         if self.status != "ok":

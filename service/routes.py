@@ -31,6 +31,7 @@ from service.endpoints import (
     TOKENIZE,
     Endpoint,
 )
+from service.errors import matches_route
 from service.handling import ERRORS, respond, service_of
 from service.litestar_internals import decoded_body
 from service.schemas import (
@@ -47,6 +48,7 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from service.vector_stores import routes as vector_store_routes
 
 
 async def _answer(endpoint: Endpoint, data: Any, request: Request[Any, Any, Any], state: State) -> Response[Any]:
@@ -273,6 +275,7 @@ DOC_PATHS = frozenset({"/openapi.json", "/schema/openapi.json", "/docs", "/docs/
 
 ROUTE_HANDLERS = (
     *(h for h in batch_routes.HANDLERS if h not in batch_routes.FILE_HANDLERS),  # uploads: service.app
+    *vector_store_routes.HANDLERS,
     embeddings,
     rerank,
     tokenize,
@@ -307,3 +310,14 @@ def _body_types() -> dict[str, type]:
 BODIES: dict[str, Any] = {**_body_types(), **endpoints.BODIES}
 """The schema each POST path's body is decoded against: the endpoint table's, and the batch routes' (from their
 handlers' ``data``)."""
+
+_BODY_TEMPLATES = [(path, schema) for path, schema in BODIES.items() if "{" in path]
+
+
+def body_schema(path: str) -> Any | None:
+    """The schema a POST to ``path`` is decoded against: its route's (a route with path parameters by its
+    template, ``/v1/vector_stores/{vector_store_id:str}/search``); None for a route that takes no body."""
+    found = BODIES.get(path)
+    if found is None and _BODY_TEMPLATES:
+        found = next((schema for template, schema in _BODY_TEMPLATES if matches_route(template, path)), None)
+    return found

@@ -267,6 +267,26 @@ class Limits(_Group, frozen=True):
     max_batches_in_flight: Annotated[
         int, Positive, Meta(description="batches one API key may have unfinished at once (429 past it)")
     ] = 16
+    max_vector_stores: Annotated[
+        int, Positive, Meta(description="vector stores one API key may have at once (429 past it)")
+    ] = 100
+    max_vector_store_files: Annotated[
+        int, Positive, Meta(description="files one vector store may hold (400 past it, before any is read)")
+    ] = 10_000
+    max_vector_store_chunks: Annotated[
+        int,
+        Positive,
+        Meta(description="chunks one vector store may hold (a file that would pass it fails with `invalid_file`)"),
+    ] = 1_000_000
+    max_file_pages: Annotated[
+        int, Positive, Meta(description="pages of a PDF attached to a vector store (past it the file fails)")
+    ] = 2000
+    max_filter_clauses: Annotated[
+        int, Positive, Meta(description="clauses of a vector store search's `filters`, all levels together (400)")
+    ] = 100
+    max_filter_depth: Annotated[
+        int, Positive, Meta(description="levels a vector store search's `filters` may nest (400 past it)")
+    ] = 8
 
 
 class Engine(_Group, frozen=True):

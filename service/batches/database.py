@@ -56,7 +56,7 @@ class Connection(Protocol):
 class Database(Protocol):
     words: ClassVar[dict[str, str]]
     """The dialect's words for the store's SQL: ``serial`` (an auto-numbered primary key), ``real`` (a float
-    column), ``skip_locked`` (what makes a claim skip rows another transaction holds), ``lock_row`` (what
+    column), ``blob`` (a bytes column), ``skip_locked`` (what makes a claim skip rows another transaction holds), ``lock_row`` (what
 makes a read hold its row until the transaction ends), ``now`` (the database's clock, in seconds since the
     epoch: every replica's leases are read on one clock), ``owner_lock`` (what serializes one owner's
     writes that check a count before they insert; one ``?``, the owner) and ``schema_lock``
@@ -82,6 +82,7 @@ class SqliteDatabase:
     words: ClassVar[dict[str, str]] = {
         "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
         "real": "REAL",
+        "blob": "BLOB",
         "skip_locked": "",
         "lock_row": "",
         "owner_lock": "",  # every write holds the database's write lock already (BEGIN IMMEDIATE)
@@ -201,6 +202,7 @@ class PostgresDatabase:
     words: ClassVar[dict[str, str]] = {
         "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
         "real": "DOUBLE PRECISION",
+        "blob": "BYTEA",
         "skip_locked": "FOR UPDATE OF c SKIP LOCKED",
         "lock_row": "FOR UPDATE",
         "owner_lock": "SELECT pg_advisory_xact_lock(4243, hashtext(?))",

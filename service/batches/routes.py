@@ -40,6 +40,8 @@ from service.handling import ERRORS, service_of
 from service.schemas import ErrorResponse
 
 FILE_PATH = "/v1/files"
+PURPOSES = ("batch", "assistants", "user_data")
+"""The purposes an upload may have: a batch's input, or a file for vector stores (the two the openai SDK sends)."""
 NOT_FOUND = {404: ResponseSpec(data_container=ErrorResponse, description="No such file or batch for this API key")}
 UNAVAILABLE = {
     503: ResponseSpec(
@@ -85,7 +87,8 @@ def _not_found(what: str, object_id: str) -> APIError:
 @post(
     FILE_PATH,
     summary="Upload a file",
-    description="A batch input file (multipart form: `file`, and `purpose` = `batch`), as OpenAI's files API.",
+    description="A file (multipart form: `file`, and `purpose`: `batch` for a batch's input, `assistants` or "
+    "`user_data` for vector stores), as OpenAI's files API.",
     responses={**ERRORS, **UNAVAILABLE},
     status_code=200,
 )
@@ -101,8 +104,10 @@ async def upload_file(request: Request[Any, Any, Any], state: State) -> FileObje
     except (UnicodeDecodeError, LookupError):  # a field that is not text in its charset, or a charset that is none
         raise invalid("a form field is not text in its declared charset (UTF-8 when none is declared)") from None
     purpose, upload = form.get("purpose"), form.get("file")
-    if purpose != "batch":
-        raise invalid(f"purpose must be 'batch', got {str(purpose)[:50]!r}", param="purpose")
+    if purpose not in PURPOSES:
+        raise invalid(
+            f"purpose must be one of {', '.join(map(repr, PURPOSES))}, got {str(purpose)[:50]!r}", param="purpose"
+        )
     if upload is None or isinstance(upload, str):
         raise invalid("the form has no file part named 'file'", param="file", code="missing_field")
     filename = upload.filename or "input.jsonl"
@@ -113,7 +118,7 @@ async def upload_file(request: Request[Any, Any, Any], state: State) -> FileObje
         raise APIError(
             413, f"the file is {len(content)} bytes; the limit is max_file_bytes={limit}", code="file_too_large"
         )
-    row = await asyncio.to_thread((await _store(state)).add_file, owner_of(request), filename[:255], "batch", content)
+    row = await asyncio.to_thread((await _store(state)).add_file, owner_of(request), filename[:255], purpose, content)
     return file_object(row)
 
 

@@ -1,0 +1,173 @@
+"""Reading the files attached to vector stores: the worker that claims each ``in_progress`` file, reads its
+documents (:mod:`embedrank.retrieval.documents`), cuts them into chunks of the store model's tokens
+(:func:`~embedrank.models.chunking.split_windows`, the library's long-document windows), embeds the chunks through
+the model's engine behind every direct request (the batch lines' priority, with the embedding cache: attaching
+an unchanged file again computes nothing) and writes them, all at once, while its claim holds
+(:meth:`~service.vector_stores.store.VectorStoreTables.complete`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from embedrank.errors import ModelUnavailableError, NotReadyError, OverloadedError
+from embedrank.models.chunking import Offsets, split_windows
+from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, read_documents
+from embedrank.serving.hosting import HostedModel
+from embedrank.serving.options import EmbedOptions
+from embedrank.serving.pool import ModelPool
+from embedrank.types import Chunking
+from service.batches.lines import BATCH_PRIORITY
+from service.settings import Settings
+from service.vector_stores.store import ChunkData, FileRow, StoreRow, VectorStoreTables
+
+logger = logging.getLogger("embedrank.service")
+
+SLICE = 256
+"""Documents tokenized, and chunks embedded, at a time (the claim is renewed between slices)."""
+IDLE_SECONDS = 2.0
+"""How long the worker waits for a new file before it looks again (files attached on another replica)."""
+RETRY_SECONDS = 5.0
+
+
+async def window_of(served: HostedModel) -> int:
+    """The tokens of a chunk the store's model reads whole: its length less what its document prompt and
+    special tokens take."""
+    counts, _ = await served.count([""], input_type="document")
+    return int(served.spec.max_seq_length - counts[0])
+
+
+async def chunk_documents(
+    served: HostedModel, docs: Sequence[Document], size: int, overlap: int
+) -> list[tuple[str, int]]:
+    """Every chunk of ``docs``: windows of ``size`` tokens of the model's tokenizer overlapping by ``overlap``
+    (a document that fits one is one chunk, its text as it is); each chunk's text and its document's position."""
+    chunks: list[tuple[str, int]] = []
+    for first in range(0, len(docs), SLICE):
+        texts = [d.text for d in docs[first : first + SLICE] if d.text.strip()]
+        owners = [i for i, d in enumerate(docs[first : first + SLICE], start=first) if d.text.strip()]
+        if not texts:
+            continue
+        spans = await served.token_spans(texts, add_special_tokens=False)
+        computed = iter([[(s.start, s.stop) for s in row if s.start is not None] for row in spans])
+
+        def offsets(part: Sequence[str], computed: Iterator[Offsets] = computed) -> list[Offsets]:
+            return [next(computed) for _ in part]  # split_windows asks for the texts in order
+
+        windows = split_windows(texts, offsets, window=size, chunking=Chunking(overlap=overlap))
+        chunks.extend((text, owners[int(owner)]) for text, owner in zip(windows.texts, windows.owners, strict=True))
+    return chunks
+
+
+class Ingestor:
+    """The worker that reads attached files, one at a time, on every replica (claims keep two from reading one)."""
+
+    def __init__(
+        self,
+        tables: VectorStoreTables,
+        file_path: Callable[[str], Path],
+        pool_of: Callable[[], ModelPool],
+        settings: Settings,
+    ) -> None:
+        self.tables = tables
+        self.file_path = file_path
+        self.pool_of = pool_of
+        self.settings = settings
+        self.lease_seconds = settings.batches.batch_lease_seconds
+        self.worker_id = f"vs-{secrets.token_hex(6)}"
+        self._wake = asyncio.Event()
+        self.files_read = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Read files until cancelled."""
+        while True:
+            try:
+                claimed = await asyncio.to_thread(self.tables.claim, self.worker_id, self.lease_seconds)
+            except Exception as exc:  # the database is unreachable now: try again
+                logger.warning("vector stores: cannot claim a file: %s", exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            if claimed is None:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), IDLE_SECONDS)
+                continue
+            await self._held(*claimed)
+
+    async def _held(self, file: FileRow, store: StoreRow) -> None:
+        """Read ``file`` while renewing its claim; stop when the claim is lost (cancelled, removed, expired)."""
+        work = asyncio.create_task(self.ingest(file, store))
+        while not work.done():
+            done, _ = await asyncio.wait({work}, timeout=self.lease_seconds / 3)
+            if done:
+                break
+            try:
+                held = await asyncio.to_thread(self.tables.renew, self.worker_id, file, self.lease_seconds)
+            except Exception as exc:
+                logger.warning("vector stores: cannot renew the claim on %s: %s", file.file_id, exc)
+                held = True  # the lease still runs; the final write checks it
+            if not held:
+                work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+
+    async def ingest(self, file: FileRow, store: StoreRow) -> None:
+        """Read, chunk and embed ``file`` and write its chunks; a file that cannot be read is ``failed`` with
+        the reason, a model that is busy or not ready has the file read again later."""
+        limits = self.settings.limits
+        try:
+            path = self.file_path(file.file_id)
+            try:
+                content = await asyncio.to_thread(path.read_bytes)
+            except FileNotFoundError:
+                raise InvalidFileError(f"file {file.file_id} was deleted before it was read") from None
+            docs = await asyncio.to_thread(
+                read_documents, file.filename, content, max_pages=limits.max_file_pages, max_chars=limits.max_file_bytes
+            )
+            served = self.pool_of().get(store.model, "embeddings")
+            pieces = await chunk_documents(served, docs, file.chunk_size, file.chunk_overlap)
+            vectors = await self._embed(served, [text for text, _ in pieces])
+        except (UnsupportedFileError, InvalidFileError) as exc:
+            await asyncio.to_thread(self.tables.fail, self.worker_id, file, exc.code, str(exc))  # type: ignore[arg-type]
+            return
+        except (OverloadedError, NotReadyError, ModelUnavailableError) as exc:
+            logger.info("vector stores: %s waits: %s", file.file_id, exc)
+            await asyncio.sleep(RETRY_SECONDS)  # the claim runs out and the file is read again
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("vector stores: reading %s failed", file.file_id)
+            await asyncio.to_thread(
+                self.tables.fail, self.worker_id, file, "server_error", f"{type(exc).__name__}: {exc}"
+            )
+            return
+        chunks = [
+            ChunkData(text, dict(docs[owner].attributes) or None, vector)
+            for (text, owner), vector in zip(pieces, vectors, strict=True)
+        ]
+        if await asyncio.to_thread(
+            self.tables.complete, self.worker_id, file, chunks, max_chunks=limits.max_vector_store_chunks
+        ):
+            self.files_read += 1
+
+    async def _embed(self, served: HostedModel, texts: list[str]) -> np.ndarray:
+        """``(N, D)`` float32 vectors of the chunks, a slice at a time."""
+        options = EmbedOptions(
+            input_type="document", priority=BATCH_PRIORITY, cached=True, budget=self.settings.limits.max_request_tokens
+        )
+        parts = [
+            (await served.embed(texts[first : first + SLICE], options)).output.embeddings
+            for first in range(0, len(texts), SLICE)
+        ]
+        return np.concatenate(parts).astype(np.float32) if parts else np.empty((0, 0), dtype=np.float32)

@@ -1,0 +1,433 @@
+"""OpenAI's Vector Stores API: ``/v1/vector_stores`` (create, list, retrieve, modify, delete, search), their files
+(attach a ``/v1/files`` upload, list, retrieve, update attributes, remove, content) and file batches (create,
+retrieve, cancel, list files), with OpenAI's objects (:mod:`service.vector_stores.schemas`), so the openai SDK's
+``client.vector_stores`` works unchanged.
+
+Every store belongs to the API key that made it (as files and batches do): another key gets 404 on it, its files
+and its searches. Files are read by a worker behind direct requests (:mod:`service.vector_stores.ingest`); a file
+is searchable once ``completed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from litestar import Request, delete, get, post
+from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
+from litestar.params import Parameter
+from msgspec import UNSET
+
+from embedrank.retrieval.documents import UnsupportedFileError, file_type
+from service.auth import owner_of
+from service.batches.routes import UNAVAILABLE
+from service.errors import invalid
+from service.handling import ERRORS, service_of
+from service.schemas import ErrorResponse
+from service.vector_stores.schemas import (
+    ChunkingStrategy,
+    CreateFileBatchRequest,
+    CreateFileRequest,
+    CreateVectorStoreRequest,
+    FileBatchObject,
+    FileContentPage,
+    SearchRequest,
+    SearchResult,
+    SearchResultPage,
+    TextContent,
+    UpdateFileRequest,
+    UpdateVectorStoreRequest,
+    VectorStoreDeleted,
+    VectorStoreFileDeleted,
+    VectorStoreFileList,
+    VectorStoreFileObject,
+    VectorStoreList,
+    VectorStoreObject,
+    batch_object,
+    file_object,
+    store_object,
+)
+from service.vector_stores.service import VectorStoreService, not_found
+from service.vector_stores.store import Attributes, FileRow, StoreRow, VectorStoreTables
+
+PATH = "/v1/vector_stores"
+STORE = PATH + "/{vector_store_id:str}"
+NOT_FOUND = {404: ResponseSpec(data_container=ErrorResponse, description="No such vector store or file for this key")}
+READ = {status: ERRORS[status] for status in (400, 401)} | NOT_FOUND | UNAVAILABLE
+WRITE = {**ERRORS, **NOT_FOUND, **UNAVAILABLE}
+ATTACHABLE = ("assistants", "user_data")
+"""The purposes of an uploaded file a vector store reads."""
+Order = Literal["asc", "desc"]
+Limit = Annotated[int, Parameter(ge=1, le=100)]
+
+
+def _service(state: State) -> VectorStoreService:
+    found = service_of(state).vector_stores
+    assert found is not None
+    return found  # type: ignore[no-any-return]
+
+
+async def _store(state: State, request: Request[Any, Any, Any], store_id: str) -> tuple[VectorStoreTables, StoreRow]:
+    tables = await _service(state).opened()
+    row = await asyncio.to_thread(tables.get_store, owner_of(request), store_id)
+    if row is None:
+        raise not_found("vector store", store_id, "vector_store_id")
+    return tables, row
+
+
+async def _object(tables: VectorStoreTables, row: StoreRow) -> VectorStoreObject:
+    state, now = await asyncio.gather(asyncio.to_thread(tables.state, row), asyncio.to_thread(tables.now))
+    return store_object(state, now)
+
+
+def _page(rows: Sequence[Any], limit: int, key: str) -> dict[str, Any]:
+    shown = rows[:limit]
+    return {
+        "first_id": getattr(shown[0], key) if shown else None,
+        "last_id": getattr(shown[-1], key) if shown else None,
+        "has_more": len(rows) > limit,
+    }
+
+
+async def _attach(
+    state: State,
+    request: Request[Any, Any, Any],
+    store: StoreRow,
+    files: list[tuple[str, Attributes | None, ChunkingStrategy | None]],
+    *,
+    batch: bool,
+) -> tuple[list[FileRow], Any]:
+    """Attach ``files`` (id, attributes, chunking) to ``store``: each must be an upload of this key with purpose
+    ``assistants`` or ``user_data``; one of a type that is not read is recorded ``failed`` (``unsupported_file``)."""
+    service = _service(state)
+    tables = await service.opened()
+    uploads = await asyncio.to_thread(service.batches.store)
+    owner = owner_of(request)
+    _, served = service.embedder(store.model)
+    rows = []
+    for file_id, attributes, strategy in files:
+        upload = await asyncio.to_thread(uploads.get_file, owner, file_id)
+        if upload is None:
+            raise not_found("file", file_id, "file_id")
+        if upload.purpose not in ATTACHABLE:
+            raise invalid(
+                f"file {file_id} has purpose {upload.purpose!r}; a vector store reads files uploaded with purpose "
+                f"{' or '.join(map(repr, ATTACHABLE))}",
+                param="file_id",
+            )
+        if strategy is None:
+            size, overlap = store.chunk_size, store.chunk_overlap
+        else:
+            size, overlap = await service.chunking(strategy, served, store.model)
+        error = None
+        try:
+            file_type(upload.filename)
+        except UnsupportedFileError as exc:
+            error = {"code": exc.code, "message": str(exc)}
+        rows.append((file_id, upload.filename, attributes, size, overlap, error))
+    made = await asyncio.to_thread(
+        tables.attach, store, rows, max_files=service.settings.limits.max_vector_store_files, batch=batch
+    )
+    service.wake()
+    return made
+
+
+@post(
+    PATH,
+    summary="Create a vector store",
+    description="A store of chunks searched by its embedding model (`model`, default the first served), its "
+    "first stage (`dense`, `bm25` or `hybrid`) and a ranker at search; `file_ids` are attached at once.",
+    responses=WRITE,
+    status_code=200,
+)
+async def create_vector_store(
+    data: CreateVectorStoreRequest, request: Request[Any, Any, Any], state: State
+) -> VectorStoreObject:
+    service = _service(state)
+    tables = await service.opened()
+    model_id, served = service.embedder(data.model)
+    size, overlap = await service.chunking(data.chunking_strategy, served, model_id)
+    row = await asyncio.to_thread(
+        tables.create_store,
+        owner_of(request),
+        name=data.name,
+        description=data.description,
+        metadata=data.metadata,
+        model=model_id,
+        first_stage=data.first_stage,
+        hybrid_weight=data.hybrid_weight,
+        chunk_size=size,
+        chunk_overlap=overlap,
+        expires_after_days=data.expires_after.days if data.expires_after else None,
+        max_stores=service.settings.limits.max_vector_stores,
+    )
+    if data.file_ids:
+        try:
+            await _attach(state, request, row, [(f, None, None) for f in data.file_ids], batch=False)
+        except Exception:  # a file that is not this key's: no store is left behind
+            await asyncio.to_thread(tables.delete_store, row.owner, row.id)
+            raise
+    return await _object(tables, row)
+
+
+@get(PATH, summary="List vector stores", responses=READ)
+async def list_vector_stores(
+    request: Request[Any, Any, Any],
+    state: State,
+    after: str | None = None,
+    before: str | None = None,
+    limit: Limit = 20,
+    order: Order = "desc",
+) -> VectorStoreList:
+    tables = await _service(state).opened()
+    rows = await asyncio.to_thread(
+        tables.list_stores, owner_of(request), after=after, before=before, limit=limit + 1, order=order
+    )
+    return VectorStoreList(data=[await _object(tables, r) for r in rows[:limit]], **_page(rows, limit, "id"))
+
+
+@get(STORE, summary="Retrieve a vector store", responses=READ)
+async def retrieve_vector_store(
+    request: Request[Any, Any, Any], state: State, vector_store_id: str
+) -> VectorStoreObject:
+    tables, row = await _store(state, request, vector_store_id)
+    return await _object(tables, row)
+
+
+@post(STORE, summary="Modify a vector store", responses=WRITE, status_code=200)
+async def modify_vector_store(
+    data: UpdateVectorStoreRequest, request: Request[Any, Any, Any], state: State, vector_store_id: str
+) -> VectorStoreObject:
+    tables, _ = await _store(state, request, vector_store_id)
+    changes: dict[str, Any] = {}
+    if data.name is not UNSET:
+        changes["name"] = data.name
+    if data.metadata is not UNSET:
+        changes["metadata"] = data.metadata
+    if data.expires_after is not UNSET:
+        changes["expires_after_days"] = data.expires_after.days if data.expires_after else None  # type: ignore[union-attr]
+    row = await asyncio.to_thread(tables.update_store, owner_of(request), vector_store_id, changes)
+    if row is None:
+        raise not_found("vector store", vector_store_id, "vector_store_id")
+    return await _object(tables, row)
+
+
+@delete(STORE, summary="Delete a vector store", status_code=200, responses=READ)
+async def delete_vector_store(
+    request: Request[Any, Any, Any], state: State, vector_store_id: str
+) -> VectorStoreDeleted:
+    service = _service(state)
+    tables = await service.opened()
+    if not await asyncio.to_thread(tables.delete_store, owner_of(request), vector_store_id):
+        raise not_found("vector store", vector_store_id, "vector_store_id")
+    if service.indexes is not None:
+        service.indexes.forget(vector_store_id)
+    return VectorStoreDeleted(id=vector_store_id)
+
+
+@post(
+    STORE + "/search",
+    summary="Search a vector store",
+    description="The chunks that best answer `query`, by the store's first stage, filtered on attributes, "
+    "ordered by a ranker (`ranking_options.ranker`: `none`, `auto`, or a served reranker's id).",
+    responses=WRITE,
+    status_code=200,
+)
+async def search_vector_store(
+    data: SearchRequest, request: Request[Any, Any, Any], state: State, vector_store_id: str
+) -> SearchResultPage:
+    service = _service(state)
+    tables, store = await _store(state, request, vector_store_id)
+    expires = store.last_active_at + store.expires_after_days * 86_400 if store.expires_after_days else None
+    if expires is not None and expires <= await asyncio.to_thread(tables.now):
+        raise invalid(
+            f"vector store {vector_store_id} has expired", param="vector_store_id", code="vector_store_expired"
+        )
+    queries, ranker, results = await service.search(store, data)
+    await asyncio.to_thread(tables.touch, store)
+    return SearchResultPage(
+        search_query=queries,
+        ranker=ranker,
+        data=[
+            SearchResult(
+                file_id=r["file_id"],
+                filename=r["filename"],
+                score=r["score"],
+                attributes=r["attributes"],
+                content=[TextContent(text=r["text"])],
+            )
+            for r in results
+        ],
+    )
+
+
+# -- files ------------------------------------------------------------------------------------------
+@post(STORE + "/files", summary="Attach a file to a vector store", responses=WRITE, status_code=200)
+async def create_vector_store_file(
+    data: CreateFileRequest, request: Request[Any, Any, Any], state: State, vector_store_id: str
+) -> VectorStoreFileObject:
+    _, store = await _store(state, request, vector_store_id)
+    rows, _ = await _attach(
+        state, request, store, [(data.file_id, data.attributes, data.chunking_strategy)], batch=False
+    )
+    return file_object(rows[0])
+
+
+@get(STORE + "/files", summary="List a vector store's files", responses=READ)
+async def list_vector_store_files(
+    request: Request[Any, Any, Any],
+    state: State,
+    vector_store_id: str,
+    after: str | None = None,
+    before: str | None = None,
+    limit: Limit = 20,
+    order: Order = "desc",
+    filter: Literal["in_progress", "completed", "failed", "cancelled"] | None = None,
+) -> VectorStoreFileList:
+    tables, store = await _store(state, request, vector_store_id)
+    rows = await asyncio.to_thread(
+        tables.list_files, store, status=filter, after=after, before=before, limit=limit + 1, order=order
+    )
+    return VectorStoreFileList(data=[file_object(r) for r in rows[:limit]], **_page(rows, limit, "file_id"))
+
+
+async def _file(
+    state: State, request: Request[Any, Any, Any], store_id: str, file_id: str
+) -> tuple[VectorStoreTables, StoreRow, FileRow]:
+    tables, store = await _store(state, request, store_id)
+    row = await asyncio.to_thread(tables.get_file, store, file_id)
+    if row is None:
+        raise not_found("file", file_id, "file_id")
+    return tables, store, row
+
+
+@get(STORE + "/files/{file_id:str}", summary="Retrieve a vector store's file", responses=READ)
+async def retrieve_vector_store_file(
+    request: Request[Any, Any, Any], state: State, vector_store_id: str, file_id: str
+) -> VectorStoreFileObject:
+    _, _, row = await _file(state, request, vector_store_id, file_id)
+    return file_object(row)
+
+
+@post(
+    STORE + "/files/{file_id:str}", summary="Update a vector store file's attributes", responses=WRITE, status_code=200
+)
+async def update_vector_store_file(
+    data: UpdateFileRequest, request: Request[Any, Any, Any], state: State, vector_store_id: str, file_id: str
+) -> VectorStoreFileObject:
+    tables, store = await _store(state, request, vector_store_id)
+    row = await asyncio.to_thread(tables.update_attributes, store, file_id, data.attributes)
+    if row is None:
+        raise not_found("file", file_id, "file_id")
+    return file_object(row)
+
+
+@delete(STORE + "/files/{file_id:str}", summary="Remove a file from a vector store", status_code=200, responses=READ)
+async def delete_vector_store_file(
+    request: Request[Any, Any, Any], state: State, vector_store_id: str, file_id: str
+) -> VectorStoreFileDeleted:
+    tables, store = await _store(state, request, vector_store_id)
+    if not await asyncio.to_thread(tables.remove_file, store, file_id):
+        raise not_found("file", file_id, "file_id")
+    return VectorStoreFileDeleted(id=file_id)
+
+
+@get(STORE + "/files/{file_id:str}/content", summary="A vector store file's chunks", responses=READ)
+async def vector_store_file_content(
+    request: Request[Any, Any, Any], state: State, vector_store_id: str, file_id: str
+) -> FileContentPage:
+    tables, store, _ = await _file(state, request, vector_store_id, file_id)
+    texts = await asyncio.to_thread(tables.file_chunks, store, file_id)
+    return FileContentPage(data=[TextContent(text=t) for t in texts])
+
+
+# -- file batches -----------------------------------------------------------------------------------
+@post(STORE + "/file_batches", summary="Attach files to a vector store as a batch", responses=WRITE, status_code=200)
+async def create_file_batch(
+    data: CreateFileBatchRequest, request: Request[Any, Any, Any], state: State, vector_store_id: str
+) -> FileBatchObject:
+    if (data.file_ids is None) == (data.files is None):
+        raise invalid("give exactly one of file_ids and files", param="file_ids")
+    tables, store = await _store(state, request, vector_store_id)
+    files = (
+        [(f, data.attributes, data.chunking_strategy) for f in data.file_ids]
+        if data.file_ids is not None
+        else [(f.file_id, f.attributes, f.chunking_strategy or data.chunking_strategy) for f in data.files or ()]
+    )
+    if not files:
+        raise invalid("the batch names no file", param="file_ids")
+    _, batch = await _attach(state, request, store, files, batch=True)
+    return batch_object(batch, await asyncio.to_thread(tables.batch_counts, batch))
+
+
+async def _batch(state: State, request: Request[Any, Any, Any], store_id: str, batch_id: str) -> Any:
+    tables, store = await _store(state, request, store_id)
+    batch = await asyncio.to_thread(tables.get_batch, store, batch_id)
+    if batch is None:
+        raise not_found("file batch", batch_id, "batch_id")
+    return tables, store, batch
+
+
+@get(STORE + "/file_batches/{batch_id:str}", summary="Retrieve a file batch", responses=READ)
+async def retrieve_file_batch(
+    request: Request[Any, Any, Any], state: State, vector_store_id: str, batch_id: str
+) -> FileBatchObject:
+    tables, _, batch = await _batch(state, request, vector_store_id, batch_id)
+    return batch_object(batch, await asyncio.to_thread(tables.batch_counts, batch))
+
+
+@post(STORE + "/file_batches/{batch_id:str}/cancel", summary="Cancel a file batch", responses=READ, status_code=200)
+async def cancel_file_batch(
+    request: Request[Any, Any, Any], state: State, vector_store_id: str, batch_id: str
+) -> FileBatchObject:
+    tables, store, _ = await _batch(state, request, vector_store_id, batch_id)
+    batch = await asyncio.to_thread(tables.cancel_batch, store, batch_id)
+    return batch_object(batch, await asyncio.to_thread(tables.batch_counts, batch))
+
+
+@get(STORE + "/file_batches/{batch_id:str}/files", summary="List a file batch's files", responses=READ)
+async def list_file_batch_files(
+    request: Request[Any, Any, Any],
+    state: State,
+    vector_store_id: str,
+    batch_id: str,
+    after: str | None = None,
+    before: str | None = None,
+    limit: Limit = 20,
+    order: Order = "desc",
+    filter: Literal["in_progress", "completed", "failed", "cancelled"] | None = None,
+) -> VectorStoreFileList:
+    tables, store, batch = await _batch(state, request, vector_store_id, batch_id)
+    rows = await asyncio.to_thread(
+        tables.list_files,
+        store,
+        status=filter,
+        batch_id=batch.id,
+        after=after,
+        before=before,
+        limit=limit + 1,
+        order=order,
+    )
+    return VectorStoreFileList(data=[file_object(r) for r in rows[:limit]], **_page(rows, limit, "file_id"))
+
+
+HANDLERS = (
+    create_vector_store,
+    list_vector_stores,
+    retrieve_vector_store,
+    modify_vector_store,
+    delete_vector_store,
+    search_vector_store,
+    create_vector_store_file,
+    list_vector_store_files,
+    retrieve_vector_store_file,
+    update_vector_store_file,
+    delete_vector_store_file,
+    vector_store_file_content,
+    create_file_batch,
+    retrieve_file_batch,
+    cancel_file_batch,
+    list_file_batch_files,
+)

@@ -1,0 +1,201 @@
+"""Vector stores' lifecycle and calls: their tables (opened in the batch store's database on first use), the
+worker that reads attached files, this replica's search indexes, and a search from query to ranked chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from embedrank.errors import shorten
+from embedrank.retrieval.filters import parse_filter
+from embedrank.serving.hosting import HostedModel
+from embedrank.serving.options import EmbedOptions, RerankOptions
+from embedrank.types import Chunking
+from service.batches.service import BatchService
+from service.batches.worker import RETRY_SECONDS
+from service.errors import APIError, invalid
+from service.vector_stores.ingest import Ingestor, window_of
+from service.vector_stores.schemas import AUTO_CHUNK, ChunkingStrategy, SearchRequest, StaticChunking
+from service.vector_stores.search import IndexCache, chunk_results
+from service.vector_stores.store import StoreRow, VectorStoreTables
+
+logger = logging.getLogger("embedrank.service")
+
+NO_RANKER = "none"
+AUTO_RANKERS = ("auto", "default-2024-11-15")
+
+
+@dataclasses.dataclass(eq=False)
+class VectorStoreService:
+    """The vector stores over the batch service's store (its database and its files)."""
+
+    batches: BatchService
+    _tables: VectorStoreTables | None = None
+    indexes: IndexCache | None = None
+    ingestor: Ingestor | None = None
+    _opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    @property
+    def settings(self) -> Any:
+        return self.batches.settings
+
+    def tables(self) -> VectorStoreTables:
+        """The tables, created on first use (blocking)."""
+        with self._opening:
+            if self._tables is None:
+                store = self.batches.store()
+                self._tables = VectorStoreTables(store.db)
+                self.indexes = IndexCache(self._tables)
+        return self._tables
+
+    async def opened(self) -> VectorStoreTables:
+        return self._tables if self._tables is not None else await asyncio.to_thread(self.tables)
+
+    async def run(self) -> None:
+        """The file reader, once the database exists; until cancelled."""
+        while (
+            not self.settings.batches.batch_database
+            and self._tables is None
+            and not (self.batches.root / "batches.db").is_file()
+        ):
+            await asyncio.sleep(0.5)
+        while True:
+            try:
+                tables = await self.opened()
+                break
+            except Exception as exc:
+                logger.warning("vector stores: the database is not reachable: %s; trying again", exc)
+                await asyncio.sleep(RETRY_SECONDS)
+        if not tables.db.shared:  # one host on its own database: a claim left by a crash cannot be live
+            await asyncio.to_thread(tables.release_claims)
+        store = await asyncio.to_thread(self.batches.store)
+        self.ingestor = Ingestor(tables, store.file_path, self.batches.pool_of, self.settings)
+        await self.ingestor.run()
+
+    def wake(self) -> None:
+        if self.ingestor is not None:
+            self.ingestor.wake()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # -- calls --------------------------------------------------------------------------------------
+    def embedder(self, model: str | None) -> tuple[str, HostedModel]:
+        """The served embedding model ``model`` (default: the first), by its id."""
+        pool = self.batches.pool_of()
+        model_id = model or pool.default("embeddings")
+        served = pool.get(model_id, "embeddings")
+        if "dense" not in served.outputs:
+            raise invalid(
+                f"model {shorten(model_id)!r} gives no dense vectors; a vector store needs a dense embedding model",
+                param="model",
+                code="model_wrong_kind",
+            )
+        return model_id, served
+
+    async def chunking(self, strategy: ChunkingStrategy | None, served: HostedModel, model_id: str) -> tuple[int, int]:
+        """(tokens a chunk, tokens of overlap) of ``strategy`` for a store of ``served``: ``auto`` is OpenAI's
+        800/400 within the model's window; a static size past the window is refused (its end would not be read)."""
+        window = await window_of(served)
+        if not isinstance(strategy, StaticChunking):
+            size = min(AUTO_CHUNK[0], window)
+            return size, min(AUTO_CHUNK[1], size // 2)
+        size, overlap = strategy.static.max_chunk_size_tokens, strategy.static.chunk_overlap_tokens
+        if overlap > size // 2:
+            raise invalid(
+                f"chunk_overlap_tokens={overlap} is more than half of max_chunk_size_tokens={size}",
+                param="chunking_strategy",
+            )
+        if size > window:
+            raise invalid(
+                f"max_chunk_size_tokens={size} is more than model {shorten(model_id)!r} reads at once ({window} "
+                "tokens): the rest of each chunk would not be searched; use at most that, or the auto strategy",
+                param="chunking_strategy",
+                code="chunk_too_large",
+            )
+        return size, overlap
+
+    def ranker(self, asked: str) -> str:
+        """The reranker a search's ``ranker`` names: ``none``; for ``auto``, the first served cross-encoder or
+        LLM reranker (none if there is none); or a served model that reranks."""
+        pool = self.batches.pool_of()
+        if asked == NO_RANKER:
+            return NO_RANKER
+        if asked in AUTO_RANKERS:
+            return next(
+                (
+                    model_id
+                    for model_id, plan in pool.described().items()
+                    if "rerank" in plan.capabilities and "embeddings" not in plan.capabilities
+                ),
+                NO_RANKER,
+            )
+        pool.get(asked, "rerank")  # a model that is not served, or does not rerank: its error
+        return asked
+
+    async def search(self, store: StoreRow, req: SearchRequest) -> tuple[list[str], str, list[dict[str, Any]]]:
+        """``req`` over ``store``: the queries searched, the ranker, and the results best first."""
+        limits = self.settings.limits
+        queries = [req.query] if isinstance(req.query, str) else list(req.query)
+        for i, query in enumerate(queries):
+            if not query.strip():
+                raise invalid("query is empty or only whitespace", param="query", code="empty_query")
+            if len(query) > limits.max_text_chars:
+                raise invalid(
+                    f"query[{i}] has {len(query)} characters; the limit is max_text_chars={limits.max_text_chars}",
+                    param="query",
+                    code="text_too_long",
+                )
+        where = (
+            parse_filter(req.filters, max_clauses=limits.max_filter_clauses, max_depth=limits.max_filter_depth)
+            if req.filters is not None
+            else None
+        )
+        options = req.ranking_options
+        ranker = self.ranker(options.ranker if options is not None else "auto")
+        threshold = options.score_threshold if options is not None else 0.0
+        _, served = self.embedder(store.model)
+        vectors = None
+        if store.first_stage != "bm25":
+            embedded = await served.embed(
+                queries, EmbedOptions(input_type="query", truncate=False, budget=limits.max_request_tokens)
+            )
+            vectors = embedded.output.embeddings
+        assert self.indexes is not None
+        index = await self.indexes.index(store, dimension_of(served))
+        depth = req.max_num_results if ranker == NO_RANKER else max(req.rerank_candidates, req.max_num_results)
+        ranked = await asyncio.to_thread(index.first_stage, store, queries, vectors, where, depth)
+        if ranker != NO_RANKER and ranked:
+            texts = [index.data.texts[row] for row, _ in ranked]
+            reranked = (
+                await self.batches.pool_of()
+                .get(ranker, "rerank")
+                .rerank(
+                    "\n".join(queries),
+                    texts,
+                    RerankOptions(chunking=Chunking(), budget=limits.max_request_tokens, top_n=req.max_num_results),
+                )
+            )
+            ranked = [(ranked[r.index][0], float(r.score)) for r in reranked.ranking]
+        results = [r for r in chunk_results(index, ranked[: req.max_num_results]) if r["score"] >= threshold]
+        return queries, ranker, results
+
+
+def dimension_of(served: HostedModel) -> int:
+    """The length of the model's dense vectors."""
+    return int(getattr(served, "dimension", None) or served.spec.dimension or 0)
+
+
+def not_found(what: str, object_id: str, param: str) -> APIError:
+    return APIError(404, f"no {what} with id {object_id[:100]!r} for this API key", param=param, code="not_found")

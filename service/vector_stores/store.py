@@ -1,0 +1,726 @@
+"""The durable state of vector stores: their rows, their files' rows, each file's chunks (text and vector) and
+the file batches, in the batch store's database (SQLite's ``batches.db`` by default, or the PostgreSQL server
+that replicas share; :mod:`service.batches.database`), on the database's clock.
+
+A file attached to a store is ``in_progress`` until a worker has read, chunked and embedded it. The worker
+claims the file (a lease it renews while it works, as batch chunks are claimed), computes every chunk, then
+writes all of them and marks the file ``completed`` in one transaction that succeeds only while its claim holds
+and the file is still ``in_progress`` (not cancelled nor removed meanwhile). A file's chunks are therefore
+written exactly once: a worker killed at any point leaves either all of them or none, and the file is claimed
+again when its lease runs out (at once on a single host's SQLite, whose claims are released at start).
+
+Every write that changes what a search sees (a file completed or removed, a file's attributes changed) bumps
+the store's ``version``: each replica's search index (:mod:`service.vector_stores.search`) is rebuilt when the
+version it holds is not the database's.
+
+Every row carries its owner (a digest of the API key); every read and change names it, so another key's stores
+are never found.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+
+from service.batches.database import Connection, Database
+from service.batches.store import _lease_free, new_id
+from service.errors import StoreError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS vector_stores (
+    seq {serial},
+    id TEXT NOT NULL UNIQUE,
+    owner TEXT NOT NULL,
+    name TEXT,
+    description TEXT,
+    metadata TEXT,
+    model TEXT NOT NULL,
+    first_stage TEXT NOT NULL,
+    hybrid_weight {real} NOT NULL,
+    chunk_size INTEGER NOT NULL,
+    chunk_overlap INTEGER NOT NULL,
+    expires_after_days INTEGER,
+    created_at INTEGER NOT NULL,
+    last_active_at INTEGER NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS vector_stores_by_owner ON vector_stores (owner, seq);
+CREATE TABLE IF NOT EXISTS vector_store_files (
+    seq {serial},
+    vector_store_id TEXT NOT NULL,
+    file_id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    batch_id TEXT,
+    filename TEXT NOT NULL,
+    attributes TEXT,
+    chunk_size INTEGER NOT NULL,
+    chunk_overlap INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    last_error TEXT,
+    usage_bytes INTEGER NOT NULL DEFAULT 0,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    claimed_by TEXT,
+    lease_until {real},
+    UNIQUE (vector_store_id, file_id)
+);
+CREATE INDEX IF NOT EXISTS vector_store_files_by_status ON vector_store_files (status, seq);
+CREATE TABLE IF NOT EXISTS vector_store_chunks (
+    vector_store_id TEXT NOT NULL,
+    file_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    attributes TEXT,
+    vector {blob} NOT NULL,
+    PRIMARY KEY (vector_store_id, file_id, number)
+);
+CREATE TABLE IF NOT EXISTS vector_store_file_batches (
+    seq {serial},
+    id TEXT NOT NULL UNIQUE,
+    vector_store_id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    cancelled_at INTEGER
+);
+"""
+
+FileStatus = Literal["in_progress", "completed", "cancelled", "failed"]
+FILE_STATUSES: tuple[FileStatus, ...] = ("in_progress", "completed", "cancelled", "failed")
+ErrorCode = Literal["server_error", "unsupported_file", "invalid_file"]
+Attributes = dict[str, str | int | float | bool]
+ACTIVE_SECONDS = 60
+"""How often, at most, a store's ``last_active_at`` is written by its searches."""
+
+
+class TooManyStoresError(StoreError):
+    """The owner has as many vector stores as it may have: 429 ``too_many_vector_stores``."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "too_many_vector_stores"
+
+
+class TooManyFilesError(StoreError):
+    """A store would hold more files than it may: 400 ``too_many_files``."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "too_many_files"
+    param = "file_ids"
+
+
+class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A vector store: OpenAI's fields, its owner, how it searches (the embedding ``model``, the ``first_stage``
+    and the dense weight of a hybrid), its default chunking, and the ``version`` of what a search sees."""
+
+    seq: int
+    id: str
+    owner: str
+    name: str | None
+    description: str | None
+    metadata: dict[str, str] | None
+    model: str
+    first_stage: Literal["dense", "bm25", "hybrid"]
+    hybrid_weight: float
+    chunk_size: int
+    chunk_overlap: int
+    expires_after_days: int | None
+    created_at: int
+    last_active_at: int
+    version: int
+
+
+class FileCounts(msgspec.Struct, frozen=True, kw_only=True):
+    in_progress: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    total: int = 0
+
+
+class StoreState(msgspec.Struct, frozen=True, kw_only=True):
+    """A store with what its files add up to: their counts by status and their bytes."""
+
+    row: StoreRow
+    counts: FileCounts
+    usage_bytes: int
+
+
+class FileRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A file of a store: the uploaded file's id and name, its attributes and chunking, its status (and
+    ``last_error`` once failed), its chunks' bytes and count, and the claim of the worker reading it."""
+
+    seq: int
+    vector_store_id: str
+    file_id: str
+    owner: str
+    batch_id: str | None
+    filename: str
+    attributes: Attributes | None
+    chunk_size: int
+    chunk_overlap: int
+    status: FileStatus
+    last_error: dict[str, str] | None
+    usage_bytes: int
+    chunks: int
+    created_at: int
+    claimed_by: str | None
+    lease_until: float | None
+
+
+class BatchRow(msgspec.Struct, frozen=True, kw_only=True):
+    seq: int
+    id: str
+    vector_store_id: str
+    owner: str
+    created_at: int
+    cancelled_at: int | None
+
+
+class ChunkData(msgspec.Struct, frozen=True):
+    """A chunk as the worker writes it: its text, its own attributes (a JSON Lines line's) and its vector."""
+
+    text: str
+    attributes: Attributes | None
+    vector: np.ndarray
+
+
+class Searchable(msgspec.Struct, frozen=True):
+    """Every chunk a search of a store sees, at ``version``: ``(N,)`` file ids, names, texts, attributes (the
+    file's, with the chunk's own over them) and an ``(N, D)`` float32 matrix of vectors."""
+
+    version: int
+    file_ids: list[str]
+    filenames: list[str]
+    texts: list[str]
+    attributes: list[Attributes]
+    vectors: np.ndarray
+
+
+def _json(value: Any) -> str | None:
+    return json.dumps(value) if value is not None else None
+
+
+def _decoded(row: Any, *names: str) -> dict[str, Any]:
+    found = dict(row)
+    for name in names:
+        found[name] = json.loads(found[name]) if found[name] else None
+    return found
+
+
+def _store(row: Any) -> StoreRow:
+    return msgspec.convert(_decoded(row, "metadata"), StoreRow)
+
+
+def _file(row: Any) -> FileRow:
+    return msgspec.convert(_decoded(row, "attributes", "last_error"), FileRow)
+
+
+def _batch(row: Any) -> BatchRow:
+    return msgspec.convert(dict(row), BatchRow)
+
+
+def _page(
+    sql: str, args: list[Any], *, after: int | None, before: int | None, limit: int, order: str
+) -> tuple[str, list[Any]]:
+    """``sql`` (a SELECT with a WHERE) paged by ``seq`` as OpenAI's lists are: ``after``/``before`` a row's seq,
+    newest first with ``order="desc"``."""
+    if after is not None:
+        sql += " AND seq < ?" if order == "desc" else " AND seq > ?"
+        args.append(after)
+    if before is not None:
+        sql += " AND seq > ?" if order == "desc" else " AND seq < ?"
+        args.append(before)
+    sql += f" ORDER BY seq {'DESC' if order == 'desc' else 'ASC'} LIMIT ?"
+    args.append(limit)
+    return sql, args
+
+
+class VectorStoreTables:
+    """The vector stores' rows in ``database`` (the batch store's). Blocking: called from worker threads."""
+
+    def __init__(self, database: Database) -> None:
+        self.db = database
+        with self.db.write() as db:
+            if self.db.words["schema_lock"]:
+                db.execute(self.db.words["schema_lock"])
+            for statement in SCHEMA.format(**self.db.words).split(";"):
+                if statement.strip():
+                    db.execute(statement)
+
+    def _now(self, db: Connection) -> float:
+        return float(db.execute(self.db.words["now"]).fetchone()["now"])
+
+    def _seq(self, db: Connection, table: str, column: str, value: str | None, owner: str, *extra: Any) -> int | None:
+        """The ``seq`` of the row of ``table`` whose ``column`` is ``value`` (a cursor of a list), None when none."""
+        if value is None:
+            return None
+        where = " AND vector_store_id = ?" if extra else ""
+        row = db.execute(
+            f"SELECT seq FROM {table} WHERE {column} = ? AND owner = ?{where}", (value, owner, *extra)
+        ).fetchone()
+        return int(row["seq"]) if row is not None else -1  # an unknown cursor: an empty page
+
+    # -- stores -------------------------------------------------------------------------------------
+    def create_store(
+        self,
+        owner: str,
+        *,
+        name: str | None,
+        description: str | None,
+        metadata: dict[str, str] | None,
+        model: str,
+        first_stage: str,
+        hybrid_weight: float,
+        chunk_size: int,
+        chunk_overlap: int,
+        expires_after_days: int | None,
+        max_stores: int,
+    ) -> StoreRow:
+        store_id = new_id("vs_")
+        with self.db.write() as db:
+            if self.db.words["owner_lock"]:
+                db.execute(self.db.words["owner_lock"], (owner,))
+            held = db.execute("SELECT count(*) AS n FROM vector_stores WHERE owner = ?", (owner,)).fetchone()["n"]
+            if held >= max_stores:
+                raise TooManyStoresError(
+                    f"this API key has {held} vector stores, the limit (max_vector_stores={max_stores}); "
+                    "delete one first"
+                )
+            now = int(self._now(db))
+            db.execute(
+                "INSERT INTO vector_stores (id, owner, name, description, metadata, model, first_stage, hybrid_weight, "
+                "chunk_size, chunk_overlap, expires_after_days, created_at, last_active_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    store_id,
+                    owner,
+                    name,
+                    description,
+                    _json(metadata),
+                    model,
+                    first_stage,
+                    hybrid_weight,
+                    chunk_size,
+                    chunk_overlap,
+                    expires_after_days,
+                    now,
+                    now,
+                ),
+            )
+            return _store(db.execute("SELECT * FROM vector_stores WHERE id = ?", (store_id,)).fetchone())
+
+    def get_store(self, owner: str, store_id: str) -> StoreRow | None:
+        row = (
+            self.db.connection()
+            .execute("SELECT * FROM vector_stores WHERE id = ? AND owner = ?", (store_id, owner))
+            .fetchone()
+        )
+        return _store(row) if row is not None else None
+
+    def state(self, store: StoreRow) -> StoreState:
+        """``store`` with its files' counts by status and their bytes."""
+        rows = self.db.connection().execute(
+            "SELECT status, count(*) AS n, coalesce(sum(usage_bytes), 0) AS used FROM vector_store_files "
+            "WHERE vector_store_id = ? GROUP BY status",
+            (store.id,),
+        )
+        counts: dict[str, int] = {}
+        used = 0
+        for row in rows:
+            counts[row["status"]] = int(row["n"])
+            used += int(row["used"])
+        return StoreState(row=store, counts=FileCounts(**counts, total=sum(counts.values())), usage_bytes=used)
+
+    def list_stores(
+        self, owner: str, *, after: str | None, before: str | None, limit: int, order: str
+    ) -> list[StoreRow]:
+        db = self.db.connection()
+        sql, args = _page(
+            "SELECT * FROM vector_stores WHERE owner = ?",
+            [owner],
+            after=self._seq(db, "vector_stores", "id", after, owner),
+            before=self._seq(db, "vector_stores", "id", before, owner),
+            limit=limit,
+            order=order,
+        )
+        return [_store(r) for r in db.execute(sql, args)]
+
+    def update_store(self, owner: str, store_id: str, changes: dict[str, Any]) -> StoreRow | None:
+        """Set ``changes`` (``name``, ``metadata``, ``expires_after_days``) of the store; None if it is not found."""
+        if "metadata" in changes:
+            changes = {**changes, "metadata": _json(changes["metadata"])}
+        with self.db.write() as db:
+            if changes:
+                sets = ", ".join(f"{name} = ?" for name in changes)
+                db.execute(
+                    f"UPDATE vector_stores SET {sets} WHERE id = ? AND owner = ?", (*changes.values(), store_id, owner)
+                )
+            row = db.execute("SELECT * FROM vector_stores WHERE id = ? AND owner = ?", (store_id, owner)).fetchone()
+        return _store(row) if row is not None else None
+
+    def delete_store(self, owner: str, store_id: str) -> bool:
+        with self.db.write() as db:
+            gone = db.execute("DELETE FROM vector_stores WHERE id = ? AND owner = ?", (store_id, owner)).rowcount
+            if gone:
+                for table in ("vector_store_chunks", "vector_store_files", "vector_store_file_batches"):
+                    db.execute(f"DELETE FROM {table} WHERE vector_store_id = ?", (store_id,))
+        return bool(gone)
+
+    def touch(self, store: StoreRow) -> None:
+        """Record a search of ``store`` (its ``last_active_at``, from which it expires), at most once a minute."""
+        with self.db.write() as db:
+            db.execute(
+                "UPDATE vector_stores SET last_active_at = ? WHERE id = ? AND last_active_at < ?",
+                (int(self._now(db)), store.id, int(self._now(db)) - ACTIVE_SECONDS),
+            )
+
+    def now(self) -> int:
+        return int(self._now(self.db.connection()))
+
+    # -- files --------------------------------------------------------------------------------------
+    def attach(
+        self,
+        store: StoreRow,
+        files: list[tuple[str, str, Attributes | None, int, int, dict[str, str] | None]],
+        *,
+        max_files: int,
+        batch: bool = False,
+    ) -> tuple[list[FileRow], BatchRow | None]:
+        """Attach ``files`` (``(file id, filename, attributes, chunk size, chunk overlap, error)`` each; a file
+        with an ``error`` is recorded ``failed`` with it) to ``store``, in one transaction, with a file batch
+        when ``batch``. Attaching a file again replaces its row (its chunks are computed again). Returns the
+        rows and the batch.
+
+        Raises:
+            TooManyFilesError: the store would hold more than ``max_files`` files.
+        """
+        with self.db.write() as db:
+            if self.db.words["owner_lock"]:
+                db.execute(self.db.words["owner_lock"], (store.owner,))
+            ids = [f[0] for f in files]
+            held = db.execute(
+                "SELECT count(*) AS n FROM vector_store_files WHERE vector_store_id = ?", (store.id,)
+            ).fetchone()["n"]
+            again = sum(
+                1
+                for file_id in set(ids)
+                if db.execute(
+                    "SELECT 1 FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
+                ).fetchone()
+            )
+            if held - again + len(set(ids)) > max_files:
+                raise TooManyFilesError(
+                    f"the vector store would hold {held - again + len(set(ids))} files; the limit is "
+                    f"max_vector_store_files={max_files}"
+                )
+            now = int(self._now(db))
+            made = None
+            if batch:
+                made = BatchRow(
+                    seq=0,
+                    id=new_id("vsfb_"),
+                    vector_store_id=store.id,
+                    owner=store.owner,
+                    created_at=now,
+                    cancelled_at=None,
+                )
+                db.execute(
+                    "INSERT INTO vector_store_file_batches (id, vector_store_id, owner, created_at) VALUES (?, ?, ?, ?)",
+                    (made.id, store.id, store.owner, now),
+                )
+            changed = False
+            for file_id, filename, attributes, size, overlap, error in files:
+                changed |= bool(
+                    db.execute(
+                        "DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
+                    ).rowcount
+                )
+                db.execute(
+                    "DELETE FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
+                )
+                db.execute(
+                    "INSERT INTO vector_store_files (vector_store_id, file_id, owner, batch_id, filename, attributes, "
+                    "chunk_size, chunk_overlap, status, last_error, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        store.id,
+                        file_id,
+                        store.owner,
+                        made.id if made else None,
+                        filename,
+                        _json(attributes),
+                        size,
+                        overlap,
+                        "failed" if error else "in_progress",
+                        _json(error),
+                        now,
+                    ),
+                )
+            if changed:
+                db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (store.id,))
+            rows = [
+                _file(
+                    db.execute(
+                        "SELECT * FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?",
+                        (store.id, file_id),
+                    ).fetchone()
+                )
+                for file_id in dict.fromkeys(ids)
+            ]
+            if made is not None:
+                made = _batch(db.execute("SELECT * FROM vector_store_file_batches WHERE id = ?", (made.id,)).fetchone())
+        return rows, made
+
+    def get_file(self, store: StoreRow, file_id: str) -> FileRow | None:
+        row = (
+            self.db.connection()
+            .execute("SELECT * FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id))
+            .fetchone()
+        )
+        return _file(row) if row is not None else None
+
+    def list_files(
+        self,
+        store: StoreRow,
+        *,
+        status: str | None,
+        batch_id: str | None = None,
+        after: str | None,
+        before: str | None,
+        limit: int,
+        order: str,
+    ) -> list[FileRow]:
+        db = self.db.connection()
+        sql, args = "SELECT * FROM vector_store_files WHERE vector_store_id = ?", [store.id]
+        if status is not None:
+            sql += " AND status = ?"
+            args.append(status)
+        if batch_id is not None:
+            sql += " AND batch_id = ?"
+            args.append(batch_id)
+        sql, args = _page(
+            sql,
+            args,
+            after=self._seq(db, "vector_store_files", "file_id", after, store.owner, store.id),
+            before=self._seq(db, "vector_store_files", "file_id", before, store.owner, store.id),
+            limit=limit,
+            order=order,
+        )
+        return [_file(r) for r in db.execute(sql, args)]
+
+    def update_attributes(self, store: StoreRow, file_id: str, attributes: Attributes | None) -> FileRow | None:
+        with self.db.write() as db:
+            changed = db.execute(
+                "UPDATE vector_store_files SET attributes = ? WHERE vector_store_id = ? AND file_id = ?",
+                (_json(attributes), store.id, file_id),
+            ).rowcount
+            if not changed:
+                return None
+            db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (store.id,))
+            return _file(
+                db.execute(
+                    "SELECT * FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
+                ).fetchone()
+            )
+
+    def remove_file(self, store: StoreRow, file_id: str) -> bool:
+        """Remove a file and its chunks from ``store`` (the uploaded file stays)."""
+        with self.db.write() as db:
+            gone = db.execute(
+                "DELETE FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
+            ).rowcount
+            if gone:
+                db.execute(
+                    "DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
+                )
+                db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (store.id,))
+        return bool(gone)
+
+    def file_chunks(self, store: StoreRow, file_id: str) -> list[str]:
+        """The texts of a file's chunks, in order."""
+        rows = self.db.connection().execute(
+            "SELECT text FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ? ORDER BY number",
+            (store.id, file_id),
+        )
+        return [r["text"] for r in rows]
+
+    # -- file batches -------------------------------------------------------------------------------
+    def get_batch(self, store: StoreRow, batch_id: str) -> BatchRow | None:
+        row = (
+            self.db.connection()
+            .execute(
+                "SELECT * FROM vector_store_file_batches WHERE id = ? AND vector_store_id = ?", (batch_id, store.id)
+            )
+            .fetchone()
+        )
+        return _batch(row) if row is not None else None
+
+    def batch_counts(self, batch: BatchRow) -> FileCounts:
+        rows = self.db.connection().execute(
+            "SELECT status, count(*) AS n FROM vector_store_files WHERE batch_id = ? GROUP BY status", (batch.id,)
+        )
+        counts = {r["status"]: int(r["n"]) for r in rows}
+        return FileCounts(**counts, total=sum(counts.values()))
+
+    def cancel_batch(self, store: StoreRow, batch_id: str) -> BatchRow | None:
+        """Cancel a file batch: its files not yet read are ``cancelled``; those read stay."""
+        with self.db.write() as db:
+            now = int(self._now(db))
+            found = db.execute(
+                "UPDATE vector_store_file_batches SET cancelled_at = coalesce(cancelled_at, ?) "
+                "WHERE id = ? AND vector_store_id = ?",
+                (now, batch_id, store.id),
+            ).rowcount
+            if not found:
+                return None
+            db.execute(
+                "UPDATE vector_store_files SET status = 'cancelled', claimed_by = NULL, lease_until = NULL "
+                "WHERE batch_id = ? AND status = 'in_progress'",
+                (batch_id,),
+            )
+            return _batch(db.execute("SELECT * FROM vector_store_file_batches WHERE id = ?", (batch_id,)).fetchone())
+
+    # -- the worker ---------------------------------------------------------------------------------
+    def claim(self, worker: str, lease_seconds: float) -> tuple[FileRow, StoreRow] | None:
+        """Claim the oldest ``in_progress`` file whose claim is free, with its store; None when there is none."""
+        with self.db.write() as db:
+            now = self._now(db)
+            row = db.execute(
+                "SELECT c.* FROM vector_store_files c WHERE c.status = 'in_progress' AND "
+                f"{_lease_free('c.')} ORDER BY c.seq LIMIT 1 {self.db.words['skip_locked']}",
+                (now,),
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute(
+                "UPDATE vector_store_files SET claimed_by = ?, lease_until = ? WHERE seq = ?",
+                (worker, now + lease_seconds, row["seq"]),
+            )
+            store = db.execute("SELECT * FROM vector_stores WHERE id = ?", (row["vector_store_id"],)).fetchone()
+            file = _file(db.execute("SELECT * FROM vector_store_files WHERE seq = ?", (row["seq"],)).fetchone())
+        return (file, _store(store)) if store is not None else None
+
+    def renew(self, worker: str, file: FileRow, lease_seconds: float) -> bool:
+        """Extend ``worker``'s claim on ``file``; False when it no longer holds it (or the file left
+        ``in_progress``: cancelled, removed, attached again)."""
+        with self.db.write() as db:
+            now = self._now(db)
+            return bool(
+                db.execute(
+                    "UPDATE vector_store_files SET lease_until = ? WHERE seq = ? AND claimed_by = ? "
+                    "AND status = 'in_progress'",
+                    (now + lease_seconds, file.seq, worker),
+                ).rowcount
+            )
+
+    def release_claims(self) -> None:
+        """Free every claim (one host on its own database, starting: none can be live)."""
+        with self.db.write() as db:
+            db.execute(
+                "UPDATE vector_store_files SET claimed_by = NULL, lease_until = NULL WHERE claimed_by IS NOT NULL"
+            )
+
+    def complete(self, worker: str, file: FileRow, chunks: list[ChunkData], *, max_chunks: int) -> bool:
+        """Write ``file``'s chunks and mark it ``completed``, in one transaction, if ``worker`` still holds its
+        claim and it is still ``in_progress``; a store that would hold more than ``max_chunks`` chunks has the
+        file ``failed`` instead. False when the claim was lost (nothing written)."""
+        with self.db.write() as db:
+            held = db.execute(
+                f"SELECT seq FROM vector_store_files WHERE seq = ? AND claimed_by = ? AND status = 'in_progress' "
+                f"{self.db.words['lock_row']}",
+                (file.seq, worker),
+            ).fetchone()
+            if held is None:
+                return False
+            stored = db.execute(
+                "SELECT coalesce(sum(chunks), 0) AS n FROM vector_store_files WHERE vector_store_id = ? AND status = "
+                "'completed'",
+                (file.vector_store_id,),
+            ).fetchone()["n"]
+            if stored + len(chunks) > max_chunks:
+                self._fail(
+                    db,
+                    file,
+                    "invalid_file",
+                    f"the file's {len(chunks)} chunks would make the vector store hold {stored + len(chunks)}; "
+                    f"the limit is max_vector_store_chunks={max_chunks}",
+                )
+                return True
+            db.execute(
+                "DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?",
+                (file.vector_store_id, file.file_id),
+            )
+            db.executemany(
+                "INSERT INTO vector_store_chunks (vector_store_id, file_id, number, text, attributes, vector) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        file.vector_store_id,
+                        file.file_id,
+                        number,
+                        chunk.text,
+                        _json(chunk.attributes),
+                        np.ascontiguousarray(chunk.vector, dtype="<f4").tobytes(),
+                    )
+                    for number, chunk in enumerate(chunks)
+                ],
+            )
+            used = sum(len(c.text.encode()) + 4 * c.vector.size for c in chunks)
+            db.execute(
+                "UPDATE vector_store_files SET status = 'completed', chunks = ?, usage_bytes = ?, claimed_by = NULL, "
+                "lease_until = NULL WHERE seq = ?",
+                (len(chunks), used, file.seq),
+            )
+            db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (file.vector_store_id,))
+        return True
+
+    def fail(self, worker: str, file: FileRow, code: ErrorCode, message: str) -> None:
+        """Mark ``file`` ``failed`` with ``last_error``, if ``worker`` still holds it."""
+        with self.db.write() as db:
+            if db.execute(
+                "SELECT seq FROM vector_store_files WHERE seq = ? AND claimed_by = ? AND status = 'in_progress'",
+                (file.seq, worker),
+            ).fetchone():
+                self._fail(db, file, code, message)
+
+    @staticmethod
+    def _fail(db: Connection, file: FileRow, code: ErrorCode, message: str) -> None:
+        db.execute(
+            "UPDATE vector_store_files SET status = 'failed', last_error = ?, claimed_by = NULL, lease_until = NULL "
+            "WHERE seq = ?",
+            (json.dumps({"code": code, "message": message[:1000]}), file.seq),
+        )
+
+    # -- searches -----------------------------------------------------------------------------------
+    def searchable(self, store: StoreRow, dimension: int) -> Searchable:
+        """Every chunk of ``store``'s completed files as a search sees it, read in one transaction (consistent
+        with the version it records)."""
+        with self.db.write() as db:
+            version = db.execute("SELECT version FROM vector_stores WHERE id = ?", (store.id,)).fetchone()["version"]
+            rows = db.execute(
+                "SELECT c.file_id, f.filename, c.text, c.attributes, f.attributes AS file_attributes, c.vector "
+                "FROM vector_store_chunks c JOIN vector_store_files f "
+                "ON f.vector_store_id = c.vector_store_id AND f.file_id = c.file_id "
+                "WHERE c.vector_store_id = ? AND f.status = 'completed' ORDER BY f.seq, c.number",
+                (store.id,),
+            ).fetchall()
+        vectors = np.empty((len(rows), dimension), dtype=np.float32)
+        for i, row in enumerate(rows):
+            vectors[i] = np.frombuffer(bytes(row["vector"]), dtype="<f4")
+        return Searchable(
+            version=int(version),
+            file_ids=[r["file_id"] for r in rows],
+            filenames=[r["filename"] for r in rows],
+            texts=[r["text"] for r in rows],
+            attributes=[
+                {**json.loads(r["file_attributes"] or "{}"), **json.loads(r["attributes"] or "{}")} for r in rows
+            ],
+            vectors=vectors,
+        )
+
+    def version(self, owner: str, store_id: str) -> StoreRow | None:
+        """The store's row, as a search checks it (its owner, its version) before reading its index."""
+        return self.get_store(owner, store_id)

@@ -1,0 +1,267 @@
+"""OpenAI's Vector Stores API, driven by the openai SDK unchanged against the app (fake models, in process):
+create a store, upload and attach files (one by one and as a batch), wait for them to be read, search them with
+filters and rankers, list, modify, remove, delete; another key sees nothing; the limits refuse before any work."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from litestar.testing import TestClient
+
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
+from service.app import create_app
+from service.settings import Auth, Batches, Engine, Limits, Settings
+
+KEYS = ("key-a", "key-b")
+
+
+def fakes() -> dict[str, Any]:
+    """An encoder that reads 512 tokens at once (OpenAI's static chunks are 100 tokens or more) and a reranker."""
+    return {"enc": FakeEncoder("enc", max_seq_length=512), "rer": FakeCrossEncoder("rer")}
+
+
+DOCS = {
+    "tea.txt": "green tea is brewed from the leaves of the tea plant",
+    "coffee.md": "# Coffee\n\nblack coffee is brewed from roasted coffee beans",
+    "cocoa.html": "<html><head><style>p {}</style></head><body><p>hot cocoa is made from cocoa powder</p></body></html>",
+}
+
+
+@contextlib.contextmanager
+def running_app(folder: Path, *, limits: Limits | None = None) -> Iterator[TestClient]:
+    config = Settings(
+        auth=Auth(api_keys=KEYS),
+        engine=Engine(tune_malloc=False, batch_wait_ms=0),
+        limits=limits or Limits(),
+        batches=Batches(batch_dir=str(folder)),
+    )
+    with TestClient(create_app(config, wait_for_models=True, models=fakes())) as client:
+        yield client
+
+
+@pytest.fixture
+def client(tmp_path):
+    with running_app(tmp_path / "store") as client:
+        yield client
+
+
+def sdk(client: TestClient, key: str = KEYS[0]) -> openai.OpenAI:
+    return openai.OpenAI(api_key=key, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
+
+
+def upload(api: openai.OpenAI, name: str, text: str | bytes, purpose: str = "assistants") -> str:
+    content = text.encode() if isinstance(text, str) else text
+    return api.files.create(file=(name, content), purpose=purpose).id  # type: ignore[arg-type]
+
+
+def wait_store(api: openai.OpenAI, store_id: str, seconds: float = 30.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        store = api.vector_stores.retrieve(store_id)
+        if store.file_counts.in_progress == 0:
+            return store
+        time.sleep(0.05)
+    raise AssertionError(f"vector store {store_id} still reading: {store.file_counts}")
+
+
+def make_store(api: openai.OpenAI, **extra: Any) -> str:
+    ids = [upload(api, name, text) for name, text in DOCS.items()]
+    store = api.vector_stores.create(name="drinks", file_ids=ids, extra_body=extra or None)
+    wait_store(api, store.id)
+    return store.id
+
+
+def test_create_attach_search_with_the_sdk(client):
+    api = sdk(client)
+    store_id = make_store(api)
+    store = api.vector_stores.retrieve(store_id)
+    assert store.object == "vector_store" and store.name == "drinks" and store.status == "completed"
+    assert store.file_counts.completed == 3 and store.file_counts.total == 3 and store.usage_bytes > 0
+    page = api.vector_stores.search(store_id, query="coffee beans", ranking_options={"ranker": "none"})
+    assert page.data[0].filename == "coffee.md"
+    assert page.data[0].content[0].type == "text" and "roasted coffee" in page.data[0].content[0].text
+    assert [r.score for r in page.data] == sorted((r.score for r in page.data), reverse=True)
+    html = next(r for r in page.data if r.filename == "cocoa.html").content[0].text
+    assert html == "hot cocoa is made from cocoa powder"  # visible text only
+    files = api.vector_stores.files.list(store_id)
+    assert {f.status for f in files.data} == {"completed"}
+    assert files.data[0].chunking_strategy.type == "static"  # type: ignore[union-attr]
+
+
+def test_rankers(client):
+    api = sdk(client)
+    store_id = make_store(api)
+    none = client.post(
+        f"/v1/vector_stores/{store_id}/search",
+        json={"query": "cocoa", "ranking_options": {"ranker": "none"}},
+        headers={"Authorization": f"Bearer {KEYS[0]}"},
+    ).json()
+    auto = client.post(
+        f"/v1/vector_stores/{store_id}/search", json={"query": "cocoa"}, headers={"Authorization": f"Bearer {KEYS[0]}"}
+    ).json()
+    assert none["ranker"] == "none" and auto["ranker"] == "rer"
+    named = api.vector_stores.search(store_id, query="cocoa", ranking_options={"ranker": "rer"})  # type: ignore[typeddict-item]
+    assert [r.file_id for r in named.data] == [r["file_id"] for r in auto["data"]]
+    with pytest.raises(openai.NotFoundError):
+        api.vector_stores.search(store_id, query="cocoa", ranking_options={"ranker": "no-such-model"})  # type: ignore[typeddict-item]
+
+
+def test_filters_on_attributes(client):
+    api = sdk(client)
+    store = api.vector_stores.create(name="years")
+    for year, (name, text) in zip((2019, 2021, 2023), DOCS.items(), strict=True):
+        api.vector_stores.files.create(
+            store.id, file_id=upload(api, name, text), attributes={"year": year, "kind": name[-3:]}
+        )
+    wait_store(api, store.id)
+
+    def found(filters: dict[str, Any]) -> set[str]:
+        return {r.filename for r in api.vector_stores.search(store.id, query="brewed", filters=filters).data}  # type: ignore[arg-type]
+
+    assert found({"type": "gte", "key": "year", "value": 2021}) == {"coffee.md", "cocoa.html"}
+    assert found(
+        {
+            "type": "and",
+            "filters": [{"type": "gt", "key": "year", "value": 2019}, {"type": "eq", "key": "kind", "value": "tml"}],
+        }
+    ) == {"cocoa.html"}
+    assert found({"type": "in", "key": "kind", "value": ["txt", "tml"]}) == {"tea.txt", "cocoa.html"}
+    first = api.vector_stores.files.list(store.id).data[0].id
+    api.vector_stores.files.update(file_id=first, vector_store_id=store.id, attributes={"year": 1990})
+    assert len(found({"type": "lt", "key": "year", "value": 2000})) == 1  # the new attributes are searched at once
+
+
+def test_another_key_gets_404(client):
+    api, other = sdk(client), sdk(client, KEYS[1])
+    store_id = make_store(api)
+    file_id = api.vector_stores.files.list(store_id).data[0].id
+    for call in (
+        lambda: other.vector_stores.retrieve(store_id),
+        lambda: other.vector_stores.search(store_id, query="tea"),
+        lambda: other.vector_stores.files.list(store_id),
+        lambda: other.vector_stores.files.retrieve(file_id, vector_store_id=store_id),
+        lambda: other.vector_stores.delete(store_id),
+        lambda: other.vector_stores.create(file_ids=[file_id]),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert other.vector_stores.list().data == []
+    assert api.vector_stores.retrieve(store_id).file_counts.completed == 3
+
+
+def test_file_batches_content_remove_delete(client):
+    api = sdk(client)
+    store = api.vector_stores.create(name="b", extra_body={"first_stage": "hybrid"})
+    ids = [upload(api, name, text) for name, text in DOCS.items()]
+    batch = api.vector_stores.file_batches.create(store.id, file_ids=ids)
+    assert batch.object == "vector_store.files_batch" and batch.file_counts.total == 3
+    wait_store(api, store.id)
+    batch = api.vector_stores.file_batches.retrieve(batch.id, vector_store_id=store.id)
+    assert batch.status == "completed" and batch.file_counts.completed == 3
+    assert len(api.vector_stores.file_batches.list_files(batch.id, vector_store_id=store.id).data) == 3
+    content = api.vector_stores.files.content(ids[0], vector_store_id=store.id)
+    assert [c.text for c in content] == [DOCS["tea.txt"]]
+    assert api.vector_stores.files.delete(ids[0], vector_store_id=store.id).deleted
+    assert "tea.txt" not in {r.filename for r in api.vector_stores.search(store.id, query="green tea").data}
+    assert api.vector_stores.retrieve(store.id).file_counts.total == 2
+    api.vector_stores.update(store.id, name="renamed", metadata={"team": "search"})
+    assert api.vector_stores.retrieve(store.id).metadata == {"team": "search"}
+    assert api.vector_stores.delete(store.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        api.vector_stores.retrieve(store.id)
+
+
+def test_long_files_are_chunked_in_model_tokens(client):
+    api = sdk(client)
+    words = " ".join(f"w{i}" for i in range(300))
+    store = api.vector_stores.create(
+        name="chunks",
+        chunking_strategy={"type": "static", "static": {"max_chunk_size_tokens": 100, "chunk_overlap_tokens": 20}},
+    )
+    # the fake encoder reads 510 tokens at once (512 less its two special tokens): static chunks past that are refused
+    with pytest.raises(openai.BadRequestError, match="more than model"):
+        api.vector_stores.create(
+            chunking_strategy={"type": "static", "static": {"max_chunk_size_tokens": 600, "chunk_overlap_tokens": 0}}
+        )
+    api.vector_stores.files.create(store.id, file_id=upload(api, "long.txt", words))
+    wait_store(api, store.id)
+    chunks = [
+        c.text
+        for c in api.vector_stores.files.content(
+            api.vector_stores.files.list(store.id).data[0].id, vector_store_id=store.id
+        )
+    ]
+    assert [c.split()[0] for c in chunks] == ["w0", "w80", "w160", "w240"]
+    assert all(len(c.split()) <= 100 for c in chunks) and chunks[-1].split()[-1] == "w299"
+
+
+def test_jsonl_lines_become_documents(client):
+    api = sdk(client)
+    rows = [
+        {"_id": "d1", "title": "Tea", "text": "green tea leaves"},
+        {"_id": "d2", "title": "Coffee", "text": "roasted beans"},
+    ]
+    corpus = "".join(json.dumps(r) + "\n" for r in rows)
+    store = api.vector_stores.create(file_ids=[upload(api, "corpus.jsonl", corpus)])
+    wait_store(api, store.id)
+    hit = api.vector_stores.search(store.id, query="roasted beans", ranking_options={"ranker": "none"}).data[0]
+    assert hit.attributes == {"_id": "d2"} and hit.content[0].text == "Coffee\nroasted beans"
+
+
+def test_files_that_cannot_be_read_fail_with_the_reason(client):
+    api = sdk(client)
+    store = api.vector_stores.create()
+    bad = {
+        "image.png": (b"\x89PNG", "unsupported_file"),
+        "latin.txt": ("caf\xe9".encode("latin-1"), "invalid_file"),
+        "broken.pdf": (b"%PDF-1.4 not really", "invalid_file"),
+        "broken.json": (b"{", "invalid_file"),
+    }
+    for name, (content, _) in bad.items():
+        api.vector_stores.files.create(store.id, file_id=upload(api, name, content))
+    wait_store(api, store.id)
+    by_name = {f.id: f for f in api.vector_stores.files.list(store.id).data}
+    assert len(by_name) == 4
+    codes = sorted(f.last_error.code for f in by_name.values() if f.last_error)  # type: ignore[union-attr]
+    assert codes == sorted(code for _, code in bad.values())
+    assert all(f.status == "failed" for f in by_name.values())
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        api.vector_stores.files.create(store.id, file_id=upload(api, "in.jsonl", b"{}\n", purpose="batch"))
+
+
+def test_limits_refuse_before_work(tmp_path):
+    limits = Limits(max_vector_stores=2, max_vector_store_files=2, max_filter_clauses=10, max_filter_depth=3)
+    with running_app(tmp_path / "s", limits=limits) as client:
+        api = sdk(client)
+        ids = [upload(api, name, text) for name, text in DOCS.items()]
+        with pytest.raises(openai.BadRequestError, match="max_vector_store_files"):
+            api.vector_stores.create(file_ids=ids)
+        store = api.vector_stores.create(file_ids=ids[:2])
+        api.vector_stores.create()
+        with pytest.raises(openai.RateLimitError, match="max_vector_stores"):
+            api.vector_stores.create()
+        leaf = '{"type": "eq", "key": "a", "value": 1}'
+        deep = '{"type": "and", "filters": [' * 10_000 + leaf + "]}" * 10_000  # 10,000 nested clauses
+        started = time.monotonic()
+        resp = client.post(
+            f"/v1/vector_stores/{store.id}/search",
+            content='{"query": "tea", "filters": ' + deep + "}",
+            headers={"Authorization": f"Bearer {KEYS[0]}", "Content-Type": "application/json"},
+        )
+        assert resp.status_code == 400, resp.text
+        assert time.monotonic() - started < 5
+        wide = {"type": "or", "filters": [{"type": "eq", "key": "a", "value": i} for i in range(11)]}
+        with pytest.raises(openai.BadRequestError, match="clauses"):
+            api.vector_stores.search(store.id, query="tea", filters=wide)  # type: ignore[arg-type]
+        for body in ({"query": "tea", "max_num_results": 51}, {"query": ""}, {"query": []}):
+            resp = client.post(
+                f"/v1/vector_stores/{store.id}/search", json=body, headers={"Authorization": f"Bearer {KEYS[0]}"}
+            )
+            assert resp.status_code == 400, (body, resp.text)
