@@ -60,7 +60,8 @@ LAYER_IMPORTS: dict[str, set[str]] = {
     "retrieval": {"math", "registry", "runtime", "models"},
     "evaluation": {"math", "registry", "runtime", "models", "retrieval"},
     "training": {"math", "registry", "runtime", "models", "retrieval", "evaluation"},
-    "serving": {"math", "registry", "runtime", "models", "testing"},  # hosting, pools (fakes for fast tests), engines
+    # hosting, pools (fakes for fast tests), engines; document stores searched with retrieval's first stages
+    "serving": {"math", "registry", "runtime", "models", "testing", "retrieval"},
     "embed": {"models", "retrieval"},  # python -m embedrank.embed
 }
 

@@ -12,18 +12,16 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from embedrank.errors import ModelUnavailableError, NotReadyError, OverloadedError
-from embedrank.models.chunking import Offsets, split_windows
-from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, read_documents
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions
 from embedrank.serving.pool import ModelPool
-from embedrank.types import Chunking
+from embedrank.serving.stores import InvalidFileError, UnsupportedFileError, chunk_documents, read_documents
 from service.batches.lines import BATCH_PRIORITY
 from service.settings import Settings
 from service.vector_stores.store import ChunkData, FileRow, StoreRow, VectorStoreTables
@@ -31,39 +29,10 @@ from service.vector_stores.store import ChunkData, FileRow, StoreRow, VectorStor
 logger = logging.getLogger("embedrank.service")
 
 SLICE = 256
-"""Documents tokenized, and chunks embedded, at a time (the claim is renewed between slices)."""
+"""Chunks embedded at a time."""
 IDLE_SECONDS = 2.0
 """How long the worker waits for a new file before it looks again (files attached on another replica)."""
 RETRY_SECONDS = 5.0
-
-
-async def window_of(served: HostedModel) -> int:
-    """The tokens of a chunk the store's model reads whole: its length less what its document prompt and
-    special tokens take."""
-    counts, _ = await served.count([""], input_type="document")
-    return int(served.spec.max_seq_length - counts[0])
-
-
-async def chunk_documents(
-    served: HostedModel, docs: Sequence[Document], size: int, overlap: int
-) -> list[tuple[str, int]]:
-    """Every chunk of ``docs``: windows of ``size`` tokens of the model's tokenizer overlapping by ``overlap``
-    (a document that fits one is one chunk, its text as it is); each chunk's text and its document's position."""
-    chunks: list[tuple[str, int]] = []
-    for first in range(0, len(docs), SLICE):
-        texts = [d.text for d in docs[first : first + SLICE] if d.text.strip()]
-        owners = [i for i, d in enumerate(docs[first : first + SLICE], start=first) if d.text.strip()]
-        if not texts:
-            continue
-        spans = await served.token_spans(texts, add_special_tokens=False)
-        computed = iter([[(s.start, s.stop) for s in row if s.start is not None] for row in spans])
-
-        def offsets(part: Sequence[str], computed: Iterator[Offsets] = computed) -> list[Offsets]:
-            return [next(computed) for _ in part]  # split_windows asks for the texts in order
-
-        windows = split_windows(texts, offsets, window=size, chunking=Chunking(overlap=overlap))
-        chunks.extend((text, owners[int(owner)]) for text, owner in zip(windows.texts, windows.owners, strict=True))
-    return chunks
 
 
 class Ingestor:

@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from embedrank.errors import shorten
-from embedrank.retrieval.filters import parse_filter
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions, RerankOptions
+from embedrank.serving.stores import parse_filter, window_of
 from embedrank.types import Chunking
 from service.batches.service import BatchService
 from service.batches.worker import RETRY_SECONDS
 from service.errors import APIError, invalid
-from service.vector_stores.ingest import Ingestor, window_of
+from service.vector_stores.ingest import Ingestor
 from service.vector_stores.schemas import AUTO_CHUNK, ChunkingStrategy, SearchRequest, StaticChunking
 from service.vector_stores.search import IndexCache, chunk_results
 from service.vector_stores.store import StoreRow, VectorStoreTables
@@ -175,7 +175,9 @@ class VectorStoreService:
         assert self.indexes is not None
         index = await self.indexes.index(store, dimension_of(served))
         depth = req.max_num_results if ranker == NO_RANKER else max(req.rerank_candidates, req.max_num_results)
-        ranked = await asyncio.to_thread(index.first_stage, store, queries, vectors, where, depth)
+        ranked = await asyncio.to_thread(
+            index.first_stage, store.first_stage, queries, vectors, where, depth, hybrid_weight=store.hybrid_weight
+        )
         if ranker != NO_RANKER and ranked:
             texts = [index.data.texts[row] for row, _ in ranked]
             reranked = (

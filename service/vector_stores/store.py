@@ -25,6 +25,7 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
+from embedrank.serving.stores import Chunks
 from service.batches.database import Connection, Database
 from service.batches.store import _lease_free, new_id
 from service.errors import StoreError
@@ -186,18 +187,6 @@ class ChunkData(msgspec.Struct, frozen=True):
     text: str
     attributes: Attributes | None
     vector: np.ndarray
-
-
-class Searchable(msgspec.Struct, frozen=True):
-    """Every chunk a search of a store sees, at ``version``: ``(N,)`` file ids, names, texts, attributes (the
-    file's, with the chunk's own over them) and an ``(N, D)`` float32 matrix of vectors."""
-
-    version: int
-    file_ids: list[str]
-    filenames: list[str]
-    texts: list[str]
-    attributes: list[Attributes]
-    vectors: np.ndarray
 
 
 def _json(value: Any) -> str | None:
@@ -695,7 +684,7 @@ class VectorStoreTables:
         )
 
     # -- searches -----------------------------------------------------------------------------------
-    def searchable(self, store: StoreRow, dimension: int) -> Searchable:
+    def searchable(self, store: StoreRow, dimension: int) -> Chunks:
         """Every chunk of ``store``'s completed files as a search sees it, read in one transaction (consistent
         with the version it records)."""
         with self.db.write() as db:
@@ -710,7 +699,7 @@ class VectorStoreTables:
         vectors = np.empty((len(rows), dimension), dtype=np.float32)
         for i, row in enumerate(rows):
             vectors[i] = np.frombuffer(bytes(row["vector"]), dtype="<f4")
-        return Searchable(
+        return Chunks(
             version=int(version),
             file_ids=[r["file_id"] for r in rows],
             filenames=[r["filename"] for r in rows],
@@ -720,7 +709,3 @@ class VectorStoreTables:
             ],
             vectors=vectors,
         )
-
-    def version(self, owner: str, store_id: str) -> StoreRow | None:
-        """The store's row, as a search checks it (its owner, its version) before reading its index."""
-        return self.get_store(owner, store_id)
