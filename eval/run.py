@@ -25,6 +25,7 @@ EPILOG = """examples:
   python eval/run.py scifact nfcorpus-preprocessed-partial cranfield --retriever dense bm25 hybrid --json-out runs/all.json
   python eval/run.py scifact --compare runs/scifact/bm25.trec runs/scifact/hybrid.trec   # no recomputation
   python eval/run.py scifact nfcorpus-preprocessed-partial --max-queries 50 --json-out runs/quick.json
+  python eval/run.py scifact --dense-windows --served-store http://localhost:8000 --served-chunking static:254:32
 
 systems are named by first stage, and "first>reranker" (the reranker's short name) when reranked; run
 files are runs/<dataset>/<system>.trec with ">" written "__".
@@ -246,6 +247,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare existing TREC run files on the one dataset given, without computing anything",
     )
     p.add_argument("--json-out", metavar="FILE", help="write results as JSON (per-query scores and comparisons)")
+    served = p.add_argument_group("a served vector store (OpenAI's Vector Stores API), scored as one more system")
+    served.add_argument(
+        "--served-store",
+        metavar="URL",
+        help="upload each dataset's corpus to the embedrank server at URL, search every query through "
+        "/v1/vector_stores, and score it as the system 'store:<first stage>[>ranker]'",
+    )
+    served.add_argument("--served-key", help="its API key (default: $EMBEDRANK_API_KEY)")
+    served.add_argument("--served-first-stage", choices=["dense", "bm25", "hybrid"], default="dense")
+    served.add_argument("--served-ranker", default="none", help="none (default), auto, or a served reranker's id")
+    served.add_argument(
+        "--served-chunking", default="auto", help="auto (default) or static:SIZE:OVERLAP, in the store model's tokens"
+    )
+    served.add_argument(
+        "--served-layout",
+        choices=["jsonl", "files"],
+        default="jsonl",
+        help="the corpus as one JSON Lines file (a document a line; default) or one file a document",
+    )
+    served.add_argument("--served-model", help="the served embedding model of the store (default: the first)")
     p.add_argument(
         "--run-dir", metavar="DIR", default="runs", help="TREC run files go to DIR/<dataset>/<system>.trec (runs/)"
     )
@@ -474,6 +495,42 @@ def planned_systems(args, base) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def served_system(args, name: str, run_dir: Path):
+    """Dataset ``name`` searched through the vector store API at ``--served-store``: its run written like the
+    others' and scored on the same qrels."""
+    import os
+
+    import openai
+    from served_store import create_store, parse_chunking, search_run, upload_corpus
+
+    from embedrank.evaluation.benchmark import relevance_level
+    from embedrank.evaluation.compare import run_file_name, system_from_run_file
+    from embedrank.retrieval.data import load_beir, write_trec_run
+
+    ds = load_beir(name, split=args.split, data_dir=args.data_dir)
+    if args.max_queries:
+        ds = dataclasses.replace(
+            ds, queries={q: ds.queries[q] for q in list(ds.qrels)[: args.max_queries] if q in ds.queries}
+        )
+    key = args.served_key or os.environ.get("EMBEDRANK_API_KEY", "")
+    client = openai.OpenAI(base_url=args.served_store.rstrip("/") + "/v1", api_key=key, timeout=600)
+    file_ids, by_file = upload_corpus(client, ds, args.served_layout)
+    store_id = create_store(
+        client,
+        file_ids,
+        name=ds.name,
+        first_stage=args.served_first_stage,
+        chunking=parse_chunking(args.served_chunking),
+        model=args.served_model,
+    )
+    run = search_run(client, store_id, ds.queries, ranker=args.served_ranker, by_file=by_file)
+    system = f"store:{args.served_first_stage}" + (f">{args.served_ranker}" if args.served_ranker != "none" else "")
+    path = run_dir / run_file_name(ds.name, system)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_trec_run(run, path)
+    return system_from_run_file(path, ds, relevance_level=relevance_level(ds.name))
+
+
 def write_run(run_dir: Path, system) -> Path:
     """Write a system's run to its stable file name under ``run_dir``; returns the path."""
     from embedrank.evaluation.compare import run_file_name
@@ -556,6 +613,11 @@ def main(argv: list[str] | None = None) -> int:
         for system in unique_systems(results, args.metrics):
             runs.append(system)
             print(f"[{system.dataset}] {system.system}: TREC run written to {write_run(run_dir, system)}")
+        if args.served_store:
+            for name in datasets if not args.compare else []:
+                system = served_system(args, name, run_dir)
+                runs.append(dataclasses.replace(system, per_query=system.per_query[args.metrics]))
+                print(f"[{system.dataset}] {system.system}: searched through {args.served_store}")
         if args.fusion_cv:
             # a deep run is its first stage's: keyed by that system, which a reranked run reports too
             deep = {(r.dataset, r.first_stage_system): r.fusion_run for r in results if r.fusion_run is not None}

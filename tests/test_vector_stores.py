@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -265,3 +266,36 @@ def test_limits_refuse_before_work(tmp_path):
                 f"/v1/vector_stores/{store.id}/search", json=body, headers={"Authorization": f"Bearer {KEYS[0]}"}
             )
             assert resp.status_code == 400, (body, resp.text)
+
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "search.md"
+GUIDE_SNIPPETS = re.findall(r"^```py\n(.*?)^```", GUIDE.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def test_the_search_guide_runs(tmp_path, monkeypatch, capsys):
+    """Every ``py`` block of docs/guides/search.md, in order, against the app (fakes under the guide's model ids)."""
+    from embedrank.registry import DEFAULT_EMBEDDING_MODEL
+
+    models = {
+        DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL, max_seq_length=256),
+        "reranker": FakeCrossEncoder("reranker"),
+    }
+    config = Settings(
+        auth=Auth(api_keys=("sk-your-key",)),
+        engine=Engine(tune_malloc=False, batch_wait_ms=0),
+        batches=Batches(batch_dir=str(tmp_path / "store")),
+    )
+    with TestClient(create_app(config, wait_for_models=True, models=models)) as client:
+        real = openai.OpenAI
+
+        def bound(*, base_url: str, api_key: str) -> openai.OpenAI:
+            assert base_url == "http://localhost:8000/v1"
+            return real(api_key=api_key, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
+
+        monkeypatch.setattr(openai, "OpenAI", bound)
+        namespace: dict[str, Any] = {}
+        for number, code in enumerate(GUIDE_SNIPPETS, start=1):
+            exec(compile(code, f"docs/guides/search.md py block {number}", "exec"), namespace)
+    printed = capsys.readouterr().out
+    assert "coffee.txt" in printed and "'_id': 'd2'" in printed and "reranker" in printed
+    assert "['d2']" in printed  # the filter keeps the line of 2023 from the menu
