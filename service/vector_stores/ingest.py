@@ -29,7 +29,12 @@ from service.vector_stores.store import ChunkData, FileRow, StoreRow, VectorStor
 logger = logging.getLogger("embedrank.service")
 
 SLICE = 256
-"""Chunks embedded at a time."""
+"""Chunks one embedding call holds."""
+FILES_IN_FLIGHT = 8
+"""Files one replica reads at once: the chunks of small files share the engine's forward passes."""
+IN_FLIGHT = 2
+"""Embedding calls of one file in the engine's queue at once: the next is queued while one runs, so the engine
+never waits between them."""
 IDLE_SECONDS = 2.0
 """How long the worker waits for a new file before it looks again (files attached on another replica)."""
 RETRY_SECONDS = 5.0
@@ -58,20 +63,33 @@ class Ingestor:
         self._wake.set()
 
     async def run(self) -> None:
-        """Read files until cancelled."""
-        while True:
-            try:
-                claimed = await asyncio.to_thread(self.tables.claim, self.worker_id, self.lease_seconds)
-            except Exception as exc:  # the database is unreachable now: try again
-                logger.warning("vector stores: cannot claim a file: %s", exc)
-                await asyncio.sleep(RETRY_SECONDS)
-                continue
-            if claimed is None:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), IDLE_SECONDS)
-                continue
-            await self._held(*claimed)
+        """Read files, :data:`FILES_IN_FLIGHT` at a time, until cancelled."""
+        slots = asyncio.Semaphore(FILES_IN_FLIGHT)
+        reading: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await slots.acquire()
+                try:
+                    claimed = await asyncio.to_thread(self.tables.claim, self.worker_id, self.lease_seconds)
+                except Exception as exc:  # the database is unreachable now: try again
+                    slots.release()
+                    logger.warning("vector stores: cannot claim a file: %s", exc)
+                    await asyncio.sleep(RETRY_SECONDS)
+                    continue
+                if claimed is None:
+                    slots.release()
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), IDLE_SECONDS)
+                    continue
+                task = asyncio.create_task(self._held(*claimed))
+                reading.add(task)
+                task.add_done_callback(reading.discard)
+                task.add_done_callback(lambda _: slots.release())
+        finally:
+            for task in reading:
+                task.cancel()
+            await asyncio.gather(*reading, return_exceptions=True)
 
     async def _held(self, file: FileRow, store: StoreRow) -> None:
         """Read ``file`` while renewing its claim; stop when the claim is lost (cancelled, removed, expired)."""
@@ -111,7 +129,8 @@ class Ingestor:
             return
         except (OverloadedError, NotReadyError, ModelUnavailableError) as exc:
             logger.info("vector stores: %s waits: %s", file.file_id, exc)
-            await asyncio.sleep(RETRY_SECONDS)  # the claim runs out and the file is read again
+            await asyncio.sleep(RETRY_SECONDS)
+            await asyncio.to_thread(self.tables.release, self.worker_id, file)  # read again at the next claim
             return
         except asyncio.CancelledError:
             raise
@@ -135,8 +154,11 @@ class Ingestor:
         options = EmbedOptions(
             input_type="document", priority=BATCH_PRIORITY, cached=True, budget=self.settings.limits.max_request_tokens
         )
-        parts = [
-            (await served.embed(texts[first : first + SLICE], options)).output.embeddings
-            for first in range(0, len(texts), SLICE)
-        ]
+        in_flight = asyncio.Semaphore(IN_FLIGHT)
+
+        async def part(first: int) -> np.ndarray:
+            async with in_flight:
+                return (await served.embed(texts[first : first + SLICE], options)).output.embeddings  # type: ignore[no-any-return]
+
+        parts = await asyncio.gather(*(part(first) for first in range(0, len(texts), SLICE)))
         return np.concatenate(parts).astype(np.float32) if parts else np.empty((0, 0), dtype=np.float32)

@@ -605,6 +605,14 @@ class VectorStoreTables:
                 ).rowcount
             )
 
+    def release(self, worker: str, file: FileRow) -> None:
+        """Free ``worker``'s claim on ``file`` (it stays ``in_progress``, to be claimed again)."""
+        with self.db.write() as db:
+            db.execute(
+                "UPDATE vector_store_files SET claimed_by = NULL, lease_until = NULL WHERE seq = ? AND claimed_by = ?",
+                (file.seq, worker),
+            )
+
     def release_claims(self) -> None:
         """Free every claim (one host on its own database, starting: none can be live)."""
         with self.db.write() as db:
