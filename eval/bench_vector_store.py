@@ -55,7 +55,9 @@ async def ingest(base: str, corpus: bytes) -> tuple[float, str, int]:
     """Upload ``corpus`` (JSON Lines), attach it to a new store, wait until it is read: the seconds from the attach
     to the end, the store's id, and its chunks."""
     async with _client(base) as client:
-        upload = await client.post("/v1/files", data={"purpose": "assistants"}, files={"file": ("scifact.jsonl", corpus)})
+        upload = await client.post(
+            "/v1/files", data={"purpose": "assistants"}, files={"file": ("scifact.jsonl", corpus)}
+        )
         upload.raise_for_status()
         store = (await client.post("/v1/vector_stores", json={"name": "scifact"})).json()
         start = time.perf_counter()
@@ -95,7 +97,9 @@ def embed_job(texts: list[str], folder: Path) -> float:
     return time.perf_counter() - start
 
 
-async def searches(base: str, store_id: str, queries: list[str], clients: int, requests: int, body: dict) -> tuple[list[float], float]:
+async def searches(
+    base: str, store_id: str, queries: list[str], clients: int, requests: int, body: dict
+) -> tuple[list[float], float]:
     """``requests`` searches from ``clients`` concurrent clients: each one's latency, and the wall seconds."""
     latencies: list[float] = []
     sent = iter(range(requests))
@@ -103,7 +107,9 @@ async def searches(base: str, store_id: str, queries: list[str], clients: int, r
     async def worker(client) -> None:
         for i in sent:
             start = time.perf_counter()
-            resp = await client.post(f"/v1/vector_stores/{store_id}/search", json={**body, "query": queries[i % len(queries)]})
+            resp = await client.post(
+                f"/v1/vector_stores/{store_id}/search", json={**body, "query": queries[i % len(queries)]}
+            )
             resp.raise_for_status()
             latencies.append(time.perf_counter() - start)
 

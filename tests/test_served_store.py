@@ -1,0 +1,74 @@
+"""A collection searched through a served vector store scores as the library's own run of the same stages (the
+packaged MiniLM, in process): ADI's documents fit one window each, so the store's dense, BM25 and hybrid runs
+are the library's ``DenseRetriever``, ``BM25Retriever`` and ``HybridRetriever``; Cranfield's dense run with
+chunks of the model's window and 32 tokens of overlap is the library's windowed (MaxP) run."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import openai
+import pytest
+from litestar.testing import TestClient
+
+from embedrank.math.metrics import evaluate_per_query
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL
+from embedrank.retrieval.bm25 import BM25Retriever
+from embedrank.retrieval.data import load_beir
+from embedrank.retrieval.dense import DenseRetriever, WindowedDenseRetriever
+from embedrank.retrieval.stages import HybridRetriever
+from embedrank.types import Chunking
+from service.app import create_app
+from service.settings import Auth, Batches, Engine, ModelEntry, Models, Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
+from served_store import create_store, parse_chunking, search_run, upload_corpus
+
+pytestmark = [pytest.mark.slow, pytest.mark.data]
+
+
+@pytest.fixture(scope="module")
+def api():
+    settings = Settings(
+        auth=Auth(api_keys=("k",)),
+        models=Models(entries=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL, backend="torch"),)),
+        engine=Engine(tune_malloc=False),
+        batches=Batches(batch_dir=tempfile.mkdtemp(prefix="embedrank-served-store-")),
+    )
+    with TestClient(create_app(settings, wait_for_models=True), timeout=600) as client:
+        yield openai.OpenAI(
+            api_key="k", base_url=f"{client.base_url}/v1", http_client=client, max_retries=0, timeout=600
+        )
+
+
+def ndcg(dataset, run) -> float:
+    return float(evaluate_per_query(dataset.qrels, run, queries="qrels")["ndcg@10"].mean())
+
+
+def served(api, dataset, first_stage: str, chunking: str = "auto") -> float:
+    ids, by_file = upload_corpus(api, dataset, "jsonl")
+    store = create_store(api, ids, name=dataset.name, first_stage=first_stage, chunking=parse_chunking(chunking))
+    return ndcg(dataset, search_run(api, store, dataset.queries, by_file=by_file))
+
+
+def test_short_documents_score_as_the_library_for_every_first_stage(api, encoder):
+    adi = load_beir("adi")
+    dense = DenseRetriever.from_corpus(encoder, adi.corpus, cache=False)
+    bm25 = BM25Retriever.from_corpus(adi.corpus)
+    library = {
+        "dense": ndcg(adi, dense.retrieve(adi.queries, 50)),
+        "bm25": ndcg(adi, bm25.retrieve(adi.queries, 50)),
+        "hybrid": ndcg(adi, HybridRetriever(dense, bm25).retrieve(adi.queries, 50)),
+    }
+    for stage, figure in library.items():
+        assert served(api, adi, stage) == pytest.approx(figure, abs=0.005), stage
+
+
+def test_windowed_documents_score_as_the_library_maxp_run(api, encoder):
+    cranfield = load_beir("cranfield")
+    window = encoder.chunk_window()
+    maxp = WindowedDenseRetriever.from_corpus(encoder, cranfield.corpus, chunking=Chunking(overlap=32), cache=False)
+    figure = ndcg(cranfield, maxp.retrieve(cranfield.queries, 50))
+    assert served(api, cranfield, "dense", f"static:{window}:32") == pytest.approx(figure, abs=0.005)
