@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -108,6 +108,10 @@ bench-batch-owners: setup
 
 bench-batch-validation: setup
 	$(RECORD) batch-validation "Validating a batch's input file: memory and the event loop" -- $(PY) eval/bench_batch_validation.py
+	$(PY) eval/render_benchmarks.py
+
+bench-vector-store: setup  ## vector stores: SciFact read into a store, searches at 1 and 16 clients, memory per chunk
+	$(RECORD) vector-store "Vector stores: ingestion, search latency, memory per chunk" -- $(PY) eval/bench_vector_store.py
 	$(PY) eval/render_benchmarks.py
 
 bench-fairness: setup

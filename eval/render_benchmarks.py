@@ -40,6 +40,7 @@ ORDER = (
     "batch",
     "batch-owners",
     "batch-validation",
+    "vector-store",
     "gpu",
     "gpu-service",
     "load",
@@ -429,6 +430,16 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                     f"{v} ({'1 query' if k == 'query' else '16 passages'} per request)" for k, v in found.items()
                 ),
                 "the same server without tracing",
+            )
+    if name == "vector-store":
+        ratio = _search(r"^goal ingestion: store >= 80% of the embed job: (\d+%)", out)
+        alone = _search(r"^search, dense, no ranker, 16 clients: p50 ([\d.]+ ms), p99 ([\d.]+ ms)", out)
+        ranked = _search(r"^search, dense, reranker on the top 50, 16 clients: p50 ([\d.]+ ms), p99 ([\d.]+ ms)", out)
+        if ratio and alone and ranked:
+            return (
+                "vector store: SciFact read into a store; searches at 16 clients, dense alone and reranking the top 50",
+                f"{ratio[1]} of the embed job; p50 / p99 {alone[1]} / {alone[2]}; {ranked[1]} / {ranked[2]}",
+                "python -m embedrank.embed on the same chunks",
             )
     if name == "container":
         size, ready = _search(r"^image size: ([\d.]+ GB)", out), _search(r"^time to ready: median ([\d.]+ s)", out)

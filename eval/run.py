@@ -8,6 +8,7 @@ seconds, then prints how to run the real benchmarks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -25,7 +26,7 @@ EPILOG = """examples:
   python eval/run.py scifact nfcorpus-preprocessed-partial cranfield --retriever dense bm25 hybrid --json-out runs/all.json
   python eval/run.py scifact --compare runs/scifact/bm25.trec runs/scifact/hybrid.trec   # no recomputation
   python eval/run.py scifact nfcorpus-preprocessed-partial --max-queries 50 --json-out runs/quick.json
-  python eval/run.py scifact --dense-windows --served-store http://localhost:8000 --served-chunking static:254:32
+  python eval/run.py scifact --dense-windows --served-store local --served-chunking static:254:32   # the API
 
 systems are named by first stage, and "first>reranker" (the reranker's short name) when reranked; run
 files are runs/<dataset>/<system>.trec with ">" written "__".
@@ -251,11 +252,18 @@ def build_parser() -> argparse.ArgumentParser:
     served.add_argument(
         "--served-store",
         metavar="URL",
-        help="upload each dataset's corpus to the embedrank server at URL, search every query through "
-        "/v1/vector_stores, and score it as the system 'store:<first stage>[>ranker]'",
+        help="upload each dataset's corpus to a vector store of the embedrank server at URL (local: one started "
+        "for the run, the packaged MiniLM), search every query through /v1/vector_stores, and score it as the "
+        "system 'store:<first stage>[>ranker]'",
     )
     served.add_argument("--served-key", help="its API key (default: $EMBEDRANK_API_KEY)")
-    served.add_argument("--served-first-stage", choices=["dense", "bm25", "hybrid"], default="dense")
+    served.add_argument(
+        "--served-first-stage",
+        nargs="+",
+        choices=["dense", "bm25", "hybrid"],
+        default=["dense"],
+        help="the first stages searched, one system each, on one store (default: dense)",
+    )
     served.add_argument("--served-ranker", default="none", help="none (default), auto, or a served reranker's id")
     served.add_argument(
         "--served-chunking", default="auto", help="auto (default) or static:SIZE:OVERLAP, in the store model's tokens"
@@ -495,11 +503,9 @@ def planned_systems(args, base) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def served_system(args, name: str, run_dir: Path):
-    """Dataset ``name`` searched through the vector store API at ``--served-store``: its run written like the
-    others' and scored on the same qrels."""
-    import os
-
+def served_systems(args, name: str, run_dir: Path, base: str, key: str) -> list:
+    """Dataset ``name`` uploaded to one vector store of the server at ``base`` and searched by each of
+    ``--served-first-stage``: each run written like the others' and scored on the same qrels."""
     import openai
     from served_store import create_store, parse_chunking, search_run, upload_corpus
 
@@ -509,26 +515,46 @@ def served_system(args, name: str, run_dir: Path):
 
     ds = load_beir(name, split=args.split, data_dir=args.data_dir)
     if args.max_queries:
-        ds = dataclasses.replace(
-            ds, queries={q: ds.queries[q] for q in list(ds.qrels)[: args.max_queries] if q in ds.queries}
-        )
-    key = args.served_key or os.environ.get("EMBEDRANK_API_KEY", "")
-    client = openai.OpenAI(base_url=args.served_store.rstrip("/") + "/v1", api_key=key, timeout=600)
+        judged = [q for q in ds.qrels if q in ds.queries][: args.max_queries]
+        ds = dataclasses.replace(ds, queries={q: ds.queries[q] for q in judged})
+    client = openai.OpenAI(base_url=base.rstrip("/") + "/v1", api_key=key, timeout=600)
     file_ids, by_file = upload_corpus(client, ds, args.served_layout)
     store_id = create_store(
         client,
         file_ids,
         name=ds.name,
-        first_stage=args.served_first_stage,
+        first_stage=args.served_first_stage[0],
         chunking=parse_chunking(args.served_chunking),
         model=args.served_model,
     )
-    run = search_run(client, store_id, ds.queries, ranker=args.served_ranker, by_file=by_file)
-    system = f"store:{args.served_first_stage}" + (f">{args.served_ranker}" if args.served_ranker != "none" else "")
-    path = run_dir / run_file_name(ds.name, system)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_trec_run(run, path)
-    return system_from_run_file(path, ds, relevance_level=relevance_level(ds.name))
+    systems = []
+    for stage in args.served_first_stage:
+        run = search_run(client, store_id, ds.queries, ranker=args.served_ranker, first_stage=stage, by_file=by_file)
+        system = f"store:{stage}" + (f">{args.served_ranker}" if args.served_ranker != "none" else "")
+        path = run_dir / run_file_name(ds.name, system)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_trec_run(run, path)
+        systems.append(system_from_run_file(path, ds, relevance_level=relevance_level(ds.name)))
+    return systems
+
+
+@contextlib.contextmanager
+def served_store(args):
+    """The server ``--served-store`` names and its key: its URL, or ``local``: a server started for the run
+    (``litestar run`` from this checkout, the packaged MiniLM, a store folder of its own)."""
+    import os
+    import secrets
+
+    if args.served_store != "local":
+        yield args.served_store, args.served_key or os.environ.get("EMBEDRANK_API_KEY", "")
+        return
+    from embedrank.testing.launch import running_server
+
+    key = secrets.token_urlsafe(16)
+    with tempfile.TemporaryDirectory() as folder:
+        env = {"EMBEDRANK_API_KEYS": key, "EMBEDRANK_BATCH_DIR": folder, "HF_HUB_OFFLINE": "1"}
+        with running_server(env, timeout=600) as base:
+            yield str(base), key
 
 
 def write_run(run_dir: Path, system) -> Path:
@@ -613,11 +639,12 @@ def main(argv: list[str] | None = None) -> int:
         for system in unique_systems(results, args.metrics):
             runs.append(system)
             print(f"[{system.dataset}] {system.system}: TREC run written to {write_run(run_dir, system)}")
-        if args.served_store:
-            for name in datasets if not args.compare else []:
-                system = served_system(args, name, run_dir)
-                runs.append(dataclasses.replace(system, per_query=system.per_query[args.metrics]))
-                print(f"[{system.dataset}] {system.system}: searched through {args.served_store}")
+        if args.served_store and not args.compare:
+            with served_store(args) as (base, key):
+                for name in datasets:
+                    for system in served_systems(args, name, run_dir, base, key):
+                        runs.append(dataclasses.replace(system, per_query=system.per_query[args.metrics]))
+                        print(f"[{system.dataset}] {system.system}: searched through {args.served_store}")
         if args.fusion_cv:
             # a deep run is its first stage's: keyed by that system, which a reranked run reports too
             deep = {(r.dataset, r.first_stage_system): r.fusion_run for r in results if r.fusion_run is not None}

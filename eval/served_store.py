@@ -89,14 +89,17 @@ def search_run(
     queries: dict[str, str],
     *,
     ranker: str = "none",
+    first_stage: str | None = None,
     by_file: dict[str, str] | None = None,
     concurrency: int = 4,
 ) -> Run:
-    """Every query searched in the store: each document's best chunk among the top :data:`MAX_RESULTS`."""
+    """Every query searched in the store (by ``first_stage``, default the store's): each document's best chunk
+    among the top :data:`MAX_RESULTS`."""
+    extra = {"first_stage": first_stage} if first_stage else None
 
     def one(query: str) -> dict[str, float]:
         page = client.vector_stores.search(
-            store_id, query=query, max_num_results=MAX_RESULTS, ranking_options={"ranker": ranker}
+            store_id, query=query, max_num_results=MAX_RESULTS, ranking_options={"ranker": ranker}, extra_body=extra
         )
         docs: dict[str, float] = {}
         for hit in page.data:

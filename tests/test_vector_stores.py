@@ -299,3 +299,44 @@ def test_the_search_guide_runs(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "coffee.txt" in printed and "'_id': 'd2'" in printed and "reranker" in printed
     assert "['d2']" in printed  # the filter keeps the line of 2023 from the menu
+
+
+def test_a_search_may_name_its_first_stage(client):
+    api = sdk(client)
+    store_id = make_store(api)
+    dense = api.vector_stores.search(store_id, query="roasted coffee beans", ranking_options={"ranker": "none"})
+    lexical = api.vector_stores.search(
+        store_id, query="roasted coffee beans", ranking_options={"ranker": "none"}, extra_body={"first_stage": "bm25"}
+    )
+    assert dense.data[0].filename == lexical.data[0].filename == "coffee.md"
+    assert dense.data[0].score <= 1.0 < lexical.data[0].score  # a cosine, a BM25 score
+    assert len(lexical.data) == 1  # BM25 finds only the file with the words
+    with pytest.raises(openai.BadRequestError):
+        api.vector_stores.search(store_id, query="x", extra_body={"first_stage": "splade"})
+
+
+def test_an_expired_store_is_said_so_and_not_searched(client):
+    api = sdk(client)
+    store = api.vector_stores.create(name="short-lived", expires_after={"anchor": "last_active_at", "days": 1})
+    assert store.expires_after.days == 1 and store.expires_at == store.last_active_at + 86_400  # type: ignore[union-attr]
+    tables = client.app.state.service.vector_stores.tables()
+    with tables.db.write() as db:  # two days without a search
+        db.execute("UPDATE vector_stores SET last_active_at = last_active_at - 172800 WHERE id = ?", (store.id,))
+    assert api.vector_stores.retrieve(store.id).status == "expired"
+    with pytest.raises(openai.BadRequestError, match="expired"):
+        api.vector_stores.search(store.id, query="tea")
+    api.vector_stores.update(store.id, expires_after={"anchor": "last_active_at", "days": 30})
+    assert api.vector_stores.retrieve(store.id).status == "completed"
+
+
+def test_a_replica_keeps_the_indexes_of_the_stores_searched_last_within_its_bounds(client):
+    api = sdk(client)
+    stores = [make_store(api) for _ in range(3)]
+    service = client.app.state.service.vector_stores
+    service.indexes.capacity = 2
+    for store_id in stores:
+        api.vector_stores.search(store_id, query="tea")
+    assert list(service.indexes._held) == stores[1:]
+    service.indexes.chunks = 4  # three chunks a store: only the store searched now is kept
+    api.vector_stores.search(stores[0], query="tea")
+    assert list(service.indexes._held) == [stores[0]]

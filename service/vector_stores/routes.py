@@ -240,13 +240,14 @@ async def search_vector_store(
 ) -> SearchResultPage:
     service = _service(state)
     tables, store = await _store(state, request, vector_store_id)
+    now = await asyncio.to_thread(tables.now)
     expires = store.last_active_at + store.expires_after_days * 86_400 if store.expires_after_days else None
-    if expires is not None and expires <= await asyncio.to_thread(tables.now):
+    if expires is not None and expires <= now:
         raise invalid(
             f"vector store {vector_store_id} has expired", param="vector_store_id", code="vector_store_expired"
         )
     queries, ranker, results = await service.search(store, data)
-    await asyncio.to_thread(tables.touch, store)
+    await asyncio.to_thread(tables.touch, store, now)
     return SearchResultPage(
         search_query=queries,
         ranker=ranker,

@@ -119,6 +119,13 @@ class SearchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rerank_candidates: Annotated[
         int, Meta(ge=1, le=1000, description="extension: first-stage results a ranker rescores")
     ] = 50
+    first_stage: Annotated[
+        Literal["dense", "bm25", "hybrid"] | None,
+        Meta(description="extension: this search's first stage instead of the store's"),
+    ] = None
+    hybrid_weight: Annotated[
+        float | None, Meta(ge=0, le=1, description="extension: this search's dense weight instead of the store's")
+    ] = None
 
 
 # -- answers ------------------------------------------------------------------------------------------

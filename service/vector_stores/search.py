@@ -13,15 +13,18 @@ from embedrank.serving.stores import StoreIndex
 from service.vector_stores.store import StoreRow, VectorStoreTables
 
 CACHED_STORES = 64
-"""Stores whose index a replica keeps in memory (least recently searched dropped past it)."""
+"""Stores whose index a replica keeps in memory, at most (the least recently searched dropped past it)."""
+CACHED_CHUNKS = 2_000_000
+"""Chunks the indexes a replica keeps in memory hold together, at most (the store searched now is kept)."""
 
 
 class IndexCache:
-    """The stores' indexes this replica holds, each at the version it read (bounded: :data:`CACHED_STORES`)."""
+    """The stores' indexes this replica holds, each at the version it read (bounded: :data:`CACHED_STORES`
+    stores, :data:`CACHED_CHUNKS` chunks)."""
 
-    def __init__(self, tables: VectorStoreTables, capacity: int = CACHED_STORES) -> None:
+    def __init__(self, tables: VectorStoreTables, capacity: int = CACHED_STORES, chunks: int = CACHED_CHUNKS) -> None:
         self.tables = tables
-        self.capacity = capacity
+        self.capacity, self.chunks = capacity, chunks
         self._held: OrderedDict[str, StoreIndex] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -38,7 +41,9 @@ class IndexCache:
                 held = StoreIndex(await asyncio.to_thread(self.tables.searchable, store, dimension))
                 self._held[store.id] = held
                 self._held.move_to_end(store.id)
-                while len(self._held) > self.capacity:
+                while len(self._held) > 1 and (
+                    len(self._held) > self.capacity or sum(map(len, self._held.values())) > self.chunks
+                ):
                     dropped, _ = self._held.popitem(last=False)
                     self._locks.pop(dropped, None)
         return held

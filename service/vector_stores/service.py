@@ -167,7 +167,9 @@ class VectorStoreService:
         threshold = options.score_threshold if options is not None else 0.0
         _, served = self.embedder(store.model)
         vectors = None
-        if store.first_stage != "bm25":
+        stage = req.first_stage or store.first_stage
+        weight = req.hybrid_weight if req.hybrid_weight is not None else store.hybrid_weight
+        if stage != "bm25":
             embedded = await served.embed(
                 queries, EmbedOptions(input_type="query", truncate=False, budget=limits.max_request_tokens)
             )
@@ -175,9 +177,7 @@ class VectorStoreService:
         assert self.indexes is not None
         index = await self.indexes.index(store, dimension_of(served))
         depth = req.max_num_results if ranker == NO_RANKER else max(req.rerank_candidates, req.max_num_results)
-        ranked = await asyncio.to_thread(
-            index.first_stage, store.first_stage, queries, vectors, where, depth, hybrid_weight=store.hybrid_weight
-        )
+        ranked = await asyncio.to_thread(index.first_stage, stage, queries, vectors, where, depth, hybrid_weight=weight)
         if ranker != NO_RANKER and ranked:
             texts = [index.data.texts[row] for row, _ in ranked]
             reranked = (

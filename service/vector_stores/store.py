@@ -359,12 +359,15 @@ class VectorStoreTables:
                     db.execute(f"DELETE FROM {table} WHERE vector_store_id = ?", (store_id,))
         return bool(gone)
 
-    def touch(self, store: StoreRow) -> None:
-        """Record a search of ``store`` (its ``last_active_at``, from which it expires), at most once a minute."""
+    def touch(self, store: StoreRow, now: int) -> None:
+        """Record a search of ``store`` at ``now`` (its ``last_active_at``, from which it expires), if the last
+        one recorded is more than :data:`ACTIVE_SECONDS` old: most searches write nothing."""
+        if store.last_active_at >= now - ACTIVE_SECONDS:
+            return
         with self.db.write() as db:
             db.execute(
                 "UPDATE vector_stores SET last_active_at = ? WHERE id = ? AND last_active_at < ?",
-                (int(self._now(db)), store.id, int(self._now(db)) - ACTIVE_SECONDS),
+                (now, store.id, now - ACTIVE_SECONDS),
             )
 
     def now(self) -> int:
@@ -693,17 +696,17 @@ class VectorStoreTables:
 
     # -- searches -----------------------------------------------------------------------------------
     def searchable(self, store: StoreRow, dimension: int) -> Chunks:
-        """Every chunk of ``store``'s completed files as a search sees it, read in one transaction (consistent
-        with the version it records)."""
-        with self.db.write() as db:
-            version = db.execute("SELECT version FROM vector_stores WHERE id = ?", (store.id,)).fetchone()["version"]
-            rows = db.execute(
-                "SELECT c.file_id, f.filename, c.text, c.attributes, f.attributes AS file_attributes, c.vector "
-                "FROM vector_store_chunks c JOIN vector_store_files f "
-                "ON f.vector_store_id = c.vector_store_id AND f.file_id = c.file_id "
-                "WHERE c.vector_store_id = ? AND f.status = 'completed' ORDER BY f.seq, c.number",
-                (store.id,),
-            ).fetchall()
+        """Every chunk of ``store``'s completed files as a search sees it, and the version they are at least at
+        (read before them, so that a file completed meanwhile makes the next search read them again)."""
+        db = self.db.connection()  # the version first: rows newer than it are read again at the next search
+        version = db.execute("SELECT version FROM vector_stores WHERE id = ?", (store.id,)).fetchone()["version"]
+        rows = db.execute(
+            "SELECT c.file_id, f.filename, c.text, c.attributes, f.attributes AS file_attributes, c.vector "
+            "FROM vector_store_chunks c JOIN vector_store_files f "
+            "ON f.vector_store_id = c.vector_store_id AND f.file_id = c.file_id "
+            "WHERE c.vector_store_id = ? AND f.status = 'completed' ORDER BY f.seq, c.number",
+            (store.id,),
+        ).fetchall()
         vectors = np.empty((len(rows), dimension), dtype=np.float32)
         for i, row in enumerate(rows):
             vectors[i] = np.frombuffer(bytes(row["vector"]), dtype="<f4")
