@@ -124,7 +124,8 @@ class SearchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         Meta(description="extension: this search's first stage instead of the store's"),
     ] = None
     hybrid_weight: Annotated[
-        float | None, Meta(ge=0, le=1, description="extension: this search's dense weight instead of the store's")
+        Annotated[float, Meta(ge=0, le=1)] | None,
+        Meta(description="extension: this search's dense weight instead of the store's"),
     ] = None
 
 
