@@ -10,7 +10,10 @@
   The same holds for a ``chunk_overlap`` over half the window (400 ``chunk_overlap_too_large``): the window
   depends on the model, its prompt and the query. And ``output_not_available``: ``sparse`` or ``multivector``
   asked of a model that lacks it while one that has it is served (the schema offers them only then); and a
-  ``prompt_name`` (an enum of every served model's prompts) asked of a model that does not have it.
+  ``prompt_name`` (an enum of every served model's prompts) asked of a model that does not have it. For vector
+  stores: a ``file_id`` in the body that names no uploaded file of the key (400 ``file_not_found``: the schema
+  cannot know which files exist; the path's store answers 404), and a static chunk larger than the store's model
+  reads at once (400 ``chunk_too_large``: the window depends on the store's model).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
         if code == "chunk_overlap_too_large":  # over half of this model's window (beside its prompt or query)
             return False
         if code == "output_not_available":  # sparse/multivector asked of a served model that lacks it
+            return False
+        if code in ("file_not_found", "chunk_too_large"):  # no such upload; a chunk past the store model's window
             return False
         if code == "invalid_value" and error.get("param") == "prompt_name":
             return False  # a prompt another served model has, asked of one without it (a SPLADE has none)

@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for the run, the packaged MiniLM), search every query through /v1/vector_stores, and score it as the "
         "system 'store:<first stage>[>ranker]'",
     )
-    served.add_argument("--served-key", help="its API key (default: $EMBEDRANK_API_KEY)")
+    served.add_argument("--served-key", help="its API key (default: $OPENAI_API_KEY)")
     served.add_argument(
         "--served-first-stage",
         nargs="+",
@@ -546,7 +546,7 @@ def served_store(args):
     import secrets
 
     if args.served_store != "local":
-        yield args.served_store, args.served_key or os.environ.get("EMBEDRANK_API_KEY", "")
+        yield args.served_store, args.served_key or os.environ.get("OPENAI_API_KEY", "")
         return
     from embedrank.testing.launch import running_server
 

@@ -14,7 +14,7 @@ from litestar import Litestar
 from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIType, Reference, RequestBody, Schema
 
 from embedrank.serving.pool import ModelPool
-from service.schemas import INT32_MAX, RERANK_EXAMPLE_REQUEST, EmbeddingType
+from service.schemas import INT32_MAX, PURPOSES, RERANK_EXAMPLE_REQUEST, EmbeddingType
 from service.settings import Limits
 from service.tei import Rank, TEIRerankRequest
 
@@ -104,6 +104,7 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
         if operation is not None:
             operation.security = []  # open: overrides the document-wide bearer requirement
     schemas["CreateBatchRequest"].additional_properties = False  # type: ignore[union-attr]  # unknown fields: 400
+    _complete_vector_stores(schemas, limits, pool)
     upload = paths["/v1/files"].post
     if upload is not None:  # the handler reads its multipart form itself (its own size limit, its own errors)
         form = Schema(
@@ -111,10 +112,107 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
             required=["file", "purpose"],
             properties={
                 "file": Schema(type=OpenAPIType.STRING, format="binary", description="the JSONL input file"),  # type: ignore[arg-type]
-                "purpose": Schema(type=OpenAPIType.STRING, enum=["batch"]),
+                "purpose": Schema(type=OpenAPIType.STRING, enum=list(PURPOSES)),
             },
         )
         upload.request_body = RequestBody(content={"multipart/form-data": OpenAPIMediaType(schema=form)}, required=True)
+
+
+VECTOR_STORE_BODIES = (
+    "CreateVectorStoreRequest",
+    "UpdateVectorStoreRequest",
+    "CreateFileRequest",
+    "UpdateFileRequest",
+    "CreateFileBatchRequest",
+    "FileInBatch",
+    "SearchRequest",
+    "RankingOptions",
+    "ExpiresAfter",
+    "StaticChunking",
+    "StaticParams",
+    "AutoChunking",
+)
+
+
+def _complete_vector_stores(schemas: dict[str, Any], limits: Limits, pool: ModelPool) -> None:
+    """The vector stores' bodies as the decoder reads them: unknown fields refused, null members absent (in
+    ``metadata`` and ``attributes`` too), a query not empty nor only whitespace and within ``max_text_chars``, and
+    static chunks no larger than the largest served embedding model reads at once (none when no model reads
+    100 tokens, OpenAI's smallest chunk)."""
+    for name in VECTOR_STORE_BODIES:
+        if name in schemas:
+            schemas[name].additional_properties = False
+            _nullable_optionals(schemas[name])
+    for body in (schemas.get(n) for n in VECTOR_STORE_BODIES):
+        for prop in (body.properties or {}).values() if body is not None else ():
+            for option in getattr(prop, "one_of", None) or [prop]:
+                values = getattr(option, "additional_properties", None)
+                if isinstance(values, Schema):  # metadata, attributes: a null value is an absent key
+                    option.additional_properties = Schema(one_of=[values, Schema(type=OpenAPIType.NULL)])
+    search = schemas.get("SearchRequest")
+    if search is not None:
+        text = Schema(type=OpenAPIType.STRING, min_length=1, max_length=limits.max_text_chars, pattern=r"\S")
+        search.properties["query"] = Schema(
+            one_of=[text, Schema(type=OpenAPIType.ARRAY, items=text, min_items=1, max_items=10)]
+        )
+        schemas["AttributeFilter"] = _filter_schema(limits)
+        search.properties["filters"] = Schema(
+            one_of=[Reference(ref="#/components/schemas/AttributeFilter"), Schema(type=OpenAPIType.NULL)]
+        )
+    windows = [s.spec.max_seq_length - 2 for s in pool.plans.values() if "dense" in s.outputs]
+    params = schemas.get("StaticParams")
+    if params is not None and windows:
+        size = params.properties["max_chunk_size_tokens"]
+        size.maximum = min(size.maximum or max(windows), max(windows))
+        if max(windows) < 100:  # no served model reads OpenAI's smallest static chunk: auto only
+            for name in ("CreateVectorStoreRequest", "CreateFileRequest", "CreateFileBatchRequest", "FileInBatch"):
+                strategy = schemas[name].properties.get("chunking_strategy")
+                if strategy is not None:
+                    strategy.one_of = [o for o in strategy.one_of if "StaticChunking" not in str(getattr(o, "ref", ""))]
+
+
+def _filter_schema(limits: Limits) -> Schema:
+    """OpenAI's attribute filter (:mod:`embedrank.retrieval.filters`): a comparison, or ``and``/``or`` of filters."""
+    scalar = [Schema(type=OpenAPIType.STRING), Schema(type=OpenAPIType.NUMBER)]
+
+    def comparison(ops: list[str], value: Schema) -> Schema:
+        return Schema(
+            type=OpenAPIType.OBJECT,
+            required=["type", "key", "value"],
+            additional_properties=False,
+            properties={
+                "type": Schema(type=OpenAPIType.STRING, enum=ops),
+                "key": Schema(type=OpenAPIType.STRING, min_length=1),
+                "value": value,
+            },
+        )
+
+    compound = Schema(
+        type=OpenAPIType.OBJECT,
+        required=["type", "filters"],
+        additional_properties=False,
+        properties={
+            "type": Schema(type=OpenAPIType.STRING, enum=["and", "or"]),
+            "filters": Schema(
+                type=OpenAPIType.ARRAY,
+                min_items=1,
+                max_items=limits.max_filter_clauses,
+                items=Reference(ref="#/components/schemas/AttributeFilter"),
+            ),
+        },
+    )
+    return Schema(
+        one_of=[
+            comparison(["eq", "ne"], Schema(one_of=[*scalar, Schema(type=OpenAPIType.BOOLEAN)])),
+            comparison(["gt", "gte", "lt", "lte"], Schema(one_of=scalar)),
+            comparison(
+                ["in", "nin"],
+                Schema(type=OpenAPIType.ARRAY, max_items=limits.max_filter_clauses, items=Schema(one_of=scalar)),
+            ),
+            compound,
+        ],
+        description=f"at most {limits.max_filter_clauses} clauses, nested at most {limits.max_filter_depth} deep",
+    )
 
 
 # cl100k_base: ids 0..100276, of which these are unassigned

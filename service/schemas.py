@@ -31,6 +31,11 @@ Compact = Annotated[
 ]
 
 
+PURPOSES = ("batch", "assistants", "user_data")
+"""The purposes an upload to ``/v1/files`` may have: a batch's input, or a file for vector stores (the two the
+openai SDK sends)."""
+
+
 class EmbeddingsRequest(Struct, kw_only=True):
     """An embeddings request: OpenAI's fields (``model``, ``input``, ``encoding_format``, ``dimensions``, ``user``)
     and embedrank's (prompts, ``embedding_types``, chunking, ``truncate``, ``priority``)."""

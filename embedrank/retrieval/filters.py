@@ -20,7 +20,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from embedrank.errors import InvalidInputError
+from embedrank.errors import InvalidInputError, RequestTooLargeError
 
 Scalar = str | int | float | bool
 Attributes = Mapping[str, Scalar]
@@ -71,8 +71,9 @@ def parse_filter(raw: Any, *, max_clauses: int = 100, max_depth: int = 8, param:
     Compound(op='and', filters=(Comparison(op='eq', key='a', value=1),))
 
     Raises:
-        InvalidInputError: a malformed clause, or a filter past either bound (``param`` names the field and
-            the message the clause's path, ``filters.filters[2].value``).
+        InvalidInputError: a malformed clause (``param`` names the field and the message the clause's path,
+            ``filters.filters[2].value``).
+        RequestTooLargeError: a filter past either bound (its ``limit`` names which).
     """
     count = 0
 
@@ -80,12 +81,17 @@ def parse_filter(raw: Any, *, max_clauses: int = 100, max_depth: int = 8, param:
         nonlocal count
         count += 1
         if count > max_clauses:
-            raise InvalidInputError(f"{param} has more than {max_clauses} clauses, the limit", param=param)
+            raise RequestTooLargeError(
+                f"{param} has more than {max_clauses} clauses", param=param, limit="max_filter_clauses"
+            )
         if depth > max_depth:
-            raise InvalidInputError(f"{param} is nested more than {max_depth} deep, the limit ({path})", param=param)
+            raise RequestTooLargeError(
+                f"{param} is nested more than {max_depth} deep ({path})", param=param, limit="max_filter_depth"
+            )
         if not isinstance(node, dict):
             raise InvalidInputError(f"{path} must be an object with a 'type'", param=param)
         kind = node.get("type")
+        kind = kind if isinstance(kind, str) else None
         if kind in COMPOUNDS:
             extra = set(node) - {"type", "filters"}
             children = node.get("filters")
@@ -94,7 +100,9 @@ def parse_filter(raw: Any, *, max_clauses: int = 100, max_depth: int = 8, param:
                     f"{path}: a compound filter has 'type' and a non-empty list 'filters' only", param=param
                 )
             if len(children) > max_clauses:
-                raise InvalidInputError(f"{param} has more than {max_clauses} clauses, the limit", param=param)
+                raise RequestTooLargeError(
+                    f"{param} has more than {max_clauses} clauses", param=param, limit="max_filter_clauses"
+                )
             return Compound(kind, tuple(clause(c, f"{path}.filters[{i}]", depth + 1) for i, c in enumerate(children)))
         if kind in COMPARISONS or kind in ("in", "nin"):
             if set(node) != {"type", "key", "value"}:

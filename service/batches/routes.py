@@ -37,11 +37,9 @@ from service.batches.service import BatchService
 from service.batches.store import BatchRow, BatchStore, FileRow
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
-from service.schemas import ErrorResponse
+from service.schemas import PURPOSES, ErrorResponse
 
 FILE_PATH = "/v1/files"
-PURPOSES = ("batch", "assistants", "user_data")
-"""The purposes an upload may have: a batch's input, or a file for vector stores (the two the openai SDK sends)."""
 NOT_FOUND = {404: ResponseSpec(data_container=ErrorResponse, description="No such file or batch for this API key")}
 UNAVAILABLE = {
     503: ResponseSpec(

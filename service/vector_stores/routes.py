@@ -109,8 +109,8 @@ async def _attach(
     rows = []
     for file_id, attributes, strategy in files:
         upload = await asyncio.to_thread(uploads.get_file, owner, file_id)
-        if upload is None:
-            raise not_found("file", file_id, "file_id")
+        if upload is None:  # 400: the body names it; a 404 is for the path's store
+            raise invalid(f"no file with id {file_id[:100]!r} for this API key", param="file_id", code="file_not_found")
         if upload.purpose not in ATTACHABLE:
             raise invalid(
                 f"file {file_id} has purpose {upload.purpose!r}; a vector store reads files uploaded with purpose "
@@ -349,16 +349,9 @@ async def vector_store_file_content(
 async def create_file_batch(
     data: CreateFileBatchRequest, request: Request[Any, Any, Any], state: State, vector_store_id: str
 ) -> FileBatchObject:
-    if (data.file_ids is None) == (data.files is None):
-        raise invalid("give exactly one of file_ids and files", param="file_ids")
     tables, store = await _store(state, request, vector_store_id)
-    files = (
-        [(f, data.attributes, data.chunking_strategy) for f in data.file_ids]
-        if data.file_ids is not None
-        else [(f.file_id, f.attributes, f.chunking_strategy or data.chunking_strategy) for f in data.files or ()]
-    )
-    if not files:
-        raise invalid("the batch names no file", param="file_ids")
+    files = [(f, data.attributes, data.chunking_strategy) for f in data.file_ids or ()]
+    files += [(f.file_id, f.attributes, f.chunking_strategy or data.chunking_strategy) for f in data.files or ()]
     _, batch = await _attach(state, request, store, files, batch=True)
     return batch_object(batch, await asyncio.to_thread(tables.batch_counts, batch))
 

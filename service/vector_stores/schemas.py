@@ -49,9 +49,7 @@ class CreateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fiel
 
     name: Annotated[str, Meta(max_length=256)] | None = None
     description: Annotated[str, Meta(max_length=512)] | None = None
-    file_ids: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(max_length=500)] = msgspec.field(
-        default_factory=list
-    )
+    file_ids: Annotated[list[str], Meta(max_length=500)] = msgspec.field(default_factory=list)
     expires_after: ExpiresAfter | None = None
     chunking_strategy: ChunkingStrategy | None = None
     metadata: Metadata | None = None
@@ -86,11 +84,11 @@ class CreateFileRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 class UpdateFileRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    attributes: FileAttributes | None
+    attributes: Annotated[FileAttributes | None, Meta(description="the file's new attributes; null clears them")] = None
 
 
 class CreateFileBatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    file_ids: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(max_length=500)] | None = None
+    file_ids: Annotated[list[str], Meta(max_length=500)] | None = None
     files: Annotated[list[FileInBatch], Meta(max_length=500)] | None = None
     attributes: FileAttributes | None = None
     chunking_strategy: ChunkingStrategy | None = None
@@ -108,8 +106,11 @@ class RankingOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     score_threshold: Annotated[float, Meta(ge=0, le=1)] = 0.0
 
 
+Query = Annotated[str, Meta(min_length=1, pattern=r"\S")]
+
+
 class SearchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    query: str | Annotated[list[str], Meta(min_length=1, max_length=10)]
+    query: Query | Annotated[list[Query], Meta(min_length=1, max_length=10)]
     filters: Annotated[dict[str, Any] | None, Meta(description="a comparison or compound filter on attributes")] = None
     max_num_results: Annotated[int, Meta(ge=1, le=50)] = 10
     ranking_options: RankingOptions | None = None
