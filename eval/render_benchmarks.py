@@ -28,6 +28,7 @@ ORDER = (
     "quality-dl19",
     "quality-auto",
     "quality-auto-avx2",
+    "quality-store",
     "quantization",
     "encode",
     "encode-avx2",
@@ -430,6 +431,16 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                     f"{v} ({'1 query' if k == 'query' else '16 passages'} per request)" for k, v in found.items()
                 ),
                 "the same server without tracing",
+            )
+    if name == "quality-store":
+        table = out[out.find("ndcg@10  (") :].split("\n\n", 1)[0]  # the nDCG@10 table: SciFact is its first column
+        rows = {m[1]: m[2] for m in re.finditer(r"^(store:\w+|dense@\S+|bm25|hybrid@\S+)\s+([\d.]+)", table, re.M)}
+        if {"store:dense", "store:bm25", "store:hybrid"} <= set(rows):
+            library = [rows.get(k) for k in ("dense@all-minilm-l6-v2~maxp", "bm25", "hybrid@all-minilm-l6-v2~maxp")]
+            return (
+                "nDCG@10 on SciFact through a served vector store (dense, BM25, hybrid; MiniLM, chunks of 254 tokens)",
+                " / ".join(rows[f"store:{k}"] for k in ("dense", "bm25", "hybrid")),
+                "the library's runs (windowed dense, BM25, hybrid): " + " / ".join(str(v) for v in library),
             )
     if name == "vector-store":
         ratio = _search(r"^goal ingestion: store >= 80% of the embed job: (\d+%)", out)
