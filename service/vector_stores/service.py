@@ -4,11 +4,9 @@ worker that reads attached files, this replica's search indexes, and a search fr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 from embedrank.errors import shorten
@@ -80,15 +78,6 @@ class VectorStoreService:
     def wake(self) -> None:
         if self.ingestor is not None:
             self.ingestor.wake()
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        task = asyncio.create_task(self.run())
-        try:
-            yield
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     # -- calls --------------------------------------------------------------------------------------
     def embedder(self, model: str | None) -> tuple[str, HostedModel]:
