@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from embedrank.errors import InvalidInputError, RequestTooLargeError
 
@@ -36,11 +36,14 @@ COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
 COMPOUNDS = ("and", "or")
 
 
+Operator = Literal["eq", "ne", "gt", "gte", "lt", "lte", "in", "nin"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """``attributes[key] <op> value``; ``value`` is a tuple for ``in``/``nin``."""
 
-    op: Literal["eq", "ne", "gt", "gte", "lt", "lte", "in", "nin"]
+    op: Operator
     key: str
     value: Any
 
@@ -103,7 +106,10 @@ def parse_filter(raw: Any, *, max_clauses: int = 100, max_depth: int = 8, param:
                 raise RequestTooLargeError(
                     f"{param} has more than {max_clauses} clauses", param=param, limit="max_filter_clauses"
                 )
-            return Compound(kind, tuple(clause(c, f"{path}.filters[{i}]", depth + 1) for i, c in enumerate(children)))
+            return Compound(
+                cast(Literal["and", "or"], kind),
+                tuple(clause(c, f"{path}.filters[{i}]", depth + 1) for i, c in enumerate(children)),
+            )
         if kind in COMPARISONS or kind in ("in", "nin"):
             if set(node) != {"type", "key", "value"}:
                 raise InvalidInputError(f"{path}: a comparison has exactly 'type', 'key' and 'value'", param=param)
@@ -118,12 +124,12 @@ def parse_filter(raw: Any, *, max_clauses: int = 100, max_depth: int = 8, param:
                     )
                 if any(_kind(v) not in ("str", "number") for v in value):
                     raise InvalidInputError(f"{path}.value holds an item that is no string or number", param=param)
-                return Comparison(kind, key, tuple(value))
+                return Comparison(cast(Operator, kind), key, tuple(value))
             if _kind(value) == "other":
                 raise InvalidInputError(f"{path}.value must be a string, a number or a boolean", param=param)
             if kind not in ("eq", "ne") and _kind(value) == "bool":
                 raise InvalidInputError(f"{path}: {kind!r} compares numbers or strings, not booleans", param=param)
-            return Comparison(kind, key, value)
+            return Comparison(cast(Operator, kind), key, value)
         raise InvalidInputError(
             f"{path}.type must be one of {[*COMPARISONS, 'in', 'nin', *COMPOUNDS]}, got {str(kind)[:40]!r}",
             param=param,
