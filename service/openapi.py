@@ -150,7 +150,9 @@ def _complete_vector_stores(schemas: dict[str, Any], limits: Limits, pool: Model
                 if isinstance(values, Schema):  # metadata, attributes: a null value is an absent key
                     option.additional_properties = Schema(one_of=[values, Schema(type=OpenAPIType.NULL)])
     search = schemas.get("SearchRequest")
-    if search is not None:
+    if search is not None:  # msgspec's bounds inside a union are lost by the generator
+        weight = next(o for o in search.properties["hybrid_weight"].one_of if o.type == OpenAPIType.NUMBER)
+        weight.minimum, weight.maximum = 0, 1
         text = Schema(type=OpenAPIType.STRING, min_length=1, max_length=limits.max_text_chars, pattern=r"\S")
         search.properties["query"] = Schema(
             one_of=[text, Schema(type=OpenAPIType.ARRAY, items=text, min_items=1, max_items=10)]
@@ -159,6 +161,12 @@ def _complete_vector_stores(schemas: dict[str, Any], limits: Limits, pool: Model
         search.properties["filters"] = Schema(
             one_of=[Reference(ref="#/components/schemas/AttributeFilter"), Schema(type=OpenAPIType.NULL)]
         )
+    create = schemas.get("CreateVectorStoreRequest")
+    dense = [m for m, plan in pool.plans.items() if "dense" in plan.outputs]
+    if create is not None and dense:  # a store embeds with a served model that gives dense vectors
+        names = dense + [a for a, m in pool.aliases.items() if m in dense]
+        model = next(o for o in create.properties["model"].one_of if o.type == OpenAPIType.STRING)
+        model.enum, model.examples = names, names[:1]
     windows = [s.spec.max_seq_length - 2 for s in pool.plans.values() if "dense" in s.outputs]
     params = schemas.get("StaticParams")
     if params is not None and windows:
