@@ -34,7 +34,7 @@ from service.batches.schemas import (
     file_object,
 )
 from service.batches.service import BatchService
-from service.batches.store import BatchRow, BatchStore, FileRow
+from service.batches.store import BatchStore
 from service.errors import APIError, invalid
 from service.handling import ERRORS, service_of
 from service.schemas import PURPOSES, ErrorResponse
@@ -66,12 +66,13 @@ async def _store(state: State) -> BatchStore:
     return opened if opened is not None else await asyncio.to_thread(batches.store)
 
 
-def _page(rows: Sequence[FileRow | BatchRow], limit: int) -> dict[str, Any]:
-    """A list object's paging fields for the first ``limit`` of ``rows`` (asked for one more than the page)."""
+def list_page(rows: Sequence[Any], limit: int, key: str = "id") -> dict[str, Any]:
+    """A list object's paging fields for the first ``limit`` of ``rows`` (asked for one more than the page), each
+    row's id its attribute ``key``."""
     shown = rows[:limit]
     return {
-        "first_id": shown[0].id if shown else None,
-        "last_id": shown[-1].id if shown else None,
+        "first_id": getattr(shown[0], key) if shown else None,
+        "last_id": getattr(shown[-1], key) if shown else None,
         "has_more": len(rows) > limit,
     }
 
@@ -133,7 +134,7 @@ async def list_files(
     rows = await asyncio.to_thread(
         store.list_files, owner_of(request), purpose=purpose, after=after, limit=limit + 1, order=order
     )
-    return FileList(data=[file_object(r) for r in rows[:limit]], **_page(rows, limit))
+    return FileList(data=[file_object(r) for r in rows[:limit]], **list_page(rows, limit))
 
 
 @get(FILE_PATH + "/{file_id:str}", summary="Retrieve a file", responses=READ)
@@ -220,7 +221,7 @@ async def list_batches(
     limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
 ) -> BatchList:
     rows = await asyncio.to_thread((await _store(state)).list_batches, owner_of(request), after=after, limit=limit + 1)
-    return BatchList(data=[batch_object(r) for r in rows[:limit]], **_page(rows, limit))
+    return BatchList(data=[batch_object(r) for r in rows[:limit]], **list_page(rows, limit))
 
 
 @post(

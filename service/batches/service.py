@@ -55,9 +55,9 @@ class BatchService:
                 self._store = BatchStore(self.root, PostgresDatabase(url) if url else None)
         return self._store
 
-    async def run(self) -> None:
-        """The worker, once the store exists (SQLite's is created by the first upload; a PostgreSQL server
-        is reached at start, and again every few seconds until it answers); until cancelled."""
+    async def reached(self) -> BatchStore:
+        """The store, once it exists (SQLite's is created by the first upload or vector store; a PostgreSQL
+        server is reached at start, and again every few seconds until it answers)."""
         while (
             not self.settings.batches.batch_database
             and self._store is None
@@ -66,13 +66,16 @@ class BatchService:
             await asyncio.sleep(0.5)
         while True:
             try:
-                store = await asyncio.to_thread(self.store)
-                break
+                return await asyncio.to_thread(self.store)
             except Exception as exc:  # the server is not reachable (yet): the API answers 503 meanwhile
                 logger.warning(
                     "the Batch API's database is not reachable: %s; trying again in %.0f s", exc, RETRY_SECONDS
                 )
                 await asyncio.sleep(RETRY_SECONDS)
+
+    async def run(self) -> None:
+        """The worker, once the store exists (:meth:`reached`); until cancelled."""
+        store = await self.reached()
         if not store.db.shared:  # one host on its own store: a claim left by a crash cannot be live
             await asyncio.to_thread(store.release_claims)
         for folder in await asyncio.to_thread(store.leftover_parts):  # a crash between closing and cleaning up

@@ -11,9 +11,9 @@ is searchable once ``completed``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+import msgspec
 from litestar import Request, delete, get, post
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
@@ -22,7 +22,7 @@ from msgspec import UNSET
 
 from embedrank.serving.stores import UnsupportedFileError, file_type
 from service.auth import owner_of
-from service.batches.routes import UNAVAILABLE
+from service.batches.routes import UNAVAILABLE, list_page
 from service.errors import invalid
 from service.handling import ERRORS, service_of
 from service.schemas import ErrorResponse
@@ -82,15 +82,6 @@ async def _object(tables: VectorStoreTables, row: StoreRow) -> VectorStoreObject
     return store_object(state, now)
 
 
-def _page(rows: Sequence[Any], limit: int, key: str) -> dict[str, Any]:
-    shown = rows[:limit]
-    return {
-        "first_id": getattr(shown[0], key) if shown else None,
-        "last_id": getattr(shown[-1], key) if shown else None,
-        "has_more": len(rows) > limit,
-    }
-
-
 async def _attach(
     state: State,
     request: Request[Any, Any, Any],
@@ -106,6 +97,7 @@ async def _attach(
     uploads = await asyncio.to_thread(service.batches.store)
     owner = owner_of(request)
     _, served = service.embedder(store.model)
+    planned: dict[bytes, tuple[int, int]] = {}
     rows = []
     for file_id, attributes, strategy in files:
         upload = await asyncio.to_thread(uploads.get_file, owner, file_id)
@@ -119,8 +111,11 @@ async def _attach(
             )
         if strategy is None:
             size, overlap = store.chunk_size, store.chunk_overlap
-        else:
-            size, overlap = await service.chunking(strategy, served, store.model)
+        else:  # a batch's files mostly share one strategy: each distinct one is checked once
+            key = msgspec.json.encode(strategy)
+            if key not in planned:
+                planned[key] = await service.chunking(strategy, served, store.model)
+            size, overlap = planned[key]
         error = None
         try:
             file_type(upload.filename)
@@ -185,7 +180,7 @@ async def list_vector_stores(
     rows = await asyncio.to_thread(
         tables.list_stores, owner_of(request), after=after, before=before, limit=limit + 1, order=order
     )
-    return VectorStoreList(data=[await _object(tables, r) for r in rows[:limit]], **_page(rows, limit, "id"))
+    return VectorStoreList(data=[await _object(tables, r) for r in rows[:limit]], **list_page(rows, limit, "id"))
 
 
 @get(STORE, summary="Retrieve a vector store", responses=READ)
@@ -291,7 +286,7 @@ async def list_vector_store_files(
     rows = await asyncio.to_thread(
         tables.list_files, store, status=filter, after=after, before=before, limit=limit + 1, order=order
     )
-    return VectorStoreFileList(data=[file_object(r) for r in rows[:limit]], **_page(rows, limit, "file_id"))
+    return VectorStoreFileList(data=[file_object(r) for r in rows[:limit]], **list_page(rows, limit, "file_id"))
 
 
 async def _file(
@@ -404,7 +399,7 @@ async def list_file_batch_files(
         limit=limit + 1,
         order=order,
     )
-    return VectorStoreFileList(data=[file_object(r) for r in rows[:limit]], **_page(rows, limit, "file_id"))
+    return VectorStoreFileList(data=[file_object(r) for r in rows[:limit]], **list_page(rows, limit, "file_id"))
 
 
 HANDLERS = (

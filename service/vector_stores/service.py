@@ -55,23 +55,17 @@ class VectorStoreService:
         return self._tables if self._tables is not None else await asyncio.to_thread(self.tables)
 
     async def run(self) -> None:
-        """The file reader, once the database exists; until cancelled."""
-        while (
-            not self.settings.batches.batch_database
-            and self._tables is None
-            and not (self.batches.root / "batches.db").is_file()
-        ):
-            await asyncio.sleep(0.5)
+        """The file reader, once the database exists (:meth:`BatchService.reached`); until cancelled."""
+        store = await self.batches.reached()
         while True:
             try:
                 tables = await self.opened()
                 break
-            except Exception as exc:
+            except Exception as exc:  # the server went away between the two: the API answers 503 meanwhile
                 logger.warning("vector stores: the database is not reachable: %s; trying again", exc)
                 await asyncio.sleep(RETRY_SECONDS)
         if not tables.db.shared:  # one host on its own database: a claim left by a crash cannot be live
             await asyncio.to_thread(tables.release_claims)
-        store = await asyncio.to_thread(self.batches.store)
         self.ingestor = Ingestor(tables, store.file_path, self.batches.pool_of, self.settings)
         await self.ingestor.run()
 
