@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
         "length) instead of the model's length; their systems are named '...@<model>~maxpN'",
     )
     p.add_argument(
+        "--bm25-windows",
+        action="store_true",
+        help="BM25 reads the windows of the first --model's tokens (--dense-window's length, or the model's; 32 tokens "
+        "overlap) and scores a document by its best window (MaxP); a hybrid of a --dense-windows model then fuses "
+        "each window's two scores before a document takes its best, as a served vector store's search does; "
+        "systems named 'bm25~maxp' and 'hybrid~maxp@<model>~maxp'",
+    )
+    p.add_argument(
         "--split",
         default="test",
         help="the judged queries to run: the collection's qrels/<SPLIT>.tsv (default: test); another split's results "
@@ -420,8 +428,12 @@ def configurations(args, base) -> list:
     """The configuration of each run the command makes: every (model, retriever, reranker) from ``base``,
     BM25 and SPLADE (and what reranks them) with the first model only, since they use no embedding model; the
     dense stages of the models ``--dense-windows`` names (all, when it names none) windowed (in windows of
-    ``--dense-window`` tokens when given)."""
+    ``--dense-window`` tokens when given), and with ``--bm25-windows`` BM25 and those models' hybrids over windows."""
     windowed = args.model if args.dense_windows == [] else args.dense_windows or []
+
+    def lexical_windows(model: str, retriever: str) -> bool:
+        return args.bm25_windows and (retriever == "bm25" or (retriever == "hybrid" and model in windowed))
+
     return [
         dataclasses.replace(
             base,
@@ -429,7 +441,8 @@ def configurations(args, base) -> list:
             retriever=retriever,
             reranker=reranker,
             dense_windows=model in windowed,
-            dense_window=args.dense_window if model in windowed else None,
+            dense_window=args.dense_window if model in windowed or lexical_windows(model, retriever) else None,
+            bm25_windows=lexical_windows(model, retriever),
         )
         for model, retriever, reranker in itertools.product(args.model, args.retriever, args.reranker or [None])
         if retriever not in ("bm25", "splade") or model == args.model[0]
@@ -599,8 +612,14 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidInputError(f"--metrics cut-offs must be among {sorted(set(DEFAULT_K) | {args.k_retrieve})}")
         if set(args.dense_windows or []) - set(args.model):
             raise InvalidInputError(f"--dense-windows names models that are not in --model {args.model}")
-        if args.dense_window is not None and (args.dense_windows is None or args.dense_window < 1):
-            raise InvalidInputError(f"--dense-window needs --dense-windows and N >= 1, got {args.dense_window}")
+        if args.dense_window is not None and (
+            (args.dense_windows is None and not args.bm25_windows) or args.dense_window < 1
+        ):
+            raise InvalidInputError(
+                f"--dense-window needs --dense-windows or --bm25-windows and N >= 1, got {args.dense_window}"
+            )
+        if args.bm25_windows and not {"bm25", "hybrid"} & set(args.retriever):
+            raise InvalidInputError("--bm25-windows needs the bm25 or hybrid retriever in --retriever")
         for flag, value in (("--sparse-windows", args.sparse_windows), ("--sparse-max-seq-length", args.sparse_max_seq_length)):  # fmt: skip
             if value and not any("splade" in r for r in args.retriever):
                 raise InvalidInputError(f"{flag} needs a SPLADE stage in --retriever (splade, hybrid:...+splade)")

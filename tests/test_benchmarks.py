@@ -220,6 +220,28 @@ def test_deep_runs_are_kept_only_for_the_stages_fusions_fuse(tmp_path):
 
 
 @pytest.mark.slow
+def test_bm25_over_windows_alone_and_fused_per_window(tmp_path):
+    """bm25_windows: BM25 reads the model's windows (alone, and fused per window in a windowed hybrid), says so
+    and is named ``~maxp``; a hybrid over BM25's windows needs windowed dense stages to fuse with."""
+    from embedrank.errors import InvalidInputError
+    from embedrank.retrieval.data import write_demo_collection
+
+    root = str(write_demo_collection(tmp_path))
+    for retriever, name in (("bm25", "bm25~maxp8"), ("hybrid", "hybrid~maxp8@all-minilm-l6-v2~maxp8")):
+        cfg = BenchmarkConfig(
+            retriever=retriever, dense_windows=retriever == "hybrid", bm25_windows=True, dense_window=8, k_retrieve=3
+        )
+        result = run_benchmark(root, dataclasses.replace(cfg, use_cache=False))
+        assert result.system == name
+        assert any(note.startswith("BM25: ") and "windows of up to 8 tokens" in note for note in result.notes)
+        assert all(0 < len(docs) <= 3 for docs in result.run.values())
+    with pytest.raises(InvalidInputError, match="set dense_windows too"):
+        run_benchmark(root, BenchmarkConfig(retriever="hybrid", bm25_windows=True, use_cache=False))
+    with pytest.raises(InvalidInputError, match="applies to the bm25 and hybrid"):
+        run_benchmark(root, BenchmarkConfig(retriever="dense", bm25_windows=True, use_cache=False))
+
+
+@pytest.mark.slow
 def test_windowed_dense_stages_are_named_and_fused(tmp_path):
     """--dense-windows: each dense stage (alone and inside a fusion) embeds windows and says so; its systems
     carry ``@model~maxp`` so a fusion's parts and its ``-cv`` system find each other; PRF and prebuilt

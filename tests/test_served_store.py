@@ -1,7 +1,7 @@
 """A collection searched through a served vector store scores as the library's own run of the same stages (the
 packaged MiniLM, in process): ADI's documents fit one window each, so the store's dense, BM25 and hybrid runs
-are the library's ``DenseRetriever``, ``BM25Retriever`` and ``HybridRetriever``; Cranfield's dense run with
-chunks of the model's window and 32 tokens of overlap is the library's windowed (MaxP) run."""
+are the library's ``DenseRetriever``, ``BM25Retriever`` and ``HybridRetriever``; Cranfield's runs with chunks of
+the model's window and 32 tokens of overlap are the library's windowed (MaxP) runs of the same stages."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from embedrank.math.metrics import evaluate_per_query
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.data import load_beir
-from embedrank.retrieval.dense import DenseRetriever, WindowedDenseRetriever
-from embedrank.retrieval.stages import HybridRetriever
+from embedrank.retrieval.dense import DenseRetriever, WindowedDenseRetriever, corpus_windows
+from embedrank.retrieval.stages import HybridRetriever, MaxPRetriever
 from embedrank.types import Chunking
 from service.app import create_app
 from service.settings import Auth, Batches, Engine, ModelEntry, Models, Settings
@@ -66,9 +66,23 @@ def test_short_documents_score_as_the_library_for_every_first_stage(api, encoder
         assert served(api, adi, stage) == pytest.approx(figure, abs=0.005), stage
 
 
-def test_windowed_documents_score_as_the_library_maxp_run(api, encoder):
+def test_windowed_documents_score_as_the_library_maxp_runs(api, encoder):
+    """Dense, BM25 and hybrid over the windows, a hybrid fusing each window's scores (as chunks are fused)."""
     cranfield = load_beir("cranfield")
     window = encoder.chunk_window()
     maxp = WindowedDenseRetriever.from_corpus(encoder, cranfield.corpus, chunking=Chunking(overlap=32), cache=False)
-    figure = ndcg(cranfield, maxp.retrieve(cranfield.queries, 50))
-    assert served(api, cranfield, "dense", f"static:{window}:32") == pytest.approx(figure, abs=0.005)
+    windows, owners = corpus_windows(encoder, cranfield.corpus, Chunking(overlap=32))
+    lexical = BM25Retriever.from_corpus(windows)
+    library = {
+        "dense": maxp,
+        "bm25": MaxPRetriever(lexical, owners),
+        "hybrid": MaxPRetriever(HybridRetriever(maxp.windows, lexical), owners),
+    }
+    ids, by_file = upload_corpus(api, cranfield, "jsonl")
+    store = create_store(
+        api, ids, name="cranfield", first_stage="dense", chunking=parse_chunking(f"static:{window}:32")
+    )
+    for stage, retriever in library.items():
+        figure = ndcg(cranfield, retriever.retrieve(cranfield.queries, 50))
+        run = search_run(api, store, cranfield.queries, by_file=by_file, first_stage=stage)
+        assert ndcg(cranfield, run) == pytest.approx(figure, abs=0.005), stage

@@ -9,8 +9,10 @@ import pytest
 from embedrank import DenseRetriever, EmbeddingCache, Encoder
 from embedrank.errors import InvalidInputError
 from embedrank.models.chunking import Chunking, split_windows
+from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.data import DEMO_CORPUS, DEMO_QUERIES, doc_text
-from embedrank.retrieval.dense import WindowedDenseRetriever
+from embedrank.retrieval.dense import WindowedDenseRetriever, corpus_windows
+from embedrank.retrieval.stages import HybridRetriever, MaxPRetriever
 
 pytestmark = pytest.mark.slow  # the packaged MiniLM
 
@@ -85,3 +87,48 @@ def test_the_search_deepens_when_one_document_fills_the_top_windows(short_encode
     expected = sorted(oracle["q"].items(), key=lambda item: -item[1])[:2]
     assert list(run["q"]) == [d for d, _ in expected] and expected[0][0] == "long"
     np.testing.assert_allclose(list(run["q"].values()), [s for _, s in expected], atol=1e-5)
+
+
+def test_bm25_over_windows_scores_a_document_by_its_best_window(short_encoder):
+    """Any stage over the windows (here BM25) through MaxPRetriever: each document's best window among every
+    window scored, deepening as the dense stage does."""
+    corpus = {
+        "long": {"text": "Green tea and its health benefits. " * 12},
+        "tea": {"text": "Black tea is brewed from oxidized leaves, and green tea from unoxidized ones."},
+        "cars": {"text": "Electric cars need charging stations."},
+    }
+    queries = {"q": "health benefits of green tea", "r": "charging electric cars"}
+    windows, owners = corpus_windows(short_encoder, corpus)
+    assert owners.count("long") >= 8 and len(windows) == len(owners)
+    lexical = BM25Retriever.from_corpus(windows)
+    every = lexical.retrieve(queries, len(windows))  # every window that shares a term, scored
+    oracle: dict[str, dict[str, float]] = {q: {} for q in queries}
+    for q, hits in every.items():
+        for window, score in hits.items():
+            doc = owners[int(window)]
+            oracle[q][doc] = max(score, oracle[q].get(doc, score))
+    run = MaxPRetriever(lexical, owners).retrieve(queries, 2)
+    for q in queries:
+        expected = sorted(oracle[q].items(), key=lambda item: -item[1])[:2]
+        assert list(run[q]) == [d for d, _ in expected]
+        np.testing.assert_allclose(list(run[q].values()), [s for _, s in expected])
+
+
+def test_a_fusion_over_windows_is_read_at_its_own_depth(short_encoder):
+    """A hybrid over windows fuses each window's scores at its stages' depth, however many documents are asked
+    for: deeper reads would normalize the scores differently."""
+    windows, owners = corpus_windows(short_encoder, DEMO_CORPUS)
+    lexical = BM25Retriever.from_corpus(windows)
+    dense = DenseRetriever.from_corpus(short_encoder, windows, cache=False)
+    fusion = HybridRetriever(dense, lexical, depth=3)
+    asked: list[int] = []
+    retrieve = fusion.retrieve
+    fusion.retrieve = lambda queries, k: asked.append(k) or retrieve(queries, k)  # type: ignore[method-assign]
+    run = MaxPRetriever(fusion, owners).retrieve(DEMO_QUERIES, len(DEMO_CORPUS))
+    assert asked and max(asked) <= 3
+    fused = retrieve(DEMO_QUERIES, 3)
+    for q, docs in run.items():
+        best: dict[str, float] = {}
+        for window, score in fused[q].items():
+            best[owners[int(window)]] = max(score, best.get(owners[int(window)], score))
+        assert docs == pytest.approx(best)

@@ -15,7 +15,7 @@ from embedrank.errors import InvalidInputError
 from embedrank.evaluation.compare import SystemRun
 from embedrank.evaluation.config import HEADLINE, BenchmarkConfig
 from embedrank.evaluation.names import first_stage_name, system_name
-from embedrank.evaluation.stages import bm25_stage, dense_stage, splade_stage
+from embedrank.evaluation.stages import bm25_stage, bm25_windows_stage, dense_stage, splade_stage
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
 from embedrank.models.scorers import load_reranker
 from embedrank.retrieval.data import BeirDataset, load_beir
@@ -27,7 +27,7 @@ from embedrank.retrieval.pipeline import (
     WindowedDenseRetriever,
 )
 from embedrank.retrieval.prf import DensePRFRetriever
-from embedrank.retrieval.stages import FusedRetriever
+from embedrank.retrieval.stages import FusedRetriever, MaxPRetriever
 from embedrank.types import Run
 
 
@@ -77,6 +77,7 @@ class BenchmarkResult:
             "sparse_model": self.config.sparse_model if "splade" in self.config.retriever else None,
             "sparse_max_seq_length": self.config.sparse_max_seq_length,
             "sparse_windows": self.config.sparse_windows,
+            "bm25_windows": self.config.bm25_windows,
             "chunking": dataclasses.asdict(self.config.chunking) if self.config.chunking else None,
             "k_retrieve": self.config.k_retrieve,
             "index": self.config.index if self.config.retriever != "bm25" else None,
@@ -148,8 +149,12 @@ def run_benchmark(
     timings["load_s"] = time.perf_counter() - start
     level = relevance_level(ds.name)
 
-    if cfg.dense_window is not None and not cfg.dense_windows:
-        raise InvalidInputError("dense_window sets the windows of windowed dense stages: set dense_windows too")
+    if cfg.dense_window is not None and not (cfg.dense_windows or cfg.bm25_windows):
+        raise InvalidInputError("dense_window sets the windows of windowed stages: set dense_windows or bm25_windows")
+    if cfg.bm25_windows and cfg.retriever not in ("bm25", "hybrid"):
+        raise InvalidInputError(f"bm25_windows applies to the bm25 and hybrid retrievers, not {cfg.retriever}")
+    if cfg.bm25_windows and cfg.retriever == "hybrid" and not cfg.dense_windows:
+        raise InvalidInputError("a hybrid over BM25's windows fuses each window's scores: set dense_windows too")
     if cfg.dense_windows and (cfg.embeddings or cfg.retriever in ("dense-prf", "hybrid-prf")):
         what = "--embeddings (vectors of whole documents)" if cfg.embeddings else cfg.retriever
         raise InvalidInputError(f"windowed dense stages (MaxP) do not combine with {what}")
@@ -174,13 +179,17 @@ def run_benchmark(
             if cfg.retriever == "hybrid-prf"
             else dense()
         )
-        first = HybridRetriever(
-            dense_part,
-            bm25_stage(ds, cfg, notes),
-            method=cfg.hybrid_method,
-            weight=cfg.hybrid_weight,
-            normalization=cfg.hybrid_normalization,
+        fusion = functools.partial(
+            HybridRetriever, method=cfg.hybrid_method, weight=cfg.hybrid_weight, normalization=cfg.hybrid_normalization
         )
+        if cfg.bm25_windows:  # both stages over the same windows, fused per window, a document taking its best
+            assert isinstance(dense_part, WindowedDenseRetriever)
+            lexical, owners = bm25_windows_stage(ds, cfg, notes)
+            if owners != dense_part.owners:
+                raise AssertionError("the BM25 and dense stages split the corpus into different windows")
+            first = MaxPRetriever(fusion(dense_part.windows, lexical), owners)
+        else:
+            first = fusion(dense_part, bm25_stage(ds, cfg, notes))
     elif cfg.retriever == "dense-prf":
         first = DensePRFRetriever(plain_dense(), k=cfg.prf_k, beta=cfg.prf_beta)
     elif cfg.retriever == "splade":

@@ -55,7 +55,10 @@ class BenchmarkConfig:
     prf_k: int = 3  # dense-prf / hybrid-prf: feedback documents
     prf_beta: float = 0.5  # dense-prf / hybrid-prf: weight of their mean vector
     dense_windows: bool = False  # dense stages embed every window of a long document, scoring its best (MaxP)
-    dense_window: int | None = None  # those windows' length in tokens (None: the model's length)
+    dense_window: int | None = None  # windowed stages' windows' length in tokens (None: the model's length)
+    bm25_windows: bool = (
+        False  # BM25 reads the model's windows, scoring a document by its best; a hybrid fuses per window
+    )
     sparse_windows: bool = False  # the SPLADE stage reads every window of a long document, each term's max over them
     sparse_max_seq_length: int | None = None  # the SPLADE model's window in tokens (default: the model's)
     fusion_depth: int | None = None  # also keep the first stage's top N (fusion_run), for fusions made later

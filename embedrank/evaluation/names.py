@@ -26,8 +26,8 @@ def first_stage_name(cfg: BenchmarkConfig) -> str:
     """The first stage's name: the retriever, ``@`` and the embedding model's short name when it is not the
     default one (BM25 and SPLADE use no dense model), ``~maxp`` for windowed dense stages (which name their
     model, default or not; ``~maxpN`` for windows of ``N`` tokens), ``splade~N`` for a SPLADE stage reading ``N`` tokens instead of its model's own
-    window and ``splade~windows`` for one reading every window (alone or as a fusion's part), ``~int8``/``~bf16``
-    for a lower precision.
+    window and ``splade~windows`` for one reading every window (alone or as a fusion's part), ``bm25~maxp`` for
+    BM25 over windows and ``hybrid~maxp`` for a hybrid fused per window, ``~int8``/``~bf16`` for a lower precision.
 
     >>> from embedrank.evaluation.config import BenchmarkConfig
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid", model="models/MiniLM-SciFact/"))
@@ -38,6 +38,8 @@ def first_stage_name(cfg: BenchmarkConfig) -> str:
     'dense@all-minilm-l6-v2~maxp128'
     >>> first_stage_name(BenchmarkConfig(retriever="hybrid:bm25+dense+splade", sparse_windows=True))
     'hybrid:bm25+dense+splade~windows'
+    >>> first_stage_name(BenchmarkConfig(retriever="hybrid", dense_windows=True, bm25_windows=True))
+    'hybrid~maxp@all-minilm-l6-v2~maxp'
     >>> first_stage_name(BenchmarkConfig(retriever="splade", sparse_max_seq_length=512))
     'splade~512'
     """
@@ -47,12 +49,14 @@ def first_stage_name(cfg: BenchmarkConfig) -> str:
     if sparse != "splade":  # the SPLADE part is named where it stands, so a fusion's parts keep their names
         kind, colon, parts = name.rpartition(":")
         name = kind + colon + "+".join(sparse if p == "splade" else p for p in parts.split("+"))
+    window = f"~maxp{cfg.dense_window or ''}"
+    if cfg.bm25_windows:  # BM25 over windows, alone or fused per window with the dense stage
+        name += window
     if cfg.retriever in ("bm25", "splade"):
         return name
     if cfg.model not in (DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2") or cfg.dense_windows:
         name += f"@{Path(cfg.model.rstrip('/')).name.lower()}"
-    maxp = f"~maxp{cfg.dense_window or ''}" if cfg.dense_windows else ""
-    return name + maxp + _runtime_suffix(cfg)
+    return name + (window if cfg.dense_windows else "") + _runtime_suffix(cfg)
 
 
 def system_name(cfg: BenchmarkConfig) -> str:

@@ -1,5 +1,5 @@
 """The first stages a benchmark configuration builds (:func:`~embedrank.evaluation.benchmark.run_benchmark`):
-BM25, SPLADE and the dense stage, each saying in ``notes`` what it runs."""
+BM25 (over whole documents or their windows), SPLADE and the dense stage, each saying in ``notes`` what it runs."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ from embedrank.models.sparse import SparseEncoder
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
 from embedrank.retrieval.data import BeirDataset, load_trec_run
+from embedrank.retrieval.dense import corpus_windows
 from embedrank.retrieval.index import IndexConfig, is_index_dir
 from embedrank.retrieval.pipeline import DenseRetriever, FirstStage, PrecomputedRun, WindowedDenseRetriever
 from embedrank.retrieval.sparse import SparseRetriever
+from embedrank.retrieval.stages import MaxPRetriever
 
 if TYPE_CHECKING:
     from embedrank.evaluation.config import BenchmarkConfig
 
-__all__ = ["bm25_stage", "cached_encoder", "dense_stage", "splade_stage"]
+__all__ = ["bm25_stage", "bm25_windows_stage", "cached_encoder", "dense_stage", "splade_stage"]
 
 
 @functools.lru_cache(maxsize=4)  # several runs of one command share a model
@@ -31,7 +33,10 @@ def cached_encoder(
 
 
 def bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> FirstStage:
-    """The collection's published BM25 run when it ships one (unless ``cfg.fresh_bm25``), else bm25s."""
+    """The collection's published BM25 run when it ships one (unless ``cfg.fresh_bm25``), else bm25s; with
+    ``cfg.bm25_windows``, bm25s over the windows of :func:`bm25_windows_stage`, a document scored by its best."""
+    if cfg.bm25_windows:
+        return MaxPRetriever(*bm25_windows_stage(ds, cfg, notes))
     shipped = ds.first_stage_runs
     if shipped and not cfg.fresh_bm25:
         notes.append(
@@ -40,6 +45,19 @@ def bm25_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> First
         return PrecomputedRun(load_trec_run(shipped[0]), name=f"bm25[{shipped[0].name}]")
     notes.append("BM25: computed with bm25s (k1=0.9, b=0.4, Lucene IDF, English stemming)")
     return BM25Retriever.from_corpus(ds.corpus)
+
+
+def bm25_windows_stage(ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str]) -> tuple[BM25Retriever, list[str]]:
+    """bm25s over the corpus's windows (of ``cfg.dense_window`` tokens of ``cfg.model``, or its length; 32 tokens
+    overlap: the windowed dense stage's), and each window's document id."""
+    encoder = cached_encoder(cfg.model, cfg.backend, cfg.precision, cfg.device)
+    windows, owners = corpus_windows(encoder, ds.corpus, Chunking(window=cfg.dense_window))
+    window = cfg.dense_window or encoder.chunk_window()
+    notes.append(
+        f"BM25: computed with bm25s (k1=0.9, b=0.4, Lucene IDF, English stemming) over {len(windows)} windows of up "
+        f"to {window} tokens of the {len(ds.corpus)} documents, a document scored by its best window (MaxP)"
+    )
+    return BM25Retriever.from_corpus(windows), owners
 
 
 # a corpus encoded once per (model, collection, backend, device, windows, window length)

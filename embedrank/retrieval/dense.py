@@ -20,6 +20,7 @@ from embedrank.retrieval.cache import EmbeddingCache, corpus_key
 from embedrank.retrieval.data import doc_text
 from embedrank.retrieval.embed_job import read_embeddings, read_manifest
 from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index, load_index
+from embedrank.retrieval.stages import best_windows
 from embedrank.types import Corpus, Queries, Run
 
 
@@ -170,6 +171,19 @@ class DenseRetriever:
         return {qid: dict(zip(ids[i], map(float, scores[i]), strict=True)) for i, qid in enumerate(qids)}
 
 
+def corpus_windows(encoder: Encoder, corpus: Corpus, chunking: Chunking | None = None) -> tuple[Corpus, list[str]]:
+    """``corpus``'s documents (title + text) split into windows of ``encoder``'s tokens (``chunking.window``
+    tokens, at most the model's length, or the model's length; ``chunking.overlap`` shared): the windows as a
+    corpus (ids ``"0"``, ``"1"``, ..., text only) and each window's document id, in window order."""
+    chunking = chunking or Chunking()
+    fits = encoder.chunk_window()
+    require_fits(chunking.window, fits)
+    ids = list(corpus)
+    plan = ChunkPlan.make([doc_text(corpus[d]) for d in ids], encoder.token_offsets, window=fits, chunking=chunking)
+    windows: Corpus = {str(i): {"text": text} for i, text in enumerate(plan.texts)}
+    return windows, [ids[i] for i in plan.windows.owners.tolist()]
+
+
 class WindowedDenseRetriever:
     """Dense retrieval over long documents' windows, a document scoring as its best window (MaxP).
 
@@ -206,44 +220,27 @@ class WindowedDenseRetriever:
         or the model's length), embed and index them."""
         chunking = chunking or Chunking()
         require_max(chunking, "a windowed first stage scores a document by its best window")
-        fits = encoder.chunk_window()
-        require_fits(chunking.window, fits)
-        ids = list(corpus)
-        plan = ChunkPlan.make([doc_text(corpus[d]) for d in ids], encoder.token_offsets, window=fits, chunking=chunking)
-        owners = [ids[i] for i in plan.windows.owners.tolist()]
-        windows = {str(i): {"text": text} for i, text in enumerate(plan.texts)}
+        windows, owners = corpus_windows(encoder, corpus, chunking)
         inner = DenseRetriever.from_corpus(
             encoder, windows, index=index, batch_size=batch_size, cache=cache, show_progress=show_progress
         )
         return cls(inner, owners)
 
     def retrieve(self, queries: Queries, k: int) -> Run:
-        """Each query's top ``k`` documents by their best window's score.
-
-        The top ``2k`` windows are searched first, and the search deepens (doubling) for the queries whose
-        windows so far name fewer than ``k`` documents: a document with a window among the top ``D`` has its
-        best window there too, and a document with none scores at most the ``D``-th window, so once ``k``
-        documents are found their order is final.
-        """
+        """Each query's top ``k`` documents by their best window's score (:func:`~embedrank.retrieval.stages.best_windows`:
+        exact on an exact index)."""
         qids = list(queries)
         vectors = self.windows.query_vectors(queries)
-        total = len(self.owners)
-        run: Run = {}
-        pending, depth = list(range(len(qids))), min(2 * k, total)
-        while pending:
-            scores, ids = self.windows.index.search(vectors[pending], depth)
-            short = []
-            for row, hit_scores, hit_ids in zip(pending, scores, ids, strict=True):
-                best: dict[str, float] = {}
-                for window, score in zip(hit_ids, map(float, hit_scores), strict=True):
-                    doc = self.owners[int(window)]
-                    best[doc] = max(score, best.get(doc, score))
-                if len(best) < k and depth < total:
-                    short.append(row)
-                else:
-                    run[qids[row]] = best
-            pending, depth = short, min(2 * depth, total)
-        return top_k({qid: run[qid] for qid in qids}, k)
+
+        def search(rows: list[int], depth: int) -> list[list[tuple[str, float]]]:
+            scores, ids = self.windows.index.search(vectors[rows], depth)
+            return [
+                list(zip(hit_ids, map(float, hit_scores), strict=True))
+                for hit_ids, hit_scores in zip(ids, scores, strict=True)
+            ]
+
+        found = best_windows(search, len(qids), self.owners, k, len(self.owners))
+        return top_k(dict(zip(qids, found, strict=True)), k)
 
 
 def _check_covers(ids: Sequence[str], corpus: Corpus | None, what: str) -> None:

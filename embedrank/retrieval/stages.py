@@ -1,8 +1,9 @@
-"""First stages besides dense retrieval: the protocol they share, a replayed run, and fusions of two or more."""
+"""First stages besides dense retrieval: the protocol they share, a replayed run, fusions of two or more, and any
+stage over long documents' windows with a document scored by its best window (MaxP)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from embedrank.math.fusion import reciprocal_rank_fusion, score_fusion, weighted_fusion
@@ -85,8 +86,69 @@ class FusedRetriever:
         return top_k(weighted_fusion(runs, self.weights, normalization=self.normalization), k)
 
 
+WindowSearch = Callable[[list[int], int], list[list[tuple[str, float]]]]
+"""``search(rows, depth)``: for each query row, its top ``depth`` windows as ``(window id, score)`` pairs."""
+
+
+def best_windows(
+    search: WindowSearch, n_queries: int, owners: Sequence[str], k: int, max_depth: int
+) -> list[dict[str, float]]:
+    """Each query's top ``k`` documents by their best window's score (MaxP), for windows ``"0"`` ... owned by
+    ``owners[i]``.
+
+    The top ``2k`` windows are searched first, and the search deepens (doubling, up to ``max_depth``) for the
+    queries whose windows so far name fewer than ``k`` documents: a document with a window among the top ``D``
+    has its best window there too, and a document with none scores at most the ``D``-th window, so once ``k``
+    documents are found their order is final. A query still short at ``max_depth`` keeps the documents found.
+    Returns each query's documents and best scores, unsorted and not cut to ``k``.
+    """
+    found: list[dict[str, float]] = [{} for _ in range(n_queries)]
+    pending, depth = list(range(n_queries)), min(2 * k, max_depth)
+    while pending:
+        short = []
+        for row, hits in zip(pending, search(pending, depth), strict=True):
+            best: dict[str, float] = {}
+            for window, score in hits:
+                doc = owners[int(window)]
+                best[doc] = max(score, best.get(doc, score))
+            found[row] = best
+            if len(best) < k and depth < max_depth:
+                short.append(row)
+        pending, depth = short, min(2 * depth, max_depth)
+    return found
+
+
+class MaxPRetriever:
+    """Any first stage over long documents' windows (as :func:`~embedrank.retrieval.dense.corpus_windows`
+    splits them), a document scoring as its best window (MaxP: Dai and Callan, 2019).
+
+    A fusion over windows fuses each window's scores before a document takes its best, as a vector store's
+    hybrid search fuses chunks: its stages are read ``depth`` deep however many documents are asked for (a
+    deeper read would normalize other scores), so a query whose top ``depth`` windows name fewer than ``k``
+    documents gets those.
+    """
+
+    def __init__(self, windows: FirstStage, owners: Sequence[str], *, name: str | None = None) -> None:
+        """``windows``: a stage over the window corpus (window ``i`` has id ``str(i)``); ``owners``: the
+        document id of each window, in window order."""
+        self.windows, self.owners = windows, list(owners)
+        self.name = name or windows.name
+        fixed = getattr(windows, "depth", None) if isinstance(windows, HybridRetriever | FusedRetriever) else None
+        self.max_depth = min(fixed or len(self.owners), len(self.owners))
+
+    def retrieve(self, queries: Queries, k: int) -> Run:
+        qids = list(queries)
+
+        def search(rows: list[int], depth: int) -> list[list[tuple[str, float]]]:
+            run = self.windows.retrieve({qids[r]: queries[qids[r]] for r in rows}, depth)
+            return [list(run.get(qids[r], {}).items()) for r in rows]
+
+        found = best_windows(search, len(qids), self.owners, k, self.max_depth)
+        return top_k(dict(zip(qids, found, strict=True)), k)
+
+
 def stages_of(stage: FirstStage) -> Iterator[FirstStage]:
-    """``stage`` and, for a hybrid, the stages it fuses."""
+    """``stage`` and, for a hybrid, the stages it fuses (not a :class:`MaxPRetriever`'s: they rank windows)."""
     yield stage
     if isinstance(stage, HybridRetriever):
         yield from stages_of(stage.first)
