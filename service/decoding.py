@@ -19,7 +19,9 @@ Every client mistake becomes a 400 in the error shape, never a 500:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import typing
 import zlib
 from typing import Any, TypeVar
 
@@ -94,16 +96,20 @@ def decompressed(raw: bytes, encoding: str, limit: int) -> bytes:
 def decode_strict(raw: bytes, schema: Any, content_type: str = "application/json") -> Any:
     """Decode ``raw`` into ``schema`` (a type, or a :class:`ByField` choice of two) without coercing types;
     raise :class:`APIError` (400) on any mistake. A JSON ``null`` for a field means the field is absent (as
-    OpenAI's and Cohere's servers read it): it takes its default, or is missing if it is required."""
+    OpenAI's and Cohere's servers read it): it takes its default, or is missing if it is required; except in
+    a modification (a field whose default is ``UNSET`` and that takes ``None``), where null clears the value."""
     charset = charset_of(content_type)
     if charset not in (None, "utf-8", "utf8"):
         raise invalid(f"JSON bodies must be UTF-8 (RFC 8259); charset={charset} is not supported", code="invalid_json")
     if _TOO_DEEP.search(raw):
         raise invalid(f"request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
     try:
-        value = _normalized(msgspec.json.decode(raw))
+        decoded = msgspec.json.decode(raw)
+        value = _normalized(decoded)
         if isinstance(schema, ByField):
             schema = schema.pick(value)
+        if isinstance(decoded, dict) and (clearing := _clearing_fields(schema)):
+            value.update({name: None for name in clearing if name in decoded and decoded[name] is None})
         return msgspec.convert(value, schema, strict=True)
     except UnicodeDecodeError as exc:
         raise invalid(f"request body is not valid UTF-8 (byte {exc.start})", code="invalid_json") from None
@@ -132,6 +138,26 @@ def _number_field(raw: bytes, default: str | None = "the request body") -> str |
     """
     match = _HUGE_NUMBER.search(raw)
     return match.group(1).decode("utf-8", "replace") if match else default
+
+
+@functools.cache
+def _clearing_fields(schema: Any) -> tuple[str, ...]:
+    """The top-level fields of a modification's schema where null means "clear" rather than "absent": those
+    whose default is ``UNSET`` (left out: unchanged) and whose type takes ``None``."""
+    if not (isinstance(schema, type) and issubclass(schema, msgspec.Struct)):
+        return ()
+    return tuple(
+        field.encode_name
+        for field in msgspec.structs.fields(schema)
+        if field.default is msgspec.UNSET and _takes_none(field.type)
+    )
+
+
+def _takes_none(annotation: Any) -> bool:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _takes_none(args[0])
+    return annotation is type(None) or any(_takes_none(arg) for arg in args)
 
 
 def _normalized(value: Any) -> Any:

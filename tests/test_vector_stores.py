@@ -342,3 +342,22 @@ def test_a_replica_keeps_the_indexes_of_the_stores_searched_last_within_its_boun
     service.indexes.chunks = 4  # three chunks a store: only the store searched now is kept
     api.vector_stores.search(stores[0], query="tea")
     assert list(service.indexes._held) == [stores[0]]
+
+
+def test_modify_sets_and_null_clears(client):
+    """Modify: a field sent changes, a field left out stays, and null clears (name, metadata, expiry)."""
+    api = sdk(client)
+    store = api.vector_stores.create(
+        name="drinks", metadata={"team": "a"}, expires_after={"anchor": "last_active_at", "days": 3}
+    )
+    assert store.expires_after is not None and store.expires_at is not None
+    kept = api.vector_stores.update(store.id, metadata={"team": "b"})
+    assert (kept.name, kept.metadata, kept.expires_after) == ("drinks", {"team": "b"}, store.expires_after)
+    raw = client.post(
+        f"/v1/vector_stores/{store.id}",
+        json={"name": None, "metadata": None, "expires_after": None},
+        headers={"Authorization": f"Bearer {KEYS[0]}"},
+    )
+    assert raw.status_code == 200, raw.text
+    cleared = api.vector_stores.retrieve(store.id)
+    assert (cleared.name, cleared.metadata, cleared.expires_after, cleared.expires_at) == (None, None, None, None)
