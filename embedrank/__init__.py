@@ -74,10 +74,12 @@ from embedrank.retrieval.late import MultiVectorRetriever
 from embedrank.retrieval.pipeline import (
     DenseRetriever,
     HybridRetriever,
+    MaxPRetriever,
     PipelineResult,
     PrecomputedRun,
     RetrieveRerank,
     WindowedDenseRetriever,
+    corpus_windows,
     embed_corpus,
 )
 from embedrank.types import Chunking, Corpus, ModelOutput, Qrels, Queries, Run
@@ -123,6 +125,7 @@ __all__ = [
     "InvalidInputError",
     "LateInteractionScorer",
     "M3Encoder",
+    "MaxPRetriever",
     "ModelKindError",
     "ModelLoadError",
     "ModelNotFoundError",
@@ -145,6 +148,7 @@ __all__ = [
     "biggest_differences",
     "build_index",
     "compare_systems",
+    "corpus_windows",
     "cosine_scores",
     "cross_validate_fusion",
     "doc_text",

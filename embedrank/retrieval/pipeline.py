@@ -24,10 +24,11 @@ from embedrank.retrieval.dense import (
     CorpusEmbeddings,
     DenseRetriever,
     WindowedDenseRetriever,
+    corpus_windows,
     embed_corpus,
     encoder_cache_key,
 )
-from embedrank.retrieval.stages import FirstStage, HybridRetriever, PrecomputedRun, stages_of
+from embedrank.retrieval.stages import FirstStage, HybridRetriever, MaxPRetriever, PrecomputedRun, stages_of
 from embedrank.types import Corpus, Queries, Run
 
 __all__ = [
@@ -35,10 +36,12 @@ __all__ = [
     "DenseRetriever",
     "FirstStage",
     "HybridRetriever",
+    "MaxPRetriever",
     "PipelineResult",
     "PrecomputedRun",
     "RetrieveRerank",
     "WindowedDenseRetriever",
+    "corpus_windows",
     "embed_corpus",
     "encoder_cache_key",
 ]
