@@ -361,3 +361,44 @@ def test_modify_sets_and_null_clears(client):
     assert raw.status_code == 200, raw.text
     cleared = api.vector_stores.retrieve(store.id)
     assert (cleared.name, cleared.metadata, cleared.expires_after, cleared.expires_at) == (None, None, None, None)
+
+
+def test_a_store_searches_through_the_index_it_was_created_with(client, monkeypatch):
+    """``index`` at creation: HNSW finds what the exact search finds, every kind answers best first, a
+    filtered search is exact whatever the kind, and ``auto`` is exact below its size."""
+    import embedrank.serving.stores as stores
+
+    monkeypatch.setattr(stores, "MIN_ANN_CHUNKS", 100)
+    api = sdk(client)
+    rows = [
+        {"_id": f"d{i}", "text": f"note {i} on topic {i % 7} with word{i % 13} and word{i % 31}"} for i in range(400)
+    ]
+    corpus = upload(api, "notes.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    made = {}
+    for kind in ("flat", "auto", "hnsw", "ivf", "pq", "binary"):
+        made[kind] = api.vector_stores.create(file_ids=[corpus], extra_body={"index": kind})
+        assert made[kind].model_extra["index"] == kind  # type: ignore[index]
+        wait_store(api, made[kind].id)
+
+    def top(kind: str, **extra: Any) -> list[tuple[str, float]]:
+        page = api.vector_stores.search(made[kind].id, query="topic 3 with word5", max_num_results=10, **extra)
+        return [(str(hit.attributes["_id"]), hit.score) for hit in page.data]  # type: ignore[index]
+
+    def same(found: list[tuple[str, float]], expected: list[tuple[str, float]]) -> bool:
+        """The same scores, and the same chunks above the last score (ties at the cut may differ)."""
+        cut = expected[-1][1]
+        above = lambda hits: {d for d, s in hits if s > cut + 1e-6}  # noqa: E731
+        return [s for _, s in found] == pytest.approx([s for _, s in expected]) and above(found) == above(expected)
+
+    held = client.app.state.service.vector_stores.indexes._held
+    for kind in made:  # the first search starts the approximate index's build, exact until it is ready
+        top(kind)
+        assert held[made[kind].id].wait_built(30) == (kind in ("hnsw", "ivf", "pq", "binary"))
+    exact = top("flat")
+    assert len({s for _, s in exact}) > 1 and same(top("hnsw"), exact) and same(top("auto"), exact)
+    for kind in ("ivf", "pq", "binary"):
+        found = top(kind)
+        assert len(found) == 10 and [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+    assert {held[made[k].id].dense_kind for k in ("flat", "auto")} == {"flat"}
+    where = {"type": "in", "key": "_id", "value": [f"d{i}" for i in range(0, 400, 5)]}
+    assert same(top("pq", filters=where), top("flat", filters=where))

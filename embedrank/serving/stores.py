@@ -26,16 +26,20 @@ from embedrank.models.chunking import Offsets, split_windows
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, file_type, read_documents
 from embedrank.retrieval.filters import Filter, matches, parse_filter
+from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index
 from embedrank.serving.hosting import HostedModel
 from embedrank.types import Chunking, Run
 
 __all__ = [
+    "AUTO_ANN_CHUNKS",
     "HYBRID_DEPTH",
+    "MIN_ANN_CHUNKS",
     "Chunks",
     "Document",
     "Filter",
     "InvalidFileError",
     "StoreIndex",
+    "StoreIndexKind",
     "UnsupportedFileError",
     "chunk_documents",
     "file_type",
@@ -44,6 +48,11 @@ __all__ = [
     "window_of",
 ]
 
+StoreIndexKind = Literal["auto", "flat", "hnsw", "ivf", "pq", "binary"]
+MIN_ANN_CHUNKS = 1000
+"""Fewer chunks than this are searched exactly whatever the store's index (an exact search is then as fast)."""
+AUTO_ANN_CHUNKS = 100_000
+"""From how many chunks ``auto`` searches through HNSW rather than exactly."""
 HYBRID_DEPTH = 1000
 """How deep each stage of a hybrid is read before fusing (the library's default)."""
 SLICE = 256
@@ -97,14 +106,48 @@ class Chunks:
 
 @dataclasses.dataclass
 class StoreIndex:
-    """One store's chunks at one version, and its BM25 index (built on the first lexical search)."""
+    """One store's chunks at one version, its BM25 index (built on the first lexical search) and, for a
+    ``kind`` other than ``flat``, its approximate dense index (``auto``: HNSW from :data:`AUTO_ANN_CHUNKS`
+    chunks), built in a thread of its own from the first dense search on: until it is ready, and for a
+    filtered search or a store of fewer than :data:`MIN_ANN_CHUNKS` chunks, the dense search is exact."""
 
     data: Chunks
+    kind: StoreIndexKind = "flat"
     _bm25: BM25Retriever | None = None
+    _ann: AnyIndex | None = None
+    _building: threading.Thread | None = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def __len__(self) -> int:
         return len(self.data.texts)
+
+    @property
+    def dense_kind(self) -> str:
+        """The index the unfiltered dense searches use: ``flat`` (exact) or an approximate kind."""
+        if len(self) < MIN_ANN_CHUNKS or self.kind == "flat":
+            return "flat"
+        if self.kind == "auto":
+            return "hnsw" if len(self) >= AUTO_ANN_CHUNKS else "flat"
+        return self.kind
+
+    def approximate(self) -> AnyIndex | None:
+        """The approximate index if it is built; else None, and its build started (once)."""
+        with self._lock:
+            if self._ann is None and self._building is None:
+                self._building = threading.Thread(target=self._build, name="store-index", daemon=True)
+                self._building.start()
+        return self._ann
+
+    def wait_built(self, timeout: float | None = None) -> bool:
+        """Wait for the approximate index's build (started by :meth:`approximate`); whether it is ready."""
+        if self._building is not None:
+            self._building.join(timeout)
+        return self._ann is not None
+
+    def _build(self) -> None:
+        ann = build_index(self.data.vectors.shape[1], IndexConfig(kind=self.dense_kind, metric="dot"))  # type: ignore[arg-type]
+        ann.add([str(i) for i in range(len(self))], self.data.vectors)
+        self._ann = ann
 
     def allowed(self, where: Filter | None) -> np.ndarray | None:
         """``(N,)`` bool: the chunks whose attributes pass ``where`` (None: all)."""
@@ -113,11 +156,19 @@ class StoreIndex:
         return np.fromiter((matches(where, a) for a in self.data.attributes), dtype=bool, count=len(self))
 
     def dense(self, queries: np.ndarray, allowed: np.ndarray | None, depth: int) -> Run:
-        """Top ``depth`` chunks (ids: row numbers as strings) by inner product, per query row of ``(Q, D)``."""
+        """Top ``depth`` chunks (ids: row numbers as strings) by inner product, per query row of ``(Q, D)``:
+        through the approximate index when it is ready and there is no filter, else exactly."""
+        k = min(depth, len(self))
+        ann = self.approximate() if allowed is None and self.dense_kind != "flat" else None
+        if ann is not None:
+            found = ann.search(queries.astype(np.float32), k)
+            return {
+                str(q): {i: float(s) for i, s in zip(ids, scores, strict=True) if i}
+                for q, (scores, ids) in enumerate(zip(found[0], found[1], strict=True))
+            }
         scores = queries.astype(np.float32) @ self.data.vectors.T  # (Q, N)
         if allowed is not None:
             scores[:, ~allowed] = -np.inf
-        k = min(depth, len(self))
         run: Run = {}
         for q, row in enumerate(scores):
             best = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))

@@ -133,7 +133,8 @@ async def _attach(
     PATH,
     summary="Create a vector store",
     description="A store of chunks searched by its embedding model (`model`, default the first served), its "
-    "first stage (`dense`, `bm25` or `hybrid`) and a ranker at search; `file_ids` are attached at once.",
+    "first stage (`dense`, `bm25` or `hybrid`), its dense `index` and a ranker at search; `file_ids` are attached "
+    "at once.",
     responses=WRITE,
     status_code=200,
 )
@@ -153,6 +154,7 @@ async def create_vector_store(
         model=model_id,
         first_stage=data.first_stage,
         hybrid_weight=data.hybrid_weight,
+        index_kind=data.index,
         chunk_size=size,
         chunk_overlap=overlap,
         expires_after_days=data.expires_after.days if data.expires_after else None,

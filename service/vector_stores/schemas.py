@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from embedrank.serving.stores import StoreIndexKind
 from service.batches.schemas import Metadata
 from service.vector_stores.store import BatchRow, FileCounts, FileRow, StoreState
 
@@ -63,6 +64,13 @@ class CreateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fiel
     hybrid_weight: Annotated[
         float, Meta(ge=0, le=1, description="extension: the dense stage's weight in a hybrid's min-max score fusion")
     ] = 0.5
+    index: Annotated[
+        StoreIndexKind,
+        Meta(
+            description="extension: the dense stage's index: `auto` (exact below 100,000 chunks, HNSW above), `flat` "
+            "(exact), `hnsw`, `ivf`, `pq`, or `binary` (1-bit codes rescored with int8); a filtered search is exact"
+        ),
+    ] = "auto"
 
 
 class UpdateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -152,6 +160,7 @@ class VectorStoreObject(msgspec.Struct, kw_only=True):
     model: str
     first_stage: str
     hybrid_weight: float
+    index: str
 
 
 class VectorStoreList(msgspec.Struct, kw_only=True):
@@ -269,6 +278,7 @@ def store_object(state: StoreState, now: int) -> VectorStoreObject:
         model=row.model,
         first_stage=row.first_stage,
         hybrid_weight=row.hybrid_weight,
+        index=row.index_kind,
     )
 
 

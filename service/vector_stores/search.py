@@ -38,7 +38,9 @@ class IndexCache:
         async with lock:  # concurrent searches of a changed store read it once
             held = self._held.get(store.id)
             if held is None or held.data.version < store.version:
-                held = StoreIndex(await asyncio.to_thread(self.tables.searchable, store, dimension))
+                held = StoreIndex(
+                    await asyncio.to_thread(self.tables.searchable, store, dimension), kind=store.index_kind
+                )
                 self._held[store.id] = held
                 self._held.move_to_end(store.id)
                 while len(self._held) > 1 and (

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from embedrank.serving.stores import Chunks
+from embedrank.serving.stores import Chunks, StoreIndexKind
 from service.batches.database import Connection, Database
 from service.batches.store import _lease_free, new_id
 from service.errors import StoreError
@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS vector_stores (
     model TEXT NOT NULL,
     first_stage TEXT NOT NULL,
     hybrid_weight {real} NOT NULL,
+    index_kind TEXT NOT NULL DEFAULT 'auto',
     chunk_size INTEGER NOT NULL,
     chunk_overlap INTEGER NOT NULL,
     expires_after_days INTEGER,
@@ -114,8 +115,8 @@ class TooManyFilesError(StoreError):
 
 
 class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A vector store: OpenAI's fields, its owner, how it searches (the embedding ``model``, the ``first_stage``
-    and the dense weight of a hybrid), its default chunking, and the ``version`` of what a search sees."""
+    """A vector store: OpenAI's fields, its owner, how it searches (the embedding ``model``, the ``first_stage``,
+    the dense weight of a hybrid and the dense stage's ``index_kind``), its default chunking, and the ``version`` of what a search sees."""
 
     seq: int
     id: str
@@ -126,6 +127,7 @@ class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     first_stage: Literal["dense", "bm25", "hybrid"]
     hybrid_weight: float
+    index_kind: StoreIndexKind
     chunk_size: int
     chunk_overlap: int
     expires_after_days: int | None
@@ -264,6 +266,7 @@ class VectorStoreTables:
         model: str,
         first_stage: str,
         hybrid_weight: float,
+        index_kind: str,
         chunk_size: int,
         chunk_overlap: int,
         expires_after_days: int | None,
@@ -282,8 +285,8 @@ class VectorStoreTables:
             now = int(self._now(db))
             db.execute(
                 "INSERT INTO vector_stores (id, owner, name, description, metadata, model, first_stage, hybrid_weight, "
-                "chunk_size, chunk_overlap, expires_after_days, created_at, last_active_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "index_kind, chunk_size, chunk_overlap, expires_after_days, created_at, last_active_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     store_id,
                     owner,
@@ -293,6 +296,7 @@ class VectorStoreTables:
                     model,
                     first_stage,
                     hybrid_weight,
+                    index_kind,
                     chunk_size,
                     chunk_overlap,
                     expires_after_days,

@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""A vector store's dense search, exact against HNSW, by the number of chunks: what ``auto`` (exact below
+100,000 chunks, HNSW above) rests on.
+
+For each size, a store's index (:class:`~embedrank.serving.stores.StoreIndex`) over that many 384-dimension
+unit vectors (MiniLM's size) drawn around 1,000 random centres (so that neighbours exist, as in a corpus;
+seeded) answers ``--queries`` single-query searches for the top 10 chunks, alternately exact and through HNSW
+(M 32, efConstruction 200, efSearch 128: the library's defaults), A B A B. Printed per size: each one's p50 and
+p99 latency in milliseconds, HNSW's build time and its recall@10 against the exact search.
+
+    python eval/bench_store_index.py                          # about 5 minutes on 2 cores
+    python eval/bench_store_index.py --sizes 10000 100000 --queries 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from latency import percentile  # eval/latency.py, next to this script
+
+from embedrank.serving.stores import AUTO_ANN_CHUNKS, Chunks, StoreIndex
+
+DIMENSION = 384
+
+
+def vectors(n: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n, 384)`` float32 unit vectors around 1,000 random centres."""
+    centres = rng.standard_normal((1000, DIMENSION)).astype(np.float32)
+    x = centres[rng.integers(0, len(centres), n)] + 0.6 * rng.standard_normal((n, DIMENSION)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def store(x: np.ndarray, kind: str) -> StoreIndex:
+    n = len(x)
+    data = Chunks(version=1, file_ids=["f"] * n, filenames=["f"] * n, texts=[""] * n, attributes=[{}] * n, vectors=x)
+    return StoreIndex(data, kind=kind)  # type: ignore[arg-type]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 30_000, 100_000, 200_000], help="chunks per store")
+    p.add_argument("--queries", type=int, default=200, help="searches per size and index (default 200)")
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"dense search of a store, top 10, one query at a time; auto switches to HNSW at {AUTO_ANN_CHUNKS:,} chunks")
+    print("| chunks | exact p50 ms | exact p99 ms | HNSW p50 ms | HNSW p99 ms | HNSW build s | HNSW recall@10 |")
+    print("|---|---|---|---|---|---|---|")
+    for n in args.sizes:
+        x = vectors(n, rng)
+        queries = vectors(args.queries, rng)
+        exact, ann = store(x, "flat"), store(x, "hnsw")
+        t0 = time.perf_counter()
+        ann.approximate()
+        ann.wait_built()
+        build = time.perf_counter() - t0
+        times: dict[str, list[float]] = {"exact": [], "hnsw": []}
+        recalls = []
+        for q in queries:
+            found = {}
+            for name, index in (("exact", exact), ("hnsw", ann)):  # A B A B
+                t = time.perf_counter()
+                found[name] = index.dense(q[None, :], None, 10)["0"]
+                times[name].append((time.perf_counter() - t) * 1000)
+            recalls.append(len(set(found["exact"]) & set(found["hnsw"])) / 10)
+        cells = [
+            f"{f(times[k]):.2f}" for k in ("exact", "hnsw") for f in (statistics.median, lambda v: percentile(v, 99))
+        ]
+        print(f"| {n:,} | {' | '.join(cells)} | {build:.1f} | {statistics.mean(recalls):.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
