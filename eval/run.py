@@ -516,20 +516,19 @@ def planned_systems(args, base) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def served_systems(args, name: str, run_dir: Path, base: str, key: str) -> list:
+def served_systems(args, name: str, run_dir: Path, base: str, key: str, query_ids=None) -> list:
     """Dataset ``name`` uploaded to one vector store of the server at ``base`` and searched by each of
     ``--served-first-stage``: each run written like the others' and scored on the same qrels."""
     import openai
     from served_store import create_store, parse_chunking, search_run, upload_corpus
 
-    from embedrank.evaluation.benchmark import relevance_level
+    from embedrank.evaluation.benchmark import relevance_level, subset
     from embedrank.evaluation.compare import run_file_name, system_from_run_file
     from embedrank.retrieval.data import load_beir, write_trec_run
 
-    ds = load_beir(name, split=args.split, data_dir=args.data_dir)
-    if args.max_queries:
-        judged = [q for q in ds.qrels if q in ds.queries][: args.max_queries]
-        ds = dataclasses.replace(ds, queries={q: ds.queries[q] for q in judged})
+    ds = subset(
+        load_beir(name, split=args.split, data_dir=args.data_dir), args.max_queries, query_ids
+    )  # as the library
     client = openai.OpenAI(base_url=base.rstrip("/") + "/v1", api_key=key, timeout=600)
     file_ids, by_file = upload_corpus(client, ds, args.served_layout)
     store_id = create_store(
@@ -543,7 +542,8 @@ def served_systems(args, name: str, run_dir: Path, base: str, key: str) -> list:
     systems = []
     for stage in args.served_first_stage:
         run = search_run(client, store_id, ds.queries, ranker=args.served_ranker, first_stage=stage, by_file=by_file)
-        system = f"store:{stage}" + (f">{args.served_ranker}" if args.served_ranker != "none" else "")
+        ranker = Path(args.served_ranker.rstrip("/")).name.lower()  # named as the library names rerankers
+        system = f"store:{stage}" + (f">{ranker}" if args.served_ranker != "none" else "")
         path = run_dir / run_file_name(ds.name, system)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_trec_run(run, path)
@@ -661,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.served_store and not args.compare:
             with served_store(args) as (base, key):
                 for name in datasets:
-                    for system in served_systems(args, name, run_dir, base, key):
+                    for system in served_systems(args, name, run_dir, base, key, query_ids):
                         runs.append(dataclasses.replace(system, per_query=system.per_query[args.metrics]))
                         print(f"[{system.dataset}] {system.system}: searched through {args.served_store}")
         if args.fusion_cv:
