@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -83,7 +83,7 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-bench: bench-encode bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-batch-owners bench-batch-validation
+bench: bench-encode bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-batch-owners bench-batch-validation bench-vector-store bench-store-index
 
 # each benchmark records its output, command, date, commit and CPU in eval/results/; the docs' page is rendered from them
 bench-encode: setup
@@ -112,6 +112,10 @@ bench-batch-validation: setup
 
 bench-vector-store: setup  ## vector stores: SciFact read into a store, searches at 1 and 16 clients, memory per chunk
 	$(RECORD) vector-store "Vector stores: ingestion, search latency, memory per chunk" -- $(PY) eval/bench_vector_store.py
+	$(PY) eval/render_benchmarks.py
+
+bench-store-index: setup  ## a vector store's dense search, exact against HNSW, by the number of chunks
+	$(RECORD) store-index "Vector stores: exact against HNSW search by store size" -- $(PY) eval/bench_store_index.py
 	$(PY) eval/render_benchmarks.py
 
 bench-fairness: setup

@@ -443,6 +443,28 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 " / ".join(rows[f"store:{k}"] for k in ("dense", "bm25", "hybrid")),
                 "the library's runs over the same windows (dense, BM25, hybrid): " + " / ".join(map(str, library)),
             )
+    if name == "quality-store-rerank":
+        table = out[out.find("ndcg@10  (") :].split("\n\n", 1)[0]
+        rows = {m[1]: m[2] for m in re.finditer(r"^(\S+>\S+)\s+([\d.]+)", table, re.M)}
+        served = {k: v for k, v in rows.items() if k.startswith("store:")}
+        library = {k: v for k, v in rows.items() if not k.startswith("store:")}
+        if len(served) == 1 and len(library) == 1:
+            return (
+                "nDCG@10 on TREC DL19 through a served vector store, BM25's top 50 reranked (MiniLM)",
+                next(iter(served.values())),
+                f"the library's run (`{next(iter(library))}`): {next(iter(library.values()))}",
+            )
+    if name == "store-index":
+        rows = re.findall(
+            r"^\| ([\d,]+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \|", out, re.M
+        )
+        if rows:
+            chunks, exact, hnsw, _, recall = rows[-1]
+            return (
+                f"vector store dense search at {chunks} chunks, p50 (HNSW's recall@10)",
+                f"HNSW {hnsw} ms ({recall})",
+                f"exact: {exact} ms",
+            )
     if name == "vector-store":
         ratio = _search(r"^goal ingestion: store >= 80% of the embed job: (\d+%)", out)
         alone = _search(r"^search, dense, no ranker, 16 clients: p50 ([\d.]+ ms), p99 ([\d.]+ ms)", out)
