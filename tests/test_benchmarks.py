@@ -191,7 +191,7 @@ def test_cli_refuses_a_system_that_will_not_run_before_running_anything(tmp_path
         "hybrid:bm25+dense+splade@plain", "hybrid:bm25+dense+splade@long~maxp128"]  # fmt: skip
     for flags in (["--dense-window", "128"], ["--dense-windows", "--dense-window", "0"]):
         assert run.main([*argv, *flags]) == 2
-        assert "--dense-window needs --dense-windows and N >= 1" in capsys.readouterr().err
+        assert "--dense-window needs --dense-windows or --bm25-windows and N >= 1" in capsys.readouterr().err
     sparse = run.build_parser().parse_args([*windowed, "--dense-windows", "m/Long", "--sparse-windows"])
     assert run.planned_systems(sparse, run.base_config(sparse))[2:] == [
         "hybrid:bm25+dense+splade~windows@long~maxp", "hybrid:bm25+dense+splade~windows-cv@plain",
@@ -274,7 +274,7 @@ def test_windowed_dense_stages_are_named_and_fused(tmp_path):
     assert cached_encoder.cache_info().hits > 0  # the runs share one loaded model
     with pytest.raises(InvalidInputError, match="longer than the 254 tokens"):
         run_benchmark(root, BenchmarkConfig(dense_windows=True, dense_window=1000, use_cache=False))
-    with pytest.raises(InvalidInputError, match="set dense_windows too"):
+    with pytest.raises(InvalidInputError, match="set dense_windows or bm25_windows"):
         run_benchmark(root, BenchmarkConfig(dense_window=8, use_cache=False))
 
 
