@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """A vector store's dense search, exact against HNSW, by the number of chunks: what ``auto`` (exact below
-100,000 chunks, HNSW above) rests on.
+1,000,000 chunks, HNSW above) rests on.
 
 For each size, a store's index (:class:`~embedrank.serving.stores.StoreIndex`) over that many 384-dimension
 unit vectors (MiniLM's size) drawn around 1,000 random centres (so that neighbours exist, as in a corpus;

@@ -67,7 +67,7 @@ class CreateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fiel
     index: Annotated[
         StoreIndexKind,
         Meta(
-            description="extension: the dense stage's index: `auto` (exact below 100,000 chunks, HNSW above), `flat` "
+            description="extension: the dense stage's index: `auto` (exact below 1,000,000 chunks, HNSW above), `flat` "
             "(exact), `hnsw`, `ivf`, `pq`, or `binary` (1-bit codes rescored with int8); a filtered search is exact"
         ),
     ] = "auto"
