@@ -37,6 +37,7 @@ from embedrank.errors import (
     ModelLoadError,
     ModelNotFoundError,
     NotAModelError,
+    UnsupportedMediaError,
     UnsupportedModelError,
 )
 from embedrank.evaluation.benchmark import (
@@ -56,6 +57,8 @@ from embedrank.math.similarity import cosine_scores, l2_normalize, similarity, t
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
+from embedrank.models.image_text import ImageTextEncoder
+from embedrank.models.images import ImageLimits, read_image
 from embedrank.models.m3 import M3Encoder
 from embedrank.models.scorers import (
     BiEncoderScorer,
@@ -118,6 +121,8 @@ __all__ = [
     "EmbedrankError",
     "Encoder",
     "HybridRetriever",
+    "ImageLimits",
+    "ImageTextEncoder",
     "IndexConfig",
     "IndexMismatchError",
     "IndexTrainingError",
@@ -143,6 +148,7 @@ __all__ = [
     "Run",
     "SparseEncoder",
     "SystemRun",
+    "UnsupportedMediaError",
     "UnsupportedModelError",
     "WindowedDenseRetriever",
     "biggest_differences",
@@ -164,6 +170,7 @@ __all__ = [
     "pool",
     "rank_scores",
     "ranked_ids",
+    "read_image",
     "recall_at_k",
     "reciprocal_rank_fusion",
     "resolve",

@@ -81,6 +81,11 @@ class RequestTooLargeError(InvalidInputError):
         self.limit = limit
 
 
+class UnsupportedMediaError(InvalidInputError):
+    """An input of a media type that is not accepted (an image format not decoded, a declared type that is
+    not an image); ``param`` names the field."""
+
+
 class DataNotFoundError(EmbedrankError, FileNotFoundError):
     """A dataset could not be found in the data directory."""
 

@@ -7,7 +7,7 @@ import base64
 import contextlib
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 
 from embedrank.errors import InvalidInputError, shorten
 from embedrank.serving.hosting import Embedded
+from embedrank.serving.image_text import ImageInput, ImageLimits, is_data_url, is_remote_url
 from embedrank.serving.options import EmbedOptions, RerankOptions
 from embedrank.serving.pool import ModelPool
 from embedrank.types import Chunking
@@ -122,6 +123,60 @@ async def _input_texts(value: str | list[Any], limits: Limits, token_ids: bool, 
     return texts
 
 
+def image_input(value: str, param: str) -> ImageInput:
+    """An input that is to be an image: a base64 ``data:`` URL. A remote URL is refused (the server does not
+    fetch what a request points to: server-side request forgery)."""
+    if is_remote_url(value):
+        raise invalid(
+            f"{param} is a remote URL; this server does not fetch images from URLs: send the image as a base64 "
+            "data URL (data:image/png;base64,...)",
+            param=param.split("[")[0],
+            code="image_url_not_allowed",
+        )
+    if not is_data_url(value):
+        raise invalid(
+            f"{param} is not an image: send a base64 data URL (data:image/png;base64,...)",
+            param=param.split("[")[0],
+            code="invalid_image",
+        )
+    return ImageInput(value, param)
+
+
+def check_images(items: Sequence[str | ImageInput], limits: Limits, param: str) -> None:
+    """At most ``max_images`` images in one request."""
+    count = sum(isinstance(item, ImageInput) for item in items)
+    if count > limits.max_images:
+        raise invalid(
+            f"{param} holds {count} images; the limit is max_images={limits.max_images} per request",
+            param=param,
+            code="too_many_images",
+        )
+
+
+async def _input_items(
+    value: str | list[Any], limits: Limits, token_ids: bool, param: str, modality: str | None
+) -> list[str | ImageInput]:
+    """``value`` as texts and images: with ``modality`` ``image`` every input is an image, with ``text`` none
+    is, and without it an input that is a ``data:image/`` URL is one. Texts are checked and decoded as
+    :func:`_input_texts` does; images only counted here (the core reads them within the image limits)."""
+    if modality == "text":
+        return list(await _input_texts(value, limits, token_ids, param))
+    items = _checked_inputs(value, limits, param)
+    pictures = [isinstance(item, str) and (modality == "image" or item[:11].lower() == "data:image/") for item in items]
+    if not any(pictures):
+        return list(await _input_texts(value, limits, token_ids, param))
+    if modality == "image" and not all(isinstance(item, str) for item in items):
+        raise invalid(f"{param} holds token ids; with modality image send data URLs", param=param, code="invalid_type")
+    texts = [item for item, picture in zip(items, pictures, strict=True) if not picture]
+    decoded = iter(await _input_texts(texts, limits, token_ids, param) if texts else [])
+    out: list[str | ImageInput] = [
+        image_input(item, f"{param}[{i}]") if picture else next(decoded)  # type: ignore[arg-type]
+        for i, (item, picture) in enumerate(zip(items, pictures, strict=True))
+    ]
+    check_images(out, limits, param)
+    return out
+
+
 def float_json(values: np.ndarray) -> Any:
     """A float array (a vector or a matrix) as JSON numbers at float32 precision: the shortest decimal that
     reads back to the same float32 (at most 9 significant digits, as OpenAI returns them), not the 17 digits
@@ -154,16 +209,26 @@ def embed_options(req: EmbeddingsRequest, ctx: Context, **given: Any) -> EmbedOp
         budget=ctx.limits.max_request_tokens,
         multi_budget=ctx.limits.max_multivector_tokens,
         cached=ctx.cached,
+        image_limits=ImageLimits(max_bytes=ctx.limits.max_image_bytes, max_pixels=ctx.limits.max_image_pixels),
         **given,
     )
 
 
-async def embed_vectors(req: EmbeddingsRequest, ctx: Context, options: EmbedOptions, *, token_ids: bool) -> Embedded:
+async def embed_vectors(
+    req: EmbeddingsRequest,
+    ctx: Context,
+    options: EmbedOptions,
+    *,
+    token_ids: bool,
+    items: list[str | ImageInput] | None = None,
+) -> Embedded:
     """The core call behind every embedding route: the vectors ``(N, D)`` and each of the types ``options``
-    asks for, for the texts of ``req.input`` (token-id arrays decoded when ``token_ids``)."""
-    texts = await _input_texts(req.input, ctx.limits, token_ids, options.fields.texts)
+    asks for, for the texts and images of ``req.input`` (token-id arrays decoded when ``token_ids``), or for
+    ``items`` a protocol has already read from its own fields."""
+    if items is None:
+        items = await _input_items(req.input, ctx.limits, token_ids, options.fields.texts, req.modality)
     with _request_fields():
-        return await ctx.pool.get(req.model, "embeddings").embed(texts, options, name=shorten(req.model))
+        return await ctx.pool.get(req.model, "embeddings").embed(items, options, name=shorten(req.model))
 
 
 async def create_embeddings(req: EmbeddingsRequest, ctx: Context) -> tuple[EmbeddingList, int]:
@@ -275,6 +340,7 @@ def list_models(pool: ModelPool) -> ModelList:
                 capabilities=served.capabilities,  # type: ignore[arg-type]
                 outputs=served.outputs,  # type: ignore[arg-type]
                 scorer=served.scorer,  # type: ignore[arg-type]
+                inputs=list(served.declared.inputs),  # type: ignore[arg-type]
                 dimension=getattr(served, "dimension", None) or served.spec.dimension,
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.aliases),

@@ -36,6 +36,7 @@ from embedrank.errors import (
     OutputNotAvailableError,
     OverloadedError,
     RequestTooLargeError,
+    UnsupportedMediaError,
 )
 from service import request_ids
 from service.validation_messages import split_at
@@ -111,6 +112,8 @@ def _from_core(exc: EmbedrankError) -> APIError:
         return APIError(400, str(exc), param="model", code="model_wrong_kind")
     if isinstance(exc, RequestTooLargeError):
         return APIError(413, f"{exc}; see {exc.limit}", param=exc.param, code="request_too_large")
+    if isinstance(exc, UnsupportedMediaError):
+        return APIError(415, str(exc), param=exc.param, code="unsupported_media_type")
     if isinstance(exc, OutputNotAvailableError):
         return APIError(400, str(exc), param=exc.param, code="output_not_available")
     if isinstance(exc, InputTooLongError):

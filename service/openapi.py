@@ -287,13 +287,22 @@ def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     schemas = app.openapi_schema.components.schemas  # type: ignore[union-attr]
     embeddings = schemas["EmbeddingsRequest"].properties  # type: ignore[union-attr]
     cohere = schemas["CohereEmbedRequest"]
-    texts = cohere.properties["texts"]  # type: ignore[index, union-attr]
+    texts = cohere.properties["texts"].one_of[0]  # type: ignore[index, union-attr]
     texts.min_items, texts.max_items = 1, limits.max_inputs  # type: ignore[union-attr]
     texts.items.min_length, texts.items.max_length = 1, limits.max_text_chars  # type: ignore[union-attr]
     cohere.properties["model"].enum = _serving(pool, "embeddings")  # type: ignore[index, union-attr]
     cohere.properties["output_dimension"] = embeddings["dimensions"]  # type: ignore[index]
-    for field in ("images", "inputs"):  # text only: only absent (or null) is accepted
-        cohere.properties[field] = Schema(one_of=[NULL], description="Not supported")  # type: ignore[index]
+    if not any("image" in plan.declared.inputs for plan in pool.plans.values()):
+        # no served model embeds images: texts is required, and images and inputs only absent (or null)
+        cohere.properties["texts"] = texts  # type: ignore[index]
+        cohere.required = sorted({*(cohere.required or []), "texts"})  # type: ignore[union-attr]
+        for field in ("images", "inputs"):
+            cohere.properties[field] = Schema(one_of=[NULL], description="No served model embeds images")  # type: ignore[index]
+    else:
+        images = cohere.properties["images"].one_of[0]  # type: ignore[index, union-attr]
+        images.max_items = limits.max_images  # type: ignore[union-attr]
+        images.items.pattern = "^data:image/"  # type: ignore[union-attr]
+        cohere.properties["inputs"].one_of[0].max_items = limits.max_inputs  # type: ignore[index, union-attr]
     types = cohere.properties["embedding_types"].one_of[0]  # type: ignore[index, union-attr]
     types.min_items, types.max_items = 1, 16  # type: ignore[union-attr]
     windows = [s.spec.max_seq_length for s in pool.plans.values() if "embeddings" in s.capabilities]

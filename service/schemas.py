@@ -112,6 +112,16 @@ class EmbeddingsRequest(Struct, kw_only=True):
             examples=[32],
         ),
     ] = None
+    modality: Annotated[
+        Literal["text", "image"] | None,
+        Meta(
+            description="What the inputs are (Infinity's field): `image`: every input is an image as a base64 data "
+            "URL (`data:image/png;base64,...`); `text`: every input is text; absent: an input that is a base64 "
+            "`data:image/...` URL is an image (as NIM sends them), any other is text. Images need an image-text "
+            "model (CLIP, SigLIP); remote image URLs are not fetched",
+            examples=["image"],
+        ),
+    ] = None
     priority: Priority = 0
 
 
@@ -325,6 +335,10 @@ class ModelCard(Struct, kw_only=True):
             "product with the document's); null for a model that does not rerank"
         ),
     ]
+    inputs: Annotated[
+        list[Literal["text", "image"]],
+        Meta(description="What it embeds: text, and image for an image-text model (CLIP, SigLIP)"),
+    ] = msgspec.field(default_factory=lambda: ["text"])
     dimension: int | None
     max_tokens: int
     aliases: list[str] = msgspec.field(default_factory=list)

@@ -256,6 +256,22 @@ class Limits(_Group, frozen=True):
             description="token vectors one multi-vector (bge-m3, ColBERT) answer may hold; past it, 400 before any work"
         ),
     ] = 8192
+    max_images: Annotated[
+        int, Positive, Meta(description="images per embeddings request, for image-text models (400 past it)")
+    ] = 64
+    max_image_bytes: Annotated[
+        int,
+        Positive,
+        Meta(description="encoded bytes of one image (a data URL's length is judged before it is decoded; 413)"),
+    ] = 10 * 1024 * 1024
+    max_image_pixels: Annotated[
+        int,
+        Positive,
+        Meta(
+            description="pixels (width x height) one image may claim in its header; past it, 413 before "
+            "anything is decompressed (decompression bombs)"
+        ),
+    ] = 40_000_000
     max_file_bytes: Annotated[
         int, Positive, Meta(description="bytes of a file uploaded to `/v1/files` (a batch's input; 413 past it)")
     ] = 100_000_000

@@ -114,9 +114,11 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         check_max_seq_length(max_seq_length)
         if spec.kind not in ("embedding", "m3"):  # bge-m3's dense vectors are an embedding model's
             what = "a causal LM scored as an LLM reranker" if spec.scoring == "yes-no" else "a classification head"
-            what, loader = {"sparse": ("SPLADE", "SparseEncoder"), "multi-vector": ("ColBERT", "ColBERTEncoder")}.get(
-                spec.kind, (what, "CrossEncoder")
-            )
+            what, loader = {
+                "sparse": ("SPLADE", "SparseEncoder"),
+                "multi-vector": ("ColBERT", "ColBERTEncoder"),
+                "image-text": ("CLIP or SigLIP", "ImageTextEncoder"),
+            }.get(spec.kind, (what, "CrossEncoder"))
             raise ModelKindError(
                 f"model {spec.model_id!r} is a {spec.kind} ({what}), not an embedding model; load it with "
                 f"{loader}.from_pretrained"

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
+from embedrank.errors import UnsupportedModelError
 from embedrank.registry.branches import is_router, read_branch
 from embedrank.registry.files import read_json
 from embedrank.registry.heads import has_m3_heads, pylate_document_length, read_stanford_colbert
@@ -17,6 +18,8 @@ from embedrank.registry.prompts import read_prompts
 from embedrank.registry.spec import ModelSpec
 from embedrank.registry.transformer import Transformer, read_transformer
 
+# config.json's model_type of the image-text models (a text tower and a vision tower into one space)
+IMAGE_TEXT_TYPES = ("clip", "siglip", "siglip2")
 STATIC_MAX_TOKENS = 1_000_000  # sentence-transformers does not truncate static models; no text gets near this
 
 
@@ -67,6 +70,8 @@ def _describe(
     """:func:`describe` of the model in ``root`` made of ``modules`` (``modules.json``'s entries, their folders
     relative to ``root``), with the prompts of the model in ``prompts_root``."""
     names = type_names(modules)
+    if "CLIPModel" in names:  # sentence-transformers' CLIP layout: the transformers folder is the module's
+        root = root / folder_of(modules, "CLIPModel")
     static = any(name.endswith("StaticEmbedding") for name in names)  # a vector (or a weight) per token
     transformer = read_transformer(root, model_id, static=static, trust_remote_code=trust_remote_code)
     spec = ModelSpec(
@@ -81,6 +86,8 @@ def _describe(
         trust_remote_code=trust_remote_code,
         model_type=transformer.model_type,
     )
+    if transformer.model_type in IMAGE_TEXT_TYPES:
+        return _image_text(spec, transformer, names)
     if "SparseStaticEmbedding" in names:  # inference-free SPLADE's query side: one weight per vocabulary entry
         return dataclasses.replace(
             spec,
@@ -143,4 +150,26 @@ def _sentence_transformer(spec: ModelSpec, transformer: Transformer, modules: An
         dense=pipeline.dense,
         static=pipeline.static,
         include_prompt=pipeline.include_prompt,
+    )
+
+
+def _image_text(spec: ModelSpec, transformer: Transformer, names: list[str]) -> ModelSpec:
+    """CLIP, SigLIP or SigLIP2, a plain ``transformers`` folder or sentence-transformers' layout (its
+    ``Transformer`` or legacy ``CLIPModel`` module, and ``Normalize`` when it normalizes): the text tower's
+    window, and the width both towers project to."""
+    text = transformer.config.get("text_config") or {}
+    width = transformer.config.get("projection_dim") or text.get("projection_size") or text.get("hidden_size")
+    window = int(transformer.st_config.get("max_seq_length") or text.get("max_position_embeddings") or 64)
+    unknown = sorted(set(names) - {"Transformer", "CLIPModel", "Normalize"})
+    if unknown:
+        raise UnsupportedModelError(
+            f"model {spec.model_id!r} runs the modules {unknown} after its image-text transformer; embedrank runs "
+            f"CLIP and SigLIP models with Normalize only"
+        )
+    return dataclasses.replace(
+        spec,
+        kind="image-text",
+        normalize="Normalize" in names,
+        max_seq_length=window,
+        dimension=int(width) if width else None,
     )

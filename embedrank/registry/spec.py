@@ -9,8 +9,9 @@ from typing import Literal
 from embedrank.math.pooling import PoolingMode
 
 # what a model is, and so what loads, scores and serves it: multi-vector is ColBERT (models.colbert); m3 is bge-m3
-# (models.m3), an embedding model whose lexical and multi-vector heads lie beside its weights
-ModelKind = Literal["embedding", "cross-encoder", "sparse", "multi-vector", "m3"]
+# (models.m3), an embedding model whose lexical and multi-vector heads lie beside its weights; image-text is
+# CLIP and SigLIP (models.image_text): a text tower and a vision tower embedding into one space
+ModelKind = Literal["embedding", "cross-encoder", "sparse", "multi-vector", "m3", "image-text"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,7 +60,7 @@ class ModelSpec:
         return self.branch
 
 
-MODEL_KINDS = ("embedding", "multi-vector", "sparse", "m3", "cross-encoder")
+MODEL_KINDS = ("embedding", "multi-vector", "sparse", "m3", "image-text", "cross-encoder")
 
 
 def kind_of(spec: ModelSpec) -> str:

@@ -22,13 +22,14 @@ from typing import Any, Literal, Protocol, cast
 import numpy as np
 import scipy.sparse as sp
 
-from embedrank.errors import OutputNotAvailableError
+from embedrank.errors import InvalidInputError, OutputNotAvailableError
 from embedrank.math.quantization import quantize
 from embedrank.math.ranking import RankedResult, rank_scores
 from embedrank.math.sparse import row_pairs
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
+from embedrank.models.image_text import ImageTextEncoder
 from embedrank.models.m3 import M3Encoder
 from embedrank.models.prompts import request_prompt
 from embedrank.models.router import BranchTable, pick_branch, task_of
@@ -41,6 +42,7 @@ from embedrank.runtime.devices import gpu_batch_tokens
 from embedrank.serving import tracing
 from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngine, BatchReport, EngineConfig
+from embedrank.serving.image_text import AsyncImageTextEncoder, ImageInput, image_positions
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, RerankOptions
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
@@ -98,7 +100,8 @@ class Kind:
     runner that serves it and the core class that loads it; whether it runs in fp32 only (its loader takes
     the backend resolved at configuration, no precision), whether int8/uint8 ranges are fitted for its dense
     vectors (and a ``ranges`` file may be named), whether its dense vectors may come from the vector cache,
-    what it is preferred for when a request names no model, and how TEI's ``/info`` describes it."""
+    what it is preferred for when a request names no model, how TEI's ``/info`` describes it, and the inputs it
+embeds (``text``, ``image``)."""
 
     capabilities: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -111,6 +114,7 @@ class Kind:
     preferred_for: tuple[str, ...] = ()
     tei_type: Literal["embedding", "reranker"] = "embedding"
     tei_pooling: str | None = None  # None: the model's own pooling
+    inputs: tuple[str, ...] = ("text",)  # what it embeds: text, image
 
 
 # the one table the protocols consult, a row per kind
@@ -151,6 +155,15 @@ KINDS: dict[str, Kind] = {
         M3Encoder,
         ranges=True,
         preferred_for=("embeddings",),
+    ),
+    "image-text": Kind(  # CLIP, SigLIP: texts and images into one space
+        ("embeddings",),
+        ("dense",),
+        None,
+        AsyncImageTextEncoder,
+        ImageTextEncoder,
+        fp32_only=True,
+        inputs=("text", "image"),
     ),
     "cross-encoder": Kind(  # LLM rerankers too
         ("rerank",),
@@ -401,8 +414,11 @@ class HostedModel(ModelPlan):
         task = task_of(input_type, prompt_name)
         return Resolved(task=task, runner=self.runner_for(task), prompt=prompt)
 
-    async def embed(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS, *, name: str = "") -> Embedded:
-        """Embed ``texts`` with every option of the call (the prompt and branch resolved once from its
+    async def embed(
+        self, texts: Sequence[str | ImageInput], options: EmbedOptions = EMBED_DEFAULTS, *, name: str = ""
+    ) -> Embedded:
+        """Embed ``texts`` (and images, :class:`~embedrank.serving.image_text.ImageInput`, for a kind that takes
+        them) with every option of the call (the prompt and branch resolved once from its
         ``input_type`` or ``prompt_name``), giving each of ``options.types``: ``sparse`` and ``multivector``
         from the models that declare them, and the compact types of
         :func:`~embedrank.math.quantization.quantize` of the dense vectors (``float`` and the integer and binary
@@ -411,14 +427,23 @@ class HostedModel(ModelPlan):
 
         Raises:
             OutputNotAvailableError: a type the model does not give (the request's ``embedding_types``).
+            InvalidInputError: an image for a model that embeds text only.
         """
+        label = name or self.spec.model_id
+        pictures = image_positions(texts)
+        if pictures and "image" not in self.declared.inputs:
+            first = cast(ImageInput, texts[pictures[0]])
+            raise InvalidInputError(
+                f"{first.param} is an image, but model {label!r} embeds text only; send images to an image-text "
+                f"model (CLIP, SigLIP: GET /v1/models lists each model's inputs)",
+                param=first.param.split("[")[0],
+            )
         chosen = self.resolve(input_type=options.input_type, prompt_name=options.prompt_name)
         types = options.types
         asked = set(types)
         outputs = {"sparse", "multivector"} & asked
         has = set(self.outputs) & {"sparse", "multivector"}  # ColBERT and SPLADE: one each and no dense; bge-m3 both
         sole = next(iter(has)) if "dense" not in self.outputs else None
-        label = name or self.spec.model_id
         if outputs - has:
             raise OutputNotAvailableError(
                 f"model {label!r} has no {' or '.join(sorted(outputs - has))} output (bge-m3 models have "
@@ -438,9 +463,15 @@ class HostedModel(ModelPlan):
             prompt = ""
         runner = cast(DenseRunner, chosen.runner)  # the kind declares embeddings: the pool checked
         tracing.note_operation("embeddings")
-        out = await runner.embed(texts, options, prompt=prompt, **extra)
+        out = await runner.embed(texts, options, prompt=prompt, **extra)  # type: ignore[arg-type]  # images: checked above
         tracing.note_usage(out.total_tokens)
         compact = [t for t in types if t not in outputs]  # a SPLADE's "float" is empty
+        if {"int8", "uint8"} & set(compact) and not self.declared.ranges:
+            raise OutputNotAvailableError(
+                f"model {label!r} has no int8/uint8 ranges (they are fitted for text embedding models); ask for "
+                f"float, binary or ubinary",
+                param=options.fields.types,
+            )
         ranges = await runner.quantization_ranges(options.dimensions) if {"int8", "uint8"} & set(compact) else None
         return Embedded(
             out,

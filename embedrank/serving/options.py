@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from embedrank.errors import InvalidInputError
+from embedrank.models.images import ImageLimits
 from embedrank.types import Chunking
 
 
@@ -53,7 +54,8 @@ class EmbedOptions:
     refused when ``truncate`` is off; ``normalize`` overrides the model's own L2 normalization (None: the
     model's); ``chunking`` embeds long texts window by window and pools them; a lower ``priority`` is scheduled
     first; ``budget`` bounds the request's tokens and ``multi_budget`` its token vectors; ``cached``: texts
-    embedded before come from the model's vector cache; ``fields``: the request's names for these, for errors.
+    embedded before come from the model's vector cache; ``image_limits`` bounds each image (None: the library's
+defaults); ``fields``: the request's names for these, for errors.
     """
 
     input_type: str | None = None
@@ -68,6 +70,7 @@ class EmbedOptions:
     budget: int | None = None
     multi_budget: int | None = None
     cached: bool = False
+    image_limits: ImageLimits | None = None
     fields: RequestFields = OPENAI_FIELDS
 
 

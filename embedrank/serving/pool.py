@@ -164,11 +164,12 @@ class ModelPool:
             except InvalidInputError as exc:
                 raise ConfigurationError(f"model {entry.id!r}: {exc}") from None
         declared = KINDS[spec.kind]
-        if built is None and declared.fp32_only:  # SPLADE: torch unless named, in fp32
+        if built is None and declared.fp32_only:  # SPLADE, CLIP/SigLIP: torch unless named, in fp32
             if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):  # as named (on a GPU: torch's)
+                what = "an image-text" if spec.kind == "image-text" else "a SPLADE"
                 raise ConfigurationError(
-                    f"model {entry.id!r} is a SPLADE model, which runs in fp32 only (torch, openvino or onnx); "
-                    f"its entry (or EMBEDRANK_PRECISION) asks for {entry.precision}"
+                    f"model {entry.id!r} is {what} model, which runs in fp32 only; its entry (or "
+                    f"EMBEDRANK_PRECISION) asks for {entry.precision}"
                 )
             named = None if asked_backend in (None, "auto") or spec.static else asked_backend
             backend, precision = check_backend(named or "torch", "fp32")

@@ -1,0 +1,190 @@
+"""Images read safely: every source (a PIL image, bytes, a path, a ``data:`` URL) checked against
+:class:`ImageLimits` before its pixels are decoded.
+
+What a hostile image can cost is bounded here, before any model sees it: the encoded bytes (a data URL's
+length is checked before it is base64-decoded), the format (read from the file's magic bytes, never from a
+name or a declared media type), and the pixel count the header claims (a 50 KB PNG that claims
+100,000 × 100,000 pixels is refused without decompressing anything). An animation gives its first frame;
+EXIF orientation is applied, as a camera's viewer shows the photo. Remote URLs are never fetched here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import io
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageOps
+
+from embedrank.errors import InvalidInputError, RequestTooLargeError, UnsupportedMediaError
+
+# Pillow's format names of what is decoded, and their media types (a data URL's declared type must be one)
+FORMATS: dict[str, str] = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
+
+_DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,", re.I)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageLimits:
+    """What one image may cost: encoded bytes, pixels the header claims (width × height), the formats
+    decoded (Pillow names, :data:`FORMATS`'s keys). ``param`` names the request field in errors."""
+
+    max_bytes: int = 20 * 1024 * 1024
+    max_pixels: int = 40_000_000
+    formats: tuple[str, ...] = tuple(FORMATS)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.formats) - set(FORMATS))
+        if unknown:
+            raise InvalidInputError(f"image formats {unknown} are not decoded; choose among {sorted(FORMATS)}")
+
+
+DEFAULT_IMAGE_LIMITS = ImageLimits()
+
+
+def is_data_url(value: str) -> bool:
+    """Whether ``value`` is a ``data:`` URL (the way a client sends an image inside a JSON string).
+
+    >>> is_data_url("data:image/png;base64,iVBORw0KGgo="), is_data_url("a photo of a cat")
+    (True, False)
+    """
+    return value[:5].lower() == "data:"
+
+
+def is_remote_url(value: str) -> bool:
+    """Whether ``value`` is an ``http(s)://`` URL.
+
+    >>> is_remote_url("https://example.com/cat.png"), is_remote_url("data:image/png;base64,")
+    (True, False)
+    """
+    return value[:7].lower() == "http://" or value[:8].lower() == "https://"
+
+
+def data_url_bytes(url: str, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None) -> bytes:
+    """The bytes of a base64 ``data:`` URL, its length checked against ``limits.max_bytes`` before decoding.
+
+    >>> data_url_bytes("data:image/png;base64,aGVsbG8=")
+    b'hello'
+
+    Raises:
+        InvalidInputError: not a base64 data URL, or invalid base64.
+        UnsupportedMediaError: a declared media type that is not an image format decoded here.
+        RequestTooLargeError: over ``limits.max_bytes``.
+    """
+    head = _DATA_URL.match(url)
+    if head is None or not head.group("b64"):
+        raise InvalidInputError(
+            f"{param or 'image'} must be a base64 data URL such as data:image/png;base64,<data>", param=param
+        )
+    declared = (head.group("type") or "").lower()
+    if declared and declared not in FORMATS.values():
+        raise UnsupportedMediaError(
+            f"{param or 'image'} is declared {declared!r}; images are accepted as {sorted(FORMATS.values())}",
+            param=param,
+        )
+    payload = url[head.end() :]
+    if len(payload) * 3 // 4 > limits.max_bytes:  # base64 is 4 characters per 3 bytes: no decoding needed
+        raise _too_many_bytes(len(payload) * 3 // 4, limits, param)
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInputError(f"{param or 'image'} is not valid base64: {exc}", param=param) from None
+
+
+def _too_many_bytes(size: int, limits: ImageLimits, param: str | None) -> RequestTooLargeError:
+    return RequestTooLargeError(
+        f"{param or 'image'} is {size:,} bytes, over the limit of {limits.max_bytes:,} bytes per image",
+        param=param,
+        limit="max_image_bytes",
+    )
+
+
+def open_image(data: bytes, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None) -> Image.Image:
+    """Encoded image bytes decoded to an RGB image, after the checks of :class:`ImageLimits`: bytes, format
+    (by its magic bytes), the header's pixel count; the first frame of an animation; EXIF orientation applied.
+
+    Raises:
+        RequestTooLargeError: over ``limits.max_bytes`` or ``limits.max_pixels`` (nothing decompressed).
+        UnsupportedMediaError: not one of ``limits.formats``.
+        InvalidInputError: the file is truncated or corrupt.
+    """
+    name = param or "image"
+    if len(data) > limits.max_bytes:
+        raise _too_many_bytes(len(data), limits, param)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own pixel limit decides
+        try:
+            image = Image.open(io.BytesIO(data), formats=list(limits.formats))  # reads the header only
+        except Image.DecompressionBombError as exc:  # Pillow's own ceiling, far above any sensible max_pixels
+            claimed = re.search(r"\((\d+) pixels\)", str(exc))
+            size = f"{int(claimed.group(1)):,} pixels" if claimed else "more pixels than Pillow decodes"
+            raise RequestTooLargeError(
+                f"{name} claims {size}, over the limit of {limits.max_pixels:,} pixels per image",
+                param=param,
+                limit="max_image_pixels",
+            ) from None
+        except Image.UnidentifiedImageError:
+            raise UnsupportedMediaError(
+                f"{name} is not an image in an accepted format ({', '.join(limits.formats)})", param=param
+            ) from None
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise InvalidInputError(f"{name} could not be read: {exc}", param=param) from None
+        width, height = image.size
+        if width * height > limits.max_pixels:
+            raise RequestTooLargeError(
+                f"{name} is {width:,} x {height:,} pixels, over the limit of {limits.max_pixels:,} pixels per image",
+                param=param,
+                limit="max_image_pixels",
+            )
+        if width < 1 or height < 1:
+            raise InvalidInputError(f"{name} has no pixels ({width} x {height})", param=param)
+        try:
+            image.seek(0)  # an animation's first frame
+            image.load()
+            return ImageOps.exif_transpose(image).convert("RGB")
+        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
+            raise InvalidInputError(f"{name} could not be decoded: {exc}", param=param) from None
+
+
+def read_image(source: Any, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None) -> Image.Image:
+    """One image from any source the library takes: a PIL image (used as given, converted to RGB), encoded
+    bytes, a ``data:`` URL, or a path to a file; each checked by :func:`open_image`. An ``http(s)`` URL is
+    refused: fetch it yourself (the service fetches only from configured hosts).
+
+    Raises:
+        InvalidInputError, UnsupportedMediaError, RequestTooLargeError: as :func:`open_image`; a path that
+            is not a file; a remote URL.
+    """
+    if isinstance(source, Image.Image):
+        if source.width * source.height > limits.max_pixels:
+            raise RequestTooLargeError(
+                f"{param or 'image'} is {source.width:,} x {source.height:,} pixels, over the limit of "
+                f"{limits.max_pixels:,}",
+                param=param,
+                limit="max_image_pixels",
+            )
+        return source if source.mode == "RGB" else source.convert("RGB")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return open_image(bytes(source), limits, param=param)
+    if isinstance(source, str) and is_data_url(source):
+        return open_image(data_url_bytes(source, limits, param=param), limits, param=param)
+    if isinstance(source, str) and is_remote_url(source):
+        raise InvalidInputError(
+            f"{param or 'image'} is a remote URL; remote images are not fetched here: pass the image's bytes",
+            param=param,
+        )
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise InvalidInputError(f"{param or 'image'}: no image file at {str(path)!r}", param=param)
+        if path.stat().st_size > limits.max_bytes:
+            raise _too_many_bytes(path.stat().st_size, limits, param)
+        return open_image(path.read_bytes(), limits, param=param)
+    raise InvalidInputError(
+        f"{param or 'image'} must be a PIL image, bytes, a data URL or a path, got {type(source).__name__}", param=param
+    )

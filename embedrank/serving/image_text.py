@@ -1,0 +1,124 @@
+"""An image-text model (CLIP, SigLIP) served: a request's texts and images batched in one engine.
+
+Texts go the way every embedding model's do (:class:`~embedrank.serving.runners.AsyncEncoder`: tokenized
+once, truncation, the vector cache, chunking). Images are read and preprocessed off the event loop, within
+the request's :class:`~embedrank.models.images.ImageLimits`, one after another (so a request holds one
+decoded image at a time), and their rows join the same engine as texts, with the same priority and fairness:
+a batch may hold both, and the model runs each tower on its part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from embedrank.errors import InvalidInputError, RequestTooLargeError
+from embedrank.math.similarity import check_dimensions
+from embedrank.models.image_text import ImageRow, ImageTextEncoder
+from embedrank.models.images import DEFAULT_IMAGE_LIMITS, ImageLimits, is_data_url, is_remote_url, read_image
+from embedrank.serving import tracing
+from embedrank.serving.options import EMBED_DEFAULTS, EmbedOptions
+from embedrank.serving.runners import AsyncEncoder
+from embedrank.types import ModelOutput
+
+__all__ = [  # what the service reads images with, besides the runner
+    "AsyncImageTextEncoder",
+    "ImageInput",
+    "ImageLimits",
+    "image_positions",
+    "is_data_url",
+    "is_remote_url",
+    "preprocess_images",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageInput:
+    """An image a request sent (a data URL or encoded bytes) and the field that holds it (``input[2]``,
+    ``images[0]``, ``inputs[1].content[0]``), which errors name."""
+
+    source: str | bytes
+    param: str
+
+
+def image_positions(inputs: Sequence[Any]) -> list[int]:
+    """Where the images stand among a request's inputs.
+
+    >>> image_positions(["a cat", ImageInput(b"...", "input[1]")])
+    [1]
+    """
+    return [i for i, item in enumerate(inputs) if isinstance(item, ImageInput)]
+
+
+def preprocess_images(model: ImageTextEncoder, images: Sequence[ImageInput], limits: ImageLimits) -> list[ImageRow]:
+    """Each image read within ``limits`` and preprocessed by the model's processor, one at a time (blocking)."""
+    rows: list[ImageRow] = []
+    for image in images:
+        try:
+            picture = read_image(image.source, limits, param=image.param)
+        except InvalidInputError as exc:  # the message names the input (input[2]); the error's param its field
+            exc.param = image.param.split("[", 1)[0]
+            raise
+        rows.extend(model.preprocess([picture]))
+    return rows
+
+
+class AsyncImageTextEncoder(AsyncEncoder):
+    """Embeddings of texts and images (:class:`ImageInput`) through one :class:`BatchEngine`."""
+
+    encoder: ImageTextEncoder
+
+    async def embed(  # type: ignore[override]
+        self, inputs: Sequence[str | ImageInput], options: EmbedOptions = EMBED_DEFAULTS, *, prompt: str = ""
+    ) -> ModelOutput:
+        """Vectors ``(N, D)`` in input order: texts as :meth:`AsyncEncoder.embed` embeds them (``prompt``
+        before each), images through the vision tower; the model's normalization and ``dimensions`` for both.
+        ``options.budget`` bounds the tokens of both together (an image costs its vision tokens).
+
+        Raises:
+            InvalidInputError: chunking asked with images (it splits texts); an unreadable image.
+            UnsupportedMediaError, RequestTooLargeError: an image refused by ``options.image_limits``.
+        """
+        at = image_positions(inputs)
+        if not at:
+            return await super().embed(inputs, options, prompt=prompt)  # type: ignore[arg-type]
+        if options.chunking is not None:
+            raise InvalidInputError("chunking splits long texts; it does not apply to images", param=options.fields.chunking)
+        check_dimensions(options.dimensions, self.dimension, options.fields.dimensions)
+        images: list[ImageInput] = [inputs[i] for i in at]  # type: ignore[misc]
+        limits = options.image_limits or DEFAULT_IMAGE_LIMITS
+        with tracing.tokenizing(len(images)):
+            rows = await asyncio.to_thread(preprocess_images, self.encoder, images, limits)
+        image_tokens = sum(r.length for r in rows)
+        if options.budget is not None and image_tokens > options.budget:
+            raise RequestTooLargeError(
+                f"the request's images hold {image_tokens} vision tokens; the limit is {options.budget} per request"
+            )
+        texts_at = [i for i in range(len(inputs)) if i not in set(at)]
+        texts: list[str] = [inputs[i] for i in texts_at]  # type: ignore[misc]
+        text_options = dataclasses.replace(
+            options, budget=None if options.budget is None else options.budget - image_tokens
+        )
+        # the engine takes any row with a length; its model (embed_rows) runs each tower on its rows
+        pictures = asyncio.ensure_future(self.engine.submit(rows, priority=options.priority))  # type: ignore[arg-type]
+        worded = None
+        try:
+            if texts:  # the texts queue beside the images; a text refused withdraws the images
+                worded = await super().embed(texts, text_options, prompt=prompt)
+            seen = await pictures
+        finally:
+            pictures.cancel()
+        values = np.zeros((len(inputs), seen.values.shape[1] if options.dimensions is None else options.dimensions), np.float32)
+        values[at] = self.encoder.finish_vectors(seen.values, normalize=options.normalize, dimensions=options.dimensions)
+        counts, cut = [0] * len(inputs), [False] * len(inputs)
+        for i, n in zip(at, seen.token_counts, strict=True):
+            counts[i] = n
+        if worded is not None:
+            values[texts_at] = worded.values
+            for i, n, flag in zip(texts_at, worded.token_counts, worded.truncated, strict=True):
+                counts[i], cut[i] = n, flag
+        return ModelOutput(values, counts, cut)

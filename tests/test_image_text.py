@@ -1,0 +1,186 @@
+"""Image-text models (CLIP, SigLIP, SigLIP2) against sentence-transformers, and images read safely."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import time
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from embedrank import Encoder, ImageTextEncoder
+from embedrank.errors import InvalidInputError, ModelKindError, RequestTooLargeError, UnsupportedMediaError
+from embedrank.models.images import ImageLimits, data_url_bytes, read_image
+from embedrank.registry import resolve
+from embedrank.testing.tiny_images import DRAWN, IMAGE_TEXT_ARCHITECTURES, drawn_image, tiny_image_text
+
+TEXTS = [caption for caption, _, _ in DRAWN] + ["a much longer caption about one shape drawn on a noisy white ground"]
+
+
+def images() -> list[Image.Image]:
+    """The drawn images, each of another size and aspect ratio (so resizing and cropping matter)."""
+    return [
+        drawn_image(shape, colour, seed=i, size=(96 - 10 * i, 64 + 7 * i)) for i, (_, shape, colour) in enumerate(DRAWN)
+    ]
+
+
+def png_bytes(image: Image.Image, **save: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=str(save.pop("format", "PNG")), **save)
+    return out.getvalue()
+
+
+def reference(path: str, model: ImageTextEncoder):
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(path, device="cpu")
+    if model.padded_to_window:  # SigLIP's texts padded to the window, as the model card and HF's pipeline do
+        st[0].processing_kwargs = {"text": {"padding": "max_length", "max_length": model.max_seq_length}}
+    return st
+
+
+@pytest.mark.parametrize("st_layout", [False, True], ids=["transformers", "sentence-transformers"])
+@pytest.mark.parametrize("architecture", sorted(IMAGE_TEXT_ARCHITECTURES))
+def test_parity_with_sentence_transformers(architecture: str, st_layout: bool, tmp_path) -> None:
+    path = tiny_image_text(architecture, tmp_path / "model", st_layout=st_layout)
+    model = ImageTextEncoder.from_pretrained(path)
+    st = reference(path, model)
+    assert resolve(path).kind == "image-text" and model.dimension == st.get_sentence_embedding_dimension()
+    texts, ours_texts = st.encode(TEXTS), model.encode(TEXTS, batch_size=3)
+    pictures, ours_pictures = st.encode(images()), model.encode_images(images(), batch_size=4)
+    assert np.abs(ours_texts - texts).max() <= 1e-5
+    assert np.abs(ours_pictures - pictures).max() <= 1e-5
+    # the two towers give different vectors: nothing above compared zeros
+    assert np.abs(ours_texts).max() > 0.1 and np.abs(ours_pictures[0] - ours_pictures[1]).max() > 0.01
+
+
+@pytest.mark.parametrize("architecture", sorted(IMAGE_TEXT_ARCHITECTURES))
+def test_preprocessing_is_the_model_processor_and_zero_shot_its_logits(architecture: str) -> None:
+    import transformers
+
+    path = tiny_image_text(architecture)
+    model = ImageTextEncoder.from_pretrained(path)
+    processor = transformers.AutoProcessor.from_pretrained(path)
+    want = processor(images=images(), return_tensors="pt")
+    rows = model.image_rows(images())
+    for name, batch in want.items():
+        assert torch.equal(torch.stack([r.pixels[name] for r in rows]), batch), name
+    labels = TEXTS[:3]
+    inputs = processor(
+        text=labels,
+        images=images()[:2],
+        return_tensors="pt",
+        padding="max_length" if model.padded_to_window else True,
+        max_length=model.max_seq_length,
+        truncation=True,
+    )
+    with torch.inference_mode():
+        own = model.module(**inputs).logits_per_image.numpy()
+    assert np.abs(model.logits(images()[:2], labels) - own).max() <= 1e-4
+    probabilities = model.zero_shot(images()[:2], labels)
+    if architecture == "clip":  # a softmax over the labels; SigLIP's sigmoid scores each pair on its own
+        assert np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    else:
+        assert np.allclose(probabilities, 1 / (1 + np.exp(-own)), atol=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["clip", "siglip"])
+def test_a_vector_does_not_depend_on_its_batch(architecture: str) -> None:
+    model = ImageTextEncoder.from_pretrained(tiny_image_text(architecture))
+    together = model.encode(TEXTS)
+    alone = np.stack([model.encode(text) for text in TEXTS])
+    assert np.abs(together - alone).max() <= 1e-5
+    mixed = model.embed_rows([*model.image_rows(images()[:1]), *model.tokenize_rows(TEXTS[:1])]).values
+    assert np.abs(mixed[0] - model.encode_images(images()[:1])[0]).max() <= 1e-5
+    assert np.abs(mixed[1] - model.encode(TEXTS[:1])[0]).max() <= 1e-5
+
+
+def test_every_image_source_gives_one_vector(tmp_path) -> None:
+    model = ImageTextEncoder.from_pretrained(tiny_image_text("clip"))
+    picture = images()[0]
+    data = png_bytes(picture)
+    (tmp_path / "a.png").write_bytes(data)
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    vectors = model.encode_images([picture, data, url, tmp_path / "a.png", str(tmp_path / "a.png")])
+    assert np.abs(vectors - vectors[0]).max() <= 1e-6
+
+
+def test_other_kinds_and_runtimes_are_refused() -> None:
+    path = tiny_image_text("clip")
+    with pytest.raises(ModelKindError, match="ImageTextEncoder"):
+        Encoder.from_pretrained(path)
+    with pytest.raises(ModelKindError, match="not an image-text model"):
+        ImageTextEncoder.from_pretrained("all-MiniLM-L6-v2")
+    with pytest.raises(InvalidInputError, match="torch fp32"):
+        ImageTextEncoder.from_pretrained(path, precision="int8")
+
+
+# -- hostile images --------------------------------------------------------------------------------
+def png_claiming(width: int, height: int, payload: int = 50_000) -> bytes:
+    """A PNG whose header claims ``width`` x ``height`` pixels, with ``payload`` bytes of compressed rows."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    stream, zeros, compressed = zlib.compressobj(9), b"\0" * (1 << 20), b""
+    while len(compressed) < payload:  # rows of zeros: about 1,000 to 1 compressed, as a real bomb
+        compressed += stream.compress(zeros)
+    compressed += stream.flush()
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", compressed) + chunk(b"IEND", b"")
+
+
+def test_a_decompression_bomb_is_refused_in_milliseconds() -> None:
+    bomb = png_claiming(100_000, 100_000)
+    assert 40_000 < len(bomb) < 60_000
+    started = time.perf_counter()
+    with pytest.raises(RequestTooLargeError, match="10,000,000,000 pixels") as refused:
+        read_image(bomb, param="images[0]")
+    assert time.perf_counter() - started < 0.1
+    assert refused.value.limit == "max_image_pixels" and refused.value.param == "images[0]"
+    with pytest.raises(RequestTooLargeError, match="10,000 x 10,000 pixels"):  # under Pillow's own ceiling
+        read_image(png_claiming(10_000, 10_000))
+
+
+def test_limits_formats_and_broken_files() -> None:
+    picture = images()[0]
+    with pytest.raises(RequestTooLargeError, match="over the limit of 100 bytes"):
+        read_image(png_bytes(picture), ImageLimits(max_bytes=100))
+    big = "data:image/png;base64," + "A" * 1000
+    with pytest.raises(RequestTooLargeError):  # judged by its length, before any decoding
+        data_url_bytes(big, ImageLimits(max_bytes=100))
+    with pytest.raises(UnsupportedMediaError, match="accepted format"):
+        read_image(png_bytes(picture, format="BMP"))
+    with pytest.raises(UnsupportedMediaError, match="accepted format"):
+        read_image(b"GIF89a not really a gif at all")
+    with pytest.raises(UnsupportedMediaError, match="accepted format"):
+        read_image(png_bytes(picture), ImageLimits(formats=("JPEG",)))
+    with pytest.raises(UnsupportedMediaError, match="'text/plain'"):
+        read_image("data:text/plain;base64,aGVsbG8=")
+    with pytest.raises(InvalidInputError, match="could not be"):
+        read_image(png_bytes(picture)[:200])  # truncated
+    with pytest.raises(InvalidInputError, match="not valid base64"):
+        read_image("data:image/png;base64,@@@@")
+    with pytest.raises(InvalidInputError, match="remote URL"):
+        read_image("http://127.0.0.1/cat.png")
+    with pytest.raises(InvalidInputError, match="no image file"):
+        read_image("/nonexistent/cat.png")
+    with pytest.raises(InvalidInputError, match="not decoded"):
+        ImageLimits(formats=("TIFF",))
+
+
+def test_first_frame_and_exif_orientation() -> None:
+    red, blue = Image.new("RGB", (8, 4), (255, 0, 0)), Image.new("RGB", (8, 4), (0, 0, 255))
+    gif = io.BytesIO()
+    red.save(gif, format="GIF", save_all=True, append_images=[blue], duration=100, loop=0)
+    first = read_image(gif.getvalue())
+    assert first.getpixel((0, 0))[0] > 200 and first.mode == "RGB"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees: a viewer shows it 4 x 8
+    rotated = read_image(png_bytes(Image.new("RGB", (8, 4), (0, 255, 0)), format="JPEG", exif=exif))
+    assert rotated.size == (4, 8)
