@@ -26,7 +26,7 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEnco
 def test_capabilities_come_from_the_kind_table(model, kind, capabilities, outputs):
     plan = ModelPlan(spec=model.spec)
     assert (model.spec.kind, plan.capabilities, plan.outputs) == (kind, capabilities, outputs)
-    assert set(KINDS) == {"embedding", "multi-vector", "sparse", "m3", "cross-encoder"}
+    assert set(KINDS) == {"embedding", "multi-vector", "sparse", "m3", "image-text", "cross-encoder"}
 
 
 def test_resolve_picks_the_prompt_once_and_refuses_what_the_model_lacks():

@@ -156,8 +156,10 @@ def test_limits_formats_and_broken_files() -> None:
         data_url_bytes(big, ImageLimits(max_bytes=100))
     with pytest.raises(UnsupportedMediaError, match="accepted format"):
         read_image(png_bytes(picture, format="BMP"))
-    with pytest.raises(UnsupportedMediaError, match="accepted format"):
+    with pytest.raises(InvalidInputError, match="truncated or corrupt GIF"):  # the magic bytes, then nothing
         read_image(b"GIF89a not really a gif at all")
+    with pytest.raises(UnsupportedMediaError, match="accepted format"):
+        read_image(b"%PDF-1.7 a document")
     with pytest.raises(UnsupportedMediaError, match="accepted format"):
         read_image(png_bytes(picture), ImageLimits(formats=("JPEG",)))
     with pytest.raises(UnsupportedMediaError, match="'text/plain'"):

@@ -26,6 +26,24 @@ from embedrank.errors import InvalidInputError, RequestTooLargeError, Unsupporte
 # Pillow's format names of what is decoded, and their media types (a data URL's declared type must be one)
 FORMATS: dict[str, str] = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 
+
+def format_of(data: bytes) -> str | None:
+    """The format the magic bytes of ``data`` announce, among :data:`FORMATS` (None: none of them).
+
+    >>> format_of(b"\\x89PNG\\r\\n\\x1a\\n..."), format_of(b"GIF89a..."), format_of(b"BM...")
+    ('PNG', 'GIF', None)
+    """
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "GIF"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
 _DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,", re.I)
 
 
@@ -129,6 +147,9 @@ def open_image(data: bytes, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param
                 limit="max_image_pixels",
             ) from None
         except Image.UnidentifiedImageError:
+            announced = format_of(data)
+            if announced in limits.formats:  # the right magic bytes, and nothing readable after them
+                raise InvalidInputError(f"{name} is a truncated or corrupt {announced} file", param=param) from None
             raise UnsupportedMediaError(
                 f"{name} is not an image in an accepted format ({', '.join(limits.formats)})", param=param
             ) from None

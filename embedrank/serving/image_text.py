@@ -73,9 +73,9 @@ class AsyncImageTextEncoder(AsyncEncoder):
     encoder: ImageTextEncoder
 
     async def embed(  # type: ignore[override]
-        self, inputs: Sequence[str | ImageInput], options: EmbedOptions = EMBED_DEFAULTS, *, prompt: str = ""
+        self, texts: Sequence[str | ImageInput], options: EmbedOptions = EMBED_DEFAULTS, *, prompt: str = ""
     ) -> ModelOutput:
-        """Vectors ``(N, D)`` in input order: texts as :meth:`AsyncEncoder.embed` embeds them (``prompt``
+        """Vectors ``(N, D)`` in input order of ``texts``, which may hold images: texts as :meth:`AsyncEncoder.embed` embeds them (``prompt``
         before each), images through the vision tower; the model's normalization and ``dimensions`` for both.
         ``options.budget`` bounds the tokens of both together (an image costs its vision tokens).
 
@@ -83,6 +83,7 @@ class AsyncImageTextEncoder(AsyncEncoder):
             InvalidInputError: chunking asked with images (it splits texts); an unreadable image.
             UnsupportedMediaError, RequestTooLargeError: an image refused by ``options.image_limits``.
         """
+        inputs = texts
         at = image_positions(inputs)
         if not at:
             return await super().embed(inputs, options, prompt=prompt)  # type: ignore[arg-type]
@@ -99,7 +100,7 @@ class AsyncImageTextEncoder(AsyncEncoder):
                 f"the request's images hold {image_tokens} vision tokens; the limit is {options.budget} per request"
             )
         texts_at = [i for i in range(len(inputs)) if i not in set(at)]
-        texts: list[str] = [inputs[i] for i in texts_at]  # type: ignore[misc]
+        words: list[str] = [inputs[i] for i in texts_at]  # type: ignore[misc]
         text_options = dataclasses.replace(
             options, budget=None if options.budget is None else options.budget - image_tokens
         )
@@ -107,8 +108,8 @@ class AsyncImageTextEncoder(AsyncEncoder):
         pictures = asyncio.ensure_future(self.engine.submit(rows, priority=options.priority))  # type: ignore[arg-type]
         worded = None
         try:
-            if texts:  # the texts queue beside the images; a text refused withdraws the images
-                worded = await super().embed(texts, text_options, prompt=prompt)
+            if words:  # the texts queue beside the images; a text refused withdraws the images
+                worded = await super().embed(words, text_options, prompt=prompt)
             seen = await pictures
         finally:
             pictures.cancel()
