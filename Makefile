@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -154,6 +154,10 @@ eval: setup  ## the reference evaluations on $EMBEDRANK_DATA (else the user's da
 	$(RECORD) quality-dl19 "Retrieval quality: TREC DL19, BM25 and BM25 reranked" -- \
 	  $(PY) eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
 	$(RECORD) quantization "Compact vectors: quality of each embedding type" -- $(PY) eval/bench_quantization.py scifact
+	$(PY) eval/render_benchmarks.py
+
+image-parity: setup  ## CLIP, SigLIP and SigLIP2 by tower and backend against sentence-transformers (docs/models.md)
+	$(RECORD) image-parity "Image-text models: towers by backend against sentence-transformers" -- $(PY) eval/image_parity.py
 	$(PY) eval/render_benchmarks.py
 
 support-matrix: setup  ## every architecture on every backend and precision against sentence-transformers (docs/models.md)

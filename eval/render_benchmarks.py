@@ -236,6 +236,10 @@ def render_models(results: list[dict]) -> str:
             f"Each row by backend and precision, with its difference, export time and speed, is on the "
             f"[records page](benchmark-records.md#{r['name']}).\n"
         )
+    for r in (r for r in results if r["name"] == "image-parity"):
+        parts.append(
+            f"\n## {r['title']}\n\n{_provenance(r)}\n{first_table(r['output'])}\n\n{closing_line(r['output'])}\n"
+        )
     return "".join(parts)
 
 

@@ -73,7 +73,10 @@ def test_every_request_shape_gives_sentence_transformers_vector(client, clip_pat
     }
     cohere = {
         "cohere images": {"images": [url], "input_type": "image"},
-        "cohere inputs": {"inputs": [{"content": [{"type": "image_url", "image_url": {"url": url}}]}], "input_type": "image"},
+        "cohere inputs": {
+            "inputs": [{"content": [{"type": "image_url", "image_url": {"url": url}}]}],
+            "input_type": "image",
+        },
     }
     for name, body in cohere.items():
         resp = client.post("/v2/embed", json={"model": "clip", "embedding_types": ["float"], **body})
@@ -82,7 +85,9 @@ def test_every_request_shape_gives_sentence_transformers_vector(client, clip_pat
     for name, vector in got.items():
         assert cosine(vector, want_image) >= 0.9999, name
     mixed = api.embeddings.create(model="clip", input=["a blue circle", url])
-    assert cosine(mixed.data[0].embedding, want_text) >= 0.9999 and cosine(mixed.data[1].embedding, want_image) >= 0.9999
+    assert (
+        cosine(mixed.data[0].embedding, want_text) >= 0.9999 and cosine(mixed.data[1].embedding, want_image) >= 0.9999
+    )
     assert mixed.usage.prompt_tokens > 16  # the text's tokens and the image's 16 patches and class token
     listed = {m["id"]: m["inputs"] for m in client.get("/v1/models").json()["data"]}
     assert listed == {"clip": ["text", "image"], "text": ["text"]}
@@ -150,7 +155,11 @@ def test_a_text_model_given_an_image_and_cohere_shapes_refused(client) -> None:
         ({"texts": ["a"], "images": [url]}, "the request has texts and images"),
         ({}, "the request has none of them"),
         (
-            {"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": url}}]}]},
+            {
+                "inputs": [
+                    {"content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": url}}]}
+                ]
+            },
             "inputs[0].content has 2 parts",
         ),
         ({"images": ["https://example.com/a.png"]}, "does not fetch images"),

@@ -186,3 +186,61 @@ def test_first_frame_and_exif_orientation() -> None:
     exif[0x0112] = 6  # rotated 90 degrees: a viewer shows it 4 x 8
     rotated = read_image(png_bytes(Image.new("RGB", (8, 4), (0, 255, 0)), format="JPEG", exif=exif))
     assert rotated.size == (4, 8)
+
+
+def test_broken_images_of_every_format_are_refused_never_crash() -> None:
+    """The decoder path fuzzed: each accepted format (a palette PNG and an animated GIF among them) cut at
+    random points, bytes flipped, headers rewritten; every outcome is an image or one of the refusals the
+    service maps to 4xx."""
+    rng = np.random.default_rng(7)
+    picture = drawn_image("triangle", (140, 40, 170), size=(40, 30))
+    palette = picture.convert("P", palette=Image.Palette.ADAPTIVE, colors=256)
+    animated = io.BytesIO()
+    picture.save(animated, format="GIF", save_all=True, append_images=[palette], duration=50)
+    originals = [
+        png_bytes(picture),
+        png_bytes(palette),
+        png_bytes(picture, format="JPEG", quality=80),
+        png_bytes(picture, format="WEBP"),
+        animated.getvalue(),
+    ]
+    outcomes: dict[str, int] = {}
+    for data in originals:
+        for case in range(120):
+            broken = bytearray(data)
+            if case % 3 == 0:
+                broken = broken[: int(rng.integers(1, len(broken)))]
+            else:
+                for at in rng.integers(0, len(broken), size=int(rng.integers(1, 12))):
+                    broken[at] = int(rng.integers(0, 256))
+            try:
+                read_image(bytes(broken), ImageLimits(max_pixels=1_000_000))
+                name = "read"
+            except (InvalidInputError, UnsupportedMediaError, RequestTooLargeError) as refused:
+                name = type(refused).__name__
+            outcomes[name] = outcomes.get(name, 0) + 1
+    assert sum(outcomes.values()) == 600 and outcomes.get("InvalidInputError", 0) > 50, outcomes
+
+
+def test_the_recorded_parity_table_holds_now(capsys) -> None:
+    """``eval/image_parity.py`` (the table on the supported-models page) runs, every cell holds, and each
+    cell's verdict is the recorded one: the page says what is true of this checkout."""
+    import json
+    import re
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "eval"))
+    import image_parity
+
+    assert image_parity.main([]) == 0
+    measured = capsys.readouterr().out
+    recorded = json.loads((root / "eval" / "results" / "image-parity.json").read_text())["output"]
+
+    def verdicts(output: str) -> list[list[str]]:
+        rows = [line.split("|")[1:-1] for line in output.splitlines() if line.startswith("| ") and "---" not in line]
+        return [[re.sub(r" \(.*", "", cell.strip()) for cell in row] for row in rows]
+
+    assert verdicts(measured) == verdicts(recorded)
+    assert (root / "docs" / "models.md").read_text().count("| clip |") == 2

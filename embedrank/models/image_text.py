@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,10 +26,14 @@ from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.images import DEFAULT_IMAGE_LIMITS, ImageLimits, read_image
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import ModelSpec, quiet_loading, resolve
+from embedrank.runtime.towers import ExportedTowers, TorchTowers, exported_towers
+from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
 
 # model types whose text tower was trained on texts padded to its window (and pools the last position)
 _PADDED_TO_WINDOW = ("siglip", "siglip2")
+TEXT_FEATURES = ("input_ids", "attention_mask")  # what the text tower is given
+BACKENDS = ("torch", "openvino", "onnx")
 # the logits of a text against an image: CLIP's softmax over the texts, SigLIP's sigmoid of each pair
 SOFTMAX, SIGMOID = "softmax", "sigmoid"
 
@@ -45,26 +50,6 @@ class ImageRow:
 
 
 Row = TokenRow | ImageRow
-
-
-class TorchTowers:
-    """The two towers of a transformers CLIP/SigLIP model run in torch: ``text(features)`` and
-    ``image(pixels)`` give the projected vectors ``(B, D)`` as fp32 tensors."""
-
-    backend = "torch"
-    precision = "fp32"
-    inference_precision = "f32"
-
-    def __init__(self, module: Any) -> None:
-        self.module = module
-
-    def text(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.inference_mode():
-            return _pooled(self.module.get_text_features(**features)).float()
-
-    def image(self, pixels: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.inference_mode():
-            return _pooled(self.module.get_image_features(**pixels)).float()
 
 
 class ImageTextEncoder(TokenizesText):
@@ -90,7 +75,7 @@ class ImageTextEncoder(TokenizesText):
         self.spec = spec
         self.device = torch.device(device)
         self.module: Any = model.to(self.device).eval()  # a transformers CLIPModel, SiglipModel, Siglip2Model
-        self.runtime = TorchTowers(self.module)
+        self.runtime: TorchTowers | ExportedTowers = TorchTowers(self.module)
         self.processor = processor
         self.text_tokens = TextTokens(processor.tokenizer, max_length=max_seq_length or spec.max_seq_length)
         self.normalize = spec.normalize if normalize is None else normalize
@@ -119,23 +104,28 @@ class ImageTextEncoder(TokenizesText):
         device: str = "cpu",
         normalize: bool | None = None,
         max_seq_length: int | None = None,
+        cache_dir: str | Path | None = None,
     ) -> ImageTextEncoder:
-        """Load an already resolved image-text model. It runs in torch, in fp32 (``backend`` ``torch`` or
-        None, ``precision`` ``fp32`` or None); ``normalize`` overrides the model's own setting.
+        """Load an already resolved image-text model, in fp32 (``precision`` ``fp32`` or None), its towers run
+        by ``backend``: ``torch`` (the default), or ``openvino``/``onnx`` (each tower exported once into the
+        cache, checked against torch; :mod:`embedrank.runtime.towers`). ``normalize`` overrides the model's own
+        setting.
 
         Raises:
             ModelKindError: not an image-text model.
             InvalidInputError: another backend or precision.
+            ExportError: a tower that does not export to the backend (SigLIP2's NaFlex vision tower).
         """
         if spec.kind != "image-text":
             raise ModelKindError(
                 f"model {spec.model_id!r} is a {spec.kind} model, not an image-text model (CLIP, SigLIP); load it "
                 f"with Encoder.from_pretrained or its kind's class"
             )
-        if backend not in (None, "torch", "auto") or precision not in (None, "fp32", "auto"):
+        if backend not in (None, "auto", *BACKENDS) or precision not in (None, "fp32", "auto"):
             raise InvalidInputError(
-                f"image-text models run in torch fp32; got backend={backend!r}, precision={precision!r}",
-                param="backend" if backend not in (None, "torch", "auto") else "precision",
+                f"image-text models run in fp32 on {', '.join(BACKENDS)}; got backend={backend!r}, "
+                f"precision={precision!r}",
+                param="backend" if backend not in (None, "auto", *BACKENDS) else "precision",
             )
         check_max_seq_length(max_seq_length)
         import transformers
@@ -143,7 +133,32 @@ class ImageTextEncoder(TokenizesText):
         with quiet_loading():
             processor = transformers.AutoProcessor.from_pretrained(spec.path)
             model = transformers.AutoModel.from_pretrained(spec.path, dtype=torch.float32)
-        return cls(spec, model, processor, device=device, normalize=normalize, max_seq_length=max_seq_length)
+        encoder = cls(spec, model, processor, device=device, normalize=normalize, max_seq_length=max_seq_length)
+        if backend in ("openvino", "onnx"):
+            encoder.runtime = exported_towers(
+                spec, encoder.module, backend, encoder.check_batches(), cache_dir=cache_dir
+            )
+        return encoder
+
+    def check_batches(self) -> dict[str, Sequence[dict[str, torch.Tensor]]]:
+        """Two batches per tower, of different sizes (and text lengths), that an export is traced on and
+        checked against."""
+        from PIL import Image
+
+        texts = vocabulary_texts(self.tokenizer.get_vocab(), n=6)
+        batches = [texts[:2], [*texts[2:5], " ".join(texts)]]
+        text = [
+            {k: v for k, v in self._text_batch(self.tokenize_rows(b)).features.items() if k in TEXT_FEATURES}
+            for b in batches
+        ]
+        rng = np.random.default_rng(0)
+        sizes = [(40, 30), (64, 64), (30, 50), (90, 20), (50, 50)]
+        pictures = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB") for w, h in sizes]
+        image = []
+        for group in (pictures[:2], pictures[2:5]):
+            rows = self.preprocess(group)
+            image.append({k: torch.stack([r.pixels[k] for r in rows]) for k in rows[0].pixels})
+        return {"text": text, "image": image}
 
     # -- facts -----------------------------------------------------------------------------------
     @property
@@ -163,8 +178,9 @@ class ImageTextEncoder(TokenizesText):
         return self.runtime.precision
 
     @property
-    def model(self) -> torch.nn.Module:
-        return self.module
+    def model(self) -> torch.nn.Module | None:
+        """The torch module (backend ``torch``), else None: the towers run as exported graphs."""
+        return self.module if self.runtime.backend == "torch" else None
 
     def __repr__(self) -> str:
         return (
@@ -184,7 +200,9 @@ class ImageTextEncoder(TokenizesText):
         """Untruncated token count of each text (``prompt`` before it, special tokens included)."""
         return self.text_tokens.lengths([(prompt or "") + t for t in texts])
 
-    def tokens(self, texts: Sequence[str], *, prompt: str | None = None, truncate: bool = True, **_: Any) -> list[list[str]]:
+    def tokens(
+        self, texts: Sequence[str], *, prompt: str | None = None, truncate: bool = True, **_: Any
+    ) -> list[list[str]]:
         """The tokens the text tower sees for each text, cut at the window unless ``truncate=False``."""
         return self.text_tokens.seen([(prompt or "") + t for t in check_texts(texts)], truncate=truncate)
 
@@ -217,7 +235,7 @@ class ImageTextEncoder(TokenizesText):
 
     def _text_vectors(self, rows: Sequence[TokenRow]) -> np.ndarray:
         batch = self._text_batch(rows)
-        features = {k: v.to(self.device) for k, v in batch.features.items() if k in ("input_ids", "attention_mask")}
+        features = {k: v.to(self.device) for k, v in batch.features.items() if k in TEXT_FEATURES}
         return self.runtime.text(features).cpu().numpy()
 
     # -- images ----------------------------------------------------------------------------------
@@ -333,8 +351,3 @@ class ImageTextEncoder(TokenizesText):
         scale = float(self.module.logit_scale.detach().exp())
         bias = float(self.module.logit_bias.detach()) if hasattr(self.module, "logit_bias") else 0.0
         return (image_vectors @ text_vectors.T * scale + bias).astype(np.float32)
-
-
-def _pooled(out: Any) -> torch.Tensor:
-    """A tower's projected vectors: transformers 5 returns them as ``pooler_output``, older versions bare."""
-    return out.pooler_output if hasattr(out, "pooler_output") else out

@@ -96,12 +96,12 @@ class DenseRunner(EmbeddingRunner, Protocol):
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """What one kind of model declares: what it can be asked for (``embeddings``, ``rerank``, ``sparse``), the
-    vectors it gives (``dense``, ``sparse``, ``multivector``), how it scores a query against documents, the
-    runner that serves it and the core class that loads it; whether it runs in fp32 only (its loader takes
-    the backend resolved at configuration, no precision), whether int8/uint8 ranges are fitted for its dense
-    vectors (and a ``ranges`` file may be named), whether its dense vectors may come from the vector cache,
-    what it is preferred for when a request names no model, how TEI's ``/info`` describes it, and the inputs it
-embeds (``text``, ``image``)."""
+        vectors it gives (``dense``, ``sparse``, ``multivector``), how it scores a query against documents, the
+        runner that serves it and the core class that loads it; whether it runs in fp32 only (its loader takes
+        the backend resolved at configuration, no precision), whether int8/uint8 ranges are fitted for its dense
+        vectors (and a ``ranges`` file may be named), whether its dense vectors may come from the vector cache,
+        what it is preferred for when a request names no model, how TEI's ``/info`` describes it, and the inputs it
+    embeds (``text``, ``image``)."""
 
     capabilities: tuple[str, ...]
     outputs: tuple[str, ...]

@@ -88,7 +88,9 @@ class AsyncImageTextEncoder(AsyncEncoder):
         if not at:
             return await super().embed(inputs, options, prompt=prompt)  # type: ignore[arg-type]
         if options.chunking is not None:
-            raise InvalidInputError("chunking splits long texts; it does not apply to images", param=options.fields.chunking)
+            raise InvalidInputError(
+                "chunking splits long texts; it does not apply to images", param=options.fields.chunking
+            )
         check_dimensions(options.dimensions, self.dimension, options.fields.dimensions)
         images: list[ImageInput] = [inputs[i] for i in at]  # type: ignore[misc]
         limits = options.image_limits or DEFAULT_IMAGE_LIMITS
@@ -113,8 +115,12 @@ class AsyncImageTextEncoder(AsyncEncoder):
             seen = await pictures
         finally:
             pictures.cancel()
-        values = np.zeros((len(inputs), seen.values.shape[1] if options.dimensions is None else options.dimensions), np.float32)
-        values[at] = self.encoder.finish_vectors(seen.values, normalize=options.normalize, dimensions=options.dimensions)
+        values = np.zeros(
+            (len(inputs), seen.values.shape[1] if options.dimensions is None else options.dimensions), np.float32
+        )
+        values[at] = self.encoder.finish_vectors(
+            seen.values, normalize=options.normalize, dimensions=options.dimensions
+        )
         counts, cut = [0] * len(inputs), [False] * len(inputs)
         for i, n in zip(at, seen.token_counts, strict=True):
             counts[i] = n

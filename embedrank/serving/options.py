@@ -47,15 +47,15 @@ TEI_FIELDS = RequestFields(texts="inputs")
 class EmbedOptions:
     """Every option of one embedding call.
 
-    ``input_type`` / ``prompt_name`` select the prompt and the branch (:meth:`HostedModel.resolve
-    <embedrank.serving.hosting.HostedModel.resolve>`); ``types`` the outputs beyond the float vectors
-    (``sparse``, ``multivector``, the compact types); ``dimensions`` cuts the dense vectors (then renormalized);
-    a text longer than the window is cut at its end (``truncation_side="right"``) or its start (``"left"``), or
-    refused when ``truncate`` is off; ``normalize`` overrides the model's own L2 normalization (None: the
-    model's); ``chunking`` embeds long texts window by window and pools them; a lower ``priority`` is scheduled
-    first; ``budget`` bounds the request's tokens and ``multi_budget`` its token vectors; ``cached``: texts
-    embedded before come from the model's vector cache; ``image_limits`` bounds each image (None: the library's
-defaults); ``fields``: the request's names for these, for errors.
+        ``input_type`` / ``prompt_name`` select the prompt and the branch (:meth:`HostedModel.resolve
+        <embedrank.serving.hosting.HostedModel.resolve>`); ``types`` the outputs beyond the float vectors
+        (``sparse``, ``multivector``, the compact types); ``dimensions`` cuts the dense vectors (then renormalized);
+        a text longer than the window is cut at its end (``truncation_side="right"``) or its start (``"left"``), or
+        refused when ``truncate`` is off; ``normalize`` overrides the model's own L2 normalization (None: the
+        model's); ``chunking`` embeds long texts window by window and pools them; a lower ``priority`` is scheduled
+        first; ``budget`` bounds the request's tokens and ``multi_budget`` its token vectors; ``cached``: texts
+        embedded before come from the model's vector cache; ``image_limits`` bounds each image (None: the library's
+    defaults); ``fields``: the request's names for these, for errors.
     """
 
     input_type: str | None = None
