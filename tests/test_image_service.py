@@ -22,7 +22,7 @@ from service.app import create_app
 from service.settings import Auth, Batches, Engine, Limits, ModelEntry, Models, Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_image_text import png_claiming  # noqa: E402
+from test_image_text import png_claiming
 
 KEY = "image-key"
 
