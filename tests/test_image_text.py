@@ -244,3 +244,47 @@ def test_the_recorded_parity_table_holds_now(capsys) -> None:
 
     assert verdicts(measured) == verdicts(recorded)
     assert (root / "docs" / "models.md").read_text().count("| clip |") == 2
+
+
+def drawn_collection(root, *, image_queries: bool):
+    """A BEIR-layout collection of the drawn shapes: images as documents and captions as queries, or captions
+    as documents and images as queries; each caption relevant to its own drawing."""
+    import json
+
+    (root / "images").mkdir(parents=True)
+    (root / "qrels").mkdir()
+    documents, queries = [], []
+    for i, (caption, shape, colour) in enumerate(DRAWN):
+        drawn_image(shape, colour, seed=i).save(root / "images" / f"{i}.png")
+        picture, words = {"image": f"images/{i}.png"}, {"text": caption}
+        documents.append({"_id": f"d{i}", **(words if image_queries else picture)})
+        queries.append({"_id": f"q{i}", **(picture if image_queries else words)})
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in documents))
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(len(DRAWN)))
+    )
+    return root
+
+
+@pytest.mark.parametrize("image_queries", [False, True], ids=["text-to-image", "image-to-text"])
+def test_the_harness_retrieves_across_modalities(tmp_path, image_queries: bool) -> None:
+    from embedrank import BenchmarkConfig, load_beir, run_benchmark
+
+    path = tiny_image_text("clip")
+    root = drawn_collection(tmp_path / "shapes", image_queries=image_queries)
+    ds = load_beir(root)
+    assert len(ds.query_images if image_queries else ds.images) == len(DRAWN)
+    result = run_benchmark(ds, BenchmarkConfig(model=path, retriever="dense", k_retrieve=3))
+    model = ImageTextEncoder.from_pretrained(path)
+    pictures = [Image.open(root / "images" / f"{i}.png") for i in range(len(DRAWN))]
+    captions = [caption for caption, _, _ in DRAWN]
+    queries, documents = (pictures, captions) if image_queries else (captions, pictures)
+    embed = [model.encode_images, model.encode]
+    q = embed[0 if image_queries else 1](queries, normalize=True)
+    d = embed[1 if image_queries else 0](documents, normalize=True)
+    for i, ranked in enumerate(np.argsort(-(q @ d.T), axis=1, kind="stable")[:, :3]):
+        assert list(result.run[f"q{i}"]) == [f"d{j}" for j in ranked]  # the brute-force cosine ranking
+    assert 0 < result.metrics["ndcg@10"] <= 1 and any("image-text" in n for n in result.notes)
+    with pytest.raises(InvalidInputError, match="has images"):
+        run_benchmark(ds, BenchmarkConfig(model=path, retriever="bm25"))

@@ -15,7 +15,7 @@ from embedrank.errors import InvalidInputError
 from embedrank.evaluation.compare import SystemRun
 from embedrank.evaluation.config import HEADLINE, BenchmarkConfig
 from embedrank.evaluation.names import first_stage_name, system_name
-from embedrank.evaluation.stages import bm25_stage, bm25_windows_stage, dense_stage, splade_stage
+from embedrank.evaluation.stages import bm25_stage, bm25_windows_stage, dense_stage, image_text_stage, splade_stage
 from embedrank.math.metrics import DEFAULT_K, evaluate_per_query
 from embedrank.models.scorers import load_reranker
 from embedrank.retrieval.data import BeirDataset, load_beir
@@ -169,7 +169,15 @@ def run_benchmark(
         return retriever
 
     first: FirstStage
-    if cfg.retriever == "dense":
+    pictured = bool(ds.images or ds.query_images)
+    if pictured and (cfg.retriever != "dense" or cfg.reranker or cfg.embeddings or cfg.dense_windows):
+        raise InvalidInputError(
+            f"{ds.name} has images: it is searched by an image-text model's dense stage alone (retriever dense, no "
+            f"reranker, embeddings or windows), not {cfg.retriever}{' with a reranker' if cfg.reranker else ''}"
+        )
+    if pictured:
+        first = image_text_stage(ds, cfg, notes, timings)
+    elif cfg.retriever == "dense":
         first = dense()
     elif cfg.retriever == "bm25":
         first = bm25_stage(ds, cfg, notes)

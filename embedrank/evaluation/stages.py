@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 
 from embedrank.models.chunking import Chunking
 from embedrank.models.encoder import Encoder
+from embedrank.models.image_text import ImageTextEncoder
 from embedrank.models.sparse import SparseEncoder
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.cache import EmbeddingCache
 from embedrank.retrieval.data import BeirDataset, load_trec_run
 from embedrank.retrieval.dense import corpus_windows
+from embedrank.retrieval.images import CrossModalRetriever
 from embedrank.retrieval.index import IndexConfig, is_index_dir
 from embedrank.retrieval.pipeline import DenseRetriever, FirstStage, PrecomputedRun, WindowedDenseRetriever
 from embedrank.retrieval.sparse import SparseRetriever
@@ -22,7 +24,7 @@ from embedrank.retrieval.stages import MaxPRetriever
 if TYPE_CHECKING:
     from embedrank.evaluation.config import BenchmarkConfig
 
-__all__ = ["bm25_stage", "bm25_windows_stage", "cached_encoder", "dense_stage", "splade_stage"]
+__all__ = ["bm25_stage", "bm25_windows_stage", "cached_encoder", "dense_stage", "image_text_stage", "splade_stage"]
 
 
 @functools.lru_cache(maxsize=4)  # several runs of one command share a model
@@ -131,4 +133,23 @@ def dense_stage(
             f"index: {cfg.index}{rescored}, {size:.0f} bytes per vector "
             f"({size * len(searched) / 2**20:.2f} MiB for {len(searched)} {'windows' if cfg.dense_windows else 'documents'})"
         )
+    return retriever
+
+
+def image_text_stage(
+    ds: BeirDataset, cfg: BenchmarkConfig, notes: list[str], timings: dict[str, float]
+) -> CrossModalRetriever:
+    """The dense stage of a collection with images: ``cfg.model`` (an image-text model) embeds image documents
+    and queries with its vision tower, the others with its text tower, searched by cosine."""
+    model = ImageTextEncoder.from_pretrained(cfg.model, backend=cfg.backend, device=cfg.device)
+    index = IndexConfig(kind=cfg.index, rescore=cfg.rescore, rescore_multiplier=cfg.rescore_multiplier)
+    retriever = CrossModalRetriever.from_corpus(
+        model, ds.corpus, images=ds.images, query_images=ds.query_images, index=index, batch_size=cfg.batch_size
+    )
+    timings["index_s"] = retriever.build_seconds
+    pictured = sum(q in ds.query_images for q in ds.queries)
+    notes.append(
+        f"image-text: {len(ds.images)} of {len(ds.corpus)} documents and {pictured} of {len(ds.queries)} queries "
+        f"embedded as images by {cfg.model} ({model.backend}), the rest as text"
+    )
     return retriever

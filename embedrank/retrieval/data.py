@@ -1,7 +1,10 @@
 """BEIR-layout collections: loading, locating by name, and a tiny demo collection.
 
 A collection directory holds ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``; some also
-ship a first-stage run (``*.run``, TREC format). Files are read with the ``datasets`` library's local
+ship a first-stage run (``*.run``, TREC format). A document or a query may be an image: its row has an
+``image`` field, the image's path relative to the collection folder (``{"_id": "d1", "image":
+"images/d1.png", "text": "an optional caption"}``), which image-text models embed
+(:mod:`embedrank.retrieval.images`). Files are read with the ``datasets`` library's local
 json/csv loaders. Nothing here downloads anything.
 """
 
@@ -30,6 +33,10 @@ class BeirDataset:
     corpus: Corpus
     queries: Queries
     qrels: Qrels
+    # documents and queries that are images (an ``image`` field: a path relative to the collection folder),
+    # by id; their text, if any, is a caption that image-text retrieval does not read
+    images: dict[str, Path] = dataclasses.field(default_factory=dict)
+    query_images: dict[str, Path] = dataclasses.field(default_factory=dict)
 
     def doc_text(self, doc_id: str) -> str:
         return doc_text(self.corpus[doc_id])
@@ -137,11 +144,11 @@ def load_beir(path: str | os.PathLike[str], split: str = "test", *, data_dir: st
             f"{root} has no qrels/{split}.tsv (splits present: "
             f"{sorted(p.stem for p in (root / 'qrels').glob('*.tsv'))})"
         )
+    documents, query_rows = _read_jsonl(root / "corpus.jsonl"), _read_jsonl(root / "queries.jsonl")
     corpus: Corpus = {
-        str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""}
-        for row in _read_jsonl(root / "corpus.jsonl")
+        str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""} for row in documents
     }
-    all_queries = {str(row["_id"]): row["text"] for row in _read_jsonl(root / "queries.jsonl")}
+    all_queries = {str(row["_id"]): row.get("text") or "" for row in query_rows}
     datasets.disable_progress_bars()
     qrels_rows = datasets.load_dataset(
         "csv",
@@ -161,7 +168,24 @@ def load_beir(path: str | os.PathLike[str], split: str = "test", *, data_dir: st
     for row in qrels_rows:
         qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
     queries = {qid: text for qid, text in all_queries.items() if qid in qrels}
-    return BeirDataset(name=root.name, path=root, corpus=corpus, queries=queries, qrels=qrels)
+    images = _images(root, documents, "corpus.jsonl")
+    query_images = {qid: path for qid, path in _images(root, query_rows, "queries.jsonl").items() if qid in queries}
+    return BeirDataset(
+        name=root.name, path=root, corpus=corpus, queries=queries, qrels=qrels, images=images, query_images=query_images
+    )
+
+
+def _images(root: Path, rows: list[dict], where: str) -> dict[str, Path]:
+    """The rows of ``where`` that are images: their ``image`` field, a path relative to ``root``, by id.
+
+    Raises:
+        DataNotFoundError: a row names an image file that is not there.
+    """
+    found = {str(row["_id"]): root / str(row["image"]) for row in rows if row.get("image")}
+    missing = next((path for path in found.values() if not path.is_file()), None)
+    if missing is not None:
+        raise DataNotFoundError(f"{where} names the image {missing}, which is not there")
+    return found
 
 
 def load_trec_run(path: str | os.PathLike[str]) -> Run:
