@@ -166,3 +166,16 @@ def test_a_text_model_given_an_image_and_cohere_shapes_refused(client) -> None:
     ]:
         resp = client.post("/v2/embed", json={"model": "clip", "input_type": "image", **body})
         assert resp.status_code == 400 and message in resp.json()["error"]["message"], resp.text
+
+
+def test_an_image_text_entry_runs_fp32_or_bf16_only(clip_path) -> None:
+    from embedrank.errors import ConfigurationError
+    from embedrank.serving.pool import ModelPool
+
+    for precision, backend, message in (
+        ("int8", "openvino", "image-text model, which runs in fp32 or bf16"),
+        ("bf16", "onnx", "backend 'onnx' runs precision fp32, int8"),
+    ):
+        entry = ModelEntry(id="clip", path=clip_path, precision=precision, backend=backend)
+        with pytest.raises(ConfigurationError, match=message):
+            ModelPool((entry,))

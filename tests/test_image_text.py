@@ -116,8 +116,35 @@ def test_other_kinds_and_runtimes_are_refused() -> None:
         Encoder.from_pretrained(path)
     with pytest.raises(ModelKindError, match="not an image-text model"):
         ImageTextEncoder.from_pretrained("all-MiniLM-L6-v2")
-    with pytest.raises(InvalidInputError, match="torch fp32"):
+    with pytest.raises(InvalidInputError, match="run in fp32 on torch, openvino, onnx, or bf16"):
         ImageTextEncoder.from_pretrained(path, precision="int8")
+    with pytest.raises(InvalidInputError, match="bf16 on torch and openvino"):
+        ImageTextEncoder.from_pretrained(path, backend="onnx", precision="bf16")
+
+
+def test_the_default_backend_exports_or_falls_back_to_torch_saying_why() -> None:
+    from embedrank.runtime.exports import ExportError
+
+    clip = ImageTextEncoder.from_pretrained(tiny_image_text("clip"))
+    assert (clip.backend, clip.precision, clip.fallback_reason) == ("openvino", "fp32", None)
+    siglip2 = ImageTextEncoder.from_pretrained(tiny_image_text("siglip2"))
+    assert siglip2.backend == "torch" and "the image tower differs from torch" in siglip2.fallback_reason
+    with pytest.raises(ExportError, match="could not export"):
+        ImageTextEncoder.from_pretrained(tiny_image_text("siglip2"), backend="openvino")
+
+
+@pytest.mark.parametrize("backend", ["torch", "openvino"])
+def test_bf16_stays_close_to_fp32(backend: str) -> None:
+    path = tiny_image_text("siglip")
+    exact = ImageTextEncoder.from_pretrained(path, backend="torch")
+    half = ImageTextEncoder.from_pretrained(path, backend=backend, precision="bf16")
+    assert half.precision == "bf16" and half.runtime.inference_precision in ("bf16", "f32")  # f32: no bf16 on this CPU
+    for ours, theirs in (
+        (half.encode(TEXTS), exact.encode(TEXTS)),
+        (half.encode_images(images()), exact.encode_images(images())),
+    ):
+        cosines = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+        assert cosines.min() >= 0.99, cosines
 
 
 # -- hostile images --------------------------------------------------------------------------------

@@ -12,7 +12,11 @@ layout says so (``Normalize``), as the reference does.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +30,18 @@ from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.images import DEFAULT_IMAGE_LIMITS, ImageLimits, read_image
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import ModelSpec, quiet_loading, resolve
+from embedrank.runtime.backends import BACKEND_ENV
+from embedrank.runtime.exports import ExportError
 from embedrank.runtime.towers import ExportedTowers, TorchTowers, exported_towers
 from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
 
 # model types whose text tower was trained on texts padded to its window (and pools the last position)
 _PADDED_TO_WINDOW = ("siglip", "siglip2")
+log = logging.getLogger("embedrank.exports")
 TEXT_FEATURES = ("input_ids", "attention_mask")  # what the text tower is given
 BACKENDS = ("torch", "openvino", "onnx")
+PRECISIONS = ("fp32", "bf16")
 # the logits of a text against an image: CLIP's softmax over the texts, SigLIP's sigmoid of each pair
 SOFTMAX, SIGMOID = "softmax", "sigmoid"
 
@@ -75,12 +83,13 @@ class ImageTextEncoder(TokenizesText):
         self.spec = spec
         self.device = torch.device(device)
         self.module: Any = model.to(self.device).eval()  # a transformers CLIPModel, SiglipModel, Siglip2Model
-        self.runtime: TorchTowers | ExportedTowers = TorchTowers(self.module)
+        self.runtime: TorchTowers | ExportedTowers = TorchTowers(self.module)  # from_spec may export them
         self.processor = processor
         self.text_tokens = TextTokens(processor.tokenizer, max_length=max_seq_length or spec.max_seq_length)
         self.normalize = spec.normalize if normalize is None else normalize
         self.padded_to_window = spec.model_type in _PADDED_TO_WINDOW
         self.logits_kind = SIGMOID if spec.model_type in _PADDED_TO_WINDOW else SOFTMAX
+        self.fallback_reason: str | None = None  # why the towers run on torch although no backend was named
         self.image_limits = DEFAULT_IMAGE_LIMITS
 
     @classmethod
@@ -105,27 +114,34 @@ class ImageTextEncoder(TokenizesText):
         normalize: bool | None = None,
         max_seq_length: int | None = None,
         cache_dir: str | Path | None = None,
+        calibration: Any = None,
     ) -> ImageTextEncoder:
-        """Load an already resolved image-text model, in fp32 (``precision`` ``fp32`` or None), its towers run
-        by ``backend``: ``torch`` (the default), or ``openvino``/``onnx`` (each tower exported once into the
-        cache, checked against torch; :mod:`embedrank.runtime.towers`). ``normalize`` overrides the model's own
-        setting.
+        """Load an already resolved image-text model, its towers run by ``backend``: ``openvino`` (the default,
+        or ``$EMBEDRANK_BACKEND``) or ``onnx`` (each tower exported once into the cache, checked against torch;
+        :mod:`embedrank.runtime.towers`), or ``torch``; a model whose towers do not export to the default backend
+        runs on torch (:attr:`fallback_reason` says why; a backend named is run or fails). In ``precision`` ``fp32`` (the default) or ``bf16`` (torch's autocast,
+        OpenVINO's bf16 compute where the CPU has it). ``normalize`` overrides the model's own setting.
 
         Raises:
             ModelKindError: not an image-text model.
             InvalidInputError: another backend or precision.
-            ExportError: a tower that does not export to the backend (SigLIP2's NaFlex vision tower).
+            ExportError: a tower that does not export to the backend named (SigLIP2's NaFlex vision tower).
         """
         if spec.kind != "image-text":
             raise ModelKindError(
                 f"model {spec.model_id!r} is a {spec.kind} model, not an image-text model (CLIP, SigLIP); load it "
                 f"with Encoder.from_pretrained or its kind's class"
             )
-        if backend not in (None, "auto", *BACKENDS) or precision not in (None, "fp32", "auto"):
+        if calibration is not None:
+            raise InvalidInputError("image-text models have no int8 runtime to calibrate", param="calibration")
+        named = backend not in (None, "auto") or os.environ.get(BACKEND_ENV)
+        backend = (backend if backend not in (None, "auto") else os.environ.get(BACKEND_ENV) or "openvino").lower()
+        precision = "fp32" if precision in (None, "auto", "float32") else precision
+        if backend not in BACKENDS or precision not in PRECISIONS or (precision, backend) == ("bf16", "onnx"):
             raise InvalidInputError(
-                f"image-text models run in fp32 on {', '.join(BACKENDS)}; got backend={backend!r}, "
-                f"precision={precision!r}",
-                param="backend" if backend not in (None, "auto", *BACKENDS) else "precision",
+                f"image-text models run in fp32 on {', '.join(BACKENDS)}, or bf16 on torch and openvino; got "
+                f"backend={backend!r}, precision={precision!r}",
+                param="backend" if backend not in BACKENDS else "precision",
             )
         check_max_seq_length(max_seq_length)
         import transformers
@@ -134,10 +150,25 @@ class ImageTextEncoder(TokenizesText):
             processor = transformers.AutoProcessor.from_pretrained(spec.path)
             model = transformers.AutoModel.from_pretrained(spec.path, dtype=torch.float32)
         encoder = cls(spec, model, processor, device=device, normalize=normalize, max_seq_length=max_seq_length)
-        if backend in ("openvino", "onnx"):
+        if backend == "torch":
+            encoder.runtime = TorchTowers(encoder.module, precision)
+            return encoder
+        try:
             encoder.runtime = exported_towers(
-                spec, encoder.module, backend, encoder.check_batches(), cache_dir=cache_dir
+                spec, encoder.module, backend, encoder.check_batches(), precision=precision, cache_dir=cache_dir
             )
+        except ExportError as exc:
+            if named:
+                raise  # the caller named the backend: run that one or fail
+            log.warning(
+                "embedrank: %s runs on torch: its towers could not be exported to the default backend %s (%s); "
+                "backend='torch' selects torch without this warning",
+                spec.model_id,
+                backend,
+                exc.reason,
+            )
+            encoder.runtime = TorchTowers(encoder.module, precision)
+            encoder.fallback_reason = f"could not export to {backend} {precision}: {exc.reason}"
         return encoder
 
     def check_batches(self) -> dict[str, Sequence[dict[str, torch.Tensor]]]:
@@ -240,12 +271,16 @@ class ImageTextEncoder(TokenizesText):
 
     # -- images ----------------------------------------------------------------------------------
     def image_rows(
-        self, images: Sequence[Any], *, limits: ImageLimits | None = None, param: str | None = None
+        self, images: Sequence[Any], *, limits: ImageLimits | None = None, param: str | None = None, start: int = 0
     ) -> list[ImageRow]:
         """Each image read (:func:`~embedrank.models.images.read_image`, within ``limits``) and preprocessed by
-        the model's processor: one :class:`ImageRow` each. ``param`` names the field in errors (``images[2]``)."""
+        the model's processor: one :class:`ImageRow` each. ``param`` names the field in errors (``images[2]``;
+        ``start``: the first image's position in it)."""
         limits = limits or self.image_limits
-        read = [read_image(image, limits, param=f"{param}[{i}]" if param else None) for i, image in enumerate(images)]
+        read = [
+            read_image(image, limits, param=f"{param}[{start + i}]" if param else None)
+            for i, image in enumerate(images)
+        ]
         return self.preprocess(read)
 
     def preprocess(self, images: Sequence[Any]) -> list[ImageRow]:
@@ -331,7 +366,23 @@ class ImageTextEncoder(TokenizesText):
         items = list(images)
         if not items:
             raise InvalidInputError("images is empty; pass at least one image", param="images")
-        return self._encode(self.image_rows(items, limits=limits, param="images"), batch_size, normalize)
+        if batch_size < 1:
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+        starts = range(0, len(items), batch_size)
+        read = partial(self.image_rows, limits=limits, param="images")
+        vectors = []
+        # the next batch is read and preprocessed in a thread while this one runs through the vision tower
+        # (decoding, resizing and the forward pass all release the GIL)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedrank-images") as reader:
+            ahead = reader.submit(read, items[:batch_size], start=0)
+            for start in starts:
+                rows = ahead.result()
+                if start + batch_size < len(items):
+                    ahead = reader.submit(
+                        read, items[start + batch_size : start + 2 * batch_size], start=start + batch_size
+                    )
+                vectors.append(self.embed_rows(rows).values)
+        return self.finish_vectors(np.concatenate(vectors), normalize=normalize)
 
     def zero_shot(self, images: Iterable[Any], labels: Sequence[str]) -> np.ndarray:
         """Each image scored against each label as the model was trained: the cosine of their vectors times

@@ -43,21 +43,24 @@ def projected(out: Any) -> torch.Tensor:
 
 class TorchTowers:
     """The towers of a transformers CLIP/SigLIP model run in torch: ``text(features)`` and ``image(pixels)``
-    give the projected vectors ``(B, D)`` as fp32 tensors."""
+    give the projected vectors ``(B, D)`` as fp32 tensors; ``bf16``: computed under bf16 autocast (the weights
+    stay fp32)."""
 
     backend = "torch"
-    precision = "fp32"
-    inference_precision = "f32"
 
-    def __init__(self, module: Any) -> None:
-        self.module = module
+    def __init__(self, module: Any, precision: str = "fp32") -> None:
+        self.module, self.precision = module, precision
+        self.inference_precision = "bf16" if precision == "bf16" else "f32"
+
+    def _autocast(self) -> Any:
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def text(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast():
             return projected(self.module.get_text_features(**features)).float()
 
     def image(self, pixels: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast():
             return projected(self.module.get_image_features(**pixels)).float()
 
 
@@ -75,13 +78,13 @@ class _Tower(torch.nn.Module):
 
 
 class ExportedTowers:
-    """Both towers as exported graphs (``text.xml``/``image.xml`` or ``.onnx``), compiled for the CPU."""
+    """Both towers as exported graphs (``text.xml``/``image.xml`` or ``.onnx``), compiled for the CPU; OpenVINO
+    ``bf16`` compiles the fp32 graph to compute in bf16 where the CPU has it (AVX512_BF16, AMX), in fp32 where
+    it does not (``inference_precision`` says which)."""
 
-    precision = "fp32"
-    inference_precision = "f32"
-
-    def __init__(self, folder: Path, backend: str) -> None:
-        self.backend, self.path = backend, folder
+    def __init__(self, folder: Path, backend: str, precision: str = "fp32") -> None:
+        self.backend, self.path, self.precision = backend, folder, precision
+        self.inference_precision = "f32"
         self._local = threading.local()
         self.runs: dict[str, Any] = {}
         self.names: dict[str, list[str]] = {}
@@ -89,9 +92,11 @@ class ExportedTowers:
             if backend == "openvino":
                 import openvino as ov
 
-                config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+                hint = "bf16" if precision == "bf16" else "f32"
+                config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
                 config["INFERENCE_NUM_THREADS"] = torch.get_num_threads()  # type: ignore[assignment]
                 compiled = ov.Core().compile_model(str(folder / f"{tower}.xml"), "CPU", config)
+                self.inference_precision = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
                 self.runs[tower] = compiled
                 self.names[tower] = [port.any_name for port in compiled.inputs]
             else:
@@ -197,14 +202,16 @@ def exported_towers(
     backend: str,
     examples: dict[str, Sequence[dict[str, torch.Tensor]]],
     *,
+    precision: str = "fp32",
     cache_dir: str | Path | None = None,
 ) -> ExportedTowers:
     """Both towers of ``module`` exported to ``backend`` (``openvino`` or ``onnx``), from the cache when they
-    were before; ``examples`` holds two check batches per tower (``text``: features, ``image``: pixels).
+        were before; ``examples`` holds two check batches per tower (``text``: features, ``image``: pixels). The
+    export is fp32 (checked against torch); OpenVINO ``precision`` ``bf16`` compiles it to compute in bf16.
 
-    Raises:
-        ExportError: a tower did not convert, or its graph differs from torch (the reason is kept, so a later
-            load does not try again).
+        Raises:
+            ExportError: a tower did not convert, or its graph differs from torch (the reason is kept, so a later
+                load does not try again).
     """
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = export_dir(spec, backend, "fp32", _key(spec, backend), root)  # type: ignore[arg-type]
@@ -243,4 +250,4 @@ def exported_towers(
             (tmp / "export.json").write_text(json.dumps(info, indent=2) + "\n")
 
         build_directory(target, build, done=done)
-    return ExportedTowers(target, backend)
+    return ExportedTowers(target, backend, precision)

@@ -101,7 +101,7 @@ class Kind:
         the backend resolved at configuration, no precision), whether int8/uint8 ranges are fitted for its dense
         vectors (and a ``ranges`` file may be named), whether its dense vectors may come from the vector cache,
         what it is preferred for when a request names no model, how TEI's ``/info`` describes it, and the inputs it
-    embeds (``text``, ``image``)."""
+    embeds (``text``, ``image``) and the precisions it runs in."""
 
     capabilities: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -115,6 +115,7 @@ class Kind:
     tei_type: Literal["embedding", "reranker"] = "embedding"
     tei_pooling: str | None = None  # None: the model's own pooling
     inputs: tuple[str, ...] = ("text",)  # what it embeds: text, image
+    precisions: tuple[str, ...] | None = None  # the precisions it runs in (None: any its backend runs)
 
 
 # the one table the protocols consult, a row per kind
@@ -162,8 +163,8 @@ KINDS: dict[str, Kind] = {
         None,
         AsyncImageTextEncoder,
         ImageTextEncoder,
-        fp32_only=True,
         inputs=("text", "image"),
+        precisions=("fp32", "bf16"),
     ),
     "cross-encoder": Kind(  # LLM rerankers too
         ("rerank",),

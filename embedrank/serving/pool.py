@@ -164,12 +164,11 @@ class ModelPool:
             except InvalidInputError as exc:
                 raise ConfigurationError(f"model {entry.id!r}: {exc}") from None
         declared = KINDS[spec.kind]
-        if built is None and declared.fp32_only:  # SPLADE, CLIP/SigLIP: torch unless named, in fp32
+        if built is None and declared.fp32_only:  # SPLADE: torch unless named, in fp32
             if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):  # as named (on a GPU: torch's)
-                what = "an image-text" if spec.kind == "image-text" else "a SPLADE"
                 raise ConfigurationError(
-                    f"model {entry.id!r} is {what} model, which runs in fp32 only; its entry (or "
-                    f"EMBEDRANK_PRECISION) asks for {entry.precision}"
+                    f"model {entry.id!r} is a SPLADE model, which runs in fp32 only (torch, openvino or onnx); "
+                    f"its entry (or EMBEDRANK_PRECISION) asks for {entry.precision}"
                 )
             named = None if asked_backend in (None, "auto") or spec.static else asked_backend
             backend, precision = check_backend(named or "torch", "fp32")
@@ -179,6 +178,15 @@ class ModelPool:
             except InvalidInputError as exc:  # e.g. bf16 named for a GPU, where torch runs fp32
                 where = f" on {device}" if device != "cpu" else ""
                 raise ConfigurationError(f"model {entry.id!r}{where}: {exc}") from None
+            if declared.precisions is not None:  # an image-text model: fp32 or bf16, never int8 or auto's choice
+                precision = "fp32" if precision == "auto" else precision
+                backend = "openvino" if backend == "auto" else backend
+                if precision not in declared.precisions:
+                    raise ConfigurationError(
+                        f"model {entry.id!r} is an {spec.kind} model, which runs in "
+                        f"{' or '.join(declared.precisions)}; its entry (or "
+                        f"EMBEDRANK_PRECISION) asks for {precision} on {backend}"
+                    )
         else:
             backend, precision = runtime_of(built)[:2]  # type: ignore[assignment]
         if entry.calibration is not None and precision != "int8" and declared.ranges and not entry.ranges:
