@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check image-parity setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -83,7 +83,7 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-bench: bench-encode bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-batch-owners bench-batch-validation bench-vector-store bench-store-index
+bench: bench-encode bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-images
 
 # each benchmark records its output, command, date, commit and CPU in eval/results/; the docs' page is rendered from them
 bench-encode: setup
@@ -154,6 +154,10 @@ eval: setup  ## the reference evaluations on $EMBEDRANK_DATA (else the user's da
 	$(RECORD) quality-dl19 "Retrieval quality: TREC DL19, BM25 and BM25 reranked" -- \
 	  $(PY) eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
 	$(RECORD) quantization "Compact vectors: quality of each embedding type" -- $(PY) eval/bench_quantization.py scifact
+	$(PY) eval/render_benchmarks.py
+
+bench-images: setup  ## images per second of CLIP and SigLIP against sentence-transformers, in-process and served (docs/benchmarks.md)
+	$(RECORD) images "Image embeddings: images per second against sentence-transformers" -- $(PY) eval/bench_images.py
 	$(PY) eval/render_benchmarks.py
 
 image-parity: setup  ## CLIP, SigLIP and SigLIP2 by tower and backend against sentence-transformers (docs/models.md)
