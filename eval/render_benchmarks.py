@@ -458,6 +458,15 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 next(iter(served.values())),
                 f"the library's run (`{next(iter(library))}`): {next(iter(library.values()))}",
             )
+    if name == "images":
+        default = re.findall(r"^\| embedrank openvino fp32 \(default\) \| [\d.]+ \| ([\d.]+) \|", out, re.M)
+        half = re.findall(r"^\| embedrank openvino bf16 \| [\d.]+ \| ([\d.]+) \|", out, re.M)
+        if len(default) == 2 and len(half) == 2:
+            return (
+                "image embeddings in-process, images per second (ViT-B/32 CLIP / SigLIP base, 640 x 480 photos)",
+                f"default (OpenVINO fp32) {default[0]}x / {default[1]}x; OpenVINO bf16 {half[0]}x / {half[1]}x",
+                "SentenceTransformer.encode on the same images and batch size",
+            )
     if name == "store-index":
         rows = re.findall(
             r"^\| ([\d,]+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \|", out, re.M

@@ -9,6 +9,7 @@ import re
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import numpy as np
@@ -23,6 +24,7 @@ from embedrank.serving.pool import ModelPool
 from embedrank.types import Chunking
 from service.context import Context
 from service.errors import invalid
+from service.image_urls import fetched, host_allowed
 from service.schemas import (
     CompactEmbeddings,
     Embedding,
@@ -42,7 +44,7 @@ from service.schemas import (
     TokenizeResponse,
     cohere_meta,
 )
-from service.settings import Limits
+from service.settings import Images, Limits
 from service.token_ids import decode_inputs
 
 
@@ -123,16 +125,20 @@ async def _input_texts(value: str | list[Any], limits: Limits, token_ids: bool, 
     return texts
 
 
-def image_input(value: str, param: str) -> ImageInput:
-    """An input that is to be an image: a base64 ``data:`` URL. A remote URL is refused (the server does not
-    fetch what a request points to: server-side request forgery)."""
+def image_input(value: str, param: str, policy: Images) -> ImageInput:
+    """An input that is to be an image: a base64 ``data:`` URL, or an ``http(s)`` URL of a host the policy
+    allows (fetched before the core is called, :mod:`service.image_urls`). Any other remote URL is refused:
+    the server does not fetch what a request points to (server-side request forgery)."""
     if is_remote_url(value):
-        raise invalid(
-            f"{param} is a remote URL; this server does not fetch images from URLs: send the image as a base64 "
-            "data URL (data:image/png;base64,...)",
-            param=param.split("[")[0],
-            code="image_url_not_allowed",
-        )
+        host = urlsplit(value).hostname or ""
+        if not host_allowed(host, policy.image_url_hosts):
+            raise invalid(
+                f"{param} is a remote URL of a host this server does not fetch images from ({host or 'none'}): send "
+                "the image as a base64 data URL (data:image/png;base64,...)",
+                param=param.split("[")[0],
+                code="image_url_not_allowed",
+            )
+        return ImageInput(value, param)
     if not is_data_url(value):
         raise invalid(
             f"{param} is not an image: send a base64 data URL (data:image/png;base64,...)",
@@ -154,7 +160,7 @@ def check_images(items: Sequence[str | ImageInput], limits: Limits, param: str) 
 
 
 async def _input_items(
-    value: str | list[Any], limits: Limits, token_ids: bool, param: str, modality: str | None
+    value: str | list[Any], limits: Limits, token_ids: bool, param: str, modality: str | None, policy: Images
 ) -> list[str | ImageInput]:
     """``value`` as texts and images: with ``modality`` ``image`` every input is an image, with ``text`` none
     is, and without it an input that is a ``data:image/`` URL is one. Texts are checked and decoded as
@@ -170,7 +176,7 @@ async def _input_items(
     texts = [item for item, picture in zip(items, pictures, strict=True) if not picture]
     decoded = iter(await _input_texts(texts, limits, token_ids, param) if texts else [])
     out: list[str | ImageInput] = [
-        image_input(item, f"{param}[{i}]") if picture else next(decoded)  # type: ignore[arg-type]
+        image_input(item, f"{param}[{i}]", policy) if picture else next(decoded)  # type: ignore[arg-type]
         for i, (item, picture) in enumerate(zip(items, pictures, strict=True))
     ]
     check_images(out, limits, param)
@@ -226,7 +232,9 @@ async def embed_vectors(
     asks for, for the texts and images of ``req.input`` (token-id arrays decoded when ``token_ids``), or for
     ``items`` a protocol has already read from its own fields."""
     if items is None:
-        items = await _input_items(req.input, ctx.limits, token_ids, options.fields.texts, req.modality)
+        policy = ctx.settings.images
+        items = await _input_items(req.input, ctx.limits, token_ids, options.fields.texts, req.modality, policy)
+    items = await fetched(items, ctx.settings.images, ctx.limits)
     with _request_fields():
         return await ctx.pool.get(req.model, "embeddings").embed(items, options, name=shorten(req.model))
 

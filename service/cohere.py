@@ -25,7 +25,7 @@ from service import api
 from service.context import Context
 from service.errors import invalid
 from service.schemas import INT32_MAX, CohereMeta, EmbeddingsRequest, NonEmptyText, Priority, cohere_meta
-from service.settings import Limits
+from service.settings import Images, Limits
 
 CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
@@ -120,7 +120,7 @@ class CohereEmbedResponse(Struct, kw_only=True):
     meta: CohereMeta
 
 
-def _items(req: CohereEmbedRequest, limits: Limits) -> list[str | ImageInput] | None:
+def _items(req: CohereEmbedRequest, limits: Limits, policy: Images) -> list[str | ImageInput] | None:
     """What ``images`` or ``inputs`` hold, as texts and images (None: the request sent ``texts``)."""
     given = [name for name in ("texts", "images", "inputs") if getattr(req, name) is not None]
     if len(given) != 1:
@@ -133,7 +133,9 @@ def _items(req: CohereEmbedRequest, limits: Limits) -> list[str | ImageInput] | 
                 param="images",
                 code="too_many_inputs",
             )
-        items: list[str | ImageInput] = [api.image_input(url, f"images[{i}]") for i, url in enumerate(req.images)]
+        items: list[str | ImageInput] = [
+            api.image_input(url, f"images[{i}]", policy) for i, url in enumerate(req.images)
+        ]
         api.check_images(items, limits, "images")
         return items
     if req.inputs is None:
@@ -157,7 +159,7 @@ def _items(req: CohereEmbedRequest, limits: Limits) -> list[str | ImageInput] | 
         if isinstance(part, CohereTextContent):
             items.append(api.checked_texts([part.text], limits, "inputs")[0])
         else:
-            items.append(api.image_input(part.image_url.url, f"inputs[{i}].content[0]"))
+            items.append(api.image_input(part.image_url.url, f"inputs[{i}].content[0]", policy))
     api.check_images(items, limits, "inputs")
     return items
 
@@ -190,7 +192,7 @@ def _given_field(req: CohereEmbedRequest) -> str:
 async def embed(req: CohereEmbedRequest, ctx: Context, *, version: str) -> tuple[CohereEmbedResponse, int]:
     """Cohere's embed (``version`` "1" or "2") over :func:`service.api.embed_vectors`. Returns the body and the
     truncated count."""
-    items = _items(req, ctx.limits)
+    items = _items(req, ctx.limits, ctx.settings.images)
     inner = _request(req, ctx.pool, version)
     side: Literal["left", "right"] = "left" if req.truncate == "START" else "right"
     fields = COHERE_FIELDS if req.texts is not None else dataclasses.replace(COHERE_FIELDS, texts=_given_field(req))

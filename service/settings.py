@@ -1,7 +1,7 @@
 """The service's settings: one typed table, :class:`Settings`, read from a TOML file and from the environment.
 
 The table is grouped by concern (:class:`Models`, :class:`Auth`, :class:`Server`, :class:`Limits`,
-:class:`Engine`, :class:`Batches`, :class:`Cache`, :class:`Telemetry`), and each part of the service reads the
+:class:`Images`, :class:`Engine`, :class:`Batches`, :class:`Cache`, :class:`Telemetry`), and each part of the service reads the
 group it concerns (``settings.limits.max_inputs``). Every setting has one name, one type, one default and one
 line of help. Its TOML key is that name, at the top of the file whatever its group; its environment variable is
 the name in upper case after ``EMBEDRANK_`` (``max_inputs``: ``EMBEDRANK_MAX_INPUTS``). The TOML file is the one
@@ -305,6 +305,28 @@ class Limits(_Group, frozen=True):
     ] = 8
 
 
+class Images(_Group, frozen=True):
+    """Where the service may fetch an image a request names by URL (by default nowhere)."""
+
+    image_url_hosts: Annotated[
+        tuple[str, ...],
+        Meta(
+            description="hosts an `http(s)://` image may be fetched from (`images.example.com`, or `*.example.com` "
+            "for its subdomains); empty: a remote image is a 400 and nothing is fetched"
+        ),
+    ] = ()
+    image_url_private: Annotated[
+        bool,
+        Meta(
+            description="allow those hosts to resolve to loopback, private or link-local addresses (an intranet "
+            "image server); off: such an address is refused whatever the host's name"
+        ),
+    ] = False
+    image_fetch_seconds: Annotated[
+        float, Meta(gt=0, description="seconds one image's fetch may take, connecting included (400 past it)")
+    ] = 10.0
+
+
 class Engine(_Group, frozen=True):
     """How each model's forward passes are batched and queued, and their memory given back."""
 
@@ -478,6 +500,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     auth: Auth = msgspec.field(default_factory=Auth)
     server: Server = msgspec.field(default_factory=Server)
     limits: Limits = msgspec.field(default_factory=Limits)
+    images: Images = msgspec.field(default_factory=Images)
     engine: Engine = msgspec.field(default_factory=Engine)
     batches: Batches = msgspec.field(default_factory=Batches)
     cache: Cache = msgspec.field(default_factory=Cache)

@@ -132,6 +132,9 @@ def test_python_examples_run(
     monkeypatch.setenv("EMBEDRANK_DATA", str(sample_data_dir))
     # offline, the hub id the examples name is a seeded model of the same layout in a hub cache of the test's
     _cache_as_hub_model(tmp_path / "hub", "cross-encoder/ms-marco-MiniLM-L6-v2", Path(cross_encoder_dir), monkeypatch)
+    from embedrank.testing.tiny_images import tiny_image_text
+
+    _cache_as_hub_model(tmp_path / "hub", "openai/clip-vit-base-patch32", Path(tiny_image_text("clip")), monkeypatch)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "docs_example"}
     for number, block in enumerate(_blocks(page, "python"), start=1):

@@ -179,3 +179,106 @@ def test_an_image_text_entry_runs_fp32_or_bf16_only(clip_path) -> None:
         entry = ModelEntry(id="clip", path=clip_path, precision=precision, backend=backend)
         with pytest.raises(ConfigurationError, match=message):
             ModelPool((entry,))
+
+
+def test_the_images_guide_runs(client, monkeypatch) -> None:
+    """Every ``py`` block of docs/guides/images.md, in order, against the app (the tiny CLIP as ``clip``)."""
+    import re
+
+    import cohere
+
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "images.md"
+    blocks = re.findall(r"^```py\n(.*?)^```", guide.read_text(encoding="utf-8"), flags=re.S | re.M)
+    real_openai, real_cohere = openai.OpenAI, cohere.ClientV2
+    monkeypatch.setattr(
+        openai,
+        "OpenAI",
+        lambda *, base_url, api_key: real_openai(api_key=KEY, base_url=f"{client.base_url}/v1", http_client=client),
+    )
+    monkeypatch.setattr(
+        cohere,
+        "ClientV2",
+        lambda *, api_key, base_url: real_cohere(api_key=KEY, base_url=str(client.base_url), httpx_client=client),
+    )
+    namespace: dict = {"__name__": "docs_example"}
+    for number, block in enumerate(blocks, start=1):
+        exec(compile(block, f"docs/guides/images.md py block {number}", "exec"), namespace)
+    assert len(blocks) == 3 and len(namespace["vectors"]) == 2 and len(namespace["vectors"][0]) == 48
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """An HTTP server on loopback in a thread: an image, a body too large, a slow one, redirects, a 404."""
+    import http.server
+    import threading
+
+    png = base64.b64decode(data_url(drawn_image("circle", (30, 60, 220), size=(80, 50))).split(",", 1)[1])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            port = self.server.server_address[1]
+            routes = {
+                "/a.png": (200, {"Content-Type": "image/png"}, png),
+                "/big.png": (200, {"Content-Type": "image/png"}, png + b"\0" * 300_000),
+                "/same": (302, {"Location": "/a.png"}, b""),
+                "/elsewhere": (302, {"Location": f"http://localhost:{port}/a.png"}, b""),
+            }
+            if self.path == "/slow.png":
+                time.sleep(1.5)
+            status, headers, body = routes.get(self.path, (404, {}, b"missing"))
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", png
+    server.shutdown()
+
+
+def test_remote_images_only_from_allowed_hosts_and_never_private_by_default(clip_path, image_host) -> None:
+    from service.settings import Images
+
+    base, png = image_host
+    for private, allowed in ((False, "refused: private"), (True, "fetched")):
+        settings = Settings(
+            auth=Auth(api_keys=(KEY,)),
+            models=Models(entries=(ModelEntry(id="clip", path=clip_path),)),
+            engine=Engine(batch_wait_ms=0, tune_malloc=False),
+            limits=Limits(max_image_bytes=200_000),
+            images=Images(image_url_hosts=("127.0.0.1",), image_url_private=private, image_fetch_seconds=1.0),
+        )
+        with TestClient(create_app(settings, wait_for_models=True)) as app:
+            app.headers.update({"Authorization": f"Bearer {KEY}"})
+
+            def embed(url: str):
+                return app.post("/v1/embeddings", json={"model": "clip", "input": [url], "modality": "image"})
+
+            if allowed == "refused: private":
+                resp = embed(f"{base}/a.png")
+                assert resp.status_code == 400 and "private or loopback" in resp.json()["error"]["message"]
+                continue
+            direct = app.post(
+                "/v1/embeddings",
+                json={"model": "clip", "input": ["data:image/png;base64," + base64.b64encode(png).decode()]},
+            )
+            for path in ("/a.png", "/same"):
+                resp = embed(base + path)
+                assert resp.status_code == 200, resp.text
+                assert cosine(resp.json()["data"][0]["embedding"], direct.json()["data"][0]["embedding"]) >= 0.999999
+            for path, status, words in (
+                ("/elsewhere", 400, "redirects to another host"),
+                ("/big.png", 413, "over the limit of 200,000 bytes"),
+                ("/slow.png", 400, "within image_fetch_seconds=1"),
+                ("/missing.png", 400, "HTTP 404"),
+            ):
+                resp = embed(base + path)
+                assert resp.status_code == status and words in resp.json()["error"]["message"], (path, resp.text)
+            resp = embed("http://localhost:1/a.png")  # a host not in the list: not even resolved
+            assert resp.status_code == 400 and resp.json()["error"]["code"] == "image_url_not_allowed"
