@@ -215,7 +215,7 @@ def image_host():
     png = base64.b64decode(data_url(drawn_image("circle", (30, 60, 220), size=(80, 50))).split(",", 1)[1])
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             port = self.server.server_address[1]
             routes = {
                 "/a.png": (200, {"Content-Type": "image/png"}, png),
