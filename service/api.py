@@ -234,7 +234,8 @@ async def embed_vectors(
     if items is None:
         policy = ctx.settings.images
         items = await _input_items(req.input, ctx.limits, token_ids, options.fields.texts, req.modality, policy)
-    items = await fetched(items, ctx.settings.images, ctx.limits)
+    if not all(isinstance(item, str) for item in items):  # images named by URL are fetched first
+        items = await fetched(items, ctx.settings.images, ctx.limits)
     with _request_fields():
         return await ctx.pool.get(req.model, "embeddings").embed(items, options, name=shorten(req.model))
 

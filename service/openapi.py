@@ -66,6 +66,9 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
     # sparse: a bge-m3 or SPLADE model's; multivector: a bge-m3 or ColBERT model's (the others answer 400)
     given = {o for s in pool.plans.values() for o in s.outputs}
     types.items.enum = [*get_args(EmbeddingType), *(o for o in ("sparse", "multivector") if o in given)]  # type: ignore[union-attr]
+    if not any("image" in plan.declared.inputs for plan in pool.plans.values()):  # no model embeds images
+        modality = embeddings.properties["modality"]  # type: ignore[index]
+        modality.one_of = [Schema(type=OpenAPIType.STRING, enum=["text"]), NULL]  # type: ignore[union-attr]
     dims = [s.spec.dimension for s in pool.plans.values() if "dense" in s.outputs and s.spec.dimension]
     if dims:
         embeddings.properties["dimensions"].one_of[0].maximum = max(dims)  # type: ignore[index, union-attr]

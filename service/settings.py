@@ -546,6 +546,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             keys += from_file
         for origin in self.server.cors_origins:
             _check_origin(origin)
+        for host in self.images.image_url_hosts:
+            _check_image_host(host)
         for name, folder in (
             ("batch_dir", self.batches.batch_dir),
             ("embedding_cache_dir", self.cache.embedding_cache_dir),
@@ -791,6 +793,14 @@ def _check_origin(origin: str) -> None:
         raise SettingsError(
             f"{env_name('cors_origins')}: {origin!r} is not an origin; write scheme://host[:port] with no path "
             "(https://app.example.com), or *"
+        )
+
+
+def _check_image_host(host: str) -> None:
+    if not re.fullmatch(r"(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*|\[?[0-9A-Fa-f:.]+\]?", host):
+        raise SettingsError(
+            f"{env_name('image_url_hosts')}: {host!r} is not a host; write a name (images.example.com), "
+            "*.example.com for its subdomains, or an address, with no scheme, port or path"
         )
 
 

@@ -282,3 +282,24 @@ def test_remote_images_only_from_allowed_hosts_and_never_private_by_default(clip
                 assert resp.status_code == status and words in resp.json()["error"]["message"], (path, resp.text)
             resp = embed("http://localhost:1/a.png")  # a host not in the list: not even resolved
             assert resp.status_code == 400 and resp.json()["error"]["code"] == "image_url_not_allowed"
+
+
+def test_broken_images_through_the_service_are_4xx_never_5xx(client) -> None:
+    """The decoder path fuzzed through HTTP: every accepted format cut and flipped at seeded random points."""
+    rng = np.random.default_rng(11)
+    picture = drawn_image("square", (220, 30, 30), size=(60, 40))
+    statuses: dict[int, int] = {}
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF"):
+        raw = bytearray(base64.b64decode(data_url(picture, fmt).split(",", 1)[1]))
+        for case in range(12):
+            broken = bytearray(raw)
+            if case % 2:
+                broken = broken[: int(rng.integers(1, len(broken)))]
+            else:
+                for at in rng.integers(0, len(broken), size=8):
+                    broken[at] = int(rng.integers(0, 256))
+            url = f"data:image/{fmt.lower()};base64," + base64.b64encode(bytes(broken)).decode()
+            resp = client.post("/v1/embeddings", json={"model": "clip", "input": [url]})
+            statuses[resp.status_code] = statuses.get(resp.status_code, 0) + 1
+            assert resp.status_code < 500, resp.text
+    assert sum(statuses.values()) == 48 and statuses.get(400, 0) > 0, statuses

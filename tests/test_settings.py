@@ -69,6 +69,9 @@ def samples(tmp_path: Path) -> dict[str, tuple[str, str, object]]:
         "max_images": ("3", "3", 3),
         "max_image_bytes": ("2048", "2048", 2048),
         "max_image_pixels": ("640000", "640000", 640000),
+        "image_url_hosts": ("img.example.com,*.cdn.example.com", '["img.example.com", "*.cdn.example.com"]', ("img.example.com", "*.cdn.example.com")),
+        "image_url_private": ("true", "true", True),
+        "image_fetch_seconds": ("2.5", "2.5", 2.5),
         "max_file_bytes": ("16", "16", 16),
         "max_batch_lines": ("17", "17", 17),
         "max_batches_in_flight": ("18", "18", 18),
@@ -161,6 +164,9 @@ WRONG = {  # a wrong value for every setting: (environment text, TOML text)
     "max_images": ("many", "0"),
     "max_image_bytes": ("10MB", "0"),
     "max_image_pixels": ("4K", "-1"),
+    "image_url_hosts": ("https://img.example.com", '"img.example.com"'),
+    "image_url_private": ("perhaps", '"yes"'),
+    "image_fetch_seconds": ("soon", "0"),
     "max_file_bytes": ("100MB", "0"),
     "max_batch_lines": ("0", '"50000"'),
     "max_batches_in_flight": ("-1", "1.5"),
@@ -341,7 +347,7 @@ def test_each_group_is_read_by_what_it_concerns_and_every_setting_has_one_group(
     placed = [(setting.group, setting.attribute) for setting in fields().values()]
     assert len(set(placed)) == len(placed) == len(fields())
     assert {group for group, _ in placed} == set(groups()) == {
-        "models", "auth", "server", "limits", "engine", "batches", "cache", "telemetry"
+        "models", "auth", "server", "limits", "images", "engine", "batches", "cache", "telemetry"
     }  # fmt: skip
     assert [name for name, s in fields().items() if name != s.attribute] == ["models"]
     page = (ROOT / "docs" / "configuration.md").read_text()

@@ -42,7 +42,7 @@ from embedrank.runtime.devices import gpu_batch_tokens
 from embedrank.serving import tracing
 from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngine, BatchReport, EngineConfig
-from embedrank.serving.image_text import AsyncImageTextEncoder, ImageInput, image_positions
+from embedrank.serving.image_text import AsyncImageTextEncoder, ImageInput
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, RerankOptions
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
@@ -431,7 +431,7 @@ class HostedModel(ModelPlan):
             InvalidInputError: an image for a model that embeds text only.
         """
         label = name or self.spec.model_id
-        pictures = image_positions(texts)
+        pictures = [i for i, item in enumerate(texts) if not isinstance(item, str)]  # ImageInput items
         if pictures and "image" not in self.declared.inputs:
             first = cast(ImageInput, texts[pictures[0]])
             raise InvalidInputError(
