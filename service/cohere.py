@@ -126,13 +126,15 @@ def _items(req: CohereEmbedRequest, limits: Limits, policy: Images) -> list[str 
     if len(given) != 1:
         what = "none of them" if not given else " and ".join(given)
         raise invalid(f"send one of texts, images or inputs; the request has {what}", param=(given or ["texts"])[-1])
+    field = given[0]
+    count = len(getattr(req, field))
+    if count > limits.max_inputs:
+        raise invalid(
+            f"{field} has {count} items; the limit is max_inputs={limits.max_inputs} per request",
+            param=field,
+            code="too_many_inputs",
+        )
     if req.images is not None:
-        if len(req.images) > limits.max_inputs:
-            raise invalid(
-                f"images has {len(req.images)} items; the limit is max_inputs={limits.max_inputs} per request",
-                param="images",
-                code="too_many_inputs",
-            )
         items: list[str | ImageInput] = [
             api.image_input(url, f"images[{i}]", policy) for i, url in enumerate(req.images)
         ]
@@ -140,12 +142,6 @@ def _items(req: CohereEmbedRequest, limits: Limits, policy: Images) -> list[str 
         return items
     if req.inputs is None:
         return None
-    if len(req.inputs) > limits.max_inputs:
-        raise invalid(
-            f"inputs has {len(req.inputs)} items; the limit is max_inputs={limits.max_inputs} per request",
-            param="inputs",
-            code="too_many_inputs",
-        )
     items = []
     for i, one in enumerate(req.inputs):
         if len(one.content) != 1:

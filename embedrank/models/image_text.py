@@ -30,7 +30,7 @@ from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.images import DEFAULT_IMAGE_LIMITS, ImageLimits, read_image
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import ModelSpec, quiet_loading, resolve
-from embedrank.runtime.backends import BACKEND_ENV
+from embedrank.runtime.backends import BACKEND_ENV, RuntimeFacts
 from embedrank.runtime.exports import ExportError
 from embedrank.runtime.towers import ExportedTowers, TorchTowers, exported_towers
 from embedrank.texts import vocabulary_texts
@@ -60,7 +60,7 @@ class ImageRow:
 Row = TokenRow | ImageRow
 
 
-class ImageTextEncoder(TokenizesText):
+class ImageTextEncoder(TokenizesText, RuntimeFacts):
     """CLIP, SigLIP and SigLIP2: :meth:`encode` embeds texts, :meth:`encode_images` images, into one space;
     :meth:`zero_shot` scores images against texts as the model was trained to. Use :meth:`from_pretrained`.
 
@@ -83,13 +83,12 @@ class ImageTextEncoder(TokenizesText):
         self.spec = spec
         self.device = torch.device(device)
         self.module: Any = model.to(self.device).eval()  # a transformers CLIPModel, SiglipModel, Siglip2Model
-        self.runtime: TorchTowers | ExportedTowers = TorchTowers(self.module)  # from_spec may export them
+        self.runtime: TorchTowers | ExportedTowers = TorchTowers(self.module)  # type: ignore[assignment]  # towers, not one graph
         self.processor = processor
         self.text_tokens = TextTokens(processor.tokenizer, max_length=max_seq_length or spec.max_seq_length)
         self.normalize = spec.normalize if normalize is None else normalize
         self.padded_to_window = spec.model_type in _PADDED_TO_WINDOW
         self.logits_kind = SIGMOID if spec.model_type in _PADDED_TO_WINDOW else SOFTMAX
-        self.fallback_reason: str | None = None  # why the towers run on torch although no backend was named
         self.image_limits = DEFAULT_IMAGE_LIMITS
 
     @classmethod
@@ -168,7 +167,7 @@ class ImageTextEncoder(TokenizesText):
                 exc.reason,
             )
             encoder.runtime = TorchTowers(encoder.module, precision)
-            encoder.fallback_reason = f"could not export to {backend} {precision}: {exc.reason}"
+            encoder.runtime.fallback_reason = f"could not export to {backend} {precision}: {exc.reason}"
         return encoder
 
     def check_batches(self) -> dict[str, Sequence[dict[str, torch.Tensor]]]:
@@ -199,19 +198,6 @@ class ImageTextEncoder(TokenizesText):
     @property
     def dimension(self) -> int:
         return int(self.spec.dimension or self.encode(["dimension"]).shape[1])
-
-    @property
-    def backend(self) -> str:
-        return self.runtime.backend
-
-    @property
-    def precision(self) -> str:
-        return self.runtime.precision
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        """The torch module (backend ``torch``), else None: the towers run as exported graphs."""
-        return self.module if self.runtime.backend == "torch" else None
 
     def __repr__(self) -> str:
         return (

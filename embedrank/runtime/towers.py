@@ -47,6 +47,7 @@ class TorchTowers:
     stay fp32)."""
 
     backend = "torch"
+    fallback_reason: str | None = None  # why the towers run on torch although no backend was named
 
     def __init__(self, module: Any, precision: str = "fp32") -> None:
         self.module, self.precision = module, precision

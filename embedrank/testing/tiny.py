@@ -222,14 +222,21 @@ def tiny_model(
     if architecture not in ARCHITECTURES:
         raise KeyError(f"unknown architecture {architecture!r}; choose one of {sorted(ARCHITECTURES)}")
     arch = ARCHITECTURES[architecture]
+    name = f"tiny-{architecture}-{kind}"
+    return built_once(out, name, f"{RECIPE}:{seed}:{num_labels}", lambda tmp: build(arch, kind, tmp, seed, num_labels))
+
+
+def built_once(out: str | Path | None, name: str, facts: str, build: Callable[[Path], None]) -> str:
+    """``build`` into ``out`` (a temporary folder renamed into place); without ``out``, into the cache's
+    ``models/<name>-<key>`` once (``key``: ``facts`` and transformers' version), found there by later calls."""
     if out is None:
         import transformers
 
-        key = hashlib.sha256(f"{RECIPE}:{transformers.__version__}:{seed}:{num_labels}".encode()).hexdigest()[:10]
-        out = default_cache_dir() / "models" / f"tiny-{architecture}-{kind}-{key}"
+        key = hashlib.sha256(f"{facts}:{transformers.__version__}".encode()).hexdigest()[:10]
+        out = default_cache_dir() / "models" / f"{name}-{key}"
         if (Path(out) / "config.json").is_file():
             return str(out)
-    return build_directory(out, lambda tmp: build(arch, kind, tmp, seed, num_labels))
+    return build_directory(out, build)
 
 
 def _m3_heads(out: Path, seed: int) -> None:

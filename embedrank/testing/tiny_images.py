@@ -14,14 +14,13 @@ image, each image at its own aspect ratio).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from embedrank.paths import build_directory, default_cache_dir
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
 from embedrank.testing.architectures import ARCHITECTURES, HEADS, HIDDEN, INTERMEDIATE, LAYERS
+from embedrank.testing.tiny import _trained_tokenizer, built_once
 from embedrank.texts import vocabulary_texts
 
 RECIPE = 1  # bumped when what is built changes, so cached tiny models are rebuilt
@@ -102,8 +101,6 @@ def _clip_tokenizer() -> Any:
 
 
 def _tokenizer(arch: ImageTextArchitecture) -> Any:
-    from embedrank.testing.tiny import _trained_tokenizer
-
     if arch.name == "clip":
         return _clip_tokenizer()
     # SigLIP's tokenizer is T5's sentencepiece kind (EOS appended, pad = EOS); SigLIP2's is Gemma's BPE
@@ -187,14 +184,8 @@ def tiny_image_text(architecture: str, out: str | Path | None = None, *, seed: i
     if architecture not in IMAGE_TEXT_ARCHITECTURES:
         raise KeyError(f"unknown architecture {architecture!r}; choose one of {sorted(IMAGE_TEXT_ARCHITECTURES)}")
     arch = IMAGE_TEXT_ARCHITECTURES[architecture]
-    if out is None:
-        import transformers
-
-        key = hashlib.sha256(f"{RECIPE}:{transformers.__version__}:{seed}:{st_layout}".encode()).hexdigest()[:10]
-        out = default_cache_dir() / "models" / f"tiny-{architecture}-{key}"
-        if (Path(out) / "config.json").is_file():
-            return str(out)
-    return build_directory(out, lambda tmp: _build(arch, tmp, seed, st_layout))
+    facts = f"{RECIPE}:{seed}:{st_layout}"
+    return built_once(out, f"tiny-{architecture}", facts, lambda tmp: _build(arch, tmp, seed, st_layout))
 
 
 # drawn images with the captions that describe them: (caption, shape, colour)
