@@ -185,13 +185,7 @@ def _build(arch: Architecture, kind: Kind, out: Path, seed: int, num_labels: int
     }[kind]
     with quiet_loading():
         model = loader.from_config(config).eval()
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():  # spread the weights so outputs differ visibly between inputs
-            for name, param in model.named_parameters():
-                if param.dim() > 1:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
-                elif "bias" in name:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        spread_weights(model, seed)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
     if kind == "embedding":
@@ -224,6 +218,20 @@ def tiny_model(
     arch = ARCHITECTURES[architecture]
     name = f"tiny-{architecture}-{kind}"
     return built_once(out, name, f"{RECIPE}:{seed}:{num_labels}", lambda tmp: build(arch, kind, tmp, seed, num_labels))
+
+
+def spread_weights(model: Any, seed: int) -> None:
+    """Draw ``model``'s weights from a seeded generator, spread so that outputs differ visibly between inputs
+    (matrices N(0, 0.2²), biases N(0, 0.02²); norms and other vectors keep their initial values)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() > 1:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+            elif "bias" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
 
 
 def built_once(out: str | Path | None, name: str, facts: str, build: Callable[[Path], None]) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, quiet_loading, resolve_path
 from embedrank.testing.architectures import ARCHITECTURES, HEADS, HIDDEN, INTERMEDIATE, LAYERS
-from embedrank.testing.tiny import _trained_tokenizer, built_once
+from embedrank.testing.tiny import _trained_tokenizer, built_once, spread_weights
 from embedrank.texts import vocabulary_texts
 
 RECIPE = 1  # bumped when what is built changes, so cached tiny models are rebuilt
@@ -153,13 +153,7 @@ def _build(arch: ImageTextArchitecture, out: Path, seed: int, st_layout: bool) -
     torch.manual_seed(seed)
     with quiet_loading():
         model = getattr(transformers, arch.model)(config).eval()
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():  # spread the weights so outputs differ visibly between inputs
-            for name, param in model.named_parameters():
-                if param.dim() > 1:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
-                elif "bias" in name:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        spread_weights(model, seed)
         processor = getattr(transformers, arch.processor)(image_processor=_image_processor(arch), tokenizer=tokenizer)
         if not st_layout:
             model.save_pretrained(out)
