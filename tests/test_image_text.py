@@ -315,3 +315,19 @@ def test_the_harness_retrieves_across_modalities(tmp_path, image_queries: bool) 
     assert 0 < result.metrics["ndcg@10"] <= 1 and any("image-text" in n for n in result.notes)
     with pytest.raises(InvalidInputError, match="has images"):
         run_benchmark(ds, BenchmarkConfig(model=path, retriever="bm25"))
+
+
+def test_auto_precision_takes_bf16_only_where_the_cpu_computes_it_and_it_stays_close() -> None:
+    path = tiny_image_text("clip")
+    auto = ImageTextEncoder.from_pretrained(path, backend="openvino", precision="auto")
+    choice = auto.auto_choice
+    assert (
+        choice is not None
+        and choice.precision == auto.precision
+        and choice.summary.startswith(f"openvino {auto.precision}")
+    )
+    if auto.precision == "bf16":
+        assert auto.runtime.inference_precision == "bf16" and "lowest cosine to fp32" in choice.summary
+    else:
+        assert "no native bf16" in choice.summary or "under 0.999" in choice.summary
+    assert ImageTextEncoder.from_pretrained(path, backend="torch", precision="auto").precision == "fp32"

@@ -32,7 +32,7 @@ from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenR
 from embedrank.registry import ModelSpec, quiet_loading, resolve
 from embedrank.runtime.backends import BACKEND_ENV, RuntimeFacts
 from embedrank.runtime.exports import ExportError
-from embedrank.runtime.towers import ExportedTowers, TorchTowers, exported_towers
+from embedrank.runtime.towers import ExportedTowers, TorchTowers, choose_precision, exported_towers
 from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
 
@@ -133,9 +133,10 @@ class ImageTextEncoder(TokenizesText, RuntimeFacts):
             )
         if calibration is not None:
             raise InvalidInputError("image-text models have no int8 runtime to calibrate", param="calibration")
+        auto = precision == "auto"
         named = backend not in (None, "auto") or os.environ.get(BACKEND_ENV)
         backend = (backend if backend not in (None, "auto") else os.environ.get(BACKEND_ENV) or "openvino").lower()
-        precision = "fp32" if precision in (None, "auto", "float32") else precision
+        precision = "fp32" if precision in (None, "auto", "float32") else precision  # auto: decided below
         if backend not in BACKENDS or precision not in PRECISIONS or (precision, backend) == ("bf16", "onnx"):
             raise InvalidInputError(
                 f"image-text models run in fp32 on {', '.join(BACKENDS)}, or bf16 on torch and openvino; got "
@@ -153,9 +154,9 @@ class ImageTextEncoder(TokenizesText, RuntimeFacts):
             encoder.runtime = TorchTowers(encoder.module, precision)
             return encoder
         try:
-            encoder.runtime = exported_towers(
-                spec, encoder.module, backend, encoder.check_batches(), precision=precision, cache_dir=cache_dir
-            )
+            examples = encoder.check_batches()
+            towers = exported_towers(spec, encoder.module, backend, examples, precision=precision, cache_dir=cache_dir)
+            encoder.runtime = choose_precision(towers.path, backend, towers, examples) if auto else towers
         except ExportError as exc:
             if named:
                 raise  # the caller named the backend: run that one or fail

@@ -11,6 +11,7 @@ bakes to the example's shapes: it runs in torch only).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -252,3 +253,43 @@ def exported_towers(
 
         build_directory(target, build, done=done)
     return ExportedTowers(target, backend, precision)
+
+
+# precision "auto" keeps bf16 when every check vector is at least this close to fp32's (cosine)
+AUTO_BF16_COSINE = 0.999
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionChoice:
+    """What precision ``auto`` chose for an image-text model's towers, and why (``summary``: one line)."""
+
+    precision: str
+    summary: str
+
+
+def choose_precision(
+    folder: Path, backend: str, fp32: ExportedTowers, examples: dict[str, Sequence[dict[str, torch.Tensor]]]
+) -> ExportedTowers:
+    """``auto``: the OpenVINO towers compiled for bf16 when the CPU computes bf16 natively and every check
+    vector stays within :data:`AUTO_BF16_COSINE` of fp32's, else ``fp32``; the result's ``auto_choice`` says
+    which and why."""
+    reason = "ONNX Runtime has no bf16 here"
+    if backend == "openvino":
+        half = ExportedTowers(folder, backend, "bf16")
+        if half.inference_precision != "bf16":
+            reason = "this CPU has no native bf16 (AVX512_BF16 or AMX): OpenVINO would compute fp32"
+        else:
+            worst = min(
+                float(torch.nn.functional.cosine_similarity(getattr(half, t)(e), getattr(fp32, t)(e)).min())
+                for t in TOWERS
+                for e in examples[t]
+            )
+            if worst >= AUTO_BF16_COSINE:
+                half.auto_choice = PrecisionChoice(  # type: ignore[attr-defined]
+                    "bf16",
+                    f"openvino bf16: the CPU computes bf16; lowest cosine to fp32 on the check batches {worst:.5f}",
+                )
+                return half
+            reason = f"bf16's lowest cosine to fp32 on the check batches is {worst:.5f}, under {AUTO_BF16_COSINE}"
+    fp32.auto_choice = PrecisionChoice("fp32", f"{backend} fp32: {reason}")  # type: ignore[attr-defined]
+    return fp32

@@ -178,10 +178,9 @@ class ModelPool:
             except InvalidInputError as exc:  # e.g. bf16 named for a GPU, where torch runs fp32
                 where = f" on {device}" if device != "cpu" else ""
                 raise ConfigurationError(f"model {entry.id!r}{where}: {exc}") from None
-            if declared.precisions is not None:  # an image-text model: fp32 or bf16, never int8 or auto's choice
-                precision = "fp32" if precision == "auto" else precision
+            if declared.precisions is not None:  # an image-text model: fp32, bf16 or auto's choice of them
                 backend = "openvino" if backend == "auto" else backend
-                if precision not in declared.precisions:
+                if precision not in (*declared.precisions, "auto"):
                     raise ConfigurationError(
                         f"model {entry.id!r} is an {spec.kind} model, which runs in "
                         f"{' or '.join(declared.precisions)}; its entry (or "
