@@ -179,6 +179,8 @@ def test_an_image_text_entry_runs_fp32_or_bf16_only(clip_path) -> None:
         entry = ModelEntry(id="clip", path=clip_path, precision=precision, backend=backend)
         with pytest.raises(ConfigurationError, match=message):
             ModelPool((entry,))
+    planned = ModelPool((ModelEntry(id="clip", path=clip_path, precision="auto"),)).plans["clip"]
+    assert (planned.backend, planned.precision) == ("openvino", "auto")  # decided when loaded
 
 
 def test_the_images_guide_runs(client, monkeypatch) -> None:
