@@ -118,8 +118,11 @@ class ImageTextEncoder(TokenizesText, RuntimeFacts):
         """Load an already resolved image-text model, its towers run by ``backend``: ``openvino`` (the default,
         or ``$EMBEDRANK_BACKEND``) or ``onnx`` (each tower exported once into the cache, checked against torch;
         :mod:`embedrank.runtime.towers`), or ``torch``; a model whose towers do not export to the default backend
-        runs on torch (:attr:`fallback_reason` says why; a backend named is run or fails). In ``precision`` ``fp32`` (the default) or ``bf16`` (torch's autocast,
-        OpenVINO's bf16 compute where the CPU has it). ``normalize`` overrides the model's own setting.
+        runs on torch (:attr:`fallback_reason` says why; a backend named is run or fails). ``precision``:
+        ``fp32`` (the default), ``bf16`` (torch's autocast, OpenVINO's bf16 compute where the CPU has it), or
+        ``auto``: OpenVINO's bf16 where the CPU computes it natively and the check vectors stay within cosine
+        0.999 of fp32's, else fp32 (:attr:`auto_choice` says which and why). ``normalize`` overrides the
+        model's own setting.
 
         Raises:
             ModelKindError: not an image-text model.
@@ -134,8 +137,10 @@ class ImageTextEncoder(TokenizesText, RuntimeFacts):
         if calibration is not None:
             raise InvalidInputError("image-text models have no int8 runtime to calibrate", param="calibration")
         auto = precision == "auto"
-        named = backend not in (None, "auto") or os.environ.get(BACKEND_ENV)
-        backend = (backend if backend not in (None, "auto") else os.environ.get(BACKEND_ENV) or "openvino").lower()
+        from_env = (os.environ.get(BACKEND_ENV) or "").strip().lower()
+        from_env = "" if from_env == "auto" else from_env  # auto's measured choice is for text encoders
+        named = backend not in (None, "auto") or bool(from_env)
+        backend = (backend if backend not in (None, "auto") else from_env or "openvino").lower()
         precision = "fp32" if precision in (None, "auto", "float32") else precision  # auto: decided below
         if backend not in BACKENDS or precision not in PRECISIONS or (precision, backend) == ("bf16", "onnx"):
             raise InvalidInputError(
