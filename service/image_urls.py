@@ -35,10 +35,12 @@ def host_allowed(host: str, allowed: Sequence[str]) -> bool:
     (True, False)
     >>> host_allowed("Images.Example.com", ["images.example.com"]), host_allowed("evil.com", [])
     (True, False)
+    >>> host_allowed("::1", ["[::1]"])
+    True
     """
-    host = host.lower().rstrip(".")
+    host = host.lower().rstrip(".").strip("[]")
     for entry in allowed:
-        entry = entry.lower().rstrip(".")
+        entry = entry.lower().rstrip(".").strip("[]")  # an IPv6 address may be written in brackets
         if host == entry or (entry.startswith("*.") and host.endswith(entry[1:])):
             return True
     return False
