@@ -259,9 +259,9 @@ def test_the_recorded_parity_table_holds_now(capsys) -> None:
 
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root / "eval"))
-    import image_parity
-
     import logging
+
+    import image_parity
 
     levels = {name: logging.getLogger(name).level for name in ("embedrank", "transformers")}
     try:
