@@ -243,9 +243,8 @@ class ImageTextEncoder(TokenizesText, RuntimeFacts):
         return max(1, self.max_seq_length - self.text_tokens.special() - used)
 
     def _text_batch(self, rows: Sequence[TokenRow]) -> Tokenized:
-        batch = self.text_tokens.collate(rows)
         if not self.padded_to_window:
-            return batch
+            return self.text_tokens.collate(rows)
         width = self.max_seq_length  # SigLIP's text tower reads the last of its window's positions
         ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.int64)
         mask = torch.zeros((len(rows), width), dtype=torch.int64)
@@ -254,7 +253,8 @@ class ImageTextEncoder(TokenizesText, RuntimeFacts):
             span = slice(width - r.length, width) if left else slice(0, r.length)
             ids[i, span] = torch.as_tensor(r.tokens["input_ids"])
             mask[i, span] = 1
-        return Tokenized({"input_ids": ids, "attention_mask": mask}, batch.token_counts, batch.truncated)
+        counts, cut = [r.length for r in rows], [r.truncated for r in rows]
+        return Tokenized({"input_ids": ids, "attention_mask": mask}, counts, cut)
 
     def _text_vectors(self, rows: Sequence[TokenRow]) -> np.ndarray:
         batch = self._text_batch(rows)

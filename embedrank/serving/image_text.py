@@ -101,7 +101,8 @@ class AsyncImageTextEncoder(AsyncEncoder):
             raise RequestTooLargeError(
                 f"the request's images hold {image_tokens} vision tokens; the limit is {options.budget} per request"
             )
-        texts_at = [i for i in range(len(inputs)) if i not in set(at)]
+        pictured = set(at)
+        texts_at = [i for i in range(len(inputs)) if i not in pictured]
         words: list[str] = [inputs[i] for i in texts_at]  # type: ignore[misc]
         text_options = dataclasses.replace(
             options, budget=None if options.budget is None else options.budget - image_tokens
