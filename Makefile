@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -83,11 +83,25 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-bench: bench-encode bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-images
+bench: bench-encode bench-calibration bench-rerank bench-service bench-tracing bench-fairness bench-ready bench-batch bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-images
 
 # each benchmark records its output, command, date, commit and CPU in eval/results/; the docs' page is rendered from them
 bench-encode: setup
 	$(RECORD) encode "Encoding speed by backend and precision (in-process)" -- $(PY) eval/bench_encode.py --rounds 2 --systems torch:fp32 openvino:fp32 openvino:bf16 openvino:int8 onnx:fp32 onnx:int8 auto:auto
+	$(PY) eval/render_benchmarks.py
+
+# the same on this CPU with OpenVINO's, oneDNN's and torch's kernels held to AVX2 (tests/as_avx2.sh; ONNX Runtime's are not)
+bench-encode-avx2: setup
+	tests/as_avx2.sh $(RECORD) encode-avx2-emulated "Encoding speed with kernels held to AVX2 (in-process)" -- $(PY) eval/bench_encode.py --rounds 2 --systems torch:fp32 openvino:fp32 openvino:int8 onnx:fp32 onnx:int8 auto:auto
+	$(PY) eval/render_benchmarks.py
+
+# which sample int8 is calibrated and judged on: vocabulary sentences, the packaged sample, SciFact
+bench-calibration: setup
+	$(RECORD) calibration "int8 calibration samples side by side" -- $(PY) eval/bench_calibration.py
+	$(PY) eval/render_benchmarks.py
+
+bench-calibration-avx2: setup  ## the same with kernels held to AVX2: ONNX int8's 7-bit weights compute the integers AVX2 would
+	tests/as_avx2.sh $(RECORD) calibration-avx2-emulated "int8 calibration samples side by side, kernels held to AVX2" -- $(PY) eval/bench_calibration.py
 	$(PY) eval/render_benchmarks.py
 
 bench-rerank: setup

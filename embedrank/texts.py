@@ -1,11 +1,12 @@
-"""Sources of sample texts: a file of texts, seeded pseudo-sentences drawn from a model's own vocabulary
-(needs no data, the same on every machine), and a seeded sample of SciFact from the data directory. The
-int8 runtime's calibration and the int8/uint8 ranges of an encoder's vectors use texts from here when the
-user names none.
+"""Sources of sample texts: a file of texts, the sample of real texts shipped with the package, and seeded
+pseudo-sentences drawn from a model's own vocabulary. The int8 runtime's calibration, ``auto``'s
+measurement and the int8/uint8 ranges of an encoder's vectors use the packaged sample when the user names
+no texts of their own; nothing here reads the data directory.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable
@@ -14,9 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from embedrank.errors import InvalidInputError
-from embedrank.paths import default_data_dir
 
 DEFAULT_TEXTS = 1000
+SAMPLE_FILE = Path(__file__).parent / "sample" / "texts.jsonl"
+"""800 real English texts of several kinds and lengths (``embedrank/sample/NOTICE.md`` says where each comes
+from, under which licence, and how ``eval/build_sample.py`` made the file)."""
+SAMPLE_NAME = "embedrank's packaged sample"
 _WORD = re.compile(r"[a-z]{3,}")
 
 
@@ -63,13 +67,18 @@ def seeded_sample(texts: list[str], n: int, seed: int = 0) -> list[str]:
     return [texts[i] for i in sorted(picks)]
 
 
-def data_dir_sample(n: int = 300) -> list[str] | None:
-    """``n`` seeded texts from SciFact in the data directory (two thirds passages, one third queries), the
-    default int8 calibration of :meth:`Encoder.from_pretrained <embedrank.models.encoder.Encoder.from_pretrained>`;
-    None when the data directory holds no SciFact."""
-    data = default_data_dir()
-    scifact = data / "scifact" if data else None
-    if scifact is None or not (scifact / "corpus.jsonl").is_file():
-        return None
-    passages = seeded_sample(read_texts(scifact / "corpus.jsonl"), n * 2 // 3)
-    return passages + seeded_sample(read_texts(scifact / "queries.jsonl"), n - len(passages))
+@functools.cache
+def _packaged_rows() -> tuple[dict[str, str], ...]:
+    return tuple(json.loads(line) for line in SAMPLE_FILE.read_text(encoding="utf-8").splitlines() if line)
+
+
+def packaged_sample(kind: str | None = None) -> list[str]:
+    """The texts of the sample shipped with the package (:data:`SAMPLE_FILE`), in its (shuffled) order, so
+    any prefix mixes its kinds: Python documentation and scikit-learn dataset descriptions chunked into
+    passages of 28 to 221 words, Python FAQ questions, WordNet definitions and example sentences. ``kind``
+    (``passage``, ``question``, ``definition``, ``example``) keeps one kind.
+
+    >>> len(packaged_sample()), len(packaged_sample("question"))
+    (800, 150)
+    """
+    return [r["text"] for r in _packaged_rows() if kind is None or r["kind"] == kind]

@@ -3,7 +3,7 @@
 ``embedding_types`` value, searched exactly (float query against the compact corpus vectors, as
 sentence-transformers rescores), on a BEIR collection.
 
-For int8 it compares the default range sample (seeded pseudo-sentences from the model's vocabulary:
+For int8 it compares the default range sample (the packaged sample of 800 English texts:
 :mod:`embedrank.models.ranges`) with ranges fitted on a sample of the corpus itself, and reports
 how many corpus components fall outside the default ranges (they are clipped). ``eval/run.py --index
 sq8|binary`` measures the compact FAISS indexes.

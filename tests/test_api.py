@@ -50,7 +50,7 @@ def _imports(path: Path) -> set[str]:
 BASE = {"errors", "types", "paths", "openmp"}  # openmp: imported first of all, before torch loads
 LAYER_IMPORTS: dict[str, set[str]] = {
     "math": set(),
-    "texts": set(),  # text sources: files, seeded vocabulary sentences
+    "texts": set(),  # text sources: files, the packaged sample, seeded vocabulary sentences
     "bundled": set(),  # weights another package ships, found by its files and checked by hash
     "hub": set(),  # what to download of a hub model, and where the hub cache has it
     "registry": {"math", "bundled", "hub"},  # a model id -> a local folder and its ModelSpec

@@ -123,6 +123,9 @@ def test_choose_keeps_the_rule_leaves_out_what_fails_and_caches_the_decision(mon
     assert trials["torch fp32"].excluded is None and not trials["torch fp32"].batch_ratio >= 1  # measured, slower
     assert "openvino bf16: 1.50x batch, 1.20x single text vs openvino fp32" in choice.summary
     assert json.loads(cache.read_text())["backend"] == "openvino"
+    older = json.loads(cache.read_text())
+    del older["sample"]  # a decision cached before the sample was recorded still reads
+    assert auto.Choice.from_json(older).summary.endswith("with unnamed texts")
 
     for r in runtimes.values():
         r.calls = 0
@@ -169,6 +172,8 @@ def test_an_encoder_with_auto_runs_what_was_chosen_within_the_bound(shared_cache
     chosen = _consistent(choice)
     assert (encoder.backend, encoder.precision) == (choice.backend, choice.precision)
     assert {t.name for t in choice.trials} == {"openvino fp32", "torch fp32", "onnx fp32"}
+    assert choice.sample == "embedrank's packaged sample (300 of 800 texts)"  # whatever the data directory holds
+    assert choice.summary.endswith(f"with {choice.sample}")
     texts = ["a first text about retrieval", "another one, longer than the first, about reranking"]
     reference = Encoder.from_pretrained(path, backend="torch").encode(texts)
     cosines = np.sum(reference * encoder.encode(texts), axis=1) / np.linalg.norm(reference, axis=1) ** 2

@@ -3,6 +3,7 @@ exports are cached and keyed by the weights, and the model reports what precisio
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
@@ -14,8 +15,10 @@ from scipy.stats import kendalltau
 
 from embedrank import CrossEncoder, Encoder, InvalidInputError
 from embedrank.errors import UnsupportedModelError
+from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
 from embedrank.runtime import converters
 from embedrank.runtime.backends import check_backend
+from embedrank.runtime.exports import export_key
 
 TEXTS = [
     "What causes the seasons?",
@@ -178,11 +181,17 @@ def test_exported_backends_refuse_torch_only_options():
 
 @pytest.mark.slow
 @pytest.mark.data
-def test_onnx_int8_is_dynamic_and_keeps_retrieval_quality(scifact_sample_dense):
-    enc = Encoder.from_pretrained(backend="onnx", precision="int8")
+@pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "avx2"])
+def test_onnx_int8_is_dynamic_and_keeps_retrieval_quality(scifact_sample_dense, vnni, monkeypatch, tmp_path):
+    # without VNNI the weights keep 7 bits (AVX2's kernels would saturate 8-bit ones): another graph and key
+    monkeypatch.setattr(converters, "onnx_int8_reduce_range", lambda: not vnni)
+    enc = Encoder.from_pretrained(backend="onnx", precision="int8", cache_dir=None if vnni else tmp_path)
     assert enc.runtime.inference_precision == "int8+f32"
-    info = (enc.runtime.path.parent / "export.json").read_text()
-    assert '"calibration": null' in info  # dynamic quantization: no calibration texts
+    info = json.loads((enc.runtime.path.parent / "export.json").read_text())
+    assert info["calibration"] is None and info["reduce_range"] is (not vnni)  # dynamic: no calibration texts
+    key = enc.runtime.path.parent.name.rsplit("-", 1)[1]
+    monkeypatch.setattr(converters, "onnx_int8_reduce_range", lambda: vnni)
+    assert export_key(resolve(DEFAULT_EMBEDDING_MODEL), "encoder", "onnx", "int8", []) != key
     _assert_quantized_quality(_quantized_quality(enc, scifact_sample_dense))
 
 

@@ -90,9 +90,9 @@ def test_range_samples_are_stored_and_read_back_and_a_bad_or_stale_file_is_compu
         return enc
 
     first = encoder()
-    ranges = first.quantization_ranges()
+    ranges = first.quantization_ranges()  # from the packaged sample's 800 texts
     stored = first.range_sample.stored_path(f"{first.ranges_depend_on()}|normalize=True")
-    assert calls == [1000] and first.range_sample.read_from is None and stored.is_file()
+    assert calls == [800] and first.range_sample.read_from is None and stored.is_file()
     monkeypatch.setattr(first, "ranges_depend_on", lambda: pytest.fail("keyed again after the first embedding"))
     np.testing.assert_array_equal(first.quantization_ranges(), ranges)  # a request's ranges: no key, no file
     assert list(stored.parent.iterdir()) == [stored]  # no temporary file left beside it
@@ -100,16 +100,16 @@ def test_range_samples_are_stored_and_read_back_and_a_bad_or_stale_file_is_compu
     again = encoder()  # a new process would do the same: the file, not the computation
     np.testing.assert_array_equal(again.quantization_ranges(), ranges)
     np.testing.assert_array_equal(again.quantization_ranges(8), first.quantization_ranges(8))
-    assert calls == [1000] and again.range_sample.read_from == stored
+    assert calls == [800] and again.range_sample.read_from == stored
 
     stored.write_bytes(stored.read_bytes()[:1000])  # cut short (a disk that filled up)
     cut = encoder()
     np.testing.assert_array_equal(cut.quantization_ranges(), ranges)
-    assert calls == [1000, 1000] and cut.range_sample.read_from is None
-    np.save(stored, np.zeros((999, 32), dtype=np.float32))  # another sample's shape
+    assert calls == [800, 800] and cut.range_sample.read_from is None
+    np.save(stored, np.zeros((799, 32), dtype=np.float32))  # another sample's shape
     np.testing.assert_array_equal(encoder().quantization_ranges(), ranges)
-    assert calls == [1000, 1000, 1000]
-    np.save(stored, np.full((1000, 32), np.nan, dtype=np.float32))  # not finite
+    assert calls == [800, 800, 800]
+    np.save(stored, np.full((800, 32), np.nan, dtype=np.float32))  # not finite
     np.testing.assert_array_equal(encoder().quantization_ranges(), ranges)
     assert len(calls) == 4
 
@@ -124,7 +124,7 @@ def test_range_samples_are_stored_and_read_back_and_a_bad_or_stale_file_is_compu
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved again
     retrained = encoder()
     retrained.quantization_ranges()
-    assert calls[-1] == 1000 and retrained.range_sample.read_from is None
+    assert calls[-1] == 800 and retrained.range_sample.read_from is None
 
     monkeypatch.setenv("EMBEDRANK_CACHE", "/proc/no-such-cache")  # a store that cannot be written: still served
     np.testing.assert_array_equal(encoder().quantization_ranges(), ranges)

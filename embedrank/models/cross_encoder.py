@@ -22,7 +22,6 @@ from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenR
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer, runs_on
-from embedrank.texts import data_dir_sample
 from embedrank.types import ModelOutput
 
 _ACTIVATIONS = {
@@ -154,7 +153,7 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
             precision=precision,
             device=device,
             max_seq_length=max_len,
-            calibration=data_dir_sample if calibration is None else calibration,
+            calibration=calibration,
             cache_dir=cache_dir,
             # an LLM reranker reads pairs through its prompt template: int8 calibrates on templated pairs too
             wrap_tokenizer=YesNoTokenizer if spec.scoring == "yes-no" else None,

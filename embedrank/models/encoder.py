@@ -29,7 +29,7 @@ from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenR
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve, weights_fingerprint
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer, runs_on
-from embedrank.texts import data_dir_sample, vocabulary_texts
+from embedrank.texts import packaged_sample
 from embedrank.types import ModelOutput
 
 
@@ -104,7 +104,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         ``"bf16"``, ``"int8"``) choose what runs the transformer (:mod:`embedrank.runtime.backends`; a static
         model runs in torch, :mod:`embedrank.runtime.static`); the first OpenVINO or ONNX load exports into the
         cache (``cache_dir``, :mod:`embedrank.runtime.exports`), and int8 calibrates on ``calibration`` (texts
-        or a ``.txt``/``.jsonl`` file; default: SciFact texts from the data directory). Every branch of a Router
+        or a ``.txt``/``.jsonl`` file; default: the packaged sample, :func:`~embedrank.texts.packaged_sample`). Every branch of a Router
         model loads with the same settings, except that a static branch runs in torch (``in_router``).
 
         Raises:
@@ -132,8 +132,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         runs: dict[str, Any] = dict(
             backend=backend, precision=precision, device=device, torch_dtype=torch_dtype, cache_dir=cache_dir
         )
-        calibrate = data_dir_sample if calibration is None else calibration
-        tokenizer, model = load_transformer(spec, "encoder", **runs, max_seq_length=max_len, calibration=calibrate)
+        tokenizer, model = load_transformer(spec, "encoder", **runs, max_seq_length=max_len, calibration=calibration)
         enc = cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
         enc.add_branches(lambda branch: cls.from_spec(branch, **runs, calibration=calibration, in_router=True))
         return enc
@@ -434,7 +433,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
 
     # -- ranges for int8/uint8 embeddings (range_sample, fit_ranges, quantization_ranges: FitsRanges) ----
     def default_range_texts(self) -> list[str]:
-        return vocabulary_texts(self.tokenizer.get_vocab())
+        return packaged_sample()
 
     def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
         return self.encode(texts, batch_size=64, show_progress=False, prompt="", normalize=normalize)

@@ -8,10 +8,10 @@ calibrates). A model gets its range sample from, in order:
 1. :meth:`RangeSample.of`: texts, or a file the user (or the service's model entry, ``ranges``) names:
    one text per line (``.txt``), or a BEIR-style ``.jsonl`` whose records have ``text`` (and optionally
    ``title``). A sample of the user's own corpus is the best choice.
-2. The documented default, :func:`embedrank.texts.vocabulary_texts`: 1,000 pseudo-sentences of 8 to 64 words drawn with a
-   fixed seed from the model's own vocabulary (whole alphabetic words of three letters or more). They
-   need no data files and give every model the same recipe; on SciFact they lose little against a
-   corpus sample (see the README's compact-vector table).
+2. The documented default, :func:`embedrank.texts.packaged_sample`: the 800 real English texts shipped with
+   the package (passages, questions, definitions and example sentences; ``embedrank/sample/NOTICE.md``).
+   They need no data files and are the same on every machine. For another language, or a corpus unlike
+   them, name a sample of your own.
 
 The embeddings are computed once per model and kept; ranges for a truncated ``dimensions`` are taken from
 the truncated (and, for normalizing models, renormalized) sample embeddings, as the vectors they
@@ -170,7 +170,7 @@ class FitsRanges:
     @property
     def range_sample(self) -> RangeSample:
         """The texts whose embeddings set the int8/uint8 ranges; by default :meth:`default_range_texts`
-        (1,000 seeded pseudo-sentences from the model's vocabulary). Set it with :meth:`fit_ranges`."""
+        (an encoder's: the 800 texts of the packaged sample). Set it with :meth:`fit_ranges`."""
         if self._range_sample is None:
             self._range_sample = RangeSample(self.default_range_texts())
         return self._range_sample

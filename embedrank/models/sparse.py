@@ -36,7 +36,6 @@ from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import TorchRuntime
 from embedrank.runtime.exports import load_transformer, runs_on
 from embedrank.runtime.static import static_tokenizer
-from embedrank.texts import data_dir_sample
 from embedrank.types import ModelOutput
 
 _MLM = ("MLMTransformer", "Transformer")  # the older and the newer name of the fill-mask transformer module
@@ -153,7 +152,6 @@ class SparseEncoder(TokenizesText, Branched):
             encoder = cls(spec, StaticSparse(weight), static_tokenizer(root), max_seq_length=max_seq_length)
         else:
             window = max_seq_length or spec.max_seq_length
-            calibrate = data_dir_sample if calibration is None else calibration
             tokenizer, model = load_transformer(
                 spec,
                 "splade",
@@ -161,7 +159,7 @@ class SparseEncoder(TokenizesText, Branched):
                 precision=precision,
                 device=device,
                 max_seq_length=window,
-                calibration=calibrate,
+                calibration=calibration,
                 cache_dir=cache_dir,
             )
             runtime = (

@@ -14,8 +14,9 @@ installed); ``torch`` fp32. ``backend="openvino", precision="auto"`` tries OpenV
 **Reference**: the default runtime (``openvino`` fp32, which agrees with torch to 1e-5), or the first
 fp32 candidate that loads.
 
-**Measurement** (:func:`choose`), on the calibration texts (the int8 calibration's: a SciFact sample from
-the data directory by default, else the model's vocabulary sentences):
+**Measurement** (:func:`choose`), on the calibration texts (the int8 calibration's: by default 300 texts of the
+sample of real texts shipped with the package, :func:`~embedrank.texts.packaged_sample`, whatever the data
+directory holds; the decision names the sample it was measured on, :attr:`Choice.sample`):
 
 - quality against the reference on :data:`CHECK_TEXTS` texts (:data:`BOUNDS`): an embedding model's pooled,
   normalized vectors must keep the smallest cosine at 0.98 or more, and ranking must agree: with each
@@ -60,7 +61,7 @@ from embedrank.runtime.cpus import cpu_identity
 
 log = logging.getLogger("embedrank.exports")
 
-RECIPE = 1  # bumped when the measurement or the rule changes, so cached decisions are made again
+RECIPE = 2  # bumped when the measurement or the rule changes, so cached decisions are made again
 CHECK_TEXTS = 64  # calibration texts for the quality check
 BATCH = 16  # texts in the timed batch
 ROUNDS = 3  # alternated timing rounds per candidate
@@ -110,6 +111,7 @@ class Choice:
     threads: int
     measured: str  # UTC date and time of the measurement
     trials: list[Trial]
+    sample: str = ""  # the texts measured on (and the int8 exports calibrated on)
     cached: bool = False
 
     @property
@@ -125,7 +127,7 @@ class Choice:
         return (
             f"{chosen.name}: {chosen.batch_ratio:.2f}x batch, {chosen.single_ratio:.2f}x single text vs "
             f"{self.reference}{f' ({quality})' if quality else ''}; others: {others or 'none'}; measured "
-            f"{self.measured} on {self.cpu}, {self.threads} threads"
+            f"{self.measured} on {self.cpu}, {self.threads} threads, with {self.sample or 'unnamed texts'}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -253,10 +255,11 @@ class Workload:
     batch: dict[str, torch.Tensor]
     single: dict[str, torch.Tensor]
     pooling: PoolingMode | None
+    sample: str = ""  # where the texts came from (:func:`~embedrank.runtime.exports.calibration_texts`)
 
 
 def workload(
-    tokenizer: Any, head: Head, texts: Sequence[str], max_length: int, pooling: PoolingMode | None
+    tokenizer: Any, head: Head, texts: Sequence[str], max_length: int, pooling: PoolingMode | None, sample: str = ""
 ) -> Workload:
     """The tokenized texts of the measurement, as the runtime is fed (length-sorted, padded per batch):
     :data:`CHECK_TEXTS` texts (an embedding model's queries: their first 8 words; a cross-encoder's pairs,
@@ -281,6 +284,7 @@ def workload(
             batch=tokens(batch),
             single=tokens(heads[:1]),
             pooling=PoolingMode(pooling or PoolingMode.MEAN),
+            sample=sample,
         )
     return Workload(
         checks=tensors(calibration_batches(tokenizer, head, checks, max_length)),
@@ -288,6 +292,7 @@ def workload(
         batch=tokens([" ".join(t.split()[:12]) for t in batch], batch),
         single=tokens(heads[:1], checks[:1]),
         pooling=None,
+        sample=sample,
     )
 
 
@@ -398,6 +403,7 @@ def choose(
         threads=int(torch.get_num_threads()),
         measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         trials=trials,
+        sample=work.sample,
     )
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache_file.with_suffix(".tmp")

@@ -288,10 +288,32 @@ def to_onnx(model: Narrow, example: dict[str, torch.Tensor], out: Path, precisio
     program.save(str(target))
     if precision == "int8":
         require("onnxruntime", "onnx", "the ONNX backend")
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        quantize_dynamic(str(target), str(out / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
+        dynamic_int8(target, out / "model.onnx")
         target.unlink()
+
+
+def onnx_int8_reduce_range() -> bool:
+    """Whether ONNX int8 weights keep 7 bits: on a CPU without int8 dot products (:func:`has_int8_dot_products`),
+    where ONNX Runtime's AVX2 kernels would otherwise saturate (its documented ``reduce_range``). With 7-bit
+    weights no sum saturates, so those kernels compute the same integers as VNNI's."""
+    from embedrank.runtime.cpus import has_int8_dot_products
+
+    return not has_int8_dot_products()
+
+
+def dynamic_int8(source: Path, target: Path, extra_options: dict[str, Any] | None = None) -> None:
+    """ONNX Runtime's dynamic int8 of the graph at ``source`` into ``target``: int8 weights per channel (7 bits
+    where :func:`onnx_int8_reduce_range`), activations quantized per batch at run time (no calibration)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(source),
+        str(target),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        reduce_range=onnx_int8_reduce_range(),
+        extra_options=extra_options or {},
+    )
 
 
 FUSED_MAX_PARAMETERS = 400_000_000  # larger graphs pass 2 GB, which the one-file ONNX format cannot hold
@@ -313,7 +335,6 @@ def to_onnx_fused(
     shape).
     """
     require("onnxruntime", "onnx", "the ONNX backend")
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
 
     config = model.model.config
@@ -346,14 +367,7 @@ def to_onnx_fused(
     if precision == "int8":
         (out / "model.onnx").rename(out / "model_fp32.onnx")
         # the fused operators are ONNX Runtime's own: shape inference cannot type their outputs, which are float
-        options = {"DefaultTensorType": 1}  # onnx.TensorProto.FLOAT
-        quantize_dynamic(
-            str(out / "model_fp32.onnx"),
-            str(out / "model.onnx"),
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            extra_options=options,
-        )
+        dynamic_int8(out / "model_fp32.onnx", out / "model.onnx", {"DefaultTensorType": 1})  # onnx.TensorProto.FLOAT
         (out / "model_fp32.onnx").unlink()
     return None
 

@@ -30,6 +30,20 @@ FLAGS = (
 )
 
 
+INT8_DOT_PRODUCTS = ("avx512_vnni", "avx_vnni", "amx_int8")  # u8 x s8 sums into int32 in one instruction
+
+
+def has_int8_dot_products(flags: list[str] | None = None) -> bool:
+    """Whether the CPU (``flags``, else :func:`cpu_identity`'s) multiplies int8 into int32 sums directly (VNNI,
+    AMX). Without it, AVX2's int8 kernels add pairs of u8 x s8 products into int16, which saturates when
+    both are large (255 x 127 x 2 > 32,767).
+
+    >>> has_int8_dot_products(["avx2", "avx512_vnni"]), has_int8_dot_products(["avx2", "fma"])
+    (True, False)
+    """
+    return bool(set(cpu_identity()[1] if flags is None else flags) & set(INT8_DOT_PRODUCTS))
+
+
 def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, list[str]]:
     """The CPU's model name and which of :data:`FLAGS` it has (``platform.processor()`` and no flags where
     ``cpuinfo`` cannot be read)."""

@@ -17,12 +17,14 @@ Converters (maintained tools only, :mod:`embedrank.runtime.converters`):
   (static, ``ModelType.TRANSFORMER``) on the calibration texts, tokenized as the model will see them.
 - ONNX: ONNX Runtime's fused-attention graph where its optimizer fuses every layer
   (:func:`~embedrank.runtime.converters.to_onnx_fused`), else ``torch.onnx.export`` with dynamic batch and
-  sequence axes; int8: ``onnxruntime.quantization.quantize_dynamic`` (per-channel weights, dynamic activations).
+  sequence axes; int8: ``onnxruntime.quantization.quantize_dynamic`` (per-channel weights, dynamic activations;
+  7-bit weights on a CPU without VNNI, :func:`~embedrank.runtime.converters.onnx_int8_reduce_range`, a fact of
+  the key).
 
 Calibration texts for int8 are the caller's (:data:`Calibration`: a list, a ``.txt``/``.jsonl`` file, or a
 provider called only when an int8 export is made; at most :data:`CALIBRATION_SIZE`, seeded), else the
-model's vocabulary sentences (:func:`~embedrank.texts.vocabulary_texts`). This layer reads no collection:
-the models pass their default, a SciFact sample from the data directory (:func:`~embedrank.texts.data_dir_sample`).
+sample of real texts shipped with the package (:func:`~embedrank.texts.packaged_sample`): the same on every
+machine, whatever the data directory holds.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from embedrank.runtime.backends import (
 )
 from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.static import load_static
-from embedrank.texts import read_texts, seeded_sample, vocabulary_texts
+from embedrank.texts import SAMPLE_NAME, packaged_sample, read_texts, seeded_sample
 
 log = logging.getLogger("embedrank.exports")
 
@@ -82,10 +84,10 @@ def _version(package: str) -> str:
 
 Calibration = Sequence[str] | str | Path | Callable[[], Sequence[str] | None] | None
 """int8 calibration texts: a list, a ``.txt``/``.jsonl`` file, or a provider called only when an int8 export
-is made (its None, like None itself, means the model's vocabulary sentences)."""
+is made (its None, like None itself, means the packaged sample)."""
 
 
-def calibration_texts(calibration: Calibration, tokenizer: Any) -> tuple[list[str], str]:
+def calibration_texts(calibration: Calibration) -> tuple[list[str], str]:
     """The int8 calibration texts and where they came from (for ``export.json`` and logs)."""
     if callable(calibration):
         calibration = calibration()
@@ -101,8 +103,8 @@ def calibration_texts(calibration: Calibration, tokenizer: Any) -> tuple[list[st
         return seeded_sample(
             texts, CALIBRATION_SIZE
         ), f"{calibration} ({min(len(texts), CALIBRATION_SIZE)} of {len(texts)} texts)"
-    texts = vocabulary_texts(tokenizer.get_vocab(), n=CALIBRATION_SIZE)
-    return texts, f"{CALIBRATION_SIZE} vocabulary sentences"
+    texts = seeded_sample(packaged_sample(), CALIBRATION_SIZE)
+    return texts, f"{SAMPLE_NAME} ({len(texts)} of {len(packaged_sample())} texts)"
 
 
 def export_key(spec: ModelSpec, head: Head, backend: Backend, precision: Precision, calibration: list[str]) -> str:
@@ -119,6 +121,8 @@ def export_key(spec: ModelSpec, head: Head, backend: Backend, precision: Precisi
         "versions": {p: _version(p) for p in _VERSIONED[backend]},
         "calibration": hashlib.sha256("\x00".join(calibration).encode()).hexdigest() if calibration else None,
     }
+    if backend == "onnx" and precision == "int8":  # 7-bit weights on a CPU without VNNI: another graph
+        facts["reduce_range"] = converters.onnx_int8_reduce_range()
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -296,7 +300,7 @@ def exported_model(
     if backend == "torch":
         raise ValueError("the torch backend runs the transformers model itself; there is nothing to export")
     static = backend == "openvino" and precision == "int8"  # ONNX int8 is dynamic: no calibration
-    texts, source = calibration_texts(calibration, tokenizer) if static else ([], None)
+    texts, source = calibration_texts(calibration) if static else ([], None)
     # bf16 is a compile-time setting of OpenVINO's CPU plugin: it runs the fp32 export
     precision = "fp32" if precision == "bf16" else precision
     root = Path(cache_dir).expanduser() if cache_dir is not None else None
@@ -335,6 +339,11 @@ def exported_model(
             "backend": backend,
             "precision": precision,
             "calibration": source,
+            **(
+                {"reduce_range": converters.onnx_int8_reduce_range()}
+                if (backend, precision) == ("onnx", "int8")
+                else {}
+            ),
             "attention": attention,
             "versions": {p: _version(p) for p in _VERSIONED[backend]},
             "export_seconds": round(time.perf_counter() - started, 2),
@@ -420,7 +429,7 @@ def auto_runtime(
     options = auto.candidates(
         backend, precision, cpu_flags=flags, installed=lambda module: importlib.util.find_spec(module) is not None
     )
-    texts, _ = calibration_texts(calibration, tokenizer)  # once: the int8 exports calibrate on the same texts
+    texts, sample = calibration_texts(calibration)  # once: the int8 exports calibrate on the same texts
     facts = {
         "recipe": [RECIPE, auto.RECIPE],
         "model": [spec.path, weights_fingerprint(spec.path)],
@@ -439,10 +448,10 @@ def auto_runtime(
         if b == "torch":
             return TorchRuntime(converters.load_torch(spec, head, tokenizer), tokenizer, head)
         return load_runtime(
-            spec, tokenizer, head, b, p, max_seq_length=max_seq_length, calibration=texts, cache_dir=cache_dir
+            spec, tokenizer, head, b, p, max_seq_length=max_seq_length, calibration=calibration, cache_dir=cache_dir
         )
 
-    work = auto.workload(tokenizer, head, texts, max_seq_length, spec.pooling)
+    work = auto.workload(tokenizer, head, texts, max_seq_length, spec.pooling, sample=sample)
     runtime, choice = auto.choose(spec.model_id, options, load, work, cache.with_name(cache.name + ".json"))
     runtime.auto_choice = choice  # type: ignore[attr-defined]
     return runtime

@@ -56,12 +56,15 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         str | None,
         Meta(
             description="a `.txt` (one text per line) or BEIR `.jsonl` file whose embeddings set the int8/uint8 "
-            "ranges of `embedding_types` (default: seeded vocabulary sentences)"
+            "ranges of `embedding_types` (default: the packaged sample of 800 English texts)"
         ),
     ] = None
     calibration: Annotated[
         str | None,
-        Meta(description='such a file to calibrate the int8 runtime of a model with `precision = "int8"`'),
+        Meta(
+            description='such a file to calibrate the int8 runtime of a model with `precision = "int8"` or `"auto"` '
+            "(default: the packaged sample)"
+        ),
     ] = None
     backend: Annotated[
         str | None, Meta(description="`openvino`, `torch`, `onnx` or `auto` (default: the top-level `backend`)")

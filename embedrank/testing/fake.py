@@ -166,7 +166,8 @@ class FakeEncoder(WordTokens, FitsRanges):
         return max(1, self.max_seq_length - 2 - len(words(prompt)))
 
     def default_range_texts(self) -> list[str]:
-        """1,000 pseudo-sentences over a 512-word vocabulary (as a real encoder's default)."""
+        """1,000 pseudo-sentences over the fake's 512-word vocabulary (its words are not English, so a real
+        encoder's default, the packaged sample, would all be unknown words to it)."""
         return vocabulary_texts(["".join(w) for w in itertools.product("abcdefgh", repeat=3)])
 
     def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
