@@ -334,7 +334,8 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
     if name.startswith("calibration"):
         row = r"\s+(\S+)\s+(\S+)\s+(yes|no)\s+(\S+)\s+\S+\s+(\S+)\s+(?:yes|no)$"  # check, auto, held out
         ov = _search(r"^packaged\s+openvino int8 \(static, NNCF\)" + row, out)
-        onnx = _search(r"^packaged\s+openvino int8 .*\n\s+onnx int8 \(dynamic\)" + row, out)  # pandas leaves its index blank
+        # pandas leaves the index blank on the runtime's second row
+        onnx = _search(r"^packaged\s+openvino int8 .*\n\s+onnx int8 \(dynamic\)" + row, out)
         vocab = _search(r"^vocabulary\s+openvino int8 \(static, NNCF\)" + row, out)
         if ov and onnx and vocab:
             return (
