@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 eval-auto-avx2 bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -102,6 +102,10 @@ bench-calibration: setup
 
 bench-calibration-avx2: setup  ## the same with kernels held to AVX2: ONNX int8's 7-bit weights compute the integers AVX2 would
 	tests/as_avx2.sh $(RECORD) calibration-avx2-emulated "int8 calibration samples side by side, kernels held to AVX2" -- $(PY) eval/bench_calibration.py
+	$(PY) eval/render_benchmarks.py
+
+eval-auto-avx2: setup  ## SciFact with backend and precision auto, kernels held to AVX2 (ONNX int8 then has 7-bit weights)
+	tests/as_avx2.sh $(RECORD) quality-auto-avx2-emulated "Retrieval quality with auto, kernels held to AVX2" -- $(PY) eval/run.py scifact --retriever dense --backend auto --precision auto --metrics ndcg@10 recall@100
 	$(PY) eval/render_benchmarks.py
 
 bench-rerank: setup

@@ -191,6 +191,12 @@ To measure on your machine, run the `make` target named with each result (`make 
 benchmarks, `make eval` the reference evaluations); each writes its result file, then
 `python eval/render_benchmarks.py` renders this page. Everything each benchmark printed, with the library
 versions it ran with, is on the [records page](benchmark-records.md).
+
+A CPU marked *AVX2 emulated* is an AVX-512 CPU whose kernels were held to AVX2 (`tests/as_avx2.sh`; the
+`make` targets ending in `-avx2`): OpenVINO's, oneDNN's, torch's and MKL's keep to AVX2, ONNX Runtime's do
+not. There, ONNX int8 computes what an AVX2 CPU computes (its weights keep 7 bits where the CPU reports no
+VNNI, so no 16-bit sum overflows) but at the real CPU's speed: its speed ratios hold for that CPU only. The
+records on a real AVX2 CPU are those marked plain *AVX2*.
 """
 
 RECORDS_INTRO = """# Benchmark records
@@ -211,6 +217,7 @@ def cpu_line(machine: dict) -> str:
     limits = ", ".join(f"{k}={v}" for k, v in (machine.get("isa_limits") or {}).items())
     limited = (
         f"; run with {limits} (OpenVINO and torch keep to that instruction set; ONNX Runtime ignores them)"
+        + ("" if "MKL_ENABLE_INSTRUCTIONS" in limits else "; torch's MKL matrix products were not held")
         if limits
         else ""
     )

@@ -4,7 +4,8 @@
 #   tests/as_avx2.sh [--load N] COMMAND [ARG...]
 #
 # - torch's own kernels: ATEN_CPU_CAPABILITY=avx2 (bf16 then computes in emulation, as on an AVX2 CPU);
-# - oneDNN (torch's and OpenVINO's): ONEDNN_MAX_CPU_ISA=AVX2, OpenVINO's own kernels: OV_CPU_MAX_ISA=AVX2
+# - oneDNN (torch's and OpenVINO's): ONEDNN_MAX_CPU_ISA=AVX2, OpenVINO's own kernels: OV_CPU_MAX_ISA=AVX2,
+#   MKL (torch's float matrix products): MKL_ENABLE_INSTRUCTIONS=AVX2
 #   (OpenVINO then drops BF16 from its capabilities and runs a bf16 hint in f32, as on an AVX2 CPU);
 # - /proc/cpuinfo, read by embedrank (which CPU features `auto` considers, what benchmarks record), has its
 #   AVX-512, AVX-VNNI and AMX flags removed, in a mount namespace of this command's own.
@@ -52,7 +53,7 @@ if [[ $(id -u) -eq 0 ]]; then
 else
     unshare=(unshare --user --map-root-user --mount --propagation private)
 fi
-export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OV_CPU_MAX_ISA=AVX2
+export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OV_CPU_MAX_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 set +e
 if "${unshare[@]}" sh -c 'mount --bind "$0" /proc/cpuinfo' "$fake" 2>/dev/null; then
     "${unshare[@]}" sh -c 'mount --bind "$0" /proc/cpuinfo && exec "$@"' "$fake" "$@"

@@ -63,6 +63,7 @@ from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.static import load_static
 from embedrank.texts import SAMPLE_NAME, packaged_sample, read_texts, seeded_sample
 
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")  # environment settings that hold kernels back
 log = logging.getLogger("embedrank.exports")
 
 # bumped whenever the way we export changes (attention implementation, converter options), so old
@@ -436,8 +437,8 @@ def auto_runtime(
         "head": head,
         "window": max_seq_length,
         "options": options,
-        # the ISA limit oneDNN honours (OpenVINO's and torch's kernels) changes what is fastest, like the CPU
-        "cpu": [cpu, flags, int(torch.get_num_threads()), os.environ.get("ONEDNN_MAX_CPU_ISA")],
+        # the ISA limits oneDNN (OpenVINO's and torch's kernels) and MKL (torch's) honour change what is fastest
+        "cpu": [cpu, flags, int(torch.get_num_threads()), *(os.environ.get(k) for k in ISA_LIMITS)],
         "versions": {p: _version(p) for p in sorted(set(_VERSIONED["openvino"] + _VERSIONED["onnx"]))},
         "texts": hashlib.sha256("\x00".join(texts).encode()).hexdigest(),
     }
