@@ -65,7 +65,8 @@ def test_a_long_text_weighs_each_term_by_its_best_window(short_splade):
     assert cut == [False, False, False]  # nothing left out: every token was read
     plain, _, truncated = short_splade.encode_with_stats(TEXTS)
     assert truncated == [True, False, True]
-    np.testing.assert_array_equal(got[1].toarray(), plain[1].toarray())  # one window: as without chunking
+    # one window: as without chunking, up to float rounding (the batches differ, and so may the kernels' sums)
+    np.testing.assert_allclose(got[1].toarray(), plain[1].toarray(), rtol=0, atol=1e-6)
     assert (got[0].toarray() >= plain[0].toarray() - 1e-6).all()  # the first window is one of the windows
 
 
