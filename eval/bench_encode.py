@@ -135,11 +135,11 @@ def main() -> None:
 
 def goals(name: str, table: object, chose: str = "") -> None:
     """The ``auto`` goal lines for this CPU (module docstring)."""
-    from embedrank.runtime.cpus import cpu_identity
+    from embedrank.runtime.cpus import cpu_identity, has_int8_dot_products
 
     cpu, flags = cpu_identity()
     limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()  # kernels held to an older instruction set
-    vnni = (bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags)) and limit in ("", "ALL")) or "VNNI" in limit
+    vnni = (has_int8_dot_products(flags) and limit in ("", "ALL")) or "VNNI" in limit
     want = {"passages": 3.5, "queries": 3.5} if vnni else {"passages": 1.6, "queries": 2.0}
     kind = ("VNNI" if vnni else "no VNNI") + (f", ONEDNN_MAX_CPU_ISA={limit}" if limit else "")
     unheld = (

@@ -26,14 +26,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "eval" / "results"
-ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 PACKAGES = ("torch", "transformers", "sentence-transformers", "openvino", "nncf", "onnxruntime", "faiss-cpu",
             "litestar", "uvicorn", "numpy")  # fmt: skip
 
 
 def machine() -> dict:
     """The CPU's model name, logical cores, the vector flags it has (``cpus.FLAGS``), and memory."""
-    from embedrank.runtime.cpus import cpu_identity
+    from embedrank.runtime.cpus import cpu_identity, isa_limits
 
     model, flags = cpu_identity()
     memory = None
@@ -49,7 +48,7 @@ def machine() -> dict:
         "memory_gib": memory,
         "system": f"{platform.system()} {platform.machine()}",
         # instruction-set limits set for the run (emulating an older CPU in the kernels that honour them)
-        "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if os.environ.get(k)},
+        "isa_limits": isa_limits(),
     }
 
 

@@ -30,6 +30,17 @@ FLAGS = (
 )
 
 
+# environment settings that hold kernels to an older instruction set: torch's own, MKL's (torch's float matrix
+# products), oneDNN's (torch's and OpenVINO's) and OpenVINO's own; ONNX Runtime has none (tests/as_avx2.sh)
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "OV_CPU_MAX_ISA")
+
+
+def isa_limits() -> dict[str, str]:
+    """The :data:`ISA_LIMITS` this process runs under, by name (empty when none is set): they change what is
+    fastest, as the CPU does, so ``auto``'s cached decision and every benchmark record carry them."""
+    return {k: os.environ[k] for k in ISA_LIMITS if os.environ.get(k)}
+
+
 INT8_DOT_PRODUCTS = ("avx512_vnni", "avx_vnni", "amx_int8")  # u8 x s8 sums into int32 in one instruction
 
 

@@ -63,7 +63,6 @@ from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.static import load_static
 from embedrank.texts import SAMPLE_NAME, packaged_sample, read_texts, seeded_sample
 
-ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")  # environment settings that hold kernels back
 log = logging.getLogger("embedrank.exports")
 
 # bumped whenever the way we export changes (attention implementation, converter options), so old
@@ -104,8 +103,9 @@ def calibration_texts(calibration: Calibration) -> tuple[list[str], str]:
         return seeded_sample(
             texts, CALIBRATION_SIZE
         ), f"{calibration} ({min(len(texts), CALIBRATION_SIZE)} of {len(texts)} texts)"
-    texts = seeded_sample(packaged_sample(), CALIBRATION_SIZE)
-    return texts, f"{SAMPLE_NAME} ({len(texts)} of {len(packaged_sample())} texts)"
+    sample = packaged_sample()
+    texts = seeded_sample(sample, CALIBRATION_SIZE)
+    return texts, f"{SAMPLE_NAME} ({len(texts)} of {len(sample)} texts)"
 
 
 def export_key(spec: ModelSpec, head: Head, backend: Backend, precision: Precision, calibration: list[str]) -> str:
@@ -424,7 +424,7 @@ def auto_runtime(
     import importlib.util
 
     from embedrank.runtime import auto
-    from embedrank.runtime.cpus import cpu_identity
+    from embedrank.runtime.cpus import cpu_identity, isa_limits
 
     cpu, flags = cpu_identity()
     options = auto.candidates(
@@ -437,8 +437,7 @@ def auto_runtime(
         "head": head,
         "window": max_seq_length,
         "options": options,
-        # the ISA limits oneDNN (OpenVINO's and torch's kernels) and MKL (torch's) honour change what is fastest
-        "cpu": [cpu, flags, int(torch.get_num_threads()), *(os.environ.get(k) for k in ISA_LIMITS)],
+        "cpu": [cpu, flags, int(torch.get_num_threads()), isa_limits()],
         "versions": {p: _version(p) for p in sorted(set(_VERSIONED["openvino"] + _VERSIONED["onnx"]))},
         "texts": hashlib.sha256("\x00".join(texts).encode()).hexdigest(),
     }
