@@ -117,7 +117,7 @@ bench-service: setup
 	$(PY) eval/render_benchmarks.py
 
 bench-tracing: setup
-	$(RECORD) tracing "Tracing's cost: every request traced and exported against no tracing" -- $(PY) eval/bench_service.py --servers default traced --clients 32 --rounds 2
+	$(RECORD) tracing "Tracing's cost: every request traced and exported against no tracing" -- $(PY) eval/bench_service.py --servers default traced --clients 32 --rounds 4
 	$(PY) eval/render_benchmarks.py
 
 bench-batch-owners: setup

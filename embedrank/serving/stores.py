@@ -1,27 +1,31 @@
 """Document stores served to requests: a file's documents cut into chunks of a served model's tokens, and
-the chunks of one store held in memory and searched by a first stage (dense, BM25 or their fusion), filtered
-on attributes.
+the chunks of one store held in memory and searched by a first stage (dense, BM25, SPLADE, or a fusion of
+them), filtered on attributes.
 
 Chunks are the library's long-document windows (:func:`~embedrank.models.chunking.split_windows`): ``size``
 tokens of the model's tokenizer overlapping by ``overlap``, each window the document's own text between its
 first and last token, a document that fits one window kept whole. Dense scores are the inner products of the
-model's vectors (cosine for a model that normalizes them, as the library's flat index scores them); a hybrid
-fuses the dense and BM25 runs, each :data:`HYBRID_DEPTH` deep, by min-max score fusion with the dense stage's
-weight, as :class:`~embedrank.retrieval.stages.HybridRetriever` does. A list of queries is searched query by
-query and each chunk keeps its best score.
+model's vectors (cosine for a model that normalizes them, as the library's flat index scores them); SPLADE
+scores are the exact dot products of a SPLADE model's sparse vectors (a chunk that shares no term with the query
+is not found), as :class:`~embedrank.retrieval.sparse.SparseRetriever` scores them; a hybrid fuses the runs of
+the stages it weighs, each :data:`HYBRID_DEPTH` deep, by min-max score fusion with their weights, as
+:class:`~embedrank.retrieval.stages.HybridRetriever` does. A list of queries is searched query by query and each
+chunk keeps its best score.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
+import scipy.sparse as sp
 
-from embedrank.math.fusion import score_fusion
+from embedrank.math.fusion import weighted_fusion
 from embedrank.math.ranking import top_k
+from embedrank.math.sparse import sparse_scores
 from embedrank.models.chunking import Offsets, split_windows
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, file_type, read_documents
@@ -34,15 +38,19 @@ __all__ = [
     "AUTO_ANN_CHUNKS",
     "HYBRID_DEPTH",
     "MIN_ANN_CHUNKS",
+    "STAGES",
     "Chunks",
     "Document",
     "Filter",
+    "FirstStage",
     "InvalidFileError",
+    "Stage",
     "StoreIndex",
     "StoreIndexKind",
     "UnsupportedFileError",
     "chunk_documents",
     "file_type",
+    "hybrid_weights",
     "parse_filter",
     "read_documents",
     "window_of",
@@ -60,7 +68,21 @@ HYBRID_DEPTH = 1000
 SLICE = 256
 """Documents tokenized at a time while chunking."""
 
-FirstStage = Literal["dense", "bm25", "hybrid"]
+FirstStage = Literal["dense", "bm25", "splade", "hybrid"]
+Stage = Literal["dense", "bm25", "splade"]
+STAGES: tuple[Stage, ...] = ("dense", "bm25", "splade")
+"""The stages a hybrid may fuse."""
+
+
+def hybrid_weights(dense_weight: float, weights: Mapping[Stage, float] | None = None) -> dict[Stage, float]:
+    """The stages a hybrid fuses, each with its weight (those above 0): ``weights`` where given, else dense
+    ``dense_weight`` and BM25 the rest.
+
+    >>> hybrid_weights(0.7), hybrid_weights(0.5, {"dense": 0.5, "bm25": 0.0, "splade": 0.25})
+    ({'dense': 0.7, 'bm25': 0.30000000000000004}, {'dense': 0.5, 'splade': 0.25})
+    """
+    given = weights if weights is not None else {"dense": dense_weight, "bm25": 1.0 - dense_weight}
+    return {stage: float(given[stage]) for stage in STAGES if given.get(stage, 0.0) > 0}
 
 
 async def window_of(served: HostedModel) -> int:
@@ -95,8 +117,11 @@ async def chunk_documents(
 
 @dataclasses.dataclass(frozen=True)
 class Chunks:
-    """Every chunk of a store at ``version``: ``(N,)`` file ids, file names, texts and attributes, and their
-    ``(N, D)`` float32 vectors."""
+    """Every chunk of a store at ``version``: ``(N,)`` file ids, file names, texts and attributes, their
+    ``(N, D)`` float32 vectors, and for a store with a SPLADE model their ``(N, V)`` sparse vectors; ``parts``:
+    the rows ``[start, stop)`` of each part they were read in (a file, as the database's reader names it: the
+    next version keeps the rows of the parts it still has), ``read``: how many rows were read from the database
+    for this version (the others were kept from the version before)."""
 
     version: int
     file_ids: list[str]
@@ -104,6 +129,9 @@ class Chunks:
     texts: list[str]
     attributes: list[Mapping[str, str | int | float | bool]]
     vectors: np.ndarray
+    sparse: sp.csr_matrix | None = None
+    parts: Mapping[Hashable, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    read: int = 0
 
 
 @dataclasses.dataclass
@@ -188,6 +216,26 @@ class StoreIndex:
             run = top_k({q: {d: s for d, s in docs.items() if allowed[int(d)]} for q, docs in run.items()}, depth)
         return run
 
+    def splade(self, queries: sp.csr_matrix, allowed: np.ndarray | None, depth: int) -> Run:
+        """Top ``depth`` chunks by the dot product of sparse vectors (score > 0), per query row of ``(Q, V)``."""
+        if self.data.sparse is None:
+            raise ValueError("this store's chunks have no sparse vectors")
+        k = min(depth, len(self))
+        docs = self.data.sparse
+        if queries.shape[1] != docs.shape[1]:  # one side's width is its largest index: widen the other
+            width = max(queries.shape[1], docs.shape[1])
+            queries, docs = (
+                sp.csr_matrix((m.data, m.indices, m.indptr), shape=(m.shape[0], width)) for m in (queries, docs)
+            )
+        scores = sparse_scores(queries, docs)  # (Q, N)
+        if allowed is not None:
+            scores[:, ~allowed] = 0.0
+        run: Run = {}
+        for q, row in enumerate(scores):
+            best = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
+            run[str(q)] = {str(int(i)): float(row[i]) for i in best if row[i] > 0}
+        return run
+
     def first_stage(
         self,
         stage: FirstStage,
@@ -196,24 +244,32 @@ class StoreIndex:
         where: Filter | None,
         depth: int,
         *,
-        hybrid_weight: float = 0.5,
+        sparse: sp.csr_matrix | None = None,
+        weights: Mapping[Stage, float] | None = None,
     ) -> list[tuple[int, float]]:
-        """The ``depth`` best chunks (row, score) for ``queries`` (their vectors ``(Q, D)`` for a dense stage)
-        by ``stage``, among those that pass ``where``, best first."""
+        """The ``depth`` best chunks (row, score) for ``queries`` by ``stage``, among those that pass ``where``,
+        best first: a dense stage needs the queries' vectors ``(Q, D)``, a SPLADE stage their ``sparse`` vectors
+        ``(Q, V)``; a hybrid fuses the stages ``weights`` gives a weight above 0 (default: dense and BM25
+        equally)."""
         if not len(self):
             return []
         allowed = self.allowed(where)
-        if stage == "dense":
-            assert vectors is not None
-            run = self.dense(vectors, allowed, depth)
-        elif stage == "bm25":
-            run = self.lexical(queries, allowed, depth)
+
+        def run_of(name: Stage, deep: int) -> Run:
+            if name == "dense":
+                assert vectors is not None
+                return self.dense(vectors, allowed, deep)
+            if name == "splade":
+                assert sparse is not None
+                return self.splade(sparse, allowed, deep)
+            return self.lexical(queries, allowed, deep)
+
+        if stage != "hybrid":
+            run = run_of(stage, depth)
         else:
-            assert vectors is not None
+            weighed = hybrid_weights(0.5, weights)
             deep = max(depth, HYBRID_DEPTH)
-            fused = score_fusion(
-                self.dense(vectors, allowed, deep), self.lexical(queries, allowed, deep), weight=hybrid_weight
-            )
+            fused = weighted_fusion([run_of(name, deep) for name in weighed], list(weighed.values()))
             run = {q: fused.get(q, {}) for q in map(str, range(len(queries)))}
         best: dict[int, float] = {}
         for docs in run.values():  # several queries: each chunk's best score

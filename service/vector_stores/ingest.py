@@ -2,7 +2,8 @@
 documents (:mod:`embedrank.retrieval.documents`), cuts them into chunks of the store model's tokens
 (:func:`~embedrank.models.chunking.split_windows`, the library's long-document windows), embeds the chunks through
 the model's engine behind every direct request (the batch lines' priority, with the embedding cache: attaching
-an unchanged file again computes nothing) and writes them, all at once, while its claim holds
+an unchanged file again computes no dense vector), and through the store's SPLADE model if it has one, and
+writes them, all at once, while its claim holds
 (:meth:`~service.vector_stores.store.VectorStoreTables.complete`).
 """
 
@@ -12,16 +13,23 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
-from embedrank.errors import ModelUnavailableError, NotReadyError, OverloadedError
+from embedrank.errors import InputTooLongError, ModelUnavailableError, NotReadyError, OverloadedError
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions
 from embedrank.serving.pool import ModelPool
-from embedrank.serving.stores import InvalidFileError, UnsupportedFileError, chunk_documents, read_documents
+from embedrank.serving.stores import (
+    InvalidFileError,
+    UnsupportedFileError,
+    chunk_documents,
+    read_documents,
+    window_of,
+)
 from service.batches.lines import BATCH_PRIORITY
 from service.settings import Settings
 from service.vector_stores.store import ChunkData, FileRow, StoreRow, VectorStoreTables
@@ -38,6 +46,8 @@ never waits between them."""
 IDLE_SECONDS = 2.0
 """How long the worker waits for a new file before it looks again (files attached on another replica)."""
 RETRY_SECONDS = 5.0
+T = TypeVar("T")
+SparseVector = tuple[np.ndarray, np.ndarray]
 
 
 class Ingestor:
@@ -123,7 +133,9 @@ class Ingestor:
             )
             served = self.pool_of().get(store.model, "embeddings")
             pieces = await chunk_documents(served, docs, file.chunk_size, file.chunk_overlap)
-            vectors = await self._embed(served, [text for text, _ in pieces])
+            texts = [text for text, _ in pieces]
+            vectors = await self._embed(served, texts)
+            sparse = await self._sparse(store.sparse_model, texts) if store.sparse_model else None
         except (UnsupportedFileError, InvalidFileError) as exc:
             await asyncio.to_thread(self.tables.fail, self.worker_id, file, exc.code, str(exc))  # type: ignore[arg-type]
             return
@@ -141,24 +153,57 @@ class Ingestor:
             )
             return
         chunks = [
-            ChunkData(text, dict(docs[owner].attributes) or None, vector)
-            for (text, owner), vector in zip(pieces, vectors, strict=True)
+            ChunkData(text, dict(docs[owner].attributes) or None, vector, sparse[i] if sparse is not None else None)
+            for i, ((text, owner), vector) in enumerate(zip(pieces, vectors, strict=True))
         ]
         if await asyncio.to_thread(
             self.tables.complete, self.worker_id, file, chunks, max_chunks=limits.max_vector_store_chunks
         ):
             self.files_read += 1
 
+    @staticmethod
+    async def _sliced(texts: list[str], compute: Callable[[list[str]], Awaitable[T]]) -> list[T]:
+        """``compute`` of each slice of :data:`SLICE` texts, :data:`IN_FLIGHT` at once, in order."""
+        in_flight = asyncio.Semaphore(IN_FLIGHT)
+
+        async def part(first: int) -> T:
+            async with in_flight:
+                return await compute(texts[first : first + SLICE])
+
+        return await asyncio.gather(*(part(first) for first in range(0, len(texts), SLICE)))
+
     async def _embed(self, served: HostedModel, texts: list[str]) -> np.ndarray:
-        """``(N, D)`` float32 vectors of the chunks, a slice at a time."""
+        """``(N, D)`` float32 vectors of the chunks."""
         options = EmbedOptions(
             input_type="document", priority=BATCH_PRIORITY, cached=True, budget=self.settings.limits.max_request_tokens
         )
-        in_flight = asyncio.Semaphore(IN_FLIGHT)
 
-        async def part(first: int) -> np.ndarray:
-            async with in_flight:
-                return (await served.embed(texts[first : first + SLICE], options)).output.embeddings  # type: ignore[no-any-return]
+        async def dense(part: list[str]) -> np.ndarray:
+            return (await served.embed(part, options)).output.embeddings  # type: ignore[no-any-return]
 
-        parts = await asyncio.gather(*(part(first) for first in range(0, len(texts), SLICE)))
+        parts = await self._sliced(texts, dense)
         return np.concatenate(parts).astype(np.float32) if parts else np.empty((0, 0), dtype=np.float32)
+
+    async def _sparse(self, model: str, texts: list[str]) -> list[SparseVector]:
+        """Each chunk's sparse vector by the SPLADE model ``model``, as (int32 indices, float32 values); a chunk
+        longer than the model reads fails the file (a smaller chunk size reads it)."""
+        served = self.pool_of().get(model, "embeddings")
+        options = EmbedOptions(
+            input_type="document",
+            priority=BATCH_PRIORITY,
+            truncate=False,
+            budget=self.settings.limits.max_request_tokens,
+        )
+
+        async def sparse(part: list[str]) -> list[SparseVector]:
+            rows = (await served.sparse(part, options)).sparse or []
+            return [(np.asarray(i, dtype=np.int32), np.asarray(v, dtype=np.float32)) for i, v in rows]
+
+        try:
+            parts = await self._sliced(texts, sparse)
+        except InputTooLongError:
+            raise InvalidFileError(
+                f"a chunk is longer than the store's SPLADE model {model!r} reads at once ({await window_of(served)} "
+                "tokens of its own); attach the file with a smaller static chunk size"
+            ) from None
+        return [vector for part in parts for vector in part]

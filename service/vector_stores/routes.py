@@ -96,7 +96,7 @@ async def _attach(
     tables = await service.opened()
     uploads = await asyncio.to_thread(service.batches.store)
     owner = owner_of(request)
-    _, served = service.embedder(store.model)
+    models = service.embedders(store)
     planned: dict[bytes, tuple[int, int]] = {}
     rows = []
     for file_id, attributes, strategy in files:
@@ -114,7 +114,7 @@ async def _attach(
         else:  # a batch's files mostly share one strategy: each distinct one is checked once
             key = msgspec.json.encode(strategy)
             if key not in planned:
-                planned[key] = await service.chunking(strategy, served, store.model)
+                planned[key] = await service.chunking(strategy, models)
             size, overlap = planned[key]
         error = None
         try:
@@ -133,8 +133,8 @@ async def _attach(
     PATH,
     summary="Create a vector store",
     description="A store of chunks searched by its embedding model (`model`, default the first served), its "
-    "first stage (`dense`, `bm25` or `hybrid`), its dense `index` and a ranker at search; `file_ids` are attached "
-    "at once.",
+    "first stage (`dense`, `bm25`, `splade` with a SPLADE `sparse_model`, or `hybrid` with its weights), its dense "
+    "`index` and a ranker at search; `file_ids` are attached at once.",
     responses=WRITE,
     status_code=200,
 )
@@ -143,17 +143,19 @@ async def create_vector_store(
 ) -> VectorStoreObject:
     service = _service(state)
     tables = await service.opened()
-    model_id, served = service.embedder(data.model)
-    size, overlap = await service.chunking(data.chunking_strategy, served, model_id)
+    models, weights = service.planned(data)
+    size, overlap = await service.chunking(data.chunking_strategy, models)
     row = await asyncio.to_thread(
         tables.create_store,
         owner_of(request),
         name=data.name,
         description=data.description,
         metadata=data.metadata,
-        model=model_id,
+        model=models[0][0],
+        sparse_model=models[1][0] if len(models) > 1 else None,
         first_stage=data.first_stage,
         hybrid_weight=data.hybrid_weight,
+        hybrid_weights=weights,
         index_kind=data.index,
         chunk_size=size,
         chunk_overlap=overlap,

@@ -1,6 +1,7 @@
 """OpenAI's Vector Stores API objects as the service reads and sends them (msgspec), with the documented
-extensions a store is created with (``model``, ``first_stage``, ``hybrid_weight``) and a search may ask for
-(``rerank_candidates``); the openai SDK sends the extensions as ``extra_body``."""
+extensions a store is created with (``model``, ``sparse_model``, ``first_stage``, ``hybrid_weight`` or
+``hybrid_weights``, ``index``) and a search may ask for (``rerank_candidates``, ``first_stage``, the hybrid's
+weights); the openai SDK sends the extensions as ``extra_body``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from embedrank.serving.stores import StoreIndexKind
+from embedrank.serving.stores import Stage, StoreIndexKind, hybrid_weights
 from service.batches.schemas import Metadata
 from service.vector_stores.store import BatchRow, FileCounts, FileRow, StoreState
 
@@ -45,6 +46,22 @@ class ExpiresAfter(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     days: Annotated[int, Meta(ge=1, le=365)]
 
 
+HybridWeights = Annotated[
+    dict[Stage, Annotated[float, Meta(gt=0, le=1)]],
+    Meta(
+        min_length=1,
+        description="the stages a hybrid fuses (`dense`, `bm25`, `splade`), each with its weight in the min-max score "
+        "fusion, above 0",
+    ),
+]
+
+
+FIRST_STAGES = (
+    "`dense`, `bm25`, `splade` (a store with a `sparse_model`), or `hybrid` (the stages its weights name fused; "
+    "default dense and BM25)"
+)
+
+
 class CreateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """OpenAI's body, and how the store searches (extensions)."""
 
@@ -57,13 +74,34 @@ class CreateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fiel
     model: Annotated[
         str | None, Meta(description="extension: the served embedding model that embeds the store (default: the first)")
     ] = None
+    sparse_model: Annotated[
+        str | None,
+        Meta(
+            description="extension: a served SPLADE model (or bge-m3) that also embeds the store's chunks as sparse "
+            "vectors, for the `splade` stage (default: none; the first served one when `first_stage` or "
+            "`hybrid_weights` asks for SPLADE)"
+        ),
+    ] = None
     first_stage: Annotated[
-        Literal["dense", "bm25", "hybrid"],
-        Meta(description="extension: the first stage of its searches: `dense`, `bm25`, or `hybrid` (both fused)"),
+        Literal["dense", "bm25", "splade", "hybrid"],
+        Meta(description=f"extension: the first stage of its searches: {FIRST_STAGES}"),
     ] = "dense"
     hybrid_weight: Annotated[
-        float, Meta(ge=0, le=1, description="extension: the dense stage's weight in a hybrid's min-max score fusion")
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description="extension: the dense stage's weight in a hybrid of dense and BM25 (min-max score fusion); "
+            "BM25 weighs the rest",
+        ),
     ] = 0.5
+    hybrid_weights: Annotated[
+        HybridWeights | None,
+        Meta(
+            description="extension: the stages a hybrid fuses and their weights, instead of `hybrid_weight`: "
+            '`{"dense": 0.5, "bm25": 0.3, "splade": 0.2}`'
+        ),
+    ] = None
     index: Annotated[
         StoreIndexKind,
         Meta(
@@ -129,12 +167,16 @@ class SearchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         int, Meta(ge=1, le=1000, description="extension: first-stage results a ranker rescores")
     ] = 50
     first_stage: Annotated[
-        Literal["dense", "bm25", "hybrid"] | None,
+        Literal["dense", "bm25", "splade", "hybrid"] | None,
         Meta(description="extension: this search's first stage instead of the store's"),
     ] = None
     hybrid_weight: Annotated[
         Annotated[float, Meta(ge=0, le=1)] | None,
-        Meta(description="extension: this search's dense weight instead of the store's"),
+        Meta(description="extension: this search's dense weight in a hybrid of dense and BM25 instead of the store's"),
+    ] = None
+    hybrid_weights: Annotated[
+        HybridWeights | None,
+        Meta(description="extension: this search's hybrid weights instead of the store's"),
     ] = None
 
 
@@ -158,8 +200,10 @@ class VectorStoreObject(msgspec.Struct, kw_only=True):
     last_active_at: int | None
     metadata: dict[str, str] | None
     model: str
+    sparse_model: str | None
     first_stage: str
     hybrid_weight: float
+    hybrid_weights: dict[Stage, float]
     index: str
 
 
@@ -276,8 +320,10 @@ def store_object(state: StoreState, now: int) -> VectorStoreObject:
         last_active_at=row.last_active_at,
         metadata=row.metadata,
         model=row.model,
+        sparse_model=row.sparse_model,
         first_stage=row.first_stage,
         hybrid_weight=row.hybrid_weight,
+        hybrid_weights=dict(hybrid_weights(row.hybrid_weight, row.hybrid_weights)),
         index=row.index_kind,
     )
 

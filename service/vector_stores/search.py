@@ -1,6 +1,7 @@
 """This replica's search indexes of vector stores: each store's chunks held in memory
-(:class:`~embedrank.serving.stores.StoreIndex`), read from the database and read again when the store's
-``version`` moves (a file completed or removed on any replica, attributes changed)."""
+(:class:`~embedrank.serving.stores.StoreIndex`), read from the database and brought up to date when the store's
+``version`` moves (a file completed or removed on any replica, attributes changed): the chunks of the files
+it still has, unchanged, are kept; only the others are read."""
 
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ class IndexCache:
         async with lock:  # concurrent searches of a changed store read it once
             held = self._held.get(store.id)
             if held is None or held.data.version < store.version:
-                held = StoreIndex(
-                    await asyncio.to_thread(self.tables.searchable, store, dimension), kind=store.index_kind
+                chunks = await asyncio.to_thread(
+                    self.tables.searchable, store, dimension, held.data if held is not None else None
                 )
+                held = StoreIndex(chunks, kind=store.index_kind)
                 self._held[store.id] = held
                 self._held.move_to_end(store.id)
                 while len(self._held) > 1 and (

@@ -12,13 +12,19 @@ from typing import Any
 from embedrank.errors import shorten
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions, RerankOptions
-from embedrank.serving.stores import parse_filter, window_of
+from embedrank.serving.stores import FirstStage, Stage, hybrid_weights, parse_filter, window_of
 from embedrank.types import Chunking
 from service.batches.service import BatchService
 from service.batches.worker import RETRY_SECONDS
 from service.errors import APIError, invalid
 from service.vector_stores.ingest import Ingestor
-from service.vector_stores.schemas import AUTO_CHUNK, ChunkingStrategy, SearchRequest, StaticChunking
+from service.vector_stores.schemas import (
+    AUTO_CHUNK,
+    ChunkingStrategy,
+    CreateVectorStoreRequest,
+    SearchRequest,
+    StaticChunking,
+)
 from service.vector_stores.search import IndexCache, chunk_results
 from service.vector_stores.store import StoreRow, VectorStoreTables
 
@@ -87,10 +93,54 @@ class VectorStoreService:
             )
         return model_id, served
 
-    async def chunking(self, strategy: ChunkingStrategy | None, served: HostedModel, model_id: str) -> tuple[int, int]:
-        """(tokens a chunk, tokens of overlap) of ``strategy`` for a store of ``served``: ``auto`` is OpenAI's
-        800/400 within the model's window; a static size past the window is refused (its end would not be read)."""
-        window = await window_of(served)
+    def sparse_embedder(self, model: str | None) -> tuple[str, HostedModel]:
+        """The served model ``model`` that gives sparse vectors (SPLADE, bge-m3; default: the first served)."""
+        pool = self.batches.pool_of()
+        if model is None:
+            model = next((m for m, plan in pool.described().items() if "sparse" in plan.outputs), None)
+            if model is None:
+                raise invalid(
+                    "no SPLADE model is served, so a vector store cannot search with `splade`; serve one "
+                    "(EMBEDRANK_MODELS) or choose another first stage",
+                    param="sparse_model",
+                    code="no_sparse_model",
+                )
+        served = pool.get(model, "embeddings")
+        if "sparse" not in served.outputs:
+            raise invalid(
+                f"model {shorten(model)!r} gives no sparse vectors; `sparse_model` names a SPLADE model (or bge-m3)",
+                param="sparse_model",
+                code="model_wrong_kind",
+            )
+        return model, served
+
+    def planned(
+        self, data: CreateVectorStoreRequest
+    ) -> tuple[list[tuple[str, HostedModel]], dict[Stage, float] | None]:
+        """The served models that will embed a store created with ``data`` (its embedding model, then its SPLADE
+        model: the one named, or the first served when its first stage or hybrid weights ask for SPLADE), and
+        its hybrid weights if it names them."""
+        models = [self.embedder(data.model)]
+        weights = data.hybrid_weights
+        if data.sparse_model is not None or data.first_stage == "splade" or "splade" in (weights or {}):
+            models.append(self.sparse_embedder(data.sparse_model))
+        return models, weights
+
+    def embedders(self, store: StoreRow) -> list[tuple[str, HostedModel]]:
+        """The served models that embed ``store``'s chunks: its embedding model, then its SPLADE model if any."""
+        models = [self.embedder(store.model)]
+        if store.sparse_model is not None:
+            models.append(self.sparse_embedder(store.sparse_model))
+        return models
+
+    async def chunking(
+        self, strategy: ChunkingStrategy | None, models: list[tuple[str, HostedModel]]
+    ) -> tuple[int, int]:
+        """(tokens a chunk, tokens of overlap) of ``strategy`` for a store embedded by ``models`` (id, served):
+        ``auto`` is OpenAI's 800/400 within the models' windows; a static size past a model's window is refused
+        (its end would not be read)."""
+        windows = [(await window_of(served), model_id) for model_id, served in models]
+        window, model_id = min(windows)
         if not isinstance(strategy, StaticChunking):
             size = min(AUTO_CHUNK[0], window)
             return size, min(AUTO_CHUNK[1], size // 2)
@@ -127,6 +177,31 @@ class VectorStoreService:
         pool.get(asked, "rerank")  # a model that is not served, or does not rerank: its error
         return asked
 
+    @staticmethod
+    def stages(
+        store: StoreRow, stage: FirstStage, weights: dict[Stage, float] | None, dense_weight: float | None
+    ) -> dict[Stage, float]:
+        """The stages a search of ``store`` by ``stage`` runs, with their weights in a hybrid (``weights``, else
+        dense ``dense_weight`` and BM25 the rest, else the store's): a SPLADE stage needs the store's SPLADE
+        model."""
+        param = "first_stage"
+        if stage != "hybrid":
+            runs: dict[Stage, float] = {stage: 1.0}
+        elif weights is not None:
+            runs, param = hybrid_weights(0.0, weights), "hybrid_weights"
+        elif dense_weight is not None:
+            runs, param = hybrid_weights(dense_weight), "hybrid_weight"
+        else:
+            runs = hybrid_weights(store.hybrid_weight, store.hybrid_weights)
+        if "splade" in runs and store.sparse_model is None:
+            raise invalid(
+                "this vector store has no sparse_model, so it cannot search with `splade`: create one with "
+                "`sparse_model` (or `first_stage: splade`)",
+                param=param,
+                code="no_sparse_model",
+            )
+        return runs
+
     async def search(self, store: StoreRow, req: SearchRequest) -> tuple[list[str], str, list[dict[str, Any]]]:
         """``req`` over ``store``: the queries searched, the ranker, and the results best first."""
         limits = self.settings.limits
@@ -148,19 +223,21 @@ class VectorStoreService:
         options = req.ranking_options
         ranker = self.ranker(options.ranker if options is not None else "auto")
         threshold = options.score_threshold if options is not None else 0.0
-        _, served = self.embedder(store.model)
-        vectors = None
         stage = req.first_stage or store.first_stage
-        weight = req.hybrid_weight if req.hybrid_weight is not None else store.hybrid_weight
-        if stage != "bm25":
-            embedded = await served.embed(
-                queries, EmbedOptions(input_type="query", truncate=False, budget=limits.max_request_tokens)
-            )
-            vectors = embedded.output.embeddings
+        runs = self.stages(store, stage, req.hybrid_weights, req.hybrid_weight)
+        models = self.embedders(store)
+        asked = EmbedOptions(input_type="query", truncate=False, budget=limits.max_request_tokens)
+        vectors = sparse = None
+        if "dense" in runs:
+            vectors = (await models[0][1].embed(queries, asked)).output.embeddings
+        if "splade" in runs:
+            sparse = (await models[1][1].sparse(queries, asked)).output.sparse
         assert self.indexes is not None
-        index = await self.indexes.index(store, dimension_of(served))
+        index = await self.indexes.index(store, dimension_of(models[0][1]))
         depth = req.max_num_results if ranker == NO_RANKER else max(req.rerank_candidates, req.max_num_results)
-        ranked = await asyncio.to_thread(index.first_stage, stage, queries, vectors, where, depth, hybrid_weight=weight)
+        ranked = await asyncio.to_thread(
+            index.first_stage, stage, queries, vectors, where, depth, sparse=sparse, weights=runs
+        )
         if ranker != NO_RANKER and ranked:
             texts = [index.data.texts[row] for row, _ in ranked]
             reranked = (

@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 import msgspec
 import numpy as np
+import scipy.sparse as sp
 
-from embedrank.serving.stores import Chunks, StoreIndexKind
+from embedrank.serving.stores import Chunks, FirstStage, Stage, StoreIndexKind
 from service.batches.database import Connection, Database
 from service.batches.store import _lease_free, new_id
 from service.errors import StoreError
@@ -41,6 +42,8 @@ CREATE TABLE IF NOT EXISTS vector_stores (
     model TEXT NOT NULL,
     first_stage TEXT NOT NULL,
     hybrid_weight {real} NOT NULL,
+    hybrid_weights TEXT,
+    sparse_model TEXT,
     index_kind TEXT NOT NULL DEFAULT 'auto',
     chunk_size INTEGER NOT NULL,
     chunk_overlap INTEGER NOT NULL,
@@ -77,6 +80,7 @@ CREATE TABLE IF NOT EXISTS vector_store_chunks (
     text TEXT NOT NULL,
     attributes TEXT,
     vector {blob} NOT NULL,
+    sparse {blob},
     PRIMARY KEY (vector_store_id, file_id, number)
 );
 CREATE TABLE IF NOT EXISTS vector_store_file_batches (
@@ -115,8 +119,10 @@ class TooManyFilesError(StoreError):
 
 
 class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A vector store: OpenAI's fields, its owner, how it searches (the embedding ``model``, the ``first_stage``,
-    the dense weight of a hybrid and the dense stage's ``index_kind``), its default chunking, and the ``version`` of what a search sees."""
+    """A vector store: OpenAI's fields, its owner, how it searches (the embedding ``model``, the SPLADE
+    ``sparse_model`` if it has one, the ``first_stage``, the weights of a hybrid — ``hybrid_weights``, or dense
+    ``hybrid_weight`` and BM25 the rest — and the dense stage's ``index_kind``), its default chunking, and the
+    ``version`` of what a search sees."""
 
     seq: int
     id: str
@@ -125,8 +131,10 @@ class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
     description: str | None
     metadata: dict[str, str] | None
     model: str
-    first_stage: Literal["dense", "bm25", "hybrid"]
+    sparse_model: str | None = None
+    first_stage: FirstStage
     hybrid_weight: float
+    hybrid_weights: dict[Stage, float] | None = None
     index_kind: StoreIndexKind
     chunk_size: int
     chunk_overlap: int
@@ -184,11 +192,46 @@ class BatchRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ChunkData(msgspec.Struct, frozen=True):
-    """A chunk as the worker writes it: its text, its own attributes (a JSON Lines line's) and its vector."""
+    """A chunk as the worker writes it: its text, its own attributes (a JSON Lines line's), its vector ``(D,)``
+    and, in a store with a SPLADE model, its sparse vector as ``(indices, values)``."""
 
     text: str
     attributes: Attributes | None
     vector: np.ndarray
+    sparse: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def size(self) -> int:
+        """What the chunk takes in the store, in bytes: its text, 4 a vector component, 8 a sparse weight."""
+        weights = len(self.sparse[0]) if self.sparse is not None else 0
+        return len(self.text.encode()) + 4 * self.vector.size + 8 * weights
+
+
+def sparse_bytes(indices: np.ndarray, values: np.ndarray) -> bytes:
+    """A sparse vector as stored: its indices as little-endian int32, then its values as float32."""
+    return np.ascontiguousarray(indices, dtype="<i4").tobytes() + np.ascontiguousarray(values, dtype="<f4").tobytes()
+
+
+def sparse_rows(blobs: list[bytes]) -> sp.csr_matrix:
+    """``(N, V)`` float32 rows of stored sparse vectors (:func:`sparse_bytes`), ``V`` one past their largest
+    index (a search widens the narrower of its queries and these to the other's width)."""
+    indptr = np.zeros(len(blobs) + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum([len(b) // 8 for b in blobs])
+    indices = np.empty(int(indptr[-1]), dtype=np.int32)
+    values = np.empty(int(indptr[-1]), dtype=np.float32)
+    for i, blob in enumerate(blobs):
+        n = len(blob) // 8
+        indices[indptr[i] : indptr[i + 1]] = np.frombuffer(blob, dtype="<i4", count=n)
+        values[indptr[i] : indptr[i + 1]] = np.frombuffer(blob, dtype="<f4", offset=4 * n)
+    width = int(indices.max()) + 1 if len(indices) else 1
+    return sp.csr_matrix((values, indices, indptr), shape=(len(blobs), width))
+
+
+def stacked(parts: list[sp.csr_matrix]) -> sp.csr_matrix:
+    """``parts`` one under the other, each widened to the widest one's width."""
+    width = max((p.shape[1] for p in parts), default=1)
+    widened = [sp.csr_matrix((p.data, p.indices, p.indptr), shape=(p.shape[0], width)) for p in parts]
+    return sp.vstack(widened, format="csr") if widened else sp.csr_matrix((0, width), dtype=np.float32)
 
 
 def _json(value: Any) -> str | None:
@@ -203,7 +246,7 @@ def _decoded(row: Any, *names: str) -> dict[str, Any]:
 
 
 def _store(row: Any) -> StoreRow:
-    return msgspec.convert(_decoded(row, "metadata"), StoreRow)
+    return msgspec.convert(_decoded(row, "metadata", "hybrid_weights"), StoreRow)
 
 
 def _file(row: Any) -> FileRow:
@@ -264,8 +307,10 @@ class VectorStoreTables:
         description: str | None,
         metadata: dict[str, str] | None,
         model: str,
+        sparse_model: str | None,
         first_stage: str,
         hybrid_weight: float,
+        hybrid_weights: dict[Stage, float] | None,
         index_kind: str,
         chunk_size: int,
         chunk_overlap: int,
@@ -284,9 +329,9 @@ class VectorStoreTables:
                 )
             now = int(self._now(db))
             db.execute(
-                "INSERT INTO vector_stores (id, owner, name, description, metadata, model, first_stage, hybrid_weight, "
-                "index_kind, chunk_size, chunk_overlap, expires_after_days, created_at, last_active_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO vector_stores (id, owner, name, description, metadata, model, sparse_model, first_stage, "
+                "hybrid_weight, hybrid_weights, index_kind, chunk_size, chunk_overlap, expires_after_days, created_at, "
+                "last_active_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     store_id,
                     owner,
@@ -294,8 +339,10 @@ class VectorStoreTables:
                     description,
                     _json(metadata),
                     model,
+                    sparse_model,
                     first_stage,
                     hybrid_weight,
+                    _json(hybrid_weights),
                     index_kind,
                     chunk_size,
                     chunk_overlap,
@@ -658,8 +705,8 @@ class VectorStoreTables:
                 (file.vector_store_id, file.file_id),
             )
             db.executemany(
-                "INSERT INTO vector_store_chunks (vector_store_id, file_id, number, text, attributes, vector) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO vector_store_chunks (vector_store_id, file_id, number, text, attributes, vector, sparse) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         file.vector_store_id,
@@ -668,11 +715,12 @@ class VectorStoreTables:
                         chunk.text,
                         _json(chunk.attributes),
                         np.ascontiguousarray(chunk.vector, dtype="<f4").tobytes(),
+                        sparse_bytes(*chunk.sparse) if chunk.sparse is not None else None,
                     )
                     for number, chunk in enumerate(chunks)
                 ],
             )
-            used = sum(len(c.text.encode()) + 4 * c.vector.size for c in chunks)
+            used = sum(c.size for c in chunks)
             db.execute(
                 "UPDATE vector_store_files SET status = 'completed', chunks = ?, usage_bytes = ?, claimed_by = NULL, "
                 "lease_until = NULL WHERE seq = ?",
@@ -699,28 +747,70 @@ class VectorStoreTables:
         )
 
     # -- searches -----------------------------------------------------------------------------------
-    def searchable(self, store: StoreRow, dimension: int) -> Chunks:
-        """Every chunk of ``store``'s completed files as a search sees it, and the version they are at least at
-        (read before them, so that a file completed meanwhile makes the next search read them again)."""
+    def searchable(self, store: StoreRow, dimension: int, held: Chunks | None = None) -> Chunks:
+        """Every chunk of ``store``'s completed files as a search sees it (with their sparse vectors in a store
+        with a SPLADE model), and the version they are at least at (read before them, so that a file completed
+        meanwhile makes the next search read them again). The chunks of a file ``held`` has at the same
+        attributes (an earlier version of the store) are taken from it; only the other files' are read."""
         db = self.db.connection()  # the version first: rows newer than it are read again at the next search
         version = db.execute("SELECT version FROM vector_stores WHERE id = ?", (store.id,)).fetchone()["version"]
-        rows = db.execute(
-            "SELECT c.file_id, f.filename, c.text, c.attributes, f.attributes AS file_attributes, c.vector "
-            "FROM vector_store_chunks c JOIN vector_store_files f "
-            "ON f.vector_store_id = c.vector_store_id AND f.file_id = c.file_id "
-            "WHERE c.vector_store_id = ? AND f.status = 'completed' ORDER BY f.seq, c.number",
+        files = db.execute(
+            "SELECT seq, filename, attributes FROM vector_store_files WHERE vector_store_id = ? AND status = "
+            "'completed' ORDER BY seq",
             (store.id,),
         ).fetchall()
-        vectors = np.empty((len(rows), dimension), dtype=np.float32)
-        for i, row in enumerate(rows):
-            vectors[i] = np.frombuffer(bytes(row["vector"]), dtype="<f4")
+        kept = held.parts if held is not None else {}
+        keys = [(int(f["seq"]), f["attributes"]) for f in files]  # a file re-attached or re-labelled: read again
+        fresh: dict[int, list[Any]] = {}
+        wanted = [seq for seq, attributes in keys if (seq, attributes) not in kept]
+        for first in range(0, len(wanted), 500):
+            seqs = wanted[first : first + 500]
+            for row in db.execute(
+                "SELECT f.seq, c.file_id, c.text, c.attributes, c.vector, c.sparse FROM vector_store_chunks c "
+                "JOIN vector_store_files f ON f.vector_store_id = c.vector_store_id AND f.file_id = c.file_id "
+                f"WHERE c.vector_store_id = ? AND f.status = 'completed' AND f.seq IN ({','.join('?' * len(seqs))}) "
+                "ORDER BY f.seq, c.number",
+                (store.id, *seqs),
+            ):
+                fresh.setdefault(int(row["seq"]), []).append(row)
+        file_ids: list[str] = []
+        filenames: list[str] = []
+        texts: list[str] = []
+        attributes: list[Any] = []
+        vectors: list[np.ndarray] = [np.empty((0, dimension), dtype=np.float32)]
+        sparse: list[sp.csr_matrix] = []
+        parts: dict[Any, tuple[int, int]] = {}
+        for file, key in zip(files, keys, strict=True):
+            start = len(texts)
+            if key in kept:
+                assert held is not None
+                a, b = kept[key]
+                file_ids += held.file_ids[a:b]
+                filenames += held.filenames[a:b]
+                texts += held.texts[a:b]
+                attributes += held.attributes[a:b]
+                vectors.append(held.vectors[a:b])
+                if held.sparse is not None:
+                    sparse.append(held.sparse[a:b])
+            else:
+                rows = fresh.get(key[0], [])
+                own = json.loads(file["attributes"] or "{}")
+                file_ids += [r["file_id"] for r in rows]
+                filenames += [file["filename"]] * len(rows)
+                texts += [r["text"] for r in rows]
+                attributes += [{**own, **json.loads(r["attributes"] or "{}")} for r in rows]
+                blob = b"".join(bytes(r["vector"]) for r in rows)
+                vectors.append(np.frombuffer(blob, dtype="<f4").reshape(len(rows), dimension))
+                sparse.append(sparse_rows([bytes(r["sparse"] or b"") for r in rows]))
+            parts[key] = (start, len(texts))
         return Chunks(
             version=int(version),
-            file_ids=[r["file_id"] for r in rows],
-            filenames=[r["filename"] for r in rows],
-            texts=[r["text"] for r in rows],
-            attributes=[
-                {**json.loads(r["file_attributes"] or "{}"), **json.loads(r["attributes"] or "{}")} for r in rows
-            ],
-            vectors=vectors,
+            file_ids=file_ids,
+            filenames=filenames,
+            texts=texts,
+            attributes=attributes,
+            vectors=np.concatenate(vectors).astype(np.float32, copy=False),
+            sparse=stacked(sparse) if store.sparse_model else None,
+            parts=parts,
+            read=sum(map(len, fresh.values())),
         )
