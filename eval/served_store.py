@@ -62,13 +62,16 @@ def create_store(
     chunking: dict[str, Any] | None,
     model: str | None = None,
     sparse_model: str | None = None,
+    hybrid_weights: dict[str, float] | None = None,
     timeout: float = 3600.0,
 ) -> str:
-    """A store over ``file_ids`` (embedded by ``model`` and, if named, the SPLADE ``sparse_model``), once every
-    file is read; its id."""
+    """A store over ``file_ids`` (embedded by ``model`` and, if named, the SPLADE ``sparse_model``; its hybrid
+    fusing the stages ``hybrid_weights`` names, if given), once every file is read; its id."""
     extra: dict[str, Any] = {"first_stage": first_stage, **({"model": model} if model else {})}
     if sparse_model:
         extra["sparse_model"] = sparse_model
+    if hybrid_weights:
+        extra["hybrid_weights"] = hybrid_weights
     store = client.vector_stores.create(
         name=name, extra_body=extra, **({"chunking_strategy": chunking} if chunking else {})
     )
