@@ -490,3 +490,32 @@ def test_a_store_searches_through_the_index_it_was_created_with(client, monkeypa
     assert {held[made[k].id].dense_kind for k in ("flat", "auto")} == {"flat"}
     where = {"type": "in", "key": "_id", "value": [f"d{i}" for i in range(0, 400, 5)]}
     assert same(top("pq", filters=where), top("flat", filters=where))
+
+
+def test_a_store_splade_search_equals_the_exact_scorer_whatever_the_widths():
+    """The SPLADE stage's chunks-by-term product equals :func:`sparse_scores` (the oracle) over the widened
+    matrices, for queries wider and narrower than the chunks' largest index, filtered or not."""
+    import scipy.sparse as sp
+
+    from embedrank.math.sparse import sparse_scores
+    from embedrank.serving.stores import Chunks, StoreIndex
+
+    rng = np.random.default_rng(0)
+    docs = sp.random(50, 40, density=0.2, format="csr", dtype=np.float32, random_state=rng)
+    data = Chunks(1, ["f"] * 50, ["f.txt"] * 50, ["t"] * 50, [{}] * 50, np.zeros((50, 4), np.float32), docs)
+    index = StoreIndex(data)
+    allowed = rng.random(50) < 0.5
+    for width in (60, 30):
+        queries = sp.random(3, width, density=0.3, format="csr", dtype=np.float32, random_state=rng)
+        wide = max(width, 40)
+        oracle = sparse_scores(
+            stacked([queries, sp.csr_matrix((0, wide))])[:3], stacked([docs, sp.csr_matrix((0, wide))])[:50]
+        )
+        for where in (None, allowed):
+            run = index.splade(queries, where, depth=50)
+            for q, found in run.items():
+                expected = {
+                    str(d): float(s) for d, s in enumerate(oracle[int(q)]) if s > 0 and (where is None or where[d])
+                }
+                assert found.keys() == expected.keys()
+                assert [found[d] for d in expected] == pytest.approx(list(expected.values()), rel=1e-6)

@@ -25,7 +25,6 @@ import scipy.sparse as sp
 
 from embedrank.math.fusion import weighted_fusion
 from embedrank.math.ranking import top_k
-from embedrank.math.sparse import sparse_scores
 from embedrank.models.chunking import Offsets, split_windows
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, file_type, read_documents
@@ -136,14 +135,16 @@ class Chunks:
 
 @dataclasses.dataclass
 class StoreIndex:
-    """One store's chunks at one version, its BM25 index (built on the first lexical search) and, for a
-    ``kind`` other than ``flat``, its approximate dense index (``auto``: HNSW from :data:`AUTO_ANN_CHUNKS`
-    chunks), built in a thread of its own from the first dense search on: until it is ready, and for a
-    filtered search or a store of fewer than :data:`MIN_ANN_CHUNKS` chunks, the dense search is exact."""
+    """One store's chunks at one version, its BM25 index and its sparse vectors by term (each built on the first
+    search that needs it) and, for a ``kind`` other than ``flat``, its approximate dense index (``auto``: HNSW
+    from :data:`AUTO_ANN_CHUNKS` chunks), built in a thread of its own from the first dense search on: until it
+    is ready, and for a filtered search or a store of fewer than :data:`MIN_ANN_CHUNKS` chunks, the dense
+    search is exact."""
 
     data: Chunks
     kind: StoreIndexKind = "flat"
     _bm25: BM25Retriever | None = None
+    _by_term: sp.csr_matrix | None = None
     _ann: AnyIndex | None = None
     _building: threading.Thread | None = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -217,17 +218,20 @@ class StoreIndex:
         return run
 
     def splade(self, queries: sp.csr_matrix, allowed: np.ndarray | None, depth: int) -> Run:
-        """Top ``depth`` chunks by the dot product of sparse vectors (score > 0), per query row of ``(Q, V)``."""
-        if self.data.sparse is None:
-            raise ValueError("this store's chunks have no sparse vectors")
+        """Top ``depth`` chunks by the dot product of sparse vectors (score > 0), per query row of ``(Q, V)``:
+        through the chunks' vectors by term ``(V, N)``, built on the first SPLADE search, so that a search reads
+        only its terms' rows (about 1 ms for 200,000 chunks, where a product with the chunks' rows, transposed
+        at each search, takes 0.5 s)."""
+        with self._lock:
+            if self._by_term is None:
+                if self.data.sparse is None:
+                    raise ValueError("this store's chunks have no sparse vectors")
+                self._by_term = self.data.sparse.T.tocsr()
         k = min(depth, len(self))
-        docs = self.data.sparse
-        if queries.shape[1] != docs.shape[1]:  # one side's width is its largest index: widen the other
-            width = max(queries.shape[1], docs.shape[1])
-            queries, docs = (
-                sp.csr_matrix((m.data, m.indices, m.indptr), shape=(m.shape[0], width)) for m in (queries, docs)
-            )
-        scores = sparse_scores(queries, docs)  # (Q, N)
+        width = self._by_term.shape[0]  # the chunks' largest index + 1: a query's terms past it match nothing
+        if queries.shape[1] < width:
+            queries = sp.csr_matrix((queries.data, queries.indices, queries.indptr), shape=(queries.shape[0], width))
+        scores = np.asarray((queries[:, :width] @ self._by_term).toarray(), dtype=np.float32)  # (Q, N)
         if allowed is not None:
             scores[:, ~allowed] = 0.0
         run: Run = {}
