@@ -109,6 +109,16 @@ def max_rows(rows: sp.csr_matrix, owners: np.ndarray, n: int) -> sp.csr_matrix:
     return sp.csr_matrix((data.astype(np.float32), (keys // coo.shape[1], keys % coo.shape[1])), shape=shape)
 
 
+def widened(matrix: sp.csr_matrix, width: int) -> sp.csr_matrix:
+    """``matrix`` ``(N, V)`` as ``(N, width)``, ``width >= V``: the same rows, more columns, all empty (the data is
+    shared, not copied).
+
+    >>> widened(sp.csr_matrix(np.array([[0.0, 2.0]])), 3).toarray()
+    array([[0., 2., 0.]])
+    """
+    return sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=(matrix.shape[0], width))
+
+
 def prune_rows(matrix: sp.csr_matrix, top_k: int) -> sp.csr_matrix:
     """Only each row's ``top_k`` largest values (ties broken by the lower column), as :func:`to_csr` prunes
     dense weights; ``(N, V)`` in, ``(N, V)`` out.

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 
 from embedrank.math.fusion import weighted_fusion
 from embedrank.math.ranking import top_k
+from embedrank.math.sparse import widened
 from embedrank.models.chunking import Offsets, split_windows
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, file_type, read_documents
@@ -82,6 +83,15 @@ def hybrid_weights(dense_weight: float, weights: Mapping[Stage, float] | None = 
     """
     given = weights if weights is not None else {"dense": dense_weight, "bm25": 1.0 - dense_weight}
     return {stage: float(given[stage]) for stage in STAGES if given.get(stage, 0.0) > 0}
+
+
+def _best(scores: np.ndarray, k: int) -> Run:
+    """Each query's ``k`` best rows (ids: row numbers as strings) of ``scores`` ``(Q, N)``, those not ``-inf``."""
+    run: Run = {}
+    for q, row in enumerate(scores):
+        best = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
+        run[str(q)] = {str(int(i)): float(row[i]) for i in best if np.isfinite(row[i])}
+    return run
 
 
 async def window_of(served: HostedModel) -> int:
@@ -200,11 +210,7 @@ class StoreIndex:
         scores = queries.astype(np.float32) @ self.data.vectors.T  # (Q, N)
         if allowed is not None:
             scores[:, ~allowed] = -np.inf
-        run: Run = {}
-        for q, row in enumerate(scores):
-            best = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
-            run[str(q)] = {str(int(i)): float(row[i]) for i in best if np.isfinite(row[i])}
-        return run
+        return _best(scores, k)
 
     def lexical(self, queries: Sequence[str], allowed: np.ndarray | None, depth: int) -> Run:
         """Top ``depth`` chunks by BM25, per query."""
@@ -230,15 +236,12 @@ class StoreIndex:
         k = min(depth, len(self))
         width = self._by_term.shape[0]  # the chunks' largest index + 1: a query's terms past it match nothing
         if queries.shape[1] < width:
-            queries = sp.csr_matrix((queries.data, queries.indices, queries.indptr), shape=(queries.shape[0], width))
+            queries = widened(queries, width)
         scores = np.asarray((queries[:, :width] @ self._by_term).toarray(), dtype=np.float32)  # (Q, N)
+        scores[scores <= 0] = -np.inf  # a chunk that shares no term with the query is not found
         if allowed is not None:
-            scores[:, ~allowed] = 0.0
-        run: Run = {}
-        for q, row in enumerate(scores):
-            best = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
-            run[str(q)] = {str(int(i)): float(row[i]) for i in best if row[i] > 0}
-        return run
+            scores[:, ~allowed] = -np.inf
+        return _best(scores, k)
 
     def first_stage(
         self,

@@ -82,16 +82,8 @@ class VectorStoreService:
     # -- calls --------------------------------------------------------------------------------------
     def embedder(self, model: str | None) -> tuple[str, HostedModel]:
         """The served embedding model ``model`` (default: the first), by its id."""
-        pool = self.batches.pool_of()
-        model_id = model or pool.default("embeddings")
-        served = pool.get(model_id, "embeddings")
-        if "dense" not in served.outputs:
-            raise invalid(
-                f"model {shorten(model_id)!r} gives no dense vectors; a vector store needs a dense embedding model",
-                param="model",
-                code="model_wrong_kind",
-            )
-        return model_id, served
+        model_id = model or self.batches.pool_of().default("embeddings")
+        return model_id, self._giving(model_id, "dense", "model", "a vector store needs a dense embedding model")
 
     def sparse_embedder(self, model: str | None) -> tuple[str, HostedModel]:
         """The served model ``model`` that gives sparse vectors (SPLADE, bge-m3; default: the first served)."""
@@ -105,14 +97,17 @@ class VectorStoreService:
                     param="sparse_model",
                     code="no_sparse_model",
                 )
-        served = pool.get(model, "embeddings")
-        if "sparse" not in served.outputs:
+        return model, self._giving(model, "sparse", "sparse_model", "`sparse_model` names a SPLADE model (or bge-m3)")
+
+    def _giving(self, model_id: str, output: str, param: str, wanted: str) -> HostedModel:
+        """The served embedding model ``model_id``, refused (400, naming ``param`` and what is ``wanted``) when
+        it gives no ``output`` vectors."""
+        served = self.batches.pool_of().get(model_id, "embeddings")
+        if output not in served.outputs:
             raise invalid(
-                f"model {shorten(model)!r} gives no sparse vectors; `sparse_model` names a SPLADE model (or bge-m3)",
-                param="sparse_model",
-                code="model_wrong_kind",
+                f"model {shorten(model_id)!r} gives no {output} vectors; {wanted}", param=param, code="model_wrong_kind"
             )
-        return model, served
+        return served
 
     def planned(
         self, data: CreateVectorStoreRequest

@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 import scipy.sparse as sp
 
+from embedrank.math.sparse import widened
 from embedrank.serving.stores import Chunks, FirstStage, Stage, StoreIndexKind
 from service.batches.database import Connection, Database
 from service.batches.store import _lease_free, new_id
@@ -230,8 +231,11 @@ def sparse_rows(blobs: list[bytes]) -> sp.csr_matrix:
 def stacked(parts: list[sp.csr_matrix]) -> sp.csr_matrix:
     """``parts`` one under the other, each widened to the widest one's width."""
     width = max((p.shape[1] for p in parts), default=1)
-    widened = [sp.csr_matrix((p.data, p.indices, p.indptr), shape=(p.shape[0], width)) for p in parts]
-    return sp.vstack(widened, format="csr") if widened else sp.csr_matrix((0, width), dtype=np.float32)
+    return (
+        sp.vstack([widened(p, width) for p in parts], format="csr")
+        if parts
+        else sp.csr_matrix((0, width), dtype=np.float32)
+    )
 
 
 def _json(value: Any) -> str | None:
