@@ -7,6 +7,8 @@ matrices are ``scipy.sparse.csr_matrix`` of float32, one row per text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -117,6 +119,20 @@ def widened(matrix: sp.csr_matrix, width: int) -> sp.csr_matrix:
     array([[0., 2., 0.]])
     """
     return sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=(matrix.shape[0], width))
+
+
+def stacked(parts: Sequence[sp.csr_matrix]) -> sp.csr_matrix:
+    """``parts`` ``(N_i, V_i)`` one under the other, each :func:`widened` to the widest one's width:
+    ``(sum N_i, max V_i)`` (``(0, 1)`` float32 for no parts).
+
+    >>> stacked([sp.csr_matrix(np.array([[1.0]])), sp.csr_matrix(np.array([[0.0, 2.0]]))]).toarray()
+    array([[1., 0.],
+           [0., 2.]])
+    """
+    width = max((p.shape[1] for p in parts), default=1)
+    if not parts:
+        return sp.csr_matrix((0, width), dtype=np.float32)
+    return sp.vstack([widened(p, width) for p in parts], format="csr")
 
 
 def prune_rows(matrix: sp.csr_matrix, top_k: int) -> sp.csr_matrix:

@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 from embedrank.math.fusion import weighted_fusion
 from embedrank.math.ranking import top_k
-from embedrank.math.sparse import widened
+from embedrank.math.sparse import stacked, widened
 from embedrank.models.chunking import Offsets, split_windows
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, file_type, read_documents
@@ -53,6 +53,7 @@ __all__ = [
     "hybrid_weights",
     "parse_filter",
     "read_documents",
+    "stacked",
     "window_of",
 ]
 

@@ -26,8 +26,7 @@ import msgspec
 import numpy as np
 import scipy.sparse as sp
 
-from embedrank.math.sparse import widened
-from embedrank.serving.stores import Chunks, FirstStage, Stage, StoreIndexKind
+from embedrank.serving.stores import Chunks, FirstStage, Stage, StoreIndexKind, stacked
 from service.batches.database import Connection, Database
 from service.batches.store import _lease_free, new_id
 from service.errors import StoreError
@@ -226,16 +225,6 @@ def sparse_rows(blobs: list[bytes]) -> sp.csr_matrix:
         values[indptr[i] : indptr[i + 1]] = np.frombuffer(blob, dtype="<f4", offset=4 * n)
     width = int(indices.max()) + 1 if len(indices) else 1
     return sp.csr_matrix((values, indices, indptr), shape=(len(blobs), width))
-
-
-def stacked(parts: list[sp.csr_matrix]) -> sp.csr_matrix:
-    """``parts`` one under the other, each widened to the widest one's width."""
-    width = max((p.shape[1] for p in parts), default=1)
-    return (
-        sp.vstack([widened(p, width) for p in parts], format="csr")
-        if parts
-        else sp.csr_matrix((0, width), dtype=np.float32)
-    )
 
 
 def _json(value: Any) -> str | None:
