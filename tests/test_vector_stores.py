@@ -18,10 +18,10 @@ import openai
 import pytest
 from litestar.testing import TestClient
 
+from embedrank.math.sparse import stacked
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 from service.app import create_app
 from service.settings import Auth, Batches, Engine, Limits, Settings
-from service.vector_stores.store import stacked
 
 KEYS = ("key-a", "key-b")
 
