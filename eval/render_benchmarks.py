@@ -506,7 +506,9 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
             )
     if name == "store-index":
         rows = re.findall(
-            r"^\| ([\d,]+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \|", out, re.M
+            r"^\| ([\d,]+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| (?:[\d.]+ \| )?([\d.]+) \|",
+            out,
+            re.M,
         )
         if rows:
             chunks, exact, hnsw, _, recall = rows[-1]

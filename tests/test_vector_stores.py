@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -519,3 +520,114 @@ def test_a_store_splade_search_equals_the_exact_scorer_whatever_the_widths():
                 }
                 assert found.keys() == expected.keys()
                 assert [found[d] for d in expected] == pytest.approx(list(expected.values()), rel=1e-6)
+
+
+def _chunks(version: int, vectors: np.ndarray, keys: list[str]) -> Any:
+    from embedrank.serving.stores import Chunks
+
+    n = len(keys)
+    return Chunks(version, ["f"] * n, ["f.txt"] * n, ["t"] * n, [{}] * n, vectors, keys=keys)
+
+
+def _built(data: Any, kind: str, folder: Path) -> Any:
+    from embedrank.serving.stores import StoreIndex
+
+    index = StoreIndex(data, kind=kind, folder=folder)  # type: ignore[arg-type]
+    index.approximate()
+    assert index.wait_built(60)
+    return index
+
+
+def test_a_saved_store_index_grows_at_the_next_version_and_is_never_trusted_blindly(tmp_path, monkeypatch, caplog):
+    """An approximate index saved at one version is loaded at the next and grown by the new chunks only; a
+    removed chunk, a corrupt file, another kind or an IVF that learnt from too few chunks is built again; a save
+    left unfinished is never read; only the newest save stays."""
+    import embedrank.serving.stores as stores
+
+    monkeypatch.setattr(stores, "MIN_ANN_CHUNKS", 10)
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(600, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    keys = [f"{i // 10}.{i % 10}" for i in range(600)]
+    folder = tmp_path / "vs_1"
+    folder.mkdir()
+    unfinished = folder / ".ann-unfinished.part"  # a save a stopped process left: never read, removed when stale
+    unfinished.mkdir()
+    (unfinished / "store-index.json").write_text("{")
+
+    def top(index: Any, row: int) -> int:
+        return int(next(iter(index.dense(vectors[row : row + 1], None, 5)["0"])))
+
+    first = _built(_chunks(1, vectors[:200], keys[:200]), "hnsw", folder)
+    assert first.reused == 0 and [p.name[:16] for p in folder.glob("ann-*")] == ["ann-000000000001"]
+    grown = _built(_chunks(2, vectors[:300], keys[:300]), "hnsw", folder)
+    assert grown.reused == 200 and top(grown, 250) == 250 and top(grown, 7) == 7
+    assert [p.name[:16] for p in folder.glob("ann-*")] == ["ann-000000000002"]  # the older save removed
+    exact = stores.StoreIndex(_chunks(2, vectors[:300], keys[:300]))
+    recall = [
+        len(
+            grown.dense(vectors[q : q + 1], None, 10)["0"].keys()
+            & exact.dense(vectors[q : q + 1], None, 10)["0"].keys()
+        )
+        for q in range(0, 300, 15)
+    ]
+    assert sum(recall) >= 0.95 * 10 * len(recall)
+    removed = _built(_chunks(3, vectors[50:300], keys[50:300]), "hnsw", folder)  # rows shift by 50
+    assert removed.reused == 0 and top(removed, 100) == 50
+    again = _built(_chunks(4, vectors[50:300], keys[50:300]), "hnsw", folder)
+    assert again.reused == 250  # nothing new: loaded, not saved again
+    saved = next(folder.glob("ann-*")) / "index.faiss"
+    data = bytearray(saved.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    saved.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="embedrank.serving"):
+        corrupt = _built(_chunks(5, vectors[50:300], keys[50:300]), "hnsw", folder)
+    assert corrupt.reused == 0 and "SHA-256" in caplog.text and top(corrupt, 120) == 70
+    assert _built(_chunks(6, vectors[50:300], keys[50:300]), "ivf", folder).reused == 0  # another kind
+    ivf = _built(_chunks(7, vectors[50:400], keys[50:400]), "ivf", folder)
+    assert ivf.reused == 250 and top(ivf, 380) == 330
+    assert _built(_chunks(8, vectors[50:600], keys[50:600]), "ivf", folder).reused == 0  # past twice what it learnt
+    assert unfinished.is_dir()  # not stale yet
+    os.utime(unfinished, (time.time() - 2 * stores.STALE_SAVE_SECONDS,) * 2)
+    _built(_chunks(9, vectors[:10], keys[:10]), "hnsw", folder)
+    assert not unfinished.exists() and [p.name[:16] for p in folder.glob("ann-*")] == ["ann-000000000009"]
+
+
+def test_a_restarted_server_grows_the_saved_index_and_a_deleted_store_leaves_none(tmp_path, monkeypatch):
+    """Through the service: the first build saves the store's HNSW index under the batch folder, a restarted
+    server adds only the file attached since, and deleting the store removes its saves; a save of a store that
+    no longer exists is removed at start."""
+    import embedrank.serving.stores as stores
+
+    monkeypatch.setattr(stores, "MIN_ANN_CHUNKS", 50)
+    rows = [{"_id": f"d{i}", "text": f"note {i} on topic {i % 7} with word{i % 13}"} for i in range(120)]
+    more = [{"_id": f"e{i}", "text": f"extra {i} on subject {i % 5}"} for i in range(30)]
+    root = tmp_path / "store"
+
+    def built(client: TestClient, store_id: str) -> Any:
+        api = sdk(client)
+        api.vector_stores.search(store_id, query="topic 3", ranking_options={"ranker": "none"})
+        index = client.app.state.service.vector_stores.indexes._held[store_id]
+        assert index.wait_built(60)
+        return index
+
+    with running_app(root) as client:
+        api = sdk(client)
+        notes = upload(api, "notes.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        store = api.vector_stores.create(file_ids=[notes], extra_body={"index": "hnsw"})
+        wait_store(api, store.id)
+        assert built(client, store.id).reused == 0
+        extra = upload(api, "extra.jsonl", "".join(json.dumps(r) + "\n" for r in more))
+    assert len(list((root / "vector_stores" / store.id).glob("ann-*"))) == 1
+    (root / "vector_stores" / "vs_gone").mkdir()
+    with running_app(root) as client:
+        api = sdk(client)
+        api.vector_stores.files.create(store.id, file_id=extra)
+        wait_store(api, store.id)
+        index = built(client, store.id)
+        assert index.reused == 120 and len(index) == 150
+        page = api.vector_stores.search(store.id, query="extra 4 on subject 4", ranking_options={"ranker": "none"})
+        assert page.data[0].attributes["_id"] == "e4"  # type: ignore[index]
+        assert not (root / "vector_stores" / "vs_gone").exists()
+        api.vector_stores.delete(store.id)
+        assert not (root / "vector_stores" / store.id).exists()

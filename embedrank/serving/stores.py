@@ -16,8 +16,16 @@ chunk keeps its best score.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
 import threading
+import time
+import uuid
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -30,7 +38,7 @@ from embedrank.models.chunking import Offsets, split_windows
 from embedrank.retrieval.bm25 import BM25Retriever
 from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, file_type, read_documents
 from embedrank.retrieval.filters import Filter, matches, parse_filter
-from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index
+from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index, load_index
 from embedrank.serving.hosting import HostedModel
 from embedrank.types import Chunking, Run
 
@@ -57,6 +65,8 @@ __all__ = [
     "window_of",
 ]
 
+logger = logging.getLogger("embedrank.serving")
+
 StoreIndexKind = Literal["auto", "flat", "hnsw", "ivf", "pq", "binary"]
 MIN_ANN_CHUNKS = 1000
 """Fewer chunks than this are searched exactly whatever the store's index (an exact search is then as fast)."""
@@ -64,6 +74,16 @@ AUTO_ANN_CHUNKS = 1_000_000
 """From how many chunks ``auto`` searches through HNSW rather than exactly: exact search of 200,000 chunks
 takes about 14 ms a query on 2 cores, where HNSW with the library's defaults finds only part of the exact top 10
 (``eval/bench_store_index.py``), so ``auto`` stays exact up to the default ``max_vector_store_chunks``."""
+RETRAIN_GROWTH = 2
+"""An approximate index that learns from its first vectors (IVF and PQ centroids, the int8 ranges of a binary
+index's rescoring) is built again rather than grown once the store holds this many times the chunks it learnt
+from."""
+SAVE_PREFIX = "ann-"
+"""Saved approximate indexes are folders named ``ann-<version>-<token>`` in the store's folder."""
+SAVED_FILE = "store-index.json"
+"""Beside a saved index: how many vectors it learnt from and a SHA-256 of each of its files."""
+STALE_SAVE_SECONDS = 3600
+"""A save left unfinished (a process stopped while writing it) is removed after this long."""
 HYBRID_DEPTH = 1000
 """How deep each stage of a hybrid is read before fusing (the library's default)."""
 SLICE = 256
@@ -131,7 +151,9 @@ class Chunks:
     ``(N, D)`` float32 vectors, and for a store with a SPLADE model their ``(N, V)`` sparse vectors; ``parts``:
     the rows ``[start, stop)`` of each part they were read in (a file, as the database's reader names it: the
     next version keeps the rows of the parts it still has), ``read``: how many rows were read from the database
-    for this version (the others were kept from the version before)."""
+    for this version (the others were kept from the version before); ``keys``: ``(N,)`` a name of each chunk's
+    vector that every version holding the chunk gives it (an approximate index saved at one version is grown at
+    the next by the chunks whose keys it lacks; empty: the row numbers, and nothing is carried over)."""
 
     version: int
     file_ids: list[str]
@@ -142,6 +164,7 @@ class Chunks:
     sparse: sp.csr_matrix | None = None
     parts: Mapping[Hashable, tuple[int, int]] = dataclasses.field(default_factory=dict)
     read: int = 0
+    keys: Sequence[str] = ()
 
 
 @dataclasses.dataclass
@@ -150,13 +173,25 @@ class StoreIndex:
     search that needs it) and, for a ``kind`` other than ``flat``, its approximate dense index (``auto``: HNSW
     from :data:`AUTO_ANN_CHUNKS` chunks), built in a thread of its own from the first dense search on: until it
     is ready, and for a filtered search or a store of fewer than :data:`MIN_ANN_CHUNKS` chunks, the dense
-    search is exact."""
+    search is exact.
+
+    With a ``folder``, the approximate index is saved there once built (written beside, synced, then renamed
+    into place: a save stopped midway is never read) and the next build, at a later version, in this process
+    or another one sharing the folder, starts from the newest saved index it can trust: one of the same
+    configuration whose files match their recorded SHA-256, whose chunks (by :attr:`Chunks.keys`) the store
+    still all has, and that learnt from at least 1/:data:`RETRAIN_GROWTH` of the chunks now (HNSW learns
+    nothing); it adds only the chunks that index lacks. A chunk removed since the save, a corrupt or foreign
+    save: built from all the chunks again."""
 
     data: Chunks
     kind: StoreIndexKind = "flat"
+    folder: Path | None = None
+    reused: int = 0
+    """How many vectors the approximate index took from a saved one (0: built from the chunks alone)."""
     _bm25: BM25Retriever | None = None
     _by_term: sp.csr_matrix | None = None
     _ann: AnyIndex | None = None
+    _row_of: dict[str, int] = dataclasses.field(default_factory=dict)
     _building: threading.Thread | None = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -186,10 +221,79 @@ class StoreIndex:
             self._building.join(timeout)
         return self._ann is not None
 
+    @property
+    def _config(self) -> IndexConfig:
+        return IndexConfig(kind=self.dense_kind, metric="dot")  # type: ignore[arg-type]
+
+    @property
+    def _learns(self) -> bool:
+        """Whether the approximate index learns from its first vectors (and is built again past their growth)."""
+        return self.dense_kind != "hnsw"
+
     def _build(self) -> None:
-        ann = build_index(self.data.vectors.shape[1], IndexConfig(kind=self.dense_kind, metric="dot"))  # type: ignore[arg-type]
-        ann.add([str(i) for i in range(len(self))], self.data.vectors)
+        keys = list(self.data.keys) or [str(i) for i in range(len(self))]
+        row_of = {key: row for row, key in enumerate(keys)}
+        saved = self._saved(row_of) if self.folder is not None else None
+        ann, learnt = saved if saved is not None else (build_index(self.data.vectors.shape[1], self._config), 0)
+        held = set(ann.ids)
+        new = [row for row, key in enumerate(keys) if key not in held]
+        if new:
+            ann.add([keys[row] for row in new], self.data.vectors[new])
+        self.reused, self._row_of = len(held), row_of
         self._ann = ann
+        if self.folder is not None and new:
+            self._save(ann, learnt or len(new))
+
+    def _saved(self, row_of: Mapping[str, int]) -> tuple[AnyIndex, int] | None:
+        """The newest index saved in :attr:`folder` this build can start from, and how many vectors it learnt
+        from; None when there is none."""
+        assert self.folder is not None
+        for path in sorted(self.folder.glob(SAVE_PREFIX + "*"), reverse=True):
+            try:
+                record = json.loads((path / SAVED_FILE).read_text())
+                for name, digest in record["sha256"].items():
+                    if _sha256(path / name) != digest:
+                        raise ValueError(f"{name} does not match its recorded SHA-256")
+                ann = load_index(path, dimension=self.data.vectors.shape[1])
+            except Exception as exc:  # corrupt, another format, removed while read: not trusted
+                logger.warning("vector store index %s not reused: %s", path, exc)
+                continue
+            if ann.config != self._config:
+                continue
+            if self._learns and len(row_of) > RETRAIN_GROWTH * int(record["learnt"]):
+                continue
+            if any(key not in row_of for key in ann.ids):
+                continue  # a chunk removed since: an index cannot drop a vector
+            return ann, int(record["learnt"])
+        return None
+
+    def _save(self, ann: AnyIndex, learnt: int) -> None:
+        """Write ``ann`` into :attr:`folder` beside, sync it, rename it into place, then remove the older saves
+        (and unfinished ones older than :data:`STALE_SAVE_SECONDS`); a failure only logs (the index still
+        serves)."""
+        assert self.folder is not None
+        token = uuid.uuid4().hex[:12]
+        part = self.folder / f".{SAVE_PREFIX}{token}.part"
+        final = self.folder / f"{SAVE_PREFIX}{self.data.version:012d}-{token}"
+        try:
+            ann.save(part)
+            names = sorted(p.name for p in part.iterdir())
+            (part / SAVED_FILE).write_text(
+                json.dumps({"learnt": learnt, "sha256": {name: _sha256(part / name) for name in names}})
+            )
+            for path in part.iterdir():
+                _sync(path)
+            _sync(part)
+            part.rename(final)
+            _sync(self.folder)
+        except OSError as exc:
+            logger.warning("vector store index not saved in %s: %s", self.folder, exc)
+            shutil.rmtree(part, ignore_errors=True)
+            return
+        for path in self.folder.iterdir():
+            stale = path.name.startswith(".") and time.time() - path.stat().st_mtime > STALE_SAVE_SECONDS
+            if (path.name.startswith(SAVE_PREFIX) and path.name < final.name) or stale:
+                shutil.rmtree(path, ignore_errors=True)
 
     def allowed(self, where: Filter | None) -> np.ndarray | None:
         """``(N,)`` bool: the chunks whose attributes pass ``where`` (None: all)."""
@@ -205,7 +309,7 @@ class StoreIndex:
         if ann is not None:
             found = ann.search(queries.astype(np.float32), k)
             return {
-                str(q): {i: float(s) for i, s in zip(ids, scores, strict=True) if i}
+                str(q): {str(self._row_of[i]): float(s) for i, s in zip(ids, scores, strict=True)}
                 for q, (scores, ids) in enumerate(zip(found[0], found[1], strict=True))
             }
         scores = queries.astype(np.float32) @ self.data.vectors.T  # (Q, N)
@@ -285,3 +389,20 @@ class StoreIndex:
                 row = int(doc)
                 best[row] = max(best.get(row, -np.inf), score)
         return sorted(best.items(), key=lambda item: (-item[1], item[0]))[:depth]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sync(path: Path) -> None:
+    """Flush ``path`` (a file or a folder's entries) to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,13 +1,17 @@
 """This replica's search indexes of vector stores: each store's chunks held in memory
 (:class:`~embedrank.serving.stores.StoreIndex`), read from the database and brought up to date when the store's
 ``version`` moves (a file completed or removed on any replica, attributes changed): the chunks of the files
-it still has, unchanged, are kept; only the others are read."""
+it still has, unchanged, are kept; only the others are read. A store's approximate index is saved in its folder
+under ``folder`` (the batch folder's ``vector_stores/<store id>/``, which replicas share) and grown from there
+at the next version, by this replica or another."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from embedrank.serving.stores import StoreIndex
@@ -23,8 +27,15 @@ class IndexCache:
     """The stores' indexes this replica holds, each at the version it read (bounded: :data:`CACHED_STORES`
     stores, :data:`CACHED_CHUNKS` chunks)."""
 
-    def __init__(self, tables: VectorStoreTables, capacity: int = CACHED_STORES, chunks: int = CACHED_CHUNKS) -> None:
+    def __init__(
+        self,
+        tables: VectorStoreTables,
+        capacity: int = CACHED_STORES,
+        chunks: int = CACHED_CHUNKS,
+        folder: Path | None = None,
+    ) -> None:
         self.tables = tables
+        self.folder = folder
         self.capacity, self.chunks = capacity, chunks
         self._held: OrderedDict[str, StoreIndex] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -42,7 +53,7 @@ class IndexCache:
                 chunks = await asyncio.to_thread(
                     self.tables.searchable, store, dimension, held.data if held is not None else None
                 )
-                held = StoreIndex(chunks, kind=store.index_kind)
+                held = StoreIndex(chunks, kind=store.index_kind, folder=self.saved(store.id))
                 self._held[store.id] = held
                 self._held.move_to_end(store.id)
                 while len(self._held) > 1 and (
@@ -52,8 +63,23 @@ class IndexCache:
                     self._locks.pop(dropped, None)
         return held
 
+    def saved(self, store_id: str) -> Path | None:
+        """The folder of ``store_id``'s saved approximate indexes."""
+        return self.folder / store_id if self.folder is not None else None
+
     def forget(self, store_id: str) -> None:
+        """Drop a deleted store's index, and its saved ones."""
         self._held.pop(store_id, None)
+        if self.folder is not None:
+            shutil.rmtree(self.folder / store_id, ignore_errors=True)
+
+    def sweep(self, stores: Iterable[str]) -> None:
+        """Remove the saved indexes of stores not among ``stores`` (deleted while no replica held them)."""
+        known = set(stores)
+        if self.folder is not None and self.folder.is_dir():
+            for path in self.folder.iterdir():
+                if path.name not in known:
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def chunk_results(index: StoreIndex, ranked: Sequence[tuple[int, float]]) -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ class VectorStoreService:
             if self._tables is None:
                 store = self.batches.store()
                 self._tables = VectorStoreTables(store.db)
-                self.indexes = IndexCache(self._tables)
+                self.indexes = IndexCache(self._tables, folder=store.root / "vector_stores")
         return self._tables
 
     async def opened(self) -> VectorStoreTables:
@@ -72,6 +72,8 @@ class VectorStoreService:
                 await asyncio.sleep(RETRY_SECONDS)
         if not tables.db.shared:  # one host on its own database: a claim left by a crash cannot be live
             await asyncio.to_thread(tables.release_claims)
+        if self.indexes is not None:
+            await asyncio.to_thread(self.indexes.sweep, await asyncio.to_thread(tables.store_ids))
         self.ingestor = Ingestor(tables, store.file_path, self.batches.pool_of, self.settings)
         await self.ingestor.run()
 

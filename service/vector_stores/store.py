@@ -395,6 +395,10 @@ class VectorStoreTables:
             row = db.execute("SELECT * FROM vector_stores WHERE id = ? AND owner = ?", (store_id, owner)).fetchone()
         return _store(row) if row is not None else None
 
+    def store_ids(self) -> list[str]:
+        """Every store's id, whoever owns it."""
+        return [row["id"] for row in self.db.connection().execute("SELECT id FROM vector_stores").fetchall()]
+
     def delete_store(self, owner: str, store_id: str) -> bool:
         with self.db.write() as db:
             gone = db.execute("DELETE FROM vector_stores WHERE id = ? AND owner = ?", (store_id, owner)).rowcount
@@ -759,7 +763,7 @@ class VectorStoreTables:
         for first in range(0, len(wanted), 500):
             seqs = wanted[first : first + 500]
             for row in db.execute(
-                "SELECT f.seq, c.file_id, c.text, c.attributes, c.vector, c.sparse FROM vector_store_chunks c "
+                "SELECT f.seq, c.number, c.file_id, c.text, c.attributes, c.vector, c.sparse FROM vector_store_chunks c "
                 "JOIN vector_store_files f ON f.vector_store_id = c.vector_store_id AND f.file_id = c.file_id "
                 f"WHERE c.vector_store_id = ? AND f.status = 'completed' AND f.seq IN ({','.join('?' * len(seqs))}) "
                 "ORDER BY f.seq, c.number",
@@ -769,6 +773,7 @@ class VectorStoreTables:
         file_ids: list[str] = []
         filenames: list[str] = []
         texts: list[str] = []
+        names: list[str] = []  # each chunk's vector's key: its file's seq and its number there
         attributes: list[Any] = []
         vectors: list[np.ndarray] = [np.empty((0, dimension), dtype=np.float32)]
         sparse: list[sp.csr_matrix] = []
@@ -781,6 +786,7 @@ class VectorStoreTables:
                 file_ids += held.file_ids[a:b]
                 filenames += held.filenames[a:b]
                 texts += held.texts[a:b]
+                names += held.keys[a:b]
                 attributes += held.attributes[a:b]
                 vectors.append(held.vectors[a:b])
                 if held.sparse is not None:
@@ -791,6 +797,7 @@ class VectorStoreTables:
                 file_ids += [r["file_id"] for r in rows]
                 filenames += [file["filename"]] * len(rows)
                 texts += [r["text"] for r in rows]
+                names += [f"{key[0]}.{r['number']}" for r in rows]
                 attributes += [{**own, **json.loads(r["attributes"] or "{}")} for r in rows]
                 blob = b"".join(bytes(r["vector"]) for r in rows)
                 vectors.append(np.frombuffer(blob, dtype="<f4").reshape(len(rows), dimension))
@@ -806,4 +813,5 @@ class VectorStoreTables:
             sparse=stacked(sparse) if store.sparse_model else None,
             parts=parts,
             read=sum(map(len, fresh.values())),
+            keys=names,
         )
