@@ -78,6 +78,53 @@ def test_requests_that_do_not_ask_for_the_cache_leave_it_alone_and_errors_stay(t
     assert str(refused.value) == str(direct.value)
 
 
+async def sparse_with(pool: ModelPool, texts: Sequence[str], **options: Any) -> Any:
+    pool.start(pool.load(), EngineConfig(max_wait_ms=1))
+    try:
+        return await pool.get("spl", "embeddings").sparse(texts, EmbedOptions(**options))
+    finally:
+        await pool.drain(1.0)
+
+
+def sparse_pool(cache: VectorCache | None) -> ModelPool:
+    return ModelPool((ModelEntry(id="spl", path="fake:sparse"),), cache=cache)
+
+
+def test_a_splade_model_caches_its_sparse_vectors_and_answers_as_uncached(tmp_path, monkeypatch):
+    """SPLADE vectors come from the cache bit for bit (indices, weights, token counts, truncation), a cached text
+    is not tokenized again, and a request that would fail fails as it would uncached."""
+    from embedrank.testing.fake import FakeSparseEncoder
+
+    cache = VectorCache(tmp_path / "cache.db", 1 << 20)
+    direct = asyncio.run(sparse_with(sparse_pool(None), TEXTS))
+    first = asyncio.run(sparse_with(sparse_pool(cache), TEXTS, cached=True))
+    assert (cache.hits, cache.misses) == (0, 5) and cache.stats()[0] == 4
+    tokenized: list[str] = []
+    original = FakeSparseEncoder.tokenize_rows
+    monkeypatch.setattr(
+        FakeSparseEncoder, "tokenize_rows", lambda self, texts: tokenized.extend(texts) or original(self, texts)
+    )
+    again = asyncio.run(sparse_with(sparse_pool(cache), TEXTS, cached=True))
+    assert (cache.hits, cache.misses) == (5, 5) and not tokenized
+    for out in (first, again):
+        assert out.output.sparse.shape == direct.output.sparse.shape
+        assert (out.output.sparse != direct.output.sparse).nnz == 0
+        assert out.sparse == direct.sparse and out.output.token_counts == direct.output.token_counts
+        assert out.output.truncated == direct.output.truncated and any(out.output.truncated)
+    with pytest.raises(InputTooLongError) as refused:
+        asyncio.run(sparse_with(sparse_pool(cache), TEXTS, cached=True, truncate=False))
+    with pytest.raises(InputTooLongError) as uncached:
+        asyncio.run(sparse_with(sparse_pool(None), TEXTS, truncate=False))
+    assert (refused.value.param, str(refused.value)) == (uncached.value.param, str(uncached.value))
+    budget = sum(direct.output.token_counts) - 1
+    with pytest.raises(RequestTooLargeError) as refused:
+        asyncio.run(sparse_with(sparse_pool(cache), TEXTS, cached=True, budget=budget))
+    with pytest.raises(RequestTooLargeError) as uncached:
+        asyncio.run(sparse_with(sparse_pool(None), TEXTS, budget=budget))
+    assert str(refused.value) == str(uncached.value)
+    asyncio.run(sparse_with(sparse_pool(cache), ["a prompt-free text"], cached=True, input_type="search_query"))
+
+
 def test_a_cached_text_is_not_tokenized_again(tmp_path, monkeypatch):
     from embedrank.testing.fake import FakeEncoder
 

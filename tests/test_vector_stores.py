@@ -333,9 +333,19 @@ def test_a_search_may_name_its_first_stage(client):
 def test_splade_as_a_first_stage_and_in_a_hybrid(tmp_path):
     """A store with a SPLADE model scores chunks by the exact dot product of the model's sparse vectors; a hybrid
     fuses the stages its weights name; a store without one refuses the SPLADE stage."""
-    with running_app(tmp_path / "store", models=with_splade()) as client:
+    models = with_splade()
+    with running_app(tmp_path / "store", models=models) as client:
         api = sdk(client)
         store_id = make_store(api, first_stage="splade")  # the first served SPLADE, as none is named
+        computed: list[int] = []
+        weights_rows = models["spl"].weights_rows
+        models["spl"].weights_rows = lambda rows: computed.append(len(rows)) or weights_rows(rows)
+        again = make_store(api, first_stage="splade")  # the same texts: their SPLADE vectors from the cache
+        assert computed == []
+        for one in (store_id, again):
+            hits = api.vector_stores.search(one, query="roasted coffee beans", ranking_options={"ranker": "none"})
+            assert [(r.filename, r.score) for r in hits.data] == [("coffee.md", hits.data[0].score)]
+        assert computed == [1, 1]  # the queries
         store = client.get(f"/v1/vector_stores/{store_id}", headers={"Authorization": f"Bearer {KEYS[0]}"}).json()
         assert store["sparse_model"] == "spl" and store["first_stage"] == "splade"
         assert store["hybrid_weights"] == {"dense": 0.5, "bm25": 0.5}

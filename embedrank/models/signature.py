@@ -58,6 +58,22 @@ class EmbeddingSignature:
             weights=weights_fingerprint(spec.path) if spec.source in ("local", "hub") else None,
         )
 
+    @classmethod
+    def of_sparse(cls, encoder: Any) -> EmbeddingSignature:
+        """The signature of a SPLADE ``encoder``'s sparse vectors (a
+        :class:`~embedrank.models.sparse.SparseEncoder` or a fake): its vocabulary is the dimension, ``splade``
+        the pooling, the weights unnormalized; fp32 only."""
+        spec = encoder.spec
+        return cls(
+            model_id=encoder.model_id,
+            dimension=encoder.vocab_size,
+            pooling="splade",
+            normalize=False,
+            max_seq_length=encoder.max_seq_length,
+            path=spec.path,
+            weights=weights_fingerprint(spec.path) if spec.source in ("local", "hub") else None,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The compared fields, for a manifest or an index's metadata."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}

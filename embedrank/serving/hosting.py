@@ -146,6 +146,7 @@ KINDS: dict[str, Kind] = {
         AsyncSparseEncoder,
         SparseEncoder,
         fp32_only=True,
+        cached=True,
         tei_pooling="splade",
     ),
     "m3": Kind(
@@ -365,7 +366,8 @@ class HostedModel(ModelPlan):
             started = runner_cls(part, config, on_batch=on_batch(None if part is model else branch), on_idle=on_idle)
             if cache is not None and declared.cached:
                 started.cache = cache
-                signature = EmbeddingSignature.of(part).cache_key()
+                sign = EmbeddingSignature.of if "dense" in declared.outputs else EmbeddingSignature.of_sparse
+                signature = sign(part).cache_key()
                 started.cache_signature = signature if part is model else f"{signature}|branch={branch}"
             started.engine.start()
             if part is model:

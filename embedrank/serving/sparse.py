@@ -22,6 +22,7 @@ from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, first_cut
 from embedrank.serving.options import EMBED_DEFAULTS, EmbedOptions, Refusal, refuse
 from embedrank.serving.runners import EncoderTokens
+from embedrank.serving.vector_cache import CachedVector, VectorCache, cache_key, packed_sparse, unpacked_sparse
 from embedrank.types import ModelOutput
 
 
@@ -88,6 +89,8 @@ class AsyncSparseEncoder(EncoderTokens):
     def __init__(self, model: SparseModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
         self.model = self.encoder = model
         self.engine: BatchEngine[TokenRow] = BatchEngine(SparseBatchModel(model), config, **engine_kwargs)
+        self.cache: VectorCache | None = None  # computed sparse vectors by text, for requests that ask (``cached``)
+        self.cache_signature = ""  # what the vectors depend on besides the prompt and the text
 
     @property
     def max_seq_length(self) -> int:
@@ -110,6 +113,10 @@ class AsyncSparseEncoder(EncoderTokens):
         is queued, as are requests over ``budget`` tokens. :data:`REFUSED`: what does not apply to a vector
         over the vocabulary."""
         refuse(options, *REFUSED)
+        if options.cached and self.cache is not None and top_k is None:
+            found = await self._embed_cached(self.cache, texts, prompt, options)
+            if found is not None:
+                return found
         texts = with_prompt(texts, prompt)
         with tracing.tokenizing(len(texts)):
             rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
@@ -120,3 +127,52 @@ class AsyncSparseEncoder(EncoderTokens):
         out = await self.engine.submit(rows, priority=options.priority)
         vectors = await asyncio.to_thread(partial(to_csr, out.values, top_k))
         return SparseOutput(vectors, list(out.token_counts), list(out.truncated))  # type: ignore[arg-type]
+
+    async def _embed_cached(
+        self, cache: VectorCache, texts: Sequence[str], prompt: str, options: EmbedOptions
+    ) -> SparseOutput | None:
+        """What :meth:`embed` gives, computing only the texts ``cache`` lacks (each distinct one once, then
+        stored; a cached text's token count and truncation come from the cache). None, and nothing computed,
+        when the request would fail (over ``budget``, or a text cut with ``truncate`` off): :meth:`embed` then
+        runs it uncached, which fails it with the error it would get."""
+        keys = [cache_key(self.cache_signature, prompt, "right", text) for text in texts]
+        found = await asyncio.to_thread(cache.get_many, keys)
+        todo: dict[bytes, int] = {}  # each missing key, at the first text that has it
+        for i, key in enumerate(keys):
+            if key not in found:
+                todo.setdefault(key, i)
+        rows: list[TokenRow] = []
+        if todo:
+            missing = with_prompt([texts[i] for i in todo.values()], prompt)
+            with tracing.tokenizing(len(missing)):
+                rows = await asyncio.to_thread(self.model.tokenize_rows, missing)
+        fresh = {key: (row.length, row.truncated) for key, row in zip(todo, rows, strict=True)}
+        seen = [(hit.tokens, hit.truncated) if (hit := found.get(key)) is not None else fresh[key] for key in keys]
+        budget = options.budget
+        if (budget is not None and sum(t for t, _ in seen) > budget) or (
+            not options.truncate and any(c for _, c in seen)
+        ):
+            return None
+        vectors = {key: unpacked_sparse(hit.vector) for key, hit in found.items()}
+        if todo:
+            out = await self.engine.submit(rows, priority=options.priority)
+            computed = await asyncio.to_thread(partial(to_csr, out.values, None))
+            stored = []
+            for n, key in enumerate(todo):
+                row = computed[n]
+                vectors[key] = (row.indices.astype(np.int32), row.data.astype(np.float32))
+                stored.append(CachedVector(packed_sparse(*vectors[key]), out.token_counts[n], fresh[key][1]))
+            await asyncio.to_thread(cache.put_many, list(zip(todo, stored, strict=True)))
+        elif cache.marks_due():
+            await asyncio.to_thread(cache.put_many, [])
+        matrix = _rows_matrix([vectors[key] for key in keys], self.dimension)
+        return SparseOutput(matrix, [t for t, _ in seen], [c for _, c in seen])  # type: ignore[arg-type]
+
+
+def _rows_matrix(rows: Sequence[tuple[np.ndarray, np.ndarray]], width: int) -> sp.csr_matrix:
+    """``(N, width)`` float32 CSR of each row's ``(indices, values)``."""
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum([len(i) for i, _ in rows])
+    indices = np.concatenate([i for i, _ in rows]) if rows else np.empty(0, dtype=np.int32)
+    values = np.concatenate([v for _, v in rows]) if rows else np.empty(0, dtype=np.float32)
+    return sp.csr_matrix((values, indices, indptr), shape=(len(rows), width))

@@ -9,7 +9,8 @@ whose weights change on disk gets another fingerprint, so another signature: its
 with the old ones.
 
 The value is the model's pooled vector before normalization and dimension truncation (those are applied
-after, per request), as float32 bytes, with the text's token count and whether it was cut at the window
+after, per request), as float32 bytes (a SPLADE model's sparse vector as its int32 indices then its float32
+values: :func:`packed_sparse`), with the text's token count and whether it was cut at the window
 (so that a cached text need not be tokenized again). The cache is one SQLite file, bounded by ``max_bytes`` of vectors and
 keys: past it, the least recently used entries are evicted. Processes on one host may share the file. A
 cache that fails (a locked or full disk) counts as a miss and never fails a request.
@@ -65,6 +66,23 @@ class CachedVector(NamedTuple):
     vector: np.ndarray
     tokens: int
     truncated: bool
+
+
+def packed_sparse(indices: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A sparse vector (``(n,)`` indices, ``(n,)`` values) as one ``(2n,)`` float32 array to cache: the indices'
+    int32 bytes, then the values (:func:`unpacked_sparse` reads it back bit for bit).
+
+    >>> i, v = unpacked_sparse(packed_sparse(np.array([3, 70000]), np.array([0.5, 1.25])))
+    >>> i.tolist(), v.tolist()
+    ([3, 70000], [0.5, 1.25])
+    """
+    return np.concatenate([np.asarray(indices, dtype="<i4").view("<f4"), np.asarray(values, dtype="<f4")])
+
+
+def unpacked_sparse(vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(indices, values)``, int32 and float32, of a :func:`packed_sparse` array."""
+    n = len(vector) // 2
+    return np.ascontiguousarray(vector[:n]).view(np.int32), np.asarray(vector[n:], dtype=np.float32)
 
 
 def cache_key(signature: str, prompt: str, truncation_side: str, text: str) -> bytes:

@@ -2,8 +2,8 @@
 documents (:mod:`embedrank.retrieval.documents`), cuts them into chunks of the store model's tokens
 (:func:`~embedrank.models.chunking.split_windows`, the library's long-document windows), embeds the chunks through
 the model's engine behind every direct request (the batch lines' priority, with the embedding cache: attaching
-an unchanged file again computes no dense vector), and through the store's SPLADE model if it has one, and
-writes them, all at once, while its claim holds
+an unchanged file again computes no vector), and through the store's SPLADE model if it has one (cached too),
+and writes them, all at once, while its claim holds
 (:meth:`~service.vector_stores.store.VectorStoreTables.complete`).
 """
 
@@ -192,6 +192,7 @@ class Ingestor:
             input_type="document",
             priority=BATCH_PRIORITY,
             truncate=False,
+            cached=True,
             budget=self.settings.limits.max_request_tokens,
         )
 
