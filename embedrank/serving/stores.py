@@ -286,7 +286,7 @@ class StoreIndex:
             _sync(part)
             part.rename(final)
             _sync(self.folder)
-        except OSError as exc:
+        except Exception as exc:  # a full disk, FAISS's own write errors: the index still serves, unsaved
             logger.warning("vector store index not saved in %s: %s", self.folder, exc)
             shutil.rmtree(part, ignore_errors=True)
             return
