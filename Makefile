@@ -9,7 +9,7 @@ OFFLINE := HF_HUB_OFFLINE=1
 # torch's CPU build: on Linux, PyPI's torch is a CUDA build of several GB; PyTorch's CPU index has the CPU one
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients,sparse,postgres
+EXTRAS := dev,notebooks,train,ray,int8,onnx,docs,clients,sparse,postgres,pgvector
 RECORD := $(PY) eval/record.py
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 eval-auto-avx2 bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 eval-auto-avx2 bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-pgvector bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -134,6 +134,10 @@ bench-vector-store: setup  ## vector stores: SciFact read into a store, searches
 
 bench-store-index: setup  ## a vector store's dense search, exact against HNSW, by the number of chunks
 	$(RECORD) store-index "Vector stores: exact against HNSW search by store size" -- $(PY) eval/bench_store_index.py
+	$(PY) eval/render_benchmarks.py
+
+bench-pgvector: setup  ## a store's dense search inside PostgreSQL with pgvector against the replica's own index
+	$(RECORD) pgvector "Vector stores: pgvector in PostgreSQL against the replica's own index" -- $(PY) eval/bench_pgvector.py
 	$(PY) eval/render_benchmarks.py
 
 bench-fairness: setup

@@ -517,6 +517,17 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 f"HNSW {hnsw} ms ({recall})",
                 f"exact: {exact} ms",
             )
+    if name == "pgvector":
+        found = re.findall(r"^\| ([\d,]+) \| ([a-zA-Z ]+) \| ([\d.]+) \|", out, re.M)
+        if found:
+            size = found[-1][0]
+            p50 = {system: ms for chunks, system, ms in found if chunks == size}
+            if {"pgvector HNSW", "in memory HNSW", "pgvector exact", "in memory exact"} <= p50.keys():
+                return (
+                    f"vector store dense search at {size} chunks inside PostgreSQL (pgvector), p50",
+                    f"pgvector HNSW {p50['pgvector HNSW']} ms, exact {p50['pgvector exact']} ms",
+                    f"each replica's own index: HNSW {p50['in memory HNSW']} ms, exact {p50['in memory exact']} ms",
+                )
     if name == "vector-store":
         ratio = _search(r"^goal ingestion: store >= 80% of the embed job: (\d+%)", out)
         alone = _search(r"^search, dense, no ranker, 16 clients: p50 ([\d.]+ ms), p99 ([\d.]+ ms)", out)

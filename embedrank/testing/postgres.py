@@ -36,16 +36,20 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_postgres(*, fsync: bool = False) -> Iterator[str]:
+def running_postgres(
+    *, fsync: bool = False, bindir: Path | None = None, settings: dict[str, str] | None = None
+) -> Iterator[str]:
     """A PostgreSQL server for the block; yields its URL (``postgresql://postgres@127.0.0.1:<port>/postgres``).
 
     ``fsync=False`` (the default) skips syncing to disk: a test of concurrency, not of the disk, runs faster.
+    ``bindir``: the server binaries to run (default :func:`postgres_bindir`); ``settings``: server settings
+    (``{"shared_buffers": "1GB"}``).
 
     Raises:
         FileNotFoundError: the machine has no PostgreSQL server binaries.
         RuntimeError: the server did not start (its log is in the message).
     """
-    bindir = postgres_bindir()
+    bindir = bindir or postgres_bindir()
     if bindir is None:
         raise FileNotFoundError(
             "no PostgreSQL server binaries (initdb, pg_ctl); install them (Debian: apt-get install postgresql) or put initdb on PATH"
@@ -70,6 +74,7 @@ def running_postgres(*, fsync: bool = False) -> Iterator[str]:
     try:
         run(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync={'on' if fsync else 'off'}"
+        options += "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         run(str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start")
         try:
             yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
