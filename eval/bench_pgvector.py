@@ -6,7 +6,8 @@ For each size, the same seeded clustered 384-dimension unit vectors as ``eval/be
 size) go into a table ``chunks (id integer, embedding vector(384))`` (``COPY``) of PostgreSQL 16.2 with pgvector
 0.6.2, both from the ``pgserver`` wheel on PyPI (``pip install -e ".[pgvector]"``), started on the loopback for
 the run with its table in shared buffers. Single-query searches for the top 10 by inner product
-(``ORDER BY embedding <#> $1 LIMIT 10``) over one psycopg connection, as a replica would send them, alternate
+(``ORDER BY embedding <#> $1 LIMIT 10``, a prepared statement over a psycopg connection, as a replica would
+send them), alternate
 with the service's own :class:`~embedrank.serving.stores.StoreIndex` in process, A B A B: each exact (a scan;
 PostgreSQL's parallel workers allowed) and through HNSW with the same parameters (M 32, construction 200,
 search 128: the library's defaults; pgvector's ``m``, ``ef_construction``, ``hnsw.ef_search``). Printed per
@@ -33,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_store_index import DIMENSION, store, vectors  # eval/, next to this script
+from bench_store_index import DIMENSION, clusters, store, vectors  # eval/, next to this script
 from latency import percentile
 
 from embedrank.serving.stores import StoreIndex
@@ -63,22 +64,25 @@ def literal(v: np.ndarray) -> str:
     return "[" + ",".join(f"{x:.8g}" for x in v) + "]"
 
 
-def searcher(db: Any, *, scan: bool) -> Callable[[np.ndarray], list[int]]:
-    """A top-10 search of the ``chunks`` table over ``db``: a scan of every row, or through its HNSW index."""
+def searcher(url: str, queries: np.ndarray, *, scan: bool) -> Callable[[int], list[int]]:
+    """The top-10 search of query ``i`` of ``queries`` in the ``chunks`` table, over a connection of its own: a
+    scan of every row, or through the HNSW index (set once for the connection). The queries' text forms are made
+    before the clock starts, as the in-memory search gets its vectors ready-made."""
+    import psycopg
+
+    db = psycopg.connect(url, autocommit=True)
+    db.execute(f"SET enable_indexscan = {'off' if scan else 'on'}")
+    db.execute(f"SET hnsw.ef_search = {HNSW['ef_search']}")
     search = "SELECT id FROM chunks ORDER BY embedding <#> %s::vector LIMIT 10"
-
-    def run(q: np.ndarray) -> list[int]:
-        db.execute(f"SET enable_indexscan = {'off' if scan else 'on'}")
-        return [r[0] for r in db.execute(search, (literal(q),), prepare=True).fetchall()]
-
-    return run
+    texts = [literal(q) for q in queries]
+    return lambda i: [r[0] for r in db.execute(search, (texts[i],), prepare=True).fetchall()]
 
 
-def in_memory(index: StoreIndex) -> Callable[[np.ndarray], list[int]]:
-    return lambda q: [int(d) for d in index.dense(q[None, :], None, 10)["0"]]
+def in_memory(index: StoreIndex, queries: np.ndarray) -> Callable[[int], list[int]]:
+    return lambda i: [int(d) for d in index.dense(queries[i : i + 1], None, 10)["0"]]
 
 
-def measure(db: Any, x: np.ndarray, queries: np.ndarray) -> None:
+def measure(db: Any, url: str, x: np.ndarray, queries: np.ndarray) -> None:
     """Load ``x`` into the table, build both HNSW indexes, search ``queries`` A B A B; print a row per system."""
     n = len(x)
     db.execute("DROP TABLE IF EXISTS chunks")
@@ -88,7 +92,6 @@ def measure(db: Any, x: np.ndarray, queries: np.ndarray) -> None:
             copy.write_row((i, literal(v)))
     db.execute("VACUUM ANALYZE chunks")
     table_bytes = db.execute("SELECT pg_total_relation_size('chunks')").fetchone()[0]
-    db.execute(f"SET hnsw.ef_search = {HNSW['ef_search']}")
     exact, ann = store(x, "flat"), store(x, "hnsw")
     t0 = time.perf_counter()
     ann.approximate()
@@ -102,20 +105,20 @@ def measure(db: Any, x: np.ndarray, queries: np.ndarray) -> None:
     builds["pgvector HNSW"] = time.perf_counter() - t0
     hnsw_bytes = db.execute("SELECT pg_relation_size('chunks_hnsw')").fetchone()[0]
     systems = {
-        "pgvector exact": searcher(db, scan=True),
-        "in memory exact": in_memory(exact),
-        "pgvector HNSW": searcher(db, scan=False),
-        "in memory HNSW": in_memory(ann),
+        "pgvector exact": searcher(url, queries, scan=True),
+        "in memory exact": in_memory(exact, queries),
+        "pgvector HNSW": searcher(url, queries, scan=False),
+        "in memory HNSW": in_memory(ann, queries),
     }
     for run in systems.values():  # warm: plans prepared, pages in shared buffers
-        for q in queries[:5]:
-            run(q)
+        for i in range(min(5, len(queries))):
+            run(i)
     times: dict[str, list[float]] = {name: [] for name in systems}
     found: dict[str, list[set[int]]] = {name: [] for name in systems}
-    for q in queries:
+    for i in range(len(queries)):
         for name, run in systems.items():  # A B A B
             t = time.perf_counter()
-            hits = run(q)
+            hits = run(i)
             times[name].append((time.perf_counter() - t) * 1000)
             found[name].append(set(hits))
     graph = ann.approximate()
@@ -152,7 +155,8 @@ def main() -> int:
         print("| chunks | system | p50 ms | p99 ms | HNSW build s | recall@10 | bytes per chunk |")
         print("|---|---|---|---|---|---|---|")
         for n in args.sizes:
-            measure(db, vectors(n, rng), vectors(args.queries, rng))
+            centres = clusters(rng)
+            measure(db, url, vectors(n, centres, rng), vectors(args.queries, centres, rng))
     return 0
 
 

@@ -4,7 +4,7 @@
 
 For each size, a store's index (:class:`~embedrank.serving.stores.StoreIndex`) over that many 384-dimension
 unit vectors (MiniLM's size) drawn around 1,000 random centres (so that neighbours exist, as in a corpus;
-seeded) answers ``--queries`` single-query searches for the top 10 chunks, alternately exact and through HNSW
+seeded; the queries around the same centres) answers ``--queries`` single-query searches for the top 10 chunks, alternately exact and through HNSW
 (M 32, efConstruction 200, efSearch 128: the library's defaults), A B A B. Printed per size: each one's p50 and
 p99 latency in milliseconds, HNSW's build time (saved to a temporary folder, as the service saves it), the time
 until the next version's HNSW is ready when 1% more chunks arrive (the saved index loaded and grown, as the
@@ -34,9 +34,13 @@ from embedrank.serving.stores import AUTO_ANN_CHUNKS, Chunks, StoreIndex
 DIMENSION = 384
 
 
-def vectors(n: int, rng: np.random.Generator) -> np.ndarray:
-    """``(n, 384)`` float32 unit vectors around 1,000 random centres."""
-    centres = rng.standard_normal((1000, DIMENSION)).astype(np.float32)
+def clusters(rng: np.random.Generator) -> np.ndarray:
+    """``(1000, 384)`` random centres: a store's chunks and its queries are drawn around the same ones."""
+    return rng.standard_normal((1000, DIMENSION)).astype(np.float32)
+
+
+def vectors(n: int, centres: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``(n, 384)`` float32 unit vectors, each around one of ``centres`` drawn at random."""
     x = centres[rng.integers(0, len(centres), n)] + 0.6 * rng.standard_normal((n, DIMENSION)).astype(np.float32)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
@@ -76,12 +80,13 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
-        x = vectors(n, rng)
-        queries = vectors(args.queries, rng)
+        centres = clusters(rng)
+        x = vectors(n, centres, rng)
+        queries = vectors(args.queries, centres, rng)
         with tempfile.TemporaryDirectory() as folder:
             exact, ann = store(x, "flat"), store(x, "hnsw", Path(folder))
             build = ready(ann)
-            more = np.concatenate([x, vectors(n // 100, rng)])
+            more = np.concatenate([x, vectors(n // 100, centres, rng)])
             grown = store(more, "hnsw", Path(folder), version=2)
             grow = ready(grown)
             assert grown.reused == n, grown.reused
