@@ -25,10 +25,12 @@ from embedrank.testing.tiny import tiny_model
 TEXTS = ["green tea", "black coffee with milk", "green tea", "a cup of cocoa " * 40, "sparkling water"]
 
 
-async def embed_with(pool: ModelPool, texts: Sequence[str], **options: Any) -> Any:
+async def embed_with(pool: ModelPool, texts: Sequence[str], *, sparse: bool = False, **options: Any) -> Any:
+    """``texts`` through the pool's one model: its dense vectors (``embed``), or its ``sparse`` ones."""
     pool.start(pool.load(), EngineConfig(max_wait_ms=1))
     try:
-        return await pool.get("enc", "embeddings").embed(texts, EmbedOptions(**options))
+        model = pool.get(next(iter(pool.entries)), "embeddings")
+        return await (model.sparse if sparse else model.embed)(texts, EmbedOptions(**options))
     finally:
         await pool.drain(1.0)
 
@@ -78,14 +80,6 @@ def test_requests_that_do_not_ask_for_the_cache_leave_it_alone_and_errors_stay(t
     assert str(refused.value) == str(direct.value)
 
 
-async def sparse_with(pool: ModelPool, texts: Sequence[str], **options: Any) -> Any:
-    pool.start(pool.load(), EngineConfig(max_wait_ms=1))
-    try:
-        return await pool.get("spl", "embeddings").sparse(texts, EmbedOptions(**options))
-    finally:
-        await pool.drain(1.0)
-
-
 def sparse_pool(cache: VectorCache | None) -> ModelPool:
     return ModelPool((ModelEntry(id="spl", path="fake:sparse"),), cache=cache)
 
@@ -96,15 +90,15 @@ def test_a_splade_model_caches_its_sparse_vectors_and_answers_as_uncached(tmp_pa
     from embedrank.testing.fake import FakeSparseEncoder
 
     cache = VectorCache(tmp_path / "cache.db", 1 << 20)
-    direct = asyncio.run(sparse_with(sparse_pool(None), TEXTS))
-    first = asyncio.run(sparse_with(sparse_pool(cache), TEXTS, cached=True))
+    direct = asyncio.run(embed_with(sparse_pool(None), TEXTS, sparse=True))
+    first = asyncio.run(embed_with(sparse_pool(cache), TEXTS, sparse=True, cached=True))
     assert (cache.hits, cache.misses) == (0, 5) and cache.stats()[0] == 4
     tokenized: list[str] = []
     original = FakeSparseEncoder.tokenize_rows
     monkeypatch.setattr(
         FakeSparseEncoder, "tokenize_rows", lambda self, texts: tokenized.extend(texts) or original(self, texts)
     )
-    again = asyncio.run(sparse_with(sparse_pool(cache), TEXTS, cached=True))
+    again = asyncio.run(embed_with(sparse_pool(cache), TEXTS, sparse=True, cached=True))
     assert (cache.hits, cache.misses) == (5, 5) and not tokenized
     for out in (first, again):
         assert out.output.sparse.shape == direct.output.sparse.shape
@@ -112,17 +106,19 @@ def test_a_splade_model_caches_its_sparse_vectors_and_answers_as_uncached(tmp_pa
         assert out.sparse == direct.sparse and out.output.token_counts == direct.output.token_counts
         assert out.output.truncated == direct.output.truncated and any(out.output.truncated)
     with pytest.raises(InputTooLongError) as refused:
-        asyncio.run(sparse_with(sparse_pool(cache), TEXTS, cached=True, truncate=False))
+        asyncio.run(embed_with(sparse_pool(cache), TEXTS, sparse=True, cached=True, truncate=False))
     with pytest.raises(InputTooLongError) as uncached:
-        asyncio.run(sparse_with(sparse_pool(None), TEXTS, truncate=False))
+        asyncio.run(embed_with(sparse_pool(None), TEXTS, sparse=True, truncate=False))
     assert (refused.value.param, str(refused.value)) == (uncached.value.param, str(uncached.value))
     budget = sum(direct.output.token_counts) - 1
     with pytest.raises(RequestTooLargeError) as refused:
-        asyncio.run(sparse_with(sparse_pool(cache), TEXTS, cached=True, budget=budget))
+        asyncio.run(embed_with(sparse_pool(cache), TEXTS, sparse=True, cached=True, budget=budget))
     with pytest.raises(RequestTooLargeError) as uncached:
-        asyncio.run(sparse_with(sparse_pool(None), TEXTS, budget=budget))
+        asyncio.run(embed_with(sparse_pool(None), TEXTS, sparse=True, budget=budget))
     assert str(refused.value) == str(uncached.value)
-    asyncio.run(sparse_with(sparse_pool(cache), ["a prompt-free text"], cached=True, input_type="search_query"))
+    asyncio.run(
+        embed_with(sparse_pool(cache), ["a prompt-free text"], sparse=True, cached=True, input_type="search_query")
+    )
 
 
 def test_a_cached_text_is_not_tokenized_again(tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, cut_starts, field_of, first_cut, plan_chunks
 from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, RerankOptions
-from embedrank.serving.vector_cache import CachedVector, VectorCache, cache_key
+from embedrank.serving.vector_cache import CachedVector, VectorCache, cache_key, missing, would_fail
 from embedrank.types import ModelOutput
 
 
@@ -259,18 +259,15 @@ class AsyncEncoder(EncoderTokens):
             found = cache.get_many(keys)
         else:
             found = await asyncio.to_thread(cache.get_many, keys)
-        todo: dict[bytes, int] = {}  # each missing key, at the first text that has it
-        for i, key in enumerate(keys):
-            if key not in found:
-                todo.setdefault(key, i)
+        todo = missing(keys, found)
         rows: list[TokenRow] = []
         started: set[int] = set()
         if todo:
-            missing = [texts[i] for i in todo.values()]
+            lacking = [texts[i] for i in todo.values()]
             try:
-                rows = await self._rows(missing, prompt=prompt)
+                rows = await self._rows(lacking, prompt=prompt)
                 if truncate and options.truncation_side == "left":
-                    rows, started = await self._cut_at_start(missing, rows, prompt, options.fields.texts)
+                    rows, started = await self._cut_at_start(lacking, rows, prompt, options.fields.texts)
             except InvalidInputError:
                 return None
         fresh = {
@@ -278,18 +275,16 @@ class AsyncEncoder(EncoderTokens):
             for n, (key, row) in enumerate(zip(todo, rows, strict=True))
         }
         seen = [(hit.tokens, hit.truncated) if (hit := found.get(key)) is not None else fresh[key] for key in keys]
-        if (budget is not None and sum(t for t, _ in seen) > budget) or (not truncate and any(c for _, c in seen)):
+        if would_fail(seen, budget, truncate):
             return None
         vectors = {key: hit.vector for key, hit in found.items()}
+        stored = []
         if todo:
             computed = await self.engine.submit(rows, priority=options.priority)
-            stored = []
             for n, key in enumerate(todo):
                 vectors[key] = computed.values[n]
-                stored.append(CachedVector(computed.values[n], computed.token_counts[n], fresh[key][1]))
-            await asyncio.to_thread(cache.put_many, list(zip(todo, stored, strict=True)))
-        elif cache.marks_due():
-            await asyncio.to_thread(cache.put_many, [])
+                stored.append((key, CachedVector(computed.values[n], computed.token_counts[n], fresh[key][1])))
+        await cache.keep(stored)
         return ModelOutput(np.stack([vectors[key] for key in keys]), [t for t, _ in seen], [c for _, c in seen])
 
     async def _cut_at_start(

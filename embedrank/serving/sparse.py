@@ -22,7 +22,15 @@ from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, first_cut
 from embedrank.serving.options import EMBED_DEFAULTS, EmbedOptions, Refusal, refuse
 from embedrank.serving.runners import EncoderTokens
-from embedrank.serving.vector_cache import CachedVector, VectorCache, cache_key, packed_sparse, unpacked_sparse
+from embedrank.serving.vector_cache import (
+    CachedVector,
+    VectorCache,
+    cache_key,
+    missing,
+    packed_sparse,
+    unpacked_sparse,
+    would_fail,
+)
 from embedrank.types import ModelOutput
 
 
@@ -137,34 +145,26 @@ class AsyncSparseEncoder(EncoderTokens):
         runs it uncached, which fails it with the error it would get."""
         keys = [cache_key(self.cache_signature, prompt, "right", text) for text in texts]
         found = await asyncio.to_thread(cache.get_many, keys)
-        todo: dict[bytes, int] = {}  # each missing key, at the first text that has it
-        for i, key in enumerate(keys):
-            if key not in found:
-                todo.setdefault(key, i)
+        todo = missing(keys, found)
         rows: list[TokenRow] = []
         if todo:
-            missing = with_prompt([texts[i] for i in todo.values()], prompt)
-            with tracing.tokenizing(len(missing)):
-                rows = await asyncio.to_thread(self.model.tokenize_rows, missing)
+            lacking = with_prompt([texts[i] for i in todo.values()], prompt)
+            with tracing.tokenizing(len(lacking)):
+                rows = await asyncio.to_thread(self.model.tokenize_rows, lacking)
         fresh = {key: (row.length, row.truncated) for key, row in zip(todo, rows, strict=True)}
         seen = [(hit.tokens, hit.truncated) if (hit := found.get(key)) is not None else fresh[key] for key in keys]
-        budget = options.budget
-        if (budget is not None and sum(t for t, _ in seen) > budget) or (
-            not options.truncate and any(c for _, c in seen)
-        ):
+        if would_fail(seen, options.budget, options.truncate):
             return None
         vectors = {key: unpacked_sparse(hit.vector) for key, hit in found.items()}
+        stored = []
         if todo:
             out = await self.engine.submit(rows, priority=options.priority)
             computed = await asyncio.to_thread(partial(to_csr, out.values, None))
-            stored = []
             for n, key in enumerate(todo):
                 row = computed[n]
                 vectors[key] = (row.indices.astype(np.int32), row.data.astype(np.float32))
-                stored.append(CachedVector(packed_sparse(*vectors[key]), out.token_counts[n], fresh[key][1]))
-            await asyncio.to_thread(cache.put_many, list(zip(todo, stored, strict=True)))
-        elif cache.marks_due():
-            await asyncio.to_thread(cache.put_many, [])
+                stored.append((key, CachedVector(packed_sparse(*vectors[key]), out.token_counts[n], fresh[key][1])))
+        await cache.keep(stored)
         matrix = _rows_matrix([vectors[key] for key in keys], self.dimension)
         return SparseOutput(matrix, [t for t, _ in seen], [c for _, c in seen])  # type: ignore[arg-type]
 

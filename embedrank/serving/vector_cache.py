@@ -18,12 +18,13 @@ cache that fails (a locked or full disk) counts as a miss and never fails a requ
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -83,6 +84,30 @@ def unpacked_sparse(vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(indices, values)``, int32 and float32, of a :func:`packed_sparse` array."""
     n = len(vector) // 2
     return np.ascontiguousarray(vector[:n]).view(np.int32), np.asarray(vector[n:], dtype=np.float32)
+
+
+def missing(keys: Sequence[bytes], found: Mapping[bytes, object]) -> dict[bytes, int]:
+    """Each of ``keys`` that ``found`` lacks, at the first position that has it (a text repeated in a request is
+    computed once).
+
+    >>> missing([b"a", b"b", b"a", b"c"], {b"b": None})
+    {b'a': 0, b'c': 3}
+    """
+    todo: dict[bytes, int] = {}
+    for i, key in enumerate(keys):
+        if key not in found:
+            todo.setdefault(key, i)
+    return todo
+
+
+def would_fail(seen: Sequence[tuple[int, bool]], budget: int | None, truncate: bool) -> bool:
+    """Whether a request whose texts have these (token count, cut) would be refused: over ``budget`` tokens, or
+    a text cut with ``truncate`` off (it then runs uncached, to fail with the error it would get).
+
+    >>> would_fail([(3, False), (4, True)], 10, True), would_fail([(3, False), (4, True)], 10, False)
+    (False, True)
+    """
+    return (budget is not None and sum(t for t, _ in seen) > budget) or (not truncate and any(c for _, c in seen))
 
 
 def cache_key(signature: str, prompt: str, truncation_side: str, text: str) -> bytes:
@@ -165,6 +190,11 @@ class VectorCache:
             self.hits += hits
             self.misses += len(keys) - hits
         return found
+
+    async def keep(self, items: Sequence[tuple[bytes, CachedVector]]) -> None:
+        """:meth:`put_many` in a worker thread, when there are ``items`` or marks of use are due."""
+        if items or self.marks_due():
+            await asyncio.to_thread(self.put_many, items)
 
     def marks_due(self) -> bool:
         """Whether marks of use are waiting to be written: :data:`TOUCH_BATCH` of them, or the oldest for
