@@ -147,6 +147,35 @@ def test_every_kind_against_the_oracle_including_short_rows(kind, k):
         assert full_ids == [row[: min(k, 400)] for row in ref_ids]
 
 
+@pytest.mark.parametrize("kind", ["numpy", "flat", "hnsw", "ivf", "pq", "sq8", "binary"])
+def test_skipped_rows_are_never_returned_and_the_rest_are_searched_as_before(kind):
+    """``skip`` leaves rows out of every kind's search (FAISS's ID selector, with the index's own ``nprobe`` or
+    ``efSearch``): what is returned equals the oracle over the other rows (approximate kinds: mostly), and a
+    skip of the wrong shape is refused."""
+    x, q = _random(400, seed=4), _random(10, seed=5)
+    ids = [f"d{i}" for i in range(400)]
+    skip = np.zeros(400, dtype=bool)
+    skip[::3] = True
+    config = {"ivf": {"nlist": 10, "nprobe": 10}, "pq": {"nlist": 10, "nprobe": 10, "pq_m": 8, "pq_nbits": 4}}
+    index = build_index(32, kind=kind, metric="dot", **config.get(kind, {}))
+    index.add(ids, x)
+    oracle = build_index(32, kind="numpy", metric="dot")
+    oracle.add([d for d, s in zip(ids, skip, strict=True) if not s], x[~skip])
+    _, got = index.search(q, 10, skip=skip)
+    _, want = oracle.search(q, 10)
+    assert all(not skip[int(d[1:])] for row in got for d in row)
+    if kind == "pq":  # its scores are approximate: the truth is its own ranking of every row, skipped ones left out
+        want = [[d for d in row if not skip[int(d[1:])]][:10] for row in index.search(q, 400)[1]]
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, want, strict=True)])
+    assert overlap == 1.0 if kind in ("numpy", "flat", "ivf", "sq8", "pq") else overlap >= 0.6, overlap
+    _, unskipped = index.search(q, 10)
+    assert any(skip[int(d[1:])] for row in unskipped for d in row)  # the same search without skip finds them
+    every = np.ones(400, dtype=bool)
+    assert index.search(q, 10, skip=every)[1] == [[] for _ in range(10)]
+    with pytest.raises(InvalidInputError, match="skip must be"):
+        index.search(q, 10, skip=skip[:-1])
+
+
 class _FakeEncoder:
     """Just enough of an Encoder for DenseRetriever: fixed query vectors."""
 

@@ -549,9 +549,9 @@ def _built(data: Any, kind: str, folder: Path) -> Any:
 
 
 def test_a_saved_store_index_grows_at_the_next_version_and_is_never_trusted_blindly(tmp_path, monkeypatch, caplog):
-    """An approximate index saved at one version is loaded at the next and grown by the new chunks only; a
-    removed chunk, a corrupt file, another kind or an IVF that learnt from too few chunks is built again; a save
-    left unfinished is never read; only the newest save stays."""
+    """An approximate index saved at one version is loaded at the next and grown by the new chunks only, the
+    removed ones skipped; more than REMOVED_SHARE removed, a corrupt file, another kind or an IVF that learnt from
+    too few chunks is built again; a save left unfinished is never read; only the newest save stays."""
     import embedrank.serving.stores as stores
 
     monkeypatch.setattr(stores, "MIN_ANN_CHUNKS", 10)
@@ -583,7 +583,11 @@ def test_a_saved_store_index_grows_at_the_next_version_and_is_never_trusted_blin
     ]
     assert sum(recall) >= 0.95 * 10 * len(recall)
     removed = _built(_chunks(3, vectors[50:300], keys[50:300]), "hnsw", folder)  # rows shift by 50
-    assert removed.reused == 0 and top(removed, 100) == 50
+    assert removed.reused == 250 and top(removed, 100) == 50  # a sixth removed: skipped, not rebuilt
+    exact_now = stores.StoreIndex(_chunks(3, vectors[50:300], keys[50:300]))
+    for q in range(0, 50, 5):  # a removed chunk's own vector: the removed chunk is never found, the rest are
+        found, truth = (index.dense(vectors[q : q + 1], None, 10)["0"] for index in (removed, exact_now))
+        assert all(0 <= int(row) < 250 for row in found) and len(found.keys() & truth.keys()) >= 8
     again = _built(_chunks(4, vectors[50:300], keys[50:300]), "hnsw", folder)
     assert again.reused == 250  # nothing new: loaded, not saved again
     saved = next(folder.glob("ann-*")) / "index.faiss"
@@ -593,6 +597,8 @@ def test_a_saved_store_index_grows_at_the_next_version_and_is_never_trusted_blin
     with caplog.at_level("WARNING", logger="embedrank.serving"):
         corrupt = _built(_chunks(5, vectors[50:300], keys[50:300]), "hnsw", folder)
     assert corrupt.reused == 0 and "SHA-256" in caplog.text and top(corrupt, 120) == 70
+    halved = _built(_chunks(5, vectors[150:300], keys[150:300]), "hnsw", folder)  # 100 of its 250 removed
+    assert halved.reused == 0 and top(halved, 200) == 50  # past REMOVED_SHARE: built again
     assert _built(_chunks(6, vectors[50:300], keys[50:300]), "ivf", folder).reused == 0  # another kind
     ivf = _built(_chunks(7, vectors[50:400], keys[50:400]), "ivf", folder)
     assert ivf.reused == 250 and top(ivf, 380) == 330

@@ -25,7 +25,7 @@ import numpy as np
 
 from embedrank.errors import InvalidInputError
 from embedrank.math.quantization import dequantize, quantization_ranges, quantize, unpack_signs
-from embedrank.retrieval.index_base import BaseIndex, IndexConfig, SearchResult
+from embedrank.retrieval.index_base import BaseIndex, IndexConfig, SearchResult, faiss_selector
 
 RESCORE = ("int8", "bits", "none")
 
@@ -80,17 +80,27 @@ class BinaryIndex(BaseIndex):
             return dequantize(self._int8[positions], "int8", self.ranges)
         return unpack_signs(self._codes[positions], self.dimension)
 
-    def search(self, queries: np.ndarray, k: int) -> SearchResult:
+    def search(self, queries: np.ndarray, k: int, *, skip: np.ndarray | None = None) -> SearchResult:
         """Top ``k`` per query (``min(k, len(self))``): Hamming search for ``k * rescore_multiplier``
-        candidates, then rescoring (module docstring)."""
+        candidates, then rescoring (module docstring). ``skip``: ``(N,)`` bool, rows never returned."""
+        import faiss
+
         q = self._prepare(queries, "queries")  # (Q, D)
-        n = len(self)
+        skip = self._skipped(skip)
+        n = len(self) - (int(skip.sum()) if skip is not None else 0)
         if n == 0:
             return [np.zeros(0, dtype=np.float32) for _ in range(q.shape[0])], [[] for _ in range(q.shape[0])]
         k = min(k, n)
         rescore = self.config.rescore != "none"
         depth = min(n, k * self.config.rescore_multiplier) if rescore else k
-        hamming, positions = self._index.search(quantize(q, "ubinary"), depth)  # (Q, K) int32, int64
+        codes = quantize(q, "ubinary")
+        if skip is None:
+            hamming, positions = self._index.search(codes, depth)  # (Q, K) int32, int64
+        else:
+            with faiss_selector(skip) as selector:
+                params = faiss.SearchParameters()
+                params.sel = selector
+                hamming, positions = self._index.search(codes, depth, params=params)
         if not rescore:
             return self._results(1 - 2 * hamming.astype(np.float32) / self.dimension, positions)
         scores = np.einsum("qd,qkd->qk", q, self._candidates(positions))  # (Q, K)

@@ -34,6 +34,7 @@ from embedrank.retrieval.index_base import (
     Metric,
     SearchResult,
     VectorIndex,
+    faiss_selector,
     read_meta,
 )
 
@@ -69,15 +70,18 @@ class NumpyIndex(BaseIndex):
         self._vectors = np.vstack([self._vectors, x])
         self._commit(ids)
 
-    def search(self, queries: np.ndarray, k: int) -> SearchResult:
+    def search(self, queries: np.ndarray, k: int, *, skip: np.ndarray | None = None) -> SearchResult:
         """Top ``k`` per query: scores (one ``(k',)`` array per query, ``k' = min(k, len(self))``) and ids;
-        ties break by insertion order."""
+        ties break by insertion order. ``skip``: ``(N,)`` bool, rows never returned."""
         q = self._prepare(queries, "queries")  # (Q, D)
+        skip = self._skipped(skip)
         if self.config.metric == "l2":
             scores = -((q[:, None, :] - self._vectors[None, :, :]) ** 2).sum(-1)  # (Q, N)
         else:
             scores = q @ self._vectors.T  # (Q, N)
-        k = min(k, len(self))
+        k = min(k, len(self) - (int(skip.sum()) if skip is not None else 0))
+        if skip is not None:
+            scores[:, skip] = -np.inf
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (Q, k)
         return self._results(np.take_along_axis(scores, order, axis=1), order)
 
@@ -234,18 +238,39 @@ class FaissIndex(BaseIndex):
             hnsw: Any = faiss.downcast_index(self._index)
             hnsw.hnsw.efSearch = ef_search
 
-    def search(self, queries: np.ndarray, k: int) -> SearchResult:
+    def search(self, queries: np.ndarray, k: int, *, skip: np.ndarray | None = None) -> SearchResult:
         """Top ``k`` per query: scores (one ``(k',)`` array per query, higher is better) and ids. Approximate
         kinds may return fewer than ``min(k, len(self))`` hits (a small ``nprobe``, an HNSW walk that stops
-        early)."""
+        early). ``skip``: ``(N,)`` bool, rows never returned (FAISS's ID selector, passed with the index's own
+        ``nprobe`` or ``efSearch``)."""
         q = self._prepare(queries, "queries")
+        skip = self._skipped(skip)
         if self._index is None or len(self) == 0:
             return [np.zeros(0, dtype=np.float32) for _ in range(q.shape[0])], [[] for _ in range(q.shape[0])]
-        k = min(k, len(self))
-        scores, positions = self._index.search(q, k)  # (Q, k), (Q, k)
+        k = min(k, len(self) - (int(skip.sum()) if skip is not None else 0))
+        if k <= 0:
+            return [np.zeros(0, dtype=np.float32) for _ in range(q.shape[0])], [[] for _ in range(q.shape[0])]
+        if skip is None:
+            scores, positions = self._index.search(q, k)  # (Q, k), (Q, k)
+        else:
+            with faiss_selector(skip) as selector:
+                scores, positions = self._index.search(q, k, params=self._params(selector))
         if self.config.metric == "l2":
             scores = -scores
         return self._results(scores, positions)
+
+    def _params(self, selector: Any) -> Any:
+        """Search parameters that keep the index's own ``efSearch`` or ``nprobe`` and add ``selector``."""
+        import faiss
+
+        lib: Any = faiss  # its stubs lack the parameters' keyword arguments
+        index = faiss.downcast_index(self._index)
+        if isinstance(index, faiss.IndexHNSW):
+            return lib.SearchParametersHNSW(sel=selector, efSearch=index.hnsw.efSearch)
+        ivf = faiss.try_extract_index_ivf(self._index)
+        if ivf is not None:
+            return lib.SearchParametersIVF(sel=selector, nprobe=ivf.nprobe)
+        return lib.SearchParameters(sel=selector)
 
     @property
     def can_reconstruct(self) -> bool:

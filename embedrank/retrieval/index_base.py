@@ -6,9 +6,10 @@ its own :meth:`BaseIndex._read`; :meth:`BaseIndex.load` does the rest for all of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -43,6 +44,17 @@ class IndexConfig:
     rescore_multiplier: int = 4  # binary: Hamming candidates per result kept
 
 
+@contextlib.contextmanager
+def faiss_selector(skip: np.ndarray) -> Iterator[Any]:
+    """A FAISS ID selector of the rows ``skip`` ``(N,)`` bool leaves out, for the block (its bitmap stays alive
+    as long as FAISS may read it)."""
+    import faiss
+
+    bits = np.packbits(skip, bitorder="little")
+    kept = faiss.IDSelectorBitmap(len(skip), faiss.swig_ptr(bits))  # the bitmap of the rows to leave out
+    yield faiss.IDSelectorNot(kept)  # FAISS holds pointers to both: bits and kept stay alive until the block ends
+
+
 @runtime_checkable
 class VectorIndex(Protocol):
     """What every index backend offers."""
@@ -55,7 +67,7 @@ class VectorIndex(Protocol):
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None: ...
 
-    def search(self, queries: np.ndarray, k: int) -> SearchResult: ...
+    def search(self, queries: np.ndarray, k: int, *, skip: np.ndarray | None = None) -> SearchResult: ...
 
     def reconstruct(self, ids: Sequence[str]) -> np.ndarray | None: ...
 
@@ -134,6 +146,17 @@ class BaseIndex:
                 f"index was built with model {self.model_id!r}; searching it with {model_id!r} would compare "
                 f"vectors from different spaces. Rebuild the index or use the same model."
             )
+
+    def _skipped(self, skip: np.ndarray | None) -> np.ndarray | None:
+        """``skip`` checked: ``(N,)`` bool over the index's rows, True for a row no search may return."""
+        if skip is None:
+            return None
+        skip = np.asarray(skip)
+        if skip.dtype != bool or skip.shape != (len(self),):
+            raise InvalidInputError(
+                f"skip must be ({len(self)},) booleans, got {skip.dtype} {skip.shape}", param="skip"
+            )
+        return skip
 
     def _results(self, scores: np.ndarray, positions: np.ndarray) -> SearchResult:
         """Per query, the scores and ids of the hits. FAISS marks missing hits (an IVF search that probed

@@ -79,6 +79,9 @@ RETRAIN_GROWTH = 2
 """An approximate index that learns from its first vectors (IVF and PQ centroids, the int8 ranges of a binary
 index's rescoring) is built again rather than grown once the store holds this many times the chunks it learnt
 from."""
+REMOVED_SHARE = 0.25
+"""A saved approximate index whose vectors are more than this share of removed chunks is built again; below it,
+it is grown and searched with the removed ones skipped (FAISS's ID selector)."""
 SAVE_PREFIX = "ann-"
 """Saved approximate indexes are folders named ``ann-<version>-<token>`` in the store's folder."""
 SAVED_FILE = "store-index.json"
@@ -179,10 +182,10 @@ class StoreIndex:
     With a ``folder``, the approximate index is saved there once built (written beside, synced, then renamed
     into place: a save stopped midway is never read) and the next build, at a later version, in this process
     or another one sharing the folder, starts from the newest saved index it can trust: one of the same
-    configuration whose files match their recorded SHA-256, whose chunks (by :attr:`Chunks.keys`) the store
-    still all has, and that learnt from at least 1/:data:`RETRAIN_GROWTH` of the chunks now (HNSW learns
-    nothing); it adds only the chunks that index lacks. A chunk removed since the save, a corrupt or foreign
-    save: built from all the chunks again."""
+    configuration whose files match their recorded SHA-256, that learnt from at least 1/:data:`RETRAIN_GROWTH`
+    of the chunks now (HNSW learns nothing) and whose vectors are at most :data:`REMOVED_SHARE` of chunks the
+    store no longer has (by :attr:`Chunks.keys`); it adds only the chunks that index lacks, and its searches
+    skip the removed ones. A corrupt or foreign save: built from all the chunks again."""
 
     data: Chunks
     kind: StoreIndexKind = "flat"
@@ -193,6 +196,7 @@ class StoreIndex:
     _by_term: sp.csr_matrix | None = None
     _ann: AnyIndex | None = None
     _row_of: dict[str, int] = dataclasses.field(default_factory=dict)
+    _skip: np.ndarray | None = None  # (M,) the approximate index's vectors of removed chunks
     _building: threading.Thread | None = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -240,7 +244,9 @@ class StoreIndex:
         new = [row for row, key in enumerate(keys) if key not in held]
         if new:
             ann.add([keys[row] for row in new], self.data.vectors[new])
-        self.reused, self._row_of = len(held), row_of
+        removed = np.fromiter((key not in row_of for key in ann.ids), dtype=bool, count=len(ann))
+        self._skip = removed if removed.any() else None
+        self.reused, self._row_of = len(held) - int(removed.sum()), row_of
         self._ann = ann
         if self.folder is not None and new:
             self._save(ann, learnt or len(new))
@@ -263,8 +269,8 @@ class StoreIndex:
                 continue
             if self._learns and len(row_of) > RETRAIN_GROWTH * int(record["learnt"]):
                 continue
-            if any(key not in row_of for key in ann.ids):
-                continue  # a chunk removed since: an index cannot drop a vector
+            if sum(key not in row_of for key in ann.ids) > REMOVED_SHARE * len(ann):
+                continue  # too many vectors of removed chunks: a search would walk past them
             return ann, int(record["learnt"])
         return None
 
@@ -308,7 +314,7 @@ class StoreIndex:
         k = min(depth, len(self))
         ann = self.approximate() if allowed is None and self.dense_kind != "flat" else None
         if ann is not None:
-            found = ann.search(queries.astype(np.float32), k)
+            found = ann.search(queries.astype(np.float32), k, skip=self._skip)
             return {
                 str(q): {str(self._row_of[i]): float(s) for i, s in zip(ids, scores, strict=True)}
                 for q, (scores, ids) in enumerate(zip(found[0], found[1], strict=True))
