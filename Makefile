@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 eval-auto-avx2 bench-rerank bench-service bench-tracing bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-pgvector bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 bench-int8-layers eval-auto-avx2 bench-rerank bench-service bench-tracing bench-span-cost bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-pgvector bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -100,6 +100,10 @@ bench-calibration: setup
 	$(RECORD) calibration "int8 calibration samples side by side" -- $(PY) eval/bench_calibration.py
 	$(PY) eval/render_benchmarks.py
 
+bench-int8-layers: setup  ## ONNX int8's most sensitive layers, and what keeping them in fp32 buys and costs (8- and 7-bit weights)
+	$(RECORD) int8-layers "ONNX int8: the most sensitive layers kept in fp32, side by side" -- $(PY) eval/bench_int8_layers.py --keep 1 2 4
+	$(PY) eval/render_benchmarks.py
+
 bench-calibration-avx2: setup  ## the same with kernels held to AVX2: ONNX int8's 7-bit weights compute the integers AVX2 would
 	tests/as_avx2.sh $(RECORD) calibration-avx2-emulated "int8 calibration samples side by side, kernels held to AVX2" -- $(PY) eval/bench_calibration.py
 	$(PY) eval/render_benchmarks.py
@@ -118,6 +122,10 @@ bench-service: setup
 
 bench-tracing: setup
 	$(RECORD) tracing "Tracing's cost: every request traced and exported against no tracing" -- $(PY) eval/bench_service.py --servers default traced --clients 32 --rounds 4
+	$(PY) eval/render_benchmarks.py
+
+bench-span-cost: setup  ## what tracing's spans cost a one-query request in CPU, the service's tracing code alone
+	$(RECORD) span-cost "Tracing's CPU per one-query request, the service's tracing code alone" -- $(PY) eval/bench_span_cost.py
 	$(PY) eval/render_benchmarks.py
 
 bench-batch-owners: setup

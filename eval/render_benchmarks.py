@@ -31,6 +31,7 @@ ORDER = (
     "quality-auto-avx2-emulated",
     "calibration",
     "calibration-avx2-emulated",
+    "int8-layers",
     "quality-store",
     "quality-store-splade",
     "quantization",
@@ -42,6 +43,7 @@ ORDER = (
     "service",
     "service-avx2",
     "tracing",
+    "span-cost",
     "fairness",
     "fairness-avx2",
     "batch",
@@ -350,6 +352,29 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 "int8 with the packaged sample: held-out SciFact mean cosine, top-10 overlap; taken by `auto`",
                 f"openvino {ov[4]}, {ov[5]}, {ov[3]}; onnx {onnx[4]}, {onnx[5]}, {onnx[3]}",
                 f"openvino calibrated on vocabulary sentences: {vocab[4]}, {vocab[5]}",
+            )
+    if name == "int8-layers":
+        summary = _search(
+            r"^summary, 7-bit weights \(AVX2's\): held-out overlap (\S+) \(in bound: (\w+)\), (\d+) most sensitive in "
+            r"fp32 (\S+) \(in bound: (\w+)\); speed x fp32 on this CPU: queries (\S+) -> (\S+), passages (\S+) -> (\S+)$",
+            out,
+        )
+        if summary:
+            return (
+                "ONNX int8 with 7-bit weights (what an AVX2 CPU runs), "
+                + ("its most sensitive layer" if summary[3] == "1" else f"its {summary[3]} most sensitive layers")
+                + " in fp32: held-out SciFact top-10 overlap (in bound); speed to fp32 on this CPU",
+                f"{summary[4]} ({summary[5]}); queries {summary[7]}x, passages {summary[9]}x",
+                f"every layer int8: {summary[1]} ({summary[2]}); queries {summary[6]}x, passages {summary[8]}x",
+            )
+    if name == "span-cost":
+        cost = _search(r"^tracing's cost: (\S+) us per request .*?, (\S+) spans per request, (\S+) us per span$", out)
+        share = _search(r"costs (\S+) ms of CPU .*?: tracing adds (\S+), so .*? keeps at most (\S+) of", out)
+        if cost and share:
+            return (
+                "tracing's CPU per one-query request, every request traced and exported (OTLP/HTTP)",
+                f"{cost[1]} us ({cost[2]} spans, {cost[3]} us a span): at most {share[3]} of the throughput kept",
+                f"the served default's one-query request: {share[1]} ms of CPU",
             )
     if name.startswith("encode"):
         chose = _search(r"^auto:auto chose (\S+ \S+):", out)

@@ -343,3 +343,30 @@ def test_a_server_started_with_the_console_exporter_prints_the_request_span(tmp_
     assert server["resource"]["attributes"]["service.name"] == "embedrank-test"
     (forward,) = [s for s in spans if s["name"] == "embedrank.forward"]
     assert forward["parent_id"] == server["context"]["span_id"]
+
+
+@pytest.mark.slow  # runs the benchmark and its OTLP sink in processes of their own
+def test_the_span_cost_benchmark_measures_the_spans_a_one_query_request_makes():
+    """eval/bench_span_cost.py drives the service's tracing code alone, exported over OTLP/HTTP to a sink: a
+    server span and a queue-wait span per request and a forward span per 16 requests reach the exporter, none
+    dropped."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "eval/bench_span_cost.py", "--requests", "320", "--rounds", "1"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dropping" not in done.stderr, done.stderr[-3000:]
+    found = re.search(
+        r"^tracing's cost: \S+ us per request .*, (\S+) spans per request, \S+ us per span$", done.stdout, re.M
+    )
+    assert found is not None, done.stdout
+    assert float(found[1]) == pytest.approx((320 + 320 + 320 / 16) / 320, abs=1e-3)  # server, queue wait, forward / 16
