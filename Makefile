@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 bench-int8-layers eval-auto-avx2 bench-rerank bench-service bench-tracing bench-span-cost bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-pgvector bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 bench-int8-layers bench-ov-hints bench-encode-streams eval-auto-avx2 bench-rerank bench-service bench-tracing bench-span-cost bench-batch-owners bench-batch-validation bench-vector-store bench-store-index bench-pgvector bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -102,6 +102,14 @@ bench-calibration: setup
 
 bench-int8-layers: setup  ## ONNX int8's most sensitive layers, and what keeping them in fp32 buys and costs (8- and 7-bit weights)
 	$(RECORD) int8-layers "ONNX int8: the most sensitive layers kept in fp32, side by side" -- $(PY) eval/bench_int8_layers.py --keep 1 2 4
+	$(PY) eval/render_benchmarks.py
+
+bench-ov-hints: setup  ## OpenVINO's LATENCY hint (embedrank's) against THROUGHPUT with each batch split across its streams
+	$(RECORD) ov-hints "OpenVINO's performance hints side by side" -- $(PY) eval/bench_ov_hints.py
+	$(PY) eval/render_benchmarks.py
+
+bench-encode-streams: setup  ## Encoder.encode with OpenVINO's streams=2 against one stream, fp32 and int8
+	$(RECORD) encode-streams "Encoding speed with OpenVINO's streams (in-process)" -- $(PY) eval/bench_encode.py --rounds 2 --queries 1000 --passages 500 --systems openvino:fp32 openvino:fp32:streams=2 openvino:int8 openvino:int8:streams=2
 	$(PY) eval/render_benchmarks.py
 
 bench-calibration-avx2: setup  ## the same with kernels held to AVX2: ONNX int8's 7-bit weights compute the integers AVX2 would

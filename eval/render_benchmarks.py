@@ -32,6 +32,7 @@ ORDER = (
     "calibration",
     "calibration-avx2-emulated",
     "int8-layers",
+    "ov-hints",
     "quality-store",
     "quality-store-splade",
     "quantization",
@@ -39,6 +40,7 @@ ORDER = (
     "encode-amx",
     "encode-avx2",
     "encode-avx2-emulated",
+    "encode-streams",
     "rerank",
     "service",
     "service-avx2",
@@ -367,6 +369,19 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 f"{summary[4]} ({summary[5]}); queries {summary[7]}x, passages {summary[9]}x",
                 f"every layer int8: {summary[1]} ({summary[2]}); queries {summary[6]}x, passages {summary[8]}x",
             )
+    if name == "ov-hints":
+        summary = _search(
+            r"^summary: THROUGHPUT to LATENCY: fp32 passages (\S+), queries (\S+); int8 passages (\S+), queries (\S+); "
+            r"one query at a time (\S+)$",
+            out,
+        )
+        if summary:
+            return (
+                "OpenVINO's THROUGHPUT hint, each batch of 32 split across its streams: speed to the LATENCY hint "
+                "embedrank compiles with",
+                f"fp32 {summary[1]} passages, {summary[2]} queries; int8 {summary[3]}, {summary[4]}",
+                f"one query at a time: {summary[5]}",
+            )
     if name == "span-cost":
         cost = _search(r"^tracing's cost: (\S+) us per request .*?, (\S+) spans per request, (\S+) us per span$", out)
         share = _search(r"costs (\S+) ms of CPU .*?: tracing adds (\S+), so .*? keeps at most (\S+) of", out)
@@ -375,6 +390,24 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 "tracing's CPU per one-query request, every request traced and exported (OTLP/HTTP)",
                 f"{cost[1]} us ({cost[2]} spans, {cost[3]} us a span): at most {share[3]} of the throughput kept",
                 f"the served default's one-query request: {share[1]} ms of CPU",
+            )
+    if name == "encode-streams":
+        columns = r"\s+(\S+)\s+\S+\s+(\S+)\s+\S+\s+(\S+)"  # queries/s, passages/s, single p50 ms
+        figures = {
+            key: _search(rf"^openvino:{key}" + columns, out)
+            for key in ("fp32", "fp32:streams=2", "int8", "int8:streams=2")
+        }
+        if all(figures.values()):
+
+            def gain(precision: str, column: int) -> str:
+                one, two = figures[precision], figures[f"{precision}:streams=2"]
+                return f"{float(two[column]) / float(one[column]):.2f}x"  # type: ignore[index]
+
+            return (
+                "OpenVINO with `streams=2` in `Encoder.encode` (batches of 32): speed to one stream",
+                f"passages {gain('fp32', 2)} (fp32), {gain('int8', 2)} (int8); queries {gain('fp32', 1)}, "
+                f"{gain('int8', 1)}",
+                f"one text at a time: p50 {gain('fp32', 3)} (fp32), {gain('int8', 3)} (int8) as long",
             )
     if name.startswith("encode"):
         chose = _search(r"^auto:auto chose (\S+ \S+):", out)

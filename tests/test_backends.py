@@ -241,3 +241,38 @@ def test_the_default_backend_falls_back_to_torch_with_one_warning(tmp_path, monk
     monkeypatch.setenv("EMBEDRANK_BACKEND", "openvino")
     with pytest.raises(UnsupportedModelError, match="converter says no"):
         Encoder.from_pretrained(cache_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_openvino_streams_split_each_batch_and_give_the_same_vectors():
+    """streams=2 compiles for throughput and runs a batch as two parts at once (each thread its own requests):
+    the vectors and token states are those of one stream, for any batch size, from threads at once."""
+    import threading
+
+    one = Encoder.from_pretrained(backend="openvino", precision="fp32")
+    two = Encoder.from_pretrained(backend="openvino", precision="fp32", streams=2)
+    threads = int(two.runtime.compiled.get_property("INFERENCE_NUM_THREADS"))
+    assert two.runtime.streams == min(2, threads) and one.runtime.streams == 1
+    for batch_size in (1, 2, 3, 5):
+        assert np.abs(two.encode(TEXTS, batch_size=batch_size) - one.encode(TEXTS, batch_size=batch_size)).max() < 1e-6
+    features = one.tokenize(TEXTS).features
+    states = two.forward(features, all_positions=True)
+    assert states.shape == one.forward(features, all_positions=True).shape
+    assert (states - one.forward(features, all_positions=True)).abs().max() < 1e-5
+
+    want = one.encode(TEXTS, batch_size=4)
+    got: list[np.ndarray] = []
+    workers = [threading.Thread(target=lambda: got.append(two.encode(TEXTS, batch_size=4))) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(got) == 3 and all(np.abs(g - want).max() < 1e-6 for g in got)
+
+    for options in ({"backend": "onnx"}, {"backend": "torch"}, {"backend": "openvino", "precision": "auto"}):
+        with pytest.raises(InvalidInputError, match="applies to backend 'openvino' only") as refused:
+            Encoder.from_pretrained(**options, streams=2)
+        assert refused.value.param == "streams"
+    for wrong in (0, 1.5, True):
+        with pytest.raises(InvalidInputError, match="streams must be a whole number"):
+            Encoder.from_pretrained(backend="openvino", streams=wrong)

@@ -124,9 +124,10 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         cache_dir: str | Path | None = None,
         device: str = "cpu",
         max_seq_length: int | None = None,
+        streams: int = 1,
     ) -> CrossEncoder:
         """Load an already resolved model (:func:`~embedrank.registry.resolve`); ``backend``,
-        ``precision``, ``calibration`` and ``cache_dir`` as in :meth:`Encoder.from_spec
+        ``precision``, ``calibration``, ``cache_dir`` and ``streams`` as in :meth:`Encoder.from_spec
         <embedrank.models.encoder.Encoder.from_spec>` (int8 calibrates on (query, passage) pairs cut from
         the calibration texts).
 
@@ -157,6 +158,7 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
             cache_dir=cache_dir,
             # an LLM reranker reads pairs through its prompt template: int8 calibrates on templated pairs too
             wrap_tokenizer=YesNoTokenizer if spec.scoring == "yes-no" else None,
+            streams=streams,
         )
         config = getattr(model, "config", None) or AutoConfig.from_pretrained(
             spec.path, trust_remote_code=spec.trust_remote_code

@@ -97,6 +97,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         max_seq_length: int | None = None,
         torch_dtype: torch.dtype | None = None,
         in_router: bool = False,
+        streams: int = 1,
     ) -> Encoder:
         """Load an already resolved model (:func:`~embedrank.registry.resolve`).
 
@@ -106,6 +107,8 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         cache (``cache_dir``, :mod:`embedrank.runtime.exports`), and int8 calibrates on ``calibration`` (texts
         or a ``.txt``/``.jsonl`` file; default: the packaged sample, :func:`~embedrank.texts.packaged_sample`). Every branch of a Router
         model loads with the same settings, except that a static branch runs in torch (``in_router``).
+        ``streams`` (OpenVINO only) runs each batch as that many parts at once, for throughput over many texts
+        at the cost of one text's latency (:class:`~embedrank.runtime.backends.OpenVINORuntime`).
 
         Raises:
             ModelKindError: the model is a cross-encoder.
@@ -130,7 +133,12 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         ) and spec.static:  # a Router's static branch runs in torch, whatever runs the other branches
             backend = precision = None
         runs: dict[str, Any] = dict(
-            backend=backend, precision=precision, device=device, torch_dtype=torch_dtype, cache_dir=cache_dir
+            backend=backend,
+            precision=precision,
+            device=device,
+            torch_dtype=torch_dtype,
+            cache_dir=cache_dir,
+            streams=streams,
         )
         tokenizer, model = load_transformer(spec, "encoder", **runs, max_seq_length=max_len, calibration=calibration)
         enc = cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)

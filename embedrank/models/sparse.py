@@ -131,11 +131,13 @@ class SparseEncoder(TokenizesText, Branched):
         calibration: Any = None,
         cache_dir: str | Path | None = None,
         device: str = "cpu",
+        streams: int = 1,
     ) -> SparseEncoder:
         """Load the weights of a resolved model (:func:`~embedrank.registry.resolve`) of kind ``sparse``.
         ``backend`` (``"torch"`` unless named: ``"openvino"``, ``"onnx"``) and ``precision`` choose what runs
         the masked LM; an exported graph includes SPLADE's pooling, so it hands back ``(B, V)`` weights.
-        ``device`` as :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>` (torch only)."""
+        ``device`` and ``streams`` as :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>`
+        (``device``: torch only; ``streams``: OpenVINO only)."""
         check_max_seq_length(max_seq_length)
         if spec.kind != "sparse":
             raise UnsupportedModelError(
@@ -161,6 +163,7 @@ class SparseEncoder(TokenizesText, Branched):
                 max_seq_length=window,
                 calibration=calibration,
                 cache_dir=cache_dir,
+                streams=streams,
             )
             runtime = (
                 TorchRuntime(model.to(device), tokenizer, "splade") if isinstance(model, torch.nn.Module) else model

@@ -195,6 +195,7 @@ def load_transformer(
     calibration: Calibration = None,
     cache_dir: str | Path | None = None,
     wrap_tokenizer: Callable[[Any], Any] | None = None,
+    streams: int = 1,
 ) -> tuple[Any, torch.nn.Module | Runtime]:
     """The tokenizer and what runs the transformer: the torch module (backend ``torch``) or the runtime
     of the (cached) export, as :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>` and
@@ -206,9 +207,13 @@ def load_transformer(
     tokenizer into the one the model is fed through (an LLM reranker's prompt template), so that int8
     calibration and the checks of exports see the inputs the model will see; the wrapped one is returned.
 
+    ``streams`` (OpenVINO only, :class:`~embedrank.runtime.backends.OpenVINORuntime`): compile for throughput
+    with that many streams, each batch split across them.
+
     Raises:
-        InvalidInputError: an unknown backend or precision, or ``device``/``torch_dtype`` with an exported
-            backend (it runs on the CPU in its own precision).
+        InvalidInputError: an unknown backend or precision, ``device``/``torch_dtype`` with an exported
+            backend (it runs on the CPU in its own precision), or ``streams`` other than 1 for a backend
+            other than OpenVINO (``auto`` included), or less than 1.
         ExportError: the named backend could not export the model (an :class:`UnsupportedModelError`).
     """
     from transformers import AutoTokenizer
@@ -216,6 +221,7 @@ def load_transformer(
     if spec.static is not None:  # a vector per token, no transformer: a lookup in torch (runtime.static)
         return load_static(spec, backend, precision)
     backend_name, prec = check_backend(backend, precision)
+    check_streams(streams, backend_name, prec)
     with quiet_loading():
         tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     if wrap_tokenizer is not None:
@@ -254,6 +260,7 @@ def load_transformer(
             max_seq_length=max_seq_length,
             calibration=calibration,
             cache_dir=cache_dir,
+            streams=streams,
         )
     except ExportError as exc:
         if backend is not None or precision is not None or os.environ.get(BACKEND_ENV) or os.environ.get(PRECISION_ENV):
@@ -271,6 +278,24 @@ def load_transformer(
         fallback.fallback_reason = f"could not export to {backend_name} {prec}: {exc.reason}"
         return tokenizer, fallback
     return tokenizer, runtime
+
+
+def check_streams(streams: int, backend: str, precision: str) -> None:
+    """Refuse ``streams`` that the runtime of ``backend``/``precision`` cannot run (:func:`load_transformer`).
+
+    >>> check_streams(2, "openvino", "int8")
+    >>> check_streams(2, "onnx", "int8")
+    Traceback (most recent call last):
+    ...
+    embedrank.errors.InvalidInputError: streams=2 applies to backend 'openvino' only (this is 'onnx' int8); leave streams at 1
+    """
+    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+        raise InvalidInputError(f"streams must be a whole number, 1 or more, not {streams!r}", param="streams")
+    if streams != 1 and (backend != "openvino" or precision == AUTO):
+        raise InvalidInputError(
+            f"streams={streams} applies to backend 'openvino' only (this is {backend!r} {precision}); leave streams at 1",
+            param="streams",
+        )
 
 
 class ExportError(UnsupportedModelError):
@@ -396,15 +421,23 @@ def _convert(
 
 
 def load_runtime(
-    spec: ModelSpec, tokenizer: Any, head: Head, backend: Backend, precision: Precision, **options: Any
+    spec: ModelSpec,
+    tokenizer: Any,
+    head: Head,
+    backend: Backend,
+    precision: Precision,
+    *,
+    streams: int = 1,
+    **options: Any,
 ) -> Any:
-    """An :class:`~embedrank.runtime.backends.OpenVINORuntime` or ``ONNXRuntime`` on the (cached) export;
-    ``options`` are :func:`exported_model`'s (``max_seq_length``, ``calibration``, ``cache_dir``)."""
+    """An :class:`~embedrank.runtime.backends.OpenVINORuntime` (with ``streams``) or ``ONNXRuntime`` on the
+    (cached) export; ``options`` are :func:`exported_model`'s (``max_seq_length``, ``calibration``,
+    ``cache_dir``)."""
     from embedrank.runtime.backends import ONNXRuntime, OpenVINORuntime
 
     graph = exported_model(spec, tokenizer, head, backend, precision, **options)
     if backend == "openvino":
-        return OpenVINORuntime(graph, precision, cache_dir=graph.parent / "compiled")
+        return OpenVINORuntime(graph, precision, cache_dir=graph.parent / "compiled", streams=streams)
     return ONNXRuntime(graph, precision)
 
 
