@@ -25,11 +25,49 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import embedrank.openmp  # noqa: F401  before torch, as in the server
+
+
+def scifact_held_out(passages: int, queries: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    """SciFact's held-out documents (``passages``, seeded) and test queries (``queries``, seeded), then 200 other
+    documents and every query (to draw a SciFact calibration sample from); exits when SciFact is missing."""
+    import numpy as np
+
+    from embedrank.retrieval.data import default_data_dir, doc_text, load_beir
+    from embedrank.texts import seeded_sample
+
+    root = default_data_dir()
+    if root is None or not (root / "scifact" / "corpus.jsonl").is_file():
+        raise SystemExit("needs SciFact in the data directory ($EMBEDRANK_DATA): python eval/get_data.py fetch scifact")
+    scifact = load_beir(root / "scifact")
+    docs = list(scifact.corpus.values())
+    order = np.random.default_rng(1).permutation(len(docs))
+    held = [doc_text(docs[i]) for i in sorted(order[:passages])]
+    others = [doc_text(docs[i]) for i in sorted(order[passages : passages + 200])]
+    every_query = list(scifact.queries.values())
+    return held, seeded_sample(every_query, queries, seed=1), others, every_query
+
+
+def held_out_agreement(want_docs: Any, got_docs: Any, want_queries: Any, got_queries: Any) -> dict[str, Any]:
+    """The held-out view of a runtime's vectors (``got_*``) against the reference's (``want_*``): documents'
+    mean and smallest cosine, the top-10 overlap of the queries' searches, and whether that is within ``auto``'s
+    bound."""
+    import numpy as np
+
+    from embedrank.runtime.auto import embedding_agreement, within_bound
+
+    out = embedding_agreement(want_docs, got_docs, want_queries, got_queries)
+    return {
+        "held-out cos mean": round(float(np.mean(np.sum(want_docs * got_docs, axis=1))), 5),
+        "held-out cos min": out["cosine"],
+        "held-out overlap": out["overlap"],
+        "held-out in bound": "yes" if within_bound(out) else "no",
+    }
 
 
 def main() -> None:
@@ -45,23 +83,12 @@ def main() -> None:
 
     from embedrank import Encoder
     from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
-    from embedrank.retrieval.data import default_data_dir, doc_text, load_beir
     from embedrank.runtime.auto import BOUNDS, CHECK_TEXTS, embedding_agreement, within_bound
     from embedrank.runtime.cpus import cpu_identity
     from embedrank.runtime.exports import CALIBRATION_SIZE
     from embedrank.texts import packaged_sample, seeded_sample, vocabulary_texts
 
-    root = default_data_dir()
-    if root is None or not (root / "scifact" / "corpus.jsonl").is_file():
-        raise SystemExit("needs SciFact in the data directory ($EMBEDRANK_DATA): python eval/get_data.py fetch scifact")
-    scifact = load_beir(root / "scifact")
-    docs = list(scifact.corpus.values())
-    rng = np.random.default_rng(1)
-    order = rng.permutation(len(docs))
-    held_docs = [doc_text(docs[i]) for i in sorted(order[: args.passages])]
-    calib_docs = [doc_text(docs[i]) for i in sorted(order[args.passages : args.passages + 200])]
-    queries = list(scifact.queries.values())
-    held_queries = seeded_sample(queries, args.queries, seed=1)
+    held_docs, held_queries, calib_docs, queries = scifact_held_out(args.passages, args.queries)
     spec = resolve(DEFAULT_EMBEDDING_MODEL)
     tokenizer = AutoTokenizer.from_pretrained(spec.path)
     samples = {
@@ -100,7 +127,6 @@ def main() -> None:
         ):
             got, want = views(enc, texts), expected[name]
             check = embedding_agreement(want["checks"], got["checks"], want["heads"], got["heads"])
-            out = embedding_agreement(want["docs"], got["docs"], want["queries"], got["queries"])
             rows.append(
                 {
                     "sample": name,
@@ -108,10 +134,7 @@ def main() -> None:
                     "check cos min": check["cosine"],
                     "check overlap": check["overlap"],
                     "auto takes it": "yes" if within_bound(check) else "no",
-                    "held-out cos mean": round(float(np.mean(np.sum(want["docs"] * got["docs"], axis=1))), 5),
-                    "held-out cos min": out["cosine"],
-                    "held-out overlap": out["overlap"],
-                    "held-out in bound": "yes" if within_bound(out) else "no",
+                    **held_out_agreement(want["docs"], got["docs"], want["queries"], got["queries"]),
                 }
             )
     cpu, _ = cpu_identity()

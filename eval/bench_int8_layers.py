@@ -50,24 +50,17 @@ def main() -> None:
     import numpy as np
     import onnx
     import pandas as pd
+    from bench_calibration import held_out_agreement, scifact_held_out
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from embedrank import Encoder
-    from embedrank.retrieval.data import default_data_dir, doc_text, load_beir
-    from embedrank.runtime.auto import BOUNDS, embedding_agreement, within_bound
+    from embedrank.runtime.auto import BOUNDS
     from embedrank.runtime.backends import ONNXRuntime
     from embedrank.runtime.cpus import cpu_identity
     from embedrank.runtime.exports import CALIBRATION_SIZE
     from embedrank.texts import packaged_sample, seeded_sample
 
-    root = default_data_dir()
-    if root is None or not (root / "scifact" / "corpus.jsonl").is_file():
-        raise SystemExit("needs SciFact in the data directory ($EMBEDRANK_DATA): python eval/get_data.py fetch scifact")
-    scifact = load_beir(root / "scifact")
-    docs = list(scifact.corpus.values())
-    order = np.random.default_rng(1).permutation(len(docs))
-    held_docs = [doc_text(docs[i]) for i in sorted(order[: args.passages])]
-    held_queries = seeded_sample(list(scifact.queries.values()), args.queries, seed=1)
+    held_docs, held_queries, _, _ = scifact_held_out(args.passages, args.queries)  # bench_calibration's
     sample = seeded_sample(packaged_sample(), CALIBRATION_SIZE)
     work = Path(tempfile.mkdtemp(prefix="embedrank-int8-layers-"))
 
@@ -102,15 +95,8 @@ def main() -> None:
     def sample_loss(runtime: ONNXRuntime) -> float:
         return float(np.mean(1 - np.sum(want_sample * vectors(runtime, sample), axis=1)))
 
-    def held_out(runtime: ONNXRuntime) -> dict[str, float | str]:
-        got_docs, got_queries = vectors(runtime, held_docs), vectors(runtime, held_queries)
-        out = embedding_agreement(want_docs, got_docs, want_queries, got_queries)
-        return {
-            "held-out cos mean": round(float(np.mean(np.sum(want_docs * got_docs, axis=1))), 5),
-            "held-out cos min": out["cosine"],
-            "held-out overlap": out["overlap"],
-            "in bound": "yes" if within_bound(out) else "no",
-        }
+    def held_out(runtime: ONNXRuntime) -> dict[str, Any]:
+        return held_out_agreement(want_docs, vectors(runtime, held_docs), want_queries, vectors(runtime, held_queries))
 
     cpu, _ = cpu_identity()
     print(
@@ -184,8 +170,8 @@ def main() -> None:
     fast, slow = speed.loc["int8 7-bit"], speed.loc[f"int8 7-bit, {args.keep[0]} in fp32"]
     print(
         f"\nsummary, 7-bit weights (AVX2's): held-out overlap {full['held-out overlap']:.4f} (in bound: "
-        f"{full['in bound']}), {args.keep[0]} most sensitive in fp32 {kept['held-out overlap']:.4f} (in bound: "
-        f"{kept['in bound']}); speed x fp32 on this CPU: queries {fast['queries x fp32']:.2f} -> "
+        f"{full['held-out in bound']}), {args.keep[0]} most sensitive in fp32 {kept['held-out overlap']:.4f} (in bound: "
+        f"{kept['held-out in bound']}); speed x fp32 on this CPU: queries {fast['queries x fp32']:.2f} -> "
         f"{slow['queries x fp32']:.2f}, passages {fast['passages x fp32']:.2f} -> {slow['passages x fp32']:.2f}"
     )
 
