@@ -67,10 +67,8 @@ def main() -> None:
     enc = Encoder.from_pretrained(backend="onnx", precision="fp32", cache_dir=work / "cache")
     fp32_graph = enc.runtime.path
     fp32_runtime = enc.runtime
-    nodes = [
-        n.name for n in onnx.load(str(fp32_graph), load_external_data=False).graph.node if n.op_type in QUANTIZABLE
-    ]
     kinds = {n.name: n.op_type for n in onnx.load(str(fp32_graph), load_external_data=False).graph.node}
+    nodes = [name for name, kind in kinds.items() if kind in QUANTIZABLE]
 
     def vectors(runtime: ONNXRuntime, texts: list[str]) -> np.ndarray:
         enc.runtime = runtime

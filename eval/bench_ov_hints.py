@@ -71,14 +71,8 @@ def main() -> None:
         def batches(items: list[str], size: int) -> list[dict[str, np.ndarray]]:
             out = []
             for i in range(0, len(items), size):
-                features = enc.tokenizer(
-                    items[i : i + size],
-                    padding=True,
-                    truncation=True,
-                    max_length=enc.max_seq_length,
-                    return_tensors="np",
-                )
-                out.append({n: features[n].astype(np.int64) for n in names})
+                features = enc.tokenize(items[i : i + size]).features  # padded and cut as Encoder.encode feeds them
+                out.append({n: features[n].numpy().astype(np.int64, copy=False) for n in names})
             return out
 
         def latency_hint(feeds: list[dict[str, np.ndarray]]) -> None:
