@@ -41,6 +41,8 @@ ORDER = (
     "encode-avx2",
     "encode-avx2-emulated",
     "encode-streams",
+    "images",
+    "images-amx",
     "rerank",
     "service",
     "service-avx2",
@@ -553,7 +555,7 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 next(iter(served.values())),
                 f"the library's run (`{next(iter(library))}`): {next(iter(library.values()))}",
             )
-    if name == "images":
+    if name.startswith("images"):
         default = re.findall(r"^\| embedrank openvino fp32 \(default\) \| [\d.]+ \| ([\d.]+) \|", out, re.M)
         half = re.findall(r"^\| embedrank openvino bf16 \| [\d.]+ \| ([\d.]+) \|", out, re.M)
         if len(default) == 2 and len(half) == 2:

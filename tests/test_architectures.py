@@ -14,7 +14,7 @@ from sentence_transformers import CrossEncoder as STCrossEncoder
 from sentence_transformers import SentenceTransformer
 
 from embedrank import CrossEncoder, Encoder
-from embedrank.errors import UnsupportedModelError
+from embedrank.errors import InvalidInputError, UnsupportedModelError
 from embedrank.registry import resolve
 from embedrank.testing.architectures import ARCHITECTURES, CROSS_ENCODERS
 from embedrank.testing.model_cards import qwen3_reranker_scores
@@ -410,6 +410,10 @@ def test_a_static_model_matches_sentence_transformers(static_model, fake_service
     assert not any(out.truncated)
     with pytest.raises(Exception, match="static embedding model"):
         Encoder.from_pretrained(static_model, backend="openvino")
+    for streams in (2, 0):  # a lookup has no streams to split a batch across: refused, never ignored
+        with pytest.raises(InvalidInputError) as refused:
+            Encoder.from_pretrained(static_model, streams=streams)
+        assert refused.value.param == "streams"
     with fake_service({"static": enc}) as client:
         (card,) = client.get("/v1/models").json()["data"]
         assert (card["dimension"], card["backend"], card["fallback_reason"]) == (32, "torch", None)

@@ -235,6 +235,10 @@ def test_the_default_backend_falls_back_to_torch_with_one_warning(tmp_path, monk
         (record,) = [r for r in caplog.records if r.levelname == "WARNING" and "runs on torch" in r.getMessage()]
         assert "converter says no" in record.getMessage() and "backend='torch'" in record.getMessage()
     assert len(calls) == 1  # the failure is remembered next to the exports
+    caplog.clear()
+    assert Encoder.from_pretrained(cache_dir=tmp_path, streams=2).backend == "torch"  # streams is not dropped unsaid
+    (record,) = [r for r in caplog.records if r.levelname == "WARNING" and "runs on torch" in r.getMessage()]
+    assert "in one stream (streams=2 applies to OpenVINO only)" in record.getMessage()
     for named in ({"backend": "openvino"}, {"precision": "fp32"}):
         with pytest.raises(UnsupportedModelError, match="converter says no"):
             Encoder.from_pretrained(cache_dir=tmp_path, **named)

@@ -140,7 +140,8 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             cache_dir=cache_dir,
             streams=streams,
         )
-        tokenizer, model = load_transformer(spec, "encoder", **runs, max_seq_length=max_len, calibration=calibration)
+        own = {**runs, "streams": 1} if (in_router or spec.branches) and spec.static else runs  # a lookup: one stream
+        tokenizer, model = load_transformer(spec, "encoder", **own, max_seq_length=max_len, calibration=calibration)
         enc = cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
         enc.add_branches(lambda branch: cls.from_spec(branch, **runs, calibration=calibration, in_router=True))
         return enc

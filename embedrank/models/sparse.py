@@ -34,7 +34,7 @@ from embedrank.models.router import Branched, on_branch
 from embedrank.models.tokens import TextTokens, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import TorchRuntime
-from embedrank.runtime.exports import load_transformer, runs_on
+from embedrank.runtime.exports import check_streams, load_transformer, runs_on
 from embedrank.runtime.static import static_tokenizer
 from embedrank.types import ModelOutput
 
@@ -148,6 +148,8 @@ class SparseEncoder(TokenizesText, Branched):
         device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None, spec=spec)
         if spec.static is not None:  # a weight per vocabulary entry, no transformer
             from safetensors.torch import load_file
+
+            check_streams(streams, "torch", "fp32")  # a lookup in torch: one stream
 
             root = Path(spec.path, spec.static)
             weight = load_file(str(root / "model.safetensors"))["weight"]

@@ -213,12 +213,14 @@ def load_transformer(
     Raises:
         InvalidInputError: an unknown backend or precision, ``device``/``torch_dtype`` with an exported
             backend (it runs on the CPU in its own precision), or ``streams`` other than 1 for a backend
-            other than OpenVINO (``auto`` included), or less than 1.
+            other than OpenVINO (``auto`` included; a static model runs in torch), or less than 1. When the
+            default backend falls back to torch, ``streams`` does not apply, and the warning says so.
         ExportError: the named backend could not export the model (an :class:`UnsupportedModelError`).
     """
     from transformers import AutoTokenizer
 
     if spec.static is not None:  # a vector per token, no transformer: a lookup in torch (runtime.static)
+        check_streams(streams, "torch", "fp32")
         return load_static(spec, backend, precision)
     backend_name, prec = check_backend(backend, precision)
     check_streams(streams, backend_name, prec)
@@ -266,9 +268,10 @@ def load_transformer(
         if backend is not None or precision is not None or os.environ.get(BACKEND_ENV) or os.environ.get(PRECISION_ENV):
             raise  # the caller named the backend: run that one or fail
         log.warning(
-            "embedrank: %s runs on torch: it could not be exported to the default backend %s %s (%s). "
+            "embedrank: %s runs on torch%s: it could not be exported to the default backend %s %s (%s). "
             "backend='torch' (%s=torch) selects torch without this warning.",
             spec.model_id,
+            f" in one stream (streams={streams} applies to OpenVINO only)" if streams != 1 else "",
             backend_name,
             prec,
             exc.reason,
