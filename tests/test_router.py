@@ -100,6 +100,8 @@ def test_every_branch_matches_sentence_transformers(request, which, backend):
     assert enc.branches["document"].backend == backend
     if backend == "openvino":  # streams splits the transformer branch's batches; the static one is a lookup
         two = Encoder.from_pretrained(path, backend=backend, streams=2)
+        runtime = two.branches["document"].runtime
+        assert runtime.streams == min(2, int(runtime.compiled.get_property("INFERENCE_NUM_THREADS")))
         assert np.abs(two.encode_document(TEXTS) - got["document"]).max() < 1e-5
         assert np.abs(two.encode_query(TEXTS) - got["query"]).max() < 1e-5
 
