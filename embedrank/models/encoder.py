@@ -128,9 +128,8 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             )
         max_len = max_seq_length or spec.max_seq_length
         device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None, spec=spec)
-        if (
-            in_router or spec.branches
-        ) and spec.static:  # a Router's static branch runs in torch, whatever runs the other branches
+        lookup = bool((in_router or spec.branches) and spec.static)
+        if lookup:  # a Router's static branch runs in torch, in one stream, whatever runs the other branches
             backend = precision = None
         runs: dict[str, Any] = dict(
             backend=backend,
@@ -140,7 +139,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             cache_dir=cache_dir,
             streams=streams,
         )
-        own = {**runs, "streams": 1} if (in_router or spec.branches) and spec.static else runs  # a lookup: one stream
+        own = {**runs, "streams": 1} if lookup else runs
         tokenizer, model = load_transformer(spec, "encoder", **own, max_seq_length=max_len, calibration=calibration)
         enc = cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
         enc.add_branches(lambda branch: cls.from_spec(branch, **runs, calibration=calibration, in_router=True))
