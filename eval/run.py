@@ -620,8 +620,10 @@ def main(argv: list[str] | None = None) -> int:
     from embedrank.evaluation.compare import compare_systems, system_from_run_file
     from embedrank.math.metrics import DEFAULT_K, parse_measures
     from embedrank.retrieval.data import load_beir, write_demo_collection
+    from embedrank.runtime.devices import resolve_device
 
     try:
+        resolve_device(args.device, param="--device")  # a device this machine lacks fails before any data is read
         if args.query_ids and not Path(args.query_ids).is_file():
             raise InvalidInputError(f"--query-ids {args.query_ids}: no such file")
         query_ids = tuple(Path(args.query_ids).read_text(encoding="utf-8").split()) if args.query_ids else None

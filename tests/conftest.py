@@ -20,6 +20,7 @@ os.environ["EMBEDRANK_CACHE"] = os.environ.get(
 
 import contextlib
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,49 @@ import pytest
 # scripts run by the reference environments (tests/reference: PyLate), not by this one
 collect_ignore = ["reference"]
 
-SHARED_DATA = Path(os.environ.get("EMBEDRANK_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-# the library's default data directory is the user's; the suite reads the shared collections (as make test does)
-os.environ.setdefault("EMBEDRANK_DATA", str(SHARED_DATA))
+# The benchmark collections (BEIR layout) that tests marked ``data`` read: $EMBEDRANK_DATA, else the folder
+# beside the checkout where the developers keep them. A user's clone has none: those tests then skip.
+# (EMBEDRANK_TEST_DATA carries the choice to the worker processes, which see the EMBEDRANK_DATA set below.)
+SHARED_DATA = Path(
+    os.environ.get("EMBEDRANK_TEST_DATA")
+    or os.environ.get("EMBEDRANK_DATA")
+    or Path(__file__).resolve().parents[2] / "shared" / "data"
+)
+os.environ["EMBEDRANK_TEST_DATA"] = str(SHARED_DATA)
+# Every other test, and every process it starts, sees an empty data directory: a test that reads a collection
+# without the mark fails on every machine, not only on one without the collections.
+NO_DATA = tempfile.mkdtemp(prefix="embedrank-tests-no-data-")
+os.environ["EMBEDRANK_DATA"] = NO_DATA
+# the fixtures that hand a test the collections (directly or through another fixture)
+DATA_FIXTURES = frozenset({"data_dir"})
+
+
+def missing_collections(item: pytest.Item) -> list[str] | None:
+    """The collections a test marked ``data`` names (``@pytest.mark.data("adi")``; SciFact when it names
+    none) that the data directory lacks; ``None`` for a test without the mark."""
+    mark = item.get_closest_marker("data")
+    if mark is None:
+        return None
+    return [name for name in mark.args or ("scifact",) if not (SHARED_DATA / name / "corpus.jsonl").is_file()]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The ``data`` mark, honoured in this one place: a marked test skips when its collections are absent,
+    and reads them (``$EMBEDRANK_DATA``, for it and for the fixtures and processes it starts) when present;
+    a test that asks for them without the mark fails."""
+    missing = missing_collections(item)
+    if missing is None:
+        if DATA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            pytest.fail(f"{item.nodeid} reads the benchmark collections: mark it data", pytrace=False)
+        return
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} in the data directory ({SHARED_DATA}); set EMBEDRANK_DATA")
+    os.environ["EMBEDRANK_DATA"] = str(SHARED_DATA)
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    os.environ["EMBEDRANK_DATA"] = NO_DATA
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +84,56 @@ def _fast_tests_start_no_process(request, monkeypatch):
         raise AssertionError(f"{request.node.nodeid} starts a subprocess: mark it slow")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+def _refuse_kernels(nodeid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every way a model computes in this process fail: torch modules' forward passes, OpenVINO's
+    compilation and inference, ONNX Runtime's sessions. The one gate of the ``kernel_free`` mark."""
+    import onnxruntime
+    import openvino
+    import torch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(
+            f"{nodeid} runs a model's kernels (torch, OpenVINO or ONNX Runtime): its outcome may depend on the "
+            "CPU's instruction set, so it may not be marked kernel_free"
+        )
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", refuse)
+    monkeypatch.setattr(subprocess, "Popen", _fakes_only(subprocess.Popen, refuse))
+    for cls, names in (
+        (openvino.Core, ("compile_model", "import_model")),
+        (openvino.CompiledModel, ("__call__", "infer_new_request", "create_infer_request")),
+        (openvino.InferRequest, ("infer", "start_async")),
+        (onnxruntime.InferenceSession, ("__init__", "run", "run_with_ort_values", "run_with_iobinding")),
+    ):
+        for name in names:
+            monkeypatch.setattr(cls, name, refuse)
+
+
+def _fakes_only(popen, refuse):
+    """``subprocess.Popen`` that refuses a Python process (a server, a script) unless it serves only weightless
+    fakes (every ``EMBEDRANK_MODELS`` entry's path ``fake:...``); other programs (PostgreSQL) start as usual."""
+
+    def checked(args, *more, env=None, **kwargs):
+        argv = [str(a) for a in ([args] if isinstance(args, str | bytes | os.PathLike) else args)]
+        program = Path(argv[0].split()[0]).name if argv else ""
+        if program.startswith(("python", "litestar")) or argv[0] == sys.executable:
+            entries = (os.environ if env is None else env).get("EMBEDRANK_MODELS", "")
+            paths = [entry.split("@")[0].partition("=")[2] for entry in entries.split(",")]
+            if not entries or not all(path.startswith("fake:") for path in paths):
+                refuse()
+        return popen(args, *more, env=env, **kwargs)
+
+    return checked
+
+
+@pytest.fixture(autouse=True)
+def _kernel_free_tests_compute_no_model(request, monkeypatch):
+    """A test marked ``kernel_free`` is left out of the pass held to AVX2 (``make test-avx2``), so it may not
+    run a model's kernels: a test that does stays in that pass, and one that claims otherwise fails here."""
+    if request.node.get_closest_marker("kernel_free"):
+        _refuse_kernels(request.node.nodeid, monkeypatch)
 
 
 @contextlib.contextmanager
@@ -102,9 +193,26 @@ def cross_encoder_dir() -> str:
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    if not (SHARED_DATA / "scifact" / "corpus.jsonl").is_file():
-        pytest.skip(f"shared data not found at {SHARED_DATA}; set EMBEDRANK_DATA")
+    """The benchmark collections' folder, for tests marked ``data`` (see :func:`pytest_runtest_setup`)."""
+    if os.environ["EMBEDRANK_DATA"] != str(SHARED_DATA):  # asked for through request.getfixturevalue
+        pytest.fail("a test reads the benchmark collections without the data mark", pytrace=False)
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def written_corpus(tmp_path_factory) -> Path:
+    """A BEIR ``corpus.jsonl`` the suite writes from embedrank's packaged sample: 82 documents, titled, with
+    definitions, questions and examples of every length the sample has. For tests that need a corpus file only
+    to reach the code they check (corpus jobs, Ray), on any clone."""
+    import json
+
+    from embedrank.texts import packaged_sample
+
+    texts = packaged_sample()[:82]
+    path = tmp_path_factory.mktemp("written-corpus") / "corpus.jsonl"
+    rows = [{"_id": str(i), "title": f"Text {i}" if i % 3 else "", "text": t} for i, t in enumerate(texts, start=1)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,11 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 import embedrank
+
+pytestmark = pytest.mark.kernel_free
 
 ROOT = Path(embedrank.__file__).resolve().parent
 

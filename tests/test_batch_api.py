@@ -22,6 +22,8 @@ from embedrank.testing.fake import FakeEncoder
 from service.app import create_app
 from service.settings import Auth, Batches, Cache, Engine, Limits, ModelEntry, Models, Settings, Telemetry
 
+pytestmark = pytest.mark.kernel_free
+
 KEYS = ("key-a", "key-b")
 MODELS = (ModelEntry(id="enc", path="fake:encoder"), ModelEntry(id="rer", path="fake:cross-encoder"))
 TEXTS = ["green tea", "black coffee with milk", "a cup of cocoa", "sparkling water", "fresh orange juice"]

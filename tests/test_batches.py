@@ -24,6 +24,8 @@ from service.endpoints import BY_PATH
 from service.errors import to_api_error
 from service.settings import Auth, Engine, Settings
 
+pytestmark = pytest.mark.kernel_free
+
 SETTINGS = Settings(auth=Auth(api_keys=("k",)), engine=Engine(tune_malloc=False))
 OWNER = "owner-a"
 TEXTS = ["green tea", "black coffee with milk", "a cup of cocoa", "sparkling water", "fresh orange juice"]

@@ -47,7 +47,7 @@ def test_scifact_sample_dense_equals_exact_search_and_bounds_the_published_figur
     assert result.metrics["ndcg@10"] >= 0.6451 - 0.002 and result.metrics["recall@100"] >= 0.925 - 0.002
 
 
-@pytest.mark.data
+@pytest.mark.data("trec-dl19-passage-bm25top100")
 def test_dl19_published_bm25_run_scores_as_published(data_dir):
     result = run_benchmark(DL19, BenchmarkConfig(retriever="bm25"), data_dir=str(data_dir))
     assert result.first_stage == "bm25[bm25_top100.run]"
@@ -76,7 +76,7 @@ def test_scifact_hybrid(scifact_sample_dense):
 
 
 @pytest.mark.slow
-@pytest.mark.data
+@pytest.mark.data("trec-dl19-passage-bm25top100")
 def test_dl19_bi_encoder_rerank_improves_bm25(data_dir):
     # The full 43-query figure (0.642) is recorded in the README from `make eval`; CI checks a 12-query slice.
     cfg = dict(retriever="bm25", max_queries=12)

@@ -11,6 +11,8 @@ import pytest
 from embedrank.testing.launch import running_server
 from service.connections import HeaderDeadline, json_parse_errors
 
+pytestmark = pytest.mark.kernel_free
+
 
 class Transport:
     def __init__(self) -> None:

@@ -8,6 +8,8 @@ import pytest
 from embedrank import evaluate_per_query, load_beir
 from embedrank.retrieval.data import BeirDataset, judged_sample, write_beir
 
+pytestmark = pytest.mark.kernel_free
+
 
 def _collection(tmp_path, n_docs: int = 300, n_queries: int = 20) -> BeirDataset:
     rng = np.random.default_rng(3)

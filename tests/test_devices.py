@@ -132,10 +132,13 @@ def test_the_command_lines_take_a_device_and_refuse_one_the_machine_lacks(tmp_pa
     sys.modules.pop("train", None)
     from train import main as train
 
-    assert train(["adi", "--output", str(tmp_path / "trained"), "--device", "cuda"]) == 2
+    from embedrank.retrieval.data import write_demo_collection
+
+    demo = str(write_demo_collection(tmp_path))  # a collection the commands could read, were the device there
+    assert train([demo, "--output", str(tmp_path / "trained"), "--device", "cuda"]) == 2
     assert "device 'cuda' needs a CUDA GPU, and this machine has none" in capsys.readouterr().err
     monkeypatch.setattr(devices, "cuda_devices", lambda: 2)
-    assert train(["adi", "--output", str(tmp_path / "trained"), "--device", "cuda:1"]) == 2
+    assert train([demo, "--output", str(tmp_path / "trained"), "--device", "cuda:1"]) == 2
     assert "run with CUDA_VISIBLE_DEVICES=1 and device 'cuda'" in capsys.readouterr().err
     monkeypatch.setattr(devices, "cuda_devices", lambda: 0)
 
@@ -143,7 +146,7 @@ def test_the_command_lines_take_a_device_and_refuse_one_the_machine_lacks(tmp_pa
     sys.modules.pop("run", None)
     from run import main as evaluate
 
-    assert evaluate(["adi", "--retriever", "dense", "--device", "cuda:1", "--no-cache"]) == 2
+    assert evaluate([demo, "--retriever", "dense", "--device", "cuda:1", "--no-cache"]) == 2
     assert "device 'cuda:1' needs a CUDA GPU" in capsys.readouterr().err
 
 

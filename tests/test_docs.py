@@ -25,6 +25,7 @@ def _blocks(page: Path, language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.S | re.M)
 
 
+@pytest.mark.kernel_free
 def test_readme_is_a_front_page_whose_links_resolve():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
@@ -40,6 +41,7 @@ HISTORY = re.compile(
 )
 
 
+@pytest.mark.kernel_free
 @pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_user_pages_speak_of_the_product_only(page):
     # prose only: a benchmark's recorded output may count its own rounds
@@ -48,6 +50,7 @@ def test_user_pages_speak_of_the_product_only(page):
     assert not found, f"{page.relative_to(REPO)} tells how the work was organized: {found}"
 
 
+@pytest.mark.kernel_free
 def test_benchmarks_page_is_rendered_from_the_result_files():
     import render_benchmarks
 
@@ -67,6 +70,7 @@ def test_benchmarks_page_is_rendered_from_the_result_files():
         assert result["command"] and result["date"] and result["machine"]["cpu"] and result["output"].strip()
 
 
+@pytest.mark.kernel_free
 @pytest.mark.slow
 def test_the_manual_builds_strictly(tmp_path):
     from mkdocs.commands.build import build
@@ -122,14 +126,23 @@ def test_http_examples_are_answered(page, fake_service):
             assert response.status_code == 200, (path, body, response.text)
 
 
+def _reads_collections(page: Path) -> bool:
+    """Whether a page's Python examples read the benchmark collections (they name SciFact)."""
+    return any(re.search(r"scifact|nfcorpus|load_beir", block, re.I) for block in _blocks(page, "python"))
+
+
 @pytest.mark.slow
-@pytest.mark.data
-@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: str(p.relative_to(REPO)))
-def test_python_examples_run(
-    page, sample_data_dir, scifact_sample_dense, cross_encoder_dir, monkeypatch, tmp_path, capsys
-):
-    # SciFact is its judged sample, whose vectors are in the embedding cache, as after a first run
-    monkeypatch.setenv("EMBEDRANK_DATA", str(sample_data_dir))
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(p, marks=[pytest.mark.data] if _reads_collections(p) else [], id=str(p.relative_to(REPO)))
+        for p in EXAMPLE_PAGES
+    ],
+)
+def test_python_examples_run(page, request, cross_encoder_dir, monkeypatch, tmp_path, capsys):
+    if _reads_collections(page):  # SciFact is its judged sample, whose vectors are in the embedding cache
+        request.getfixturevalue("scifact_sample_dense")
+        monkeypatch.setenv("EMBEDRANK_DATA", str(request.getfixturevalue("sample_data_dir")))
     # offline, the hub id the examples name is a seeded model of the same layout in a hub cache of the test's
     _cache_as_hub_model(tmp_path / "hub", "cross-encoder/ms-marco-MiniLM-L6-v2", Path(cross_encoder_dir), monkeypatch)
     from embedrank.testing.tiny_images import tiny_image_text
@@ -176,6 +189,7 @@ def _script_commands(script: str) -> list[tuple[Path, list[str]]]:
     return found
 
 
+@pytest.mark.kernel_free
 def test_documented_harness_commands_parse():
     """The eval/run.py and eval/train.py commands the manual shows are accepted as written (parsed, not run)."""
     import run
@@ -214,6 +228,7 @@ def _recorded_forms(figure: str) -> list[str]:
     return [figure, f"{value:.2f}", f"{value:.1%}", f"{value:.0%}"]
 
 
+@pytest.mark.kernel_free
 @pytest.mark.parametrize(
     "page", [p for p in USER_PAGES if p.name not in FIGURES_ELSEWHERE], ids=lambda p: str(p.relative_to(REPO))
 )

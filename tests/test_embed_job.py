@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def corpus(tmp_path, data_dir):
-    lines = (data_dir / "scifact" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:50]
+def corpus(tmp_path, written_corpus):
+    lines = written_corpus.read_text(encoding="utf-8").splitlines()[:50]
     path = tmp_path / "corpus.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

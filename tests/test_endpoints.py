@@ -17,6 +17,8 @@ from service.batches.schemas import CreateBatchRequest
 from service.endpoints import BATCH, BATCH_URLS, BY_PATH, ENDPOINTS, Endpoint
 from service.routes import BODIES, ROUTE_HANDLERS
 
+pytestmark = pytest.mark.kernel_free
+
 EMB, CE, SPARSE = "fake-encoder", "fake-ce", "fake-sparse"
 
 # one valid body per endpoint path

@@ -17,6 +17,8 @@ from service.app import create_app
 from service.fast_path import EmbeddingsFastPath
 from service.settings import Auth, Engine, ModelEntry, Models, Server, Settings
 
+pytestmark = pytest.mark.kernel_free
+
 MODEL, CE, KEY = "fake-encoder", "fake-ce", "fast-key"
 SETTINGS = Settings(
     auth=Auth(api_keys=(KEY,)),

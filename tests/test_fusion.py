@@ -20,6 +20,8 @@ from embedrank.retrieval.data import (
 )
 from embedrank.retrieval.pipeline import PipelineResult
 
+pytestmark = pytest.mark.kernel_free
+
 
 def test_fusion_does_not_mutate_and_is_deterministic():
     a = {"q": {"x": 3.0, "y": 1.0, "z": 1.0}}

@@ -10,6 +10,8 @@ from embedrank.evaluation.fusion_cv import cross_validate_fusion, cross_validate
 from embedrank.math.fusion import weighted_fusion
 from embedrank.math.metrics import evaluate_per_query
 
+pytestmark = pytest.mark.kernel_free
+
 
 def _collection(n_queries=40, n_docs=30, seed=0):
     rng = np.random.default_rng(seed)

@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
 
 from fuzz_api import run
 
+pytestmark = pytest.mark.kernel_free
+
 
 @pytest.mark.slow  # cases per operation over the whole app: 30 by default, 100 as an extended check
 @pytest.mark.parametrize("cases", [30, pytest.param(100, marks=pytest.mark.extended)])

@@ -14,6 +14,8 @@ from embedrank.serving.hosting import KINDS, HostedModel, ModelPlan
 from embedrank.serving.options import EmbedOptions
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 
+pytestmark = pytest.mark.kernel_free
+
 
 @pytest.mark.parametrize(
     ("model", "kind", "capabilities", "outputs"),

@@ -11,6 +11,8 @@ import pytest
 from embedrank.retrieval import ids as ids_module
 from embedrank.retrieval.ids import IdTable
 
+pytestmark = pytest.mark.kernel_free
+
 
 def _ids(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)

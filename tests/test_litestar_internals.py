@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from litestar import Litestar, Request, post
 from litestar.testing import TestClient
 
 from service.litestar_internals import bind_route_handler, decoded_body, set_body, set_decoded_body
+
+pytestmark = pytest.mark.kernel_free
 
 
 class Body(msgspec.Struct):

@@ -12,6 +12,8 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service import logs, request_ids
 from service.settings import Telemetry
 
+pytestmark = pytest.mark.kernel_free
+
 EMB, CE = "fake-encoder", "fake-ce"
 SECRET = "zebra-quartz-7731"  # a text a client sends; no log line at info or above may quote it
 

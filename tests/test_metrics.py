@@ -12,6 +12,8 @@ import pytrec_eval
 from embedrank.errors import InvalidInputError
 from embedrank.math.metrics import evaluate, evaluate_per_query
 
+pytestmark = pytest.mark.kernel_free
+
 
 def test_binary_hand_computed():
     qrels = {"q1": {"d1": 1, "d2": 1}}

@@ -48,14 +48,25 @@ def test_committed_notebook_carries_its_outputs_and_figures(path):
     assert not errors, f"{path.name} was committed with an error output"
 
 
+def _reads_collections(path) -> bool:
+    return bool(re.search(r"load_beir|scifact|EMBEDRANK_DATA", path.with_suffix(".py").read_text(encoding="utf-8")))
+
+
 @pytest.mark.notebooks
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_and_draws_its_figures(path, sample_data_dir, scifact_sample_dense):
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=[pytest.mark.data] if _reads_collections(p) else [], id=p.stem) for p in NOTEBOOKS],
+)
+def test_notebook_runs_and_draws_its_figures(path, request):
     from execute_notebooks import run_notebook  # eval/: the same run as `make notebooks`, in quick mode
 
-    # quick mode, on SciFact's judged sample (its vectors in the embedding cache, as after a first run)
-    env = {"EMBEDRANK_NOTEBOOK_QUICK": "1", "EMBEDRANK_DATA": str(sample_data_dir)}
+    env = {"EMBEDRANK_NOTEBOOK_QUICK": "1"}
+    if _reads_collections(
+        path
+    ):  # on SciFact's judged sample (its vectors in the embedding cache, as after a first run)
+        request.getfixturevalue("scifact_sample_dense")
+        env["EMBEDRANK_DATA"] = str(request.getfixturevalue("sample_data_dir"))
     nb = run_notebook(path, env, timeout=600)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors

@@ -8,7 +8,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from embedrank.paths import build_directory, remove_unfinished, writing
+
+pytestmark = pytest.mark.kernel_free
 
 
 def test_builders_at_once_take_turns_and_the_directory_is_built_once(tmp_path):

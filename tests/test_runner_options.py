@@ -13,6 +13,8 @@ from embedrank.serving.options import COHERE_FIELDS, TEI_FIELDS, EmbedOptions
 from embedrank.serving.sparse import AsyncSparseEncoder
 from embedrank.testing.fake import FakeSparseEncoder
 
+pytestmark = pytest.mark.kernel_free
+
 
 def test_an_unknown_option_is_a_type_error_and_normalize_is_refused_for_splade():
     runner = AsyncSparseEncoder(FakeSparseEncoder(), EngineConfig(max_wait_ms=0))

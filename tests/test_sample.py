@@ -14,6 +14,8 @@ import pytest
 from embedrank.runtime.exports import CALIBRATION_SIZE, calibration_texts
 from embedrank.texts import SAMPLE_FILE, SAMPLE_NAME, packaged_sample
 
+pytestmark = pytest.mark.kernel_free
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTICE = SAMPLE_FILE.with_name("NOTICE.md")
 

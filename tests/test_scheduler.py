@@ -3,7 +3,11 @@ not ride with short heads, a bulk job is never starved, priority goes first, can
 
 from __future__ import annotations
 
+import pytest
+
 from embedrank.serving.scheduler import FairQueue, QueuedJob
+
+pytestmark = pytest.mark.kernel_free
 
 BUDGET = {"max_tokens": 1000, "max_size": 64}
 

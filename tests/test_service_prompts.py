@@ -8,6 +8,8 @@ import pytest
 
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 
+pytestmark = pytest.mark.kernel_free
+
 KEY = "k"
 PROMPTED = FakeEncoder("e5-like", dimension=32, max_seq_length=16, prompts={"query": "query: ", "passage": "passage: "})
 PLAIN = FakeEncoder("plain", dimension=32, max_seq_length=16)

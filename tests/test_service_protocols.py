@@ -14,6 +14,8 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder
 from service.settings import Settings, SettingsError
 from service.token_ids import cl100k_base
 
+pytestmark = pytest.mark.kernel_free
+
 EMB, CE = "fake-encoder", "fake-ce"
 TEXTS = ["the cat sat on the mat", "dogs bark at night"]
 LONG = " ".join(f"w{i}" for i in range(40))  # 42 fake tokens: over the 16-token window

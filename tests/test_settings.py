@@ -24,6 +24,8 @@ from service.settings import (
 )
 from service.settings_reference import render_reference
 
+pytestmark = pytest.mark.kernel_free
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -23,7 +23,7 @@ ENV = {
 }
 
 
-pytestmark = pytest.mark.slow  # real servers as subprocesses
+pytestmark = [pytest.mark.slow, pytest.mark.kernel_free]  # real servers as subprocesses
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from scipy import stats
 from embedrank.evaluation.compare import SystemRun, biggest_differences, compare_systems, metric_table
 from embedrank.math.significance import holm, paired_t_test, randomization_test, win_tie_loss
 
+pytestmark = pytest.mark.kernel_free
+
 
 def test_t_test_equals_scipy_and_a_hand_computed_case():
     rng = np.random.default_rng(0)

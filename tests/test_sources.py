@@ -12,6 +12,8 @@ from embedrank.errors import DataNotFoundError
 from embedrank.retrieval.data import load_beir, load_trec_run, resolve_dataset
 from embedrank.retrieval.sources import convert_nfcorpus, convert_smart, convert_trec_dl, fetch_beir, read_smart
 
+pytestmark = pytest.mark.kernel_free
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
 
 CRAN_ALL = """.I 1

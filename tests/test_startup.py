@@ -110,6 +110,7 @@ def test_sigterm_while_the_models_load_exits_at_once_and_leaves_nothing_half_wri
     assert not _unfinished(cache)
 
 
+@pytest.mark.kernel_free
 def test_serve_others_serves_the_models_that_loaded_and_says_which_did_not(broken_model):
     """``on_model_failure = "serve-others"``: the broken model is left out, /health is 200 and names it, a
     request for it (by id or alias) is a 503 with the reason, and the other model serves."""

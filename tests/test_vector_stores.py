@@ -24,6 +24,8 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEnco
 from service.app import create_app
 from service.settings import Auth, Batches, Engine, Limits, Settings
 
+pytestmark = pytest.mark.kernel_free
+
 KEYS = ("key-a", "key-b")
 
 
