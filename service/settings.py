@@ -297,6 +297,33 @@ class Limits(_Group, frozen=True):
     max_file_pages: Annotated[
         int, Positive, Meta(description="pages of a PDF attached to a vector store (past it the file fails)")
     ] = 2000
+    file_read_seconds: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="seconds one file attached to a vector store may take to read (its text extracted, in a "
+            "process of its own, killed past it; the file fails with `invalid_file`)",
+        ),
+    ] = 120.0
+    file_read_cpu_seconds: Annotated[
+        int, Positive, Meta(description="seconds of CPU reading one attached file may take (past it the file fails)")
+    ] = 120
+    file_read_memory: Annotated[
+        int,
+        Positive,
+        Meta(
+            description="bytes of memory the process reading one attached file may take beyond its start "
+            "(past it the file fails)"
+        ),
+    ] = 1 << 30
+    max_file_reads_per_key: Annotated[
+        int,
+        Positive,
+        Meta(
+            description="files of one API key read at once across the replicas (the others wait), so that no key "
+            "takes every reading slot (8 a replica)"
+        ),
+    ] = 4
     max_filter_clauses: Annotated[
         int, Positive, Meta(description="clauses of a vector store search's `filters`, all levels together (400)")
     ] = 100
@@ -593,6 +620,8 @@ OTHER_ENVIRONMENT = {
     },
     "development": {
         "EMBEDRANK_TEST_CACHE": "where the test suite keeps its cache (default: `.cache/tests` in the checkout)",
+        "EMBEDRANK_TEST_DATA": "the collections the test suite's tests marked `data` read (default: `EMBEDRANK_DATA` "
+        "as the suite starts; every other test sees an empty data directory)",
         "EMBEDRANK_NOTEBOOK_QUICK": "`1`: the notebooks run a shortened workload (the test suite sets it)",
         "EMBEDRANK_RERANKER": "the cross-encoder the retrieve-then-rerank notebook uses",
         "EMBEDRANK_FUZZ_COUNTS": "where `eval/fuzz_api.py`'s hooks write the cases per endpoint",

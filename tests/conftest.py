@@ -19,6 +19,7 @@ os.environ["EMBEDRANK_CACHE"] = os.environ.get(
 )
 
 import contextlib
+import multiprocessing.process
 import subprocess
 import sys
 from pathlib import Path
@@ -76,7 +77,8 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_process(request, monkeypatch):
     """The fast suite (``-m "not slow and not notebooks"``) starts no server or subprocess: a test that does
-    is marked ``slow``, so this refuses ``subprocess.Popen`` (and ``run``, which uses it) in every other test."""
+    is marked ``slow``, so this refuses ``subprocess.Popen`` (and ``run``, which uses it) and ``multiprocessing``'s
+    processes in every other test."""
     if request.node.get_closest_marker("slow") or request.node.get_closest_marker("notebooks"):
         return
 
@@ -84,6 +86,7 @@ def _fast_tests_start_no_process(request, monkeypatch):
         raise AssertionError(f"{request.node.nodeid} starts a subprocess: mark it slow")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)  # the file readers' processes
 
 
 def _refuse_kernels(nodeid: str, monkeypatch: pytest.MonkeyPatch) -> None:

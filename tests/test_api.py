@@ -39,6 +39,18 @@ def test_notebook_names_are_top_level():
         assert getattr(embedrank, name) is not None
 
 
+def test_the_names_imported_on_first_use_are_those_type_checkers_see():
+    """``embedrank._LAZY`` (where ``__getattr__`` finds a name) and the ``TYPE_CHECKING`` imports list the same
+    names from the same modules, and with the eager imports they are ``__all__``."""
+    tree = ast.parse((ROOT / "__init__.py").read_text(encoding="utf-8"))
+    (guarded,) = [n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"]
+    typed = {a.name: node.module for node in guarded.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert typed == embedrank._LAZY
+    eager = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module != "importlib" for a in n.names}
+    assert eager - {"TYPE_CHECKING", "Any"} | set(typed) == set(embedrank.__all__)
+    assert set(embedrank.__all__) <= set(dir(embedrank))
+
+
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found = set()

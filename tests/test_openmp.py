@@ -1,5 +1,6 @@
 """``import embedrank`` bounds libgomp's idle spinning before torch loads (:mod:`embedrank.openmp`), the
-service's entry point imports it before torch, and a setting the user made is kept."""
+service's entry point imports it before torch, a setting the user made is kept, and the package's own modules
+load torch only when a model is used."""
 
 from __future__ import annotations
 
@@ -28,13 +29,22 @@ def spin_after(imports: str, **env: str) -> list[str]:
 
 
 @pytest.mark.slow  # a fresh interpreter each
-@pytest.mark.parametrize("imports", ["import embedrank", "import app"], ids=["package", "service-entry"])
+@pytest.mark.parametrize(
+    "imports", ["import embedrank; embedrank.Encoder", "import app"], ids=["package", "service-entry"]
+)
 def test_bounded_before_torch_loads(imports):
     assert spin_after(imports) == ["10000", "True"]  # torch loaded after the bound was set
 
 
 @pytest.mark.slow
 def test_user_settings_and_late_imports_are_left_alone():
-    assert spin_after("import embedrank", GOMP_SPINCOUNT="300000") == ["300000", "True"]
-    assert spin_after("import embedrank", OMP_WAIT_POLICY="PASSIVE") == ["None", "True"]
+    assert spin_after("import embedrank; embedrank.Encoder", GOMP_SPINCOUNT="300000") == ["300000", "True"]
+    assert spin_after("import embedrank; embedrank.Encoder", OMP_WAIT_POLICY="PASSIVE") == ["None", "True"]
     assert spin_after("import torch; import embedrank") == ["None", "True"]  # too late: libgomp has read it
+
+
+@pytest.mark.slow
+def test_the_package_and_its_file_readers_load_no_torch():
+    """The API's names are imported on first use: a process that only reads files (the service's file readers)
+    or only needs the errors does not load torch."""
+    assert spin_after("import embedrank, embedrank.retrieval.documents, embedrank.errors")[1] == "False"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import time
@@ -24,7 +25,7 @@ from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEnco
 from service.app import create_app
 from service.settings import Auth, Batches, Engine, Limits, Settings
 
-pytestmark = pytest.mark.kernel_free
+pytestmark = [pytest.mark.slow, pytest.mark.kernel_free]  # its stores read files in processes of their own
 
 KEYS = ("key-a", "key-b")
 
@@ -649,3 +650,71 @@ def test_a_restarted_server_grows_the_saved_index_and_a_deleted_store_leaves_non
         assert not (root / "vector_stores" / "vs_gone").exists()
         api.vector_stores.delete(store.id)
         assert not (root / "vector_stores" / store.id).exists()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def tables(request, tmp_path):
+    """The vector stores' tables on SQLite in ``tmp_path``, or on a database of its own on PostgreSQL."""
+    from service.batches.database import PostgresDatabase
+    from service.batches.store import BatchStore
+    from service.vector_stores.store import VectorStoreTables
+
+    database = PostgresDatabase(request.getfixturevalue("postgres_url")) if request.param == "postgres" else None
+    store = BatchStore(tmp_path, database)
+    yield VectorStoreTables(store.db)
+    store.close()
+
+
+def test_claims_share_the_reading_slots_between_keys(tables):
+    """A key with many files waiting cannot hold every read: the next claim goes to the key with the fewest
+    files being read (oldest first among equals), and none to a key already reading ``per_owner``."""
+
+    def store_of(owner: str, files: int):
+        store = tables.create_store(
+            owner, name=None, description=None, metadata=None, model="m", sparse_model=None, first_stage="dense",
+            hybrid_weight=0.5, hybrid_weights=None, index_kind="auto", chunk_size=100, chunk_overlap=10,
+            expires_after_days=None, max_stores=10,
+        )  # fmt: skip
+        tables.attach(store, [(f"{owner}-{i}", "a.txt", None, 100, 10, None) for i in range(files)], max_files=100)
+
+    store_of("bulk", 8)
+    claims = [tables.claim(f"w{i}", 60, per_owner=3) for i in range(4)]
+    assert [c[0].file_id for c in claims[:3]] == ["bulk-0", "bulk-1", "bulk-2"] and claims[3] is None
+    store_of("small", 2)  # attached after all of bulk's: still read next
+    assert tables.claim("w4", 60, per_owner=3)[0].file_id == "small-0"
+    assert tables.claim("w5", 60, per_owner=3)[0].file_id == "small-1"
+    tables.release("w0", claims[0][0])  # a read of bulk's ends: its next file may be read
+    assert tables.claim("w6", 60, per_owner=3)[0].file_id == "bulk-0"
+    assert tables.claim("w7", 60, per_owner=3) is None
+    assert tables.claim("w8", 60)[0].file_id == "bulk-3"  # no bound: the oldest file
+
+
+def test_one_keys_bombs_hold_no_other_keys_calls_and_fail_once_naming_the_limit(tmp_path):
+    """Eight PDFs whose 2,000 pages share one content stream (minutes of extraction each) attached by one key:
+    while they are read, in processes of their own, the other key uploads, lists, attaches and searches, its
+    file read in a slot the first key cannot take; each bomb then fails with ``invalid_file`` naming the limit,
+    and a deleted store's reads are stopped."""
+    from embedrank.testing.hostile_files import pdf_sharing_one_stream
+
+    bomb = pdf_sharing_one_stream(pages=2000, stream_bytes=300_000)
+    with running_app(tmp_path / "store", limits=Limits(file_read_seconds=3)) as client:
+        hostile, other = sdk(client, KEYS[0]), sdk(client, KEYS[1])
+        ids = [upload(hostile, f"bomb-{i}.pdf", bomb) for i in range(8)]
+        bombs = hostile.vector_stores.create(name="bombs", file_ids=ids).id
+        store_id = make_store(other)  # read while the bombs are: a slot is left for this key
+        assert hostile.vector_stores.retrieve(bombs).file_counts.in_progress > 0  # they were still being read
+        assert other.vector_stores.search(store_id, query="coffee beans").data[0].filename == "coffee.md"
+        assert len(other.files.list().data) == 3 and other.vector_stores.list().data[0].id == store_id
+        store = wait_store(hostile, bombs, seconds=120)
+        assert store.file_counts.failed == 8
+        for row in hostile.vector_stores.files.list(bombs).data:
+            assert row.last_error.code == "invalid_file"
+            assert "took more than 3 s to read (limit file_read_seconds)" in row.last_error.message
+        again = hostile.vector_stores.create(name="again", file_ids=ids[:1]).id
+        deadline = time.monotonic() + 30
+        while not multiprocessing.active_children() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (reader,) = multiprocessing.active_children()
+        assert hostile.vector_stores.delete(again).deleted
+        reader.join(timeout=10)  # stopped when its store went, not at the read's limit
+        assert reader.exitcode == -9

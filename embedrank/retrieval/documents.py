@@ -88,7 +88,7 @@ def read_documents(
     """
     kind = file_type(filename)
     if kind == "pdf":
-        docs = [Document(_pdf_text(content, filename, max_pages))]
+        docs = [Document(_pdf_text(content, filename, max_pages, max_chars))]
     elif kind == "html":
         docs = [Document(_html_text(content, filename))]
     elif kind == "jsonl":
@@ -100,6 +100,8 @@ def read_documents(
                 json.loads(text)
             except ValueError as exc:
                 raise InvalidFileError(f"{filename[:100]!r} is not JSON: {exc}") from None
+            except RecursionError:
+                raise InvalidFileError(f"{filename[:100]!r} nests too deeply to be read as JSON") from None
         docs = [Document(text)]
     chars = sum(len(d.text) for d in docs)
     if chars > max_chars:
@@ -116,6 +118,8 @@ def _jsonl_documents(text: str, filename: str) -> list[Document]:
             row = json.loads(line)
         except ValueError as exc:
             raise InvalidFileError(f"{filename[:100]!r} line {number} is not JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidFileError(f"{filename[:100]!r} line {number} nests too deeply to be read as JSON") from None
         if not isinstance(row, dict) or not isinstance(row.get("text", row.get("title")), str):
             raise InvalidFileError(f"{filename[:100]!r} line {number}: an object with a 'text' or 'title' string")
         parts = [row[name] for name in ("title", "text") if isinstance(row.get(name), str) and row[name]]
@@ -147,8 +151,9 @@ def _html_text(content: bytes, filename: str) -> str:
     return " ".join(root.text_content().split())
 
 
-def _pdf_text(content: bytes, filename: str, max_pages: int) -> str:
-    """The text layer of a PDF, page by page (a scanned page without one gives no text)."""
+def _pdf_text(content: bytes, filename: str, max_pages: int, max_chars: int) -> str:
+    """The text layer of a PDF, page by page (a scanned page without one gives no text); refused as soon as
+    the pages read so far hold more than ``max_chars`` characters."""
     import pypdf
     from pypdf.errors import PyPdfError
 
@@ -157,7 +162,16 @@ def _pdf_text(content: bytes, filename: str, max_pages: int) -> str:
         pages = len(reader.pages)
         if pages > max_pages:
             raise InvalidFileError(f"{filename[:100]!r} has {pages} pages; the limit is {max_pages}")
-        return "\n\n".join(page.extract_text() for page in reader.pages)
+        texts, chars = [], 0
+        for number, page in enumerate(reader.pages, start=1):
+            texts.append(page.extract_text())
+            chars += len(texts[-1]) + 2
+            if chars > max_chars:
+                raise InvalidFileError(
+                    f"{filename[:100]!r} holds more than {max_chars} characters of text by its page {number} "
+                    f"of {pages}; the limit is {max_chars}"
+                )
+        return "\n\n".join(texts)
     except InvalidFileError:
         raise
     except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as exc:

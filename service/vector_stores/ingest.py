@@ -1,5 +1,7 @@
-"""Reading the files attached to vector stores: the worker that claims each ``in_progress`` file, reads its
-documents (:mod:`embedrank.retrieval.documents`), cuts them into chunks of the store model's tokens
+"""Reading the files attached to vector stores: the worker that claims each ``in_progress`` file (no API key
+holding more than ``max_file_reads_per_key`` reads at once), reads its documents
+(:mod:`embedrank.retrieval.documents`) in a bounded process that is killed when the file is removed or its
+batch cancelled (:class:`~embedrank.serving.file_readers.FileReaders`), cuts them into chunks of the store model's tokens
 (:func:`~embedrank.models.chunking.split_windows`, the library's long-document windows), embeds the chunks through
 the model's engine behind every direct request (the batch lines' priority, with the embedding cache: attaching
 an unchanged file again computes no vector), and through the store's SPLADE model if it has one (cached too),
@@ -20,6 +22,7 @@ from typing import TypeVar
 import numpy as np
 
 from embedrank.errors import InputTooLongError, ModelUnavailableError, NotReadyError, OverloadedError
+from embedrank.serving.file_readers import FileReaders, ReadLimits
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions
 from embedrank.serving.pool import ModelPool
@@ -27,7 +30,6 @@ from embedrank.serving.stores import (
     InvalidFileError,
     UnsupportedFileError,
     chunk_documents,
-    read_documents,
     window_of,
 )
 from service.batches.lines import BATCH_PRIORITY
@@ -67,10 +69,28 @@ class Ingestor:
         self.lease_seconds = settings.batches.batch_lease_seconds
         self.worker_id = f"vs-{secrets.token_hex(6)}"
         self._wake = asyncio.Event()
+        self._recheck = asyncio.Event()
         self.files_read = 0
+        limits = settings.limits
+        self.readers = FileReaders(
+            FILES_IN_FLIGHT,
+            ReadLimits(
+                seconds=limits.file_read_seconds,
+                cpu_seconds=limits.file_read_cpu_seconds,
+                memory_bytes=limits.file_read_memory,
+                max_pages=limits.max_file_pages,
+                max_chars=limits.max_file_bytes,
+            ),
+        )
 
     def wake(self) -> None:
         self._wake.set()
+
+    def recheck(self) -> None:
+        """Check every claim now (a file was removed, a store deleted, a batch cancelled): a read whose file
+        left ``in_progress`` is stopped at once rather than at the next renewal."""
+        self._recheck.set()
+        self._recheck = asyncio.Event()
 
     async def run(self) -> None:
         """Read files, :data:`FILES_IN_FLIGHT` at a time, until cancelled."""
@@ -80,7 +100,12 @@ class Ingestor:
             while True:
                 await slots.acquire()
                 try:
-                    claimed = await asyncio.to_thread(self.tables.claim, self.worker_id, self.lease_seconds)
+                    claimed = await asyncio.to_thread(
+                        self.tables.claim,
+                        self.worker_id,
+                        self.lease_seconds,
+                        per_owner=self.settings.limits.max_file_reads_per_key,
+                    )
                 except Exception as exc:  # the database is unreachable now: try again
                     slots.release()
                     logger.warning("vector stores: cannot claim a file: %s", exc)
@@ -100,13 +125,16 @@ class Ingestor:
             for task in reading:
                 task.cancel()
             await asyncio.gather(*reading, return_exceptions=True)
+            self.readers.close()
 
     async def _held(self, file: FileRow, store: StoreRow) -> None:
         """Read ``file`` while renewing its claim; stop when the claim is lost (cancelled, removed, expired)."""
         work = asyncio.create_task(self.ingest(file, store))
         while not work.done():
-            done, _ = await asyncio.wait({work}, timeout=self.lease_seconds / 3)
-            if done:
+            recheck = asyncio.create_task(self._recheck.wait())
+            done, _ = await asyncio.wait({work, recheck}, timeout=self.lease_seconds / 3, return_when="FIRST_COMPLETED")
+            recheck.cancel()
+            if work in done:
                 break
             try:
                 held = await asyncio.to_thread(self.tables.renew, self.worker_id, file, self.lease_seconds)
@@ -123,14 +151,7 @@ class Ingestor:
         the reason, a model that is busy or not ready has the file read again later."""
         limits = self.settings.limits
         try:
-            path = self.file_path(file.file_id)
-            try:
-                content = await asyncio.to_thread(path.read_bytes)
-            except FileNotFoundError:
-                raise InvalidFileError(f"file {file.file_id} was deleted before it was read") from None
-            docs = await asyncio.to_thread(
-                read_documents, file.filename, content, max_pages=limits.max_file_pages, max_chars=limits.max_file_bytes
-            )
+            docs = await self.readers.read(self.file_path(file.file_id), file.filename)
             served = self.pool_of().get(store.model, "embeddings")
             pieces = await chunk_documents(served, docs, file.chunk_size, file.chunk_overlap)
             texts = [text for text, _ in pieces]

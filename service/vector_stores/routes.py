@@ -221,6 +221,7 @@ async def delete_vector_store(
     tables = await service.opened()
     if not await asyncio.to_thread(tables.delete_store, owner_of(request), vector_store_id):
         raise not_found("vector store", vector_store_id, "vector_store_id")
+    service.recheck()
     if service.indexes is not None:
         service.indexes.forget(vector_store_id)
     return VectorStoreDeleted(id=vector_store_id)
@@ -331,6 +332,7 @@ async def delete_vector_store_file(
     tables, store = await _store(state, request, vector_store_id)
     if not await asyncio.to_thread(tables.remove_file, store, file_id):
         raise not_found("file", file_id, "file_id")
+    _service(state).recheck()
     return VectorStoreFileDeleted(id=file_id)
 
 
@@ -377,6 +379,7 @@ async def cancel_file_batch(
 ) -> FileBatchObject:
     tables, store, _ = await _batch(state, request, vector_store_id, batch_id)
     batch = await asyncio.to_thread(tables.cancel_batch, store, batch_id)
+    _service(state).recheck()
     return batch_object(batch, await asyncio.to_thread(tables.batch_counts, batch))
 
 

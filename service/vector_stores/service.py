@@ -81,6 +81,11 @@ class VectorStoreService:
         if self.ingestor is not None:
             self.ingestor.wake()
 
+    def recheck(self) -> None:
+        """Stop at once the reads of files that left ``in_progress`` (removed, deleted with their store, cancelled)."""
+        if self.ingestor is not None:
+            self.ingestor.recheck()
+
     # -- calls --------------------------------------------------------------------------------------
     def embedder(self, model: str | None) -> tuple[str, HostedModel]:
         """The served embedding model ``model`` (default: the first), by its id."""

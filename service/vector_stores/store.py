@@ -624,14 +624,21 @@ class VectorStoreTables:
             return _batch(db.execute("SELECT * FROM vector_store_file_batches WHERE id = ?", (batch_id,)).fetchone())
 
     # -- the worker ---------------------------------------------------------------------------------
-    def claim(self, worker: str, lease_seconds: float) -> tuple[FileRow, StoreRow] | None:
-        """Claim the oldest ``in_progress`` file whose claim is free, with its store; None when there is none."""
+    def claim(
+        self, worker: str, lease_seconds: float, *, per_owner: int | None = None
+    ) -> tuple[FileRow, StoreRow] | None:
+        """Claim an ``in_progress`` file whose claim is free, with its store: the oldest of the owner with the
+        fewest files being read now (by any replica), never one of an owner already reading ``per_owner``
+        files; None when there is none."""
         with self.db.write() as db:
             now = self._now(db)
             row = db.execute(
-                "SELECT c.* FROM vector_store_files c WHERE c.status = 'in_progress' AND "
-                f"{_lease_free('c.')} ORDER BY c.seq LIMIT 1 {self.db.words['skip_locked']}",
-                (now,),
+                "SELECT c.* FROM vector_store_files c LEFT JOIN (SELECT owner, count(*) AS n FROM vector_store_files "
+                "WHERE status = 'in_progress' AND claimed_by IS NOT NULL AND lease_until >= ? GROUP BY owner) r "
+                f"ON r.owner = c.owner WHERE c.status = 'in_progress' AND {_lease_free('c.')} "
+                "AND coalesce(r.n, 0) < ? ORDER BY coalesce(r.n, 0), c.seq LIMIT 1 "
+                f"{self.db.words['skip_locked']}",
+                (now, now, per_owner if per_owner is not None else 2**31 - 1),
             ).fetchone()
             if row is None:
                 return None
