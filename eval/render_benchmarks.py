@@ -53,6 +53,7 @@ ORDER = (
     "batch",
     "batch-owners",
     "batch-validation",
+    "hostile-files",
     "vector-store",
     "gpu",
     "gpu-service",
@@ -61,9 +62,10 @@ ORDER = (
     "index-memory",
     "container",
 )
-# the test suite's recorded runs (``suite``, ``suite-avx2``): rendered into a part of the testing guide
+# the test suite's recorded runs: a fresh clone's `make test` with no data beside it, the suite alone with its
+# cache filled, CI's whole `.ci/run` in a fresh clone; rendered into a part of the testing guide
 SUITE_PART = REPO / "eval" / "results" / "suite.md"
-SUITE_RUNS = ("suite", "suite-avx2")
+SUITE_RUNS = ("suite-fresh-clone", "suite", "ci")
 # results rendered on a page of their own (name -> page, its introduction), not on the benchmarks page
 MODELS_PAGE = REPO / "docs" / "models.md"
 MODELS_INTRO = """# Supported models
@@ -283,9 +285,15 @@ def suite_tail(output: str) -> str:
     return "\n".join(line for line in lines[start:] if line.strip() and not hidden.match(line))
 
 
+def stages_tail(output: str) -> str:
+    """What the testing guide shows of a recorded CI run: each pytest run's closing line and the container's."""
+    closing = re.compile(r"^=+ .*\b(passed|failed|error)\b.* in [\d.]+s|^container check|^ci: ")
+    return "\n".join(line for line in output.splitlines() if closing.search(line))
+
+
 def render_suite(results: list[dict]) -> str:
     """The testing guide's durations: each recorded run of the suite with its command, date, CPU and slowest tests."""
-    runs = [r for r in results if r["name"] in SUITE_RUNS]
+    runs = sorted((r for r in results if r["name"] in SUITE_RUNS), key=lambda r: SUITE_RUNS.index(r["name"]))
     if not runs:
         return "No run of the suite is recorded yet.\n"
     parts = []
@@ -293,7 +301,7 @@ def render_suite(results: list[dict]) -> str:
         minutes, seconds = divmod(round(r["seconds"]), 60)
         parts.append(
             f"### {r['title']}\n\n{minutes} min {seconds:02d} s in all.\n\n{_provenance(r)}\n"
-            f"```text\n{suite_tail(r['output'])}\n```\n"
+            f"```text\n{(stages_tail if r['name'] == 'ci' else suite_tail)(r['output'])}\n```\n"
         )
     return "\n".join(parts)
 
