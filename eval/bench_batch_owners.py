@@ -42,7 +42,7 @@ def input_file(lines: int, seed: int) -> bytes:
 
 
 def create(store: BatchStore, owner: str, content: bytes) -> str:
-    file = store.add_file(owner, "in.jsonl", "batch", content)
+    file = store.files.add_file(owner, "in.jsonl", "batch", content)
     batch = store.create_batch(
         owner,
         endpoint="/v1/embeddings",
@@ -57,7 +57,7 @@ def create(store: BatchStore, owner: str, content: bytes) -> str:
 async def run(args: argparse.Namespace) -> None:
     settings = Settings(auth=Auth(api_keys=("k",)), engine=Engine(tune_malloc=False))
     with tempfile.TemporaryDirectory(prefix="embedrank-bench-owners-") as folder:
-        store = BatchStore(Path(folder))
+        store = BatchStore.at(Path(folder))
         models = ModelPool((ModelEntry(id="enc", path="fake:encoder"),))
         models.start(models.load(), EngineConfig())
         worker = BatchWorker(store, lambda: models, settings)

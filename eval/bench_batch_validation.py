@@ -50,7 +50,7 @@ def request_lines(n: int) -> bytes:
 
 
 async def measure(store: BatchStore, make: Callable[[], bytes]) -> dict[str, Any]:
-    file = store.add_file("key", "in.jsonl", "batch", make())  # on disk; nothing of it kept here
+    file = store.files.add_file("key", "in.jsonl", "batch", make())  # on disk; nothing of it kept here
     batch = store.create_batch(
         "key", endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h", window_seconds=86400,
         metadata=None,
@@ -102,7 +102,7 @@ async def main() -> None:
     print("file     size MB  status       peak MiB above start  seconds  loop lag p50 / p99 / max ms")
     results = {}
     with tempfile.TemporaryDirectory(prefix="embedrank-bench-validation-") as folder:
-        store = BatchStore(Path(folder))
+        store = BatchStore.at(Path(folder))
         for name, make in cases.items():
             got = await measure(store, make)
             size = got["bytes"] / 2**20

@@ -35,12 +35,13 @@ from embedrank.serving.pool import ModelPool, compute_threads
 from embedrank.serving.vector_cache import VectorCache
 from service import logs, process, shutdown, tracing
 from service.auth import BearerAuth
-from service.batches.routes import FILE_HANDLERS, FORM_PATHS
 from service.batches.service import BatchService
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
 from service.decoding import decompressed
 from service.errors import APIError, handle_exception
 from service.fast_path import EmbeddingsFastPath
+from service.files.routes import FILE_HANDLERS, FORM_PATHS
+from service.files.service import FileService
 from service.handling import ServiceState, pool_of, read_json_body, service_of
 from service.litestar_internals import set_body, set_decoded_body
 from service.middleware import RequestMiddleware
@@ -49,6 +50,7 @@ from service.openapi import complete_openapi
 from service.request_ids import HEADER as REQUEST_ID_HEADER
 from service.routes import DOC_PATHS, ROUTE_HANDLERS, ROUTES, body_schema
 from service.settings import Settings, SettingsError
+from service.storage.service import StorageService
 from service.vector_stores.service import VectorStoreService
 
 logger = logging.getLogger("embedrank.service")
@@ -174,9 +176,11 @@ def create_app(
     except ConfigurationError as exc:  # a model entry its model cannot serve: a setting to fix, said as one
         raise SettingsError(str(exc)) from None
     service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
-    service.batches = BatchService(settings, service.ready_pool)
-    service.vector_stores = VectorStoreService(service.batches)
-    service.metrics.registry.register(service.batches)  # its collect(): the batches' progress
+    storage = StorageService(settings)  # opened once, on first use: files, batches and vector stores share it
+    files = FileService(storage)
+    batches = BatchService(storage, files, service.ready_pool)
+    vector_stores = VectorStoreService(storage, files, service.ready_pool)
+    service.metrics.registry.register(batches)  # its collect(): the batches' progress
     if cache is not None:
         service.metrics.registry.register(CacheMetrics(cache))
     if settings.engine.tune_malloc:  # before the loading and forward threads exist
@@ -218,8 +222,8 @@ def create_app(
         shutdown.install(draining, drain, settings.server.drain_seconds)
         core_tracing.use(tracer_provider)
         service.load_task = asyncio.get_running_loop().create_task(_load(service, exit_on_failure=server is not None))
-        batch_worker = asyncio.get_running_loop().create_task(service.batches.run())  # type: ignore[union-attr]
-        file_reader = asyncio.get_running_loop().create_task(service.vector_stores.run())  # type: ignore[union-attr]
+        batch_worker = asyncio.get_running_loop().create_task(batches.run())
+        file_reader = asyncio.get_running_loop().create_task(vector_stores.run())
         if deadline is not None:
             deadline.start()
         if wait_for_models:
@@ -270,7 +274,7 @@ def create_app(
             ),
         ],
         lifespan=[lifespan],
-        state=State({"service": service}),
+        state=State({"service": service, "files": files, "batches": batches, "vector_stores": vector_stores}),
         # one dependency at most per handler: Litestar resolves several at once in an anyio task group,
         # which cost ~15% of the event loop per request in eval/bench_service.py
         dependencies={"pool": Provide(pool_of, sync_to_thread=False)},

@@ -8,6 +8,10 @@ import dataclasses
 from embedrank.serving.pool import ModelPool
 from service.settings import Limits, Settings
 
+BACKGROUND_PRIORITY = 1_000_000
+"""The engine priority of the work the service does behind requests (batch lines, the files a vector store
+reads): behind every direct request (whose default is 0), at any priority a client may ask for below it."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Context:

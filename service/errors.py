@@ -63,6 +63,20 @@ class StoreError(Exception):
         return self.public_message or str(self)
 
 
+class NotFoundError(StoreError):
+    """No such object for this API key (another key's objects are not found either): 404 ``not_found``, naming the
+    field of its id (``param``; default: ``what`` with underscores and ``_id``, ``vector store`` ->
+    ``vector_store_id``)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+    def __init__(self, what: str, object_id: str, param: str | None = None) -> None:
+        super().__init__(f"no {what} with id {object_id[:100]!r} for this API key")
+        self.param = param or f"{what.replace(' ', '_')}_id"
+
+
 class UnavailableError(StoreError):
     """Something the API depends on (the Batch API's database) cannot be used now; the same call may succeed
     later: 503 with ``Retry-After`` and the subclass's ``code`` and ``public_message``."""

@@ -39,8 +39,6 @@ class ServiceState:
     detail: str | None = None
     load_task: asyncio.Task[None] | None = None
     auth: BearerAuth | None = None  # None: the operator switched authentication off
-    batches: Any = None  # the Batch API's store and worker (service.batches.service.BatchService)
-    vector_stores: Any = None  # the vector stores' tables and file reader (service.vector_stores.service)
 
     def ready_pool(self) -> ModelPool:
         if self.status != "ok":
@@ -79,6 +77,14 @@ ERRORS = {
         503: "Models loading or service draining; honour Retry-After",
     }.items()
 }
+UNAVAILABLE = {
+    503: ResponseSpec(
+        data_container=ErrorResponse,
+        description="Service draining, or the database of files, batches and vector stores cannot be reached now "
+        "(code batch_database_unavailable); honour Retry-After",
+    )
+}
+"""The 503 of the routes over the storage (files, batches, vector stores)."""
 
 
 async def respond(request: Request[Any, Any, Any], work: Coroutine[Any, Any, tuple[Any, int | None]]) -> Response[Any]:

@@ -32,6 +32,7 @@ from service.endpoints import (
     Endpoint,
 )
 from service.errors import matches_route
+from service.files import routes as file_routes
 from service.handling import ERRORS, respond, service_of
 from service.litestar_internals import decoded_body
 from service.schemas import (
@@ -274,7 +275,8 @@ def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
 DOC_PATHS = frozenset({"/openapi.json", "/schema/openapi.json", "/docs", "/docs/", "/docs/redoc", "/docs/openapi.json"})
 
 ROUTE_HANDLERS = (
-    *(h for h in batch_routes.HANDLERS if h not in batch_routes.FILE_HANDLERS),  # uploads: service.app
+    *(h for h in file_routes.HANDLERS if h not in file_routes.FILE_HANDLERS),  # uploads: service.app
+    *batch_routes.HANDLERS,
     *vector_store_routes.HANDLERS,
     embeddings,
     rerank,
@@ -294,7 +296,7 @@ ROUTE_HANDLERS = (
 )
 """The one route table: the app serves these handlers, metrics label requests by their paths, and each POST
 body is decoded against the type of its handler's ``data`` parameter."""
-ROUTES = frozenset(path for handler in (*ROUTE_HANDLERS, *batch_routes.FILE_HANDLERS) for path in handler.paths)
+ROUTES = frozenset(path for handler in (*ROUTE_HANDLERS, *file_routes.FILE_HANDLERS) for path in handler.paths)
 
 
 def _body_types() -> dict[str, type]:

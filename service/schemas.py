@@ -35,6 +35,12 @@ PURPOSES = ("batch", "assistants", "user_data")
 """The purposes an upload to ``/v1/files`` may have: a batch's input, or a file for vector stores (the two the
 openai SDK sends)."""
 
+Metadata = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+    Meta(max_length=16, description="up to 16 keys of 64 characters, values of 512 characters"),
+]
+"""OpenAI's ``metadata`` of an object (a batch, a vector store): at most 16 short string pairs."""
+
 
 class EmbeddingsRequest(Struct, kw_only=True):
     """An embeddings request: OpenAI's fields (``model``, ``input``, ``encoding_format``, ``dimensions``, ``user``)

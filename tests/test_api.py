@@ -4,7 +4,6 @@ import only downwards."""
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -96,13 +95,6 @@ def test_layers_import_only_downwards():
     assert packages | modules == set(LAYER_IMPORTS) | BASE  # every module has its place in the table
 
 
-def test_service_uses_the_core_not_its_test_doubles_except_to_serve_fakes():
-    service = ROOT.parent / "service"
-    for path in service.glob("*.py"):
-        if "testing" in _imports(path):
-            assert path.name == "models.py", path  # the pool serves the ``fake:`` models of a configuration
-
-
 def _module_graph() -> dict[str, set[str]]:
     """Every module of ``embedrank`` and ``service`` -> the modules of both it imports: at the top, under
     ``TYPE_CHECKING`` and inside functions alike (a lazy import still closes a circle)."""
@@ -191,20 +183,36 @@ def test_no_code_is_packed_past_the_formatter():
 
 def test_the_service_imports_only_the_serving_layer_of_the_core():
     """The service is an adapter over hosting: it imports the core's serving layer, errors, result and option
-    types, the core's environment names (to refuse unknown EMBEDRANK_ variables) and the package version."""
-    allowed = {"serving", "errors", "types", "paths", "testing"}
+    types, the core's environment names (to refuse unknown EMBEDRANK_ variables) and the package version; never
+    the core's test doubles (the pool itself serves a configuration's ``fake:`` models)."""
+    allowed = {"serving", "errors", "types", "paths"}
     service = ROOT.parent / "service"
     for path in sorted(service.rglob("*.py")):
         assert _imports(path) <= allowed, f"service/{path.name} imports {sorted(_imports(path) - allowed)}"
 
 
-def test_only_the_app_and_the_route_table_import_the_batch_package():
-    """The Batch API is a domain package above the service's shared modules: errors, settings, decoding and
-    the endpoint table know nothing of it; it registers its routes in the route table and the app starts it."""
-    service = ROOT.parent / "service"
-    importers = {
-        path.name
-        for path in service.glob("*.py")
-        if re.search(r"^\s*(from service\.batches|from service import .*\bbatches\b)", path.read_text(), re.M)
-    }
-    assert importers == {"app.py", "routes.py"}
+DOMAINS = {"files": {"storage"}, "batches": {"storage", "files"}, "vector_stores": {"storage", "files"}}
+"""The service's domain packages and the packages of the service each stands on: files, batches and vector
+stores over one storage; batches and vector stores over the files they read."""
+
+
+def _service_package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "service" else None
+
+
+def test_no_domain_imports_another_and_storage_imports_none():
+    """Batches and vector stores are peers: neither imports the other; both take the file store and the storage;
+    the storage knows no domain; of the service's shared modules only the app and the route table import one."""
+    graph = _module_graph()
+    packages = set(DOMAINS) | {"storage"}
+    for module, targets in graph.items():
+        mine = _service_package(module)
+        reached = {package for package in map(_service_package, targets) if package in packages} - {mine}
+        if mine in DOMAINS:
+            assert reached <= DOMAINS[mine], f"{module} imports {sorted(reached - DOMAINS[mine])}"
+        elif mine == "storage":
+            assert not reached, f"{module} imports {sorted(reached)}"
+        elif module.startswith("service.") and module not in ("service.app", "service.routes"):
+            assert not (reached - {"storage"}), f"{module} imports the domain {sorted(reached)}"
+    assert {_service_package(m) for m in graph} >= packages

@@ -15,7 +15,6 @@ import pytest
 
 from embedrank.serving.engine import EngineConfig
 from embedrank.serving.pool import ModelEntry, ModelPool
-from service.batches.database import PostgresDatabase, SqliteDatabase
 from service.batches.lines import read_input
 from service.batches.store import SCHEMA, BatchRow, BatchStore, Chunk
 from service.batches.worker import BatchWorker
@@ -23,6 +22,7 @@ from service.context import Context
 from service.endpoints import BY_PATH
 from service.errors import to_api_error
 from service.settings import Auth, Engine, Settings
+from service.storage.database import PostgresDatabase, SqliteDatabase
 
 pytestmark = pytest.mark.kernel_free
 
@@ -46,7 +46,7 @@ def new_batch(
     store: BatchStore, content: bytes, endpoint: str = "/v1/embeddings", window_seconds: int = 86400
 ) -> BatchRow:
     """A batch of ``OWNER`` over ``content`` uploaded as its input file."""
-    file = store.add_file(OWNER, "in.jsonl", "batch", content)
+    file = store.files.add_file(OWNER, "in.jsonl", "batch", content)
     return store.create_batch(
         OWNER,
         endpoint=endpoint,
@@ -60,7 +60,7 @@ def new_batch(
 def read_lines(store: BatchStore, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
-    return [json.loads(x) for x in store.file_path(file_id).read_bytes().splitlines()]
+    return [json.loads(x) for x in store.files.file_path(file_id).read_bytes().splitlines()]
 
 
 def pool() -> ModelPool:
@@ -117,7 +117,7 @@ async def direct(body: dict[str, Any], url: str = "/v1/embeddings") -> tuple[int
 def store(request, tmp_path):
     """A store in ``tmp_path`` on SQLite, or on a database of its own on the session's PostgreSQL server."""
     database = PostgresDatabase(request.getfixturevalue("postgres_url")) if request.param == "postgres" else None
-    store = BatchStore(tmp_path, database)
+    store = BatchStore.at(tmp_path, database)
     yield store
     store.close()
 
@@ -149,11 +149,11 @@ def test_the_input_file_is_checked_line_by_line_before_anything_runs():
 
 def test_objects_belong_to_their_owner(store, tmp_path):
     batch = new_batch(store, b"x\n")
-    file = store.get_file(OWNER, batch.input_file_id)
-    assert store.get_file("owner-b", file.id) is None and store.get_batch("owner-b", batch.id) is None
-    assert store.list_files("owner-b") == [] and store.list_batches("owner-b") == []
+    file = store.files.get_file(OWNER, batch.input_file_id)
+    assert store.files.get_file("owner-b", file.id) is None and store.get_batch("owner-b", batch.id) is None
+    assert store.files.list_files("owner-b").rows == [] and store.list_batches("owner-b").rows == []
     assert store.cancel("owner-b", batch.id) is None and store.get_batch(OWNER, batch.id).status == "validating"
-    assert not store.delete_file("owner-b", file.id) and store.file_path(file.id).exists()
+    assert not store.files.delete_file("owner-b", file.id) and store.files.file_path(file.id).exists()
     assert store.active_batches(OWNER) == 1 and store.active_batches("owner-b") == 0
 
 
@@ -350,7 +350,7 @@ def test_a_line_that_is_not_utf_8_fails_its_own_batch_and_every_other_batch_runs
         b'{"custom_id": "c", "method": "POST", "url": "/v1/\xc3(", "body": {"input": "x"}}\n',
     ]
     bad = new_batch(store, embeddings_file(2) + b"".join(poison))
-    file = store.add_file("owner-b", "in.jsonl", "batch", embeddings_file(3))
+    file = store.files.add_file("owner-b", "in.jsonl", "batch", embeddings_file(3))
     other = store.create_batch(
         "owner-b", endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h",
         window_seconds=86400, metadata=None,
@@ -425,7 +425,7 @@ def test_workers_claiming_at_once_never_share_a_chunk_or_a_finalizing(store):
 def _started(store: BatchStore, owner: str, chunks: int) -> dict[str, Any]:
     """A batch of ``owner`` in progress, ``chunks`` chunks of two lines each."""
     content = embeddings_file(chunks * 2)
-    file = store.add_file(owner, "in.jsonl", "batch", content)
+    file = store.files.add_file(owner, "in.jsonl", "batch", content)
     batch = store.create_batch(
         owner, endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h", window_seconds=86400,
         metadata=None,
@@ -455,7 +455,7 @@ def test_a_round_validates_one_batch_per_key_so_another_keys_batch_starts_at_onc
     """One key's three new batches and then another key's one: the first round of the worker validates the first
     key's oldest and the other key's, and claims their chunks, before the first key's other two."""
     mine = [new_batch(store, embeddings_file(4)) for _ in range(3)]
-    file = store.add_file("owner-b", "in.jsonl", "batch", embeddings_file(2))
+    file = store.files.add_file("owner-b", "in.jsonl", "batch", embeddings_file(2))
     theirs = store.create_batch(
         "owner-b", endpoint="/v1/embeddings", input_file_id=file.id, completion_window="24h",
         window_seconds=86400, metadata=None,
@@ -507,25 +507,25 @@ def test_files_without_a_row_and_rows_without_a_file_are_removed_once_old_enough
     whose row is being written) and every file with its row are kept."""
     import os
 
-    kept = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(2))
-    lost = store.add_file(OWNER, "lost.jsonl", "batch", embeddings_file(2))
-    store.file_path(lost.id).unlink()  # its file went: the row is left
+    kept = store.files.add_file(OWNER, "in.jsonl", "batch", embeddings_file(2))
+    lost = store.files.add_file(OWNER, "lost.jsonl", "batch", embeddings_file(2))
+    store.files.file_path(lost.id).unlink()  # its file went: the row is left
     old = time.time() - 3600
-    stray, partial, young = (store.root / "files" / n for n in ("file-stray", ".file-x.1a2b.tmp", "file-young"))
+    stray, partial, young = (store.storage.root / "files" / n for n in ("file-stray", ".file-x.1a2b.tmp", "file-young"))
     for path in (stray, partial, young):
         path.write_bytes(b"{}\n")
     for path in (stray, partial):
         os.utime(path, (old, old))
-    with store._write() as db:  # the lost row is an hour old too
+    with store.storage.write() as db:  # the lost row is an hour old too
         db.execute("UPDATE files SET created_at = ? WHERE id = ?", (int(old), lost.id))
     worker = BatchWorker(store, pool, SETTINGS)
     asyncio.run(worker._housekeeping())
     assert worker.orphans_removed == 3
     assert not stray.exists() and not partial.exists() and young.exists()
-    assert store.get_file(OWNER, lost.id) is None and store.get_file(OWNER, kept.id) is not None
-    assert store.file_path(kept.id).exists()
+    assert store.files.get_file(OWNER, lost.id) is None and store.files.get_file(OWNER, kept.id) is not None
+    assert store.files.file_path(kept.id).exists()
     asyncio.run(worker._housekeeping())  # not again before sweep_seconds
-    assert worker.orphans_removed == 3 and store.remove_orphans(grace_seconds=0) == 1  # the young one, now
+    assert worker.orphans_removed == 3 and store.files.remove_orphans(grace_seconds=0) == 1  # the young one, now
 
 
 def test_a_crash_while_finalizing_or_cleaning_up_is_finished_at_the_next_start(store, tmp_path):
@@ -545,7 +545,7 @@ def test_a_crash_while_finalizing_or_cleaning_up_is_finished_at_the_next_start(s
     asyncio.run(serve(store, finished(store, batch.id)))
     assert store.get_batch(None, batch.id).status == "completed"
 
-    closed, running = store.root / "parts" / batch.id, store.root / "parts" / new_batch(store, b"").id
+    closed, running = store.storage.root / "parts" / batch.id, store.storage.root / "parts" / new_batch(store, b"").id
     closed.mkdir(parents=True, exist_ok=True)
     (closed / "0.dead.1.out").write_bytes(b"{}\n")  # the crash came between closing and removing its parts
     running.mkdir()
@@ -581,7 +581,7 @@ def test_creates_at_once_never_pass_the_limit_of_unfinished_batches(store):
 
     from service.batches.store import TooManyBatchesError
 
-    file = store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(1))
+    file = store.files.add_file(OWNER, "in.jsonl", "batch", embeddings_file(1))
     new_batch(store, embeddings_file(1))  # one unfinished batch already
     start = Barrier(8)
 
@@ -623,10 +623,10 @@ def test_closing_the_sqlite_store_closes_every_thread_connection(tmp_path):
     import sqlite3
     from concurrent.futures import ThreadPoolExecutor
 
-    store = BatchStore(tmp_path)
+    store = BatchStore.at(tmp_path)
     with ThreadPoolExecutor(3) as threads:  # each thread reads through a connection of its own
         list(threads.map(lambda _: store.active_batches(OWNER), range(3)))
-    conns = list(store.db._all)  # type: ignore[attr-defined]
+    conns = list(store.storage.db._all)  # type: ignore[attr-defined]
     assert len(conns) >= 2
     store.close()
     for conn in conns:
@@ -639,8 +639,8 @@ def test_a_busy_or_failing_sqlite_database_is_unavailable_not_an_internal_error(
     full disk) are :class:`DatabaseUnavailableError` (the documented 503), and the transaction is rolled back."""
     import sqlite3
 
-    from service.batches.database import DatabaseUnavailableError, SqliteDatabase
     from service.errors import to_api_error
+    from service.storage.database import DatabaseUnavailableError, SqliteDatabase
 
     db = SqliteDatabase(tmp_path / "t.db")
     with db.write() as conn:
@@ -674,7 +674,7 @@ def test_a_busy_or_failing_sqlite_database_is_unavailable_not_an_internal_error(
 
 @pytest.mark.slow
 def test_sql_with_percent_signs_and_quoted_question_marks_runs_on_postgresql(postgres_url):
-    from service.batches.database import PostgresDatabase
+    from service.storage.database import PostgresDatabase
 
     db = PostgresDatabase(postgres_url)
     with db.write() as conn:
@@ -691,7 +691,7 @@ def test_a_chunk_whose_claim_cannot_be_renewed_is_given_up_after_one_lease(store
     """The store unreachable while a chunk runs: the watcher says so once and keeps the chunk while its lease
     lasts, then gives it up (another worker may hold it by then), instead of dying and leaving it running."""
     from service.batches import worker as worker_module
-    from service.batches.database import DatabaseUnavailableError
+    from service.storage.database import DatabaseUnavailableError
 
     batch = new_batch(store, embeddings_file(2))
     worker = BatchWorker(store, pool, SETTINGS, lease_seconds=0.6)
@@ -727,7 +727,7 @@ def test_a_database_outage_is_one_log_line_per_try_with_the_traceback_at_debug(s
     """The worker outlasts an unreachable database: each try it says so in one line (no traceback above debug),
     while an unexpected failure of the store still logs its traceback."""
     from service.batches import worker as worker_module
-    from service.batches.database import DatabaseUnavailableError
+    from service.storage.database import DatabaseUnavailableError
 
     monkeypatch.setattr(worker_module, "RETRY_SECONDS", 0.01)
     failures = iter([DatabaseUnavailableError("PostgreSQL at db:5432: connection refused")] * 3 + [KeyError("bug")])
@@ -776,7 +776,7 @@ def test_timestamps_and_expiry_are_on_the_database_clock_whichever_host_writes_t
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 600)  # this host's clock, ten minutes ahead
     batch = new_batch(store, embeddings_file(2), window_seconds=300)
-    file = store.get_file(OWNER, batch.input_file_id)
+    file = store.files.get_file(OWNER, batch.input_file_id)
     assert file is not None and abs(file.created_at - real()) < 5 and abs(batch.created_at - real()) < 5
     assert batch.expires_at - batch.created_at == 300
     assert store.cancel(OWNER, batch.id).cancelled_at == pytest.approx(real(), abs=5)
@@ -798,25 +798,26 @@ def test_an_error_quotes_at_most_200_characters_of_a_line_so_the_batch_object_st
     assert [(e["custom_id"], e["error"]["code"], e["error"]["line"]) for e in in_file] == [
         (None, "mismatched_url", n) for n in range(1, 61)
     ]
-    assert store.get_file(OWNER, failed.error_file_id).purpose == "batch_output"
+    assert store.files.get_file(OWNER, failed.error_file_id).purpose == "batch_output"
 
 
 def test_a_file_whose_row_cannot_be_written_leaves_nothing_on_disk(store, monkeypatch):
-    from service.batches.database import DatabaseUnavailableError
+    from service.storage.database import DatabaseUnavailableError
 
     def unreachable() -> Any:
         raise DatabaseUnavailableError("the database went away")
 
-    monkeypatch.setattr(store, "_write", unreachable)
+    monkeypatch.setattr(store.storage, "write", unreachable)
     with pytest.raises(DatabaseUnavailableError):
-        store.add_file(OWNER, "in.jsonl", "batch", embeddings_file(1))
-    assert list((store.root / "files").iterdir()) == []
+        store.files.add_file(OWNER, "in.jsonl", "batch", embeddings_file(1))
+    assert list((store.storage.root / "files").iterdir()) == []
 
 
 def test_store_errors_come_from_one_base_and_are_mapped_in_one_place():
-    from service.batches.database import DatabaseUnavailableError
-    from service.batches.store import FileInUseError, TooManyBatchesError
+    from service.batches.store import TooManyBatchesError
     from service.errors import InsufficientStorageError, StoreError, to_api_error
+    from service.files.store import FileInUseError
+    from service.storage.database import DatabaseUnavailableError
 
     cases = [
         (TooManyBatchesError(3), 429, "too_many_batches", None, "3 unfinished batches"),
@@ -833,13 +834,13 @@ def test_store_errors_come_from_one_base_and_are_mapped_in_one_place():
 
 
 def test_the_store_names_a_batchs_result_files_and_writing_one_again_replaces_it(store):
-    first = store.add_result_file("alice", "batch_abc", "output", [b'{"a": 1}\n'])
-    again = store.add_result_file("alice", "batch_abc", "output", [b'{"a": 1}\n{"b": 2}\n'])
+    first = store.files.add_result_file("alice", "batch_abc", "output", [b'{"a": 1}\n'])
+    again = store.files.add_result_file("alice", "batch_abc", "output", [b'{"a": 1}\n{"b": 2}\n'])
     assert first == again == "file-abc-output"
-    row = store.get_file("alice", first)
+    row = store.files.get_file("alice", first)
     assert (row.filename, row.purpose, row.bytes) == ("batch_abc_output.jsonl", "batch_output", 18)
-    assert [f.id for f in store.list_files("alice")] == ["file-abc-output"]
-    assert store.add_result_file("alice", "batch_abc", "errors", [b""]) is None  # nothing to say: no file
+    assert [f.id for f in store.files.list_files("alice").rows] == ["file-abc-output"]
+    assert store.files.add_result_file("alice", "batch_abc", "errors", [b""]) is None  # nothing to say: no file
 
 
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
@@ -874,11 +875,11 @@ def test_a_database_of_the_earlier_shape_is_opened_with_its_finalizing_claim_as_
                 "completed",
             ),
         )
-    store = BatchStore(tmp_path, database)
+    store = BatchStore.at(tmp_path, database)
     batch = store.get_batch(OWNER, "batch_old")
     assert batch is not None and (batch.claimed_by, batch.lease_until) == ("w-old", pytest.approx(until))
     assert store.ready_to_finalize() == [] and not store.claim_finalizing("w-new", batch, "completed", 60)
     assert store.renew_finalizing("w-old", "batch_old", 60) and not store.renew_finalizing("w-new", "batch_old", 60)
-    again = BatchStore(tmp_path, database)  # renamed once: a second open finds the new names
+    again = BatchStore.at(tmp_path, database)  # renamed once: a second open finds the new names
     assert again.get_batch(None, "batch_old") == store.get_batch(None, "batch_old")
     store.close()

@@ -389,8 +389,8 @@ def test_an_expired_store_is_said_so_and_not_searched(client):
     api = sdk(client)
     store = api.vector_stores.create(name="short-lived", expires_after={"anchor": "last_active_at", "days": 1})
     assert store.expires_after.days == 1 and store.expires_at == store.last_active_at + 86_400  # type: ignore[union-attr]
-    tables = client.app.state.service.vector_stores.tables()
-    with tables.db.write() as db:  # two days without a search
+    tables = client.app.state.vector_stores.tables()
+    with tables.storage.write() as db:  # two days without a search
         db.execute("UPDATE vector_stores SET last_active_at = last_active_at - 172800 WHERE id = ?", (store.id,))
     assert api.vector_stores.retrieve(store.id).status == "expired"
     with pytest.raises(openai.BadRequestError, match="expired"):
@@ -402,7 +402,7 @@ def test_an_expired_store_is_said_so_and_not_searched(client):
 def test_a_replica_keeps_the_indexes_of_the_stores_searched_last_within_its_bounds(client):
     api = sdk(client)
     stores = [make_store(api) for _ in range(3)]
-    service = client.app.state.service.vector_stores
+    service = client.app.state.vector_stores
     service.indexes.capacity = 2
     for store_id in stores:
         api.vector_stores.search(store_id, query="tea")
@@ -418,7 +418,7 @@ def test_a_changed_store_reads_only_the_files_that_changed(tmp_path):
     with running_app(tmp_path / "store", models=with_splade()) as client:
         api = sdk(client)
         store_id = make_store(api, sparse_model="spl")
-        service = client.app.state.service.vector_stores
+        service = client.app.state.vector_stores
         tables = service.tables()
         owner = hashlib.sha256(KEYS[0].encode()).hexdigest()[:32]  # as the auth layer names the key's owner
 
@@ -492,7 +492,7 @@ def test_a_store_searches_through_the_index_it_was_created_with(client, monkeypa
         above = lambda hits: {d for d, s in hits if s > cut + 1e-6}  # noqa: E731
         return [s for _, s in found] == pytest.approx([s for _, s in expected]) and above(found) == above(expected)
 
-    held = client.app.state.service.vector_stores.indexes._held
+    held = client.app.state.vector_stores.indexes._held
     for kind in made:  # the first search starts the approximate index's build, exact until it is ready
         top(kind)
         assert held[made[kind].id].wait_built(30) == (kind in ("hnsw", "ivf", "pq", "binary"))
@@ -626,7 +626,7 @@ def test_a_restarted_server_grows_the_saved_index_and_a_deleted_store_leaves_non
     def built(client: TestClient, store_id: str) -> Any:
         api = sdk(client)
         api.vector_stores.search(store_id, query="topic 3", ranking_options={"ranker": "none"})
-        index = client.app.state.service.vector_stores.indexes._held[store_id]
+        index = client.app.state.vector_stores.indexes._held[store_id]
         assert index.wait_built(60)
         return index
 
@@ -655,13 +655,13 @@ def test_a_restarted_server_grows_the_saved_index_and_a_deleted_store_leaves_non
 @pytest.fixture(params=["sqlite", "postgres"])
 def tables(request, tmp_path):
     """The vector stores' tables on SQLite in ``tmp_path``, or on a database of its own on PostgreSQL."""
-    from service.batches.database import PostgresDatabase
     from service.batches.store import BatchStore
+    from service.storage.database import PostgresDatabase
     from service.vector_stores.store import VectorStoreTables
 
     database = PostgresDatabase(request.getfixturevalue("postgres_url")) if request.param == "postgres" else None
-    store = BatchStore(tmp_path, database)
-    yield VectorStoreTables(store.db)
+    store = BatchStore.at(tmp_path, database)
+    yield VectorStoreTables(store.storage)
     store.close()
 
 

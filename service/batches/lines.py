@@ -25,16 +25,12 @@ import msgspec
 from embedrank.errors import ModelUnavailableError, NotReadyError, OverloadedError, shorten
 from service import request_ids
 from service.batches.store import Chunk
-from service.context import Context
+from service.context import BACKGROUND_PRIORITY, Context
 from service.decoding import decode_strict
 from service.endpoints import BATCH
 from service.errors import body_too_large, error_body, is_unexpected, to_api_error
 
 logger = logging.getLogger("embedrank.service")
-
-BATCH_PRIORITY = 1_000_000
-"""The engine priority of batch lines: behind every direct request (whose default is 0), at any priority
-a client may ask for below it."""
 
 MAX_REPORTED_ERRORS = 100  # errors listed for a malformed input file (OpenAI lists them per line)
 QUOTED = 200  # characters of a line's own value an error quotes at most: a batch object stays small
@@ -183,7 +179,7 @@ class Unready(Exception):
 async def run_line(line: InputLine, ctx: Context) -> tuple[int, bytes, str]:
     """``line``'s response as ``(status code, JSON body, request id)``: its body decoded against its endpoint's
     schema (:data:`service.endpoints.BATCH`) and the endpoint's call made with ``ctx`` (batch lines': vectors
-    of texts embedded before come from the cache), behind every direct request (:data:`BATCH_PRIORITY`); a failure
+    of texts embedded before come from the cache), behind every direct request (:data:`BACKGROUND_PRIORITY`); a failure
     gets the status and error body the direct request would get, with the line's own request id: a body over
     ``max_body_bytes`` is refused as the direct request is (413), and the texts' and tokens' limits are the
     endpoint call's own.
@@ -202,7 +198,7 @@ async def run_line(line: InputLine, ctx: Context) -> tuple[int, bytes, str]:
     try:
         data = decode_strict(bytes(line.body), endpoint.body)
         if hasattr(data, "priority"):
-            data = msgspec.structs.replace(data, priority=max(data.priority, BATCH_PRIORITY))
+            data = msgspec.structs.replace(data, priority=max(data.priority, BACKGROUND_PRIORITY))
         body, _ = await endpoint.call(data, ctx)
         return 200, msgspec.json.encode(body), request_id
     except OverloadedError as exc:

@@ -1,4 +1,4 @@
-"""OpenAI's Files and Batch API objects as the service sends and reads them (msgspec), and a store row as each."""
+"""OpenAI's Batch API objects as the service sends and reads them (msgspec), and a batch's row as one."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from service.batches.store import BatchRow, FileRow
+from service.batches.store import BatchRow
 from service.endpoints import BATCH_URLS
+from service.schemas import Metadata
 
 WINDOW_SECONDS = {"24h": 86_400}
 """The completion windows a batch may have, as OpenAI's API takes them (``24h`` only), and their length."""
@@ -16,37 +17,6 @@ if TYPE_CHECKING:
     BatchUrl = str
 else:  # the urls of the endpoint table that batch lines may name, as one literal (its values in the OpenAPI schema)
     BatchUrl = Literal[BATCH_URLS]
-
-Metadata = Annotated[
-    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
-    Meta(max_length=16, description="up to 16 keys of 64 characters, values of 512 characters"),
-]
-
-
-class FileObject(msgspec.Struct, kw_only=True):
-    id: str
-    object: Literal["file"] = "file"
-    bytes: int
-    created_at: int
-    filename: str
-    purpose: str
-    status: Literal["processed"] = "processed"
-    expires_at: int | None = None
-    status_details: str | None = None
-
-
-class FileList(msgspec.Struct, kw_only=True):
-    object: Literal["list"] = "list"
-    data: list[FileObject]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
-
-
-class FileDeleted(msgspec.Struct, kw_only=True):
-    id: str
-    object: Literal["file"] = "file"
-    deleted: bool
 
 
 class RequestCounts(msgspec.Struct, kw_only=True):
@@ -110,17 +80,6 @@ class CreateBatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
         ),
     ] = "24h"
     metadata: Metadata | None = None
-
-
-def file_object(row: FileRow) -> FileObject:
-    return FileObject(
-        id=row.id,
-        bytes=row.bytes,
-        created_at=row.created_at,
-        filename=row.filename,
-        purpose=row.purpose,
-        expires_at=row.expires_at,
-    )
 
 
 def batch_object(row: BatchRow) -> BatchObject:

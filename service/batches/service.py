@@ -1,47 +1,49 @@
-"""The Batch API's lifecycle: its store (opened on first use) and the worker that runs its batches, and the
-batches' progress for ``/metrics``."""
+"""The Batch API's lifecycle: its store over the app's storage (opened on first use), the worker that runs its
+batches, and the batches' progress for ``/metrics``."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
+from litestar.datastructures import State
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from embedrank.serving.pool import ModelPool
-from service.batches.database import DatabaseUnavailableError, PostgresDatabase
-from service.batches.store import ACTIVE, BatchRow, BatchStore
-from service.batches.worker import RETRY_SECONDS, BatchWorker
+from service.batches.store import ACTIVE, SCHEMA, BatchRow, BatchStore, InputFiles, renamed_columns
+from service.batches.worker import BatchWorker
+from service.files.service import FileService
 from service.settings import Settings
+from service.storage.database import DatabaseUnavailableError
+from service.storage.service import StorageService
 
 logger = logging.getLogger("embedrank.service")
 
 
 @dataclasses.dataclass(eq=False)  # a collector of the app's metrics registry: hashed by identity
 class BatchService:
-    """The batch store of ``settings.batches.batch_dir`` (opened on first use) and the worker that runs its batches."""
+    """The batches of ``storage`` (their store opened on first use), their files in ``files``, and the worker that
+    runs them on the models of ``pool_of``."""
 
-    settings: Settings
+    storage: StorageService
+    files: FileService
     pool_of: Callable[[], ModelPool]
     _store: BatchStore | None = None
     worker: BatchWorker | None = None
     _opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
-    @property
-    def opened(self) -> BatchStore | None:
-        """The store if it is open, else None (:meth:`store` opens it)."""
-        return self._store
+    def __post_init__(self) -> None:
+        self.storage.register(SCHEMA, renamed_columns)
+        self.files.users.append(InputFiles())  # a file is not deleted while a batch reads it
 
     @property
-    def root(self) -> Path:
-        return self.settings.batches.folder()
+    def settings(self) -> Settings:
+        return self.storage.settings
 
     def store(self) -> BatchStore:
         """The store, opened on first use (blocking: a PostgreSQL server is reached over the network).
@@ -51,32 +53,18 @@ class BatchService:
         """
         with self._opening:
             if self._store is None:
-                url = self.settings.batches.batch_database
-                self._store = BatchStore(self.root, PostgresDatabase(url) if url else None)
+                self._store = BatchStore(self.storage.open(), self.files.store())
         return self._store
 
-    async def reached(self) -> BatchStore:
-        """The store, once it exists (SQLite's is created by the first upload or vector store; a PostgreSQL
-        server is reached at start, and again every few seconds until it answers)."""
-        while (
-            not self.settings.batches.batch_database
-            and self._store is None
-            and not (self.root / "batches.db").is_file()
-        ):
-            await asyncio.sleep(0.5)
-        while True:
-            try:
-                return await asyncio.to_thread(self.store)
-            except Exception as exc:  # the server is not reachable (yet): the API answers 503 meanwhile
-                logger.warning(
-                    "the Batch API's database is not reachable: %s; trying again in %.0f s", exc, RETRY_SECONDS
-                )
-                await asyncio.sleep(RETRY_SECONDS)
+    async def opened(self) -> BatchStore:
+        """The store, opened in a worker thread the first time."""
+        return self._store if self._store is not None else await asyncio.to_thread(self.store)
 
     async def run(self) -> None:
-        """The worker, once the store exists (:meth:`reached`); until cancelled."""
-        store = await self.reached()
-        if not store.db.shared:  # one host on its own store: a claim left by a crash cannot be live
+        """The worker, once the storage exists (:meth:`StorageService.reached`); until cancelled."""
+        storage = await self.storage.reached()
+        store = await self.opened()
+        if not storage.shared:  # one host on its own store: a claim left by a crash cannot be live
             await asyncio.to_thread(store.release_claims)
         for folder in await asyncio.to_thread(store.leftover_parts):  # a crash between closing and cleaning up
             await asyncio.to_thread(shutil.rmtree, folder, True)
@@ -138,11 +126,7 @@ class BatchService:
         full.add_metric([], time.time() - since if since is not None else 0.0)
         yield from (unfinished, waiting, done, recorded, orphans, full)
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        task = asyncio.create_task(self.run())
-        try:
-            yield
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+
+def batches_of(state: State) -> BatchService:
+    """The app's :class:`BatchService` (put in its state by :func:`service.app.create_app`)."""
+    return state.batches  # type: ignore[no-any-return]

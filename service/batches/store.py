@@ -1,6 +1,6 @@
-"""The durable state of files and batches: a database (an embedded SQLite ``batches.db`` by default, or a
-PostgreSQL server that replicas share; :mod:`service.batches.database`) and a files folder, under one root
-folder.
+"""The durable state of batches, in the service's storage (:mod:`service.storage`): their rows and chunks in its
+database, the parts of their output in its ``parts/`` folder, their input, output and error files in its file
+store (:mod:`service.files.store`).
 
 A batch's lines are cut into chunks. A worker claims a chunk (a lease it renews while it works), runs its
 lines, writes the chunk's output and error lines to part files of its own (``parts/<batch>/<chunk>.<worker>.<attempt>``),
@@ -12,40 +12,30 @@ joined, in line order, into its output and error files. Finalizing is idempotent
 from the batch id, so a crash while finalizing is mended by finalizing again once the claim runs out.
 
 Every row carries its owner (a digest of the API key that made it); every read and change names the
-owner, so another key's objects are never found. Time is Unix seconds on the database's clock: every timestamp, expiry
-and lease, whichever replica writes it.
+owner, so another key's batches are never found. Time is Unix seconds on the database's clock
+(:meth:`~service.storage.storage.Storage.now`): every timestamp, expiry and lease, whichever replica writes it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
 import secrets
 import shutil
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
-from service.batches.database import Connection, Database, SqliteDatabase
-from service.errors import InsufficientStorageError, StoreError
+from service.errors import StoreError
+from service.files.store import FileStore
+from service.storage.database import Connection, Database
+from service.storage.disk import write_synced
+from service.storage.ids import new_id
+from service.storage.leases import Leases, free
+from service.storage.paging import Page, page
+from service.storage.storage import Storage
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (
-    seq {serial},
-    id TEXT NOT NULL UNIQUE,
-    owner TEXT NOT NULL,
-    filename TEXT NOT NULL,
-    purpose TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS files_by_owner ON files (owner, seq);
 CREATE TABLE IF NOT EXISTS batches (
     seq {serial},
     id TEXT NOT NULL UNIQUE,
@@ -123,35 +113,8 @@ class TooManyBatchesError(StoreError):
         self.limit = limit
 
 
-class FileInUseError(StoreError):
-    """A file cannot be deleted while an unfinished batch reads it: 409 ``file_in_use``."""
-
-    status = 409
-    type = "invalid_request_error"
-    code = "file_in_use"
-    param = "file_id"
-
-
-RESERVE = 4 * 2**20
-"""Bytes an upload leaves free on the store's disk (:func:`check_room`)."""
-
-ORPHAN_GRACE_SECONDS = 600.0
-"""How old a file without a row (or a row without a file) must be before it counts as left behind."""
-
 OBJECT_ERRORS = 10
 """The errors a failed batch's object lists at most (OpenAI's list a few); the rest are in its error file."""
-
-
-class FileRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A file: an uploaded batch input, or a batch's output or error file (``purpose`` ``batch_output``)."""
-
-    id: str
-    owner: str
-    filename: str
-    purpose: str
-    bytes: int
-    created_at: int
-    expires_at: int | None = None
 
 
 class BatchRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -210,12 +173,6 @@ class ChunkRow(Chunk, frozen=True, kw_only=True):
     failed: int
 
 
-def _file(row: Any) -> FileRow:
-    found = dict(row)
-    found.pop("seq", None)
-    return msgspec.convert(found, FileRow)
-
-
 def _batch(row: Any) -> BatchRow:
     found = dict(row)  # metadata and errors are JSON text in the database
     for name in ("metadata", "errors"):
@@ -223,159 +180,57 @@ def _batch(row: Any) -> BatchRow:
     return msgspec.convert(found, BatchRow)
 
 
-def _lease_free(table: str = "") -> str:
-    """The SQL condition (one parameter: now) of a row whose claim is free, the row of ``table`` (an alias with
-    its dot, ``c.``) in a join: never claimed, or its lease ran out."""
-    return f"({table}lease_until IS NULL OR {table}lease_until < ?)"
+def renamed_columns(db: Connection) -> None:
+    """Rename the columns of ``batches`` that a database made by version 0.2 or earlier names otherwise
+    (:data:`RENAMED_COLUMNS`)."""
+    columns = {column[0] for column in db.execute("SELECT * FROM batches LIMIT 0").description}
+    for old, new in RENAMED_COLUMNS:
+        if old in columns:
+            db.execute(f"ALTER TABLE batches RENAME COLUMN {old} TO {new}")
 
 
-def new_id(prefix: str) -> str:
-    """A fresh object id in OpenAI's style (``file-…``, ``batch_…``)."""
-    return f"{prefix}{secrets.token_hex(12)}"
+class InputFiles:
+    """The batches as users of the file store (:class:`~service.files.store.FileUser`): a batch that is not
+    finished holds its input file."""
+
+    def holding(self, db: Connection, owner: str, file_id: str) -> str | None:
+        marks = ", ".join("?" * len(ACTIVE))
+        using = db.execute(
+            f"SELECT id FROM batches WHERE input_file_id = ? AND owner = ? AND status IN ({marks}) LIMIT 1",
+            (file_id, owner, *ACTIVE),
+        ).fetchone()
+        if using is None:
+            return None
+        return (
+            f"file {file_id!r} is the input of batch {using['id']!r}, which is not finished; cancel it or wait for it "
+            "to finish"
+        )
 
 
 class BatchStore:
-    """Files and batches in ``root`` (created if missing): ``files/`` and ``parts/``, and the rows in
-    ``database`` (default: SQLite's ``batches.db`` in ``root``).
+    """The batches of ``storage`` (their rows, and the parts of their output in its ``parts/`` folder), reading
+    and writing their files in ``files``.
 
     The methods are blocking (the database and the file system); the service calls them from worker
-    threads. Every change is one transaction of :meth:`Database.write`, so two processes on one database
-    never interleave a claim (SQLite: one host; PostgreSQL: any number, each with ``root`` on a folder they
-    all reach).
+    threads. Every change is one transaction of :meth:`Storage.write`, so two processes on one database
+    never interleave a claim (SQLite: one host; PostgreSQL: any number, each with the storage's root on a
+    folder they all reach).
     """
 
-    def __init__(self, root: str | Path, database: Database | None = None) -> None:
-        self.root = Path(root)
-        (self.root / "files").mkdir(parents=True, exist_ok=True)
-        (self.root / "parts").mkdir(parents=True, exist_ok=True)
-        self.db: Database = database if database is not None else SqliteDatabase(self.root / "batches.db")
-        with self.db.write() as db:
-            if self.db.words["schema_lock"]:  # replicas starting together create the tables one after the other
-                db.execute(self.db.words["schema_lock"])
-            for statement in SCHEMA.format(**self.db.words).split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            columns = {column[0] for column in db.execute("SELECT * FROM batches LIMIT 0").description}
-            for old, new in RENAMED_COLUMNS:  # a database made by an earlier version: its columns renamed in place
-                if old in columns:
-                    db.execute(f"ALTER TABLE batches RENAME COLUMN {old} TO {new}")
+    def __init__(self, storage: Storage, files: FileStore) -> None:
+        self.storage = storage
+        self.files = files
+        self.parts = storage.folder("parts")
+        storage.create(SCHEMA, renamed_columns)
+        self.chunk_leases = Leases(storage, "chunks", claimed="state = 'claimed'", released="state = 'pending'")
+        self.finalizing_leases = Leases(storage, "batches")
 
-    def _db(self) -> Connection:
-        return self.db.connection()
-
-    def _now(self, db: Connection) -> float:
-        """The database's clock (seconds since the epoch): leases are set and read on it, so replicas whose
-        own clocks differ never take a live claim from each other."""
-        return float(db.execute(self.db.words["now"]).fetchone()["now"])
-
-    def _stamp(self, db: Connection) -> int:
-        """A row's timestamp (``created_at``, ``completed_at``, ...): the database's clock in whole seconds, the
-        clock its expiry and every lease are read on, whichever replica writes it."""
-        return int(self._now(db))
-
-    def _write(self) -> contextlib.AbstractContextManager[Connection]:
-        return self.db.write()
-
-    # -- files --------------------------------------------------------------------------------------
-    def file_path(self, file_id: str) -> Path:
-        return self.root / "files" / file_id
-
-    def add_file(self, owner: str, filename: str, purpose: str, content: bytes) -> FileRow:
-        """Store ``content`` as a file of ``owner`` (written and synced before its row exists, removed if the row
-        cannot be written). Returns its row."""
-        file_id = new_id("file-")
-        check_room(self.root / "files", len(content))
-        _write_synced(self.file_path(file_id), [content])
-        try:
-            with self._write() as db:
-                row = FileRow(
-                    id=file_id,
-                    owner=owner,
-                    filename=filename,
-                    purpose=purpose,
-                    bytes=len(content),
-                    created_at=self._stamp(db),
-                )
-                db.execute(
-                    "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    msgspec.structs.astuple(row),
-                )
-        except BaseException:  # no row: the file would be one nothing can list or delete
-            self.file_path(file_id).unlink(missing_ok=True)
-            raise
-        return row
-
-    def add_result_file(
-        self, owner: str, batch_id: str, which: Literal["output", "errors"], parts: Sequence[Path | bytes]
-    ) -> str | None:
-        """Batch ``batch_id``'s output or error file (a ``batch_output`` file of ``owner``) made of ``parts``
-        (part files, or bytes) in order, streamed into place. Its id follows from the batch's, so writing it
-        again replaces it (finalizing twice writes the same file). None, and no file, when the parts hold
-        nothing."""
-        file_id = f"file-{batch_id.removeprefix('batch_')}-{which}"
-        size = _write_synced(self.file_path(file_id), parts, keep_empty=False)
-        if not size:
-            return None
-        with self._write() as db:
-            db.execute(  # finalizing again replaces the file it wrote before, in the same place of the list
-                "INSERT INTO files (id, owner, filename, purpose, bytes, created_at, expires_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET bytes = excluded.bytes",
-                (file_id, owner, f"{batch_id}_{which}.jsonl", "batch_output", size, self._stamp(db), None),
-            )
-        return file_id
-
-    def get_file(self, owner: str, file_id: str) -> FileRow | None:
-        row = self._db().execute("SELECT * FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
-        return _file(row) if row is not None else None
-
-    def list_files(
-        self,
-        owner: str,
-        *,
-        purpose: str | None = None,
-        after: str | None = None,
-        limit: int = 10000,
-        order: str = "desc",
-    ) -> list[FileRow]:
-        """``owner``'s files, newest first (``order="asc"``: oldest first), those after the file ``after`` in
-        that order, at most ``limit``."""
-        sign = "<" if order == "desc" else ">"
-        query = "SELECT * FROM files WHERE owner = ?"
-        args: list[Any] = [owner]
-        if purpose is not None:
-            query += " AND purpose = ?"
-            args.append(purpose)
-        if after is not None:
-            query += f" AND seq {sign} (SELECT seq FROM files WHERE id = ? AND owner = ?)"
-            args += [after, owner]
-        query += f" ORDER BY seq {order} LIMIT ?"
-        args.append(limit)
-        return [_file(r) for r in self._db().execute(query, args)]
-
-    def delete_file(self, owner: str, file_id: str) -> bool:
-        """Delete ``owner``'s file; False when there is none.
-
-        Raises:
-            FileInUseError: the file is the input of a batch that is not finished.
-        """
-        marks = ", ".join("?" * len(ACTIVE))
-        with self._write() as db:
-            using = db.execute(
-                f"SELECT id FROM batches WHERE input_file_id = ? AND owner = ? AND status IN ({marks}) LIMIT 1",
-                (file_id, owner, *ACTIVE),
-            ).fetchone()
-            if using is not None:
-                raise FileInUseError(
-                    f"file {file_id!r} is the input of batch {using['id']!r}, which is not finished; cancel it or "
-                    "wait for it to finish"
-                )
-            if db.execute("SELECT id FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone() is None:
-                return False
-            # its space first: on a full disk the database may need it to delete the row (its journal)
-            self.file_path(file_id).unlink(missing_ok=True)
-            db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner))
-        return True
+    @classmethod
+    def at(cls, root: str | Path, database: Database | None = None) -> BatchStore:
+        """A store on a storage of its own: ``root`` and ``database`` (default: SQLite in ``root``), with its file
+        store (as the service opens them, :class:`~service.batches.service.BatchService`)."""
+        storage = Storage(root, database)
+        return cls(storage, FileStore(storage, [InputFiles()]))
 
     # -- batches ------------------------------------------------------------------------------------
     def create_batch(
@@ -396,8 +251,8 @@ class BatchStore:
                 that inserts, so that creates at once, on any replica, cannot pass the limit together).
         """
         batch_id = new_id("batch_")
-        with self._write() as db:
-            now = self._stamp(db)
+        with self.storage.write() as db:
+            now = self.storage.stamp(db)
             row = {
                 "id": batch_id,
                 "owner": owner,
@@ -410,8 +265,8 @@ class BatchStore:
                 "expires_at": now + window_seconds,
             }
             if max_active is not None:
-                if self.db.words["owner_lock"]:
-                    db.execute(self.db.words["owner_lock"], (owner,))
+                if self.storage.db.words["owner_lock"]:
+                    db.execute(self.storage.db.words["owner_lock"], (owner,))
                 if self._active(db, owner) >= max_active:
                     raise TooManyBatchesError(max_active)
             db.execute(
@@ -426,25 +281,22 @@ class BatchStore:
     def get_batch(self, owner: str | None, batch_id: str) -> BatchRow | None:
         """The batch ``batch_id`` if ``owner`` made it (``owner=None``: whoever did; for the worker)."""
         if owner is None:
-            row = self._db().execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            row = self.storage.read().execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
         else:
-            row = self._db().execute("SELECT * FROM batches WHERE id = ? AND owner = ?", (batch_id, owner)).fetchone()
+            row = (
+                self.storage.read()
+                .execute("SELECT * FROM batches WHERE id = ? AND owner = ?", (batch_id, owner))
+                .fetchone()
+            )
         return _batch(row) if row is not None else None
 
-    def list_batches(self, owner: str, *, after: str | None = None, limit: int = 20) -> list[BatchRow]:
+    def list_batches(self, owner: str, *, after: str | None = None, limit: int = 20) -> Page[BatchRow]:
         """``owner``'s batches, newest first, those after the batch ``after``, at most ``limit``."""
-        query = "SELECT * FROM batches WHERE owner = ?"
-        args: list[Any] = [owner]
-        if after is not None:
-            query += " AND seq < (SELECT seq FROM batches WHERE id = ? AND owner = ?)"
-            args += [after, owner]
-        query += " ORDER BY seq DESC LIMIT ?"
-        args.append(limit)
-        return [_batch(r) for r in self._db().execute(query, args)]
+        return page(self.storage.read(), "batches", "owner = ?", (owner,), _batch, limit=limit, after=after)
 
     def active_batches(self, owner: str) -> int:
         """How many of ``owner``'s batches are not finished."""
-        return self._active(self._db(), owner)
+        return self._active(self.storage.read(), owner)
 
     @staticmethod
     def _active(db: Connection, owner: str) -> int:
@@ -456,14 +308,14 @@ class BatchStore:
         """Every batch in one of ``statuses``, oldest first (for the worker)."""
         marks = ", ".join("?" * len(statuses))
         query = f"SELECT * FROM batches WHERE status IN ({marks}) ORDER BY seq"
-        return [_batch(r) for r in self._db().execute(query, statuses)]
+        return [_batch(r) for r in self.storage.read().execute(query, statuses)]
 
     def start(self, batch_id: str, chunks: list[Chunk]) -> bool:
         """A validated batch cut into ``chunks``: status ``in_progress`` (``finalizing`` at once when it has no
         line). False when it is no longer ``validating`` (cancelled meanwhile)."""
         total = sum(c.lines for c in chunks)
-        with self._write() as db:
-            now = self._stamp(db)
+        with self.storage.write() as db:
+            now = self.storage.stamp(db)
             status = "in_progress" if total else "finalizing"
             changed = db.execute(
                 "UPDATE batches SET status = ?, total = ?, in_progress_at = ?, finalizing_at = ? "
@@ -485,7 +337,7 @@ class BatchStore:
         "message", "line"}}``)."""
         error_file_id = None
         if len(errors) > OBJECT_ERRORS:
-            row = self._db().execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            row = self.storage.read().execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()
             if row is not None:
                 lines = b"".join(
                     json.dumps(
@@ -499,21 +351,21 @@ class BatchStore:
                     + b"\n"
                     for e in errors
                 )
-                error_file_id = self.add_result_file(row["owner"], batch_id, "errors", [lines])
-        with self._write() as db:
+                error_file_id = self.files.add_result_file(row["owner"], batch_id, "errors", [lines])
+        with self.storage.write() as db:
             failed = db.execute(
                 "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, error_file_id = ? "
                 "WHERE id = ? AND status = 'validating'",
-                (self._stamp(db), json.dumps(errors[:OBJECT_ERRORS]), error_file_id, batch_id),
+                (self.storage.stamp(db), json.dumps(errors[:OBJECT_ERRORS]), error_file_id, batch_id),
             ).rowcount
         if not failed and error_file_id is not None:  # cancelled meanwhile: its error file is nobody's
-            self.delete_file(row["owner"], error_file_id)
+            self.files.delete_file(row["owner"], error_file_id)
 
     def cancel(self, owner: str, batch_id: str) -> BatchRow | None:
         """Ask ``owner``'s batch to stop: ``cancelling`` until the chunks in flight are done (a batch still
         validating is cancelled at once); a finished batch is left as it is. None when there is no such batch."""
-        with self._write() as db:
-            now = self._stamp(db)
+        with self.storage.write() as db:
+            now = self.storage.stamp(db)
             db.execute(
                 "UPDATE batches SET status = 'cancelled', cancelling_at = ?, cancelled_at = ? "
                 "WHERE id = ? AND owner = ? AND status = 'validating'",
@@ -533,8 +385,8 @@ class BatchStore:
         the oldest batch in progress; within an owner, of its oldest batch. So one key's small batch runs
         beside another key's many large ones instead of after them. Claimed for ``worker`` until
         ``lease_seconds`` from now (the database's clock, as every lease)."""
-        with self._write() as db:
-            now = self._now(db)
+        with self.storage.write() as db:
+            now = self.storage.now(db)
             running = {
                 found["owner"]: found["running"]
                 for found in db.execute(
@@ -554,99 +406,50 @@ class BatchStore:
                     "SELECT c.batch_id, c.number, c.first_line, c.lines, c.start_byte, c.end_byte FROM chunks c "
                     "JOIN batches b ON b.id = c.batch_id "
                     "WHERE b.owner = ? AND b.status = 'in_progress' AND b.expires_at > ? AND c.state != 'done' "
-                    f"AND {_lease_free('c.')} ORDER BY b.seq, c.number LIMIT 1 " + self.db.words["skip_locked"],
+                    f"AND {free('c.')} ORDER BY b.seq, c.number LIMIT 1 " + self.storage.db.words["skip_locked"],
                     (found["owner"], int(now), now),
                 ).fetchone()
                 if row is not None:
                     break
             if row is None:
                 return None
-            db.execute(
-                "UPDATE chunks SET state = 'claimed', claimed_by = ?, lease_until = ? WHERE batch_id = ? AND number = ?",
-                (worker, now + lease_seconds, row["batch_id"], row["number"]),
+            self.chunk_leases.take(
+                db, worker, lease_seconds, now, "batch_id = ? AND number = ?", (row["batch_id"], row["number"])
             )
         return Chunk(*(row[k] for k in ("batch_id", "number", "first_line", "lines", "start_byte", "end_byte")))
 
     def renew(self, worker: str, chunk: Chunk, lease_seconds: float) -> bool:
         """Extend ``worker``'s claim on ``chunk``; False when it has lost it."""
-        return self._renew(
-            "chunks",
-            "batch_id = ? AND number = ? AND state = 'claimed'",
-            (chunk.batch_id, chunk.number),
-            worker,
-            lease_seconds,
+        return self.chunk_leases.renew(
+            worker, lease_seconds, "batch_id = ? AND number = ? AND state = 'claimed'", (chunk.batch_id, chunk.number)
         )
-
-    def _renew(self, table: str, held: str, key: tuple[Any, ...], worker: str, lease_seconds: float) -> bool:
-        """Extend ``worker``'s lease on the row of ``table`` that ``held`` (SQL, its parameters ``key``) finds
-        while the claim holds; False when it holds no more (the lease ran out and another worker took it). One
-        lease for chunks and finalizing: ``claimed_by`` until ``lease_until``, on the database's clock."""
-        with self._write() as db:
-            changed = db.execute(
-                f"UPDATE {table} SET lease_until = ? WHERE {held} AND claimed_by = ?",
-                (self._now(db) + lease_seconds, *key, worker),
-            ).rowcount
-        return bool(changed)
 
     def release(self, worker: str, chunk: Chunk) -> None:
         """Give ``chunk`` back unfinished (``worker`` holds it no more)."""
-        with self._write() as db:
-            db.execute(
-                "UPDATE chunks SET state = 'pending', claimed_by = NULL, lease_until = NULL "
-                "WHERE batch_id = ? AND number = ? AND claimed_by = ? AND state = 'claimed'",
-                (chunk.batch_id, chunk.number, worker),
-            )
+        self.chunk_leases.release(
+            worker, "batch_id = ? AND number = ? AND state = 'claimed'", (chunk.batch_id, chunk.number)
+        )
 
     def release_claims(self) -> None:
         """Forget every claim, on chunks and on finalizing (a single server starting: nothing else can hold one;
         a batch whose finalizing a crash interrupted is finalized again at once, not after its claim runs out)."""
-        with self._write() as db:
-            db.execute(
-                "UPDATE chunks SET state = 'pending', claimed_by = NULL, lease_until = NULL WHERE state = 'claimed'"
-            )
-            db.execute("UPDATE batches SET claimed_by = NULL, lease_until = NULL WHERE status = 'finalizing'")
-
-    def remove_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
-        """Remove what no row and no file accounts for, once older than ``grace_seconds`` (a file is written before
-        its row, so a younger one may be an upload or a finalizing in progress, here or on another replica): files
-        (temporary ones included) with no row, and file rows whose file is gone. Returns how many."""
-        cutoff = time.time() - grace_seconds  # files' times are the file system's
-        on_disk = {path.name: path for path in (self.root / "files").iterdir() if path.is_file()}
-        db = self._db()
-        rows = db.execute("SELECT id, created_at FROM files").fetchall()
-        row_cutoff = self._now(db) - grace_seconds  # rows' are the database's
-        known = {row["id"] for row in rows}
-        removed = 0
-        for name, path in on_disk.items():
-            if name in known:
-                continue
-            try:
-                if path.stat().st_mtime < cutoff:
-                    path.unlink()
-                    removed += 1
-            except FileNotFoundError:  # removed meanwhile (its batch deleted it, or another replica did)
-                pass
-        gone = [row["id"] for row in rows if row["id"] not in on_disk and row["created_at"] < row_cutoff]
-        if gone:
-            with self._write() as db:
-                for file_id in gone:
-                    removed += db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount
-        return removed
+        self.chunk_leases.release_all("state = 'claimed'")
+        self.finalizing_leases.release_all("status = 'finalizing'")
 
     def leftover_parts(self) -> list[Path]:
         """Part folders no unfinished batch needs: a crash after a batch closed but before its parts were removed
         leaves them (its output and error files are whole by then)."""
-        folders = [p for p in (self.root / "parts").iterdir() if p.is_dir()]
+        folders = [p for p in self.parts.iterdir() if p.is_dir()]
         if not folders:
             return []
         marks = ", ".join("?" for _ in ACTIVE)
-        rows = self._db().execute(f"SELECT id FROM batches WHERE status IN ({marks})", ACTIVE).fetchall()
+        rows = self.storage.read().execute(f"SELECT id FROM batches WHERE status IN ({marks})", ACTIVE).fetchall()
         unfinished = {row["id"] for row in rows}
         return [p for p in folders if p.name not in unfinished]
 
     def part_path(self, batch_id: str, part: str, kind: str) -> Path:
         """A chunk's part file: ``kind`` ``out`` (output lines) or ``err`` (error lines)."""
-        return self.root / "parts" / batch_id / f"{part}.{kind}"
+        return self.parts / batch_id / f"{part}.{kind}"
 
     def finish(self, worker: str, chunk: Chunk, output: bytes, errors: bytes, completed: int, failed: int) -> bool:
         """Record ``chunk`` done with its output and error lines, if ``worker`` still holds it: the parts are
@@ -658,11 +461,11 @@ class BatchStore:
         )
         out_path, err_path = (self.part_path(chunk.batch_id, part, k) for k in ("out", "err"))
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_synced(out_path, [output])
-        _write_synced(err_path, [errors])
-        with self._write() as db:
+        write_synced(out_path, [output])
+        write_synced(err_path, [errors])
+        with self.storage.write() as db:
             batch = db.execute(  # the batch's row held: a finalizer's claim waits, or this waits for it
-                "SELECT status FROM batches WHERE id = ? " + self.db.words["lock_row"], (chunk.batch_id,)
+                "SELECT status FROM batches WHERE id = ? " + self.storage.db.words["lock_row"], (chunk.batch_id,)
             ).fetchone()
             changed = 0
             if batch is not None and batch["status"] in ("in_progress", "cancelling"):
@@ -683,21 +486,21 @@ class BatchStore:
 
     def chunks(self, batch_id: str) -> list[ChunkRow]:
         """``batch_id``'s chunks, in line order."""
-        rows = self._db().execute("SELECT * FROM chunks WHERE batch_id = ? ORDER BY number", (batch_id,))
+        rows = self.storage.read().execute("SELECT * FROM chunks WHERE batch_id = ? ORDER BY number", (batch_id,))
         return [msgspec.convert(dict(r), ChunkRow) for r in rows]
 
     def ready_to_finalize(self, now: float | None = None) -> list[tuple[BatchRow, Ending]]:
         """Batches to finalize, each with the status it ends in: ``completed`` (every chunk done),
         ``cancelled`` (cancelling, and no chunk claimed under a live lease), ``expired`` (past its window),
         or a batch left ``finalizing`` by a crash."""
-        db = self._db()
-        now = self._now(db) if now is None else now
+        db = self.storage.read()
+        now = self.storage.now(db) if now is None else now
         rows = db.execute(  # one pass over the chunks of every batch that may be done
             "SELECT b.*, COUNT(CASE WHEN c.state <> 'done' THEN 1 END) AS unfinished, "
             "COUNT(CASE WHEN c.state = 'claimed' AND c.lease_until >= ? THEN 1 END) AS live "
             "FROM batches b LEFT JOIN chunks c ON c.batch_id = b.id "
             "WHERE b.status IN ('in_progress', 'cancelling', 'finalizing') "
-            f"AND {_lease_free('b.')} GROUP BY b.seq ORDER BY b.seq",
+            f"AND {free('b.')} GROUP BY b.seq ORDER BY b.seq",
             (now, now),
         )
         out: list[tuple[BatchRow, Ending]] = []
@@ -720,12 +523,12 @@ class BatchStore:
         ``lease_seconds``: status ``finalizing``, remembering the status it ends in (a crash while finalizing
         ends the same, once the claim runs out). False when its status changed since it was read, or
         another worker holds the claim."""
-        with self._write() as db:
-            now = self._now(db)
+        with self.storage.write() as db:
+            now = self.storage.now(db)
             changed = db.execute(
                 "UPDATE batches SET status = 'finalizing', finalizing_at = COALESCE(finalizing_at, ?), "
                 "ending = COALESCE(ending, ?), claimed_by = ?, lease_until = ? "
-                f"WHERE id = ? AND status = ? AND {_lease_free()}",
+                f"WHERE id = ? AND status = ? AND {free()}",
                 (int(now), final, worker, now + lease_seconds, batch.id, batch.status, now),
             ).rowcount
         return bool(changed)
@@ -733,7 +536,7 @@ class BatchStore:
     def renew_finalizing(self, worker: str, batch_id: str, lease_seconds: float) -> bool:
         """Extend ``worker``'s claim on finalizing ``batch_id`` by ``lease_seconds`` from now; False when the
         claim is no longer its own (it ran out and another worker took it)."""
-        return self._renew("batches", "id = ? AND status = 'finalizing'", (batch_id,), worker, lease_seconds)
+        return self.finalizing_leases.renew(worker, lease_seconds, "id = ? AND status = 'finalizing'", (batch_id,))
 
     def close_batch(
         self, worker: str, batch_id: str, final: Ending, output_file_id: str | None, error_file_id: str | None
@@ -742,59 +545,15 @@ class BatchStore:
         removed. Only by the ``worker`` that holds the finalizing claim: False (nothing changed) when another
         worker took it over, so that one batch is closed once, with one pair of files."""
         stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[final]
-        with self._write() as db:
+        with self.storage.write() as db:
             closed = db.execute(
                 f"UPDATE batches SET status = ?, {stamp} = ?, output_file_id = ?, error_file_id = ?, "
                 "claimed_by = NULL, lease_until = NULL WHERE id = ? AND status = 'finalizing' AND claimed_by = ?",
-                (final, self._stamp(db), output_file_id, error_file_id, batch_id, worker),
+                (final, self.storage.stamp(db), output_file_id, error_file_id, batch_id, worker),
             ).rowcount
         if closed:
-            shutil.rmtree(self.root / "parts" / batch_id, ignore_errors=True)
+            shutil.rmtree(self.parts / batch_id, ignore_errors=True)
         return bool(closed)
 
     def close(self) -> None:
-        self.db.close()
-
-
-def _write_synced(path: Path, parts: Sequence[Path | bytes], *, keep_empty: bool = True) -> int:
-    """``parts`` (bytes, or files streamed in) one after the other in ``path``, whole or not at all: written to
-    a temporary file, synced, then renamed into place; a failure removes the temporary file. Returns the size;
-    with ``keep_empty=False`` nothing is written when it is 0.
-
-    Raises:
-        InsufficientStorageError: the disk is full (or the quota reached).
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as out:
-            for part in parts:
-                if isinstance(part, bytes):
-                    out.write(part)
-                else:
-                    with open(part, "rb") as f:
-                        shutil.copyfileobj(f, out)
-            out.flush()
-            os.fsync(out.fileno())
-            size = out.tell()
-        if size or keep_empty:
-            os.replace(tmp, path)
-        else:
-            tmp.unlink()
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientStorageError(f"{path.parent}: {exc.strerror}") from exc
-        raise
-    return size
-
-
-def check_room(folder: Path, size: int) -> None:
-    """Refuse to write ``size`` bytes in ``folder`` unless its disk has that much free and :data:`RESERVE` more
-    (room for the database's journal, and for deleting: a full disk could not delete a row).
-
-    Raises:
-        InsufficientStorageError: it has not.
-    """
-    free = shutil.disk_usage(folder).free
-    if free < size + RESERVE:
-        raise InsufficientStorageError(f"{folder}: {free} bytes free, {size} to write and {RESERVE} kept in reserve")
+        self.storage.close()

@@ -22,7 +22,6 @@ from typing import Any
 from embedrank.errors import NotReadyError
 from embedrank.serving import tracing
 from embedrank.serving.pool import ModelPool
-from service.batches.database import DatabaseUnavailableError
 from service.batches.lines import (
     Checked,
     InputLine,
@@ -38,12 +37,13 @@ from service.batches.store import BatchRow, BatchStore, Chunk, Ending
 from service.context import Context
 from service.errors import InsufficientStorageError
 from service.settings import Settings
+from service.storage.database import DatabaseUnavailableError
+from service.storage.service import RETRY_SECONDS
 
 logger = logging.getLogger("embedrank.service")
 
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 WATCH_SECONDS = 0.5  # how often a running chunk looks whether its batch was cancelled
-RETRY_SECONDS = 5.0  # after the store failed (its database unreachable, a disk full), the loop waits this long
 VALIDATION_TRIES = 3  # a batch whose checking fails so many times for a reason of its own is failed with it
 
 
@@ -66,7 +66,7 @@ class BatchWorker:
     max_lines: int = 50_000
     name: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
     lines_done: int = 0  # request lines this worker has recorded (output and error lines)
-    orphans_removed: int = 0  # files without a row and rows without a file it removed (BatchStore.remove_orphans)
+    orphans_removed: int = 0  # files without a row and rows without a file it removed (FileStore.remove_orphans)
     sweep_seconds: float = 600.0  # how often it looks for them
     _next_sweep: float = 0.0  # when it looks next (monotonic); at once when it starts
     room_wanted_since: float | None = None  # since when (Unix time) the store's disk has been full; None: it is not
@@ -163,7 +163,7 @@ class BatchWorker:
                 self._room_again()
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + self.sweep_seconds
-            removed = await asyncio.to_thread(self.store.remove_orphans)
+            removed = await asyncio.to_thread(self.store.files.remove_orphans)
             if removed:
                 logger.warning("batch store: removed %d files without a row or rows without a file", removed)
             self.orphans_removed += removed
@@ -203,7 +203,7 @@ class BatchWorker:
 
     async def validate(self, batch: BatchRow) -> None:
         """Check the batch's input file and cut it into chunks, or fail the batch with the file's errors."""
-        path = self.store.file_path(batch.input_file_id)
+        path = self.store.files.file_path(batch.input_file_id)
 
         def check() -> Checked:  # the file read a line at a time, in a worker thread
             with path.open("rb") as lines:
@@ -238,7 +238,7 @@ class BatchWorker:
         batch = await asyncio.to_thread(self.store.get_batch, None, chunk.batch_id)
         if batch is None:
             return
-        lines = await asyncio.to_thread(_read_chunk, self.store.file_path(batch.input_file_id), chunk)
+        lines = await asyncio.to_thread(_read_chunk, self.store.files.file_path(batch.input_file_id), chunk)
         running = [asyncio.ensure_future(self._run(line, chunk.first_line + k)) for k, line in enumerate(lines)]
         work = asyncio.gather(*running)
         watching = asyncio.create_task(self._watch(chunk, work))
@@ -369,14 +369,14 @@ class BatchWorker:
         outputs = [self.store.part_path(batch.id, part, "out") for part in parts]
         errors: list[Path | bytes] = [self.store.part_path(batch.id, part, "err") for part in parts]
         if ending == "expired":
-            source = self.store.file_path(batch.input_file_id)
+            source = self.store.files.file_path(batch.input_file_id)
             for c in chunks:
                 if c.state != "done":
                     errors += [
                         unrun_line(line.custom_id, "batch_expired", EXPIRED_MESSAGE) for line in _read_chunk(source, c)
                     ]
-        output_id = self.store.add_result_file(batch.owner, batch.id, "output", outputs)
-        error_id = self.store.add_result_file(batch.owner, batch.id, "errors", errors)
+        output_id = self.store.files.add_result_file(batch.owner, batch.id, "output", outputs)
+        error_id = self.store.files.add_result_file(batch.owner, batch.id, "errors", errors)
         return output_id, error_id
 
 

@@ -22,9 +22,8 @@ from msgspec import UNSET
 
 from embedrank.serving.stores import UnsupportedFileError, file_type
 from service.auth import owner_of
-from service.batches.routes import UNAVAILABLE, list_page
-from service.errors import invalid
-from service.handling import ERRORS, service_of
+from service.errors import NotFoundError, invalid
+from service.handling import ERRORS, UNAVAILABLE
 from service.schemas import ErrorResponse
 from service.vector_stores.schemas import (
     ChunkingStrategy,
@@ -49,7 +48,7 @@ from service.vector_stores.schemas import (
     file_object,
     store_object,
 )
-from service.vector_stores.service import VectorStoreService, not_found
+from service.vector_stores.service import vector_stores_of
 from service.vector_stores.store import Attributes, FileRow, StoreRow, VectorStoreTables
 
 PATH = "/v1/vector_stores"
@@ -63,17 +62,11 @@ Order = Literal["asc", "desc"]
 Limit = Annotated[int, Parameter(ge=1, le=100)]
 
 
-def _service(state: State) -> VectorStoreService:
-    found = service_of(state).vector_stores
-    assert found is not None
-    return found  # type: ignore[no-any-return]
-
-
 async def _store(state: State, request: Request[Any, Any, Any], store_id: str) -> tuple[VectorStoreTables, StoreRow]:
-    tables = await _service(state).opened()
+    tables = await vector_stores_of(state).opened()
     row = await asyncio.to_thread(tables.get_store, owner_of(request), store_id)
     if row is None:
-        raise not_found("vector store", store_id, "vector_store_id")
+        raise NotFoundError("vector store", store_id)
     return tables, row
 
 
@@ -92,9 +85,9 @@ async def _attach(
 ) -> tuple[list[FileRow], Any]:
     """Attach ``files`` (id, attributes, chunking) to ``store``: each must be an upload of this key with purpose
     ``assistants`` or ``user_data``; one of a type that is not read is recorded ``failed`` (``unsupported_file``)."""
-    service = _service(state)
+    service = vector_stores_of(state)
     tables = await service.opened()
-    uploads = await asyncio.to_thread(service.batches.store)
+    uploads = await service.files.opened()
     owner = owner_of(request)
     models = service.embedders(store)
     planned: dict[bytes, tuple[int, int]] = {}
@@ -141,7 +134,7 @@ async def _attach(
 async def create_vector_store(
     data: CreateVectorStoreRequest, request: Request[Any, Any, Any], state: State
 ) -> VectorStoreObject:
-    service = _service(state)
+    service = vector_stores_of(state)
     tables = await service.opened()
     models, weights = service.planned(data)
     size, overlap = await service.chunking(data.chunking_strategy, models)
@@ -180,11 +173,11 @@ async def list_vector_stores(
     limit: Limit = 20,
     order: Order = "desc",
 ) -> VectorStoreList:
-    tables = await _service(state).opened()
-    rows = await asyncio.to_thread(
-        tables.list_stores, owner_of(request), after=after, before=before, limit=limit + 1, order=order
+    tables = await vector_stores_of(state).opened()
+    page = await asyncio.to_thread(
+        tables.list_stores, owner_of(request), after=after, before=before, limit=limit, order=order
     )
-    return VectorStoreList(data=[await _object(tables, r) for r in rows[:limit]], **list_page(rows, limit, "id"))
+    return VectorStoreList(data=[await _object(tables, r) for r in page.rows], **page.cursors())
 
 
 @get(STORE, summary="Retrieve a vector store", responses=READ)
@@ -209,7 +202,7 @@ async def modify_vector_store(
         changes["expires_after_days"] = data.expires_after.days if data.expires_after else None  # type: ignore[union-attr]
     row = await asyncio.to_thread(tables.update_store, owner_of(request), vector_store_id, changes)
     if row is None:
-        raise not_found("vector store", vector_store_id, "vector_store_id")
+        raise NotFoundError("vector store", vector_store_id)
     return await _object(tables, row)
 
 
@@ -217,10 +210,10 @@ async def modify_vector_store(
 async def delete_vector_store(
     request: Request[Any, Any, Any], state: State, vector_store_id: str
 ) -> VectorStoreDeleted:
-    service = _service(state)
+    service = vector_stores_of(state)
     tables = await service.opened()
     if not await asyncio.to_thread(tables.delete_store, owner_of(request), vector_store_id):
-        raise not_found("vector store", vector_store_id, "vector_store_id")
+        raise NotFoundError("vector store", vector_store_id)
     service.recheck()
     if service.indexes is not None:
         service.indexes.forget(vector_store_id)
@@ -238,7 +231,7 @@ async def delete_vector_store(
 async def search_vector_store(
     data: SearchRequest, request: Request[Any, Any, Any], state: State, vector_store_id: str
 ) -> SearchResultPage:
-    service = _service(state)
+    service = vector_stores_of(state)
     tables, store = await _store(state, request, vector_store_id)
     now = await asyncio.to_thread(tables.now)
     expires = store.last_active_at + store.expires_after_days * 86_400 if store.expires_after_days else None
@@ -288,10 +281,10 @@ async def list_vector_store_files(
     filter: Literal["in_progress", "completed", "failed", "cancelled"] | None = None,
 ) -> VectorStoreFileList:
     tables, store = await _store(state, request, vector_store_id)
-    rows = await asyncio.to_thread(
-        tables.list_files, store, status=filter, after=after, before=before, limit=limit + 1, order=order
+    page = await asyncio.to_thread(
+        tables.list_files, store, status=filter, after=after, before=before, limit=limit, order=order
     )
-    return VectorStoreFileList(data=[file_object(r) for r in rows[:limit]], **list_page(rows, limit, "file_id"))
+    return VectorStoreFileList(data=[file_object(r) for r in page.rows], **page.cursors("file_id"))
 
 
 async def _file(
@@ -300,7 +293,7 @@ async def _file(
     tables, store = await _store(state, request, store_id)
     row = await asyncio.to_thread(tables.get_file, store, file_id)
     if row is None:
-        raise not_found("file", file_id, "file_id")
+        raise NotFoundError("file", file_id)
     return tables, store, row
 
 
@@ -321,7 +314,7 @@ async def update_vector_store_file(
     tables, store = await _store(state, request, vector_store_id)
     row = await asyncio.to_thread(tables.update_attributes, store, file_id, data.attributes)
     if row is None:
-        raise not_found("file", file_id, "file_id")
+        raise NotFoundError("file", file_id)
     return file_object(row)
 
 
@@ -331,8 +324,8 @@ async def delete_vector_store_file(
 ) -> VectorStoreFileDeleted:
     tables, store = await _store(state, request, vector_store_id)
     if not await asyncio.to_thread(tables.remove_file, store, file_id):
-        raise not_found("file", file_id, "file_id")
-    _service(state).recheck()
+        raise NotFoundError("file", file_id)
+    vector_stores_of(state).recheck()
     return VectorStoreFileDeleted(id=file_id)
 
 
@@ -361,7 +354,7 @@ async def _batch(state: State, request: Request[Any, Any, Any], store_id: str, b
     tables, store = await _store(state, request, store_id)
     batch = await asyncio.to_thread(tables.get_batch, store, batch_id)
     if batch is None:
-        raise not_found("file batch", batch_id, "batch_id")
+        raise NotFoundError("file batch", batch_id, "batch_id")
     return tables, store, batch
 
 
@@ -379,7 +372,7 @@ async def cancel_file_batch(
 ) -> FileBatchObject:
     tables, store, _ = await _batch(state, request, vector_store_id, batch_id)
     batch = await asyncio.to_thread(tables.cancel_batch, store, batch_id)
-    _service(state).recheck()
+    vector_stores_of(state).recheck()
     return batch_object(batch, await asyncio.to_thread(tables.batch_counts, batch))
 
 
@@ -396,17 +389,17 @@ async def list_file_batch_files(
     filter: Literal["in_progress", "completed", "failed", "cancelled"] | None = None,
 ) -> VectorStoreFileList:
     tables, store, batch = await _batch(state, request, vector_store_id, batch_id)
-    rows = await asyncio.to_thread(
+    page = await asyncio.to_thread(
         tables.list_files,
         store,
         status=filter,
         batch_id=batch.id,
         after=after,
         before=before,
-        limit=limit + 1,
+        limit=limit,
         order=order,
     )
-    return VectorStoreFileList(data=[file_object(r) for r in rows[:limit]], **list_page(rows, limit, "file_id"))
+    return VectorStoreFileList(data=[file_object(r) for r in page.rows], **page.cursors("file_id"))
 
 
 HANDLERS = (

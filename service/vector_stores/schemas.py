@@ -11,7 +11,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from embedrank.serving.stores import Stage, StoreIndexKind, hybrid_weights
-from service.batches.schemas import Metadata
+from service.schemas import Metadata
 from service.vector_stores.store import BatchRow, FileCounts, FileRow, StoreState
 
 AttributeValue = Annotated[str, Meta(max_length=512)] | float | bool

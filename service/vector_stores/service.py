@@ -1,5 +1,5 @@
-"""Vector stores' lifecycle and calls: their tables (opened in the batch store's database on first use), the
-worker that reads attached files, this replica's search indexes, and a search from query to ranked chunks."""
+"""Vector stores' lifecycle and calls: their tables (opened in the service's storage on first use), the worker
+that reads attached files, this replica's search indexes, and a search from query to ranked chunks."""
 
 from __future__ import annotations
 
@@ -7,16 +7,21 @@ import asyncio
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
+
+from litestar.datastructures import State
 
 from embedrank.errors import shorten
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions, RerankOptions
+from embedrank.serving.pool import ModelPool
 from embedrank.serving.stores import FirstStage, Stage, hybrid_weights, parse_filter, window_of
 from embedrank.types import Chunking
-from service.batches.service import BatchService
-from service.batches.worker import RETRY_SECONDS
-from service.errors import APIError, invalid
+from service.errors import invalid
+from service.files.service import FileService
+from service.settings import Settings
+from service.storage.service import RETRY_SECONDS, StorageService
 from service.vector_stores.ingest import Ingestor
 from service.vector_stores.schemas import (
     AUTO_CHUNK,
@@ -26,7 +31,7 @@ from service.vector_stores.schemas import (
     StaticChunking,
 )
 from service.vector_stores.search import IndexCache, chunk_results
-from service.vector_stores.store import StoreRow, VectorStoreTables
+from service.vector_stores.store import SCHEMA, StoreRow, VectorStoreTables
 
 logger = logging.getLogger("embedrank.service")
 
@@ -36,45 +41,52 @@ AUTO_RANKERS = ("auto", "default-2024-11-15")
 
 @dataclasses.dataclass(eq=False)
 class VectorStoreService:
-    """The vector stores over the batch service's store (its database and its files)."""
+    """The vector stores of ``storage`` (their tables opened on first use), reading the uploads of ``files`` with
+    the models of ``pool_of``."""
 
-    batches: BatchService
+    storage: StorageService
+    files: FileService
+    pool_of: Callable[[], ModelPool]
     _tables: VectorStoreTables | None = None
     indexes: IndexCache | None = None
     ingestor: Ingestor | None = None
     _opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        self.storage.register(SCHEMA)
+
     @property
-    def settings(self) -> Any:
-        return self.batches.settings
+    def settings(self) -> Settings:
+        return self.storage.settings
 
     def tables(self) -> VectorStoreTables:
         """The tables, created on first use (blocking)."""
         with self._opening:
             if self._tables is None:
-                store = self.batches.store()
-                self._tables = VectorStoreTables(store.db)
-                self.indexes = IndexCache(self._tables, folder=store.root / "vector_stores")
+                storage = self.storage.open()
+                self._tables = VectorStoreTables(storage)
+                self.indexes = IndexCache(self._tables, folder=storage.folder("vector_stores"))
         return self._tables
 
     async def opened(self) -> VectorStoreTables:
         return self._tables if self._tables is not None else await asyncio.to_thread(self.tables)
 
     async def run(self) -> None:
-        """The file reader, once the database exists (:meth:`BatchService.reached`); until cancelled."""
-        store = await self.batches.reached()
+        """The file reader, once the storage exists (:meth:`StorageService.reached`); until cancelled."""
+        storage = await self.storage.reached()
         while True:
             try:
                 tables = await self.opened()
+                uploads = await self.files.opened()
                 break
             except Exception as exc:  # the server went away between the two: the API answers 503 meanwhile
                 logger.warning("vector stores: the database is not reachable: %s; trying again", exc)
                 await asyncio.sleep(RETRY_SECONDS)
-        if not tables.db.shared:  # one host on its own database: a claim left by a crash cannot be live
+        if not storage.shared:  # one host on its own database: a claim left by a crash cannot be live
             await asyncio.to_thread(tables.release_claims)
         if self.indexes is not None:
             await asyncio.to_thread(self.indexes.sweep, await asyncio.to_thread(tables.store_ids))
-        self.ingestor = Ingestor(tables, store.file_path, self.batches.pool_of, self.settings)
+        self.ingestor = Ingestor(tables, uploads.file_path, self.pool_of, self.settings)
         await self.ingestor.run()
 
     def wake(self) -> None:
@@ -89,12 +101,12 @@ class VectorStoreService:
     # -- calls --------------------------------------------------------------------------------------
     def embedder(self, model: str | None) -> tuple[str, HostedModel]:
         """The served embedding model ``model`` (default: the first), by its id."""
-        model_id = model or self.batches.pool_of().default("embeddings")
+        model_id = model or self.pool_of().default("embeddings")
         return model_id, self._giving(model_id, "dense", "model", "a vector store needs a dense embedding model")
 
     def sparse_embedder(self, model: str | None) -> tuple[str, HostedModel]:
         """The served model ``model`` that gives sparse vectors (SPLADE, bge-m3; default: the first served)."""
-        pool = self.batches.pool_of()
+        pool = self.pool_of()
         if model is None:
             model = next((m for m, plan in pool.described().items() if "sparse" in plan.outputs), None)
             if model is None:
@@ -109,7 +121,7 @@ class VectorStoreService:
     def _giving(self, model_id: str, output: str, param: str, wanted: str) -> HostedModel:
         """The served embedding model ``model_id``, refused (400, naming ``param`` and what is ``wanted``) when
         it gives no ``output`` vectors."""
-        served = self.batches.pool_of().get(model_id, "embeddings")
+        served = self.pool_of().get(model_id, "embeddings")
         if output not in served.outputs:
             raise invalid(
                 f"model {shorten(model_id)!r} gives no {output} vectors; {wanted}", param=param, code="model_wrong_kind"
@@ -164,7 +176,7 @@ class VectorStoreService:
     def ranker(self, asked: str) -> str:
         """The reranker a search's ``ranker`` names: ``none``; for ``auto``, the first served cross-encoder or
         LLM reranker (none if there is none); or a served model that reranks."""
-        pool = self.batches.pool_of()
+        pool = self.pool_of()
         if asked == NO_RANKER:
             return NO_RANKER
         if asked in AUTO_RANKERS:
@@ -243,7 +255,7 @@ class VectorStoreService:
         if ranker != NO_RANKER and ranked:
             texts = [index.data.texts[row] for row, _ in ranked]
             reranked = (
-                await self.batches.pool_of()
+                await self.pool_of()
                 .get(ranker, "rerank")
                 .rerank(
                     "\n".join(queries),
@@ -261,5 +273,6 @@ def dimension_of(served: HostedModel) -> int:
     return int(getattr(served, "dimension", None) or served.spec.dimension or 0)
 
 
-def not_found(what: str, object_id: str, param: str) -> APIError:
-    return APIError(404, f"no {what} with id {object_id[:100]!r} for this API key", param=param, code="not_found")
+def vector_stores_of(state: State) -> VectorStoreService:
+    """The app's :class:`VectorStoreService` (put in its state by :func:`service.app.create_app`)."""
+    return state.vector_stores  # type: ignore[no-any-return]

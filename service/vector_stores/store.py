@@ -1,6 +1,6 @@
 """The durable state of vector stores: their rows, their files' rows, each file's chunks (text and vector) and
-the file batches, in the batch store's database (SQLite's ``batches.db`` by default, or the PostgreSQL server
-that replicas share; :mod:`service.batches.database`), on the database's clock.
+the file batches, in the service's storage (:mod:`service.storage`: SQLite's database by default, or the
+PostgreSQL server that replicas share), on the database's clock.
 
 A file attached to a store is ``in_progress`` until a worker has read, chunked and embedded it. The worker
 claims the file (a lease it renews while it works, as batch chunks are claimed), computes every chunk, then
@@ -27,9 +27,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from embedrank.serving.stores import Chunks, FirstStage, Stage, StoreIndexKind, stacked
-from service.batches.database import Connection, Database
-from service.batches.store import _lease_free, new_id
 from service.errors import StoreError
+from service.storage.database import Connection
+from service.storage.ids import new_id
+from service.storage.leases import Leases, free
+from service.storage.paging import Order, Page, page
+from service.storage.storage import Storage
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS vector_stores (
@@ -250,46 +253,13 @@ def _batch(row: Any) -> BatchRow:
     return msgspec.convert(dict(row), BatchRow)
 
 
-def _page(
-    sql: str, args: list[Any], *, after: int | None, before: int | None, limit: int, order: str
-) -> tuple[str, list[Any]]:
-    """``sql`` (a SELECT with a WHERE) paged by ``seq`` as OpenAI's lists are: ``after``/``before`` a row's seq,
-    newest first with ``order="desc"``."""
-    if after is not None:
-        sql += " AND seq < ?" if order == "desc" else " AND seq > ?"
-        args.append(after)
-    if before is not None:
-        sql += " AND seq > ?" if order == "desc" else " AND seq < ?"
-        args.append(before)
-    sql += f" ORDER BY seq {'DESC' if order == 'desc' else 'ASC'} LIMIT ?"
-    args.append(limit)
-    return sql, args
-
-
 class VectorStoreTables:
-    """The vector stores' rows in ``database`` (the batch store's). Blocking: called from worker threads."""
+    """The vector stores' rows in ``storage``. Blocking: called from worker threads."""
 
-    def __init__(self, database: Database) -> None:
-        self.db = database
-        with self.db.write() as db:
-            if self.db.words["schema_lock"]:
-                db.execute(self.db.words["schema_lock"])
-            for statement in SCHEMA.format(**self.db.words).split(";"):
-                if statement.strip():
-                    db.execute(statement)
-
-    def _now(self, db: Connection) -> float:
-        return float(db.execute(self.db.words["now"]).fetchone()["now"])
-
-    def _seq(self, db: Connection, table: str, column: str, value: str | None, owner: str, *extra: Any) -> int | None:
-        """The ``seq`` of the row of ``table`` whose ``column`` is ``value`` (a cursor of a list), None when none."""
-        if value is None:
-            return None
-        where = " AND vector_store_id = ?" if extra else ""
-        row = db.execute(
-            f"SELECT seq FROM {table} WHERE {column} = ? AND owner = ?{where}", (value, owner, *extra)
-        ).fetchone()
-        return int(row["seq"]) if row is not None else -1  # an unknown cursor: an empty page
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        storage.create(SCHEMA)
+        self.leases = Leases(storage, "vector_store_files")
 
     # -- stores -------------------------------------------------------------------------------------
     def create_store(
@@ -311,16 +281,16 @@ class VectorStoreTables:
         max_stores: int,
     ) -> StoreRow:
         store_id = new_id("vs_")
-        with self.db.write() as db:
-            if self.db.words["owner_lock"]:
-                db.execute(self.db.words["owner_lock"], (owner,))
+        with self.storage.write() as db:
+            if self.storage.db.words["owner_lock"]:
+                db.execute(self.storage.db.words["owner_lock"], (owner,))
             held = db.execute("SELECT count(*) AS n FROM vector_stores WHERE owner = ?", (owner,)).fetchone()["n"]
             if held >= max_stores:
                 raise TooManyStoresError(
                     f"this API key has {held} vector stores, the limit (max_vector_stores={max_stores}); "
                     "delete one first"
                 )
-            now = int(self._now(db))
+            now = int(self.storage.now(db))
             db.execute(
                 "INSERT INTO vector_stores (id, owner, name, description, metadata, model, sparse_model, first_stage, "
                 "hybrid_weight, hybrid_weights, index_kind, chunk_size, chunk_overlap, expires_after_days, created_at, "
@@ -348,7 +318,7 @@ class VectorStoreTables:
 
     def get_store(self, owner: str, store_id: str) -> StoreRow | None:
         row = (
-            self.db.connection()
+            self.storage.read()
             .execute("SELECT * FROM vector_stores WHERE id = ? AND owner = ?", (store_id, owner))
             .fetchone()
         )
@@ -356,7 +326,7 @@ class VectorStoreTables:
 
     def state(self, store: StoreRow) -> StoreState:
         """``store`` with its files' counts by status and their bytes."""
-        rows = self.db.connection().execute(
+        rows = self.storage.read().execute(
             "SELECT status, count(*) AS n, coalesce(sum(usage_bytes), 0) AS used FROM vector_store_files "
             "WHERE vector_store_id = ? GROUP BY status",
             (store.id,),
@@ -369,24 +339,25 @@ class VectorStoreTables:
         return StoreState(row=store, counts=FileCounts(**counts, total=sum(counts.values())), usage_bytes=used)
 
     def list_stores(
-        self, owner: str, *, after: str | None, before: str | None, limit: int, order: str
-    ) -> list[StoreRow]:
-        db = self.db.connection()
-        sql, args = _page(
-            "SELECT * FROM vector_stores WHERE owner = ?",
-            [owner],
-            after=self._seq(db, "vector_stores", "id", after, owner),
-            before=self._seq(db, "vector_stores", "id", before, owner),
+        self, owner: str, *, after: str | None, before: str | None, limit: int, order: Order
+    ) -> Page[StoreRow]:
+        return page(
+            self.storage.read(),
+            "vector_stores",
+            "owner = ?",
+            (owner,),
+            _store,
             limit=limit,
+            after=after,
+            before=before,
             order=order,
         )
-        return [_store(r) for r in db.execute(sql, args)]
 
     def update_store(self, owner: str, store_id: str, changes: dict[str, Any]) -> StoreRow | None:
         """Set ``changes`` (``name``, ``metadata``, ``expires_after_days``) of the store; None if it is not found."""
         if "metadata" in changes:
             changes = {**changes, "metadata": _json(changes["metadata"])}
-        with self.db.write() as db:
+        with self.storage.write() as db:
             if changes:
                 sets = ", ".join(f"{name} = ?" for name in changes)
                 db.execute(
@@ -397,10 +368,10 @@ class VectorStoreTables:
 
     def store_ids(self) -> list[str]:
         """Every store's id, whoever owns it."""
-        return [row["id"] for row in self.db.connection().execute("SELECT id FROM vector_stores").fetchall()]
+        return [row["id"] for row in self.storage.read().execute("SELECT id FROM vector_stores").fetchall()]
 
     def delete_store(self, owner: str, store_id: str) -> bool:
-        with self.db.write() as db:
+        with self.storage.write() as db:
             gone = db.execute("DELETE FROM vector_stores WHERE id = ? AND owner = ?", (store_id, owner)).rowcount
             if gone:
                 for table in ("vector_store_chunks", "vector_store_files", "vector_store_file_batches"):
@@ -412,14 +383,14 @@ class VectorStoreTables:
         one recorded is more than :data:`ACTIVE_SECONDS` old: most searches write nothing."""
         if store.last_active_at >= now - ACTIVE_SECONDS:
             return
-        with self.db.write() as db:
+        with self.storage.write() as db:
             db.execute(
                 "UPDATE vector_stores SET last_active_at = ? WHERE id = ? AND last_active_at < ?",
                 (now, store.id, now - ACTIVE_SECONDS),
             )
 
     def now(self) -> int:
-        return int(self._now(self.db.connection()))
+        return self.storage.stamp()
 
     # -- files --------------------------------------------------------------------------------------
     def attach(
@@ -438,9 +409,9 @@ class VectorStoreTables:
         Raises:
             TooManyFilesError: the store would hold more than ``max_files`` files.
         """
-        with self.db.write() as db:
-            if self.db.words["owner_lock"]:
-                db.execute(self.db.words["owner_lock"], (store.owner,))
+        with self.storage.write() as db:
+            if self.storage.db.words["owner_lock"]:
+                db.execute(self.storage.db.words["owner_lock"], (store.owner,))
             ids = [f[0] for f in files]
             held = db.execute(
                 "SELECT count(*) AS n FROM vector_store_files WHERE vector_store_id = ?", (store.id,)
@@ -457,7 +428,7 @@ class VectorStoreTables:
                     f"the vector store would hold {held - again + len(set(ids))} files; the limit is "
                     f"max_vector_store_files={max_files}"
                 )
-            now = int(self._now(db))
+            now = int(self.storage.now(db))
             made = None
             if batch:
                 made = BatchRow(
@@ -516,7 +487,7 @@ class VectorStoreTables:
 
     def get_file(self, store: StoreRow, file_id: str) -> FileRow | None:
         row = (
-            self.db.connection()
+            self.storage.read()
             .execute("SELECT * FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id))
             .fetchone()
         )
@@ -531,28 +502,33 @@ class VectorStoreTables:
         after: str | None,
         before: str | None,
         limit: int,
-        order: str,
-    ) -> list[FileRow]:
-        db = self.db.connection()
-        sql, args = "SELECT * FROM vector_store_files WHERE vector_store_id = ?", [store.id]
+        order: Order,
+    ) -> Page[FileRow]:
+        """``store``'s files (of ``status``, of the file batch ``batch_id``), paged by their file ids."""
+        where, args = [], []
         if status is not None:
-            sql += " AND status = ?"
+            where.append("status = ?")
             args.append(status)
         if batch_id is not None:
-            sql += " AND batch_id = ?"
+            where.append("batch_id = ?")
             args.append(batch_id)
-        sql, args = _page(
-            sql,
-            args,
-            after=self._seq(db, "vector_store_files", "file_id", after, store.owner, store.id),
-            before=self._seq(db, "vector_store_files", "file_id", before, store.owner, store.id),
+        return page(
+            self.storage.read(),
+            "vector_store_files",
+            "vector_store_id = ? AND owner = ?",
+            (store.id, store.owner),
+            _file,
             limit=limit,
+            after=after,
+            before=before,
             order=order,
+            cursor="file_id",
+            where=" AND ".join(where),
+            where_args=tuple(args),
         )
-        return [_file(r) for r in db.execute(sql, args)]
 
     def update_attributes(self, store: StoreRow, file_id: str, attributes: Attributes | None) -> FileRow | None:
-        with self.db.write() as db:
+        with self.storage.write() as db:
             changed = db.execute(
                 "UPDATE vector_store_files SET attributes = ? WHERE vector_store_id = ? AND file_id = ?",
                 (_json(attributes), store.id, file_id),
@@ -568,7 +544,7 @@ class VectorStoreTables:
 
     def remove_file(self, store: StoreRow, file_id: str) -> bool:
         """Remove a file and its chunks from ``store`` (the uploaded file stays)."""
-        with self.db.write() as db:
+        with self.storage.write() as db:
             gone = db.execute(
                 "DELETE FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
             ).rowcount
@@ -581,7 +557,7 @@ class VectorStoreTables:
 
     def file_chunks(self, store: StoreRow, file_id: str) -> list[str]:
         """The texts of a file's chunks, in order."""
-        rows = self.db.connection().execute(
+        rows = self.storage.read().execute(
             "SELECT text FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ? ORDER BY number",
             (store.id, file_id),
         )
@@ -590,7 +566,7 @@ class VectorStoreTables:
     # -- file batches -------------------------------------------------------------------------------
     def get_batch(self, store: StoreRow, batch_id: str) -> BatchRow | None:
         row = (
-            self.db.connection()
+            self.storage.read()
             .execute(
                 "SELECT * FROM vector_store_file_batches WHERE id = ? AND vector_store_id = ?", (batch_id, store.id)
             )
@@ -599,7 +575,7 @@ class VectorStoreTables:
         return _batch(row) if row is not None else None
 
     def batch_counts(self, batch: BatchRow) -> FileCounts:
-        rows = self.db.connection().execute(
+        rows = self.storage.read().execute(
             "SELECT status, count(*) AS n FROM vector_store_files WHERE batch_id = ? GROUP BY status", (batch.id,)
         )
         counts = {r["status"]: int(r["n"]) for r in rows}
@@ -607,8 +583,8 @@ class VectorStoreTables:
 
     def cancel_batch(self, store: StoreRow, batch_id: str) -> BatchRow | None:
         """Cancel a file batch: its files not yet read are ``cancelled``; those read stay."""
-        with self.db.write() as db:
-            now = int(self._now(db))
+        with self.storage.write() as db:
+            now = int(self.storage.now(db))
             found = db.execute(
                 "UPDATE vector_store_file_batches SET cancelled_at = coalesce(cancelled_at, ?) "
                 "WHERE id = ? AND vector_store_id = ?",
@@ -630,22 +606,19 @@ class VectorStoreTables:
         """Claim an ``in_progress`` file whose claim is free, with its store: the oldest of the owner with the
         fewest files being read now (by any replica), never one of an owner already reading ``per_owner``
         files; None when there is none."""
-        with self.db.write() as db:
-            now = self._now(db)
+        with self.storage.write() as db:
+            now = self.storage.now(db)
             row = db.execute(
                 "SELECT c.* FROM vector_store_files c LEFT JOIN (SELECT owner, count(*) AS n FROM vector_store_files "
                 "WHERE status = 'in_progress' AND claimed_by IS NOT NULL AND lease_until >= ? GROUP BY owner) r "
-                f"ON r.owner = c.owner WHERE c.status = 'in_progress' AND {_lease_free('c.')} "
+                f"ON r.owner = c.owner WHERE c.status = 'in_progress' AND {free('c.')} "
                 "AND coalesce(r.n, 0) < ? ORDER BY coalesce(r.n, 0), c.seq LIMIT 1 "
-                f"{self.db.words['skip_locked']}",
+                f"{self.storage.db.words['skip_locked']}",
                 (now, now, per_owner if per_owner is not None else 2**31 - 1),
             ).fetchone()
             if row is None:
                 return None
-            db.execute(
-                "UPDATE vector_store_files SET claimed_by = ?, lease_until = ? WHERE seq = ?",
-                (worker, now + lease_seconds, row["seq"]),
-            )
+            self.leases.take(db, worker, lease_seconds, now, "seq = ?", (row["seq"],))
             store = db.execute("SELECT * FROM vector_stores WHERE id = ?", (row["vector_store_id"],)).fetchone()
             file = _file(db.execute("SELECT * FROM vector_store_files WHERE seq = ?", (row["seq"],)).fetchone())
         return (file, _store(store)) if store is not None else None
@@ -653,39 +626,24 @@ class VectorStoreTables:
     def renew(self, worker: str, file: FileRow, lease_seconds: float) -> bool:
         """Extend ``worker``'s claim on ``file``; False when it no longer holds it (or the file left
         ``in_progress``: cancelled, removed, attached again)."""
-        with self.db.write() as db:
-            now = self._now(db)
-            return bool(
-                db.execute(
-                    "UPDATE vector_store_files SET lease_until = ? WHERE seq = ? AND claimed_by = ? "
-                    "AND status = 'in_progress'",
-                    (now + lease_seconds, file.seq, worker),
-                ).rowcount
-            )
+        return self.leases.renew(worker, lease_seconds, "seq = ? AND status = 'in_progress'", (file.seq,))
 
     def release(self, worker: str, file: FileRow) -> None:
         """Free ``worker``'s claim on ``file`` (it stays ``in_progress``, to be claimed again)."""
-        with self.db.write() as db:
-            db.execute(
-                "UPDATE vector_store_files SET claimed_by = NULL, lease_until = NULL WHERE seq = ? AND claimed_by = ?",
-                (file.seq, worker),
-            )
+        self.leases.release(worker, "seq = ?", (file.seq,))
 
     def release_claims(self) -> None:
         """Free every claim (one host on its own database, starting: none can be live)."""
-        with self.db.write() as db:
-            db.execute(
-                "UPDATE vector_store_files SET claimed_by = NULL, lease_until = NULL WHERE claimed_by IS NOT NULL"
-            )
+        self.leases.release_all()
 
     def complete(self, worker: str, file: FileRow, chunks: list[ChunkData], *, max_chunks: int) -> bool:
         """Write ``file``'s chunks and mark it ``completed``, in one transaction, if ``worker`` still holds its
         claim and it is still ``in_progress``; a store that would hold more than ``max_chunks`` chunks has the
         file ``failed`` instead. False when the claim was lost (nothing written)."""
-        with self.db.write() as db:
+        with self.storage.write() as db:
             held = db.execute(
                 f"SELECT seq FROM vector_store_files WHERE seq = ? AND claimed_by = ? AND status = 'in_progress' "
-                f"{self.db.words['lock_row']}",
+                f"{self.storage.db.words['lock_row']}",
                 (file.seq, worker),
             ).fetchone()
             if held is None:
@@ -735,7 +693,7 @@ class VectorStoreTables:
 
     def fail(self, worker: str, file: FileRow, code: ErrorCode, message: str) -> None:
         """Mark ``file`` ``failed`` with ``last_error``, if ``worker`` still holds it."""
-        with self.db.write() as db:
+        with self.storage.write() as db:
             if db.execute(
                 "SELECT seq FROM vector_store_files WHERE seq = ? AND claimed_by = ? AND status = 'in_progress'",
                 (file.seq, worker),
@@ -756,7 +714,7 @@ class VectorStoreTables:
         with a SPLADE model), and the version they are at least at (read before them, so that a file completed
         meanwhile makes the next search read them again). The chunks of a file ``held`` has at the same
         attributes (an earlier version of the store) are taken from it; only the other files' are read."""
-        db = self.db.connection()  # the version first: rows newer than it are read again at the next search
+        db = self.storage.read()  # the version first: rows newer than it are read again at the next search
         version = db.execute("SELECT version FROM vector_stores WHERE id = ?", (store.id,)).fetchone()["version"]
         files = db.execute(
             "SELECT seq, filename, attributes FROM vector_store_files WHERE vector_store_id = ? AND status = "

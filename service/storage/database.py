@@ -1,4 +1,4 @@
-"""The SQL databases the batch store runs on: an embedded SQLite file (one host) or a PostgreSQL server (any
+"""The SQL databases the service's storage runs on: an embedded SQLite file (one host) or a PostgreSQL server (any
 number of replicas sharing one queue).
 
 The store writes one dialect of SQL: positional ``?`` parameters, and a few words that differ between the
@@ -31,7 +31,7 @@ class DatabaseUnavailableError(UnavailableError):
     with ``Retry-After``. A full disk is :class:`~service.errors.InsufficientStorageError` (507)."""
 
     code = "batch_database_unavailable"
-    public_message = "the Batch API's database is not available now; try again shortly"
+    public_message = "the service's database (files, batches, vector stores) is not available now; try again shortly"
 
 
 class Cursor(Protocol):
