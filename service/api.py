@@ -125,27 +125,29 @@ async def _input_texts(value: str | list[Any], limits: Limits, token_ids: bool, 
     return texts
 
 
-def image_input(value: str, param: str, policy: Images) -> ImageInput:
-    """An input that is to be an image: a base64 ``data:`` URL, or an ``http(s)`` URL of a host the policy
-    allows (fetched before the core is called, :mod:`service.image_urls`). Any other remote URL is refused:
-    the server does not fetch what a request points to (server-side request forgery)."""
+def image_input(value: str, field: str, at: str, policy: Images) -> ImageInput:
+    """An input that is to be an image, the request's ``field`` holding it ``at`` a place (``[2]``): a base64
+    ``data:`` URL, or an ``http(s)`` URL of a host the policy allows (fetched before the core is called,
+    :mod:`service.image_urls`). Any other remote URL is refused: the server does not fetch what a request points
+    to (server-side request forgery)."""
+    image = ImageInput(value, field, at)
     if is_remote_url(value):
         host = urlsplit(value).hostname or ""
         if not host_allowed(host, policy.image_url_hosts):
             raise invalid(
-                f"{param} is a remote URL of a host this server does not fetch images from ({host or 'none'}): send "
-                "the image as a base64 data URL (data:image/png;base64,...)",
-                param=param.split("[")[0],
+                f"{image.name} is a remote URL of a host this server does not fetch images from ({host or 'none'}): "
+                "send the image as a base64 data URL (data:image/png;base64,...)",
+                param=field,
                 code="image_url_not_allowed",
             )
-        return ImageInput(value, param)
+        return image
     if not is_data_url(value):
         raise invalid(
-            f"{param} is not an image: send a base64 data URL (data:image/png;base64,...)",
-            param=param.split("[")[0],
+            f"{image.name} is not an image: send a base64 data URL (data:image/png;base64,...)",
+            param=field,
             code="invalid_image",
         )
-    return ImageInput(value, param)
+    return image
 
 
 def check_images(items: Sequence[str | ImageInput], limits: Limits, param: str) -> None:
@@ -176,7 +178,7 @@ async def _input_items(
     texts = [item for item, picture in zip(items, pictures, strict=True) if not picture]
     decoded = iter(await _input_texts(texts, limits, token_ids, param) if texts else [])
     out: list[str | ImageInput] = [
-        image_input(item, f"{param}[{i}]", policy) if picture else next(decoded)  # type: ignore[arg-type]
+        image_input(item, param, f"[{i}]", policy) if picture else next(decoded)  # type: ignore[arg-type]
         for i, (item, picture) in enumerate(zip(items, pictures, strict=True))
     ]
     check_images(out, limits, param)

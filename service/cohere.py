@@ -136,7 +136,7 @@ def _items(req: CohereEmbedRequest, limits: Limits, policy: Images) -> list[str 
         )
     if req.images is not None:
         items: list[str | ImageInput] = [
-            api.image_input(url, f"images[{i}]", policy) for i, url in enumerate(req.images)
+            api.image_input(url, "images", f"[{i}]", policy) for i, url in enumerate(req.images)
         ]
         api.check_images(items, limits, "images")
         return items
@@ -155,7 +155,7 @@ def _items(req: CohereEmbedRequest, limits: Limits, policy: Images) -> list[str 
         if isinstance(part, CohereTextContent):
             items.append(api.checked_texts([part.text], limits, "inputs")[0])
         else:
-            items.append(api.image_input(part.image_url.url, f"inputs[{i}].content[0]", policy))
+            items.append(api.image_input(part.image_url.url, "inputs", f"[{i}].content[0]", policy))
     api.check_images(items, limits, "inputs")
     return items
 

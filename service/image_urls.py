@@ -13,6 +13,7 @@ the host's name), so a second DNS answer cannot point it elsewhere. The body is 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import socket
 import time
@@ -59,29 +60,30 @@ def public_address(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-def _refused(param: str, why: str, code: str = "image_url_not_allowed") -> APIError:
-    return invalid(f"{param} {why}", param=param.split("[", 1)[0], code=code)
+def _refused(image: ImageInput, why: str, code: str = "image_url_not_allowed") -> APIError:
+    return invalid(f"{image.name} {why}", param=image.field, code=code)
 
 
-async def _resolve(host: str, port: int, param: str, policy: Images) -> str:
+async def _resolve(host: str, port: int, image: ImageInput, policy: Images) -> str:
     """One address of ``host``, after checking every address it resolves to."""
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError:
-        raise _refused(param, f"names the host {host!r}, which does not resolve", "image_fetch_failed") from None
+        raise _refused(image, f"names the host {host!r}, which does not resolve", "image_fetch_failed") from None
     addresses = [str(info[4][0]) for info in infos]
     if not policy.image_url_private and not all(public_address(a) for a in addresses):
-        raise _refused(param, f"names the host {host!r}, which resolves to a private or loopback address")
+        raise _refused(image, f"names the host {host!r}, which resolves to a private or loopback address")
     return addresses[0]
 
 
-async def fetch_image(url: str, param: str, policy: Images, limits: Limits) -> bytes:
-    """The bytes at ``url``, within the policy and ``limits.max_image_bytes`` (see the module docstring).
+async def fetch_image(image: ImageInput, policy: Images, limits: Limits) -> bytes:
+    """The bytes at ``image``'s URL, within the policy and ``limits.max_image_bytes`` (see the module docstring).
 
     Raises:
         APIError: 400 (a host not allowed, a private address, a redirect elsewhere, a failed or slow fetch,
             an HTTP error), 413 (more than ``max_image_bytes``).
     """
+    url = str(image.source)
     deadline = time.monotonic() + policy.image_fetch_seconds
     for _ in range(MAX_REDIRECTS + 1):
         parts = urlsplit(url)
@@ -89,12 +91,12 @@ async def fetch_image(url: str, param: str, policy: Images, limits: Limits) -> b
         if parts.scheme not in ("http", "https") or not host_allowed(host, policy.image_url_hosts):
             what = "a remote URL" if parts.scheme in ("http", "https") else "not an http(s) URL"
             raise _refused(
-                param,
+                image,
                 f"is {what} of a host this server does not fetch from ({host or 'none'}); send the image as a base64 "
                 "data URL (data:image/png;base64,...)",
             )
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        address = await _resolve(host, port, param, policy)
+        address = await _resolve(host, port, image, policy)
         pinned = parts._replace(netloc=f"[{address}]:{port}" if ":" in address else f"{address}:{port}").geturl()
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
         headers = {"Host": parts.netloc.rsplit("@", 1)[-1], "Accept": "image/*"}
@@ -108,41 +110,31 @@ async def fetch_image(url: str, param: str, policy: Images, limits: Limits) -> b
                     target = urljoin(url, response.headers.get("location", ""))
                     moved = urlsplit(target)
                     if (moved.scheme, moved.hostname) != (parts.scheme, parts.hostname):
-                        raise _refused(param, f"redirects to another host or scheme ({moved.hostname}); not followed")
+                        raise _refused(image, f"redirects to another host or scheme ({moved.hostname}); not followed")
                     url = target
                     continue
                 if response.status_code != 200:
-                    raise _refused(param, f"could not be fetched: HTTP {response.status_code}", "image_fetch_failed")
+                    raise _refused(image, f"could not be fetched: HTTP {response.status_code}", "image_fetch_failed")
                 declared = int(response.headers.get("content-length") or 0)
                 if declared > limits.max_image_bytes:
-                    raise _too_large(param, declared, limits)
+                    raise image.too_large(declared, limits.max_image_bytes)
                 body = bytearray()
                 async for chunk in response.aiter_bytes():
                     body += chunk
                     if len(body) > limits.max_image_bytes:
-                        raise _too_large(param, len(body), limits)
+                        raise image.too_large(len(body), limits.max_image_bytes, at_least=True)
                     if time.monotonic() > deadline:
                         raise httpx.ReadTimeout("past the deadline")
                 return bytes(body)
         except httpx.TimeoutException:
             raise _refused(
-                param,
+                image,
                 f"could not be fetched within image_fetch_seconds={policy.image_fetch_seconds:g}",
                 "image_fetch_failed",
             ) from None
         except httpx.HTTPError as exc:
-            raise _refused(param, f"could not be fetched: {type(exc).__name__}", "image_fetch_failed") from None
-    raise _refused(param, f"redirects more than {MAX_REDIRECTS} times; not followed")
-
-
-def _too_large(param: str, size: int, limits: Limits) -> APIError:
-    return APIError(
-        413,
-        f"{param} is over the limit of {limits.max_image_bytes:,} bytes per image (at least {size:,} bytes); see "
-        "max_image_bytes",
-        param=param.split("[", 1)[0],
-        code="request_too_large",
-    )
+            raise _refused(image, f"could not be fetched: {type(exc).__name__}", "image_fetch_failed") from None
+    raise _refused(image, f"redirects more than {MAX_REDIRECTS} times; not followed")
 
 
 async def fetched(items: list[str | ImageInput], policy: Images, limits: Limits) -> list[str | ImageInput]:
@@ -156,9 +148,9 @@ async def fetched(items: list[str | ImageInput], policy: Images, limits: Limits)
     if not remote:
         return items
     bodies = await asyncio.gather(
-        *(fetch_image(items[i].source, items[i].param, policy, limits) for i in remote)  # type: ignore[union-attr, arg-type]
+        *(fetch_image(items[i], policy, limits) for i in remote)  # type: ignore[arg-type]
     )
     out = list(items)
     for i, body in zip(remote, bodies, strict=True):
-        out[i] = ImageInput(body, items[i].param)  # type: ignore[union-attr]
+        out[i] = dataclasses.replace(items[i], source=body)  # type: ignore[type-var]
     return out

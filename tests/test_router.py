@@ -42,6 +42,26 @@ def static_query_router(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def static_default_router(tmp_path_factory):
+    """The static query branch is the default (``default_route="query"``): what the model runs when no task is
+    named. The transformer branch of documents must still run on the backend asked for."""
+    import torch
+    from sentence_transformers.models import Normalize, Router, StaticEmbedding
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(2)
+    bert = tiny_model("bert")
+    document = SentenceTransformer(bert, device="cpu")
+    static = StaticEmbedding(AutoTokenizer.from_pretrained(bert)._tokenizer, embedding_dim=64)
+    router = Router(
+        {"query": [static], "document": [document[0], document[1]]},
+        default_route="query",
+        allow_empty_key=True,
+    )
+    return _save([router, Normalize()], tmp_path_factory.mktemp("router") / "static-default")
+
+
+@pytest.fixture(scope="module")
 def two_transformer_router(tmp_path_factory):
     """Two transformers of different architectures (BERT with CLS pooling and a Dense layer for queries,
     RoBERTa with mean pooling and a Dense layer for documents), no default branch named (the first branch
@@ -104,6 +124,16 @@ def test_every_branch_matches_sentence_transformers(request, which, backend):
         assert runtime.streams == min(2, int(runtime.compiled.get_property("INFERENCE_NUM_THREADS")))
         assert np.abs(two.encode_document(TEXTS) - got["document"]).max() < 1e-5
         assert np.abs(two.encode_query(TEXTS) - got["query"]).max() < 1e-5
+
+
+def test_a_static_default_branch_leaves_the_transformer_branch_on_the_backend_named(static_default_router):
+    enc = Encoder.from_pretrained(static_default_router, backend="onnx")
+    assert enc.spec.branch == "query" and enc.spec.static is not None
+    assert enc.backend == "torch"  # the static default is a lookup in torch
+    assert enc.branches["document"].backend == "onnx"  # not cleared with the static branch's
+    st = SentenceTransformer(static_default_router, device="cpu")
+    assert np.abs(enc.encode_document(TEXTS) - st.encode_document(TEXTS)).max() < 1e-4
+    assert np.abs(enc.encode(TEXTS) - st.encode(TEXTS)).max() < 1e-5  # no task: the default, static branch
 
 
 def test_token_counts_are_those_of_each_branchs_tokenizer(static_query_router, two_transformer_router):

@@ -80,6 +80,19 @@ def row_pairs(matrix: sp.csr_matrix, row: int) -> tuple[list[int], list[float]]:
     return matrix.indices[start:end][order].tolist(), matrix.data[start:end][order].astype(float).tolist()
 
 
+def row_arrays(matrix: sp.csr_matrix) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every row of ``matrix`` ``(N, V)`` as ``(indices, values)`` arrays (int32, float32), indices ascending.
+
+    >>> [(i.tolist(), v.tolist()) for i, v in row_arrays(sp.csr_matrix(np.array([[0.0, 0.5, 0.0, 0.25], [0, 0, 0, 0]])))]
+    [([1, 3], [0.5, 0.25]), ([], [])]
+    """
+    matrix = matrix.tocsr(copy=True)
+    matrix.sort_indices()
+    indices, values = matrix.indices.astype(np.int32), matrix.data.astype(np.float32)
+    bounds = matrix.indptr
+    return [(indices[bounds[i] : bounds[i + 1]], values[bounds[i] : bounds[i + 1]]) for i in range(matrix.shape[0])]
+
+
 def max_rows(rows: sp.csr_matrix, owners: np.ndarray, n: int) -> sp.csr_matrix:
     """Per owner, the largest value of each column over its rows: the SPLADE vector of a text read window by
     window (the max over tokens that SPLADE pools with, taken over every window's tokens).

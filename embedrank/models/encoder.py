@@ -128,9 +128,6 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             )
         max_len = max_seq_length or spec.max_seq_length
         device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None, spec=spec)
-        lookup = bool((in_router or spec.branches) and spec.static)
-        if lookup:  # a Router's static branch runs in torch, in one stream, whatever runs the other branches
-            backend = precision = None
         runs: dict[str, Any] = dict(
             backend=backend,
             precision=precision,
@@ -139,7 +136,10 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             cache_dir=cache_dir,
             streams=streams,
         )
-        own = {**runs, "streams": 1} if lookup else runs
+        # a Router's static branch runs in torch, in one stream, whatever runs the other branches (which keep
+        # the backend and precision asked for, whichever branch is the default)
+        lookup = bool((in_router or spec.branches) and spec.static)
+        own = {**runs, "backend": None, "precision": None, "streams": 1} if lookup else runs
         tokenizer, model = load_transformer(spec, "encoder", **own, max_seq_length=max_len, calibration=calibration)
         enc = cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
         enc.add_branches(lambda branch: cls.from_spec(branch, **runs, calibration=calibration, in_router=True))

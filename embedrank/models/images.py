@@ -83,8 +83,11 @@ def is_remote_url(value: str) -> bool:
     return value[:7].lower() == "http://" or value[:8].lower() == "https://"
 
 
-def data_url_bytes(url: str, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None) -> bytes:
+def data_url_bytes(
+    url: str, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None, name: str | None = None
+) -> bytes:
     """The bytes of a base64 ``data:`` URL, its length checked against ``limits.max_bytes`` before decoding.
+    Errors name the image ``name`` (default: ``param``, else "image") and carry ``param``, the request field.
 
     >>> data_url_bytes("data:image/png;base64,aGVsbG8=")
     b'hello'
@@ -94,46 +97,55 @@ def data_url_bytes(url: str, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, para
         UnsupportedMediaError: a declared media type that is not an image format decoded here.
         RequestTooLargeError: over ``limits.max_bytes``.
     """
+    name = name or param or "image"
     head = _DATA_URL.match(url)
     if head is None or not head.group("b64"):
-        raise InvalidInputError(
-            f"{param or 'image'} must be a base64 data URL such as data:image/png;base64,<data>", param=param
-        )
+        raise InvalidInputError(f"{name} must be a base64 data URL such as data:image/png;base64,<data>", param=param)
     declared = (head.group("type") or "").lower()
     if declared and declared not in FORMATS.values():
         raise UnsupportedMediaError(
-            f"{param or 'image'} is declared {declared!r}; images are accepted as {sorted(FORMATS.values())}",
-            param=param,
+            f"{name} is declared {declared!r}; images are accepted as {sorted(FORMATS.values())}", param=param
         )
     payload = url[head.end() :]
     if len(payload) * 3 // 4 > limits.max_bytes:  # base64 is 4 characters per 3 bytes: no decoding needed
-        raise _too_many_bytes(len(payload) * 3 // 4, limits, param)
+        raise too_many_bytes(len(payload) * 3 // 4, limits.max_bytes, name=name, param=param)
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise InvalidInputError(f"{param or 'image'} is not valid base64: {exc}", param=param) from None
+        raise InvalidInputError(f"{name} is not valid base64: {exc}", param=param) from None
 
 
-def _too_many_bytes(size: int, limits: ImageLimits, param: str | None) -> RequestTooLargeError:
+def too_many_bytes(
+    size: int, max_bytes: int, *, name: str = "image", param: str | None = None, at_least: bool = False
+) -> RequestTooLargeError:
+    """The error of an image of ``size`` bytes (``at_least``: as far as it was read) over ``max_bytes``.
+
+    >>> str(too_many_bytes(2_000, 1_000, name="input[1]"))
+    'input[1] is 2,000 bytes, over the limit of 1,000 bytes per image'
+    """
+    size_text = f"at least {size:,}" if at_least else f"{size:,}"
     return RequestTooLargeError(
-        f"{param or 'image'} is {size:,} bytes, over the limit of {limits.max_bytes:,} bytes per image",
+        f"{name} is {size_text} bytes, over the limit of {max_bytes:,} bytes per image",
         param=param,
         limit="max_image_bytes",
     )
 
 
-def open_image(data: bytes, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None) -> Image.Image:
+def open_image(
+    data: bytes, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None, name: str | None = None
+) -> Image.Image:
     """Encoded image bytes decoded to an RGB image, after the checks of :class:`ImageLimits`: bytes, format
     (by its magic bytes), the header's pixel count; the first frame of an animation; EXIF orientation applied.
+    Errors name the image ``name`` (default: ``param``, else "image") and carry ``param``, the request field.
 
     Raises:
         RequestTooLargeError: over ``limits.max_bytes`` or ``limits.max_pixels`` (nothing decompressed).
         UnsupportedMediaError: not one of ``limits.formats``.
         InvalidInputError: the file is truncated or corrupt.
     """
-    name = param or "image"
+    name = name or param or "image"
     if len(data) > limits.max_bytes:
-        raise _too_many_bytes(len(data), limits, param)
+        raise too_many_bytes(len(data), limits.max_bytes, name=name, param=param)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own pixel limit decides
         try:
@@ -172,40 +184,42 @@ def open_image(data: bytes, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param
             raise InvalidInputError(f"{name} could not be decoded: {exc}", param=param) from None
 
 
-def read_image(source: Any, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None) -> Image.Image:
+def read_image(
+    source: Any, limits: ImageLimits = DEFAULT_IMAGE_LIMITS, *, param: str | None = None, name: str | None = None
+) -> Image.Image:
     """One image from any source the library takes: a PIL image (used as given, converted to RGB), encoded
     bytes, a ``data:`` URL, or a path to a file; each checked by :func:`open_image`. An ``http(s)`` URL is
-    refused: fetch it yourself (the service fetches only from configured hosts).
+    refused: fetch it yourself (the service fetches only from configured hosts). Errors name the image ``name``
+    (default: ``param``, else "image") and carry ``param``, the request field.
 
     Raises:
         InvalidInputError, UnsupportedMediaError, RequestTooLargeError: as :func:`open_image`; a path that
             is not a file; a remote URL.
     """
+    name = name or param or "image"
     if isinstance(source, Image.Image):
         if source.width * source.height > limits.max_pixels:
             raise RequestTooLargeError(
-                f"{param or 'image'} is {source.width:,} x {source.height:,} pixels, over the limit of "
-                f"{limits.max_pixels:,}",
+                f"{name} is {source.width:,} x {source.height:,} pixels, over the limit of {limits.max_pixels:,}",
                 param=param,
                 limit="max_image_pixels",
             )
         return source if source.mode == "RGB" else source.convert("RGB")
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return open_image(bytes(source), limits, param=param)
+        return open_image(bytes(source), limits, param=param, name=name)
     if isinstance(source, str) and is_data_url(source):
-        return open_image(data_url_bytes(source, limits, param=param), limits, param=param)
+        return open_image(data_url_bytes(source, limits, param=param, name=name), limits, param=param, name=name)
     if isinstance(source, str) and is_remote_url(source):
         raise InvalidInputError(
-            f"{param or 'image'} is a remote URL; remote images are not fetched here: pass the image's bytes",
-            param=param,
+            f"{name} is a remote URL; remote images are not fetched here: pass the image's bytes", param=param
         )
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
-            raise InvalidInputError(f"{param or 'image'}: no image file at {str(path)!r}", param=param)
+            raise InvalidInputError(f"{name}: no image file at {str(path)!r}", param=param)
         if path.stat().st_size > limits.max_bytes:
-            raise _too_many_bytes(path.stat().st_size, limits, param)
-        return open_image(path.read_bytes(), limits, param=param)
+            raise too_many_bytes(path.stat().st_size, limits.max_bytes, name=name, param=param)
+        return open_image(path.read_bytes(), limits, param=param, name=name)
     raise InvalidInputError(
-        f"{param or 'image'} must be a PIL image, bytes, a data URL or a path, got {type(source).__name__}", param=param
+        f"{name} must be a PIL image, bytes, a data URL or a path, got {type(source).__name__}", param=param
     )

@@ -39,7 +39,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -108,14 +108,23 @@ def calibration_texts(calibration: Calibration) -> tuple[list[str], str]:
     return texts, f"{SAMPLE_NAME} ({len(texts)} of {len(sample)} texts)"
 
 
-def export_key(spec: ModelSpec, head: Head, backend: Backend, precision: Precision, calibration: list[str]) -> str:
-    """The cache key of an export (see the module docstring for what goes in)."""
+def export_key(
+    spec: ModelSpec,
+    head: Head | Literal["towers"],
+    backend: Backend,
+    precision: Precision,
+    calibration: list[str],
+    *,
+    recipe: int = RECIPE,
+) -> str:
+    """The cache key of an export (see the module docstring for what goes in): of a model's ``head``, or of an
+    image-text model's two ``towers`` (:mod:`embedrank.runtime.towers`, exported by its own ``recipe``)."""
     config = Path(spec.path) / "config.json"
     facts = {
         "path": spec.path,
         "weights": weights_fingerprint(spec.path),
         "config": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
-        "recipe": RECIPE,
+        "recipe": recipe,
         "head": head,
         "backend": backend,
         "precision": precision,

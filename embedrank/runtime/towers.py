@@ -12,7 +12,6 @@ bakes to the example's shapes: it runs in torch only).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import threading
@@ -25,9 +24,9 @@ import numpy as np
 import torch
 
 from embedrank.paths import build_directory, default_cache_dir
-from embedrank.registry import ModelSpec, weights_fingerprint
+from embedrank.registry import ModelSpec
 from embedrank.runtime import converters
-from embedrank.runtime.exports import ExportError, export_dir
+from embedrank.runtime.exports import ExportError, export_dir, export_key
 
 log = logging.getLogger("embedrank.exports")
 
@@ -130,31 +129,6 @@ class ExportedTowers:
         return self._run("image", pixels)
 
 
-def _key(spec: ModelSpec, backend: str) -> str:
-    import transformers
-
-    config = Path(spec.path) / "config.json"
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    if backend == "openvino":
-        import openvino
-
-        versions["openvino"] = openvino.__version__
-    else:
-        import onnxruntime
-
-        versions["onnxruntime"] = onnxruntime.__version__
-    facts = {
-        "path": spec.path,
-        "weights": weights_fingerprint(spec.path),
-        "config": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
-        "recipe": RECIPE,
-        "towers": True,
-        "backend": backend,
-        "versions": versions,
-    }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _convert(module: Any, tower: str, examples: Sequence[dict[str, torch.Tensor]], backend: str, out: Path) -> None:
     names = list(examples[0])
     wrapped = _Tower(module, tower, names).eval()
@@ -216,7 +190,8 @@ def exported_towers(
                 load does not try again).
     """
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = export_dir(spec, backend, "fp32", _key(spec, backend), root)  # type: ignore[arg-type]
+    key = export_key(spec, "towers", backend, "fp32", [], recipe=RECIPE)  # type: ignore[arg-type]
+    target = export_dir(spec, backend, "fp32", key, root)  # type: ignore[arg-type]
     done = f"image.{'xml' if backend == 'openvino' else 'onnx'}"
     failed = target.with_name(target.name + ".failed.json")
     if failed.is_file():

@@ -14,6 +14,7 @@ A model is planned (:class:`ModelPlan`: what it is and where it will run), loade
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ import scipy.sparse as sp
 from embedrank.errors import InvalidInputError, OutputNotAvailableError
 from embedrank.math.quantization import quantize
 from embedrank.math.ranking import RankedResult, rank_scores
-from embedrank.math.sparse import row_pairs
+from embedrank.math.sparse import row_arrays, row_pairs
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
@@ -96,26 +97,27 @@ class DenseRunner(EmbeddingRunner, Protocol):
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """What one kind of model declares: what it can be asked for (``embeddings``, ``rerank``, ``sparse``), the
-        vectors it gives (``dense``, ``sparse``, ``multivector``), how it scores a query against documents, the
-        runner that serves it and the core class that loads it; whether it runs in fp32 only (its loader takes
-        the backend resolved at configuration, no precision), whether int8/uint8 ranges are fitted for its dense
-        vectors (and a ``ranges`` file may be named), whether its dense vectors may come from the vector cache,
-        what it is preferred for when a request names no model, how TEI's ``/info`` describes it, and the inputs it
-    embeds (``text``, ``image``) and the precisions it runs in."""
+    vectors it gives (``dense``, ``sparse``, ``multivector``), how it scores a query against documents, the
+    runner that serves it and the core class that loads it; the backend it runs when none is named (None:
+    the library's default, chosen as the model loads) and the precisions it runs in (None: any its backend
+    runs; one precision: that one, whatever ``auto`` or a GPU would choose), whether int8/uint8 ranges are
+    fitted for its dense vectors (and a ``ranges`` file may be named), whether its dense vectors may come from
+    the vector cache, what it is preferred for when a request names no model, how TEI's ``/info`` describes it,
+    and the inputs it embeds (``text``, ``image``)."""
 
     capabilities: tuple[str, ...]
     outputs: tuple[str, ...]
     scorer: str | None
     runner: type
     loader: type
-    fp32_only: bool = False
+    backend: str | None = None  # None: the library's default, resolved as the model loads
+    precisions: tuple[str, ...] | None = None  # None: any its backend runs
     ranges: bool = False
     cached: bool = False
     preferred_for: tuple[str, ...] = ()
     tei_type: Literal["embedding", "reranker"] = "embedding"
     tei_pooling: str | None = None  # None: the model's own pooling
     inputs: tuple[str, ...] = ("text",)  # what it embeds: text, image
-    precisions: tuple[str, ...] | None = None  # the precisions it runs in (None: any its backend runs)
 
 
 # the one table the protocols consult, a row per kind
@@ -145,7 +147,8 @@ KINDS: dict[str, Kind] = {
         None,
         AsyncSparseEncoder,
         SparseEncoder,
-        fp32_only=True,
+        backend="torch",
+        precisions=("fp32",),
         cached=True,
         tei_pooling="splade",
     ),
@@ -195,11 +198,22 @@ SparseRow = tuple[list[int], list[float]]
 class Embedded:
     """What :meth:`HostedModel.embed` and :meth:`HostedModel.sparse` give: the runner's output (vectors,
     token counts, and a bge-m3's, ColBERT's or SPLADE's own outputs), each compact type asked for, ``(N, D')``
-    by type name, and each text's sparse vector when ``sparse`` was asked for."""
+    by type name, and the sparse vectors ``(N, V)`` when ``sparse`` was asked for (:attr:`sparse_matrix`; each
+    text's as lists, :attr:`sparse`, made when a response reads them)."""
 
     output: Any
     compact: dict[str, np.ndarray]
-    sparse: list[SparseRow] | None = None
+    sparse_matrix: sp.csr_matrix | None = None
+
+    @functools.cached_property
+    def sparse(self) -> list[SparseRow] | None:
+        """Each text's sparse vector as ``(indices, values)`` lists (the shape responses carry)."""
+        return None if self.sparse_matrix is None else sparse_rows(self.sparse_matrix)
+
+    def sparse_arrays(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each text's sparse vector as ``(indices, values)`` arrays (int32, float32), indices ascending, straight
+        from :attr:`sparse_matrix` (none when it was not asked for)."""
+        return [] if self.sparse_matrix is None else row_arrays(self.sparse_matrix)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,8 +315,8 @@ class ModelPlan:
         torch, and the core logs why); a SPLADE model runs on the backend resolved into :attr:`backend`.
         ``calibration`` names the texts that calibrate an int8 runtime."""
         loader: Any = self.declared.loader
-        if self.declared.fp32_only:
-            return loader.from_spec(self.spec, backend=self.backend, device=self.device)
+        if self.declared.backend is not None:  # its kind's own default, resolved into this plan (SPLADE: torch)
+            backend, precision = self.backend, self.precision
         return loader.from_spec(
             self.spec, backend=backend, precision=precision, calibration=calibration, device=self.device
         )
@@ -437,9 +451,9 @@ class HostedModel(ModelPlan):
         if pictures and "image" not in self.declared.inputs:
             first = cast(ImageInput, texts[pictures[0]])
             raise InvalidInputError(
-                f"{first.param} is an image, but model {label!r} embeds text only; send images to an image-text "
+                f"{first.name} is an image, but model {label!r} embeds text only; send images to an image-text "
                 f"model (CLIP, SigLIP: GET /v1/models lists each model's inputs)",
-                param=first.param.split("[")[0],
+                param=first.field,
             )
         chosen = self.resolve(input_type=options.input_type, prompt_name=options.prompt_name)
         types = options.types
@@ -479,7 +493,7 @@ class HostedModel(ModelPlan):
         return Embedded(
             out,
             {t: quantize(out.embeddings, t, ranges) for t in dict.fromkeys(compact)},
-            sparse_rows(out.sparse) if "sparse" in outputs else None,  # type: ignore[attr-defined]  # SPLADE, bge-m3
+            out.sparse if "sparse" in outputs else None,  # type: ignore[attr-defined]  # SPLADE, bge-m3
         )
 
     async def rerank(self, query: str, documents: Sequence[str], options: RerankOptions = RERANK_DEFAULTS) -> Reranked:
@@ -502,7 +516,7 @@ class HostedModel(ModelPlan):
         tracing.note_operation("embeddings")
         out = await cast(EmbeddingRunner, chosen.runner).embed(texts, options, prompt=chosen.prompt)
         tracing.note_usage(out.total_tokens)
-        return Embedded(out, {}, sparse_rows(out.sparse))  # SPLADE, bge-m3
+        return Embedded(out, {}, out.sparse)  # SPLADE, bge-m3
 
     async def count(
         self,

@@ -19,7 +19,14 @@ import numpy as np
 from embedrank.errors import InvalidInputError, RequestTooLargeError
 from embedrank.math.similarity import check_dimensions
 from embedrank.models.image_text import ImageRow, ImageTextEncoder
-from embedrank.models.images import DEFAULT_IMAGE_LIMITS, ImageLimits, is_data_url, is_remote_url, read_image
+from embedrank.models.images import (
+    DEFAULT_IMAGE_LIMITS,
+    ImageLimits,
+    is_data_url,
+    is_remote_url,
+    read_image,
+    too_many_bytes,
+)
 from embedrank.serving import tracing
 from embedrank.serving.options import EMBED_DEFAULTS, EmbedOptions
 from embedrank.serving.runners import AsyncEncoder
@@ -38,17 +45,27 @@ __all__ = [  # what the service reads images with, besides the runner
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ImageInput:
-    """An image a request sent (a data URL or encoded bytes) and the field that holds it (``input[2]``,
-    ``images[0]``, ``inputs[1].content[0]``), which errors name."""
+    """An image a request sent (a data URL or encoded bytes), the request field that holds it (``input``,
+    ``images``, ``inputs``: an error's ``param``) and where in that field (``[2]``, ``[1].content[0]``)."""
 
     source: str | bytes
-    param: str
+    field: str
+    at: str = ""
+
+    @property
+    def name(self) -> str:
+        """The image as messages name it: ``input[2]``, ``inputs[1].content[0]``."""
+        return f"{self.field}{self.at}"
+
+    def too_large(self, size: int, max_bytes: int, *, at_least: bool = False) -> RequestTooLargeError:
+        """The error of this image at ``size`` bytes (``at_least``: as far as it was read) over ``max_bytes``."""
+        return too_many_bytes(size, max_bytes, name=self.name, param=self.field, at_least=at_least)
 
 
 def image_positions(inputs: Sequence[Any]) -> list[int]:
     """Where the images stand among a request's inputs.
 
-    >>> image_positions(["a cat", ImageInput(b"...", "input[1]")])
+    >>> image_positions(["a cat", ImageInput(b"...", "input", "[1]")])
     [1]
     """
     return [i for i, item in enumerate(inputs) if isinstance(item, ImageInput)]
@@ -58,11 +75,7 @@ def preprocess_images(model: ImageTextEncoder, images: Sequence[ImageInput], lim
     """Each image read within ``limits`` and preprocessed by the model's processor, one at a time (blocking)."""
     rows: list[ImageRow] = []
     for image in images:
-        try:
-            picture = read_image(image.source, limits, param=image.param)
-        except InvalidInputError as exc:  # the message names the input (input[2]); the error's param its field
-            exc.param = image.param.split("[", 1)[0]
-            raise
+        picture = read_image(image.source, limits, param=image.field, name=image.name)
         rows.extend(model.preprocess([picture]))
     return rows
 

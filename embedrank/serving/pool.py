@@ -33,7 +33,7 @@ from embedrank.errors import (
     shorten,
 )
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
-from embedrank.runtime.backends import check_backend
+from embedrank.runtime.backends import AUTO, DEFAULT_BACKEND, check_backend
 from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.exports import runs_on
@@ -167,28 +167,30 @@ class ModelPool:
             except InvalidInputError as exc:
                 raise ConfigurationError(f"model {entry.id!r}: {exc}") from None
         declared = KINDS[spec.kind]
-        if built is None and declared.fp32_only:  # SPLADE: torch unless named, in fp32
-            if (entry.precision or "fp32") not in ("fp32", "float32", "auto"):  # as named (on a GPU: torch's)
-                raise ConfigurationError(
-                    f"model {entry.id!r} is a SPLADE model, which runs in fp32 only (torch, openvino or onnx); "
-                    f"its entry (or EMBEDRANK_PRECISION) asks for {entry.precision}"
-                )
-            named = None if asked_backend in (None, "auto") or spec.static else asked_backend
-            backend, precision = check_backend(named or "torch", "fp32")
-        elif built is None:
+        if built is None:
+            if declared.backend is not None:  # its kind's own default backend unless one is named (SPLADE: torch)
+                if asked_backend in (None, "auto") or spec.static:
+                    asked_backend = declared.backend
+                asked_precision = entry.precision  # as named: not a GPU's half precision
+            only = declared.precisions  # SPLADE: fp32; an image-text model: fp32, bf16 or auto's choice of them
+            if only is not None and len(only) == 1 and asked_precision in (None, "auto"):
+                asked_precision = only[0]
+            where = f" on {device}" if device != "cpu" else ""
             try:
+                if only is not None:
+                    wanted = check_backend(AUTO, asked_precision)[1]  # its aliases resolved (float32: fp32)
+                    if wanted not in (*only, AUTO):
+                        runs_in = " or ".join(only) if len(only) > 1 else f"{only[0]} only"
+                        article = "an" if spec.kind[0] in "aeiou" else "a"
+                        raise ConfigurationError(
+                            f"model {entry.id!r} is {article} {spec.kind} model, which runs in {runs_in}; its entry "
+                            f"(or EMBEDRANK_PRECISION) asks for {wanted}"
+                        )
                 backend, precision = check_backend(asked_backend, asked_precision)
             except InvalidInputError as exc:  # e.g. bf16 named for a GPU, where torch runs fp32
-                where = f" on {device}" if device != "cpu" else ""
                 raise ConfigurationError(f"model {entry.id!r}{where}: {exc}") from None
-            if declared.precisions is not None:  # an image-text model: fp32, bf16 or auto's choice of them
-                backend = "openvino" if backend == "auto" else backend
-                if precision not in (*declared.precisions, "auto"):
-                    raise ConfigurationError(
-                        f"model {entry.id!r} is an {spec.kind} model, which runs in "
-                        f"{' or '.join(declared.precisions)}; its entry (or "
-                        f"EMBEDRANK_PRECISION) asks for {precision} on {backend}"
-                    )
+            if only is not None and backend == AUTO:  # the precision alone is chosen
+                backend = DEFAULT_BACKEND
         else:
             backend, precision = runtime_of(built)[:2]  # type: ignore[assignment]
         if entry.calibration is not None and precision != "int8" and declared.ranges and not entry.ranges:

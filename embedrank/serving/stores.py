@@ -239,21 +239,25 @@ class StoreIndex:
         keys = list(self.data.keys) or [str(i) for i in range(len(self))]
         row_of = {key: row for row, key in enumerate(keys)}
         saved = self._saved(row_of) if self.folder is not None else None
-        ann, learnt = saved if saved is not None else (build_index(self.data.vectors.shape[1], self._config), 0)
-        held = set(ann.ids)
-        new = [row for row, key in enumerate(keys) if key not in held]
-        if new:
+        if saved is None:
+            saved = build_index(self.data.vectors.shape[1], self._config), 0, np.empty(0, dtype=np.int64)
+        ann, learnt, rows = saved
+        present = np.zeros(len(keys), dtype=bool)
+        present[rows[rows >= 0]] = True
+        new = np.flatnonzero(~present)
+        if len(new):
             ann.add([keys[row] for row in new], self.data.vectors[new])
-        removed = np.fromiter((key not in row_of for key in ann.ids), dtype=bool, count=len(ann))
+        removed = np.concatenate([rows < 0, np.zeros(len(new), dtype=bool)])  # the index's rows, the new last
         self._skip = removed if removed.any() else None
-        self.reused, self._row_of = len(held) - int(removed.sum()), row_of
+        self.reused, self._row_of = int(present.sum()), row_of
         self._ann = ann
-        if self.folder is not None and new:
+        if self.folder is not None and len(new):
             self._save(ann, learnt or len(new))
 
-    def _saved(self, row_of: Mapping[str, int]) -> tuple[AnyIndex, int] | None:
-        """The newest index saved in :attr:`folder` this build can start from, and how many vectors it learnt
-        from; None when there is none."""
+    def _saved(self, row_of: Mapping[str, int]) -> tuple[AnyIndex, int, np.ndarray] | None:
+        """The newest index saved in :attr:`folder` this build can start from, how many vectors it learnt from,
+        and the store's row of each of its vectors ``(len(index),)`` (-1: a removed chunk's); None when there is
+        none."""
         assert self.folder is not None
         for path in sorted(self.folder.glob(SAVE_PREFIX + "*"), reverse=True):
             try:
@@ -269,9 +273,10 @@ class StoreIndex:
                 continue
             if self._learns and len(row_of) > RETRAIN_GROWTH * int(record["learnt"]):
                 continue
-            if sum(key not in row_of for key in ann.ids) > REMOVED_SHARE * len(ann):
+            rows = np.fromiter((row_of.get(key, -1) for key in ann.ids), dtype=np.int64, count=len(ann))
+            if int((rows < 0).sum()) > REMOVED_SHARE * len(ann):
                 continue  # too many vectors of removed chunks: a search would walk past them
-            return ann, int(record["learnt"])
+            return ann, int(record["learnt"]), rows
         return None
 
     def _save(self, ann: AnyIndex, learnt: int) -> None:

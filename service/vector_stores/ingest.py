@@ -32,7 +32,7 @@ from embedrank.serving.stores import (
     chunk_documents,
     window_of,
 )
-from service.batches.lines import BATCH_PRIORITY
+from service.context import BACKGROUND_PRIORITY
 from service.settings import Settings
 from service.vector_stores.store import ChunkData, FileRow, StoreRow, VectorStoreTables
 
@@ -196,7 +196,10 @@ class Ingestor:
     async def _embed(self, served: HostedModel, texts: list[str]) -> np.ndarray:
         """``(N, D)`` float32 vectors of the chunks."""
         options = EmbedOptions(
-            input_type="document", priority=BATCH_PRIORITY, cached=True, budget=self.settings.limits.max_request_tokens
+            input_type="document",
+            priority=BACKGROUND_PRIORITY,
+            cached=True,
+            budget=self.settings.limits.max_request_tokens,
         )
 
         async def dense(part: list[str]) -> np.ndarray:
@@ -211,15 +214,14 @@ class Ingestor:
         served = self.pool_of().get(model, "embeddings")
         options = EmbedOptions(
             input_type="document",
-            priority=BATCH_PRIORITY,
+            priority=BACKGROUND_PRIORITY,
             truncate=False,
             cached=True,
             budget=self.settings.limits.max_request_tokens,
         )
 
         async def sparse(part: list[str]) -> list[SparseVector]:
-            rows = (await served.sparse(part, options)).sparse or []
-            return [(np.asarray(i, dtype=np.int32), np.asarray(v, dtype=np.float32)) for i, v in rows]
+            return (await served.sparse(part, options)).sparse_arrays()
 
         try:
             parts = await self._sliced(texts, sparse)
