@@ -121,7 +121,7 @@ def main() -> None:
             for t in threads:
                 t.join()
             errors = {
-                f["last_error"]["message"].split(" (limit ")[-1]
+                f["last_error"]["message"].split(" (limit ")[-1].rstrip(")")
                 for f in hostile.get(f"/vector_stores/{bombs}/files").json()["data"]
             }
             print(f"{args.pdfs} PDFs of {len(bomb) / 1000:.0f} KB (2,000 pages sharing one stream of 300 KB), "
