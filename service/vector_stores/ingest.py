@@ -22,16 +22,12 @@ from typing import TypeVar
 import numpy as np
 
 from embedrank.errors import InputTooLongError, ModelUnavailableError, NotReadyError, OverloadedError
+from embedrank.retrieval.documents import InvalidFileError, UnsupportedFileError
+from embedrank.serving.chunking import chunk_documents, window_of
 from embedrank.serving.file_readers import FileReaders, ReadLimits
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions
 from embedrank.serving.pool import ModelPool
-from embedrank.serving.stores import (
-    InvalidFileError,
-    UnsupportedFileError,
-    chunk_documents,
-    window_of,
-)
 from service.context import BACKGROUND_PRIORITY
 from service.settings import Settings
 from service.vector_stores.store import ChunkData, FileRow, StoreRow, VectorStoreTables

@@ -20,7 +20,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from msgspec import UNSET
 
-from embedrank.serving.stores import UnsupportedFileError, file_type
+from embedrank.retrieval.documents import UnsupportedFileError, file_type
 from service.auth import owner_of
 from service.errors import NotFoundError, invalid
 from service.handling import ERRORS, UNAVAILABLE

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from embedrank.serving.stores import Stage, StoreIndexKind, hybrid_weights
+from embedrank.retrieval.store import Stage, StoreIndexKind, hybrid_weights
 from service.schemas import Metadata
 from service.vector_stores.store import BatchRow, FileCounts, FileRow, StoreState
 

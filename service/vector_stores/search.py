@@ -1,5 +1,5 @@
 """This replica's search indexes of vector stores: each store's chunks held in memory
-(:class:`~embedrank.serving.stores.StoreIndex`), read from the database and brought up to date when the store's
+(:class:`~embedrank.retrieval.store.StoreIndex`), read from the database and brought up to date when the store's
 ``version`` moves (a file completed or removed on any replica, attributes changed): the chunks of the files
 it still has, unchanged, are kept; only the others are read. A store's approximate index is saved in its folder
 under ``folder`` (the batch folder's ``vector_stores/<store id>/``, which replicas share) and grown from there
@@ -14,7 +14,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from embedrank.serving.stores import StoreIndex
+from embedrank.retrieval.store import StoreIndex
+from service.auth import key_owner
+from service.errors import NotFoundError
+from service.storage.database import PostgresDatabase
+from service.storage.storage import Storage
 from service.vector_stores.store import StoreRow, VectorStoreTables
 
 CACHED_STORES = 64
@@ -95,3 +99,24 @@ def chunk_results(index: StoreIndex, ranked: Sequence[tuple[int, float]]) -> lis
         }
         for row, score in ranked
     ]
+
+
+def open_index(folder: str | Path, store_id: str, api_key: str | None, *, database: str | None = None) -> StoreIndex:
+    """A vector store's chunks as the served search holds them now, to search in this process (a notebook, an
+    evaluation) with :meth:`StoreIndex.search <embedrank.retrieval.store.StoreIndex.search>`: the same chunks,
+    stages and scores as ``POST /v1/vector_stores/{id}/search``. ``folder`` is the service's ``batch_dir``,
+    ``database`` its ``batch_database`` (None: the folder's SQLite), ``api_key`` the key that owns the store
+    (None: a server without authentication). The store's rows are only read (no index is saved).
+
+    Raises:
+        NotFoundError: no such store for this key.
+    """
+    storage = Storage(folder, PostgresDatabase(database) if database else None)
+    try:
+        tables = VectorStoreTables(storage)
+        store = tables.get_store(key_owner(api_key), store_id)
+        if store is None:
+            raise NotFoundError("vector store", store_id)
+        return StoreIndex(tables.searchable(store, None), kind=store.index_kind)
+    finally:
+        storage.close()

@@ -13,10 +13,12 @@ from typing import Any
 from litestar.datastructures import State
 
 from embedrank.errors import shorten
+from embedrank.retrieval.filters import parse_filter
+from embedrank.retrieval.store import FirstStageName, Stage, hybrid_weights
+from embedrank.serving.chunking import window_of
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions, RerankOptions
 from embedrank.serving.pool import ModelPool
-from embedrank.serving.stores import FirstStage, Stage, hybrid_weights, parse_filter, window_of
 from embedrank.types import Chunking
 from service.errors import invalid
 from service.files.service import FileService
@@ -193,7 +195,7 @@ class VectorStoreService:
 
     @staticmethod
     def stages(
-        store: StoreRow, stage: FirstStage, weights: dict[Stage, float] | None, dense_weight: float | None
+        store: StoreRow, stage: FirstStageName, weights: dict[Stage, float] | None, dense_weight: float | None
     ) -> dict[Stage, float]:
         """The stages a search of ``store`` by ``stage`` runs, with their weights in a hybrid (``weights``, else
         dense ``dense_weight`` and BM25 the rest, else the store's): a SPLADE stage needs the store's SPLADE
@@ -250,7 +252,7 @@ class VectorStoreService:
         index = await self.indexes.index(store, dimension_of(models[0][1]))
         depth = req.max_num_results if ranker == NO_RANKER else max(req.rerank_candidates, req.max_num_results)
         ranked = await asyncio.to_thread(
-            index.first_stage, stage, queries, vectors, where, depth, sparse=sparse, weights=runs
+            index.search, stage, queries, vectors, where, depth, sparse=sparse, weights=runs
         )
         if ranker != NO_RANKER and ranked:
             texts = [index.data.texts[row] for row, _ in ranked]

@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import scipy.sparse as sp
 
-from embedrank.serving.stores import Chunks, FirstStage, Stage, StoreIndexKind, stacked
+from embedrank.retrieval.store import Chunks, FirstStageName, Stage, StoreIndexKind, sparse_bytes, sparse_rows
 from service.errors import StoreError
 from service.storage.database import Connection
 from service.storage.ids import new_id
@@ -135,7 +135,7 @@ class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
     metadata: dict[str, str] | None
     model: str
     sparse_model: str | None = None
-    first_stage: FirstStage
+    first_stage: FirstStageName
     hybrid_weight: float
     hybrid_weights: dict[Stage, float] | None = None
     index_kind: StoreIndexKind
@@ -208,26 +208,6 @@ class ChunkData(msgspec.Struct, frozen=True):
         """What the chunk takes in the store, in bytes: its text, 4 a vector component, 8 a sparse weight."""
         weights = len(self.sparse[0]) if self.sparse is not None else 0
         return len(self.text.encode()) + 4 * self.vector.size + 8 * weights
-
-
-def sparse_bytes(indices: np.ndarray, values: np.ndarray) -> bytes:
-    """A sparse vector as stored: its indices as little-endian int32, then its values as float32."""
-    return np.ascontiguousarray(indices, dtype="<i4").tobytes() + np.ascontiguousarray(values, dtype="<f4").tobytes()
-
-
-def sparse_rows(blobs: list[bytes]) -> sp.csr_matrix:
-    """``(N, V)`` float32 rows of stored sparse vectors (:func:`sparse_bytes`), ``V`` one past their largest
-    index (a search widens the narrower of its queries and these to the other's width)."""
-    indptr = np.zeros(len(blobs) + 1, dtype=np.int64)
-    indptr[1:] = np.cumsum([len(b) // 8 for b in blobs])
-    indices = np.empty(int(indptr[-1]), dtype=np.int32)
-    values = np.empty(int(indptr[-1]), dtype=np.float32)
-    for i, blob in enumerate(blobs):
-        n = len(blob) // 8
-        indices[indptr[i] : indptr[i + 1]] = np.frombuffer(blob, dtype="<i4", count=n)
-        values[indptr[i] : indptr[i + 1]] = np.frombuffer(blob, dtype="<f4", offset=4 * n)
-    width = int(indices.max()) + 1 if len(indices) else 1
-    return sp.csr_matrix((values, indices, indptr), shape=(len(blobs), width))
 
 
 def _json(value: Any) -> str | None:
@@ -709,11 +689,12 @@ class VectorStoreTables:
         )
 
     # -- searches -----------------------------------------------------------------------------------
-    def searchable(self, store: StoreRow, dimension: int, held: Chunks | None = None) -> Chunks:
+    def searchable(self, store: StoreRow, dimension: int | None, held: Chunks | None = None) -> Chunks:
         """Every chunk of ``store``'s completed files as a search sees it (with their sparse vectors in a store
         with a SPLADE model), and the version they are at least at (read before them, so that a file completed
         meanwhile makes the next search read them again). The chunks of a file ``held`` has at the same
-        attributes (an earlier version of the store) are taken from it; only the other files' are read."""
+        attributes (an earlier version of the store) are taken from it; only the other files' are read.
+        ``dimension``: the length of the store model's vectors (None: that of the vectors read)."""
         db = self.storage.read()  # the version first: rows newer than it are read again at the next search
         version = db.execute("SELECT version FROM vector_stores WHERE id = ?", (store.id,)).fetchone()["version"]
         files = db.execute(
@@ -740,6 +721,9 @@ class VectorStoreTables:
         texts: list[str] = []
         names: list[str] = []  # each chunk's vector's key: its file's seq and its number there
         attributes: list[Any] = []
+        if dimension is None:
+            row = next((rows[0] for rows in fresh.values() if rows), None)
+            dimension = len(row["vector"]) // 4 if row is not None else held.vectors.shape[1] if held else 0
         vectors: list[np.ndarray] = [np.empty((0, dimension), dtype=np.float32)]
         sparse: list[sp.csr_matrix] = []
         parts: dict[Any, tuple[int, int]] = {}
@@ -775,7 +759,7 @@ class VectorStoreTables:
             texts=texts,
             attributes=attributes,
             vectors=np.concatenate(vectors).astype(np.float32, copy=False),
-            sparse=stacked(sparse) if store.sparse_model else None,
+            sparse=Chunks.stacked_sparse(sparse) if store.sparse_model else None,
             parts=parts,
             read=sum(map(len, fresh.values())),
             keys=names,

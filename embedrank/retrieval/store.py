@@ -1,16 +1,17 @@
-"""Document stores served to requests: a file's documents cut into chunks of a served model's tokens, and
-the chunks of one store held in memory and searched by a first stage (dense, BM25, SPLADE, or a fusion of
-them), filtered on attributes.
+"""A document store's chunks held in memory and searched by a first stage (dense, BM25, SPLADE, or a fusion of
+them), filtered on attributes: the search a served vector store runs, callable in-process on the same chunks.
 
-Chunks are the library's long-document windows (:func:`~embedrank.models.chunking.split_windows`): ``size``
-tokens of the model's tokenizer overlapping by ``overlap``, each window the document's own text between its
-first and last token, a document that fits one window kept whole. Dense scores are the inner products of the
-model's vectors (cosine for a model that normalizes them, as the library's flat index scores them); SPLADE
-scores are the exact dot products of a SPLADE model's sparse vectors (a chunk that shares no term with the query
-is not found), as :class:`~embedrank.retrieval.sparse.SparseRetriever` scores them; a hybrid fuses the runs of
-the stages it weighs, each :data:`HYBRID_DEPTH` deep, by min-max score fusion with their weights, as
-:class:`~embedrank.retrieval.stages.HybridRetriever` does. A list of queries is searched query by query and each
-chunk keeps its best score.
+:class:`Chunks` holds a store's chunks (texts, attributes, dense and sparse vectors); :class:`StoreIndex`
+searches them. Each stage takes its query input as vectors (the queries' dense vectors ``(Q, D)``, their SPLADE
+vectors ``(Q, V)``; BM25 the texts) and a filter as a mask of the allowed chunks ``(N,)``
+(:meth:`StoreIndex.allowed`, evaluated over the chunks' attribute columns at once). Dense scores are the inner
+products of the model's vectors (cosine for a model that normalizes them, as the library's flat index scores
+them); BM25 is :class:`~embedrank.retrieval.bm25.BM25Retriever` over the chunks' texts, scoring only the allowed
+chunks; SPLADE scores are the exact dot products of a SPLADE model's sparse vectors (a chunk that shares no term
+with the query is not found), as :class:`~embedrank.retrieval.sparse.SparseRetriever` scores them; a hybrid
+fuses the runs of the stages it weighs, each :data:`HYBRID_DEPTH` deep, by min-max score fusion with their
+weights, as :class:`~embedrank.retrieval.stages.HybridRetriever` does. A list of queries is searched query by
+query and each chunk keeps its best score.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -32,40 +33,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from embedrank.math.fusion import weighted_fusion
-from embedrank.math.ranking import top_k
 from embedrank.math.sparse import stacked, widened
-from embedrank.models.chunking import Offsets, split_windows
 from embedrank.retrieval.bm25 import BM25Retriever
-from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, file_type, read_documents
-from embedrank.retrieval.filters import Filter, matches, parse_filter
+from embedrank.retrieval.filters import AttributeColumns, Filter, allowed_rows
 from embedrank.retrieval.index import AnyIndex, IndexConfig, build_index, load_index
-from embedrank.serving.hosting import HostedModel
-from embedrank.types import Chunking, Run
+from embedrank.types import Run
 
-__all__ = [
-    "AUTO_ANN_CHUNKS",
-    "HYBRID_DEPTH",
-    "MIN_ANN_CHUNKS",
-    "STAGES",
-    "Chunks",
-    "Document",
-    "Filter",
-    "FirstStage",
-    "InvalidFileError",
-    "Stage",
-    "StoreIndex",
-    "StoreIndexKind",
-    "UnsupportedFileError",
-    "chunk_documents",
-    "file_type",
-    "hybrid_weights",
-    "parse_filter",
-    "read_documents",
-    "stacked",
-    "window_of",
-]
-
-logger = logging.getLogger("embedrank.serving")
+logger = logging.getLogger("embedrank.retrieval")
 
 StoreIndexKind = Literal["auto", "flat", "hnsw", "ivf", "pq", "binary"]
 MIN_ANN_CHUNKS = 1000
@@ -90,10 +64,7 @@ STALE_SAVE_SECONDS = 3600
 """A save left unfinished (a process stopped while writing it) is removed after this long."""
 HYBRID_DEPTH = 1000
 """How deep each stage of a hybrid is read before fusing (the library's default)."""
-SLICE = 256
-"""Documents tokenized at a time while chunking."""
-
-FirstStage = Literal["dense", "bm25", "splade", "hybrid"]
+FirstStageName = Literal["dense", "bm25", "splade", "hybrid"]
 Stage = Literal["dense", "bm25", "splade"]
 STAGES: tuple[Stage, ...] = ("dense", "bm25", "splade")
 """The stages a hybrid may fuse."""
@@ -119,34 +90,24 @@ def _best(scores: np.ndarray, k: int) -> Run:
     return run
 
 
-async def window_of(served: HostedModel) -> int:
-    """The tokens of a chunk ``served`` reads whole: its length less what its document prompt and special tokens
-    take."""
-    counts, _ = await served.count([""], input_type="document")
-    return int(served.spec.max_seq_length - counts[0])
+def sparse_bytes(indices: np.ndarray, values: np.ndarray) -> bytes:
+    """A sparse vector as stored: its indices as little-endian int32, then its values as float32."""
+    return np.ascontiguousarray(indices, dtype="<i4").tobytes() + np.ascontiguousarray(values, dtype="<f4").tobytes()
 
 
-async def chunk_documents(
-    served: HostedModel, docs: Sequence[Document], size: int, overlap: int
-) -> list[tuple[str, int]]:
-    """Every chunk of ``docs``: windows of ``size`` tokens of ``served``'s tokenizer overlapping by ``overlap``
-    (a document that fits one is one chunk, its text as it is; a blank one has none); each chunk's text and the
-    position of its document."""
-    chunks: list[tuple[str, int]] = []
-    for first in range(0, len(docs), SLICE):
-        owners = [i for i, d in enumerate(docs[first : first + SLICE], start=first) if d.text.strip()]
-        if not owners:
-            continue
-        texts = [docs[i].text for i in owners]
-        spans = await served.token_spans(texts, add_special_tokens=False)
-        computed = iter([[(s.start, s.stop) for s in row if s.start is not None] for row in spans])
-
-        def offsets(part: Sequence[str], computed: Iterator[Offsets] = computed) -> list[Offsets]:
-            return [next(computed) for _ in part]  # split_windows asks for the texts in order
-
-        windows = split_windows(texts, offsets, window=size, chunking=Chunking(overlap=overlap))
-        chunks.extend((text, owners[int(owner)]) for text, owner in zip(windows.texts, windows.owners, strict=True))
-    return chunks
+def sparse_rows(blobs: list[bytes]) -> sp.csr_matrix:
+    """``(N, V)`` float32 rows of stored sparse vectors (:func:`sparse_bytes`), ``V`` one past their largest
+    index (a search widens the narrower of its queries and these to the other's width)."""
+    indptr = np.zeros(len(blobs) + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum([len(b) // 8 for b in blobs])
+    indices = np.empty(int(indptr[-1]), dtype=np.int32)
+    values = np.empty(int(indptr[-1]), dtype=np.float32)
+    for i, blob in enumerate(blobs):
+        n = len(blob) // 8
+        indices[indptr[i] : indptr[i + 1]] = np.frombuffer(blob, dtype="<i4", count=n)
+        values[indptr[i] : indptr[i + 1]] = np.frombuffer(blob, dtype="<f4", offset=4 * n)
+    width = int(indices.max()) + 1 if len(indices) else 1
+    return sp.csr_matrix((values, indices, indptr), shape=(len(blobs), width))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +130,12 @@ class Chunks:
     parts: Mapping[Hashable, tuple[int, int]] = dataclasses.field(default_factory=dict)
     read: int = 0
     keys: Sequence[str] = ()
+
+    @staticmethod
+    def stacked_sparse(parts: Sequence[sp.csr_matrix]) -> sp.csr_matrix:
+        """The sparse vectors of chunks read part by part ``(N_i, V_i)``, one under the other: ``(N, V)``, ``V``
+        the widest part's (a search widens the narrower of its queries and these to the other's width)."""
+        return stacked(parts)
 
 
 @dataclasses.dataclass
@@ -193,6 +160,7 @@ class StoreIndex:
     reused: int = 0
     """How many vectors the approximate index took from a saved one (0: built from the chunks alone)."""
     _bm25: BM25Retriever | None = None
+    _columns: AttributeColumns | None = None
     _by_term: sp.csr_matrix | None = None
     _ann: AnyIndex | None = None
     _row_of: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -308,10 +276,14 @@ class StoreIndex:
                 shutil.rmtree(path, ignore_errors=True)
 
     def allowed(self, where: Filter | None) -> np.ndarray | None:
-        """``(N,)`` bool: the chunks whose attributes pass ``where`` (None: all)."""
+        """``(N,)`` bool: the chunks whose attributes pass ``where`` (None: all), evaluated over the chunks'
+        attribute columns (built on the first filtered search)."""
         if where is None:
             return None
-        return np.fromiter((matches(where, a) for a in self.data.attributes), dtype=bool, count=len(self))
+        with self._lock:
+            if self._columns is None:
+                self._columns = AttributeColumns.of(self.data.attributes)
+        return allowed_rows(where, self._columns)
 
     def dense(self, queries: np.ndarray, allowed: np.ndarray | None, depth: int) -> Run:
         """Top ``depth`` chunks (ids: row numbers as strings) by inner product, per query row of ``(Q, D)``:
@@ -330,15 +302,11 @@ class StoreIndex:
         return _best(scores, k)
 
     def lexical(self, queries: Sequence[str], allowed: np.ndarray | None, depth: int) -> Run:
-        """Top ``depth`` chunks by BM25, per query."""
+        """Top ``depth`` chunks by BM25 among the ``allowed`` ones ``(N,)`` (None: all), per query."""
         with self._lock:
             if self._bm25 is None:
                 self._bm25 = BM25Retriever([str(i) for i in range(len(self))], self.data.texts)
-        k = len(self) if allowed is not None else depth  # a filter: every scored chunk, then the allowed ones
-        run = self._bm25.retrieve({str(q): text for q, text in enumerate(queries)}, k)
-        if allowed is not None:
-            run = top_k({q: {d: s for d, s in docs.items() if allowed[int(d)]} for q, docs in run.items()}, depth)
-        return run
+        return self._bm25.retrieve({str(q): text for q, text in enumerate(queries)}, depth, allowed=allowed)
 
     def splade(self, queries: sp.csr_matrix, allowed: np.ndarray | None, depth: int) -> Run:
         """Top ``depth`` chunks by the dot product of sparse vectors (score > 0), per query row of ``(Q, V)``:
@@ -360,9 +328,9 @@ class StoreIndex:
             scores[:, ~allowed] = -np.inf
         return _best(scores, k)
 
-    def first_stage(
+    def search(
         self,
-        stage: FirstStage,
+        stage: FirstStageName,
         queries: Sequence[str],
         vectors: np.ndarray | None,
         where: Filter | None,
