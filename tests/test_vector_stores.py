@@ -195,6 +195,31 @@ def test_file_batches_content_remove_delete(client):
         api.vector_stores.retrieve(store.id)
 
 
+def test_deleting_a_file_removes_it_from_every_store(client):
+    """As the openai SDK documents ``files.delete``: "Delete a file and remove it from all vector stores"."""
+    api, other = sdk(client), sdk(client, KEYS[1])
+    first, second = make_store(api), make_store(api)  # each with uploads of its own
+    theirs = make_store(other)  # another key's store of the same texts keeps its own files
+    tea = {
+        s: next(f.id for f in api.vector_stores.files.list(s).data if api.files.retrieve(f.id).filename == "tea.txt")
+        for s in (first, second)
+    }
+    shared = api.vector_stores.files.create(second, file_id=tea[first])  # first's tea file in both stores
+    wait_store(api, second)
+    assert api.vector_stores.retrieve(second).file_counts.completed == 4
+    assert api.files.delete(tea[first]).deleted
+    for store_id, total in ((first, 2), (second, 3)):
+        found = api.vector_stores.search(store_id, query="green tea leaves", ranking_options={"ranker": "none"}).data
+        assert tea[first] not in {r.file_id for r in found}
+        assert api.vector_stores.retrieve(store_id).file_counts.total == total
+        with pytest.raises(openai.NotFoundError):
+            api.vector_stores.files.retrieve(tea[first], vector_store_id=store_id)
+    assert shared.id == tea[first]
+    assert "tea.txt" in {r.filename for r in api.vector_stores.search(second, query="green tea").data}  # its own copy
+    assert "tea.txt" in {r.filename for r in other.vector_stores.search(theirs, query="green tea").data}
+    assert other.vector_stores.retrieve(theirs).file_counts.completed == 3
+
+
 def test_long_files_are_chunked_in_model_tokens(client):
     api = sdk(client)
     words = " ".join(f"w{i}" for i in range(300))

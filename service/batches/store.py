@@ -206,6 +206,12 @@ class InputFiles:
             "to finish"
         )
 
+    def removing(self, db: Connection, owner: str, file_id: str) -> None:
+        """A finished batch keeps its input file's id; nothing else refers to it."""
+
+    def removed(self, owner: str, file_id: str) -> None:
+        """Nothing to stop: no batch reads a file it does not hold."""
+
 
 class BatchStore:
     """The batches of ``storage`` (their rows, and the parts of their output in its ``parts/`` folder), reading

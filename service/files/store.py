@@ -67,10 +67,18 @@ class FileRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FileUser(Protocol):
-    """A domain whose objects hold files."""
+    """A domain whose objects hold files: asked whether a file may be deleted, then told it is."""
 
     def holding(self, db: Connection, owner: str, file_id: str) -> str | None:
         """Why ``owner``'s file ``file_id`` cannot be deleted now (read in the deleting transaction), or None."""
+        ...
+
+    def removing(self, db: Connection, owner: str, file_id: str) -> None:
+        """Drop ``owner``'s file ``file_id`` from the domain's objects, in the deleting transaction."""
+        ...
+
+    def removed(self, owner: str, file_id: str) -> None:
+        """The deletion of ``owner``'s file ``file_id`` is committed (stop what still uses it)."""
         ...
 
 
@@ -171,7 +179,8 @@ class FileStore:
         )
 
     def delete_file(self, owner: str, file_id: str) -> bool:
-        """Delete ``owner``'s file; False when there is none.
+        """Delete ``owner``'s file, and remove it from its users' objects (every vector store it is attached to,
+        its chunks with it); False when there is none.
 
         Raises:
             FileInUseError: a user of the store holds it (the input of a batch that is not finished).
@@ -183,9 +192,13 @@ class FileStore:
                     raise FileInUseError(reason)
             if db.execute("SELECT id FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone() is None:
                 return False
+            for user in self.users:  # a vector store's chunks of it go with it
+                user.removing(db, owner, file_id)
             # its space first: on a full disk the database may need it to delete the row (its journal)
             self.file_path(file_id).unlink(missing_ok=True)
             db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner))
+        for user in self.users:
+            user.removed(owner, file_id)
         return True
 
     def remove_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:

@@ -23,6 +23,7 @@ from embedrank.types import Chunking
 from service.errors import invalid
 from service.files.service import FileService
 from service.settings import Settings
+from service.storage.database import Connection
 from service.storage.service import RETRY_SECONDS, StorageService
 from service.vector_stores.ingest import Ingestor
 from service.vector_stores.schemas import (
@@ -33,12 +34,30 @@ from service.vector_stores.schemas import (
     StaticChunking,
 )
 from service.vector_stores.search import IndexCache, chunk_results
-from service.vector_stores.store import SCHEMA, StoreRow, VectorStoreTables
+from service.vector_stores.store import SCHEMA, StoreRow, VectorStoreTables, drop_file
 
 logger = logging.getLogger("embedrank.service")
 
 NO_RANKER = "none"
 AUTO_RANKERS = ("auto", "default-2024-11-15")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttachedFiles:
+    """The vector stores as users of the file store (:class:`~service.files.store.FileUser`): a file may be
+    deleted while attached, and leaves every store it is attached to (its chunks never found again, its store's
+    counts without it), as OpenAI's ``files.delete`` does; a read of it in progress is stopped."""
+
+    stores: VectorStoreService
+
+    def holding(self, db: Connection, owner: str, file_id: str) -> str | None:
+        return None
+
+    def removing(self, db: Connection, owner: str, file_id: str) -> None:
+        drop_file(db, owner, file_id)
+
+    def removed(self, owner: str, file_id: str) -> None:
+        self.stores.recheck_from_thread()
 
 
 @dataclasses.dataclass(eq=False)
@@ -54,8 +73,11 @@ class VectorStoreService:
     ingestor: Ingestor | None = None
     _opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
+    _loop: asyncio.AbstractEventLoop | None = None
+
     def __post_init__(self) -> None:
         self.storage.register(SCHEMA)
+        self.files.users.append(AttachedFiles(self))  # a deleted file leaves every store it is attached to
 
     @property
     def settings(self) -> Settings:
@@ -75,6 +97,7 @@ class VectorStoreService:
 
     async def run(self) -> None:
         """The file reader, once the storage exists (:meth:`StorageService.reached`); until cancelled."""
+        self._loop = asyncio.get_running_loop()
         storage = await self.storage.reached()
         while True:
             try:
@@ -99,6 +122,11 @@ class VectorStoreService:
         """Stop at once the reads of files that left ``in_progress`` (removed, deleted with their store, cancelled)."""
         if self.ingestor is not None:
             self.ingestor.recheck()
+
+    def recheck_from_thread(self) -> None:
+        """:meth:`recheck` from a worker thread (on the event loop the reader runs on)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.recheck)
 
     # -- calls --------------------------------------------------------------------------------------
     def embedder(self, model: str | None) -> tuple[str, HostedModel]:

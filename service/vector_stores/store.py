@@ -233,6 +233,24 @@ def _batch(row: Any) -> BatchRow:
     return msgspec.convert(dict(row), BatchRow)
 
 
+def drop_file(db: Connection, owner: str, file_id: str) -> int:
+    """Remove ``owner``'s file ``file_id`` from every store of ``owner`` it is attached to, its chunks with it,
+    in ``db``'s transaction (the file is being deleted). Returns from how many stores."""
+    stores = [
+        r["vector_store_id"]
+        for r in db.execute(
+            "SELECT f.vector_store_id FROM vector_store_files f JOIN vector_stores s ON s.id = f.vector_store_id "
+            "WHERE f.file_id = ? AND s.owner = ?",
+            (file_id, owner),
+        ).fetchall()
+    ]
+    for store_id in stores:
+        db.execute("DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?", (store_id, file_id))
+        db.execute("DELETE FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store_id, file_id))
+        db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (store_id,))
+    return len(stores)
+
+
 class VectorStoreTables:
     """The vector stores' rows in ``storage``. Blocking: called from worker threads."""
 
