@@ -77,6 +77,26 @@ class NotFoundError(StoreError):
         self.param = param or f"{what.replace(' ', '_')}_id"
 
 
+NO_NUL = r"^[^\x00]*$"
+"""The pattern of a string the service stores: no NUL character (:class:`NulCharacterError`; the request schemas'
+``Text``)."""
+
+
+class NulCharacterError(StoreError):
+    """A value to be stored (or looked up) holds a NUL character (U+0000), which is no text and which PostgreSQL's
+    text cannot hold: 400 ``invalid_value`` on every database alike (the fields a client names are refused
+    when the body is decoded, naming the field; this is the storage's backstop for the rest, such as an id)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_value"
+
+    def __init__(self, param: str | None = None) -> None:
+        what = param or "a value of the request"
+        super().__init__(f"{what} holds a NUL character (\\u0000), which is not stored; remove it")
+        self.param = param
+
+
 class UnavailableError(StoreError):
     """Something the API depends on (the Batch API's database) cannot be used now; the same call may succeed
     later: 503 with ``Retry-After`` and the subclass's ``code`` and ``public_message``."""
@@ -172,6 +192,9 @@ def validation_error(message: str) -> APIError:
     if "length >= 1" in detail and field in ("input", "documents", "query"):
         what = f"{field} is empty" if path == field else f"{path} is an empty string"
         return invalid(f"{what}; send non-empty text", param=field, code=f"empty_{field}")
+    if "matching regex" in detail and NO_NUL.replace("\\", "\\\\") in detail:  # a NUL in a stored field
+        error = NulCharacterError(path)
+        return invalid(error.public(), param=field, code=error.code)
     bound = re.search(r"Expected `\w+` (?:of length )?([<>]=?) ([\d.]+)", detail)
     if bound:
         return invalid(f"{path} must be {bound.group(1)} {bound.group(2)}", param=field, code="invalid_value")

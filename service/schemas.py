@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from service.errors import NO_NUL
+
 NonEmptyText = Annotated[str, Meta(min_length=1)]
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=INT32_MAX)]
@@ -36,7 +38,7 @@ PURPOSES = ("batch", "assistants", "user_data")
 openai SDK sends)."""
 
 Metadata = Annotated[
-    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+    dict[Annotated[str, Meta(max_length=64, pattern=NO_NUL)], Annotated[str, Meta(max_length=512, pattern=NO_NUL)]],
     Meta(max_length=16, description="up to 16 keys of 64 characters, values of 512 characters"),
 ]
 """OpenAI's ``metadata`` of an object (a batch, a vector store): at most 16 short string pairs."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-_AT = re.compile(r"^(?P<detail>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.S)
+_AT = re.compile(r"^(?P<detail>.*?)(?: - at (?P<key>`key` in )?`\$\.?(?P<path>[^`]*)`)?$", re.S)
 
 
 def split_at(message: str) -> tuple[str, str | None]:
@@ -17,10 +17,12 @@ def split_at(message: str) -> tuple[str, str | None]:
     ('Expected `int`, got `str`', 'models[0].id')
     >>> split_at("Object missing required field `model`")
     ('Object missing required field `model`', None)
+    >>> split_at("Expected `str` of length <= 64 - at `key` in `$.attributes`")  # a mapping's key: the mapping
+    ('Expected `str` of length <= 64 (a key)', 'attributes')
     """
     match = _AT.match(message)
     assert match is not None  # the pattern matches any text
-    return match["detail"], match["path"]
+    return match["detail"] + (" (a key)" if match["key"] else ""), match["path"]
 
 
 def reworded(detail: str, words: dict[str, str]) -> str:

@@ -738,6 +738,48 @@ def tables(request, tmp_path):
     store.close()
 
 
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_nul_character_is_refused_naming_its_field_and_removed_from_files_on_both_databases(
+    database, request, tmp_path
+):
+    """PostgreSQL's text cannot hold U+0000, SQLite's can: both answer alike, a 400 naming the field for what a
+    request stores or looks up (never a 500), and a file's text and attributes with NULs removed."""
+    url = request.getfixturevalue("postgres_url") if database == "postgres" else None
+    config = Settings(
+        auth=Auth(api_keys=KEYS),
+        engine=Engine(tune_malloc=False, batch_wait_ms=0),
+        batches=Batches(batch_dir=str(tmp_path / "store"), batch_database=url),
+    )
+    with TestClient(create_app(config, wait_for_models=True, models=fakes())) as client:
+        api = sdk(client)
+        store = api.vector_stores.create(name="clean")
+        headers = {"Authorization": f"Bearer {KEYS[0]}"}
+        for method, path, body, field in (
+            ("POST", "/v1/vector_stores", {"name": "a\x00b"}, "name"),
+            ("POST", "/v1/vector_stores", {"description": "\x00"}, "description"),
+            ("POST", "/v1/vector_stores", {"metadata": {"team": "x\x00"}}, "metadata"),
+            ("POST", f"/v1/vector_stores/{store.id}", {"name": "b\x00"}, "name"),
+            ("POST", f"/v1/vector_stores/{store.id}/files", {"file_id": "f", "attributes": {"k\x00": 1}}, "attributes"),
+            ("GET", "/v1/vector_stores?after=vs_%00", None, "after"),
+            ("GET", "/v1/files?after=file-%00", None, "after"),
+            ("GET", "/v1/vector_stores/vs_%00", None, None),
+            ("GET", "/v1/files/file-%00", None, None),
+        ):
+            resp = client.request(method, path, json=body, headers=headers)
+            assert resp.status_code == 400, (path, body, resp.text)
+            error = resp.json()["error"]
+            assert "NUL character" in error["message"] and error["param"] == field, error
+        nul = upload(api, "nul.txt", "green\x00 tea\x00 leaves")
+        lines = upload(api, "lines.jsonl", json.dumps({"text": "black coffee", "src\x00": "me\x00nu"}) + "\n")
+        api.vector_stores.files.create(store.id, file_id=nul)
+        api.vector_stores.files.create(store.id, file_id=lines)
+        wait_store(api, store.id)
+        assert api.vector_stores.retrieve(store.id).file_counts.completed == 2
+        assert [c.text for c in api.vector_stores.files.content(nul, vector_store_id=store.id)] == ["green tea leaves"]
+        hit = api.vector_stores.search(store.id, query="black coffee", ranking_options={"ranker": "none"}).data[0]
+        assert hit.attributes == {"src": "menu"}
+
+
 def test_claims_share_the_reading_slots_between_keys(tables):
     """A key with many files waiting cannot hold every read: the next claim goes to the key with the fewest
     files being read (oldest first among equals), and none to a key already reading ``per_owner``."""

@@ -6,7 +6,8 @@ A JSON Lines file is a collection: each line is an object that becomes a documen
 fields (``_id``, ``year``, ...) its attributes, so a search result names the line it came from.
 
 Every reader is bounded: text must be UTF-8 (a BOM is dropped), a PDF has at most ``max_pages`` pages, and the
-text of a file at most ``max_chars`` characters; past a bound the file is refused, never cut.
+text of a file at most ``max_chars`` characters; past a bound the file is refused, never cut. NUL characters
+(U+0000), which are no text, are removed from every document's text and attributes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import io
 import json
 from collections.abc import Mapping
 from pathlib import PurePath
+from typing import Any
 
 from embedrank.errors import EmbedrankError
 
@@ -103,10 +105,23 @@ def read_documents(
             except RecursionError:
                 raise InvalidFileError(f"{filename[:100]!r} nests too deeply to be read as JSON") from None
         docs = [Document(text)]
+    docs = [_without_nul(d) for d in docs]
     chars = sum(len(d.text) for d in docs)
     if chars > max_chars:
         raise InvalidFileError(f"{filename[:100]!r} holds {chars} characters of text; the limit is {max_chars}")
     return docs
+
+
+def _without_nul(doc: Document) -> Document:
+    """``doc`` with its NUL characters (U+0000: no text, and what a PostgreSQL text column cannot hold) removed from
+    its text and its attributes."""
+
+    def clean(value: Any) -> Any:
+        return value.replace("\x00", "") if isinstance(value, str) else value
+
+    if "\x00" not in doc.text and not any("\x00" in k or "\x00" in str(v) for k, v in doc.attributes.items()):
+        return doc
+    return Document(clean(doc.text), {clean(k): clean(v) for k, v in doc.attributes.items()})
 
 
 def _jsonl_documents(text: str, filename: str) -> list[Document]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from service.database_urls import redacted
-from service.errors import InsufficientStorageError, UnavailableError
+from service.errors import InsufficientStorageError, NulCharacterError, UnavailableError
 
 
 class DatabaseUnavailableError(UnavailableError):
@@ -159,12 +159,22 @@ class _Connection:
         self.placeholders = placeholders
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        _check_text(args)
         with self.unavailable():
             return self.conn.execute(self.placeholders(sql), args)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        for row in rows:
+            _check_text(row)
         with self.unavailable(), contextlib.closing(self.conn.cursor()) as cur:
             cur.executemany(self.placeholders(sql), rows)
+
+
+def _check_text(args: Sequence[Any]) -> None:
+    """Refuse a NUL character in any text parameter, on every database alike (PostgreSQL's text cannot hold one,
+    SQLite's can): :class:`NulCharacterError`."""
+    if any(isinstance(arg, str) and "\x00" in arg for arg in args):
+        raise NulCharacterError()
 
 
 @functools.lru_cache(maxsize=256)

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar
 
+from service.errors import NulCharacterError
 from service.storage.database import Connection
 
 Row = TypeVar("Row")
@@ -53,7 +54,14 @@ def page(
     files) that also meet ``where`` (its parameters ``where_args``: a status, a purpose), ordered by ``seq``
     (``order``), those after the row whose ``cursor`` column is ``after`` and before the one that is ``before``
     (each looked up in ``scope``: an id it does not hold gives an empty page), at most ``limit``, each row
-    ``convert``-ed."""
+    ``convert``-ed.
+
+    Raises:
+        NulCharacterError: a cursor that holds a NUL character (no id does).
+    """
+    for name, value in (("after", after), ("before", before)):
+        if value is not None and "\x00" in value:
+            raise NulCharacterError(name)
     sql = f"SELECT * FROM {table} WHERE {scope}"
     params: list[Any] = list(args)
     if where:

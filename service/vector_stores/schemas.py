@@ -11,12 +11,13 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from embedrank.retrieval.store import Stage, StoreIndexKind, hybrid_weights
+from service.errors import NO_NUL
 from service.schemas import Metadata
 from service.vector_stores.store import BatchRow, FileCounts, FileRow, StoreState
 
-AttributeValue = Annotated[str, Meta(max_length=512)] | float | bool
+AttributeValue = Annotated[str, Meta(max_length=512, pattern=NO_NUL)] | float | bool
 FileAttributes = Annotated[
-    dict[Annotated[str, Meta(max_length=64)], AttributeValue],
+    dict[Annotated[str, Meta(max_length=64, pattern=NO_NUL)], AttributeValue],
     Meta(
         max_length=16, description="up to 16 keys of 64 characters; values strings of 512 characters, numbers, booleans"
     ),
@@ -65,8 +66,8 @@ FIRST_STAGES = (
 class CreateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """OpenAI's body, and how the store searches (extensions)."""
 
-    name: Annotated[str, Meta(max_length=256)] | None = None
-    description: Annotated[str, Meta(max_length=512)] | None = None
+    name: Annotated[str, Meta(max_length=256, pattern=NO_NUL)] | None = None
+    description: Annotated[str, Meta(max_length=512, pattern=NO_NUL)] | None = None
     file_ids: Annotated[list[str], Meta(max_length=500)] = msgspec.field(default_factory=list)
     expires_after: ExpiresAfter | None = None
     chunking_strategy: ChunkingStrategy | None = None
@@ -112,7 +113,7 @@ class CreateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fiel
 
 
 class UpdateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: Annotated[str, Meta(max_length=256)] | UnsetType | None = UNSET
+    name: Annotated[str, Meta(max_length=256, pattern=NO_NUL)] | UnsetType | None = UNSET
     expires_after: ExpiresAfter | UnsetType | None = UNSET
     metadata: Metadata | UnsetType | None = UNSET
 
