@@ -220,6 +220,24 @@ def test_deleting_a_file_removes_it_from_every_store(client):
     assert other.vector_stores.retrieve(theirs).file_counts.completed == 3
 
 
+def test_overlapping_file_batches_each_keep_their_own_files(client):
+    api = sdk(client)
+    store = api.vector_stores.create(name="batches")
+    ids = [upload(api, f"{i}.txt", f"document number {i}") for i in range(5)]
+    first = api.vector_stores.file_batches.create(store.id, file_ids=ids[:3])
+    second = api.vector_stores.file_batches.create(store.id, file_ids=ids[1:])  # two of first's attached again
+    wait_store(api, store.id)
+    for batch, want in ((first, ids[:3]), (second, ids[1:])):
+        got = api.vector_stores.file_batches.retrieve(batch.id, vector_store_id=store.id)
+        assert got.file_counts.total == got.file_counts.completed == len(want)
+        listed = api.vector_stores.file_batches.list_files(batch.id, vector_store_id=store.id, limit=100).data
+        assert sorted(f.id for f in listed) == sorted(want)
+    assert api.vector_stores.retrieve(store.id).file_counts.total == 5
+    for empty in ({"file_ids": []}, {}):
+        with pytest.raises(openai.BadRequestError, match="at least one file"):
+            api.vector_stores.file_batches.create(store.id, **empty)  # type: ignore[arg-type]
+
+
 def test_long_files_are_chunked_in_model_tokens(client):
     api = sdk(client)
     words = " ".join(f"w{i}" for i in range(300))
@@ -778,6 +796,27 @@ def test_a_nul_character_is_refused_naming_its_field_and_removed_from_files_on_b
         assert [c.text for c in api.vector_stores.files.content(nul, vector_store_id=store.id)] == ["green tea leaves"]
         hit = api.vector_stores.search(store.id, query="black coffee", ranking_options={"ranker": "none"}).data[0]
         assert hit.attributes == {"src": "menu"}
+
+
+def test_batches_of_a_database_written_before_they_kept_lists_get_theirs(tables):
+    """Earlier versions named a file's batch on its row only: opening such a database fills each batch's list."""
+    from service.vector_stores.store import listed_batches
+
+    store = tables.create_store(
+        "o", name=None, description=None, metadata=None, model="m", sparse_model=None, first_stage="dense",
+        hybrid_weight=0.5, hybrid_weights=None, index_kind="auto", chunk_size=100, chunk_overlap=10,
+        expires_after_days=None, max_stores=10,
+    )  # fmt: skip
+    _, batch = tables.attach(
+        store, [(f"f{i}", "a.txt", None, 100, 10, None) for i in range(3)], max_files=10, batch=True
+    )
+    with tables.storage.write() as db:
+        db.execute("DELETE FROM vector_store_batch_files")  # as an earlier version left it
+    assert tables.batch_counts(batch).total == 0
+    with tables.storage.write() as db:
+        listed_batches(db)
+        listed_batches(db)  # once: a database with lists is left as it is
+    assert tables.batch_counts(batch).total == tables.batch_counts(batch).in_progress == 3
 
 
 def test_claims_share_the_reading_slots_between_keys(tables):

@@ -346,6 +346,8 @@ async def create_file_batch(
     tables, store = await _store(state, request, vector_store_id)
     files = [(f, data.attributes, data.chunking_strategy) for f in data.file_ids or ()]
     files += [(f.file_id, f.attributes, f.chunking_strategy or data.chunking_strategy) for f in data.files or ()]
+    if not files:
+        raise invalid("a file batch names at least one file: send file_ids or files", param="file_ids")
     _, batch = await _attach(state, request, store, files, batch=True)
     return batch_object(batch, await asyncio.to_thread(tables.batch_counts, batch))
 

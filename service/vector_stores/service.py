@@ -34,7 +34,7 @@ from service.vector_stores.schemas import (
     StaticChunking,
 )
 from service.vector_stores.search import IndexCache, chunk_results
-from service.vector_stores.store import SCHEMA, StoreRow, VectorStoreTables, drop_file
+from service.vector_stores.store import SCHEMA, StoreRow, VectorStoreTables, drop_file, listed_batches
 
 logger = logging.getLogger("embedrank.service")
 
@@ -76,7 +76,7 @@ class VectorStoreService:
     _loop: asyncio.AbstractEventLoop | None = None
 
     def __post_init__(self) -> None:
-        self.storage.register(SCHEMA)
+        self.storage.register(SCHEMA, listed_batches)
         self.files.users.append(AttachedFiles(self))  # a deleted file leaves every store it is attached to
 
     @property

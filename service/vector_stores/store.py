@@ -94,7 +94,26 @@ CREATE TABLE IF NOT EXISTS vector_store_file_batches (
     created_at INTEGER NOT NULL,
     cancelled_at INTEGER
 );
+CREATE TABLE IF NOT EXISTS vector_store_batch_files (
+    batch_id TEXT NOT NULL,
+    vector_store_id TEXT NOT NULL,
+    file_id TEXT NOT NULL,
+    PRIMARY KEY (batch_id, file_id)
+);
 """
+"""A file's row names the attachment that made it (``batch_id``: attached again by a later batch, the later one);
+each file batch keeps its own list of files in ``vector_store_batch_files``."""
+
+
+def listed_batches(db: Connection) -> None:
+    """Fill each file batch's list of files from its files' rows, once, in a database written before batches kept
+    their own lists (then a file attached again by a later batch had left the earlier one's list)."""
+    if db.execute("SELECT 1 FROM vector_store_batch_files LIMIT 1").fetchone() is None:
+        db.execute(
+            "INSERT INTO vector_store_batch_files (batch_id, vector_store_id, file_id) "
+            "SELECT batch_id, vector_store_id, file_id FROM vector_store_files WHERE batch_id IS NOT NULL"
+        )
+
 
 FileStatus = Literal["in_progress", "completed", "cancelled", "failed"]
 FILE_STATUSES: tuple[FileStatus, ...] = ("in_progress", "completed", "cancelled", "failed")
@@ -256,7 +275,7 @@ class VectorStoreTables:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        storage.create(SCHEMA)
+        storage.create(SCHEMA, listed_batches)
         self.leases = Leases(storage, "vector_store_files")
 
     # -- stores -------------------------------------------------------------------------------------
@@ -372,7 +391,12 @@ class VectorStoreTables:
         with self.storage.write() as db:
             gone = db.execute("DELETE FROM vector_stores WHERE id = ? AND owner = ?", (store_id, owner)).rowcount
             if gone:
-                for table in ("vector_store_chunks", "vector_store_files", "vector_store_file_batches"):
+                for table in (
+                    "vector_store_chunks",
+                    "vector_store_files",
+                    "vector_store_file_batches",
+                    "vector_store_batch_files",
+                ):
                     db.execute(f"DELETE FROM {table} WHERE vector_store_id = ?", (store_id,))
         return bool(gone)
 
@@ -441,6 +465,11 @@ class VectorStoreTables:
                     "INSERT INTO vector_store_file_batches (id, vector_store_id, owner, created_at) VALUES (?, ?, ?, ?)",
                     (made.id, store.id, store.owner, now),
                 )
+            if made is not None:
+                db.executemany(
+                    "INSERT INTO vector_store_batch_files (batch_id, vector_store_id, file_id) VALUES (?, ?, ?)",
+                    [(made.id, store.id, file_id) for file_id in dict.fromkeys(ids)],
+                )
             changed = False
             for file_id, filename, attributes, size, overlap, error in files:
                 changed |= bool(
@@ -507,8 +536,8 @@ class VectorStoreTables:
         if status is not None:
             where.append("status = ?")
             args.append(status)
-        if batch_id is not None:
-            where.append("batch_id = ?")
+        if batch_id is not None:  # the batch's own list: a file attached again since stays in it
+            where.append("file_id IN (SELECT file_id FROM vector_store_batch_files WHERE batch_id = ?)")
             args.append(batch_id)
         return page(
             self.storage.read(),
@@ -574,7 +603,9 @@ class VectorStoreTables:
 
     def batch_counts(self, batch: BatchRow) -> FileCounts:
         rows = self.storage.read().execute(
-            "SELECT status, count(*) AS n FROM vector_store_files WHERE batch_id = ? GROUP BY status", (batch.id,)
+            "SELECT f.status, count(*) AS n FROM vector_store_files f JOIN vector_store_batch_files b "
+            "ON b.vector_store_id = f.vector_store_id AND b.file_id = f.file_id WHERE b.batch_id = ? GROUP BY f.status",
+            (batch.id,),
         )
         counts = {r["status"]: int(r["n"]) for r in rows}
         return FileCounts(**counts, total=sum(counts.values()))
