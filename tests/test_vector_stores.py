@@ -238,6 +238,42 @@ def test_overlapping_file_batches_each_keep_their_own_files(client):
             api.vector_stores.file_batches.create(store.id, **empty)  # type: ignore[arg-type]
 
 
+def test_openais_hybrid_search_weights_map_onto_the_stores_fusion(client):
+    """Gateways forwarding OpenAI's file_search tool send ``ranking_options.hybrid_search``: a hybrid of dense and
+    BM25 weighed by the shares of its two weights; a score threshold may pass 1 (BM25's scores do)."""
+    api = sdk(client)
+    store_id = make_store(api)
+    query = "roasted coffee beans"
+    openai_style = api.vector_stores.search(
+        store_id,
+        query=query,
+        ranking_options={"ranker": "none", "hybrid_search": {"embedding_weight": 3, "text_weight": 1}},  # type: ignore[typeddict-unknown-key]
+    ).data
+    ours = api.vector_stores.search(
+        store_id,
+        query=query,
+        ranking_options={"ranker": "none"},
+        extra_body={"first_stage": "hybrid", "hybrid_weights": {"dense": 0.75, "bm25": 0.25}},
+    ).data
+    assert [(r.file_id, r.score) for r in openai_style] == [(r.file_id, r.score) for r in ours] and ours
+    with pytest.raises(openai.BadRequestError, match="weighs neither stage"):
+        api.vector_stores.search(
+            store_id,
+            query=query,
+            ranking_options={"hybrid_search": {"embedding_weight": 0, "text_weight": 0}},  # type: ignore[typeddict-unknown-key]
+        )
+    lexical = {"first_stage": "bm25"}
+    none = {"ranker": "none"}
+    scores = [
+        r.score for r in api.vector_stores.search(store_id, query=query, ranking_options=none, extra_body=lexical).data
+    ]
+    assert max(scores) > 1  # BM25's scores pass 1, and a threshold may too
+    above = api.vector_stores.search(
+        store_id, query=query, ranking_options={"ranker": "none", "score_threshold": 1.0001}, extra_body=lexical
+    ).data
+    assert [r.score for r in above] == [s for s in scores if s >= 1.0001]
+
+
 def test_long_files_are_chunked_in_model_tokens(client):
     api = sdk(client)
     words = " ".join(f"w{i}" for i in range(300))

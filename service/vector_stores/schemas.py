@@ -141,6 +141,23 @@ class CreateFileBatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields
     chunking_strategy: ChunkingStrategy | None = None
 
 
+class HybridSearch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenAI's ``ranking_options.hybrid_search``: how much the semantic and the keyword matches weigh."""
+
+    embedding_weight: Annotated[float, Meta(ge=0, description="the dense stage's weight")]
+    text_weight: Annotated[float, Meta(ge=0, description="the BM25 stage's weight")]
+
+    def weights(self) -> dict[Stage, float]:
+        """The hybrid's weights, each stage's share of their sum (a stage weighed 0 is left out).
+
+        >>> HybridSearch(embedding_weight=3, text_weight=1).weights()
+        {'dense': 0.75, 'bm25': 0.25}
+        """
+        total = self.embedding_weight + self.text_weight
+        shares: dict[Stage, float] = {"dense": self.embedding_weight / total, "bm25": self.text_weight / total}
+        return {stage: share for stage, share in shares.items() if share > 0}
+
+
 class RankingOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ranker: Annotated[
         str,
@@ -150,7 +167,20 @@ class RankingOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "none if there is none), or the id of a served reranker",
         ),
     ] = "auto"
-    score_threshold: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    score_threshold: Annotated[
+        float,
+        Meta(
+            description="results scored below it are dropped; the score is the ranker's (a reranker's, or the first "
+            "stage's: a cosine, a BM25 score, a fused score), so it may pass 1"
+        ),
+    ] = 0.0
+    hybrid_search: Annotated[
+        HybridSearch | None,
+        Meta(
+            description="a hybrid of the dense stage and BM25 weighed as given (their shares of the sum), for this "
+            "search (sent by gateways forwarding OpenAI's file_search tool); the extensions `hybrid_weight(s)` win"
+        ),
+    ] = None
 
 
 Query = Annotated[str, Meta(min_length=1, pattern=r"\S")]

@@ -268,7 +268,17 @@ class VectorStoreService:
         ranker = self.ranker(options.ranker if options is not None else "auto")
         threshold = options.score_threshold if options is not None else 0.0
         stage = req.first_stage or store.first_stage
-        runs = self.stages(store, stage, req.hybrid_weights, req.hybrid_weight)
+        weights = req.hybrid_weights
+        hybrid = options.hybrid_search if options is not None else None
+        if hybrid is not None and weights is None and req.hybrid_weight is None:  # OpenAI's weights of a hybrid
+            if hybrid.embedding_weight + hybrid.text_weight <= 0:
+                raise invalid(
+                    "ranking_options.hybrid_search weighs neither stage: give embedding_weight or text_weight a "
+                    "weight above 0",
+                    param="ranking_options",
+                )
+            stage, weights = req.first_stage or "hybrid", hybrid.weights()
+        runs = self.stages(store, stage, weights, req.hybrid_weight)
         models = self.embedders(store)
         asked = EmbedOptions(input_type="query", truncate=False, budget=limits.max_request_tokens)
         vectors = sparse = None
