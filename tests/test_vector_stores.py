@@ -274,6 +274,26 @@ def test_openais_hybrid_search_weights_map_onto_the_stores_fusion(client):
     assert [r.score for r in above] == [s for s in scores if s >= 1.0001]
 
 
+def test_a_file_past_the_chunk_limit_fails_before_it_is_embedded_and_an_empty_one_says_so(tmp_path):
+    models = fakes()
+    embedded: list[int] = []
+    embed_rows = models["enc"].embed_rows
+    models["enc"].embed_rows = lambda rows: embedded.append(len(rows)) or embed_rows(rows)
+    with running_app(tmp_path / "store", limits=Limits(max_vector_store_chunks=2), models=models) as client:
+        api = sdk(client)
+        static = {"type": "static", "static": {"max_chunk_size_tokens": 100, "chunk_overlap_tokens": 0}}
+        store = api.vector_stores.create(name="small", chunking_strategy=static)  # type: ignore[arg-type]
+        long = upload(api, "long.txt", " ".join(f"w{i}" for i in range(250)))  # three chunks of 100 tokens
+        empty = upload(api, "empty.md", " \n ")
+        for file_id in (long, empty):
+            api.vector_stores.files.create(store.id, file_id=file_id)
+        wait_store(api, store.id)
+        errors = {f.id: f.last_error for f in api.vector_stores.files.list(store.id).data}
+        assert errors[long].code == "invalid_file" and "max_vector_store_chunks=2" in errors[long].message
+        assert errors[empty].code == "invalid_file" and "holds no text" in errors[empty].message
+        assert embedded == []  # neither was embedded
+
+
 def test_long_files_are_chunked_in_model_tokens(client):
     api = sdk(client)
     words = " ".join(f"w{i}" for i in range(300))

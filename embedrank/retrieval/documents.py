@@ -25,6 +25,8 @@ TEXT_TYPES = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "
 TYPES = {**TEXT_TYPES, ".jsonl": "jsonl", ".html": "html", ".htm": "html", ".pdf": "pdf"}
 """The extensions read, and their type."""
 
+MAX_HTML_DEPTH = 2048
+"""How deep an HTML file's elements may nest (libxml2's limit with its large documents allowed)."""
 MAX_ATTRIBUTE_KEY = 64
 MAX_ATTRIBUTE_VALUE = 512
 
@@ -157,10 +159,16 @@ def _html_text(content: bytes, filename: str) -> str:
     import lxml.etree
     import lxml.html
 
+    parser = lxml.html.HTMLParser(huge_tree=True)  # nesting to libxml2's 2,048 levels, not 256
     try:
-        root = lxml.html.document_fromstring(content)
+        root = lxml.html.document_fromstring(content, parser=parser)
     except (lxml.etree.ParserError, ValueError) as exc:
         raise InvalidFileError(f"{filename[:100]!r} is not HTML: {exc}") from None
+    if any(error.type_name == "ERR_RESOURCE_LIMIT" for error in parser.error_log):  # the parser dropped the rest
+        raise InvalidFileError(
+            f"{filename[:100]!r} nests its elements more than {MAX_HTML_DEPTH:,} deep; the text past that depth "
+            "cannot be read"
+        )
     for element in root.xpath("//script | //style | //noscript | //template"):
         element.drop_tree()
     return " ".join(root.text_content().split())

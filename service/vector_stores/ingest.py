@@ -150,6 +150,15 @@ class Ingestor:
             docs = await self.readers.read(self.file_path(file.file_id), file.filename)
             served = self.pool_of().get(store.model, "embeddings")
             pieces = await chunk_documents(served, docs, file.chunk_size, file.chunk_overlap)
+            if not pieces:
+                raise InvalidFileError(
+                    f"{file.filename[:100]!r} holds no text to search (a scanned PDF's pages have no text layer)"
+                )
+            refused = await asyncio.to_thread(
+                self.tables.too_many_chunks, None, file, len(pieces), limits.max_vector_store_chunks
+            )
+            if refused is not None:  # before any chunk is embedded
+                raise InvalidFileError(refused)
             texts = [text for text, _ in pieces]
             vectors = await self._embed(served, texts)
             sparse = await self._sparse(store.sparse_model, texts) if store.sparse_model else None

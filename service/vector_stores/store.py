@@ -665,6 +665,25 @@ class VectorStoreTables:
         """Free every claim (one host on its own database, starting: none can be live)."""
         self.leases.release_all()
 
+    def too_many_chunks(self, db: Connection | None, file: FileRow, count: int, max_chunks: int) -> str | None:
+        """Why ``count`` chunks of ``file`` do not fit its store (the chunks of its completed files and these past
+        ``max_chunks``), or None when they do; read on ``db`` (default: a read of its own)."""
+        stored = (
+            (db or self.storage.read())
+            .execute(
+                "SELECT coalesce(sum(chunks), 0) AS n FROM vector_store_files WHERE vector_store_id = ? AND status = "
+                "'completed' AND file_id <> ?",
+                (file.vector_store_id, file.file_id),
+            )
+            .fetchone()["n"]
+        )
+        if stored + count <= max_chunks:
+            return None
+        return (
+            f"the file's {count} chunks would make the vector store hold {stored + count}; the limit is "
+            f"max_vector_store_chunks={max_chunks}"
+        )
+
     def complete(self, worker: str, file: FileRow, chunks: list[ChunkData], *, max_chunks: int) -> bool:
         """Write ``file``'s chunks and mark it ``completed``, in one transaction, if ``worker`` still holds its
         claim and it is still ``in_progress``; a store that would hold more than ``max_chunks`` chunks has the
@@ -677,19 +696,9 @@ class VectorStoreTables:
             ).fetchone()
             if held is None:
                 return False
-            stored = db.execute(
-                "SELECT coalesce(sum(chunks), 0) AS n FROM vector_store_files WHERE vector_store_id = ? AND status = "
-                "'completed'",
-                (file.vector_store_id,),
-            ).fetchone()["n"]
-            if stored + len(chunks) > max_chunks:
-                self._fail(
-                    db,
-                    file,
-                    "invalid_file",
-                    f"the file's {len(chunks)} chunks would make the vector store hold {stored + len(chunks)}; "
-                    f"the limit is max_vector_store_chunks={max_chunks}",
-                )
+            refused = self.too_many_chunks(db, file, len(chunks), max_chunks)
+            if refused is not None:
+                self._fail(db, file, "invalid_file", refused)
                 return True
             db.execute(
                 "DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?",
