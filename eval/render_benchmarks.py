@@ -80,7 +80,7 @@ The matrix is measured, not promised: `eval/support_matrix.py` builds a tiny mod
 padding side, saved as sentence-transformers saves it), loads it with embedrank on every backend and
 precision and with sentence-transformers on torch, and compares the outputs on texts that include Unicode,
 a one-character text and a text cut at the max length. The test suite runs the script on torch and
-OpenVINO fp32 and checks each architecture in detail (`tests/test_architectures.py`). *parity* means within 1e-5 of sentence-transformers on torch and 1e-4 on an
+OpenVINO fp32 and checks each architecture in detail (`tests/models/test_architectures.py`). *parity* means within 1e-5 of sentence-transformers on torch and 1e-4 on an
 exported fp32 graph, with identical token counts; *bf16 ok* and *int8 ok* mean a reduced-precision row's
 smallest cosine to sentence-transformers' embedding is at least 0.99 (bf16) or 0.95 (int8), and for
 cross-encoders that Spearman's rank correlation with sentence-transformers' scores over 256 pairs is at

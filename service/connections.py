@@ -17,7 +17,7 @@ before any app code runs. :func:`json_parse_errors` makes the server's protocol 
 API's error shape instead (400, ``code: "invalid_http"``, then the connection is closed, as before).
 
 Both read uvicorn's protocol objects (``server_state.connections``, ``cycle``, ``timeout_keep_alive_task``),
-which both of its HTTP implementations share; ``tests/test_server_process.py`` checks it against the real
+which both of its HTTP implementations share; ``tests/service/test_service_process.py`` checks it against the real
 server, so an upgrade that changes them is caught.
 """
 

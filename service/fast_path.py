@@ -9,7 +9,7 @@ injection and the handler signature cost more per request than the service's own
 :func:`service.handling.finish` over the endpoint's call (:data:`service.endpoints.EMBEDDINGS`, the response is sent as
 :func:`service.handling.respond` builds it), the request count, latency
 and in-flight tracking (:meth:`service.middleware.RequestMiddleware.track`), and :func:`service.errors.handle_exception` for every error. So the responses,
-errors included, are the routed handler's, byte for byte (``tests/test_fast_path.py``).
+errors included, are the routed handler's, byte for byte (``tests/service/test_fast_path.py``).
 
 Everything else goes to the app untouched, before anything is read: other routes and methods, a missing
 or wrong key (the 401 comes from the app), a body that is not declared as plain ``application/json``

@@ -1,5 +1,5 @@
 """The service's only uses of Litestar beyond its public API, each behind one function, each pinned by
-``tests/test_litestar_internals.py`` so that a Litestar upgrade which changes them fails there, by name.
+``tests/service/test_litestar_internals.py`` so that a Litestar upgrade which changes them fails there, by name.
 
 - The decoded body: the service decodes each body once, strictly (:mod:`service.decoding`), before the
   handler runs. Litestar reads a request's JSON from its connection state when that holds a value, and

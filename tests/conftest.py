@@ -329,3 +329,19 @@ def postgres_url(postgres_server):
     yield f"{postgres_server.rsplit('/', 1)[0]}/{name}"
     with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def pillow_decoders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the pixel decoders Pillow opens from now on (every decompression goes through one)."""
+    opened: list[str] = []
+    from PIL import Image
+
+    real = Image._getdecoder
+
+    def counted(mode, decoder_name, *args, **kwargs):
+        opened.append(decoder_name)
+        return real(mode, decoder_name, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "_getdecoder", counted)
+    return opened

@@ -8,7 +8,7 @@ real tokens only, packed as ``(N, H)``; only attention, which mixes tokens, runs
 (:class:`Varlen`: on a GPU, torch's flash attention over the packed rows, :func:`varlen_kernel`): then no
 step sees padding. The weights are the model's own modules, so the result
 matches the model's ordinary forward pass up to float rounding (checked against sentence-transformers in
-``tests/test_packed.py``).
+``tests/runtime/test_packed.py``).
 
 Plain BERT and RoBERTa/XLM-RoBERTa encoders qualify (MiniLM, BGE, E5, GTE, bge-m3, multilingual-e5 and
 most sentence-transformers models), and their sequence classifiers (cross-encoders); :func:`supports`

@@ -1,5 +1,5 @@
 """Files made to cost their reader far more than their size, for the tests and benchmarks of reading untrusted
-uploads (:mod:`embedrank.serving.file_readers`).
+uploads (:mod:`embedrank.serving.file_readers`) and images (:mod:`embedrank.models.images`).
 
 >>> pdf = pdf_sharing_one_stream(pages=2000, stream_bytes=300_000)
 >>> len(pdf) < 400_000
@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+import struct
 import zlib
 
 
@@ -40,3 +41,17 @@ def pdf_sharing_one_stream(pages: int, stream_bytes: int) -> bytes:
     out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
     return bytes(out)
+
+
+def png_claiming(width: int, height: int, payload: int = 50_000) -> bytes:
+    """A PNG whose header claims ``width`` x ``height`` pixels, with ``payload`` bytes of compressed rows."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    stream, zeros, compressed = zlib.compressobj(9), b"\0" * (1 << 20), b""
+    while len(compressed) < payload:  # rows of zeros: about 1,000 to 1 compressed, as a real bomb
+        compressed += stream.compress(zeros)
+    compressed += stream.flush()
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", compressed) + chunk(b"IEND", b"")
