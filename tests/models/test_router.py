@@ -24,19 +24,27 @@ def _save(modules, path, **options) -> str:
     return str(path)
 
 
+def _static_query_branches(seed: int) -> tuple[object, list]:
+    """A static embedding for queries and a tiny BERT's transformer (mean pooling) for documents, seeded."""
+    import torch
+    from sentence_transformers.models import StaticEmbedding
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    bert = tiny_model("bert")
+    document = SentenceTransformer(bert, device="cpu")
+    static = StaticEmbedding(AutoTokenizer.from_pretrained(bert)._tokenizer, embedding_dim=64)
+    return static, [document[0], document[1]]
+
+
 @pytest.fixture(scope="module")
 def static_query_router(tmp_path_factory):
     """A static embedding for queries, a transformer (mean pooling) for documents, then Normalize; query and
     document prompts (as ``Router.for_query_document`` models are built)."""
-    import torch
-    from sentence_transformers.models import Normalize, Router, StaticEmbedding
-    from transformers import AutoTokenizer
+    from sentence_transformers.models import Normalize, Router
 
-    torch.manual_seed(0)
-    bert = tiny_model("bert")
-    document = SentenceTransformer(bert, device="cpu")
-    static = StaticEmbedding(AutoTokenizer.from_pretrained(bert)._tokenizer, embedding_dim=64)
-    router = Router.for_query_document(query_modules=[static], document_modules=[document[0], document[1]])
+    static, document = _static_query_branches(0)
+    router = Router.for_query_document(query_modules=[static], document_modules=document)
     prompts = {"query": "query: ", "document": ""}
     return _save([router, Normalize()], tmp_path_factory.mktemp("router") / "static-query", prompts=prompts)
 
@@ -45,19 +53,10 @@ def static_query_router(tmp_path_factory):
 def static_default_router(tmp_path_factory):
     """The static query branch is the default (``default_route="query"``): what the model runs when no task is
     named. The transformer branch of documents must still run on the backend asked for."""
-    import torch
-    from sentence_transformers.models import Normalize, Router, StaticEmbedding
-    from transformers import AutoTokenizer
+    from sentence_transformers.models import Normalize, Router
 
-    torch.manual_seed(2)
-    bert = tiny_model("bert")
-    document = SentenceTransformer(bert, device="cpu")
-    static = StaticEmbedding(AutoTokenizer.from_pretrained(bert)._tokenizer, embedding_dim=64)
-    router = Router(
-        {"query": [static], "document": [document[0], document[1]]},
-        default_route="query",
-        allow_empty_key=True,
-    )
+    static, document = _static_query_branches(2)
+    router = Router({"query": [static], "document": document}, default_route="query", allow_empty_key=True)
     return _save([router, Normalize()], tmp_path_factory.mktemp("router") / "static-default")
 
 
