@@ -29,8 +29,9 @@ from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions
 from embedrank.serving.pool import ModelPool
 from service.context import BACKGROUND_PRIORITY
+from service.errors import InsufficientStorageError
 from service.settings import Settings
-from service.vector_stores.store import ChunkData, FileRow, StoreRow, VectorStoreTables
+from service.vector_stores.store import ChunkData, ErrorCode, FileRow, StoreRow, VectorStoreTables
 
 logger = logging.getLogger("embedrank.service")
 
@@ -116,6 +117,7 @@ class Ingestor:
                 task = asyncio.create_task(self._held(*claimed))
                 reading.add(task)
                 task.add_done_callback(reading.discard)
+                task.add_done_callback(_logged)
                 task.add_done_callback(lambda _: slots.release())
         finally:
             for task in reading:
@@ -163,7 +165,7 @@ class Ingestor:
             vectors = await self._embed(served, texts)
             sparse = await self._sparse(store.sparse_model, texts) if store.sparse_model else None
         except (UnsupportedFileError, InvalidFileError) as exc:
-            await asyncio.to_thread(self.tables.fail, self.worker_id, file, exc.code, str(exc))  # type: ignore[arg-type]
+            await self._failed(file, exc.code, str(exc))  # type: ignore[arg-type]
             return
         except (OverloadedError, NotReadyError, ModelUnavailableError) as exc:
             logger.info("vector stores: %s waits: %s", file.file_id, exc)
@@ -174,18 +176,34 @@ class Ingestor:
             raise
         except Exception as exc:
             logger.exception("vector stores: reading %s failed", file.file_id)
-            await asyncio.to_thread(
-                self.tables.fail, self.worker_id, file, "server_error", f"{type(exc).__name__}: {exc}"
-            )
+            await self._failed(file, "server_error", f"{type(exc).__name__}: {exc}")
             return
         chunks = [
             ChunkData(text, dict(docs[owner].attributes) or None, vector, sparse[i] if sparse is not None else None)
             for i, ((text, owner), vector) in enumerate(zip(pieces, vectors, strict=True))
         ]
-        if await asyncio.to_thread(
-            self.tables.complete, self.worker_id, file, chunks, max_chunks=limits.max_vector_store_chunks
-        ):
+        try:
+            written = await asyncio.to_thread(
+                self.tables.complete, self.worker_id, file, chunks, max_chunks=limits.max_vector_store_chunks
+            )
+        except InsufficientStorageError:
+            await self._failed(
+                file,
+                "server_error",
+                "the server had no room on its disk to store the file's chunks; attach the file again once there is "
+                "room (delete files or stores you no longer need)",
+            )
+            return
+        if written:
             self.files_read += 1
+
+    async def _failed(self, file: FileRow, code: ErrorCode, message: str) -> None:
+        """Mark ``file`` ``failed`` with the reason, once (a failed file is not read again); when even that cannot
+        be written now (the database is unreachable, its disk full), its claim lapses and it is read again later."""
+        try:
+            await asyncio.to_thread(self.tables.fail, self.worker_id, file, code, message)
+        except Exception as exc:
+            logger.warning("vector stores: cannot record that %s failed (%s): %s", file.file_id, message, exc)
 
     @staticmethod
     async def _sliced(texts: list[str], compute: Callable[[list[str]], Awaitable[T]]) -> list[T]:
@@ -236,3 +254,10 @@ class Ingestor:
                 "tokens of its own); attach the file with a smaller static chunk size"
             ) from None
         return [vector for part in parts for vector in part]
+
+
+def _logged(task: asyncio.Task[None]) -> None:
+    """Log the error a read's task ended with (every error is handled within it; this is the backstop that keeps
+    one from passing unseen, as "Task exception was never retrieved")."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.error("vector stores: a file's read ended with an error", exc_info=exc)

@@ -294,6 +294,29 @@ def test_a_file_past_the_chunk_limit_fails_before_it_is_embedded_and_an_empty_on
         assert embedded == []  # neither was embedded
 
 
+def test_a_full_disk_while_chunks_are_written_fails_the_file_saying_so_once(client, monkeypatch, caplog):
+    from service.errors import InsufficientStorageError
+
+    api = sdk(client)
+    store = api.vector_stores.create(name="full")
+    tables = client.app.state.vector_stores.tables()
+    written: list[str] = []
+
+    def full(worker, file, chunks, *, max_chunks):
+        written.append(file.file_id)
+        raise InsufficientStorageError("database or disk is full")
+
+    monkeypatch.setattr(tables, "complete", full)
+    file_id = upload(api, "tea.txt", DOCS["tea.txt"])
+    api.vector_stores.files.create(store.id, file_id=file_id)
+    wait_store(api, store.id)
+    (row,) = api.vector_stores.files.list(store.id).data
+    assert row.status == "failed" and row.last_error.code == "server_error"
+    assert "no room on its disk" in row.last_error.message
+    assert written == [file_id]  # failed once: not read again
+    assert "never retrieved" not in caplog.text
+
+
 def test_long_files_are_chunked_in_model_tokens(client):
     api = sdk(client)
     words = " ".join(f"w{i}" for i in range(300))
