@@ -275,6 +275,14 @@ class Limits(_Group, frozen=True):
     max_file_bytes: Annotated[
         int, Positive, Meta(description="bytes of a file uploaded to `/v1/files` (a batch's input; 413 past it)")
     ] = 100_000_000
+    max_file_storage_per_key: Annotated[
+        int,
+        Positive,
+        Meta(
+            description="bytes the files of one API key may take together on the server's disk (uploads and batch "
+            "results; an upload past it is refused with 429 `file_storage_exceeded`: delete files to make room)"
+        ),
+    ] = 10_000_000_000
     max_batch_lines: Annotated[
         int,
         Positive,

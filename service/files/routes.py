@@ -68,7 +68,14 @@ async def upload_file(request: Request[Any, Any, Any], state: State) -> FileObje
             413, f"the file is {len(content)} bytes; the limit is max_file_bytes={limit}", code="file_too_large"
         )
     store = await files.opened()
-    row = await asyncio.to_thread(store.add_file, owner_of(request), filename[:255], purpose, content)
+    row = await asyncio.to_thread(
+        store.add_file,
+        owner_of(request),
+        filename[:255],
+        purpose,
+        content,
+        max_owner_bytes=files.settings.limits.max_file_storage_per_key,
+    )
     return file_object(row)
 
 

@@ -66,6 +66,15 @@ class FileRow(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: int | None = None
 
 
+class FileStorageExceededError(StoreError):
+    """An API key's files would take more of the disk than it may: 429 ``file_storage_exceeded``."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "file_storage_exceeded"
+    param = "file"
+
+
 class FileUser(Protocol):
     """A domain whose objects hold files: asked whether a file may be deleted, then told it is."""
 
@@ -101,18 +110,32 @@ class FileStore:
     def file_path(self, file_id: str) -> Path:
         return self.folder / file_id
 
-    def add_file(self, owner: str, filename: str, purpose: str, content: bytes) -> FileRow:
+    def add_file(
+        self, owner: str, filename: str, purpose: str, content: bytes, *, max_owner_bytes: int | None = None
+    ) -> FileRow:
         """Store ``content`` as a file of ``owner`` (written and synced before its row exists, removed if the row
         cannot be written). Returns its row.
 
         Raises:
             InsufficientStorageError: the disk has no room for it (and :data:`RESERVE`).
+            FileStorageExceededError: ``owner``'s files would take more than ``max_owner_bytes`` together.
         """
         file_id = new_id("file-")
         check_room(self.folder, len(content))
         write_synced(self.file_path(file_id), [content])
         try:
             with self.storage.write() as db:
+                if max_owner_bytes is not None:
+                    if self.storage.db.words["owner_lock"]:  # two uploads of one key are summed one after the other
+                        db.execute(self.storage.db.words["owner_lock"], (owner,))
+                    held = db.execute(
+                        "SELECT coalesce(sum(bytes), 0) AS n FROM files WHERE owner = ?", (owner,)
+                    ).fetchone()["n"]
+                    if held + len(content) > max_owner_bytes:
+                        raise FileStorageExceededError(
+                            f"this API key's files take {held:,} bytes; with this one's {len(content):,} they would "
+                            f"pass max_file_storage_per_key={max_owner_bytes:,}: delete files you no longer need"
+                        )
                 row = FileRow(
                     id=file_id,
                     owner=owner,

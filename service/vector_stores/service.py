@@ -12,7 +12,7 @@ from typing import Any
 
 from litestar.datastructures import State
 
-from embedrank.errors import shorten
+from embedrank.errors import InputTooLongError, shorten
 from embedrank.retrieval.filters import parse_filter
 from embedrank.retrieval.store import FirstStageName, Stage, hybrid_weights
 from embedrank.serving.chunking import window_of
@@ -282,10 +282,20 @@ class VectorStoreService:
         models = self.embedders(store)
         asked = EmbedOptions(input_type="query", truncate=False, budget=limits.max_request_tokens)
         vectors = sparse = None
-        if "dense" in runs:
-            vectors = (await models[0][1].embed(queries, asked)).output.embeddings
-        if "splade" in runs:
-            sparse = (await models[1][1].sparse(queries, asked)).output.sparse
+        model_id, served = models[0]
+        try:
+            if "dense" in runs:
+                vectors = (await served.embed(queries, asked)).output.embeddings
+            if "splade" in runs:
+                model_id, served = models[1]
+                sparse = (await served.sparse(queries, asked)).output.sparse
+        except InputTooLongError:
+            raise invalid(
+                f"the query is longer than the store's model {shorten(model_id)!r} reads at once "
+                f"({served.spec.max_seq_length} tokens of its own): the rest of it could not be searched; shorten it",
+                param="query",
+                code="query_too_long",
+            ) from None
         assert self.indexes is not None
         index = await self.indexes.index(store, dimension_of(models[0][1]))
         depth = req.max_num_results if ranker == NO_RANKER else max(req.rerank_candidates, req.max_num_results)

@@ -82,6 +82,19 @@ def direct(client: TestClient, key: str, url: str, body: dict[str, Any]) -> tupl
     return resp.status_code, resp.json()
 
 
+def test_a_keys_files_are_bounded_on_the_shared_disk_and_deleting_makes_room(tmp_path):
+    with running_app(tmp_path / "batches", limits=Limits(max_file_storage_per_key=1_000)) as client:
+        api, other = sdk(client, KEYS[0]), sdk(client, KEYS[1])
+        first = api.files.create(file=("a.jsonl", io.BytesIO(b"x" * 600)), purpose="batch")
+        with pytest.raises(openai.RateLimitError, match="max_file_storage_per_key=1,000") as refused:
+            api.files.create(file=("b.jsonl", io.BytesIO(b"x" * 600)), purpose="batch")
+        assert refused.value.body["code"] == "file_storage_exceeded"  # type: ignore[index]
+        assert other.files.create(file=("c.jsonl", io.BytesIO(b"x" * 600)), purpose="batch").bytes == 600
+        assert [f.id for f in api.files.list().data] == [first.id]  # the refused upload left nothing
+        api.files.delete(first.id)
+        assert api.files.create(file=("b.jsonl", io.BytesIO(b"x" * 600)), purpose="batch").bytes == 600
+
+
 def test_the_openai_sdk_runs_an_embeddings_batch_and_each_line_is_the_direct_answer(app_client):
     api = sdk(app_client, KEYS[0])
     rows = [embed_line(i) for i in range(120)] + [embed_line(120, input=[]), embed_line(121, dimensions=0)]

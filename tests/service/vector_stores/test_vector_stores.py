@@ -317,6 +317,14 @@ def test_a_full_disk_while_chunks_are_written_fails_the_file_saying_so_once(clie
     assert "never retrieved" not in caplog.text
 
 
+def test_a_query_longer_than_the_model_reads_is_refused_naming_query(client):
+    api = sdk(client)
+    store_id = make_store(api)
+    with pytest.raises(openai.BadRequestError, match="longer than the store's model 'enc' reads at once") as refused:
+        api.vector_stores.search(store_id, query=" ".join(["tea"] * 600))
+    assert refused.value.body["param"] == "query" and refused.value.body["code"] == "query_too_long"  # type: ignore[index]
+
+
 def test_long_files_are_chunked_in_model_tokens(client):
     api = sdk(client)
     words = " ".join(f"w{i}" for i in range(300))
