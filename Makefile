@@ -17,7 +17,7 @@ IMAGE ?= embedrank:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 IMAGE_ARCH := $(shell uname -m | sed 's/arm64/aarch64/')
 
-.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 bench-int8-layers bench-ov-hints bench-encode-streams eval-auto-avx2 bench-rerank bench-service bench-tracing bench-span-cost bench-batch-owners bench-batch-validation bench-hostile-files bench-vector-store bench-store-index bench-pgvector bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
+.PHONY: image image-base image-check image-parity bench-images setup setup-tests lock run test test-fast test-avx2 test-extended lint typecheck docs bench bench-encode bench-encode-avx2 bench-calibration bench-calibration-avx2 bench-int8-layers bench-ov-hints bench-encode-streams eval-auto-avx2 bench-rerank bench-service bench-tracing bench-span-cost bench-batch-owners bench-batch-validation bench-hostile-files bench-vector-store bench-store-index bench-store-filters bench-pgvector bench-fairness bench-ready bench-batch bench-gpu gpu-bundle bench-load bench-index-memory fuzz eval eval-store support-matrix serve notebooks clean
 
 # constraints.txt is the lock: every package version the test suite ran with (make lock refreshes it)
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -151,6 +151,10 @@ bench-hostile-files: setup  ## one key's PDF bombs attached to a store: the othe
 
 bench-vector-store: setup  ## vector stores: SciFact read into a store, searches at 1 and 16 clients, memory per chunk
 	$(RECORD) vector-store "Vector stores: ingestion, search latency, memory per chunk" -- $(PY) eval/bench_vector_store.py
+	$(PY) eval/render_benchmarks.py
+
+bench-store-filters: setup  ## a vector store's search with an attribute filter against without, every first stage
+	$(RECORD) store-filters "Vector stores: filtered against unfiltered search, every first stage" -- $(PY) eval/bench_store_filters.py
 	$(PY) eval/render_benchmarks.py
 
 bench-store-index: setup  ## a vector store's dense search, exact against HNSW, by the number of chunks

@@ -55,6 +55,7 @@ ORDER = (
     "batch-validation",
     "hostile-files",
     "vector-store",
+    "store-filters",
     "gpu",
     "gpu-service",
     "load",
@@ -584,6 +585,16 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 f"vector store dense search at {chunks} chunks, p50 (HNSW's recall@10)",
                 f"HNSW {hnsw} ms ({recall})",
                 f"exact: {exact} ms",
+            )
+    if name == "store-filters":
+        rows = dict(re.findall(r"^\| (dense|bm25|hybrid) \| ((?:[\d.]+ \| ){4}[\d.]+x) \|", out, re.M))
+        chunks = _search(r"^([\d,]+) chunks \([\d,]+ pass the filter, (\d+%)\)", out)
+        if "hybrid" in rows and chunks:
+            plain, _, filtered, _, ratio = rows["hybrid"].split(" | ")
+            return (
+                f"vector store hybrid search at {chunks[1]} chunks with a filter ({chunks[2]} of them allowed), p50",
+                f"{filtered} ms ({ratio} the unfiltered search)",
+                f"unfiltered: {plain} ms",
             )
     if name == "pgvector":
         found = re.findall(r"^\| ([\d,]+) \| ([a-zA-Z ]+) \| ([\d.]+) \|", out, re.M)
