@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -61,7 +62,8 @@ SAVE_PREFIX = "ann-"
 SAVED_FILE = "store-index.json"
 """Beside a saved index: how many vectors it learnt from and a SHA-256 of each of its files."""
 STALE_SAVE_SECONDS = 3600
-"""A save left unfinished (a process stopped while writing it) is removed after this long."""
+"""A save left unfinished by a process of another host (or an earlier version) is removed after this long; one
+of this host's is removed as soon as its process is gone."""
 HYBRID_DEPTH = 1000
 """How deep each stage of a hybrid is read before fusing (the library's default)."""
 FirstStageName = Literal["dense", "bm25", "splade", "hybrid"]
@@ -249,11 +251,10 @@ class StoreIndex:
 
     def _save(self, ann: AnyIndex, learnt: int) -> None:
         """Write ``ann`` into :attr:`folder` beside, sync it, rename it into place, then remove the older saves
-        (and unfinished ones older than :data:`STALE_SAVE_SECONDS`); a failure only logs (the index still
-        serves)."""
+        and the unfinished ones abandoned (:func:`_abandoned`); a failure only logs (the index still serves)."""
         assert self.folder is not None
         token = uuid.uuid4().hex[:12]
-        part = self.folder / f".{SAVE_PREFIX}{token}.part"
+        part = self.folder / f".{SAVE_PREFIX}{token}-{_WRITER}.part"
         final = self.folder / f"{SAVE_PREFIX}{self.data.version:012d}-{token}"
         try:
             ann.save(part)
@@ -271,8 +272,7 @@ class StoreIndex:
             shutil.rmtree(part, ignore_errors=True)
             return
         for path in self.folder.iterdir():
-            stale = path.name.startswith(".") and time.time() - path.stat().st_mtime > STALE_SAVE_SECONDS
-            if (path.name.startswith(SAVE_PREFIX) and path.name < final.name) or stale:
+            if (path.name.startswith(SAVE_PREFIX) and path.name < final.name) or _abandoned(path):
                 shutil.rmtree(path, ignore_errors=True)
 
     def allowed(self, where: Filter | None) -> np.ndarray | None:
@@ -369,6 +369,30 @@ class StoreIndex:
                 row = int(doc)
                 best[row] = max(best.get(row, -np.inf), score)
         return sorted(best.items(), key=lambda item: (-item[1], item[0]))[:depth]
+
+
+_WRITER = f"{socket.gethostname()}-{os.getpid()}"
+"""Who writes an unfinished save: this host and process (a save's folder is ``.ann-<token>-<host>-<pid>.part``)."""
+
+
+def _abandoned(path: Path) -> bool:
+    """Whether ``path`` is an unfinished save that no one will finish: its writer on this host is no longer
+    running (it was killed while saving), or, from another host or an earlier version, it is older than
+    :data:`STALE_SAVE_SECONDS`."""
+    if not (path.name.startswith(".") and path.name.endswith(".part")):
+        return False
+    host, _, pid = path.name.removesuffix(".part").rpartition("-")
+    if host.endswith("-" + socket.gethostname()) and pid.isdigit() and int(pid) != os.getpid():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # another user's live process
+            return False
+    try:
+        return time.time() - path.stat().st_mtime > STALE_SAVE_SECONDS
+    except FileNotFoundError:
+        return False
 
 
 def _sha256(path: Path) -> str:

@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -745,12 +746,16 @@ def test_a_saved_store_index_grows_at_the_next_version_and_is_never_trusted_blin
     unfinished = folder / ".ann-unfinished.part"  # a save a stopped process left: never read, removed when stale
     unfinished.mkdir()
     (unfinished / "store-index.json").write_text("{")
+    gone = next(pid for pid in range(4_000_000, 3_000_000, -1) if not Path(f"/proc/{pid}").exists())
+    killed = folder / f".ann-0123456789ab-{socket.gethostname()}-{gone}.part"  # its writer is gone
+    killed.mkdir()
 
     def top(index: Any, row: int) -> int:
         return int(next(iter(index.dense(vectors[row : row + 1], None, 5)["0"])))
 
     first = _built(_chunks(1, vectors[:200], keys[:200]), "hnsw", folder)
     assert first.reused == 0 and [p.name[:16] for p in folder.glob("ann-*")] == ["ann-000000000001"]
+    assert not killed.exists()  # removed at the next save, not an hour later
     grown = _built(_chunks(2, vectors[:300], keys[:300]), "hnsw", folder)
     assert grown.reused == 200 and top(grown, 250) == 250 and top(grown, 7) == 7
     assert [p.name[:16] for p in folder.glob("ann-*")] == ["ann-000000000002"]  # the older save removed
@@ -775,7 +780,7 @@ def test_a_saved_store_index_grows_at_the_next_version_and_is_never_trusted_blin
     data = bytearray(saved.read_bytes())
     data[len(data) // 2] ^= 0xFF
     saved.write_bytes(bytes(data))
-    with caplog.at_level("WARNING", logger="embedrank.serving"):
+    with caplog.at_level("WARNING", logger="embedrank.retrieval"):
         corrupt = _built(_chunks(5, vectors[50:300], keys[50:300]), "hnsw", folder)
     assert corrupt.reused == 0 and "SHA-256" in caplog.text and top(corrupt, 120) == 70
     halved = _built(_chunks(5, vectors[150:300], keys[150:300]), "hnsw", folder)  # 100 of its 250 removed
