@@ -11,9 +11,10 @@ from typing import Any, get_args
 
 import msgspec
 from litestar import Litestar
-from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIType, Reference, RequestBody, Schema
+from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIType, Parameter, Reference, RequestBody, Schema
 
 from embedrank.serving.pool import ModelPool
+from service.errors import NO_NUL
 from service.schemas import INT32_MAX, PURPOSES, RERANK_EXAMPLE_REQUEST, EmbeddingType
 from service.settings import Limits
 from service.tei import Rank, TEIRerankRequest
@@ -107,6 +108,21 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
         if operation is not None:
             operation.security = []  # open: overrides the document-wide bearer requirement
     schemas["CreateBatchRequest"].additional_properties = False  # type: ignore[union-attr]  # unknown fields: 400
+    metadata = schemas["CreateBatchRequest"].properties["metadata"]  # type: ignore[index]
+    for option in getattr(metadata, "one_of", None) or [metadata]:
+        if getattr(option, "type", None) == OpenAPIType.OBJECT:
+            option.property_names = STORED_KEY
+            _stored_strings(option.additional_properties)
+    for item in paths.values():  # a list's cursor is an id: no NUL character (a 400 naming it)
+        for parameter in (item.get.parameters or []) if item.get is not None else []:
+            if (
+                isinstance(parameter, Parameter)
+                and parameter.name in ("after", "before")
+                and parameter.param_in == "query"
+            ):
+                for option in getattr(parameter.schema, "one_of", None) or [parameter.schema]:
+                    if getattr(option, "type", None) == OpenAPIType.STRING:
+                        option.pattern = NO_NUL
     _complete_vector_stores(schemas, limits, pool)
     upload = paths["/v1/files"].post
     if upload is not None:  # the handler reads its multipart form itself (its own size limit, its own errors)
@@ -121,6 +137,17 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
         upload.request_body = RequestBody(content={"multipart/form-data": OpenAPIMediaType(schema=form)}, required=True)
 
 
+STORED_KEY = Schema(type=OpenAPIType.STRING, max_length=64, pattern=NO_NUL)
+"""A key of ``metadata`` or ``attributes``: at most 64 characters, no NUL."""
+
+
+def _stored_strings(values: Any) -> None:
+    """The string values of ``metadata`` or ``attributes`` as the decoder bounds them: 512 characters, no NUL."""
+    for option in getattr(values, "one_of", None) or [values]:
+        if getattr(option, "type", None) == OpenAPIType.STRING:
+            option.max_length, option.pattern = 512, NO_NUL
+
+
 VECTOR_STORE_BODIES = (
     "CreateVectorStoreRequest",
     "UpdateVectorStoreRequest",
@@ -130,6 +157,7 @@ VECTOR_STORE_BODIES = (
     "FileInBatch",
     "SearchRequest",
     "RankingOptions",
+    "HybridSearch",
     "ExpiresAfter",
     "StaticChunking",
     "StaticParams",
@@ -151,7 +179,21 @@ def _complete_vector_stores(schemas: dict[str, Any], limits: Limits, pool: Model
             for option in getattr(prop, "one_of", None) or [prop]:
                 values = getattr(option, "additional_properties", None)
                 if isinstance(values, Schema):  # metadata, attributes: a null value is an absent key
+                    _stored_strings(values)
                     option.additional_properties = Schema(one_of=[values, Schema(type=OpenAPIType.NULL)])
+                    option.property_names = STORED_KEY  # keys as the decoder bounds them
+    batch = schemas.get("CreateFileBatchRequest")
+    if batch is not None:  # a file batch names at least one file, in file_ids or in files
+        batch.any_of = [
+            Schema(required=[field], properties={field: Schema(type=OpenAPIType.ARRAY, min_items=1)})
+            for field in ("file_ids", "files")
+        ]
+    hybrid = schemas.get("HybridSearch")
+    if hybrid is not None:  # OpenAI's hybrid weights: one of them above 0
+        hybrid.any_of = [
+            Schema(properties={weight: Schema(type=OpenAPIType.NUMBER, exclusive_minimum=0)})
+            for weight in ("embedding_weight", "text_weight")
+        ]
     search = schemas.get("SearchRequest")
     if search is not None:  # msgspec's bounds inside a union are lost by the generator
         weight = next(o for o in search.properties["hybrid_weight"].one_of if o.type == OpenAPIType.NUMBER)
