@@ -164,31 +164,96 @@ def matches(where: Filter, attributes: Attributes) -> bool:
 
 
 _KINDS = {"missing": 0, "bool": 1, "number": 2, "str": 3, "other": 4}
+_EXACT = 2**53
+"""Integers up to this magnitude are exact in float64: a column of them is compared as floats."""
+
+
+def _exact(value: Any) -> bool:
+    return isinstance(value, float) or abs(value) <= _EXACT
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One attribute over many documents, held for comparisons at C speed: each value's comparison type
+    ``kinds`` ``(N,)`` (int8: missing, bool, number, string), the numbers ``(N,)`` (float64, NaN where none;
+    ``exact`` when float64 holds every one of them), each string's rank ``codes`` ``(N,)`` (int32, -1 where none)
+    among the distinct ``strings`` ``(S,)`` sorted, each boolean ``flags`` ``(N,)`` (int8, -1 where none), and the
+    ``values`` ``(N,)`` themselves (objects: numbers float64 cannot hold exactly are compared as Python does)."""
+
+    kinds: np.ndarray
+    numbers: np.ndarray
+    exact: bool
+    codes: np.ndarray
+    strings: np.ndarray
+    flags: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, values: Sequence[Scalar | None]) -> Column:
+        """The column of ``values``, one per document (None: the document lacks the key)."""
+        kinds = np.fromiter((_KINDS[_kind(v)] if v is not None else 0 for v in values), np.int8, len(values))
+        number, text, flag = kinds == _KINDS["number"], kinds == _KINDS["str"], kinds == _KINDS["bool"]
+        column = np.empty(len(values), dtype=object)
+        column[:] = list(values)
+        numbers = np.full(len(values), np.nan)
+        numbers[number] = [float(v) for v in column[number]]
+        strings = sorted(set(column[text]))
+        rank = {s: i for i, s in enumerate(strings)}
+        codes = np.full(len(values), -1, dtype=np.int32)
+        codes[text] = [rank[v] for v in column[text]]
+        flags = np.full(len(values), -1, dtype=np.int8)
+        flags[flag] = column[flag].astype(bool)
+        ordered = np.empty(len(strings), dtype=object)
+        ordered[:] = strings
+        exact = all(_exact(v) for v in column[number])
+        return cls(kinds, numbers, exact, codes, ordered, flags, column)
+
+    def equal(self, value: Scalar) -> np.ndarray:
+        """``(N,)`` bool: the documents whose value has ``value``'s type and equals it."""
+        kind = _kind(value)
+        if kind == "bool":
+            return self.flags == int(value)
+        if kind == "str":
+            at = int(np.searchsorted(self.strings, value))
+            found = at < len(self.strings) and self.strings[at] == value
+            return self.codes == at if found else np.zeros(len(self.kinds), dtype=bool)
+        return self.compare("eq", value)
+
+    def compare(self, op: str, value: Scalar) -> np.ndarray:
+        """``(N,)`` bool: the documents whose value has ``value``'s type (a number or a string) and stands in
+        ``op`` (``eq gt gte lt lte``) to it."""
+        if _kind(value) == "str":
+            left, right = (int(np.searchsorted(self.strings, value, side)) for side in ("left", "right"))
+            if op == "eq":
+                return (self.codes >= left) & (self.codes < right)
+            lower, upper = {"gt": (right, None), "gte": (left, None), "lt": (0, left), "lte": (0, right)}[op]
+            return (self.codes >= lower) & (self.codes < upper) if upper is not None else self.codes >= lower
+        if self.exact and _exact(value):  # NaN, where a document has no number, compares false
+            return np.asarray(COMPARISONS[op](self.numbers, float(value)), dtype=bool)
+        same = self.kinds == _KINDS["number"]
+        out = np.zeros(len(self.kinds), dtype=bool)
+        out[same] = np.asarray(COMPARISONS[op](self.values[same], value), dtype=bool)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
 class AttributeColumns:
-    """Many documents' attributes by key, for filtering them all at once (:func:`allowed_rows`): per key, the
-    documents' values ``(N,)`` (objects; None where missing) and each value's comparison type ``(N,)`` (int8:
-    missing, bool, number, string)."""
+    """Many documents' attributes by key, for filtering them all at once (:func:`allowed_rows`): a
+    :class:`Column` per key."""
 
     size: int
-    values: Mapping[str, np.ndarray]
-    kinds: Mapping[str, np.ndarray]
+    columns: Mapping[str, Column]
 
     @classmethod
     def of(cls, attributes: Sequence[Attributes]) -> AttributeColumns:
         """The columns of ``attributes``, one mapping per document."""
-        values: dict[str, np.ndarray] = {}
-        kinds: dict[str, np.ndarray] = {}
+        raw: dict[str, list[Scalar | None]] = {}
         for row, attrs in enumerate(attributes):
             for key, value in attrs.items():
-                if key not in values:
-                    values[key] = np.full(len(attributes), None, dtype=object)
-                    kinds[key] = np.zeros(len(attributes), dtype=np.int8)
-                values[key][row] = value
-                kinds[key][row] = _KINDS[_kind(value)]
-        return cls(len(attributes), values, kinds)
+                if key not in raw:
+                    raw[key] = [None] * len(attributes)
+                raw[key][row] = value
+        return cls(len(attributes), {key: Column.of(values) for key, values in raw.items()})
 
 
 def allowed_rows(where: Filter, columns: AttributeColumns) -> np.ndarray:
@@ -204,25 +269,16 @@ def allowed_rows(where: Filter, columns: AttributeColumns) -> np.ndarray:
     if isinstance(where, Compound):
         parts = [allowed_rows(f, columns) for f in where.filters]
         return np.logical_and.reduce(parts) if where.op == "and" else np.logical_or.reduce(parts)
-    values = columns.values.get(where.key)
-    if values is None:  # no document has the key: only ne and nin pass
+    column = columns.columns.get(where.key)
+    if column is None:  # no document has the key: only ne and nin pass
         return np.full(columns.size, where.op in ("ne", "nin"))
-    kinds = columns.kinds[where.key]
-
-    def equal(value: Any) -> np.ndarray:
-        same = kinds == _KINDS[_kind(value)]
-        out = np.zeros(columns.size, dtype=bool)
-        out[same] = np.asarray(values[same] == value, dtype=bool)
-        return out
-
     if where.op in ("in", "nin"):
-        found = np.logical_or.reduce([equal(v) for v in where.value]) if where.value else np.zeros(columns.size, bool)
+        found = np.zeros(columns.size, dtype=bool)
+        for value in where.value:
+            found |= column.equal(value)
         return found if where.op == "in" else ~found
     if where.op == "eq":
-        return equal(where.value)
+        return column.equal(where.value)
     if where.op == "ne":
-        return ~equal(where.value)
-    same = kinds == _KINDS[_kind(where.value)]
-    out = np.zeros(columns.size, dtype=bool)
-    out[same] = np.asarray(COMPARISONS[where.op](values[same], where.value), dtype=bool)
-    return out
+        return ~column.equal(where.value)
+    return column.compare(where.op, where.value)
