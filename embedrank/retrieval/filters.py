@@ -210,13 +210,8 @@ class Column:
 
     def equal(self, value: Scalar) -> np.ndarray:
         """``(N,)`` bool: the documents whose value has ``value``'s type and equals it."""
-        kind = _kind(value)
-        if kind == "bool":
+        if _kind(value) == "bool":
             return self.flags == int(value)
-        if kind == "str":
-            at = int(np.searchsorted(self.strings, value))
-            found = at < len(self.strings) and self.strings[at] == value
-            return self.codes == at if found else np.zeros(len(self.kinds), dtype=bool)
         return self.compare("eq", value)
 
     def compare(self, op: str, value: Scalar) -> np.ndarray:

@@ -252,6 +252,18 @@ def _batch(row: Any) -> BatchRow:
     return msgspec.convert(dict(row), BatchRow)
 
 
+def detach(db: Connection, store_id: str, file_id: str) -> bool:
+    """Remove ``file_id`` and its chunks from the store ``store_id`` (a new version of it), in ``db``'s
+    transaction; False when it is not attached."""
+    gone = db.execute(
+        "DELETE FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store_id, file_id)
+    ).rowcount
+    if gone:
+        db.execute("DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?", (store_id, file_id))
+        db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (store_id,))
+    return bool(gone)
+
+
 def drop_file(db: Connection, owner: str, file_id: str) -> int:
     """Remove ``owner``'s file ``file_id`` from every store of ``owner`` it is attached to, its chunks with it,
     in ``db``'s transaction (the file is being deleted). Returns from how many stores."""
@@ -263,11 +275,7 @@ def drop_file(db: Connection, owner: str, file_id: str) -> int:
             (file_id, owner),
         ).fetchall()
     ]
-    for store_id in stores:
-        db.execute("DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?", (store_id, file_id))
-        db.execute("DELETE FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store_id, file_id))
-        db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (store_id,))
-    return len(stores)
+    return sum(detach(db, store_id, file_id) for store_id in stores)
 
 
 class VectorStoreTables:
@@ -572,15 +580,7 @@ class VectorStoreTables:
     def remove_file(self, store: StoreRow, file_id: str) -> bool:
         """Remove a file and its chunks from ``store`` (the uploaded file stays)."""
         with self.storage.write() as db:
-            gone = db.execute(
-                "DELETE FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
-            ).rowcount
-            if gone:
-                db.execute(
-                    "DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?", (store.id, file_id)
-                )
-                db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (store.id,))
-        return bool(gone)
+            return detach(db, store.id, file_id)
 
     def file_chunks(self, store: StoreRow, file_id: str) -> list[str]:
         """The texts of a file's chunks, in order."""
