@@ -66,7 +66,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.fail(f"{item.nodeid} reads the benchmark collections: mark it data", pytrace=False)
         return
     if missing:
-        pytest.skip(f"needs {', '.join(missing)} in the data directory: set EMBEDRANK_DATA to a folder of BEIR collections")
+        pytest.skip(
+            f"needs {', '.join(missing)} in the data directory: set EMBEDRANK_DATA to a folder of BEIR collections"
+        )
     os.environ["EMBEDRANK_DATA"] = str(SHARED_DATA)
 
 
