@@ -2,11 +2,11 @@
 # The GPU check on a machine that has PyTorch, transformers and sentence-transformers but none of embedrank's
 # other packages (such as the lent H100/H200 image): installs the service's wheels carried in build/gpu/wheels
 # (`make gpu-bundle` puts them there, with MiniLM's weights in fp16) into a private folder, runs
-# eval/bench_gpu.py through eval/record.py, and copies the record (eval/results/gpu.json) and the figures to
-# the folder given (default: the current one). A part that fails is reported in the record (--keep-going), so
-# one failure does not lose the figures of the others.
+# eval/benchmarks/gpu.py through the recorder (python -m eval record gpu), and copies the record
+# (eval/results/gpu.json) and the figures to the folder given (default: the current one). A part that fails is
+# reported in the record (--keep-going), so one failure does not lose the figures of the others.
 #
-#   bash eval/gpu_check.sh "$OUT"                 # then: cp gpu.json eval/results/ && python eval/render_benchmarks.py
+#   bash eval/gpu_check.sh "$OUT"                 # then: cp gpu.json eval/results/ && python -m eval render
 #   GPU_CHECK_ARGS="--parts parity" bash eval/gpu_check.sh /tmp/out
 set -euo pipefail
 out="$(realpath "${1:-.}")"
@@ -20,6 +20,5 @@ export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 python3 -c "import sentence_transformers, transformers, torch; print('torch', torch.__version__, 'transformers', transformers.__version__, 'sentence-transformers', sentence_transformers.__version__)"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv || true
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS holds several arguments
-python3 eval/record.py gpu "GPU: parity, encode speed, the forward pass's matrix rate, the service" -- \
-    python3 eval/bench_gpu.py --device cuda --keep-going --json "$out/gpu-figures.json" ${GPU_CHECK_ARGS:-}
+python3 -m eval record gpu --device cuda --keep-going --json "$out/gpu-figures.json" ${GPU_CHECK_ARGS:-}
 cp eval/results/gpu.json "$out/"

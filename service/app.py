@@ -276,7 +276,7 @@ def create_app(
         lifespan=[lifespan],
         state=State({"service": service, "files": files, "batches": batches, "vector_stores": vector_stores}),
         # one dependency at most per handler: Litestar resolves several at once in an anyio task group,
-        # which cost ~15% of the event loop per request in eval/bench_service.py
+        # which cost ~15% of the event loop per request in eval/benchmarks/service.py
         dependencies={"pool": Provide(pool_of, sync_to_thread=False)},
         middleware=middleware,
         before_request=_json_body,

@@ -1,7 +1,7 @@
 """The service's one per-request ASGI layer: the request id, bearer auth, then request count and latency.
 
 One layer instead of one per concern: each Litestar middleware layer adds calls on every request, and
-the event loop's time per request is what limits small requests on few cores (eval/bench_service.py).
+the event loop's time per request is what limits small requests on few cores (eval/benchmarks/service.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The published OpenAPI schema, completed so that it says exactly what the server enforces.
 
 Litestar generates the schema from the request structs; :func:`complete_openapi` adds what its generator
-cannot see (bounds inside unions, the configured limits, the served models). ``eval/fuzz_api.py`` checks
+cannot see (bounds inside unions, the configured limits, the served models). ``eval/fuzz/api.py`` checks
 the result with schemathesis: a request the schema calls valid is accepted, one it calls invalid refused.
 """
 

@@ -632,7 +632,7 @@ OTHER_ENVIRONMENT = {
         "as the suite starts; every other test sees an empty data directory)",
         "EMBEDRANK_NOTEBOOK_QUICK": "`1`: the notebooks run a shortened workload (the test suite sets it)",
         "EMBEDRANK_RERANKER": "the cross-encoder the retrieve-then-rerank notebook uses",
-        "EMBEDRANK_FUZZ_COUNTS": "where `eval/fuzz_api.py`'s hooks write the cases per endpoint",
+        "EMBEDRANK_FUZZ_COUNTS": "where `eval/fuzz/api.py`'s hooks write the cases per endpoint",
     },
 }
 

@@ -47,7 +47,7 @@ MIN_ANN_CHUNKS = 1000
 """Fewer chunks than this are searched exactly whatever the store's index (an exact search is then as fast)."""
 AUTO_ANN_CHUNKS = 1_000_000
 """From how many chunks ``auto`` searches through HNSW rather than exactly: exact search of 200,000 chunks
-takes about 13 ms a query on 2 cores (``eval/bench_store_index.py``), where HNSW takes a few ms but finds only
+takes about 13 ms a query on 2 cores (``eval/benchmarks/store_index.py``), where HNSW takes a few ms but finds only
 part of the exact top 10 on real text embeddings (how much depends on the data) and takes about two minutes to
 build, so ``auto`` stays exact up to the default ``max_vector_store_chunks``."""
 RETRAIN_GROWTH = 2

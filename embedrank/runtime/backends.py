@@ -196,7 +196,7 @@ class OpenVINORuntime:
     compiles for throughput (OpenVINO's ``THROUGHPUT`` hint with ``n`` streams sharing the threads; no more
     streams than threads) and runs each batch as that many parts of its rows at once, one per stream: about a
     tenth faster for batches of 32 on 2 cores, but a batch of one text runs on one stream's threads only, about
-    half as fast (``eval/bench_ov_hints.py``). Rows are independent, so the result is the same either way.
+    half as fast (``eval/benchmarks/ov_hints.py``). Rows are independent, so the result is the same either way.
     """
 
     backend: Backend = "openvino"

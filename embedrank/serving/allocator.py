@@ -6,7 +6,7 @@ blocks above its mmap threshold (at most 32 MB, dynamically adjusted) with ``mma
 with ``munmap`` on free, and each thread other than the main one gets its own arena whose heaps are
 trimmed eagerly. Either way the next layer page-faults the memory in again: on the 2-core benchmark
 machine a batch of 32 passages took about a million minor faults and 3 s of system time per 256
-passages (``eval/bench_service.py``'s server runs its forward passes in a worker thread, the worst case).
+passages (``eval/benchmarks/service.py``'s server runs its forward passes in a worker thread, the worst case).
 
 :func:`tune_malloc` applies the usual fix (what jemalloc/tcmalloc ``LD_PRELOAD`` recipes achieve) from
 inside the process: one arena, a high mmap threshold and no trimming, so freed activation memory is

@@ -79,17 +79,17 @@ class EngineConfig:
     target_batch_seconds: float | None = 0.25  # a batch holds the tokens the measured speed computes in about
     # this long (at least one max-length item, at most max_batch_tokens): it bounds how long a new request
     # waits for the batch in flight on any CPU, where a fixed token budget takes twice as long on a CPU half as
-    # fast (eval/bench_fairness.py). None: always max_batch_tokens
+    # fast (eval/benchmarks/fairness.py). None: always max_batch_tokens
     max_batch_size: int | None = None  # items per forward pass, at most; None: CPU_BATCH_SIZE (on a GPU, more)
     max_wait_ms: float = 0.0  # upper bound of the adaptive wait; 0: none. Measured on 2 cores (32 closed-loop
     # clients x 1 query, OpenVINO fp32 and int8): waiting 20 ms for callers to rejoin gave bigger batches but
     # left the forward thread idle 16-33% of the time; without it the load splits into two pipelined halves,
-    # the thread stays busy, and throughput rose 4-14% with a lower p99 (eval/bench_service.py)
+    # the thread stays busy, and throughput rose 4-14% with a lower p99 (eval/benchmarks/service.py)
     max_queue_items: int = 8192
     max_queue_seconds: float = 30.0  # a job whose estimated wait for its first batch is longer is refused
     # (OverloadedError, Retry-After: when that wait would be short enough); its own compute time does not count
     workers: int | None = None  # forward threads (default 1: on few cores, concurrent OpenMP teams
-    # spin against each other and lose throughput; measured in eval/bench_service.py, and two OpenVINO
+    # spin against each other and lose throughput; measured in eval/benchmarks/service.py, and two OpenVINO
     # streams of one core each, one per thread, split 32 one-query clients into batches of ~7 and lost 4-8%)
     threads: int | None = None  # torch threads, split evenly between the workers; default torch's
     idle_seconds: float = 30.0  # after this long without work, a forward thread calls on_idle once

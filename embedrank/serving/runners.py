@@ -132,7 +132,7 @@ class CrossEncoderBatchModel:
 
 # Requests whose texts total at most this many characters are tokenized on the event loop (tens of
 # microseconds), longer ones in a worker thread: the thread hop cost more than the tokenizing for one short
-# query (eval/bench_service.py, int8, 32 clients x 1 query: 8% more requests per second, p50 35 ms against 42)
+# query (eval/benchmarks/service.py, int8, 32 clients x 1 query: 8% more requests per second, p50 35 ms against 42)
 INLINE_TOKENIZE_CHARS = 2048
 # Requests of at most this many texts look them up in the embedding cache on the event loop (an SQLite read
 # by primary key, about 20 microseconds each), larger ones in a worker thread: a batch of 20,000 one-text

@@ -9,7 +9,7 @@ behind it for its whole duration. Here each batch starts from a *head* job and i
    first served among jobs of one size. A 1-text request goes before every longer one, so it waits for at most
    the batch in flight, even under many concurrent bulk requests. (Least *attained* service was tried
    first: it serves every new job's first batch in arrival order, so under 64 mixed clients a 1-text
-   request waited behind ~40 first batches, p50 35 s in ``eval/bench_load.py``.)
+   request waited behind ~40 first batches, p50 35 s in ``eval/benchmarks/load.py``.)
 2. **Starvation guard**: at most once every ``starve_after + 1`` batches, the oldest job that was passed
    over for ``starve_after`` batches in a row becomes the head, so bulk jobs keep advancing under a
    stream of small ones while small ones still get most batches. (Making *every* starving job the head

@@ -4,7 +4,7 @@ Each is a ``transformers`` config of the architecture (2 layers, hidden 64) with
 seeded generator and a tokenizer of the architecture's own kind (WordPiece, byte-level BPE or Unigram, as
 the public models of that family use) trained on the packaged model's vocabulary sentences, saved in
 sentence-transformers' layout (embedding models) or as a plain sequence classifier (cross-encoders). The
-tests, the support matrix (``eval/support_matrix.py``) and the docs load them like any downloaded model and
+tests, the support matrix (``eval/quality/support_matrix.py``) and the docs load them like any downloaded model and
 compare embedrank with sentence-transformers on them. Their outputs mean nothing; their shapes, special
 tokens, padding sides, attention implementations and graph exports are those of the real models.
 """

@@ -7,18 +7,17 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
+
+from eval.harness import render
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 USER_PAGES = [README, REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
 EXAMPLE_PAGES = [p for p in USER_PAGES if "```python" in p.read_text(encoding="utf-8")]
-
-sys.path.insert(0, str(REPO / "eval"))
 
 
 def _blocks(page: Path, language: str) -> list[str]:
@@ -52,21 +51,19 @@ def test_user_pages_speak_of_the_product_only(page):
 
 @pytest.mark.kernel_free
 def test_benchmarks_page_is_rendered_from_the_result_files():
-    import render_benchmarks
-
-    assert (DOCS / "benchmarks.md").read_text(encoding="utf-8") == render_benchmarks.render(
-        render_benchmarks.load_results()
-    ), "docs/benchmarks.md was edited by hand or is stale: run python eval/render_benchmarks.py"
-    assert (DOCS / "benchmark-records.md").read_text(encoding="utf-8") == render_benchmarks.render_records(
-        render_benchmarks.load_results()
-    ), "docs/benchmark-records.md was edited by hand or is stale: run python eval/render_benchmarks.py"
-    assert (DOCS / "models.md").read_text(encoding="utf-8") == render_benchmarks.render_models(
-        render_benchmarks.load_results()
-    ), "docs/models.md was edited by hand or is stale: run python eval/render_benchmarks.py"
-    assert render_benchmarks.SUITE_PART.read_text(encoding="utf-8") == render_benchmarks.render_suite(
-        render_benchmarks.load_results()
-    ), "eval/results/suite.md (the testing guide's durations) is stale: run python eval/render_benchmarks.py"
-    for result in render_benchmarks.load_results():
+    assert (DOCS / "benchmarks.md").read_text(encoding="utf-8") == render.render(render.load_results()), (
+        "docs/benchmarks.md was edited by hand or is stale: run python -m eval render"
+    )
+    assert (DOCS / "benchmark-records.md").read_text(encoding="utf-8") == render.render_records(
+        render.load_results()
+    ), "docs/benchmark-records.md was edited by hand or is stale: run python -m eval render"
+    assert (DOCS / "models.md").read_text(encoding="utf-8") == render.render_models(render.load_results()), (
+        "docs/models.md was edited by hand or is stale: run python -m eval render"
+    )
+    assert render.SUITE_PART.read_text(encoding="utf-8") == render.render_suite(render.load_results()), (
+        "eval/results/suite.md (the testing guide's durations) is stale: run python -m eval render"
+    )
+    for result in render.load_results():
         assert result["command"] and result["date"] and result["machine"]["cpu"] and result["output"].strip()
 
 
@@ -192,8 +189,7 @@ def _script_commands(script: str) -> list[tuple[Path, list[str]]]:
 @pytest.mark.kernel_free
 def test_documented_harness_commands_parse():
     """The eval/run.py and eval/train.py commands the manual shows are accepted as written (parsed, not run)."""
-    import run
-    import train
+    from eval import run, train
 
     commands = _script_commands("run.py")
     assert len(commands) >= 10
@@ -210,6 +206,23 @@ def test_documented_harness_commands_parse():
     assert training
     for _page, argv in training:
         train.parse(argv)  # exits (failing the test) on a bad option
+
+
+@pytest.mark.kernel_free
+def test_documented_benchmarks_are_registered():
+    """Every ``python -m eval bench NAME`` and ``make bench NAME=...`` the pages and the code's docstrings show
+    names a benchmark of the registry."""
+    from eval.benchmarks import REGISTRY
+
+    texts = [p.read_text(encoding="utf-8") for p in USER_PAGES]
+    texts += [p.read_text(encoding="utf-8") for p in (REPO / "eval").rglob("*.py")]
+    named = {
+        m.group(1)
+        for text in texts
+        for m in re.finditer(r"python3? -m eval (?:bench|record) ([a-z0-9][a-z0-9-]*)", text)
+    }
+    named |= {m.group(1) for text in texts for m in re.finditer(r"make\s+bench NAME=([a-z0-9-]+)", text)}
+    assert len(named) > 15 and named <= set(REGISTRY), sorted(named - set(REGISTRY))
 
 
 # pages whose figures are rendered from the result files, or that record studies with their own commands
@@ -235,9 +248,7 @@ def _recorded_forms(figure: str) -> list[str]:
 def test_every_measured_figure_in_a_page_is_in_a_result_file(page):
     """Speed ratios (``2.50x``), shares (``80%``) and quality figures (``0.6451``) in the prose of a user page
     are each printed by some benchmark recorded in eval/results; a figure no record holds is stale or made up."""
-    import render_benchmarks
-
-    recorded = "\n".join(r["output"] for r in render_benchmarks.load_results())
+    recorded = "\n".join(r["output"] for r in render.load_results())
     prose = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
     missing = [m[1] for m in FIGURE.finditer(prose) if not any(f in recorded for f in _recorded_forms(m[1]))]
     assert not missing, f"{page.relative_to(REPO)}: figures no result file holds: {missing}"

@@ -4,7 +4,6 @@ carries it as an image, both in the committed notebook (what a reader sees on a 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import nbformat
@@ -12,7 +11,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-sys.path.insert(0, str(REPO / "eval"))
 DRAWS = re.compile(r"\bplt\.(subplots|figure|plot|bar|scatter|hist)\(|\.plot\(")
 
 
@@ -59,7 +57,7 @@ def _reads_collections(path) -> bool:
     [pytest.param(p, marks=[pytest.mark.data] if _reads_collections(p) else [], id=p.stem) for p in NOTEBOOKS],
 )
 def test_notebook_runs_and_draws_its_figures(path, request):
-    from execute_notebooks import run_notebook  # eval/: the same run as `make notebooks`, in quick mode
+    from eval.execute_notebooks import run_notebook  # the the same run as `make notebooks`, in quick mode
 
     env = {"EMBEDRANK_NOTEBOOK_QUICK": "1"}
     if _reads_collections(

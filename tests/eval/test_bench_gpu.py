@@ -1,4 +1,4 @@
-"""eval/bench_gpu.py, the GPU check, runs its steps on the CPU as it would on a lent GPU machine: with only the
+"""eval/benchmarks/gpu.py, the GPU check, runs its steps on the CPU as it would on a lent GPU machine: with only the
 packages such a machine's image has (the MiniLM from the carried fp16 copy, no OpenVINO, FAISS or BM25), so it
 has not rotted when a GPU is next lent."""
 
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from eval.benchmarks import gpu as bench_gpu
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,8 +22,6 @@ MISSING = ("openvino", "faiss", "bm25s", "Stemmer", "pytrec_eval", "gt_all_minil
 
 
 def test_the_gpu_check_runs_on_the_cpu_with_only_what_a_gpu_image_has(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "eval"))
-    import bench_gpu
 
     bench_gpu.carry_minilm(tmp_path / "carried")  # what `make gpu-bundle` carries, less the wheels
     weights = tmp_path / "carried" / "minilm" / bench_gpu.WEIGHTS_FP16
@@ -33,7 +33,8 @@ def test_the_gpu_check_runs_on_the_cpu_with_only_what_a_gpu_image_has(tmp_path, 
     env = {**os.environ, "PYTHONPATH": str(image), "PYTHONUNBUFFERED": "1"}
     command = [
         sys.executable,
-        "eval/bench_gpu.py",
+        "-m",
+        "eval.benchmarks.gpu",
         "--device",
         "cpu",
         "--quick",
@@ -58,8 +59,6 @@ def test_the_gpu_check_runs_on_the_cpu_with_only_what_a_gpu_image_has(tmp_path, 
 
 
 def test_with_keep_going_a_failing_part_is_reported_and_the_others_still_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(ROOT / "eval"))
-    import bench_gpu
 
     def broken(*args, **kwargs):
         raise RuntimeError("the server answered 429")
@@ -67,7 +66,7 @@ def test_with_keep_going_a_failing_part_is_reported_and_the_others_still_run(tmp
     monkeypatch.setattr(bench_gpu, "forward", broken)
     figures = tmp_path / "figures.json"
     argv = ["--device", "cpu", "--quick", "--parts", "forward", "parity", "--keep-going", "--json", str(figures)]
-    assert bench_gpu.main(argv) == 0
+    assert bench_gpu.run(argv) == 0
     out = capsys.readouterr().out
     assert "part forward failed: RuntimeError: the server answered 429" in out
     assert (
@@ -75,4 +74,4 @@ def test_with_keep_going_a_failing_part_is_reported_and_the_others_still_run(tmp
     )  # parity ran after it
     assert json.loads(figures.read_text())["failed"] == {"forward": "RuntimeError: the server answered 429"}
     with pytest.raises(RuntimeError, match="429"):  # without it, the first failure ends the run
-        bench_gpu.main(["--device", "cpu", "--quick", "--parts", "forward"])
+        bench_gpu.run(["--device", "cpu", "--quick", "--parts", "forward"])

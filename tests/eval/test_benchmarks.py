@@ -155,8 +155,7 @@ def test_cli_fusion_cv_covers_every_model(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     tested = {(c["system"], c["metric"]) for c in report["comparisons"]}
     assert tested == {("hybrid:dense+splade-cv", m) for m in ("ndcg@10", "recall@100", "mrr@10")}
-    sys.path.insert(0, str(ROOT / "eval"))
-    import run
+    from eval import run
 
     args = run.build_parser().parse_args(["--model", "sentence-transformers/all-MiniLM-L6-v2", second, "--retriever",
         "bm25", "dense", "hybrid", "splade", "hybrid:dense+splade", "--fusion-cv", "2"])  # fmt: skip
@@ -169,8 +168,7 @@ def test_cli_fusion_cv_covers_every_model(tmp_path):
 
 
 def test_cli_refuses_a_system_that_will_not_run_before_running_anything(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "eval"))
-    import run
+    from eval import run
 
     argv = ["scifact", "--retriever", "bm25", "dense", "splade", "hybrid:bm25+splade", "--fusion-cv", "5",
             "--run-dir", str(tmp_path)]  # fmt: skip
@@ -290,8 +288,7 @@ def test_another_split_runs_its_own_queries_under_its_own_name(tmp_path, capsys)
     result = run_benchmark(str(root), BenchmarkConfig(retriever="bm25", split="train", use_cache=False))
     assert result.dataset == f"{train.name}:train" and set(result.run) == set(train.queries)
     assert set(train.queries) < set(load_beir(root).queries) and result.config.fresh_bm25
-    sys.path.insert(0, str(ROOT / "eval"))
-    import run
+    from eval import run
 
     assert run.main([str(root), "--retriever", "bm25", "--split", "dev", "--run-dir", str(tmp_path / "runs")]) == 2
     assert "no qrels/dev.tsv" in capsys.readouterr().err
@@ -322,8 +319,7 @@ def test_listed_queries_and_fixed_fusion_weights(tmp_path, capsys):
     assert any("zscore normalized scores, weights [0.8, 0.2]" in note for note in fused.notes)
     with pytest.raises(InvalidInputError, match="fuses 2 stages; 3 fusion weights"):
         run_benchmark(root, dataclasses.replace(weighted, fusion_weights=(0.2, 0.3, 0.5)))
-    sys.path.insert(0, str(ROOT / "eval"))
-    import run
+    from eval import run
 
     argv = [root, "--retriever", "bm25", "hybrid:bm25+splade", "--run-dir", str(tmp_path / "runs")]
     assert run.main([*argv, "--fusion-weights", "0.5", "0.3", "0.2"]) == 2
@@ -340,8 +336,7 @@ def test_cross_validated_fusions_score_only_the_listed_queries(tmp_path):
     root = str(write_demo_collection(tmp_path / "data"))
     listed = sorted(load_beir(root).queries)[:4]
     (tmp_path / "ids.txt").write_text("\n".join(listed) + "\n")
-    sys.path.insert(0, str(ROOT / "eval"))
-    import run
+    from eval import run
 
     out = tmp_path / "r.json"
     argv = [root, "--retriever", "bm25", "dense", "--fusion-cv", "2", "--query-ids", str(tmp_path / "ids.txt"),
@@ -356,13 +351,10 @@ def test_cross_validated_fusions_score_only_the_listed_queries(tmp_path):
 def test_the_command_line_offers_every_retriever_the_configuration_names():
     """eval/run.py spells its --retriever choices out (its --help imports nothing heavy); they are the
     configuration's, no more and no fewer."""
-    import sys
     import typing
 
     from embedrank.evaluation.config import RetrieverName
-
-    sys.path.insert(0, str(ROOT / "eval"))
-    import run
+    from eval import run
 
     action = next(a for a in run.build_parser()._actions if "--retriever" in a.option_strings)
     assert list(action.choices) == list(typing.get_args(RetrieverName))

@@ -1,4 +1,4 @@
-"""The pgvector benchmark (``eval/bench_pgvector.py``) runs on a small store: PostgreSQL with pgvector from the
+"""The pgvector benchmark (``eval/benchmarks/pgvector.py``) runs on a small store: PostgreSQL with pgvector from the
 ``pgserver`` wheel starts, the exact scan in the database finds what the in-memory exact search finds, and both
 HNSW indexes find most of it."""
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow  # starts a PostgreSQL server
 def test_the_pgvector_benchmark_runs_and_its_exact_scan_agrees():
     done = subprocess.run(
-        [sys.executable, "eval/bench_pgvector.py", "--sizes", "1500", "--queries", "12"],
+        [sys.executable, "-m", "eval", "bench", "pgvector", "--sizes", "1500", "--queries", "12"],
         cwd=ROOT,
         capture_output=True,
         text=True,

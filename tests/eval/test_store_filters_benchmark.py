@@ -1,4 +1,4 @@
-"""The filtered-search benchmark (``eval/bench_store_filters.py``) runs on a small store: every stage measured
+"""The filtered-search benchmark (``eval/benchmarks/store_filters.py``) runs on a small store: every stage measured
 with and without the filter, and every filtered result one the filter allows (the script asserts it)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # a process of its own
 
 def test_the_filtered_search_benchmark_measures_every_stage_both_ways():
     done = subprocess.run(
-        [sys.executable, "eval/bench_store_filters.py", "--chunks", "3000", "--queries", "12"],
+        [sys.executable, "-m", "eval", "bench", "store-filters", "--chunks", "3000", "--queries", "12"],
         cwd=ROOT,
         capture_output=True,
         text=True,

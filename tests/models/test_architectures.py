@@ -346,14 +346,26 @@ def test_several_labels_score_by_the_relevance_label(tmp_path, fake_service):
 )
 def test_the_support_matrix_runs_and_every_row_holds(systems, texts):
     """The script behind the supported-models page (ONNX, bf16 and int8 rows are recorded by ``make
-    support-matrix``); the exports made by the tests above are reused."""
+    bench NAME=support``); the exports made by the tests above are reused."""
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "eval" / "support_matrix.py"
-    command = [sys.executable, str(script), "--systems", *systems, "--rounds", "1", "--texts", str(texts)]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    root = Path(__file__).resolve().parents[2]
+    command = [
+        sys.executable,
+        "-m",
+        "eval",
+        "bench",
+        "support",
+        "--systems",
+        *systems,
+        "--rounds",
+        "1",
+        "--texts",
+        str(texts),
+    ]
+    run = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     detail = re.compile(r"\| \S+ \| (embedding|cross-encoder|llm-reranker) \| \w+:fp32 \|")
     rows = [line for line in run.stdout.splitlines() if detail.match(line)]

@@ -236,22 +236,20 @@ def test_broken_images_of_every_format_are_refused_never_crash() -> None:
 
 
 def test_the_recorded_parity_table_holds_now(capsys) -> None:
-    """``eval/image_parity.py`` (the table on the supported-models page) runs, every cell holds, and each
+    """``eval/quality/image_parity.py`` (the table on the supported-models page) runs, every cell holds, and each
     cell's verdict is the recorded one: the page says what is true of this checkout."""
     import json
+    import logging
     import re
-    import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "eval"))
-    import logging
+    from eval.quality import image_parity
 
-    import image_parity
+    root = Path(__file__).resolve().parents[2]
 
     levels = {name: logging.getLogger(name).level for name in ("embedrank", "transformers")}
     try:
-        assert image_parity.main([]) == 0
+        assert image_parity.run([]) == 0
     finally:  # the script quiets these loggers for its table; the other tests of this worker need them
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)

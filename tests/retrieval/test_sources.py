@@ -3,7 +3,6 @@ fetch_beir reads an offline stand-in for the hub, and the missing-data message s
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,6 @@ from embedrank.retrieval.data import load_beir, load_trec_run, resolve_dataset
 from embedrank.retrieval.sources import convert_nfcorpus, convert_smart, convert_trec_dl, fetch_beir, read_smart
 
 pytestmark = pytest.mark.kernel_free
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "eval"))
 
 CRAN_ALL = """.I 1
 .T
@@ -215,7 +212,7 @@ def test_the_missing_data_message_says_what_to_do_for_each_name(tmp_path, name, 
 
 
 def test_the_command_line_converts_and_lists(tmp_path, capsys):
-    import get_data
+    from eval import get_data
 
     src = write(tmp_path / "adi", {"ADI.ALL": ADI_ALL, "ADI.QRY": ADI_QRY, "ADI.REL": ADI_REL})
     assert get_data.main(["--data-dir", str(tmp_path / "data"), "convert", "adi", str(src)]) == 0
@@ -228,9 +225,8 @@ def test_the_command_line_converts_and_lists(tmp_path, capsys):
 
 
 def test_a_failed_fetch_says_where_else_to_get_the_collection(tmp_path, capsys, monkeypatch):
-    import get_data
-
     from embedrank.retrieval import sources
+    from eval import get_data
 
     def offline(name, data_dir, **_):
         raise ConnectionError("Name or service not known")

@@ -109,8 +109,6 @@ def test_the_pool_records_where_each_model_runs(two_gpus, monkeypatch):
 
 
 def test_the_command_lines_take_a_device_and_refuse_one_the_machine_lacks(tmp_path, capsys, monkeypatch):
-    import sys
-    from pathlib import Path
 
     from embedrank.embed import main as embed
 
@@ -128,11 +126,8 @@ def test_the_command_lines_take_a_device_and_refuse_one_the_machine_lacks(tmp_pa
     with pytest.raises(InvalidInputError, match="3 actors of one GPU each, but the cluster has 2 GPUs"):
         gpu_plan(2, 3, None)
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "eval"))
-    sys.modules.pop("train", None)
-    from train import main as train
-
     from embedrank.retrieval.data import write_demo_collection
+    from eval.train import main as train
 
     demo = str(write_demo_collection(tmp_path))  # a collection the commands could read, were the device there
     assert train([demo, "--output", str(tmp_path / "trained"), "--device", "cuda"]) == 2
@@ -142,9 +137,7 @@ def test_the_command_lines_take_a_device_and_refuse_one_the_machine_lacks(tmp_pa
     assert "run with CUDA_VISIBLE_DEVICES=1 and device 'cuda'" in capsys.readouterr().err
     monkeypatch.setattr(devices, "cuda_devices", lambda: 0)
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "eval"))
-    sys.modules.pop("run", None)
-    from run import main as evaluate
+    from eval.run import main as evaluate
 
     assert evaluate([demo, "--retriever", "dense", "--device", "cuda:1", "--no-cache"]) == 2
     assert "device 'cuda:1' needs a CUDA GPU" in capsys.readouterr().err

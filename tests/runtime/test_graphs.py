@@ -2,7 +2,7 @@
 
 A CPU has no CUDA graphs: here a "capture" runs the forward eagerly on the same static buffers each replay,
 which checks everything around the graph (buckets, buffers, padding rows, results cut to the batch, fallbacks);
-the GPU check (eval/bench_gpu.py) compares the real replay with sentence-transformers on a GPU.
+the GPU check (eval/benchmarks/gpu.py) compares the real replay with sentence-transformers on a GPU.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """The service fuzzed over its own OpenAPI schema (schemathesis, every check): the short version of
-``make fuzz`` (``eval/fuzz_api.py``), 30 fuzzing cases per operation (100 as an extended check) against the fake
+``make fuzz`` (``eval/fuzz/api.py``), 30 fuzzing cases per operation (100 as an extended check) against the fake
 models, then the edge cases schemathesis cannot send (numbers out of range, every integer field at and past its
 bounds)."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "eval"))
-
-from fuzz_api import run
+from eval.fuzz import edges as fuzz_edges
+from eval.fuzz.api import run
 
 pytestmark = pytest.mark.kernel_free
 
@@ -44,7 +41,6 @@ def test_schemathesis_finds_nothing(tmp_path, cases):
 
 
 def test_edge_cases_cover_every_integer_field_and_judge_answers():
-    import fuzz_edges
 
     schema = {
         "paths": {

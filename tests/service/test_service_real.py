@@ -1,6 +1,6 @@
 """The service on the real packaged model: parity with the in-process Encoder, BiEncoderScorer and
 CrossEncoder, real token counts, and real model loading. One app per module; routes and errors in general
-are covered on fake models in ``test_service.py``."""
+are covered on fake models in the other tests of ``tests/service``."""
 
 from __future__ import annotations
 

@@ -347,7 +347,7 @@ def test_a_server_started_with_the_console_exporter_prints_the_request_span(tmp_
 
 @pytest.mark.slow  # runs the benchmark and its OTLP sink in processes of their own
 def test_the_span_cost_benchmark_measures_the_spans_a_one_query_request_makes():
-    """eval/bench_span_cost.py drives the service's tracing code alone, exported over OTLP/HTTP to a sink: a
+    """eval/benchmarks/span_cost.py drives the service's tracing code alone, exported over OTLP/HTTP to a sink: a
     server span and a queue-wait span per request and a forward span per 16 requests reach the exporter, none
     dropped."""
     import re
@@ -357,7 +357,7 @@ def test_the_span_cost_benchmark_measures_the_spans_a_one_query_request_makes():
 
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "eval/bench_span_cost.py", "--requests", "320", "--rounds", "1"],
+        [sys.executable, "-m", "eval", "bench", "span-cost", "--requests", "320", "--rounds", "1"],
         cwd=root,
         capture_output=True,
         text=True,

@@ -7,9 +7,7 @@ first 500 documents, to keep the test short: ``eval/run.py --served-store`` chec
 from __future__ import annotations
 
 import dataclasses
-import sys
 import tempfile
-from pathlib import Path
 
 import openai
 import pytest
@@ -25,11 +23,9 @@ from embedrank.retrieval.dense import DenseRetriever, WindowedDenseRetriever, co
 from embedrank.retrieval.sparse import SparseRetriever
 from embedrank.retrieval.stages import HybridRetriever, MaxPRetriever
 from embedrank.types import Chunking
+from eval.run import create_store, parse_chunking, search_run, upload_corpus
 from service.app import create_app
 from service.settings import Auth, Batches, Engine, ModelEntry, Models, Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "eval"))
-from served_store import create_store, parse_chunking, search_run, upload_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.data("adi", "cranfield")]
 

@@ -1,0 +1,46 @@
+"""Timing and memory statistics the benchmarks share: latency percentiles, a process's resident memory and
+CPU time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` as one of the measured values (nearest rank); NaN when empty.
+
+    >>> percentile([0.5, 0.1, 0.3, 0.2, 0.4], 50), percentile([], 99)
+    (0.3, nan)
+    """
+    return float(np.percentile(values, q, method="nearest")) if values else float("nan")
+
+
+def rss_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """MiB of process ``pid`` (this one by default) resident now (``VmRSS``) or at its peak (``VmHWM``), as
+    ``/proc/<pid>/status`` says; NaN where the field is missing."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def tree_rss_mib(pid: int) -> float:
+    """MiB resident of process ``pid`` and every process below it (a server's file readers, its workers)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+
+
+def cpu_seconds(pid: int | None) -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by process ``pid`` and by its main thread (zeros without a pid)."""
+    if pid is None:
+        return 0.0, 0.0
+    import psutil
+
+    process = psutil.Process(pid)
+    total = process.cpu_times()
+    main = next((t for t in process.threads() if t.id == pid), None)
+    return total.user + total.system, (main.user_time + main.system_time) if main else 0.0
