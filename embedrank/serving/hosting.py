@@ -87,6 +87,8 @@ class EmbeddingRunner(Runner, Protocol):
         self, texts: Sequence[str], *, prompt: str = "", add_special_tokens: bool = True
     ) -> list[list[TokenSpan]]: ...
 
+    async def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
+
 
 class DenseRunner(EmbeddingRunner, Protocol):
     """An embedding runner with dense vectors, whose compact types need int8/uint8 ranges."""
@@ -542,6 +544,13 @@ class HostedModel(ModelPlan):
         return await cast(EmbeddingRunner, chosen.runner).token_spans(
             texts, prompt=chosen.prompt, add_special_tokens=add_special_tokens
         )
+
+    async def token_offsets(
+        self, texts: Sequence[str], *, input_type: str | None = None
+    ) -> list[list[tuple[int, int]]]:
+        """Each text's tokens as character spans in the text, by the tokenizer of the branch ``input_type`` selects:
+        special tokens excluded, untruncated, without the prompt (what a long document's windows are cut on)."""
+        return await cast(EmbeddingRunner, self.resolve(input_type=input_type).runner).token_offsets(texts)
 
     @property
     def batch_bounds(self) -> tuple[int, int]:

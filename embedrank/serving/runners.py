@@ -141,7 +141,8 @@ INLINE_LOOKUP_KEYS = 8
 
 
 class EncoderTokens:
-    """``count`` and ``token_spans`` (``/v1/tokenize``, TEI's ``/tokenize``) for a runner over an ``encoder``."""
+    """``count``, ``token_spans`` (``/v1/tokenize``, TEI's ``/tokenize``) and ``token_offsets`` (a store's chunks) for
+    a runner over an ``encoder``."""
 
     encoder: Any
 
@@ -162,6 +163,11 @@ class EncoderTokens:
         return await asyncio.to_thread(
             partial(self.encoder.token_spans, with_prompt(texts, prompt), add_special_tokens=add_special_tokens)
         )
+
+    async def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Each text's tokens as character spans (no special tokens, untruncated), in a worker thread: what a long
+        document's windows are cut on, at 16 bytes a token where :meth:`token_spans` keeps an object each."""
+        return await asyncio.to_thread(self.encoder.token_offsets, texts)
 
 
 class AsyncEncoder(EncoderTokens):

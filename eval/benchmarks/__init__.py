@@ -178,6 +178,11 @@ BENCHMARKS = (
     _bench("store-index", "Vector stores: exact against HNSW search by store size"),
     _bench("pgvector", "Vector stores: pgvector in PostgreSQL against the replica's own index"),
     _bench(
+        "long-line",
+        "Vector stores: one file of a single 100 MB line, the server's memory and another key's calls",
+        about="a 100 MB single-line text file read, chunked and embedded: memory above idle, other keys' p99",
+    ),
+    _bench(
         "hostile-files",
         "Vector stores: one key's hostile PDFs and another key's calls",
         about="one key's PDF bombs attached to a store: the other key's latency, memory, SIGTERM, restart",

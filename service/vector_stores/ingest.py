@@ -23,7 +23,7 @@ import numpy as np
 
 from embedrank.errors import InputTooLongError, ModelUnavailableError, NotReadyError, OverloadedError
 from embedrank.retrieval.documents import InvalidFileError, UnsupportedFileError
-from embedrank.serving.chunking import chunk_documents, window_of
+from embedrank.serving.chunking import TooManyChunksError, chunk_documents, window_of
 from embedrank.serving.file_readers import FileReaders, ReadLimits
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions
@@ -151,7 +151,15 @@ class Ingestor:
         try:
             docs = await self.readers.read(self.file_path(file.file_id), file.filename)
             served = self.pool_of().get(store.model, "embeddings")
-            pieces = await chunk_documents(served, docs, file.chunk_size, file.chunk_overlap)
+            stored = await asyncio.to_thread(self.tables.chunks_beside, None, file)
+            room = max(0, limits.max_vector_store_chunks - stored)
+            try:
+                pieces = await chunk_documents(served, docs, file.chunk_size, file.chunk_overlap, max_chunks=room)
+            except TooManyChunksError as exc:  # stopped as soon as they passed: the rest is neither cut nor kept
+                raise InvalidFileError(
+                    f"the file has more than {exc.limit} chunks, and the vector store, holding {stored}, may hold "
+                    f"max_vector_store_chunks={limits.max_vector_store_chunks}"
+                ) from None
             if not pieces:
                 raise InvalidFileError(
                     f"{file.filename[:100]!r} holds no text to search (a scanned PDF's pages have no text layer)"

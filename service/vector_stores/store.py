@@ -665,10 +665,10 @@ class VectorStoreTables:
         """Free every claim (one host on its own database, starting: none can be live)."""
         self.leases.release_all()
 
-    def too_many_chunks(self, db: Connection | None, file: FileRow, count: int, max_chunks: int) -> str | None:
-        """Why ``count`` chunks of ``file`` do not fit its store (the chunks of its completed files and these past
-        ``max_chunks``), or None when they do; read on ``db`` (default: a read of its own)."""
-        stored = (
+    def chunks_beside(self, db: Connection | None, file: FileRow) -> int:
+        """The chunks of the completed files of ``file``'s store but ``file``; read on ``db`` (default: a read of
+        its own)."""
+        return int(
             (db or self.storage.read())
             .execute(
                 "SELECT coalesce(sum(chunks), 0) AS n FROM vector_store_files WHERE vector_store_id = ? AND status = "
@@ -677,6 +677,11 @@ class VectorStoreTables:
             )
             .fetchone()["n"]
         )
+
+    def too_many_chunks(self, db: Connection | None, file: FileRow, count: int, max_chunks: int) -> str | None:
+        """Why ``count`` chunks of ``file`` do not fit its store (the chunks of its completed files and these past
+        ``max_chunks``), or None when they do; read on ``db`` (default: a read of its own)."""
+        stored = self.chunks_beside(db, file)
         if stored + count <= max_chunks:
             return None
         return (
