@@ -25,17 +25,28 @@ directory holds; the decision names the sample it was measured on, :attr:`Choice
   Spearman's rho at 0.95 or more;
 - speed: a batch of :data:`BATCH` texts at the model's window and a single short text, each candidate
   timed in :data:`ROUNDS` rounds alternating with the reference (R C R C ...); ratios are the medians of
-  the reference's time over the candidate's in the same round.
+  the reference's time over the candidate's in the same round, and each round's score (the geometric mean of
+  its two ratios) is kept.
+
+**Confidence**: while the candidates are measured, the share of the machine's CPU time that *other* processes
+use is read from ``/proc/stat`` (every CPU's busy time less this process's own, :func:`cpu_clock`). A decision
+is *confident* when the others used at most :data:`BUSY_BOUND` of it and the figures decide: the chosen
+runtime's median score is within 10% of the runner-up's (either serves as well), or its every round beat the
+runner-up's every round. Otherwise it is *provisional* (:attr:`Choice.doubt` says why): the chosen runtime
+serves at once, and the trial is repeated when the process is idle: a library call measures again at the next
+load, a server in the background once its engines have been idle (:attr:`Choice.remeasure`), and the new
+decision replaces the cached one (:attr:`Choice.remeasured` says what it replaced).
 
 **Choice** (:func:`pick`): the largest geometric mean of the two ratios among the candidates within the
 quality bound and not slower than the reference on either workload; the reference always qualifies, so
 ``auto`` is never slower than the default on what it measured. Candidates are measured one at a time (at
 most the reference, the best so far and the one measured are loaded at once).
 
-**Cache**: the decision, with every candidate's figures, is written to ``<cache>/exports/<model>-auto-<key>.json``
+**Cache**: the decision (a confident one), with every candidate's figures, is written to ``<cache>/exports/<model>-auto-<key>.json``
 (:mod:`embedrank.runtime.exports`), keyed by the model's weights, head, window, candidates, the CPU's model
 name and flags, the thread count, the versions of the libraries that run the graphs and the calibration
-texts: a later load on the same machine reads it and measures nothing. Delete the file to measure again.
+texts: a later load on the same machine reads a confident decision and measures nothing (a provisional one
+is measured again). Delete the file to measure again.
 The chosen runtime carries the decision (:attr:`Choice.summary`, ``Encoder.auto_choice``, ``/v1/models``).
 """
 
@@ -45,6 +56,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -61,10 +73,12 @@ from embedrank.runtime.cpus import cpu_identity
 
 log = logging.getLogger("embedrank.exports")
 
-RECIPE = 2  # bumped when the measurement or the rule changes, so cached decisions are made again
+RECIPE = 3  # bumped when the measurement or the rule changes, so cached decisions are made again
 CHECK_TEXTS = 64  # calibration texts for the quality check
 BATCH = 16  # texts in the timed batch
-ROUNDS = 3  # alternated timing rounds per candidate
+ROUNDS = 5  # alternated timing rounds per candidate
+BUSY_BOUND = 0.2  # the share of the machine's CPU other processes may use while measuring, for a confident decision
+CLOSE = 1.1  # a runner-up whose median score is within this factor of the chosen's serves as well
 SINGLE_CALLS = 3  # single-text calls per round (their median is the round's figure)
 BOUNDS = {"cosine": 0.98, "overlap": 0.9, "rho": 0.95}
 REFERENCE: tuple[Backend, Precision] = ("openvino", "fp32")
@@ -89,6 +103,7 @@ class Trial:
     quality: dict[str, float] = dataclasses.field(default_factory=dict)
     within_bound: bool = False
     excluded: str | None = None  # why it was not measured or not eligible
+    rounds: list[float] = dataclasses.field(default_factory=list)  # each round's score (geometric mean of its ratios)
 
     @property
     def name(self) -> str:
@@ -112,7 +127,16 @@ class Choice:
     measured: str  # UTC date and time of the measurement
     trials: list[Trial]
     sample: str = ""  # the texts measured on (and the int8 exports calibrated on)
+    others_busy: float | None = None  # the share of the machine's CPU others used while measuring (None: unknown)
+    doubt: str | None = None  # why the decision is provisional (None: it is confident)
+    remeasured: str | None = None  # the provisional decision this one replaced, and when it was made
     cached: bool = False
+    # measures again and replaces the cached decision (set on a provisional decision; a server calls it when idle)
+    remeasure: Callable[[], Choice] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def confident(self) -> bool:
+        return self.doubt is None
 
     @property
     def summary(self) -> str:
@@ -124,15 +148,18 @@ class Choice:
             for t in self.trials
             if t is not chosen
         )
+        busy = f" while others used {self.others_busy:.0%} of the CPU" if self.others_busy is not None else ""
         return (
             f"{chosen.name}: {chosen.batch_ratio:.2f}x batch, {chosen.single_ratio:.2f}x single text vs "
             f"{self.reference}{f' ({quality})' if quality else ''}; others: {others or 'none'}; measured "
-            f"{self.measured} on {self.cpu}, {self.threads} threads, with {self.sample or 'unnamed texts'}"
+            f"{self.measured} on {self.cpu}, {self.threads} threads{busy}, with {self.sample or 'unnamed texts'}"
+            + (f"; provisional: {self.doubt}" if self.doubt else "")
+            + (f"; replaces {self.remeasured}" if self.remeasured else "")
         )
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out.pop("cached")
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("cached", "remeasure")}
+        out["trials"] = [dataclasses.asdict(t) for t in self.trials]
         return out
 
     @classmethod
@@ -324,8 +351,63 @@ def _seconds(runtime: Runtime, features: dict[str, torch.Tensor], calls: int = 1
     return statistics.median(times)
 
 
-def _ratios(reference: Runtime, runtime: Runtime, work: Workload) -> tuple[float, float]:
-    """Median over :data:`ROUNDS` alternated rounds of the reference's seconds over the candidate's."""
+def cpu_clock() -> tuple[float, float, float] | None:
+    """``(busy, own, wall)`` seconds so far: every CPU of this machine busy (``/proc/stat``), this process computing
+    (its threads' user and system time), and the wall clock; None where ``/proc/stat`` cannot be read."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal: busy is all but idle and iowait
+    busy = sum(fields[:3]) + sum(fields[5:8])
+    own = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.monotonic()
+
+
+def others_share(
+    since: tuple[float, float, float] | None, now: tuple[float, float, float] | None, cores: int | None = None
+) -> float | None:
+    """The share of the machine's CPU time (``cores``, default all of them) that other processes used between two
+    :func:`cpu_clock` readings (None when either is unknown).
+
+    >>> others_share((100.0, 10.0, 0.0), (103.0, 11.0, 2.0), cores=2)  # 3 s busy, 1 s of them ours, in 2 s
+    0.5
+    """
+    if since is None or now is None or now[2] <= since[2]:
+        return None
+    others = (now[0] - since[0]) - (now[1] - since[1])
+    return round(min(1.0, max(0.0, others / ((now[2] - since[2]) * (cores or os.cpu_count() or 1)))), 3)
+
+
+def doubt_of(trials: Sequence[Trial], chosen: Trial, others_busy: float | None) -> str | None:
+    """Why a decision cannot be trusted, or None: other processes used more than :data:`BUSY_BOUND` of the CPU
+    while it was measured, or the rounds' spread covers the difference between the chosen runtime and the
+    runner-up (and their medians are more than :data:`CLOSE` apart).
+
+    >>> a, b = Trial("a", "fp32", rounds=[2.0, 2.1, 1.9]), Trial("b", "fp32", rounds=[1.0, 1.1, 2.5])
+    >>> doubt_of([a, b], a, 0.05), doubt_of([a, b], a, 0.6) is not None, doubt_of([a], a, 0.0)
+    ('the rounds overlap: a fp32 scored 1.90 to 2.10, b fp32 1.00 to 2.50', True, None)
+    """
+    if others_busy is not None and others_busy > BUSY_BOUND:
+        return f"other processes used {others_busy:.0%} of the CPU while it was measured"
+    rivals = [t for t in trials if t is not chosen and t.excluded is None and t.rounds]
+    if not rivals or not chosen.rounds:
+        return None
+    runner_up = max(rivals, key=lambda t: statistics.median(t.rounds))
+    if statistics.median(chosen.rounds) <= CLOSE * statistics.median(runner_up.rounds):
+        return None  # either serves about as well
+    if min(chosen.rounds) > max(runner_up.rounds):
+        return None
+    return (
+        f"the rounds overlap: {chosen.name} scored {min(chosen.rounds):.2f} to {max(chosen.rounds):.2f}, "
+        f"{runner_up.name} {min(runner_up.rounds):.2f} to {max(runner_up.rounds):.2f}"
+    )
+
+
+def _ratios(reference: Runtime, runtime: Runtime, work: Workload) -> tuple[float, float, list[float]]:
+    """Median over :data:`ROUNDS` alternated rounds of the reference's seconds over the candidate's, and each
+    round's score (the geometric mean of its two ratios)."""
     for r in (reference, runtime):  # warm up: first calls allocate
         r(work.single)
         r(work.batch)
@@ -334,7 +416,8 @@ def _ratios(reference: Runtime, runtime: Runtime, work: Workload) -> tuple[float
         ref_batch, ref_single = _seconds(reference, work.batch), _seconds(reference, work.single, SINGLE_CALLS)
         batch.append(ref_batch / _seconds(runtime, work.batch))
         single.append(ref_single / _seconds(runtime, work.single, SINGLE_CALLS))
-    return round(statistics.median(batch), 3), round(statistics.median(single), 3)
+    rounds = [round(math.sqrt(b * s), 3) for b, s in zip(batch, single, strict=True)]
+    return round(statistics.median(batch), 3), round(statistics.median(single), 3), rounds
 
 
 def choose(
@@ -345,19 +428,49 @@ def choose(
     cache_file: Path,
 ) -> tuple[Runtime, Choice]:
     """Measure ``options`` (the reference first, :func:`candidates`) and return the chosen runtime and the
-    decision; a decision cached in ``cache_file`` loads its runtime without measuring.
+    decision; a confident decision cached in ``cache_file`` loads its runtime without measuring, a provisional
+    one is measured again (and replaced). The decision's :attr:`Choice.remeasure` measures again.
 
     ``load(backend, precision)`` returns a runtime, exporting on first use; an export error leaves the
     candidate out with the reason (an fp32 reference that fails gives its place to the next fp32 one).
     """
+    previous: Choice | None = None
     if cache_file.is_file():
-        choice = Choice.from_json(json.loads(cache_file.read_text()))
-        log.info("embedrank: %s: auto (cached) chose %s", model_id, choice.summary)
-        return load(choice.backend, choice.precision), choice
+        previous = Choice.from_json(json.loads(cache_file.read_text()))
+        if previous.confident:
+            log.info("embedrank: %s: auto (cached) chose %s", model_id, previous.summary)
+            return load(previous.backend, previous.precision), previous
+        log.info(
+            "embedrank: %s: auto measures again: its cached decision is provisional (%s)", model_id, previous.doubt
+        )
+    runtime, choice = _measure(model_id, options, load, work, cache_file, previous)
+    latest = [choice]
+
+    def remeasure() -> Choice:
+        """Measure again, replacing the latest decision (its runtimes are loaded for the trial, then let go)."""
+        again = _measure(model_id, options, load, work, cache_file, latest[0])[1]
+        again.remeasure = remeasure if again.doubt else None
+        latest[0] = again
+        return again
+
+    choice.remeasure = remeasure if choice.doubt else None
+    return runtime, choice
+
+
+def _measure(
+    model_id: str,
+    options: Sequence[tuple[Backend, Precision]],
+    load: Callable[[Backend, Precision], Runtime],
+    work: Workload,
+    cache_file: Path,
+    previous: Choice | None,
+) -> tuple[Runtime, Choice]:
+    """Every candidate measured, the decision written to ``cache_file`` (replacing ``previous``)."""
     trials: list[Trial] = []
     reference: Runtime | None = None
     expected: dict[str, np.ndarray] = {}
     best: tuple[Runtime, Trial] | None = None
+    started = cpu_clock()
     for backend, precision in options:
         trial = Trial(backend, precision)
         trials.append(trial)
@@ -387,13 +500,15 @@ def choose(
                 "outside the quality bound (" + ", ".join(f"{k} {v:.4f}" for k, v in trial.quality.items()) + ")"
             )
             continue
-        trial.batch_ratio, trial.single_ratio = _ratios(reference, runtime, work)
+        trial.batch_ratio, trial.single_ratio, trial.rounds = _ratios(reference, runtime, work)
         if best is not None and pick([best[1], trial]) is trial:
             best = (runtime, trial)
     if best is None:
         tried = "; ".join(f"{t.name}: {t.excluded}" for t in trials)
         raise UnsupportedModelError(f"backend/precision auto found no runtime that loads {model_id!r} ({tried})")
+    others = others_share(started, cpu_clock())
     ref_trial = next(t for t in trials if t.excluded is None)
+    ref_trial.rounds = [1.0] * max((len(t.rounds) for t in trials), default=0)  # the reference against itself
     cpu, _ = cpu_identity()
     choice = Choice(
         backend=best[1].backend,  # type: ignore[arg-type]
@@ -401,9 +516,12 @@ def choose(
         reference=ref_trial.name,
         cpu=cpu,
         threads=int(torch.get_num_threads()),
-        measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        measured=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         trials=trials,
         sample=work.sample,
+        others_busy=others,
+        doubt=doubt_of(trials, best[1], others),
+        remeasured=f"{previous.backend} {previous.precision} (provisional, {previous.measured})" if previous else None,
     )
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache_file.with_suffix(".tmp")

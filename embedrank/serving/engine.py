@@ -136,6 +136,7 @@ class BatchEngine(Generic[Item]):
         self._computing = 0  # items in forward passes right now
         self._computing_tokens = 0  # their estimated tokens
         self.token_rate = 0.0  # estimated tokens computed per second (moving average; 0 until measured)
+        self.last_work = clock()  # when the last forward pass ended (or the engine was made)
         self.rate_of_full = False  # whether a full batch has measured token_rate (only then may it refuse work)
         self._peak_inflight = 0.0  # decaying maximum of items in flight
         self._stopping = False
@@ -178,6 +179,11 @@ class BatchEngine(Generic[Item]):
                 job.future.set_exception(NotReadyError("the service shut down before this request was computed"))
         for thread in self._threads:
             await asyncio.to_thread(thread.join, timeout)
+
+    def idle_for(self) -> float:
+        """Seconds since the engine last had work: 0 while items wait or are computed."""
+        with self._cond:
+            return 0.0 if self._queue.queued or self._computing else self.clock() - self.last_work
 
     @property
     def queue_depth(self) -> int:
@@ -362,6 +368,7 @@ class BatchEngine(Generic[Item]):
             with self._cond:
                 self._computing -= len(batch)
                 self._computing_tokens -= tokens
+                self.last_work = self.clock()
                 if seconds > 0 and not isinstance(outcome, Exception):
                     self.token_rate = next_rate(self.token_rate, tokens / seconds, full=full)
                     self.rate_of_full = self.rate_of_full or full

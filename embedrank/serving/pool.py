@@ -15,7 +15,8 @@ e.g. fakes) are served as they are, which is how the fast HTTP tests run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -139,6 +140,7 @@ class ModelPool:
         self.aliases: dict[str, str] = {}
         self.failed: dict[str, str] = {}  # a model left out by load(keep_going=True): its id -> why
         self._failed_aliases: dict[str, str] = {}  # an alias of such a model -> its id
+        self._stopping = threading.Event()  # set when the pool drains: background work stops
         self._built = dict(preloaded or {})  # models that need no loading: preloaded ones and fakes
         if preloaded is not None:
             by_id = {e.id: e for e in entries}
@@ -282,6 +284,15 @@ class ModelPool:
             self.models[model_id] = hosted
             for branch, runner in hosted.started():
                 on_engine(label(branch), runner.engine)
+            choice = getattr(core, "auto_choice", None)
+            if getattr(choice, "remeasure", None) is not None:  # a provisional "auto" decision: measured again
+                engines = [runner.engine for _, runner in hosted.started()]
+                threading.Thread(
+                    target=remeasure_when_idle,
+                    args=(model_id, choice, engines, config.idle_seconds, self._stopping),
+                    name=f"embedrank-auto-{model_id}",
+                    daemon=True,
+                ).start()
 
     def get(self, model_id: str, capability: str) -> HostedModel:
         """The served model ``model_id`` names (its id or an alias), if it can serve ``capability``.
@@ -327,6 +338,33 @@ class ModelPool:
 
     async def drain(self, timeout: float) -> None:
         """Wait until every engine has finished its queued work, at most ``timeout`` seconds each."""
+        self._stopping.set()
         for served in self.models.values():
             for runner in served.runners():
                 await runner.engine.drain(timeout)
+
+
+def remeasure_when_idle(
+    model_id: str, choice: Any, engines: Sequence[BatchEngine], idle_seconds: float, stopping: threading.Event
+) -> None:
+    """Measure a provisional ``auto`` decision again (:attr:`~embedrank.runtime.auto.Choice.remeasure`) once every
+    engine of its model has had no work for ``idle_seconds``, until a decision is confident or ``stopping`` is set.
+    The new decision replaces the cached one, which the next start loads; the runtime serving now stays."""
+    while not stopping.wait(min(5.0, idle_seconds)):
+        if min(engine.idle_for() for engine in engines) < idle_seconds:
+            continue
+        try:
+            new = choice.remeasure()
+        except Exception:  # the trial could not run now (memory, a file): the provisional decision stands
+            logger.exception("%s: auto could not measure its runtimes again", model_id)
+            return
+        same = (new.backend, new.precision) == (choice.backend, choice.precision)
+        logger.warning(
+            "%s: auto measured again while idle and chose %s%s",
+            model_id,
+            new.summary,
+            "" if same else f" (this server keeps {choice.backend} {choice.precision} until its next start)",
+        )
+        if new.remeasure is None:
+            return
+        choice = new

@@ -115,6 +115,11 @@ BENCHMARKS = (
         module="encode",
     ),
     _bench(
+        "auto-load",
+        "auto started on a busy machine: the final choice's speed against the quiet choice's",
+        about="backend and precision auto chosen beside two busy loops, then on the quiet machine: SciFact speed",
+    ),
+    _bench(
         "calibration",
         "int8 calibration samples side by side",
         about="which sample int8 is calibrated and judged on: vocabulary sentences, the packaged sample, SciFact",
