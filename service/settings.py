@@ -332,6 +332,14 @@ class Limits(_Group, frozen=True):
             "takes every reading slot (8 a replica)"
         ),
     ] = 4
+    max_searches_per_key: Annotated[
+        int,
+        Positive,
+        Meta(
+            description="vector store searches of one API key computed at once by a replica (the others wait; a "
+            "replica searches in one thread per core, and no key holds all of them)"
+        ),
+    ] = 2
     max_filter_clauses: Annotated[
         int, Positive, Meta(description="clauses of a vector store search's `filters`, all levels together (400)")
     ] = 100

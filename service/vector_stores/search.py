@@ -8,11 +8,14 @@ at the next version, by this replica or another."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from embedrank.retrieval.store import StoreIndex
 from service.auth import key_owner
@@ -21,10 +24,48 @@ from service.storage.database import PostgresDatabase
 from service.storage.storage import Storage
 from service.vector_stores.store import StoreRow, VectorStoreTables
 
+T = TypeVar("T")
+
 CACHED_STORES = 64
 """Stores whose index a replica keeps in memory, at most (the least recently searched dropped past it)."""
 CACHED_CHUNKS = 2_000_000
 """Chunks the indexes a replica keeps in memory hold together, at most (the store searched now is kept)."""
+
+
+class SearchThreads:
+    """The threads a replica searches its stores in, apart from those that talk to the database and answer
+    requests: ``threads`` of them (default: one per usable core, at least 2), of which one API key's searches hold
+    at most ``per_key`` at once (the key's other searches wait their turn, holding no thread), so that no key's
+    searches can take every thread.
+
+    >>> import asyncio
+    >>> threads = SearchThreads(per_key=1)
+    >>> asyncio.run(threads.run("key", sum, [1, 2, 3]))
+    6
+    >>> threads.close()
+    """
+
+    def __init__(self, per_key: int, threads: int | None = None) -> None:
+        count = threads or max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
+        self.per_key = max(1, min(per_key, count - 1)) if count > 1 else 1
+        self._pool = ThreadPoolExecutor(count, thread_name_prefix="embedrank-search")
+        self._keys: dict[str, asyncio.Semaphore] = {}
+        self._waiting: dict[str, int] = {}
+
+    async def run(self, owner: str, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``work(*args, **kwargs)`` in a search thread, once ``owner`` holds fewer than ``per_key`` of them."""
+        slots = self._keys.setdefault(owner, asyncio.Semaphore(self.per_key))
+        self._waiting[owner] = self._waiting.get(owner, 0) + 1
+        try:
+            async with slots:
+                return await asyncio.get_running_loop().run_in_executor(self._pool, partial(work, *args, **kwargs))
+        finally:
+            self._waiting[owner] -= 1
+            if not self._waiting[owner]:  # nobody of this key waits or runs: forget it (keys are not kept)
+                del self._waiting[owner], self._keys[owner]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class IndexCache:

@@ -33,7 +33,7 @@ from service.vector_stores.schemas import (
     SearchRequest,
     StaticChunking,
 )
-from service.vector_stores.search import IndexCache, chunk_results
+from service.vector_stores.search import IndexCache, SearchThreads, chunk_results
 from service.vector_stores.store import SCHEMA, StoreRow, VectorStoreTables, drop_file, listed_batches
 
 logger = logging.getLogger("embedrank.service")
@@ -71,6 +71,7 @@ class VectorStoreService:
     _tables: VectorStoreTables | None = None
     indexes: IndexCache | None = None
     ingestor: Ingestor | None = None
+    searches: SearchThreads | None = None  # the threads searches run in, shared fairly between keys
     _opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     _loop: asyncio.AbstractEventLoop | None = None
@@ -78,6 +79,7 @@ class VectorStoreService:
     def __post_init__(self) -> None:
         self.storage.register(SCHEMA, listed_batches)
         self.files.users.append(AttachedFiles(self))  # a deleted file leaves every store it is attached to
+        self.searches = SearchThreads(self.settings.limits.max_searches_per_key)
 
     @property
     def settings(self) -> Settings:
@@ -112,7 +114,11 @@ class VectorStoreService:
         if self.indexes is not None:
             await asyncio.to_thread(self.indexes.sweep, await asyncio.to_thread(tables.store_ids))
         self.ingestor = Ingestor(tables, uploads.file_path, self.pool_of, self.settings)
-        await self.ingestor.run()
+        try:
+            await self.ingestor.run()
+        finally:
+            if self.searches is not None:
+                self.searches.close()
 
     def wake(self) -> None:
         if self.ingestor is not None:
@@ -299,8 +305,9 @@ class VectorStoreService:
         assert self.indexes is not None
         index = await self.indexes.index(store, dimension_of(models[0][1]))
         depth = req.max_num_results if ranker == NO_RANKER else max(req.rerank_candidates, req.max_num_results)
-        ranked = await asyncio.to_thread(
-            index.search, stage, queries, vectors, where, depth, sparse=sparse, weights=runs
+        assert self.searches is not None
+        ranked = await self.searches.run(
+            store.owner, index.search, stage, queries, vectors, where, depth, sparse=sparse, weights=runs
         )
         if ranker != NO_RANKER and ranked:
             texts = [index.data.texts[row] for row, _ in ranked]

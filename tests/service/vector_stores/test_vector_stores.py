@@ -965,3 +965,38 @@ def test_one_keys_bombs_hold_no_other_keys_calls_and_fail_once_naming_the_limit(
         assert hostile.vector_stores.delete(again).deleted
         reader.join(timeout=10)  # stopped when its store went, not at the read's limit
         assert reader.exitcode == -9
+
+
+def test_one_keys_searches_hold_at_most_their_share_of_the_search_threads():
+    """While one key's searches hold every thread they may, another key's search is computed at once."""
+    import asyncio
+    import threading
+
+    from service.vector_stores.search import SearchThreads
+
+    threads = SearchThreads(per_key=2, threads=3)
+    release, running, most = threading.Event(), [], [0]
+    lock = threading.Lock()
+
+    def slow() -> str:
+        with lock:
+            running.append(1)
+            most[0] = max(most[0], len(running))
+        release.wait(10)
+        with lock:
+            running.pop()
+        return "a"
+
+    async def scenario() -> list[str]:
+        hogs = [asyncio.ensure_future(threads.run("key-a", slow)) for _ in range(6)]
+        other = await asyncio.wait_for(threads.run("key-b", lambda: "b"), 5)  # not queued behind key A's
+        assert other == "b" and not any(h.done() for h in hogs)
+        release.set()
+        return await asyncio.gather(*hogs)
+
+    try:
+        assert asyncio.run(scenario()) == ["a"] * 6
+    finally:
+        threads.close()
+    assert most[0] == 2  # key A never held more than its share
+    assert SearchThreads(per_key=8, threads=3).per_key == 2  # a key never holds every thread
