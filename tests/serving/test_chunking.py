@@ -18,8 +18,6 @@ from embedrank.serving import chunking
 from embedrank.serving.chunking import TooManyChunksError, chunk_documents, segments
 from embedrank.types import Chunking
 
-pytestmark = pytest.mark.kernel_free
-
 
 @functools.cache
 def tokenizer(kind: str):
