@@ -48,8 +48,8 @@ def segments(text: str, size: int = SEGMENT) -> Iterator[tuple[int, int]]:
     """``(start, stop)`` of consecutive parts of ``text`` of at most ``size`` characters, each but the last ending
     where a run of whitespace begins in its last tenth, else at ``size`` characters.
 
-    >>> list(segments("aaa bbb ccc", size=5)), list(segments("abcdefgh", size=5))
-    ([(0, 3), (3, 7), (7, 11)], [(0, 5), (5, 8)])
+    >>> list(segments("aaaa bbbb cccc dddd", size=10)), list(segments("abcdefgh", size=5))
+    ([(0, 9), (9, 19)], [(0, 5), (5, 8)])
     """
     start = 0
     while len(text) - start > size:

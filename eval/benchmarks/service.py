@@ -53,18 +53,6 @@ from eval.harness.load import make_texts, run_client, through_engine
 from eval.harness.otlp import otlp_sink
 
 
-def cpu_seconds(pid: int | None) -> tuple[float, float]:
-    """CPU seconds (user + system) used so far by process ``pid`` and by its main thread (zeros without a pid)."""
-    if pid is None:
-        return 0.0, 0.0
-    import psutil
-
-    process = psutil.Process(pid)
-    total = process.cpu_times()
-    main = next((t for t in process.threads() if t.id == pid), None)
-    return total.user + total.system, (main.user_time + main.system_time) if main else 0.0
-
-
 def run(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
