@@ -223,7 +223,7 @@ def create_app(
         core_tracing.use(tracer_provider)
         service.load_task = asyncio.get_running_loop().create_task(_load(service, exit_on_failure=server is not None))
         batch_worker = asyncio.get_running_loop().create_task(batches.run())
-        file_reader = asyncio.get_running_loop().create_task(vector_stores.run())
+        file_reader = asyncio.get_running_loop().create_task(vector_stores.run(cpus))
         if deadline is not None:
             deadline.start()
         if wait_for_models:

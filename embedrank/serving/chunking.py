@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
-from embedrank.models.chunking import Offsets, split_windows
+from embedrank.models.chunking import Offsets, split_windows, window_overlap
 from embedrank.retrieval.documents import Document, InvalidFileError
 from embedrank.serving.hosting import HostedModel
 from embedrank.types import Chunking
@@ -78,6 +78,7 @@ async def chunk_documents(
             raise TooManyChunksError(len(chunks) + more, max_chunks)
 
     short: list[int] = []
+    chars = 0  # the characters of the short documents waiting
     for i, doc in enumerate(docs):
         if not doc.text.strip():
             continue
@@ -88,8 +89,10 @@ async def chunk_documents(
                 chunks.append((text, i))
             continue
         short.append(i)
-        if len(short) == SLICE or sum(len(docs[j].text) for j in short) > SEGMENT:
+        chars += len(doc.text)
+        if len(short) == SLICE or chars > SEGMENT:
             await _flush(served, docs, short, size, overlap, chunks, count)
+            chars = 0
     await _flush(served, docs, short, size, overlap, chunks, count)
     return chunks
 
@@ -122,7 +125,7 @@ async def _long_windows(served: HostedModel, text: str, size: int, overlap: int)
     """The windows of one long document, as :func:`~embedrank.models.chunking.split_windows` cuts them (the same
     starts: every ``size - overlap`` tokens, the last window ending at the last token), tokenized a segment at a
     time; only the tokens from the next window's start on are kept."""
-    step = max(1, size - overlap)
+    step = max(1, size - window_overlap(Chunking(overlap=overlap), size))  # as split_windows takes it
     kept: list[tuple[int, int]] = []  # the spans of the tokens from ``first`` on
     first = start = 0  # ``start``: the next window's first token
     for a, b in segments(text, SEGMENT):

@@ -8,7 +8,6 @@ at the next version, by this replica or another."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -34,20 +33,20 @@ CACHED_CHUNKS = 2_000_000
 
 class SearchThreads:
     """The threads a replica searches its stores in, apart from those that talk to the database and answer
-    requests: ``threads`` of them (default: one per usable core, at least 2), of which one API key's searches hold
+    requests: ``threads`` of them (the usable CPUs, at least 2), of which one API key's searches hold
     at most ``per_key`` at once (the key's other searches wait their turn, holding no thread), so that no key's
     searches can take every thread.
 
     >>> import asyncio
-    >>> threads = SearchThreads(per_key=1)
+    >>> threads = SearchThreads(per_key=1, threads=2)
     >>> asyncio.run(threads.run("key", sum, [1, 2, 3]))
     6
     >>> threads.close()
     """
 
-    def __init__(self, per_key: int, threads: int | None = None) -> None:
-        count = threads or max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
-        self.per_key = max(1, min(per_key, count - 1)) if count > 1 else 1
+    def __init__(self, per_key: int, threads: int) -> None:
+        count = max(2, threads)
+        self.per_key = max(1, min(per_key, count - 1))
         self._pool = ThreadPoolExecutor(count, thread_name_prefix="embedrank-search")
         self._keys: dict[str, asyncio.Semaphore] = {}
         self._waiting: dict[str, int] = {}

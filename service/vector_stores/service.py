@@ -79,7 +79,6 @@ class VectorStoreService:
     def __post_init__(self) -> None:
         self.storage.register(SCHEMA, listed_batches)
         self.files.users.append(AttachedFiles(self))  # a deleted file leaves every store it is attached to
-        self.searches = SearchThreads(self.settings.limits.max_searches_per_key)
 
     @property
     def settings(self) -> Settings:
@@ -97,9 +96,17 @@ class VectorStoreService:
     async def opened(self) -> VectorStoreTables:
         return self._tables if self._tables is not None else await asyncio.to_thread(self.tables)
 
-    async def run(self) -> None:
-        """The file reader, once the storage exists (:meth:`StorageService.reached`); until cancelled."""
+    async def run(self, cpus: int) -> None:
+        """The search threads (as many as the ``cpus`` the process may use), and the file reader once the storage
+        exists (:meth:`StorageService.reached`); until cancelled."""
         self._loop = asyncio.get_running_loop()
+        self.searches = SearchThreads(self.settings.limits.max_searches_per_key, cpus)  # before any request
+        try:
+            await self._read_files()
+        finally:
+            self.searches.close()
+
+    async def _read_files(self) -> None:
         storage = await self.storage.reached()
         while True:
             try:
@@ -114,11 +121,7 @@ class VectorStoreService:
         if self.indexes is not None:
             await asyncio.to_thread(self.indexes.sweep, await asyncio.to_thread(tables.store_ids))
         self.ingestor = Ingestor(tables, uploads.file_path, self.pool_of, self.settings)
-        try:
-            await self.ingestor.run()
-        finally:
-            if self.searches is not None:
-                self.searches.close()
+        await self.ingestor.run()
 
     def wake(self) -> None:
         if self.ingestor is not None:
