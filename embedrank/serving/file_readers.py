@@ -183,9 +183,12 @@ class FileReaders:
                 send.close()
             try:
                 return await loop.run_in_executor(self._threads, _wait, receive, process, filename, self.limits)
-            finally:  # cancelled, or done: nothing of the read outlives it
-                if process.exitcode is None:
-                    process.kill()
+            except BaseException:
+                # Cancelled (or the waiting thread failed): nothing of the read outlives it. Only the waiting thread
+                # reaps the process: a second thread asking for its exit code could take the one report the
+                # forkserver sends, and the other would read 255.
+                process.kill()
+                raise
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

@@ -12,6 +12,7 @@ True
 from __future__ import annotations
 
 import struct
+import time
 import zlib
 
 
@@ -55,3 +56,25 @@ def png_claiming(width: int, height: int, payload: int = 50_000) -> bytes:
         compressed += stream.compress(zeros)
     compressed += stream.flush()
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", compressed) + chunk(b"IEND", b"")
+
+
+def process_ended(pid: int, seconds: float) -> bool:
+    """Whether the process ``pid`` ended (gone, or a zombie left for its parent) within ``seconds``, read from
+    ``/proc`` without reaping it: a process another thread waits on keeps its one exit report for that thread.
+
+    >>> import os
+    >>> process_ended(os.getpid(), seconds=0.0)
+    False
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)

@@ -13,7 +13,7 @@ import pytest
 
 from embedrank.retrieval.documents import InvalidFileError, UnsupportedFileError, read_documents
 from embedrank.serving.file_readers import FileReaders, ReadLimits
-from embedrank.testing.hostile_files import pdf_sharing_one_stream
+from embedrank.testing.hostile_files import pdf_sharing_one_stream, process_ended
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernel_free]  # processes of their own; no model
 
@@ -91,8 +91,8 @@ def test_a_cancelled_read_kills_its_process(tmp_path):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        process.join(timeout=60)
+        ended = await asyncio.to_thread(process_ended, process.pid, 60)
         readers.close()
-        return process.exitcode
+        return ended
 
-    assert asyncio.run(main()) == -9  # SIGKILL, not left to finish
+    assert asyncio.run(main())  # killed: not left to run to its limit of 600 s
