@@ -117,8 +117,13 @@ class Queued:
 
 
 def queued() -> Queued | None:
-    """A new request's :class:`Queued`, when tracing is on and it is part of a recorded trace."""
-    return Queued() if _current() is not None else None
+    """A new request's :class:`Queued`, when tracing is on and it is part of a recorded trace: its span records
+    here, or it came from another process (:mod:`embedrank.serving.remote`) in a sampled trace."""
+    if _tracer is None:
+        return None
+    current = trace.get_current_span()
+    parent = current.get_span_context()
+    return Queued() if current.is_recording() or (parent.is_remote and parent.trace_flags.sampled) else None
 
 
 def forward(

@@ -270,12 +270,14 @@ class FakeSparseEncoder(WordTokens):
 
 
 FAKE_PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5-style, for fake:encoder-with-prompts
-FAKE_PATHS = ("fake:encoder", "fake:encoder-with-prompts", "fake:cross-encoder", "fake:sparse")
+FAKE_PATHS = ("fake:encoder", "fake:encoder-with-prompts", "fake:cross-encoder", "fake:sparse", "fake:zero-forward")
 
 
-def fake_model(model_id: str, path: str) -> FakeEncoder | FakeCrossEncoder | FakeSparseEncoder:
-    """The weightless model a served model's ``path`` names: ``fake:encoder``, ``fake:encoder-with-prompts``
-    (e5-style query and passage prompts, to try ``input_type``), ``fake:cross-encoder`` or ``fake:sparse``.
+def fake_model(model_id: str, path: str) -> Any:
+    """The stand-in a served model's ``path`` names: ``fake:encoder``, ``fake:encoder-with-prompts``
+    (e5-style query and passage prompts, to try ``input_type``), ``fake:cross-encoder`` or ``fake:sparse``, all
+    weightless; or ``fake:zero-forward``, the packaged MiniLM's tokenizer with a forward pass that costs nothing
+    (:mod:`embedrank.testing.zero_forward`).
 
     >>> fake_model("demo", "fake:encoder-with-prompts").spec.prompts
     {'query': 'query: ', 'passage': 'passage: '}
@@ -288,4 +290,8 @@ def fake_model(model_id: str, path: str) -> FakeEncoder | FakeCrossEncoder | Fak
         return FakeCrossEncoder(model_id)
     if path == "fake:sparse":
         return FakeSparseEncoder(model_id)
+    if path == "fake:zero-forward":
+        from embedrank.testing.zero_forward import zero_forward_encoder
+
+        return zero_forward_encoder(model_id)
     raise ModelNotFoundError(f"unknown fake model {path!r}; use {', '.join(FAKE_PATHS)}")

@@ -161,6 +161,12 @@ BENCHMARKS = (
         module="service",
     ),
     _bench("span-cost", "Tracing's CPU per one-query request, the service's tracing code alone"),
+    _bench(
+        "ceiling",
+        "The service's own ceiling: a forward pass that costs nothing",
+        "--clients 1 32 --rounds 2",
+        about="the service's load on a zero-cost model (real tokenizer, zero vectors): texts/s, CPU per request by process",
+    ),
     _bench("fairness", "Fairness: small requests during a bulk request"),
     _bench(
         "ready",

@@ -10,7 +10,7 @@ import statistics
 import time
 
 from eval.harness.clients import KEY, MODEL
-from eval.harness.stats import cpu_seconds, percentile
+from eval.harness.stats import cpu_seconds, percentile, tree_cpu_seconds
 
 WORDS = (
     "retrieval dense sparse ranking passage query vector embedding model transformer index search "
@@ -141,12 +141,12 @@ async def drive(
         await warm.acquire()
     refused = 0  # the warm-up's are not counted
     engine_start = engine_totals(base)
-    server_start, client_start = cpu_seconds(pid), time.process_time()
+    server_start, client_start, tree_start = cpu_seconds(pid), time.process_time(), tree_cpu_seconds(pid)
     t0 = time.perf_counter()
     ready.set()
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - t0
-    server_end, client_end = cpu_seconds(pid), time.process_time()
+    server_end, client_end, tree_end = cpu_seconds(pid), time.process_time(), tree_cpu_seconds(pid)
     engine_end = engine_totals(base)
     batches = max(1.0, engine_end["batches"] - engine_start["batches"])
     return {
@@ -154,6 +154,8 @@ async def drive(
         "server_cpu": (server_end[0] - server_start[0]) / elapsed,
         "loop_cpu": (server_end[1] - server_start[1]) / elapsed,
         "client_cpu": (client_end - client_start) / elapsed,
+        # cores each kind of the server's processes used (server_cpu's process, its children), by role
+        "processes": {role: (tree_end[role] - tree_start.get(role, 0.0)) / elapsed for role in tree_end},
         "mean_batch": (engine_end["items"] - engine_start["items"]) / batches,
         "refused": refused,
         "inputs_s": requests * per_request / elapsed,

@@ -50,6 +50,7 @@ ORDER = (
     "service-avx2",
     "tracing",
     "span-cost",
+    "ceiling",
     "fairness",
     "fairness-avx2",
     "batch",

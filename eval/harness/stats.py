@@ -4,6 +4,7 @@ CPU time."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,3 +45,34 @@ def cpu_seconds(pid: int | None) -> tuple[float, float]:
     total = process.cpu_times()
     main = next((t for t in process.threads() if t.id == pid), None)
     return total.user + total.system, (main.user_time + main.system_time) if main else 0.0
+
+
+def process_role(process: Any, root: int) -> str:
+    """What a process of a server's tree is, for a benchmark's table: ``server`` (the process started), the file
+    readers' fork server, multiprocessing's resource tracker, else its own name."""
+    if process.pid == root:
+        return "server"
+    command = " ".join(process.cmdline())
+    if "forkserver" in command:
+        return "file readers"
+    if "resource_tracker" in command:
+        return "resource tracker"
+    return str(process.name())
+
+
+def tree_cpu_seconds(pid: int | None) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by process ``pid`` and every process below it, summed by
+    :func:`process_role` (empty without a pid; a process that ended while it was read is left out)."""
+    if pid is None:
+        return {}
+    import psutil
+
+    root = psutil.Process(pid)
+    totals: dict[str, float] = {}
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times, role = process.cpu_times(), process_role(process, pid)
+        except psutil.NoSuchProcess:
+            continue
+        totals[role] = totals.get(role, 0.0) + times.user + times.system
+    return totals

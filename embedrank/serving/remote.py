@@ -1,0 +1,435 @@
+"""Batching engines served to other processes: :class:`EngineHost` offers a process's
+:class:`~embedrank.serving.engine.BatchEngine` objects on a Unix socket, and :class:`EngineLink` submits to them from
+another process, with :class:`RemoteEngine` as the ``submit`` of one of them. Every process that submits shares the
+host's engines, so one fair queue (:mod:`embedrank.serving.scheduler`) orders the work of all of them, and one
+engine's estimated wait decides what is refused.
+
+What crosses, in frames of MessagePack (a 4-byte length, then the message), never JSON or a pickle:
+
+- a submission: its id, the engine's name, its priority, its items (tokenized rows: the model's token lists,
+  length, whether cut, pooling skip; or images as the bytes a request sent), and the request's id and W3C
+  ``traceparent``, so that the forward pass's span joins the request's trace;
+- an answer: the :class:`~embedrank.types.ModelOutput`, its arrays as raw buffers (dtype, shape, bytes), object
+  arrays item by item, SciPy sparse rows as their three arrays;
+- a refusal: the error's kind (``overloaded`` with its Retry-After, ``invalid``, ``not_ready``, ``failed``) and
+  message, raised again in the submitting process as the same :mod:`embedrank.errors` class;
+- a cancellation: a submitter that stops waiting (its client went) has its items dropped from the queue, as
+  in-process; a connection that closes cancels all of its submissions.
+
+When the host cannot be reached, or its connection ends while a submission waits, :meth:`EngineLink.submit` raises
+:class:`~embedrank.errors.NotReadyError` at once (an HTTP front answers 503 with Retry-After); the next submission
+connects again.
+
+>>> import asyncio, tempfile, os
+>>> from embedrank.serving.engine import BatchEngine
+>>> from embedrank.serving.runners import EmbeddingBatchModel
+>>> from embedrank.testing.fake import FakeEncoder
+>>> async def demo():
+...     path = os.path.join(tempfile.mkdtemp(), "engine.sock")
+...     model = FakeEncoder(dimension=4)
+...     engine = BatchEngine(EmbeddingBatchModel(model))
+...     engine.start()
+...     host = EngineHost({"enc": engine})
+...     await host.serve(path)
+...     link = EngineLink(path)
+...     out = await link.engine("enc").submit(model.tokenize_rows(["hello world"]))
+...     await link.close()
+...     await host.close()
+...     await engine.drain()
+...     return out.values.shape, out.values.dtype, out.token_counts
+>>> asyncio.run(demo())
+((1, 4), dtype('float32'), [4])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import scipy.sparse as sp
+from opentelemetry import context as otel_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from embedrank.errors import InvalidInputError, NotReadyError, OverloadedError
+from embedrank.models.tokens import TokenRow
+from embedrank.serving.engine import BatchEngine
+from embedrank.serving.image_text import ImageInput
+from embedrank.serving.late import Held
+from embedrank.types import ModelOutput
+
+logger = logging.getLogger("embedrank.serving")
+
+MAX_FRAME = 1 << 30
+"""The largest message either side accepts (bytes): a request's items are bounded far below it by the service's
+limits; a larger frame means a broken peer, and ends the connection."""
+
+_LENGTH = struct.Struct("!I")
+_ARRAY, _OBJECTS, _HELD, _CSR, _ROW, _IMAGE = range(1, 7)  # MessagePack extension codes
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+# -- messages ----------------------------------------------------------------------------------------------------------
+class Submit(msgspec.Struct, tag="submit", array_like=True):
+    id: int
+    engine: str
+    priority: int
+    items: list[Any]
+    request_id: str | None = None
+    traceparent: str | None = None
+
+
+class Cancel(msgspec.Struct, tag="cancel", array_like=True):
+    id: int
+
+
+class Answer(msgspec.Struct, tag="answer", array_like=True):
+    id: int
+    values: Any
+    token_counts: list[int]
+    truncated: list[bool]
+
+
+class Refused(msgspec.Struct, tag="refused", array_like=True):
+    id: int
+    kind: str  # overloaded, invalid, not_ready, failed
+    message: str
+    retry_after: float | None = None
+    param: str | None = None
+
+
+Message = Submit | Cancel | Answer | Refused
+
+
+# -- the codec: arrays as raw buffers ----------------------------------------------------------------------------------
+def _lift(value: Any) -> Any:
+    """``value`` with the types MessagePack would write as plain maps (msgspec writes a dataclass as its fields) made
+    extensions, so that they come back as themselves: a tokenized row, an image input, a held value."""
+    if isinstance(value, TokenRow):
+        return msgspec.msgpack.Ext(_ROW, _ENCODER.encode((value.tokens, value.length, value.truncated, value.skip)))
+    if isinstance(value, ImageInput):
+        return msgspec.msgpack.Ext(_IMAGE, _ENCODER.encode((value.source, value.field, value.at)))
+    if isinstance(value, Held):
+        return msgspec.msgpack.Ext(_HELD, _ENCODER.encode(_lift(value.value)))
+    return value
+
+
+def _enc_hook(value: Any) -> Any:
+    """What MessagePack cannot hold itself, as extensions: a numeric array as dtype, shape and its bytes; an object
+    array item by item; a CSR matrix as its three arrays."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            items = [_lift(item) for item in value.ravel().tolist()]
+            return msgspec.msgpack.Ext(_OBJECTS, _ENCODER.encode((list(value.shape), items)))
+        array = np.ascontiguousarray(value)
+        head = _ENCODER.encode((array.dtype.str, list(array.shape)))
+        return msgspec.msgpack.Ext(_ARRAY, _LENGTH.pack(len(head)) + head + array.tobytes())
+    if isinstance(value, np.generic):
+        return value.item()
+    if sp.issparse(value):
+        csr = sp.csr_matrix(value)
+        return msgspec.msgpack.Ext(_CSR, _ENCODER.encode((csr.data, csr.indices, csr.indptr, list(csr.shape))))
+    name = type(value).__name__
+    raise TypeError(f"{'an' if name[0] in 'AEIOU' else 'a'} {name} cannot be sent to an engine in another process")
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == _ARRAY:
+        (size,) = _LENGTH.unpack_from(data)
+        dtype, shape = _DECODER.decode(data[4 : 4 + size])
+        return np.frombuffer(data[4 + size :], dtype=np.dtype(dtype)).reshape(shape).copy()
+    if code == _OBJECTS:
+        shape, items = _DECODER.decode(data)
+        out = np.empty(len(items), dtype=object)
+        out[:] = items
+        return out.reshape(shape)
+    if code == _HELD:
+        return Held(_DECODER.decode(data))
+    if code == _CSR:
+        values, indices, indptr, shape = _DECODER.decode(data)
+        return sp.csr_matrix((values, indices, indptr), shape=tuple(shape))
+    if code == _ROW:
+        tokens, length, truncated, skip = _DECODER.decode(data)
+        return TokenRow(tokens, length, truncated, skip)
+    if code == _IMAGE:
+        source, field, at = _DECODER.decode(data)
+        return ImageInput(source, field, at)
+    raise ValueError(f"unknown extension {code} in a message from an engine's peer")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_DECODER = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_MESSAGES = msgspec.msgpack.Decoder(Message, ext_hook=_ext_hook)
+
+
+def encode(message: Message) -> bytes:
+    """``message`` as one frame: its length, then its MessagePack.
+
+    >>> row = TokenRow({"input_ids": [101, 7, 102]}, 3, False)
+    >>> frame = encode(Submit(1, "enc", 0, [row]))
+    >>> decode(frame[4:]).items[0] == row
+    True
+    >>> answer = decode(encode(Answer(1, np.arange(6, dtype=np.float32).reshape(2, 3), [3, 3], [False, False]))[4:])
+    >>> answer.values.dtype, answer.values.shape, answer.values[1].tolist()
+    (dtype('float32'), (2, 3), [3.0, 4.0, 5.0])
+    """
+    if isinstance(message, Submit):
+        message = msgspec.structs.replace(message, items=[_lift(item) for item in message.items])
+    elif isinstance(message, Answer):
+        message = msgspec.structs.replace(message, values=_lift(message.values))
+    body = _ENCODER.encode(message)
+    return _LENGTH.pack(len(body)) + body
+
+
+def decode(body: bytes | memoryview) -> Message:
+    """One frame's message (its length already read)."""
+    return _MESSAGES.decode(body)
+
+
+async def _read(reader: asyncio.StreamReader) -> Message:
+    """The next message on ``reader``.
+
+    Raises:
+        asyncio.IncompleteReadError: the connection ended.
+        ValueError: a frame over :data:`MAX_FRAME` or one that does not decode: a broken peer.
+    """
+    (size,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if size > MAX_FRAME:
+        raise ValueError(f"a frame of {size} bytes exceeds the {MAX_FRAME} an engine's peer may send")
+    return decode(await reader.readexactly(size))
+
+
+def refusal(job: int, exc: BaseException) -> Refused:
+    """How ``exc``, raised by a submission's engine, crosses back."""
+    if isinstance(exc, OverloadedError):
+        return Refused(job, "overloaded", str(exc), retry_after=exc.retry_after)
+    if isinstance(exc, InvalidInputError):
+        return Refused(job, "invalid", str(exc), param=exc.param)
+    if isinstance(exc, NotReadyError):
+        return Refused(job, "not_ready", str(exc))
+    return Refused(job, "failed", f"{type(exc).__name__}: {exc}")
+
+
+class EngineFailedError(RuntimeError):
+    """A forward pass in the engine's process failed (its type and message, never its traceback, cross over)."""
+
+
+def raised(refused: Refused) -> Exception:
+    """The exception a :class:`Refused` stands for, in the submitting process."""
+    if refused.kind == "overloaded":
+        return OverloadedError(refused.message, retry_after=refused.retry_after or 1.0)
+    if refused.kind == "invalid":
+        return InvalidInputError(refused.message, param=refused.param)
+    if refused.kind == "not_ready":
+        return NotReadyError(refused.message)
+    return EngineFailedError(refused.message)
+
+
+# -- the host: the engines' process ------------------------------------------------------------------------------------
+class EngineHost:
+    """Serves ``engines`` (by name) on a Unix socket to any number of processes. Create and serve it on the event
+    loop the engines deliver their results on."""
+
+    def __init__(self, engines: Mapping[str, BatchEngine[Any]]) -> None:
+        self.engines = dict(engines)
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._jobs: set[asyncio.Task[None]] = set()  # submissions being answered, of every connection
+
+    def waiting(self) -> int:
+        """Submissions of every connection not answered yet."""
+        return len(self._jobs)
+
+    async def serve(self, path: str) -> None:
+        """Listen on the Unix socket ``path`` (replaced if it exists)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._server = await asyncio.start_unix_server(self._connection, path=path, limit=1 << 20)
+
+    async def close(self) -> None:
+        """Stop listening and end every connection (their submissions are cancelled)."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        current = asyncio.current_task()
+        assert current is not None
+        self._connections.add(current)
+        jobs: dict[int, asyncio.Task[None]] = {}
+        try:
+            while True:
+                message = await _read(reader)
+                if isinstance(message, Submit):
+                    task = asyncio.create_task(self._answer(message, writer))
+                    jobs[message.id] = task
+                    self._jobs.add(task)
+                    task.add_done_callback(functools.partial(self._answered, jobs, message.id))
+                elif isinstance(message, Cancel) and (cancelled := jobs.get(message.id)) is not None:
+                    cancelled.cancel()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the peer went: its submissions are dropped below
+        except ValueError as exc:
+            logger.warning("engine host: a peer sent a broken message, its connection is closed: %s", exc)
+        finally:
+            for task in jobs.values():
+                task.cancel()
+            await asyncio.gather(*jobs.values(), return_exceptions=True)
+            writer.close()
+            self._connections.discard(current)
+
+    def _answered(self, jobs: dict[int, asyncio.Task[None]], job: int, task: asyncio.Task[None]) -> None:
+        jobs.pop(job, None)
+        self._jobs.discard(task)
+
+    async def _answer(self, message: Submit, writer: asyncio.StreamWriter) -> None:
+        engine = self.engines.get(message.engine)
+        reply: Message
+        if engine is None:
+            reply = Refused(message.id, "not_ready", f"no engine {message.engine!r} in this process")
+        else:
+            token = None
+            if message.traceparent:
+                token = otel_context.attach(_PROPAGATOR.extract({"traceparent": message.traceparent}))
+            try:
+                out = await engine.submit(message.items, priority=message.priority)
+                reply = Answer(message.id, out.values, list(out.token_counts), list(out.truncated))
+            except Exception as exc:
+                reply = refusal(message.id, exc)
+                if reply.kind == "failed":
+                    logger.warning(
+                        "engine %s: request %s failed: %s", message.engine, message.request_id, reply.message
+                    )
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+        try:
+            frame = encode(reply)
+        except TypeError as exc:
+            frame = encode(refusal(message.id, exc))
+        writer.write(frame)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+
+# -- the link: a submitting process ------------------------------------------------------------------------------------
+class EngineLink:
+    """One process's connection to an :class:`EngineHost` at ``path``, shared by every submission of the process,
+    opened on first use and again after it was lost."""
+
+    def __init__(self, path: str, *, connect_timeout: float = 5.0) -> None:
+        self.path = path
+        self.connect_timeout = connect_timeout
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[ModelOutput]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._connecting = asyncio.Lock()
+
+    def engine(self, name: str) -> RemoteEngine:
+        """The engine ``name`` of the host, as a ``submit``."""
+        return RemoteEngine(self, name)
+
+    async def _connected(self) -> asyncio.StreamWriter:
+        async with self._connecting:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(self.path, limit=1 << 20), self.connect_timeout
+                )
+            except (OSError, TimeoutError) as exc:
+                raise NotReadyError(f"the engine process is not reachable ({exc.__class__.__name__}); retry") from None
+            self._writer = writer
+            self._reading = asyncio.create_task(self._answers(reader, writer))
+            return writer
+
+    async def _answers(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                message = await _read(reader)
+                future = self._waiting.pop(getattr(message, "id", -1), None)
+                if future is None or future.done():
+                    continue
+                if isinstance(message, Answer):
+                    future.set_result(ModelOutput(message.values, message.token_counts, message.truncated))
+                elif isinstance(message, Refused):
+                    future.set_exception(raised(message))
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+            if not isinstance(exc, asyncio.IncompleteReadError | ConnectionError):
+                logger.warning("engine link: a broken message from the engine process: %s", exc)
+        finally:
+            writer.close()
+            if self._writer is writer:
+                self._writer = None
+            lost, self._waiting = self._waiting, {}
+            for future in lost.values():
+                if not future.done():
+                    future.set_exception(NotReadyError("the engine process went away while this was computed; retry"))
+
+    async def submit(
+        self,
+        engine: str,
+        items: Sequence[Any],
+        *,
+        priority: int = 0,
+        request_id: str | None = None,
+    ) -> ModelOutput:
+        """``items`` computed by the host's engine ``engine``, as :meth:`BatchEngine.submit` computes them in
+        process; the current trace context travels with them.
+
+        Raises:
+            NotReadyError: the engine process cannot be reached, or went away meanwhile.
+            OverloadedError, InvalidInputError: as the engine raised them.
+            EngineFailedError: the forward pass failed there.
+        """
+        writer = await self._connected()
+        job = next(self._ids)
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier)
+        frame = encode(Submit(job, engine, priority, list(items), request_id, carrier.get("traceparent")))
+        future: asyncio.Future[ModelOutput] = asyncio.get_running_loop().create_future()
+        self._waiting[job] = future
+        try:
+            writer.write(frame)
+            await writer.drain()
+            return await future
+        except asyncio.CancelledError:
+            if self._waiting.pop(job, None) is not None and not writer.is_closing():
+                writer.write(encode(Cancel(job)))
+            raise
+        except ConnectionError:
+            raise NotReadyError("the engine process went away while this was sent; retry") from None
+        finally:
+            self._waiting.pop(job, None)
+
+    async def close(self) -> None:
+        """Close the connection; submissions still waiting fail with :class:`NotReadyError`."""
+        if self._writer is not None:
+            self._writer.close()
+        if self._reading is not None:
+            await asyncio.gather(self._reading, return_exceptions=True)
+
+
+class RemoteEngine:
+    """The ``submit`` of one engine of an :class:`EngineHost`, through an :class:`EngineLink`: what a runner calls in
+    a process that does not hold the model."""
+
+    def __init__(self, link: EngineLink, name: str) -> None:
+        self.link = link
+        self.name = name
+
+    async def submit(self, items: Sequence[Any], *, priority: int = 0, request_id: str | None = None) -> ModelOutput:
+        return await self.link.submit(self.name, items, priority=priority, request_id=request_id)
