@@ -398,6 +398,24 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 f"fp32 {summary[1]} passages, {summary[2]} queries; int8 {summary[3]}, {summary[4]}",
                 f"one query at a time: {summary[5]}",
             )
+    if name == "ceiling":
+        rows = {
+            (m[1], m[2]): m
+            for m in re.finditer(
+                r"^\| (\S+) \| (1 query|16 passage) \| 32 \| (\S+) \| \S+ \| \S+ \| \S+ \| \S+ \| (\S+) \| .* \| (\S+) \| (\S+) \|$",
+                out,
+                re.M,
+            )
+        }
+        query, passage = rows.get(("single", "1 query")), rows.get(("single", "16 passage"))
+        if query and passage:
+            return (
+                "the service's own ceiling, one process, 32 clients, a forward pass that costs nothing: texts/s, "
+                "share of the engine alone",
+                f"1 query a request {query[3]} ({query[6]}, {query[4]} ms of the server's CPU a request); "
+                f"16 passages {passage[3]} ({passage[6]})",
+                f"the same runtime behind the batching engine alone: {query[5]}; {passage[5]}",
+            )
     if name == "span-cost":
         cost = _search(r"^tracing's cost: (\S+) us per request .*?, (\S+) spans per request, (\S+) us per span$", out)
         share = _search(r"costs (\S+) ms of CPU .*?: tracing adds (\S+), so .*? keeps at most (\S+) of", out)
