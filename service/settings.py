@@ -292,7 +292,9 @@ class Limits(_Group, frozen=True):
         int, Positive, Meta(description="batches one API key may have unfinished at once (429 past it)")
     ] = 16
     max_vector_stores: Annotated[
-        int, Positive, Meta(description="vector stores one API key may have at once (429 past it)")
+        int,
+        Positive,
+        Meta(description="vector stores one API key may have at once, expired ones left out (429 past it)"),
     ] = 100
     max_vector_store_files: Annotated[
         int, Positive, Meta(description="files one vector store may hold (400 past it, before any is read)")

@@ -3,7 +3,8 @@ its text, JSON Lines as one document a line, HTML's visible text (lxml), and PDF
 
 A JSON Lines file is a collection: each line is an object that becomes a document of its own, its text the
 ``title`` and ``text`` fields (BEIR's corpus layout; a line with neither is refused) and its other scalar
-fields (``_id``, ``year``, ...) its attributes, so a search result names the line it came from.
+fields (``_id``, ``year``, ...: strings, numbers, booleans) its attributes, so a search result names the line it came
+from; a field holding ``null``, a list or an object is no attribute (filters compare scalars).
 
 Every reader is bounded: text must be UTF-8 (a BOM is dropped), a PDF has at most ``max_pages`` pages, and the
 text of a file at most ``max_chars`` characters; past a bound the file is refused, never cut. NUL characters

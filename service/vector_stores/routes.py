@@ -70,6 +70,19 @@ async def _store(state: State, request: Request[Any, Any, Any], store_id: str) -
     return tables, row
 
 
+async def _live(tables: VectorStoreTables, store: StoreRow, doing: str) -> int:
+    """The database's time, once it is known that ``store`` has not expired: an expired store (its chunks removed)
+    is a 400 ``vector_store_expired`` for ``doing``."""
+    now = await asyncio.to_thread(tables.now)
+    if store.expired(now):
+        raise invalid(
+            f"vector store {store.id} has expired (its chunks are removed): it cannot {doing}; create a new one",
+            param="vector_store_id",
+            code="vector_store_expired",
+        )
+    return now
+
+
 async def _object(tables: VectorStoreTables, row: StoreRow) -> VectorStoreObject:
     state, now = await asyncio.gather(asyncio.to_thread(tables.state, row), asyncio.to_thread(tables.now))
     return store_object(state, now)
@@ -87,6 +100,7 @@ async def _attach(
     ``assistants`` or ``user_data``; one of a type that is not read is recorded ``failed`` (``unsupported_file``)."""
     service = vector_stores_of(state)
     tables = await service.opened()
+    await _live(tables, store, "take files")
     uploads = await service.files.opened()
     owner = owner_of(request)
     models = service.embedders(store)
@@ -192,13 +206,14 @@ async def retrieve_vector_store(
 async def modify_vector_store(
     data: UpdateVectorStoreRequest, request: Request[Any, Any, Any], state: State, vector_store_id: str
 ) -> VectorStoreObject:
-    tables, _ = await _store(state, request, vector_store_id)
+    tables, store = await _store(state, request, vector_store_id)
     changes: dict[str, Any] = {}
     if data.name is not UNSET:
         changes["name"] = data.name
     if data.metadata is not UNSET:
         changes["metadata"] = data.metadata
     if data.expires_after is not UNSET:
+        await _live(tables, store, "take a new expiration policy")
         changes["expires_after_days"] = data.expires_after.days if data.expires_after else None  # type: ignore[union-attr]
     row = await asyncio.to_thread(tables.update_store, owner_of(request), vector_store_id, changes)
     if row is None:
@@ -233,12 +248,7 @@ async def search_vector_store(
 ) -> SearchResultPage:
     service = vector_stores_of(state)
     tables, store = await _store(state, request, vector_store_id)
-    now = await asyncio.to_thread(tables.now)
-    expires = store.last_active_at + store.expires_after_days * 86_400 if store.expires_after_days else None
-    if expires is not None and expires <= now:
-        raise invalid(
-            f"vector store {vector_store_id} has expired", param="vector_store_id", code="vector_store_expired"
-        )
+    now = await _live(tables, store, "be searched")
     queries, ranker, results = await service.search(store, data)
     await asyncio.to_thread(tables.touch, store, now)
     return SearchResultPage(

@@ -333,8 +333,7 @@ class SearchResultPage(msgspec.Struct, kw_only=True):
 
 def store_object(state: StoreState, now: int) -> VectorStoreObject:
     row = state.row
-    expires_at = row.last_active_at + row.expires_after_days * 86_400 if row.expires_after_days else None
-    if expires_at is not None and expires_at <= now:
+    if row.expired(now):
         status: Literal["expired", "in_progress", "completed"] = "expired"
     else:
         status = "in_progress" if state.counts.in_progress else "completed"
@@ -347,7 +346,7 @@ def store_object(state: StoreState, now: int) -> VectorStoreObject:
         file_counts=state.counts,
         status=status,
         expires_after=ExpiresAfterObject(days=row.expires_after_days) if row.expires_after_days else None,
-        expires_at=expires_at,
+        expires_at=row.expires_at,
         last_active_at=row.last_active_at,
         metadata=row.metadata,
         model=row.model,

@@ -39,6 +39,8 @@ from service.vector_stores.store import SCHEMA, StoreRow, VectorStoreTables, dro
 logger = logging.getLogger("embedrank.service")
 
 NO_RANKER = "none"
+EXPIRY_SWEEP_SECONDS = 600.0
+"""How often a replica empties the stores that have expired (when it starts, then this often)."""
 AUTO_RANKERS = ("auto", "default-2024-11-15")
 
 
@@ -121,7 +123,28 @@ class VectorStoreService:
         if self.indexes is not None:
             await asyncio.to_thread(self.indexes.sweep, await asyncio.to_thread(tables.store_ids))
         self.ingestor = Ingestor(tables, uploads.file_path, self.pool_of, self.settings)
-        await self.ingestor.run()
+        expiring = asyncio.create_task(self._empty_expired(tables))
+        try:
+            await self.ingestor.run()
+        finally:
+            expiring.cancel()
+            await asyncio.gather(expiring, return_exceptions=True)
+
+    async def _empty_expired(self, tables: VectorStoreTables) -> None:
+        """Empty the stores that expired (:meth:`VectorStoreTables.expire`) and drop their indexes, every
+        :data:`EXPIRY_SWEEP_SECONDS`; until cancelled."""
+        while True:
+            try:
+                expired = await asyncio.to_thread(tables.expire)
+            except Exception as exc:  # the database is unreachable now: the next sweep tries again
+                logger.warning("vector stores: cannot empty the expired stores: %s", exc)
+            else:
+                if expired:
+                    self.recheck()  # their files being read stop now
+                    if self.indexes is not None:
+                        for store_id in expired:
+                            await asyncio.to_thread(self.indexes.forget, store_id)
+            await asyncio.sleep(EXPIRY_SWEEP_SECONDS)
 
     def wake(self) -> None:
         if self.ingestor is not None:

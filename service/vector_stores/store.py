@@ -13,6 +13,11 @@ Every write that changes what a search sees (a file completed or removed, a file
 the store's ``version``: each replica's search index (:mod:`service.vector_stores.search`) is rebuilt when the
 version it holds is not the database's.
 
+A store with ``expires_after_days`` expires that many days after its ``last_active_at`` (its creation, or its last
+search). An expired store answers no search and takes no file; :meth:`VectorStoreTables.expire` empties it (its
+files not read yet are cancelled, its chunks removed): its object and its files' rows stay, status ``expired``, until
+deleted, and no longer count against its owner's ``max_vector_stores``.
+
 Every row carries its owner (a digest of the API key); every read and change names it, so another key's stores
 are never found.
 """
@@ -119,6 +124,8 @@ FileStatus = Literal["in_progress", "completed", "cancelled", "failed"]
 FILE_STATUSES: tuple[FileStatus, ...] = ("in_progress", "completed", "cancelled", "failed")
 ErrorCode = Literal["server_error", "unsupported_file", "invalid_file"]
 Attributes = dict[str, str | int | float | bool]
+EXPIRED = "expires_after_days IS NOT NULL AND last_active_at + expires_after_days * 86400 <= ?"
+"""The stores expired at a time (the one parameter, in seconds), as SQL."""
 ACTIVE_SECONDS = 60
 """How often, at most, a store's ``last_active_at`` is written by its searches."""
 
@@ -164,6 +171,14 @@ class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
     created_at: int
     last_active_at: int
     version: int
+
+    @property
+    def expires_at(self) -> int | None:
+        """When the store expires (seconds), if it does: ``expires_after_days`` after its last activity."""
+        return self.last_active_at + self.expires_after_days * 86_400 if self.expires_after_days else None
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
 
 class FileCounts(msgspec.Struct, frozen=True, kw_only=True):
@@ -309,13 +324,15 @@ class VectorStoreTables:
         with self.storage.write() as db:
             if self.storage.db.words["owner_lock"]:
                 db.execute(self.storage.db.words["owner_lock"], (owner,))
-            held = db.execute("SELECT count(*) AS n FROM vector_stores WHERE owner = ?", (owner,)).fetchone()["n"]
+            now = int(self.storage.now(db))
+            held = db.execute(
+                f"SELECT count(*) AS n FROM vector_stores WHERE owner = ? AND NOT ({EXPIRED})", (owner, now)
+            ).fetchone()["n"]
             if held >= max_stores:
                 raise TooManyStoresError(
-                    f"this API key has {held} vector stores, the limit (max_vector_stores={max_stores}); "
-                    "delete one first"
+                    f"this API key has {held} vector stores that have not expired, the limit "
+                    f"(max_vector_stores={max_stores}); delete one first"
                 )
-            now = int(self.storage.now(db))
             db.execute(
                 "INSERT INTO vector_stores (id, owner, name, description, metadata, model, sparse_model, first_stage, "
                 "hybrid_weight, hybrid_weights, index_kind, chunk_size, chunk_overlap, expires_after_days, created_at, "
@@ -407,6 +424,24 @@ class VectorStoreTables:
                 ):
                     db.execute(f"DELETE FROM {table} WHERE vector_store_id = ?", (store_id,))
         return bool(gone)
+
+    def expire(self) -> list[str]:
+        """Empty every store that has expired, whoever owns it: its files not read yet are ``cancelled`` (a read
+        under way stops at its next renewal) and its chunks removed, its files' bytes and chunk counts then 0.
+        Returns the expired stores' ids (their search indexes are dropped)."""
+        with self.storage.write() as db:
+            now = int(self.storage.now(db))
+            stores = f"vector_store_id IN (SELECT id FROM vector_stores WHERE {EXPIRED})"
+            db.execute(
+                "UPDATE vector_store_files SET status = 'cancelled', claimed_by = NULL, lease_until = NULL "
+                f"WHERE status = 'in_progress' AND {stores}",
+                (now,),
+            )
+            db.execute(f"DELETE FROM vector_store_chunks WHERE {stores}", (now,))
+            db.execute(
+                f"UPDATE vector_store_files SET usage_bytes = 0, chunks = 0 WHERE chunks > 0 AND {stores}", (now,)
+            )
+            return [row["id"] for row in db.execute(f"SELECT id FROM vector_stores WHERE {EXPIRED}", (now,)).fetchall()]
 
     def touch(self, store: StoreRow, now: int) -> None:
         """Record a search of ``store`` at ``now`` (its ``last_active_at``, from which it expires), if the last
@@ -634,16 +669,17 @@ class VectorStoreTables:
     ) -> tuple[FileRow, StoreRow] | None:
         """Claim an ``in_progress`` file whose claim is free, with its store: the oldest of the owner with the
         fewest files being read now (by any replica), never one of an owner already reading ``per_owner``
-        files; None when there is none."""
+        files nor one of an expired store; None when there is none."""
         with self.storage.write() as db:
             now = self.storage.now(db)
             row = db.execute(
                 "SELECT c.* FROM vector_store_files c LEFT JOIN (SELECT owner, count(*) AS n FROM vector_store_files "
                 "WHERE status = 'in_progress' AND claimed_by IS NOT NULL AND lease_until >= ? GROUP BY owner) r "
                 f"ON r.owner = c.owner WHERE c.status = 'in_progress' AND {free('c.')} "
+                f"AND c.vector_store_id NOT IN (SELECT id FROM vector_stores WHERE {EXPIRED}) "
                 "AND coalesce(r.n, 0) < ? ORDER BY coalesce(r.n, 0), c.seq LIMIT 1 "
                 f"{self.storage.db.words['skip_locked']}",
-                (now, now, per_owner if per_owner is not None else 2**31 - 1),
+                (now, now, int(now), per_owner if per_owner is not None else 2**31 - 1),
             ).fetchone()
             if row is None:
                 return None

@@ -575,8 +575,54 @@ def test_an_expired_store_is_said_so_and_not_searched(client):
     assert api.vector_stores.retrieve(store.id).status == "expired"
     with pytest.raises(openai.BadRequestError, match="expired"):
         api.vector_stores.search(store.id, query="tea")
-    api.vector_stores.update(store.id, expires_after={"anchor": "last_active_at", "days": 30})
-    assert api.vector_stores.retrieve(store.id).status == "completed"
+    with pytest.raises(openai.BadRequestError, match=r"vector store .* has expired .* cannot take a new expiration"):
+        api.vector_stores.update(store.id, expires_after={"anchor": "last_active_at", "days": 30})
+    assert api.vector_stores.update(store.id, name="renamed").status == "expired"  # its name and metadata may change
+
+
+def chunks_of(tables: Any, store_id: str) -> int:
+    query = "SELECT count(*) AS n FROM vector_store_chunks WHERE vector_store_id = ?"
+    return int(tables.storage.read().execute(query, (store_id,)).fetchone()["n"])
+
+
+def test_an_expired_store_is_emptied_takes_no_file_and_leaves_room_for_a_new_one(tmp_path):
+    """Past its expiry a store keeps its object and files' rows but no chunk (emptied when a replica starts and
+    every sweep after), its unread files are cancelled, it takes no file, and its owner may create another in its
+    place under ``max_vector_stores``."""
+    folder = tmp_path / "store"
+    with running_app(folder, limits=Limits(max_vector_stores=1)) as client:
+        api = sdk(client)
+        store_id = make_store(api, expires_after={"anchor": "last_active_at", "days": 1})
+        waiting = upload(api, "later.txt", "a file attached while its store was live")
+        tables = client.app.state.vector_stores.tables()
+        with tables.storage.write() as db:  # two days without a search; a file not read yet
+            db.execute("UPDATE vector_stores SET last_active_at = last_active_at - 172800 WHERE id = ?", (store_id,))
+            db.execute(
+                "INSERT INTO vector_store_files (vector_store_id, file_id, owner, filename, chunk_size, chunk_overlap, "
+                "status, created_at) SELECT vector_store_id, ?, owner, 'later.txt', chunk_size, chunk_overlap, "
+                "'in_progress', created_at FROM vector_store_files WHERE vector_store_id = ? LIMIT 1",
+                (waiting, store_id),
+            )
+        assert chunks_of(tables, store_id) == 3
+    with running_app(folder, limits=Limits(max_vector_stores=1)) as client:  # a replica starts: it sweeps
+        api = sdk(client)
+        tables = client.app.state.vector_stores.tables()
+        deadline = time.monotonic() + 30
+        while chunks_of(tables, store_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert chunks_of(tables, store_id) == 0
+        store = api.vector_stores.retrieve(store_id)
+        assert store.status == "expired" and store.usage_bytes == 0
+        assert store.file_counts.completed == 3 and store.file_counts.cancelled == 1  # what was read, what was not
+        assert {f.id: f.status for f in api.vector_stores.files.list(store_id).data}[waiting] == "cancelled"
+        assert api.vector_stores.files.content(file_id=waiting, vector_store_id=store_id).data == []
+        with pytest.raises(openai.BadRequestError, match="cannot take files"):
+            api.vector_stores.files.create(store_id, file_id=upload(api, "new.txt", "green tea"))
+        fresh = api.vector_stores.create(name="in its place")  # the expired one no longer counts
+        with pytest.raises(openai.RateLimitError, match="max_vector_stores=1"):
+            api.vector_stores.create(name="one too many")
+        assert fresh.status == "completed"
+        api.vector_stores.delete(store_id)
 
 
 def test_a_replica_keeps_the_indexes_of_the_stores_searched_last_within_its_bounds(client):
