@@ -10,7 +10,8 @@ What crosses, in frames of MessagePack (a 4-byte length, then the message), neve
   length, whether cut, pooling skip; or images as the bytes a request sent), and the request's id and W3C
   ``traceparent``, so that the forward pass's span joins the request's trace;
 - an answer: the :class:`~embedrank.types.ModelOutput`, its arrays as raw buffers (dtype, shape, bytes), object
-  arrays item by item, SciPy sparse rows as their three arrays;
+  arrays item by item, SciPy sparse rows as their three arrays; for a traced submission, its queue wait, which the
+  submitting process records on the request's span;
 - a refusal: the error's kind (``overloaded`` with its Retry-After, ``invalid``, ``not_ready``, ``failed``) and
   message, raised again in the submitting process as the same :mod:`embedrank.errors` class;
 - a cancellation: a submitter that stops waiting (its client went) has its items dropped from the queue, as
@@ -61,6 +62,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from embedrank.errors import InvalidInputError, NotReadyError, OverloadedError
 from embedrank.models.tokens import TokenRow
+from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine
 from embedrank.serving.image_text import ImageInput
 from embedrank.serving.late import Held
@@ -96,6 +98,7 @@ class Answer(msgspec.Struct, tag="answer", array_like=True):
     values: Any
     token_counts: list[int]
     truncated: list[bool]
+    time_in_queue: float | None = None  # seconds, when the submission was traced
 
 
 class Refused(msgspec.Struct, tag="refused", array_like=True):
@@ -295,26 +298,14 @@ class EngineHost:
         self._jobs.discard(task)
 
     async def _answer(self, message: Submit, writer: asyncio.StreamWriter) -> None:
-        engine = self.engines.get(message.engine)
-        reply: Message
-        if engine is None:
-            reply = Refused(message.id, "not_ready", f"no engine {message.engine!r} in this process")
-        else:
-            token = None
-            if message.traceparent:
-                token = otel_context.attach(_PROPAGATOR.extract({"traceparent": message.traceparent}))
-            try:
-                out = await engine.submit(message.items, priority=message.priority)
-                reply = Answer(message.id, out.values, list(out.token_counts), list(out.truncated))
-            except Exception as exc:
-                reply = refusal(message.id, exc)
-                if reply.kind == "failed":
-                    logger.warning(
-                        "engine %s: request %s failed: %s", message.engine, message.request_id, reply.message
-                    )
-            finally:
-                if token is not None:
-                    otel_context.detach(token)
+        """Compute ``message``'s items and send back what came of it: whatever happens here, the submitter gets
+        an answer or a refusal (unless its connection is gone)."""
+        try:
+            reply = await self._computed(message)
+        except Exception as exc:  # a broken submission (a bad priority, items no engine takes): refused, not lost
+            reply = refusal(message.id, exc)
+        if isinstance(reply, Refused) and reply.kind == "failed":
+            logger.warning("engine %s: request %s failed: %s", message.engine, message.request_id, reply.message)
         try:
             frame = encode(reply)
         except TypeError as exc:
@@ -322,6 +313,24 @@ class EngineHost:
         writer.write(frame)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
+
+    async def _computed(self, message: Submit) -> Answer | Refused:
+        engine = self.engines.get(message.engine)
+        if engine is None:
+            return Refused(message.id, "not_ready", f"no engine {message.engine!r} in this process")
+        token = (
+            otel_context.attach(_PROPAGATOR.extract({"traceparent": message.traceparent}))
+            if message.traceparent
+            else None
+        )
+        try:
+            waits = tracing.collect_queue_waits()
+            out = await engine.submit(message.items, priority=message.priority)
+            waited = max(waits) if waits else None
+            return Answer(message.id, out.values, list(out.token_counts), list(out.truncated), waited)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
 
 
 # -- the link: a submitting process ------------------------------------------------------------------------------------
@@ -333,7 +342,7 @@ class EngineLink:
         self.path = path
         self.connect_timeout = connect_timeout
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[ModelOutput]] = {}
+        self._waiting: dict[int, asyncio.Future[tuple[ModelOutput, Answer]]] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
@@ -364,7 +373,7 @@ class EngineLink:
                 if future is None or future.done():
                     continue
                 if isinstance(message, Answer):
-                    future.set_result(ModelOutput(message.values, message.token_counts, message.truncated))
+                    future.set_result((ModelOutput(message.values, message.token_counts, message.truncated), message))
                 elif isinstance(message, Refused):
                     future.set_exception(raised(message))
         except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
@@ -400,12 +409,15 @@ class EngineLink:
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier)
         frame = encode(Submit(job, engine, priority, list(items), request_id, carrier.get("traceparent")))
-        future: asyncio.Future[ModelOutput] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[ModelOutput, Answer]] = asyncio.get_running_loop().create_future()
         self._waiting[job] = future
         try:
             writer.write(frame)
             await writer.drain()
-            return await future
+            out, answer = await future
+            if answer.time_in_queue is not None:
+                tracing.note_queue_wait(answer.time_in_queue)  # on the request's span, here
+            return out
         except asyncio.CancelledError:
             if self._waiting.pop(job, None) is not None and not writer.is_closing():
                 writer.write(encode(Cancel(job)))

@@ -12,31 +12,36 @@ What is recorded, following OpenTelemetry's GenAI conventions where they apply:
 - ``embedrank.tokenize``: a child span while a request's texts are tokenized in a worker thread
   (:func:`tokenizing`); a few short texts tokenized on the event loop (microseconds, less than recording a
   span costs) get none;
-- ``embedrank.queue_wait``: a child span from the moment a request's items were queued until its first item
-  went into a forward pass (:meth:`Queued.waited`);
+- ``gen_ai.latency.time_in_queue`` (seconds, vLLM's attribute): on the same span, how long the request's items
+  waited from being queued until the first of them went into a forward pass (:meth:`Queued.waited`; the longest
+  wait when a request queues items more than once);
 - ``embedrank.forward``: one span per forward pass of the engine (:func:`forward`), a child of the request
   whose item leads the batch, linked to every request with items in it.
 
-The engine's spans are recorded on the event loop once a forward pass is over, with the times the forward
-thread took: the forward thread, which every request waits for, spends no time on tracing.
+So a request of a few short texts records one span of its own, its server span: the forward spans are one per
+batch, shared. The engine's spans and attributes are recorded on the event loop once a forward pass is over, with
+the times the forward thread took: the forward thread, which every request waits for, spends no time on tracing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider
+from opentelemetry.trace import Link, Span, Tracer, TracerProvider
 
 OPERATION = "gen_ai.operation.name"
 REQUEST_MODEL = "gen_ai.request.model"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
+TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
 
 _tracer: Tracer | None = None
+_waits: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("embedrank_queue_waits", default=None)
 
 
 def use(provider: TracerProvider | None) -> None:
@@ -76,6 +81,25 @@ def note_usage(input_tokens: int) -> None:
         current.set_attribute(INPUT_TOKENS, input_tokens)
 
 
+def note_queue_wait(seconds: float, request: Span | None = None) -> None:
+    """Record ``seconds`` of queue wait on ``request`` (default: the current span), as
+    ``gen_ai.latency.time_in_queue``; a request that waited more than once keeps its longest wait."""
+    request = request if request is not None else _current()
+    if request is None or not request.is_recording():
+        return
+    before = (getattr(request, "attributes", None) or {}).get(TIME_IN_QUEUE)
+    if before is None or seconds > before:
+        request.set_attribute(TIME_IN_QUEUE, seconds)
+
+
+def collect_queue_waits() -> list[float]:
+    """A list that receives, from now on in this task's context, the queue waits of requests whose span is in
+    another process (:mod:`embedrank.serving.remote` sends them back to be recorded there)."""
+    waits: list[float] = []
+    _waits.set(waits)
+    return waits
+
+
 @contextlib.contextmanager
 def span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[None]:
     """A child span of the current one around the block (nothing while tracing is off)."""
@@ -94,10 +118,11 @@ def tokenizing(texts: int) -> contextlib.AbstractContextManager[None]:
 class Queued:
     """What the engine keeps of a request to trace it: the context it was submitted in and when."""
 
-    __slots__ = ("began_ns", "context", "queued_ns", "recorded")
+    __slots__ = ("began_ns", "context", "queued_ns", "recorded", "waits")
 
     def __init__(self) -> None:
         self.context = otel_context.get_current()
+        self.waits = _waits.get()  # where the wait goes when the request's span is another process's
         self.queued_ns = time.time_ns()
         self.began_ns = 0  # when its first item went into a forward pass (set by the forward thread)
         self.recorded = False  # whether its queue wait is recorded
@@ -106,14 +131,19 @@ class Queued:
         return trace.get_current_span(self.context).get_span_context()
 
     def waited(self) -> None:
-        """Record the request's queue wait, once: from its submission until its first item went into a forward
-        pass."""
+        """Record the request's queue wait on its span, once (``gen_ai.latency.time_in_queue``, seconds): from its
+        submission until its first item went into a forward pass. A request that queued items before keeps its
+        longest wait; one that has ended (its client went) records nothing; one whose span is in another process
+        has its wait collected (:func:`collect_queue_waits`) to be recorded there."""
         if self.recorded or _tracer is None or not self.began_ns:
             return
         self.recorded = True
-        _tracer.start_span(
-            "embedrank.queue_wait", context=self.context, start_time=self.queued_ns, kind=SpanKind.INTERNAL
-        ).end(end_time=self.began_ns)
+        seconds = (self.began_ns - self.queued_ns) / 1e9
+        request = trace.get_current_span(self.context)
+        if request.is_recording():
+            note_queue_wait(seconds, request)
+        elif self.waits is not None and request.get_span_context().is_remote:
+            self.waits.append(seconds)  # sent back to the process that holds the request's span
 
 
 def queued() -> Queued | None:
@@ -130,7 +160,7 @@ def forward(
     requests: Sequence[Queued], attributes: dict[str, Any], began_ns: int, ended_ns: int, error: BaseException | None
 ) -> None:
     """Record one forward pass over items of ``requests`` (those traced; the first leads the batch), which ran
-    from ``began_ns`` to ``ended_ns`` and failed with ``error`` (or not): each request's queue wait
+    from ``began_ns`` to ``ended_ns`` and failed with ``error`` (or not): each request's queue wait on its span
     (:meth:`Queued.waited`), then the pass's span, a child of the first request's span, linked to each of
     them. Nothing without a traced request."""
     if _tracer is None or not requests:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """What tracing costs a one-query request in CPU, with the service's own tracing code and OpenTelemetry's SDK:
-the server middleware (:class:`service.tracing.ServerSpans`), the core's GenAI attributes, queue-wait span and
+the server middleware (:class:`service.tracing.ServerSpans`), the core's GenAI and queue-wait attributes and
 one forward span per 16 requests (:mod:`embedrank.serving.tracing`), every span sampled and exported by the
 SDK's batch processor and OTLP/HTTP exporter to a sink in another process; against the same requests with
 tracing off. The requests do no other work (no model, no HTTP parsing): what is measured is tracing alone.
