@@ -162,7 +162,9 @@ def run(argv: list[str] | None = None) -> None:
         f"in the exporter's thread: encoding and sending them), {spans:.3f} spans per request, {cost / spans:.1f} us "
         "per span"
     )
-    record = Path(__file__).resolve().parent / "results" / "tracing.json"
+    from eval.harness.record import RESULTS
+
+    record = RESULTS / "tracing.json"
     request = request_cpu_ms(record)
     if request is not None:
         share = cost / 1000 / request

@@ -381,3 +381,4 @@ def test_the_span_cost_benchmark_measures_the_spans_a_one_query_request_makes():
     )
     assert found is not None, done.stdout
     assert float(found[1]) == pytest.approx((320 + 320 / 16) / 320, abs=1e-3)  # server, forward / 16
+    assert "a one-query request of the served default costs" in done.stdout  # read from the tracing record
