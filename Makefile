@@ -62,11 +62,12 @@ PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS)
 test: setup-tests lint typecheck  ## lint, type check, then the whole default suite (doctests, parity, service, data, notebooks)
 	$(OFFLINE) $(PYTEST)
 
-# the tests whose outcome can depend on the CPU's kernels (all but those marked kernel_free: fakes, HTTP,
-# databases, settings), as on an AVX2-only CPU without bf16, with AVX2_LOAD busy loops beside them (tests/as_avx2.sh)
+# the tests whose outcome can depend on the CPU's kernels (--kernel-pass: those of the layers that compute not marked
+# kernel_free, and those above marked kernels; tests/conftest.py), as on an AVX2-only CPU without bf16, with
+# AVX2_LOAD busy loops beside them (tests/as_avx2.sh)
 AVX2_LOAD ?= 0
 test-avx2: setup-tests
-	tests/as_avx2.sh --load $(AVX2_LOAD) env $(OFFLINE) $(PYTEST) -m "not extended and not kernel_free"
+	tests/as_avx2.sh --load $(AVX2_LOAD) env $(OFFLINE) $(PYTEST) -m "not extended" --kernel-pass
 
 test-extended: setup-tests  ## the benchmark-sized checks the default run leaves out (pytest -m extended)
 	$(OFFLINE) $(PYTEST) -m extended

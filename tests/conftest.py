@@ -133,6 +133,62 @@ def _fakes_only(popen, refuse):
     return checked
 
 
+# The pass held to AVX2 (``make test-avx2``: ``--kernel-pass``) runs the tests whose outcome can depend on the CPU's
+# kernels. In the layers that compute (their test folders, and the core's doctests) that is every test not marked
+# kernel_free. The layers above them (the service, the benchmarks' harness, the docs, the project's rules) test
+# what they do with results already checked below, on this CPU's kernels as the layers below are: of theirs the
+# pass runs only the tests marked ``kernels`` (a parity with a reference library or between backends, a quality
+# bound). Every folder of tests is in one of the two lists (tests/project/test_suite_rules.py holds it so).
+COMPUTING = (
+    "tests/math/",
+    "tests/runtime/",
+    "tests/models/",
+    "tests/retrieval/",
+    "tests/evaluation/",
+    "tests/training/",
+    "tests/serving/",
+    "embedrank/",
+)
+ABOVE = ("tests/service/", "tests/eval/", "tests/docs/", "tests/project/", "tests/conftest.py", "service/")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kernel-pass",
+        action="store_true",
+        help="only the tests whose outcome can depend on the CPU's kernels (make test-avx2; tests/conftest.py)",
+    )
+
+
+def in_kernel_pass(nodeid: str, marks: set[str]) -> bool:
+    """Whether the pass held to AVX2 runs the test ``nodeid`` (relative to the repository) with ``marks``.
+
+    >>> in_kernel_pass("tests/runtime/test_backends.py::t", set()), in_kernel_pass("tests/service/test_api.py::t", set())
+    (True, False)
+    >>> in_kernel_pass("tests/service/test_real.py::t", {"kernels"}), in_kernel_pass("tests/models/t.py::t", {"kernel_free"})
+    (True, False)
+    """
+    if "kernel_free" in marks:
+        return False
+    path = nodeid.split("::")[0]
+    if path.startswith(COMPUTING):
+        return True
+    if path.startswith(ABOVE):
+        return "kernels" in marks
+    raise ValueError(f"{path}: in no folder of tests/conftest.py's COMPUTING or ABOVE: say which it is")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("kernel_free") and item.get_closest_marker("kernels"):
+            raise pytest.UsageError(f"{item.nodeid} is marked both kernel_free and kernels")
+    if not config.getoption("--kernel-pass"):
+        return
+    kept = [item for item in items if in_kernel_pass(item.nodeid, {mark.name for mark in item.iter_markers()})]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
+
+
 @pytest.fixture(autouse=True)
 def _kernel_free_tests_compute_no_model(request, monkeypatch):
     """A test marked ``kernel_free`` is left out of the pass held to AVX2 (``make test-avx2``), so it may not

@@ -19,6 +19,7 @@ DL19 = "trec-dl19-passage-bm25top100"
 @pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.data
+@pytest.mark.kernels  # a quality bound of the packaged model
 def test_scifact_dense_matches_mteb(data_dir, scifact, scifact_dense):
     # the whole corpus (scifact_dense has filled the embedding cache; run_benchmark reads it back)
     result = run_benchmark(scifact, BenchmarkConfig(retriever="dense"))
@@ -28,6 +29,7 @@ def test_scifact_dense_matches_mteb(data_dir, scifact, scifact_dense):
 
 @pytest.mark.slow
 @pytest.mark.data
+@pytest.mark.kernels  # a quality bound of the packaged model
 def test_scifact_sample_dense_equals_exact_search_and_bounds_the_published_figure(scifact_sample_dense):
     """The harness on SciFact's judged sample: its run is exact search over the cached vectors, and, as only
     unjudged documents left, it scores at least MTEB's whole-corpus figure (the extended check above)."""
@@ -70,6 +72,7 @@ def test_scifact_bm25(scifact):
 
 @pytest.mark.slow
 @pytest.mark.data
+@pytest.mark.kernels  # a quality bound of the packaged model
 def test_scifact_hybrid(scifact_sample_dense):
     result = run_benchmark(scifact_sample_dense[0], BenchmarkConfig(retriever="hybrid"))
     assert result.metrics["ndcg@10"] >= 0.70
@@ -77,6 +80,7 @@ def test_scifact_hybrid(scifact_sample_dense):
 
 @pytest.mark.slow
 @pytest.mark.data("trec-dl19-passage-bm25top100")
+@pytest.mark.kernels  # a quality bound of the packaged model
 def test_dl19_bi_encoder_rerank_improves_bm25(data_dir):
     # The full 43-query figure (0.642) is recorded in the README from `make eval`; CI checks a 12-query slice.
     cfg = dict(retriever="bm25", max_queries=12)

@@ -87,12 +87,51 @@ def test_a_kernel_free_test_starts_only_servers_of_fakes():
     assert subprocess.run(["true"]).returncode == 0  # not Python: PostgreSQL's programs, for one
 
 
-def test_the_pass_held_to_avx2_runs_every_test_not_marked_kernel_free():
-    """The selection is the mark's complement, not a list that a new test could miss; CI runs the README's
-    test command first."""
+def test_the_pass_held_to_avx2_is_chosen_by_layer_and_mark(request):
+    """The pass runs the layers that compute by their folders (a new test of a runtime is in it unless marked
+    kernel_free) and, above them, the tests marked kernels; every folder of tests is in one list or the other, and
+    CI runs the README's test command first."""
+    conftest = _conftest(request)
+    folders = {f"tests/{p.name}/" for p in (REPO / "tests").iterdir() if p.is_dir() and any(p.rglob("test_*.py"))}
+    packages = {f"{name}/" for name in ("embedrank", "service")}  # their doctests
+    assert folders | packages == {*conftest.COMPUTING, *conftest.ABOVE} - {"tests/conftest.py"}
+    assert not set(conftest.COMPUTING) & set(conftest.ABOVE)
+    with pytest.raises(ValueError, match="say which it is"):
+        conftest.in_kernel_pass("tests/new_layer/test_x.py::t", set())
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     recipe = re.search(r"^test-avx2:.*\n\t(.*)$", makefile, re.M)
-    assert recipe and recipe.group(1).endswith('$(PYTEST) -m "not extended and not kernel_free"'), recipe
-    ci = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines() if line.startswith("make ")]
-    assert ci[:2] == ["make test", "make test-avx2"]
+    assert recipe and recipe.group(1).endswith('$(PYTEST) -m "not extended" --kernel-pass'), recipe
+    lines = [line.strip() for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    assert [line for line in lines if line.startswith("make ")][:2] == ["make test", "make test-avx2"]
     assert "make test " in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow  # a pytest of its own, collecting only
+def test_the_pass_held_to_avx2_selects_what_the_rule_says():
+    """Collected with --kernel-pass, a computing layer's test stays, a service test goes unless marked kernels, and
+    a kernel_free test goes wherever it is."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--co",
+            "-q",
+            "--kernel-pass",
+            "-p",
+            "no:cacheprovider",
+            "tests/serving/test_scheduler.py",
+            "tests/math/test_quantization.py",
+            "tests/service/test_service_real.py",
+            "tests/service/test_service_process.py",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    chosen = {line.split("::")[0] for line in done.stdout.splitlines() if "::" in line}
+    assert {"tests/service/test_service_real.py", "tests/math/test_quantization.py"} <= chosen
+    assert "tests/service/test_service_process.py" not in chosen  # above the models, not marked kernels
+    assert "tests/serving/test_scheduler.py" not in chosen  # kernel_free

@@ -54,6 +54,7 @@ def cosine(a, b) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
+@pytest.mark.kernels  # parity with sentence-transformers on torch
 def test_every_request_shape_gives_sentence_transformers_vector(client, clip_path) -> None:
     from sentence_transformers import SentenceTransformer
 

@@ -15,7 +15,7 @@ from embedrank import BiEncoderScorer, CrossEncoder
 from service.app import create_app
 from service.settings import Auth, ModelEntry, Models, Settings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]  # parity with the library, and between two backends
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "test-key-123"
