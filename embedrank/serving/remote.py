@@ -302,7 +302,7 @@ class EngineHost:
         an answer or a refusal (unless its connection is gone)."""
         try:
             reply = await self._computed(message)
-        except Exception as exc:  # a broken submission (a bad priority, items no engine takes): refused, not lost
+        except Exception as exc:  # what the engine raised (overloaded, invalid, a failed pass) or could not take
             reply = refusal(message.id, exc)
         if isinstance(reply, Refused) and reply.kind == "failed":
             logger.warning("engine %s: request %s failed: %s", message.engine, message.request_id, reply.message)
@@ -342,7 +342,7 @@ class EngineLink:
         self.path = path
         self.connect_timeout = connect_timeout
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[tuple[ModelOutput, Answer]]] = {}
+        self._waiting: dict[int, asyncio.Future[Answer]] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
@@ -373,7 +373,7 @@ class EngineLink:
                 if future is None or future.done():
                     continue
                 if isinstance(message, Answer):
-                    future.set_result((ModelOutput(message.values, message.token_counts, message.truncated), message))
+                    future.set_result(message)
                 elif isinstance(message, Refused):
                     future.set_exception(raised(message))
         except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
@@ -409,15 +409,15 @@ class EngineLink:
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier)
         frame = encode(Submit(job, engine, priority, list(items), request_id, carrier.get("traceparent")))
-        future: asyncio.Future[tuple[ModelOutput, Answer]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[job] = future
         try:
             writer.write(frame)
             await writer.drain()
-            out, answer = await future
+            answer = await future
             if answer.time_in_queue is not None:
                 tracing.note_queue_wait(answer.time_in_queue)  # on the request's span, here
-            return out
+            return ModelOutput(answer.values, answer.token_counts, answer.truncated)
         except asyncio.CancelledError:
             if self._waiting.pop(job, None) is not None and not writer.is_closing():
                 writer.write(encode(Cancel(job)))

@@ -111,11 +111,12 @@ class IndexCache:
         """The folder of ``store_id``'s saved approximate indexes."""
         return self.folder / store_id if self.folder is not None else None
 
-    def forget(self, store_id: str) -> None:
-        """Drop a deleted store's index, and its saved ones."""
-        self._held.pop(store_id, None)
-        if self.folder is not None:
-            shutil.rmtree(self.folder / store_id, ignore_errors=True)
+    def forget(self, *store_ids: str) -> None:
+        """Drop the indexes of deleted (or emptied) stores, and their saved ones."""
+        for store_id in store_ids:
+            self._held.pop(store_id, None)
+            if self.folder is not None:
+                shutil.rmtree(self.folder / store_id, ignore_errors=True)
 
     def sweep(self, stores: Iterable[str]) -> None:
         """Remove the saved indexes of stores not among ``stores`` (deleted while no replica held them)."""

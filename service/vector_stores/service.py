@@ -142,8 +142,7 @@ class VectorStoreService:
                 if expired:
                     self.recheck()  # their files being read stop now
                     if self.indexes is not None:
-                        for store_id in expired:
-                            await asyncio.to_thread(self.indexes.forget, store_id)
+                        await asyncio.to_thread(self.indexes.forget, *expired)
             await asyncio.sleep(EXPIRY_SWEEP_SECONDS)
 
     def wake(self) -> None:
