@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import secrets
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -28,12 +29,13 @@ from litestar.openapi.spec import Components, SecurityScheme
 from opentelemetry.sdk.trace import TracerProvider
 
 import embedrank
-from embedrank.errors import ConfigurationError, shorten
+from embedrank.errors import ConfigurationError, NotReadyError, shorten
 from embedrank.serving import tracing as core_tracing
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
+from embedrank.serving.remote import Description, EngineLink
 from embedrank.serving.vector_cache import VectorCache
-from service import logs, process, shutdown, tracing
+from service import logs, process, request_ids, shutdown, tracing
 from service.auth import BearerAuth
 from service.batches.service import BatchService
 from service.connections import HeaderDeadline, asgi_server, json_parse_errors
@@ -47,6 +49,7 @@ from service.litestar_internals import set_body, set_decoded_body
 from service.middleware import RequestMiddleware
 from service.observability import CacheMetrics, Metrics
 from service.openapi import complete_openapi
+from service.replica import ENGINE_SOCKET_ENV
 from service.request_ids import HEADER as REQUEST_ID_HEADER
 from service.routes import DOC_PATHS, ROUTE_HANDLERS, ROUTES, body_schema
 from service.settings import Settings, SettingsError
@@ -55,6 +58,7 @@ from service.vector_stores.service import VectorStoreService
 
 logger = logging.getLogger("embedrank.service")
 FORM_MARGIN = 64 * 1024  # an upload's form fields and part headers, beside the file itself
+ENGINE_POLL_SECONDS = 0.5  # how often a front asks for an engine process that is loading or cannot be reached
 
 
 async def _json_body(request: Request[Any, Any, Any]) -> None:
@@ -110,7 +114,12 @@ async def _decompress_form(request: Request[Any, Any, Any], encoding: str, max_f
 async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
     try:
         keep_going = service.settings.models.on_model_failure == "serve-others"
-        loaded = await asyncio.to_thread(partial(service.pool.load, keep_going=keep_going))
+        link = service.pool.link
+        if link is not None:  # a front: the engine process loads the weights; this one the tokenizers
+            description = await _described(service, link)
+            loaded = await asyncio.to_thread(partial(service.pool.load, description=description))
+        else:
+            loaded = await asyncio.to_thread(partial(service.pool.load, keep_going=keep_going))
         on_idle = trim_heap if service.settings.engine.tune_malloc else None  # give the kept peak heap back when quiet
         metrics = service.metrics
         service.pool.start(
@@ -137,12 +146,59 @@ async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
         logger.error("model loading failed: %s", service.detail, exc_info=debug)
 
 
+async def _described(service: ServiceState, link: EngineLink) -> Description:
+    """The engine process's description, asked until it has loaded its models (the front is loading until then)."""
+    while True:
+        try:
+            return await link.describe()
+        except NotReadyError as exc:
+            service.detail = f"waiting for the engine process: {exc}"
+            await asyncio.sleep(ENGINE_POLL_SECONDS)
+
+
+async def _watch_engine(service: ServiceState, link: EngineLink, described: Description) -> None:
+    """A front's readiness follows its engine process: while it cannot be reached, ``/health`` answers 503
+    (``loading``) as the requests do; once it answers again, the front is ready again, unless it came back serving
+    other models than this front loaded: then the front exits with :data:`~service.process.EXIT_RESTART` for its
+    replica to start it again."""
+    lost = False
+    while True:
+        await asyncio.sleep(ENGINE_POLL_SECONDS)
+        if service.status not in ("ok", "loading") or (link.connected and not lost):
+            continue
+        try:
+            now = await link.describe()  # connects again if the connection was lost
+        except NotReadyError as exc:
+            lost = True
+            service.status, service.detail = "loading", f"the engine process is not reachable: {exc}"
+            continue
+        if (now.models, sorted(now.engines), now.failed) != (
+            described.models,
+            sorted(described.engines),
+            described.failed,
+        ):
+            logger.error("the engine process came back serving other models; this front stops to load them again")
+            process.exit_soon(process.EXIT_RESTART)
+            return
+        lost = False
+        service.status, service.detail = "ok", None
+
+
+async def _front_watch(service: ServiceState, link: EngineLink) -> None:
+    """Once the front has loaded, :func:`_watch_engine` with the description it loaded with."""
+    if service.load_task is not None:
+        await asyncio.gather(service.load_task, return_exceptions=True)
+    if service.pool.description is not None:
+        await _watch_engine(service, link, service.pool.description)
+
+
 def create_app(
     settings: Settings | None = None,
     *,
     wait_for_models: bool = False,
     models: Mapping[str, Any] | None = None,
     tracer_provider: TracerProvider | None = None,
+    engine_socket: str | None = None,
 ) -> Litestar:
     """Build the app from ``settings`` (default: the environment, see :mod:`service.settings`).
 
@@ -151,13 +207,23 @@ def create_app(
     configured ones; the fast HTTP tests use it. ``tracer_provider`` records OpenTelemetry traces of the
     requests and their work (default: none; from the environment, what its ``OTEL_*`` variables ask for,
     :mod:`service.tracing`).
+
+    ``engine_socket`` makes the app a replica's front process (:mod:`service.replica`; from the environment,
+    ``EMBEDRANK_ENGINE_SOCKET``): the models' forward passes, the batch jobs and the vector stores' file reading run
+    in the engine process listening there; this process serves HTTP, decodes, tokenizes and answers.
     """
     if settings is None:  # the process's entry point (litestar run, uvicorn --factory)
         try:
             settings = Settings.from_env()
             logging.getLogger("embedrank").setLevel(settings.telemetry.log_level.upper())
             provider = tracer_provider or tracing.provider_from_env()
-            app = create_app(settings, wait_for_models=wait_for_models, models=models, tracer_provider=provider)
+            app = create_app(
+                settings,
+                wait_for_models=wait_for_models,
+                models=models,
+                tracer_provider=provider,
+                engine_socket=os.environ.get(ENGINE_SOCKET_ENV) or None,
+            )
             # the server and the app have set their logging up: JSON from here
             if settings.telemetry.log_format == "json":
                 logs.use_json_lines()
@@ -172,7 +238,8 @@ def create_app(
     try:
         cache_path = settings.cache.file(settings.batches)
         cache = VectorCache(cache_path, settings.cache.embedding_cache_bytes) if cache_path is not None else None
-        pool = ModelPool(settings.models.entries, preloaded=models, cache=cache)
+        link = EngineLink(engine_socket, request_id=request_ids.CURRENT.get) if engine_socket else None
+        pool = ModelPool(settings.models.entries, preloaded=models, cache=cache, engine_link=link)
     except ConfigurationError as exc:  # a model entry its model cannot serve: a setting to fix, said as one
         raise SettingsError(str(exc)) from None
     service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
@@ -222,8 +289,17 @@ def create_app(
         shutdown.install(draining, drain, settings.server.drain_seconds)
         core_tracing.use(tracer_provider)
         service.load_task = asyncio.get_running_loop().create_task(_load(service, exit_on_failure=server is not None))
-        batch_worker = asyncio.get_running_loop().create_task(batches.run())
-        file_reader = asyncio.get_running_loop().create_task(vector_stores.run(cpus))
+        background: list[asyncio.Task[None]] = []
+        if link is None:
+            background += [
+                asyncio.get_running_loop().create_task(batches.run()),
+                asyncio.get_running_loop().create_task(vector_stores.run(cpus)),
+            ]
+        else:  # a front: searches here; the batch jobs and the files run once per replica, in the engine process
+            background += [
+                asyncio.get_running_loop().create_task(vector_stores.run(cpus, files=False)),
+                asyncio.get_running_loop().create_task(_front_watch(service, link)),
+            ]
         if deadline is not None:
             deadline.start()
         if wait_for_models:
@@ -235,10 +311,14 @@ def create_app(
                 await deadline.stop()
             service.status = "draining"
             service.load_task.cancel()
-            batch_worker.cancel()  # a chunk in flight is not recorded: it runs again after the restart
-            file_reader.cancel()  # a file in flight is not recorded either: it is read again
-            await asyncio.gather(batch_worker, file_reader, return_exceptions=True)
+            for (
+                task
+            ) in background:  # a batch chunk or a file in flight is not recorded: it runs again after the restart
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await service.pool.drain(settings.server.drain_seconds)
+            if link is not None:
+                await link.close()
             if tracer_provider is not None:  # what is still batched for export goes out before the exit
                 core_tracing.use(None)
                 await asyncio.to_thread(tracer_provider.force_flush)

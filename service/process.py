@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from embedrank.paths import remove_unfinished
 
 EXIT_STARTUP_FAILURE = 3
+EXIT_RESTART = 75  # EX_TEMPFAIL: a replica's front asks to be started again (its engine process changed)
 EXIT_GRACE_SECONDS = 0.5
 LOG_LEVEL_ENV = "EMBEDRANK_LOG_LEVEL"
 logger = logging.getLogger("embedrank.service")

@@ -225,6 +225,15 @@ class Server(_Group, frozen=True):
         float,
         Meta(gt=0, description="a connection that waits longer for a request's headers gets 408 and is closed"),
     ] = 20.0
+    fronts: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=64,
+            description="`python -m service`: HTTP front processes sharing the port, beside one engine process "
+            "that computes for all of them; 0: one process does everything (as `litestar run` serves)",
+        ),
+    ] = 0
 
     @property
     def decodes_token_ids(self) -> bool:
@@ -635,6 +644,10 @@ OTHER_ENVIRONMENT = {
         CACHE_ENV: "where exported runtimes and cached corpus vectors are kept (default: "
         "`$XDG_CACHE_HOME/embedrank`, else `~/.cache/embedrank`)",
         DATA_ENV: "the folder of BEIR-layout collections that `eval/run.py` and the benchmarks read",
+    },
+    "replica": {
+        "EMBEDRANK_ENGINE_SOCKET": "set by `python -m service` for its front processes: the engine process's Unix "
+        "socket (not a setting: a front started without its replica has no engine to reach)",
     },
     "development": {
         "EMBEDRANK_TEST_CACHE": "where the test suite keeps its cache (default: `.cache/tests` in the checkout)",

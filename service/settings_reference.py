@@ -112,8 +112,9 @@ def render_reference() -> str:
         "| variable | read by | meaning |",
         "|---|---|---|",
     ]
-    for name, help_text in OTHER_ENVIRONMENT["library"].items():  # the project's own scripts': the testing guide
-        lines.append(f"| `{name}` | the library and the service | {help_text} |")
+    for group, reader in (("library", "the library and the service"), ("replica", "a front process")):
+        for name, help_text in OTHER_ENVIRONMENT[group].items():  # the project's own scripts': the testing guide
+            lines.append(f"| `{name}` | {reader} | {help_text} |")
     lines += [
         "",
         "## Tracing",

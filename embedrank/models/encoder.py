@@ -158,6 +158,12 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             self._dimension = int(self.forward(self.tokenize(["dimension"]).features).shape[-1])
         return self._dimension
 
+    @dimension.setter
+    def dimension(self, value: int) -> None:
+        """Say the embedding width where it is known without a forward pass (a front process, told by the
+        engine process that measured it)."""
+        self._dimension = int(value)
+
     def __repr__(self) -> str:
         facts = f"pooling={self.pooling.value}, normalize={self.normalize}, max_seq_length={self.max_seq_length}"
         return f"Encoder({self.model_id!r}, dim={self.dimension}, {facts}, backend={self.backend}, precision={self.precision})"

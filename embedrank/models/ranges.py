@@ -85,6 +85,26 @@ class RangeSample:
                 self._embeddings = found
             return self._embeddings
 
+    @property
+    def computed(self) -> np.ndarray | None:
+        """The sample's embeddings ``(N, D)`` if they were computed (or read, or adopted), else None."""
+        return self._embeddings
+
+    def adopt(self, embeddings: np.ndarray) -> None:
+        """Use ``embeddings`` ``(N, D)``, computed elsewhere for these texts (the engine process's), as the
+        sample's: no forward pass here.
+
+        Raises:
+            ValueError: not one float32 row per text.
+        """
+        found = np.asarray(embeddings)
+        if found.dtype != np.float32 or found.ndim != 2 or found.shape[0] != len(self.texts):
+            raise ValueError(
+                f"embeddings {found.dtype} {found.shape} are not this sample's ({len(self.texts)} texts, float32)"
+            )
+        with self._lock:
+            self._embeddings = found
+
     def stored_path(self, depends_on: str) -> Path:
         """The store's file for this sample embedded as ``depends_on`` says."""
         digest = hashlib.sha256(depends_on.encode())

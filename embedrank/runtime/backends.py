@@ -32,7 +32,7 @@ import threading
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
 import torch
@@ -277,6 +277,30 @@ class ONNXRuntime:
     def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
         (out,) = self.session.run(None, _feed(self.input_names, features))[:1]
         return torch.from_numpy(np.asarray(out, dtype=np.float32))
+
+
+class ElsewhereRuntime:
+    """What stands for the transformer in a process that only tokenizes: the forward passes run in another
+    process (a service's engine process, :mod:`embedrank.serving.remote`), which loaded the weights. A model
+    built on it (:func:`~embedrank.runtime.exports.weightless`) tokenizes, counts and finishes vectors as the
+    loaded model does, and says the backend and precision that process runs (they key its vectors, e.g. in the
+    embedding cache); calling it is an error.
+
+    >>> ElsewhereRuntime("openvino", "int8", "int8+f32")({"input_ids": None})
+    Traceback (most recent call last):
+    ...
+    RuntimeError: this model has no weights here: its forward passes run in the engine process
+    """
+
+    device = "cpu"
+
+    def __init__(self, backend: str = "torch", precision: str = "fp32", inference_precision: str = "f32") -> None:
+        self.backend = cast(Backend, backend)
+        self.precision = cast(Precision, precision)
+        self.inference_precision = inference_precision
+
+    def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
+        raise RuntimeError("this model has no weights here: its forward passes run in the engine process")
 
 
 class RuntimeFacts:

@@ -29,6 +29,8 @@ machine, whatever the data directory holds.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import importlib
 import importlib.metadata
@@ -37,7 +39,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +55,7 @@ from embedrank.runtime.backends import (
     PRECISION_ENV,
     TORCH_DTYPES,
     Backend,
+    ElsewhereRuntime,
     Head,
     Precision,
     Runtime,
@@ -60,7 +63,7 @@ from embedrank.runtime.backends import (
     check_backend,
 )
 from embedrank.runtime.devices import resolve_device
-from embedrank.runtime.static import load_static
+from embedrank.runtime.static import load_static, static_tokenizer
 from embedrank.texts import SAMPLE_NAME, packaged_sample, read_texts, seeded_sample
 
 log = logging.getLogger("embedrank.exports")
@@ -192,6 +195,28 @@ def gpu_precision(spec: ModelSpec) -> str:
     return "bf16" if "bfloat16" in saved else "fp16"
 
 
+_WEIGHTLESS: contextvars.ContextVar[bool] = contextvars.ContextVar("embedrank_weightless", default=False)
+
+
+@contextlib.contextmanager
+def weightless() -> Iterator[None]:
+    """Models loaded inside load their tokenizers, configurations and small heads, not the transformer: it is an
+    :class:`~embedrank.runtime.backends.ElsewhereRuntime`, as for a service's front process, whose forward passes
+    run in the engine process (:mod:`embedrank.serving.remote`). Nothing is exported, calibrated or compiled; the
+    loader sets each part's runtime to what the engine process says it runs.
+    """
+    token = _WEIGHTLESS.set(True)
+    try:
+        yield
+    finally:
+        _WEIGHTLESS.reset(token)
+
+
+def is_weightless() -> bool:
+    """Whether models load without their transformer here (:func:`weightless`)."""
+    return _WEIGHTLESS.get()
+
+
 def load_transformer(
     spec: ModelSpec,
     head: Head,
@@ -230,6 +255,8 @@ def load_transformer(
 
     if spec.static is not None:  # a vector per token, no transformer: a lookup in torch (runtime.static)
         check_streams(streams, "torch", "fp32")
+        if is_weightless():
+            return static_tokenizer(Path(spec.path) / spec.static), ElsewhereRuntime()
         return load_static(spec, backend, precision)
     backend_name, prec = check_backend(backend, precision)
     check_streams(streams, backend_name, prec)
@@ -237,6 +264,8 @@ def load_transformer(
         tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     if wrap_tokenizer is not None:
         tokenizer = wrap_tokenizer(tokenizer)
+    if is_weightless():
+        return tokenizer, ElsewhereRuntime()
     if backend_name == "torch" and prec != AUTO:
         if prec == "fp16" and device == "cpu":
             raise InvalidInputError(

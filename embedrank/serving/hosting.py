@@ -368,13 +368,20 @@ class HostedModel(ModelPlan):
         cache: VectorCache | None = None,
         on_batch: Callable[[str | None], Callable[[BatchReport], None] | None] = lambda branch: None,
         on_idle: Callable[[], object] | None = None,
+        engines: Callable[[str | None], Any] | None = None,
+        facts: Any = None,
     ) -> HostedModel:
         """Serve the loaded (and prepared) ``model`` of ``plan``: each of its branches wrapped in a runner with
         its own batching engine, started; must run inside the event loop. ``on_batch(branch)`` gives each
-        engine's batch observer (branch None: a model without branches)."""
+        engine's batch observer (branch None: a model without branches).
+
+        In a process whose forward passes run elsewhere (``model`` loaded weightless,
+        :func:`~embedrank.runtime.exports.weightless`), ``engines(branch)`` gives each runner's engine instead (a
+        :class:`~embedrank.serving.remote.RemoteEngine`), and ``facts`` (a
+        :class:`~embedrank.serving.remote.ModelFacts`) say what really runs the model there."""
         declared = plan.declared
         runner_cls = declared.runner
-        config = engine_config_on(config, model, plan.device)
+        config = engine_config_on(config, model, plan.device) if engines is None else config
         branches = getattr(model, "branches", None) or {None: model}
         runner: Runner | None = None
         branch_runners: dict[str, Runner] = {}
@@ -385,6 +392,8 @@ class HostedModel(ModelPlan):
                 sign = EmbeddingSignature.of if "dense" in declared.outputs else EmbeddingSignature.of_sparse
                 signature = sign(part).cache_key()
                 started.cache_signature = signature if part is model else f"{signature}|branch={branch}"
+            if engines is not None:  # the runner's own engine is never started: the engine process computes
+                started.engine = engines(None if part is model else branch)
             started.engine.start()
             if part is model:
                 runner = started
@@ -392,6 +401,11 @@ class HostedModel(ModelPlan):
                 branch_runners[branch] = started
         backend, precision, inference_precision = runtime_of(model)
         choice = getattr(model, "auto_choice", None)
+        summary = choice.summary if choice is not None else None
+        fallback_reason = getattr(model, "fallback_reason", None)
+        if facts is not None:
+            backend, precision, inference_precision = facts.backend, facts.precision, facts.inference_precision
+            summary, fallback_reason = facts.auto_choice, facts.fallback_reason
         return cls(
             spec=plan.spec,
             backend=backend,
@@ -400,8 +414,8 @@ class HostedModel(ModelPlan):
             aliases=plan.aliases,
             created=plan.created,
             inference_precision=inference_precision,
-            fallback_reason=getattr(model, "fallback_reason", None),
-            auto_choice=choice.summary if choice is not None else None,
+            fallback_reason=fallback_reason,
+            auto_choice=summary,
             # a SPLADE's width is its vocabulary: the spec says it
             dimension=model.dimension if {"dense", "multivector"} & set(declared.outputs) else None,
             runner=runner,
@@ -411,8 +425,11 @@ class HostedModel(ModelPlan):
         )
 
     def started(self) -> list[tuple[str | None, Runner]]:
-        """``(branch, runner)`` for every runner (branch None: a model without branches)."""
-        return [(None, self.runner)] if self.runner is not None else list(self.branch_runners.items())
+        """``(branch, runner)`` for every runner, once each (branch None: the model itself, a model without branches
+        or a Router model's default branch)."""
+        if self.runner is None:
+            return list(self.branch_runners.items())
+        return [(None, self.runner), *((b, r) for b, r in self.branch_runners.items() if r is not self.runner)]
 
     def runner_for(self, task: str | None) -> Runner:
         """The runner of ``task``'s branch (:func:`~embedrank.models.router.pick_branch`); the only runner of a

@@ -33,14 +33,16 @@ from embedrank.errors import (
     NotReadyError,
     shorten,
 )
+from embedrank.models.encoder import Encoder
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, resolve
-from embedrank.runtime.backends import AUTO, DEFAULT_BACKEND, check_backend
+from embedrank.runtime.backends import AUTO, DEFAULT_BACKEND, ElsewhereRuntime, check_backend
 from embedrank.runtime.cpus import limit_threads, usable_cpus
 from embedrank.runtime.devices import resolve_device
-from embedrank.runtime.exports import runs_on
+from embedrank.runtime.exports import runs_on, weightless
 from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.hosting import KINDS, HostedModel, ModelPlan, runtime_of
+from embedrank.serving.remote import Description, EngineFacts, EngineLink, ModelFacts, RemoteEngine
 from embedrank.serving.vector_cache import VectorCache
 from embedrank.testing.fake import fake_model
 
@@ -120,6 +122,15 @@ class ModelPool:
     model interface the runners use); then nothing is resolved or loaded, and ``entries`` only contribute
     aliases. ``cache`` keeps the dense models' computed vectors for the requests that ask for it.
 
+    With ``engine_link`` the pool is a front's: the models' forward passes run in the engine process that
+    ``engine_link`` reaches (an :class:`~embedrank.serving.remote.EngineHost` serving the same entries, its pool's
+    :meth:`engines` and :meth:`describe`). :meth:`load` then loads each model without its transformer
+    (:func:`~embedrank.runtime.exports.weightless`: tokenizers, configurations, small heads) and takes what needs
+    the weights from the engine process's :class:`~embedrank.serving.remote.Description` (the measured widths, the
+    int8/uint8 range samples' embeddings, the models it could not load); :meth:`start` gives every runner a
+    :class:`~embedrank.serving.remote.RemoteEngine`. Tokenizing, truncation, prompts, chunking, normalization and
+    the compact types happen here, as in one process; the answers are the same.
+
     Raises:
         ConfigurationError: an entry asks for what its model cannot do (a SPLADE model in int8, a ranges
             file for a cross-encoder, a file that does not exist).
@@ -132,8 +143,12 @@ class ModelPool:
         preloaded: Mapping[str, Any] | None = None,
         *,
         cache: VectorCache | None = None,
+        engine_link: EngineLink | None = None,
     ) -> None:
         self.cache = cache
+        self.link = engine_link  # a front's: where the forward passes run
+        self.description: Description | None = None  # a front's: the engine process's, once loaded
+        self.cores: dict[str, Any] = {}  # the loaded models by id, once started
         self.entries: dict[str, ModelEntry] = {}  # the configuration of each planned model
         self.plans: dict[str, ModelPlan] = {}  # every configured model that can still be served, by id
         self.models: dict[str, HostedModel] = {}  # the served ones, once started
@@ -149,6 +164,11 @@ class ModelPool:
             if entry.id not in self._built and (entry.path or "").startswith("fake:"):
                 self._built[entry.id] = fake_model(entry.id, entry.path or "")
             self.entries[entry.id], self.plans[entry.id] = self._plan(entry, self._built.get(entry.id))
+            if engine_link is not None and "image" in self.plans[entry.id].declared.inputs:
+                raise ConfigurationError(
+                    f"model {entry.id!r} is an image-text model (CLIP, SigLIP): front processes do not serve "
+                    "image-text models; serve it in one process (fronts = 0)"
+                )
             for alias in entry.aliases:
                 self.aliases.setdefault(alias, entry.id)
 
@@ -213,7 +233,7 @@ class ModelPool:
                 )
         return entry, ModelPlan(spec=spec, backend=backend, precision=precision, device=device, aliases=entry.aliases)
 
-    def load(self, *, keep_going: bool = False) -> dict[str, Any]:
+    def load(self, *, keep_going: bool = False, description: Description | None = None) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an
         entry's ``calibration`` names and fitting embedding models' int8/uint8 ranges (on the texts its
         ``ranges`` names, else the default sample) before the models are served. Returns the loaded models by id.
@@ -222,19 +242,43 @@ class ModelPool:
         :attr:`models`, and :attr:`failed` maps its id to why (asking for it is then a
         :class:`~embedrank.errors.ModelUnavailableError` that says so).
 
+        A front's pool (``engine_link``) needs the engine process's ``description``
+        (:meth:`~embedrank.serving.remote.EngineLink.describe`): its models are loaded without their weights, and
+        those the engine process could not load are left out as it says.
+
         Raises:
             ModelLoadError: a model could not be loaded (with ``keep_going``: none could); the message names
                 it and gives the cause.
         """
         loaded: dict[str, Any] = {}
         failed: dict[str, str] = {}
+        if self.link is not None:
+            if description is None:
+                raise ValueError("a front's pool loads with the engine process's description")
+            self.description = description
+            failed.update((m, why) for m, why in description.failed.items() if m in self.plans)
+            keep_going = True  # what the engine process served, and only that
         for model_id, plan in self.plans.items():
             entry = self.entries[model_id]
             model = self._built.get(model_id)
+            if model_id in failed:
+                continue
             try:
-                if model is None:
-                    model = plan.load(backend=entry.backend, precision=entry.precision, calibration=entry.calibration)
-                plan.prepare(model, ranges=entry.ranges, label=model_id)
+                if description is not None:
+                    if model_id not in description.models:
+                        raise ModelLoadError(f"model {model_id!r} is not served by the engine process")
+                    if model is None:
+                        with weightless():
+                            model = plan.load(
+                                backend=entry.backend, precision=entry.precision, calibration=entry.calibration
+                            )
+                    self._adopt(model_id, model, entry, description)
+                else:
+                    if model is None:
+                        model = plan.load(
+                            backend=entry.backend, precision=entry.precision, calibration=entry.calibration
+                        )
+                    plan.prepare(model, ranges=entry.ranges, label=model_id)
             except Exception as exc:  # each cause has its own type; all mean this entry cannot be served
                 where = f" from {plan.spec.path}" if plan.spec.path and plan.spec.path != model_id else ""
                 reason = " ".join(str(exc).split()) or "no message"
@@ -254,6 +298,58 @@ class ModelPool:
         self.aliases = {a: m for a, m in self.aliases.items() if m not in failed}
         return loaded
 
+    def _adopt(self, model_id: str, model: Any, entry: ModelEntry, description: Description) -> None:
+        """What a front's weightless ``model`` takes from the engine process: each part's measured width and the
+        embeddings of its int8/uint8 range sample."""
+        for label, part in _parts(model_id, model):
+            facts = description.engines.get(label)
+            if facts is None:
+                raise ModelLoadError(f"the engine process serves no engine {label!r}")
+            inner = getattr(part, "encoder", part)  # bge-m3's dense vectors are its encoder's
+            if isinstance(getattr(inner, "runtime", None), ElsewhereRuntime):  # what runs it there keys its vectors
+                inner.runtime = ElsewhereRuntime(facts.backend, facts.precision, facts.inference_precision)
+            if facts.width is not None and isinstance(inner, Encoder):
+                inner.dimension = facts.width
+            if facts.range_embeddings is not None:
+                if entry.ranges:
+                    part.fit_ranges(entry.ranges)
+                inner.range_sample.adopt(facts.range_embeddings)
+
+    def engines(self) -> dict[str, BatchEngine]:
+        """Every started engine by label (the model id; ``id:branch`` for a Router model's branches): what an
+        :class:`~embedrank.serving.remote.EngineHost` serves to front processes."""
+        return {
+            _label(model_id, branch): runner.engine
+            for model_id, hosted in self.models.items()
+            for branch, runner in hosted.started()
+        }
+
+    def describe(self) -> Description:
+        """What front processes need to serve these models without their weights (:meth:`load` of a front's
+        pool): each served model's runtime, each engine's batch bounds, measured width and range sample
+        embeddings, and the models that could not be loaded."""
+        models: dict[str, ModelFacts] = {}
+        engines: dict[str, EngineFacts] = {}
+        for model_id, hosted in self.models.items():
+            models[model_id] = ModelFacts(
+                hosted.backend, hosted.precision, hosted.inference_precision, hosted.fallback_reason, hosted.auto_choice
+            )
+            parts = dict(_parts(model_id, self.cores[model_id]))
+            for branch, runner in hosted.started():
+                label = _label(model_id, branch)
+                part = parts[label]
+                inner = getattr(part, "encoder", part)
+                width = inner.dimension if isinstance(inner, Encoder) and not inner.spec.dimension else None
+                sample = inner.range_sample.computed if hosted.declared.ranges else None
+                engines[label] = EngineFacts(
+                    runner.engine.max_batch_tokens,
+                    runner.engine.max_batch_size,
+                    *runtime_of(inner),
+                    width=width,
+                    range_embeddings=sample,
+                )
+        return Description(0, models, engines, dict(self.failed))
+
     def start(
         self,
         loaded: dict[str, Any],
@@ -271,8 +367,17 @@ class ModelPool:
         for model_id, core in loaded.items():
 
             def label(branch: str | None, model_id: str = model_id) -> str:
-                return model_id if branch is None else f"{model_id}:{branch}"
+                return _label(model_id, branch)
 
+            remote: dict[str, Any] = {}
+            if self.link is not None and self.description is not None:  # a front: the engine process computes
+                link, facts = self.link, self.description.engines
+                remote = {
+                    "engines": lambda branch, link=link, facts=facts, label=label: RemoteEngine(
+                        link, label(branch), facts.get(label(branch))
+                    ),
+                    "facts": self.description.models[model_id],
+                }
             hosted = HostedModel.start(
                 self.plans[model_id],
                 core,
@@ -280,10 +385,14 @@ class ModelPool:
                 cache=self.cache,
                 on_batch=lambda branch: on_batch(label(branch)),
                 on_idle=on_idle,
+                **remote,
             )
             self.models[model_id] = hosted
+            self.cores[model_id] = core
             for branch, runner in hosted.started():
                 on_engine(label(branch), runner.engine)
+            if self.link is not None:
+                continue  # auto's decision is the engine process's to measure again
             choice = getattr(core, "auto_choice", None)
             if getattr(choice, "remeasure", None) is not None:  # a provisional "auto" decision: measured again
                 engines = [runner.engine for _, runner in hosted.started()]
@@ -342,6 +451,18 @@ class ModelPool:
         for served in self.models.values():
             for runner in served.runners():
                 await runner.engine.drain(timeout)
+
+
+def _label(model_id: str, branch: str | None) -> str:
+    """An engine's label: the model id, ``id:branch`` for a Router model's branch other than its default."""
+    return model_id if branch is None else f"{model_id}:{branch}"
+
+
+def _parts(model_id: str, model: Any) -> list[tuple[str, Any]]:
+    """``(label, part)`` for each part of a loaded model that a runner serves: the model itself (labelled by its
+    id; a Router model's default branch) and a Router model's other branches (``id:branch``)."""
+    branches = getattr(model, "branches", None) or {None: model}
+    return [(_label(model_id, None if part is model else branch), part) for branch, part in branches.items()]
 
 
 def remeasure_when_idle(

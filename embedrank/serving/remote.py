@@ -51,7 +51,8 @@ import itertools
 import logging
 import os
 import struct
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -61,6 +62,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from embedrank.errors import InvalidInputError, NotReadyError, OverloadedError
+from embedrank.models.m3 import M3Row
 from embedrank.models.tokens import TokenRow
 from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine
@@ -75,7 +77,7 @@ MAX_FRAME = 1 << 30
 limits; a larger frame means a broken peer, and ends the connection."""
 
 _LENGTH = struct.Struct("!I")
-_ARRAY, _OBJECTS, _HELD, _CSR, _ROW, _IMAGE = range(1, 7)  # MessagePack extension codes
+_ARRAY, _OBJECTS, _HELD, _CSR, _ROW, _IMAGE, _M3_ROW = range(1, 8)  # MessagePack extension codes
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -109,7 +111,43 @@ class Refused(msgspec.Struct, tag="refused", array_like=True):
     param: str | None = None
 
 
-Message = Submit | Cancel | Answer | Refused
+class EngineFacts(msgspec.Struct, array_like=True):
+    """What a front process cannot know of one engine (a model, or a Router model's branch) without its weights."""
+
+    max_batch_tokens: int  # the bounds of a forward pass
+    max_batch_size: int
+    backend: str  # what runs this part (a Router model's static branch runs torch whatever the others run)
+    precision: str
+    inference_precision: str
+    width: int | None = None  # the encoder's embedding width, where it was measured
+    range_embeddings: Any = None  # (N, D) float32: the int8/uint8 range sample's embeddings, for a dense model
+
+
+class ModelFacts(msgspec.Struct, array_like=True):
+    """What really runs a model in the engine process, as the model's description says it."""
+
+    backend: str
+    precision: str
+    inference_precision: str
+    fallback_reason: str | None = None
+    auto_choice: str | None = None  # the summary of what auto chose and why
+
+
+class Describe(msgspec.Struct, tag="describe", array_like=True):
+    id: int
+
+
+class Description(msgspec.Struct, tag="description", array_like=True):
+    """The host's models once they are served: each model's facts by id, each engine's by label (``id`` or
+    ``id:branch``), and the models that could not be loaded with why (``on_model_failure = "serve-others"``)."""
+
+    id: int
+    models: dict[str, ModelFacts]
+    engines: dict[str, EngineFacts]
+    failed: dict[str, str] = {}
+
+
+Message = Submit | Cancel | Answer | Refused | Describe | Description
 
 
 # -- the codec: arrays as raw buffers ----------------------------------------------------------------------------------
@@ -122,6 +160,8 @@ def _lift(value: Any) -> Any:
         return msgspec.msgpack.Ext(_IMAGE, _ENCODER.encode((value.source, value.field, value.at)))
     if isinstance(value, Held):
         return msgspec.msgpack.Ext(_HELD, _ENCODER.encode(_lift(value.value)))
+    if isinstance(value, M3Row):
+        return msgspec.msgpack.Ext(_M3_ROW, _ENCODER.encode((value.cls_state, value.lexical, value.multi)))
     return value
 
 
@@ -165,6 +205,9 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == _IMAGE:
         source, field, at = _DECODER.decode(data)
         return ImageInput(source, field, at)
+    if code == _M3_ROW:
+        cls_state, lexical, multi = _DECODER.decode(data)
+        return M3Row(cls_state, lexical, multi)
     raise ValueError(f"unknown extension {code} in a message from an engine's peer")
 
 
@@ -241,10 +284,11 @@ class EngineHost:
     """Serves ``engines`` (by name) on a Unix socket to any number of processes. Create and serve it on the event
     loop the engines deliver their results on."""
 
-    def __init__(self, engines: Mapping[str, BatchEngine[Any]]) -> None:
+    def __init__(self, engines: Mapping[str, BatchEngine[Any]], description: Description | None = None) -> None:
         self.engines = dict(engines)
+        self.description = description  # what a Describe is answered with; None: not served yet (not_ready)
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}  # each one's writer
         self._jobs: set[asyncio.Task[None]] = set()  # submissions being answered, of every connection
 
     def waiting(self) -> int:
@@ -261,8 +305,8 @@ class EngineHost:
         """Stop listening and end every connection (their submissions are cancelled)."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
+        for writer in list(self._connections.values()):  # each connection's read ends: its submissions are dropped
+            writer.close()
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
@@ -270,7 +314,7 @@ class EngineHost:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         current = asyncio.current_task()
         assert current is not None
-        self._connections.add(current)
+        self._connections[current] = writer
         jobs: dict[int, asyncio.Task[None]] = {}
         try:
             while True:
@@ -282,6 +326,8 @@ class EngineHost:
                     task.add_done_callback(functools.partial(self._answered, jobs, message.id))
                 elif isinstance(message, Cancel) and (cancelled := jobs.get(message.id)) is not None:
                     cancelled.cancel()
+                elif isinstance(message, Describe):
+                    writer.write(encode(self._described(message.id)))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the peer went: its submissions are dropped below
         except ValueError as exc:
@@ -291,7 +337,17 @@ class EngineHost:
                 task.cancel()
             await asyncio.gather(*jobs.values(), return_exceptions=True)
             writer.close()
-            self._connections.discard(current)
+            self._connections.pop(current, None)
+
+    def serve_engines(self, engines: Mapping[str, BatchEngine[Any]], description: Description) -> None:
+        """Serve ``engines`` (the models have loaded) and answer descriptions with ``description``."""
+        self.engines = dict(engines)
+        self.description = description
+
+    def _described(self, job: int) -> Description | Refused:
+        if self.description is None:
+            return Refused(job, "not_ready", "the engine process is still loading its models")
+        return msgspec.structs.replace(self.description, id=job)
 
     def _answered(self, jobs: dict[int, asyncio.Task[None]], job: int, task: asyncio.Task[None]) -> None:
         jobs.pop(job, None)
@@ -338,14 +394,22 @@ class EngineLink:
     """One process's connection to an :class:`EngineHost` at ``path``, shared by every submission of the process,
     opened on first use and again after it was lost."""
 
-    def __init__(self, path: str, *, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: str, *, connect_timeout: float = 5.0, request_id: Callable[[], str | None] = lambda: None
+    ) -> None:
         self.path = path
         self.connect_timeout = connect_timeout
+        self.request_id = request_id  # the current request's id, sent with a submission that names none
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Answer]] = {}
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is open now (it opens on first use, and again after it was lost)."""
+        return self._writer is not None and not self._writer.is_closing()
 
     def engine(self, name: str) -> RemoteEngine:
         """The engine ``name`` of the host, as a ``submit``."""
@@ -372,7 +436,7 @@ class EngineLink:
                 future = self._waiting.pop(getattr(message, "id", -1), None)
                 if future is None or future.done():
                     continue
-                if isinstance(message, Answer):
+                if isinstance(message, Answer | Description):
                     future.set_result(message)
                 elif isinstance(message, Refused):
                     future.set_exception(raised(message))
@@ -408,6 +472,7 @@ class EngineLink:
         job = next(self._ids)
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier)
+        request_id = request_id or self.request_id()
         frame = encode(Submit(job, engine, priority, list(items), request_id, carrier.get("traceparent")))
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[job] = future
@@ -427,6 +492,25 @@ class EngineLink:
         finally:
             self._waiting.pop(job, None)
 
+    async def describe(self) -> Description:
+        """The host's models and engines (:class:`Description`), once it serves them.
+
+        Raises:
+            NotReadyError: the engine process cannot be reached, or is still loading its models.
+        """
+        writer = await self._connected()
+        job = next(self._ids)
+        future: asyncio.Future[Description] = asyncio.get_running_loop().create_future()
+        self._waiting[job] = future
+        try:
+            writer.write(encode(Describe(job)))
+            await writer.drain()
+            return await future
+        except ConnectionError:
+            raise NotReadyError("the engine process went away while it was asked; retry") from None
+        finally:
+            self._waiting.pop(job, None)
+
     async def close(self) -> None:
         """Close the connection; submissions still waiting fail with :class:`NotReadyError`."""
         if self._writer is not None:
@@ -436,12 +520,44 @@ class EngineLink:
 
 
 class RemoteEngine:
-    """The ``submit`` of one engine of an :class:`EngineHost`, through an :class:`EngineLink`: what a runner calls in
-    a process that does not hold the model."""
+    """One engine of an :class:`EngineHost`, through an :class:`EngineLink`: what a runner holds as its ``engine`` in
+    a process that does not hold the model (a service's front). Its batch bounds are the host's (``facts``); its
+    queue is the host's too, so :attr:`queue_depth` counts this process's items that wait for an answer."""
 
-    def __init__(self, link: EngineLink, name: str) -> None:
+    def __init__(self, link: EngineLink, name: str, facts: EngineFacts | None = None) -> None:
         self.link = link
         self.name = name
+        self.max_batch_tokens = facts.max_batch_tokens if facts is not None else 0
+        self.max_batch_size = facts.max_batch_size if facts is not None else 0
+        self.dropped = 0  # the host drops the items of submitters that went; it counts them
+        self.queue_depth = 0  # this process's items waiting for an answer
+        self._waiting = 0  # its submissions waiting
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._last_work = time.monotonic()
+
+    def start(self) -> None:
+        """Nothing to start: the host's engine runs the forward passes."""
+
+    def idle_for(self) -> float:
+        """Seconds since this process last had a submission waiting here (0 while one waits)."""
+        return 0.0 if self._waiting else time.monotonic() - self._last_work
 
     async def submit(self, items: Sequence[Any], *, priority: int = 0, request_id: str | None = None) -> ModelOutput:
-        return await self.link.submit(self.name, items, priority=priority, request_id=request_id)
+        self._waiting += 1
+        self.queue_depth += len(items)
+        self._idle.clear()
+        try:
+            return await self.link.submit(self.name, items, priority=priority, request_id=request_id)
+        finally:
+            self._waiting -= 1
+            self.queue_depth -= len(items)
+            self._last_work = time.monotonic()
+            if not self._waiting:
+                self._idle.set()
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until this process's submissions are answered, at most ``timeout`` seconds (the host finishes its
+        queue as the engine process drains)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)

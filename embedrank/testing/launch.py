@@ -61,6 +61,11 @@ def litestar_command(port: int) -> list[str]:
     ]
 
 
+def replica_command(port: int, fronts: int) -> list[str]:
+    """``python -m service`` on ``127.0.0.1:port`` with ``fronts`` front processes and an engine process."""
+    return [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--fronts", str(fronts)]
+
+
 @contextlib.contextmanager
 def running_server(
     env: dict[str, str] | None = None,
@@ -71,13 +76,15 @@ def running_server(
     inherit_env: bool = True,
     command: list[str] | None = None,
     cwd: str | Path | None = None,
+    fronts: int | None = None,
 ) -> Iterator[ServerURL]:
     """``litestar run`` from the repo root (Litestar finds ``app.py`` there); yields the base URL once
     ``/health`` is 200 and stops the server on exit. ``env`` adds to this process's environment, or replaces
     it with ``inherit_env=False``. ``command`` starts another server instead (one that listens on ``port``
-    and answers ``/health``, such as a peer the benchmarks compare with), in ``cwd``."""
+    and answers ``/health``, such as a peer the benchmarks compare with), in ``cwd``. ``fronts`` starts the service
+    as a replica of processes instead (:func:`replica_command`)."""
     port = port or free_port()
-    cmd = command or litestar_command(port)
+    cmd = command or (replica_command(port, fronts) if fronts is not None else litestar_command(port))
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
     child_env = {**os.environ, **(env or {})} if inherit_env else dict(env or {})
     batches = None

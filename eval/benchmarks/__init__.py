@@ -164,7 +164,7 @@ BENCHMARKS = (
     _bench(
         "ceiling",
         "The service's own ceiling: a forward pass that costs nothing",
-        "--clients 1 32 --rounds 2",
+        "--servers single fronts-1 fronts-2 --clients 1 32 --rounds 2",
         about="the service's load on a zero-cost model (real tokenizer, zero vectors): texts/s, CPU per request by process",
     ),
     _bench("fairness", "Fairness: small requests during a bulk request"),

@@ -6,7 +6,8 @@ answer.
 For each case (1 query or 16 passages per request, each count of ``--clients`` concurrent keep-alive clients in a
 child process, a lean HTTP/1.1 client) it prints texts/s, requests/s, p50 and p99 latency, and the CPU
 milliseconds per request of each kind of process of the server (its process tree, by role) and of the load
-generator, which shares the machine's cores. Beside it, the same zero-cost runtime behind the batching engine in
+generator, which shares the machine's cores, and the memory the server's processes hold by role (a replica's
+fronts summed). Beside it, the same zero-cost runtime behind the batching engine in
 this process with as many callers (tokenizing, batching, no HTTP, no web app), measured right before and after
 each case: how much of the engine's own ceiling the server delivers.
 
@@ -27,11 +28,15 @@ import embedrank.openmp  # noqa: F401 - before torch, as in the server: it bound
 from eval.harness.clients import KEY, MODEL
 from eval.harness.load import make_texts, run_client, through_engine
 
-# what each compared server runs as: the environment `litestar run` gets on top of the zero-cost model
-SERVERS: dict[str, dict[str, str]] = {
-    "single": {},  # the service as one process: HTTP, tokenizing and the engine share an interpreter
+# what each compared server runs as: the fronts of `python -m service` (None: `litestar run`, one process)
+SERVERS: dict[str, int | None] = {
+    "single": None,  # the service as one process: HTTP, tokenizing and the engine share an interpreter
+    "fronts-1": 1,  # one front process (HTTP, tokenizing) beside the engine process
+    "fronts-2": 2,
+    "fronts-3": 3,
 }
 CASES = (("query", 1), ("passage", 16))
+ROLES_HELD = ("server", "engine", "fronts")  # whose memory the table shows (a replica's fronts: all of them)
 
 
 def run(argv: list[str] | None = None) -> None:
@@ -58,8 +63,8 @@ def run(argv: list[str] | None = None) -> None:
     rows: list[dict] = []
     for round_no in range(1, args.rounds + 1):
         for server in args.servers:
-            env = {"EMBEDRANK_API_KEYS": KEY, "EMBEDRANK_MODELS": f"{MODEL}=fake:zero-forward", **SERVERS[server]}
-            with running_server(env, timeout=600) as base:
+            env = {"EMBEDRANK_API_KEYS": KEY, "EMBEDRANK_MODELS": f"{MODEL}=fake:zero-forward"}
+            with running_server(env, timeout=600, fronts=SERVERS[server]) as base:
                 for kind, per_request in CASES:
                     if kind not in args.kinds:
                         continue
@@ -84,6 +89,7 @@ def _row(server: str, round_no: int, kind: str, per_request: int, clients: int, 
     """One case's figures: rates, latency, CPU ms per request of each role and the load generator."""
     requests_s = r["inputs_s"] / per_request
     cpu = {f"cpu_ms {role}": 1000 * cores / requests_s for role, cores in r["processes"].items() if cores > 0.001}
+    rss = {f"rss_mb {role}": held / 2**20 for role, held in r["rss"].items() if role in ROLES_HELD}
     return {
         "server": server,
         "round": round_no,
@@ -98,6 +104,7 @@ def _row(server: str, round_no: int, kind: str, per_request: int, clients: int, 
         "cores": sum(r["processes"].values()),
         **cpu,
         "cpu_ms client": 1000 * r["client_cpu"] / requests_s,
+        **rss,
         "engine_texts_s": engine,
         "of_engine": r["inputs_s"] / engine,
     }
@@ -105,11 +112,12 @@ def _row(server: str, round_no: int, kind: str, per_request: int, clients: int, 
 
 def _line(row: dict) -> str:
     cpu = ", ".join(f"{k.removeprefix('cpu_ms ')} {v:.2f}" for k, v in row.items() if k.startswith("cpu_ms"))
+    rss = ", ".join(f"{k.removeprefix('rss_mb ')} {v:,.0f}" for k, v in row.items() if k.startswith("rss_mb"))
     return (
         f"[{row['server']} round {row['round']}] {row['per_request']:>2} {row['kind']:<7}/req {row['clients']:>3} clients: "
         f"{row['texts_s']:8.1f} texts/s {row['requests_s']:7.1f} requests/s  p50 {row['p50_ms']:6.1f} ms  "
         f"p99 {row['p99_ms']:6.1f} ms | batch {row['mean_batch']:5.1f} | server {row['cores']:.2f} cores | CPU ms per "
-        f"request: {cpu} | engine alone {row['engine_texts_s']:8.1f} texts/s, served {row['of_engine']:.0%} of it"
+        f"request: {cpu} | MB held: {rss} | engine alone {row['engine_texts_s']:8.1f} texts/s, served {row['of_engine']:.0%} of it"
     )
 
 
@@ -118,9 +126,10 @@ def report(rows: list[dict]) -> None:
     if not rows:
         return
     keys = sorted({k for row in rows for k in row if k.startswith("cpu_ms")}, key=lambda k: (k == "cpu_ms client", k))
-    columns = ["texts_s", "requests_s", "p50_ms", "p99_ms", "cores", *keys, "engine_texts_s", "of_engine"]
+    held = sorted({k for row in rows for k in row if k.startswith("rss_mb")})
+    columns = ["texts_s", "requests_s", "p50_ms", "p99_ms", "cores", *keys, *held, "engine_texts_s", "of_engine"]
     print(f"\nmedians over {max(row['round'] for row in rows)} rounds")
-    heads = [c.replace("cpu_ms ", "CPU ms/request: ") for c in columns]
+    heads = [c.replace("cpu_ms ", "CPU ms/request: ").replace("rss_mb ", "MB held: ") for c in columns]
     print("| server | per request | clients | " + " | ".join(heads) + " |")
     print("|---|---|---|" + "---|" * len(columns))
     for key in dict.fromkeys((row["server"], row["kind"], row["per_request"], row["clients"]) for row in rows):

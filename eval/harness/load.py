@@ -10,7 +10,7 @@ import statistics
 import time
 
 from eval.harness.clients import KEY, MODEL
-from eval.harness.stats import cpu_seconds, percentile, tree_cpu_seconds
+from eval.harness.stats import cpu_seconds, percentile, tree_cpu_seconds, tree_rss_bytes
 
 WORDS = (
     "retrieval dense sparse ranking passage query vector embedding model transformer index search "
@@ -156,6 +156,7 @@ async def drive(
         "client_cpu": (client_end - client_start) / elapsed,
         # cores each kind of the server's processes used (server_cpu's process, its children), by role
         "processes": {role: (tree_end[role] - tree_start.get(role, 0.0)) / elapsed for role in tree_end},
+        "rss": tree_rss_bytes(pid),  # bytes each kind of the server's processes holds at the end, by role
         "mean_batch": (engine_end["items"] - engine_start["items"]) / batches,
         "refused": refused,
         "inputs_s": requests * per_request / elapsed,

@@ -48,11 +48,16 @@ def cpu_seconds(pid: int | None) -> tuple[float, float]:
 
 
 def process_role(process: Any, root: int) -> str:
-    """What a process of a server's tree is, for a benchmark's table: ``server`` (the process started), the file
-    readers' fork server, multiprocessing's resource tracker, else its own name."""
+    """What a process of a server's tree is, for a benchmark's table: ``server`` (the process started; a replica's
+    supervisor), a replica's ``engine`` and ``fronts``, the file readers' fork server, multiprocessing's resource
+    tracker, else its own name."""
     if process.pid == root:
         return "server"
     command = " ".join(process.cmdline())
+    if "service.replica.engine" in command:
+        return "engine"
+    if "service.replica.front" in command:
+        return "fronts"
     if "forkserver" in command:
         return "file readers"
     if "resource_tracker" in command:
@@ -75,4 +80,22 @@ def tree_cpu_seconds(pid: int | None) -> dict[str, float]:
         except psutil.NoSuchProcess:
             continue
         totals[role] = totals.get(role, 0.0) + times.user + times.system
+    return totals
+
+
+def tree_rss_bytes(pid: int | None) -> dict[str, int]:
+    """Resident memory of process ``pid`` and every process below it now, summed by :func:`process_role` (empty
+    without a pid)."""
+    if pid is None:
+        return {}
+    import psutil
+
+    root = psutil.Process(pid)
+    totals: dict[str, int] = {}
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            rss, role = process.memory_info().rss, process_role(process, pid)
+        except psutil.NoSuchProcess:
+            continue
+        totals[role] = totals.get(role, 0) + rss
     return totals

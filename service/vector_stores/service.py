@@ -98,15 +98,21 @@ class VectorStoreService:
     async def opened(self) -> VectorStoreTables:
         return self._tables if self._tables is not None else await asyncio.to_thread(self.tables)
 
-    async def run(self, cpus: int) -> None:
+    async def run(self, cpus: int, *, searches: bool = True, files: bool = True) -> None:
         """The search threads (as many as the ``cpus`` the process may use), and the file reader once the storage
-        exists (:meth:`StorageService.reached`); until cancelled."""
+        exists (:meth:`StorageService.reached`); until cancelled. A replica's front process runs the searches
+        only, its engine process the file reader only (:mod:`service.replica`)."""
         self._loop = asyncio.get_running_loop()
-        self.searches = SearchThreads(self.settings.limits.max_searches_per_key, cpus)  # before any request
+        if searches:
+            self.searches = SearchThreads(self.settings.limits.max_searches_per_key, cpus)  # before any request
         try:
-            await self._read_files()
+            if files:
+                await self._read_files()
+            else:
+                await asyncio.Event().wait()  # until cancelled
         finally:
-            self.searches.close()
+            if self.searches is not None:
+                self.searches.close()
 
     async def _read_files(self) -> None:
         storage = await self.storage.reached()

@@ -161,6 +161,28 @@ def test_errors_cross_as_the_engine_raised_them(socket_path):
     assert isinstance(broken, EngineFailedError) and str(broken).startswith("AttributeError"), broken
 
 
+def test_the_request_id_travels_with_the_submission(socket_path, caplog):
+    model = Gated()
+    model.gate.set()
+
+    async def main():
+        engine = BatchEngine(model, EngineConfig())
+        host = await hosted({"m": engine}, socket_path)
+        link = EngineLink(socket_path, request_id=lambda: "req_from_the_front")
+        with pytest.raises(EngineFailedError):
+            await link.submit("m", [TokenRow(["boom"], 1, False)])
+        with pytest.raises(EngineFailedError):
+            await link.submit("m", [TokenRow(["boom"], 1, False)], request_id="req_named")
+        await link.close()
+        await host.close()
+        await engine.drain()
+
+    with caplog.at_level("WARNING", logger="embedrank.serving"):
+        asyncio.run(main())
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert "req_from_the_front" in failures[0] and "req_named" in failures[1], failures
+
+
 def test_an_overloaded_engine_refuses_with_its_retry_after(socket_path):
     model = Gated()
 

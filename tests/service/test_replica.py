@@ -1,0 +1,194 @@
+"""``python -m service --fronts N`` on real processes: two fronts share the port and answer as one process does; the
+batch jobs and the vector stores' files run once, in the engine process; an engine process killed makes the fronts
+answer 503 with Retry-After (``/health`` too) until it is back; a front killed is replaced; SIGTERM stops every
+process and exits 0; a start that cannot succeed exits 3."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from embedrank.testing.fake import FakeEncoder
+from embedrank.testing.launch import REPO, ServerURL, free_port, replica_command, running_server
+
+pytestmark = pytest.mark.slow  # real servers as subprocesses
+
+KEY = "replica-key"
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+ENV = {"EMBEDRANK_MODELS": "fake=fake:encoder", "EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1"}
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started, from ``/proc``."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def command_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def roles(server: ServerURL) -> dict[str, list[int]]:
+    """The replica's children by role: ``engine`` and ``front``."""
+    out: dict[str, list[int]] = {"engine": [], "front": []}
+    for pid in children(server.pid):
+        with_role = command_of(pid)
+        out["engine" if "service.replica.engine" in with_role else "front"].append(pid)
+    return out
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def embed(server: str, texts: list[str], timeout: float = 30) -> httpx.Response:
+    return httpx.post(
+        f"{server}/v1/embeddings", headers=HEADERS, json={"model": "fake", "input": texts}, timeout=timeout
+    )
+
+
+def wait_for(check, timeout: float = 60.0, every: float = 0.1):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(every)
+
+
+@pytest.fixture
+def replica(tmp_path: Path) -> Iterator[ServerURL]:
+    env = {**ENV, "EMBEDRANK_BATCH_DIR": str(tmp_path / "batches")}
+    with running_server(env, fronts=2, log_path=str(tmp_path / "replica.log")) as server:
+        yield server
+
+
+def test_two_fronts_share_the_port_and_answer_as_one_process(replica):
+    fake = FakeEncoder("fake")
+    texts = ["the cat sat", "on the mat", "tokens and more tokens"]
+    got = embed(replica, texts)
+    assert got.status_code == 200, got.text
+    vectors = np.array([d["embedding"] for d in got.json()["data"]], dtype=np.float32)
+    np.testing.assert_allclose(vectors, fake.encode(texts), atol=1e-6)
+    fronts = roles(replica)["front"]
+    assert len(fronts) == 2 and len(roles(replica)["engine"]) == 1
+    before = {pid: cpu_ticks(pid) for pid in fronts}
+    with httpx.Client(headers=HEADERS, timeout=30) as one, httpx.Client(headers=HEADERS, timeout=30) as other:
+        for i in range(200):  # new connections are spread over both fronts by the kernel
+            client = one if i % 2 else other
+            client.headers["Connection"] = "close"
+            assert (
+                client.post(f"{replica}/v1/embeddings", json={"model": "fake", "input": [f"t {i}"]}).status_code == 200
+            )
+    assert all(cpu_ticks(pid) > before[pid] for pid in fronts), "a front took no connection"
+    models = httpx.get(f"{replica}/v1/models", headers=HEADERS, timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["fake"]
+
+
+def test_a_batch_and_a_vector_stores_file_run_once_in_the_engine_process(replica):
+    lines = b"".join(
+        json.dumps(
+            {
+                "custom_id": f"l{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "fake", "input": f"t {i}"},
+            }
+        ).encode()
+        + b"\n"
+        for i in range(20)
+    )
+    upload = httpx.post(
+        f"{replica}/v1/files",
+        headers=HEADERS,
+        data={"purpose": "batch"},
+        files={"file": ("in.jsonl", lines, "application/jsonl")},
+        timeout=30,
+    )
+    assert upload.status_code == 200, upload.text
+    body = {"input_file_id": upload.json()["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    batch = httpx.post(f"{replica}/v1/batches", headers=HEADERS, json=body, timeout=30).json()
+
+    def finished():  # type: ignore[no-untyped-def]
+        got = httpx.get(f"{replica}/v1/batches/{batch['id']}", headers=HEADERS, timeout=30).json()
+        return got if got["status"] in ("completed", "failed") else None
+
+    done = wait_for(finished, timeout=120, every=0.3)
+    assert done["status"] == "completed" and done["request_counts"]["completed"] == 20, done
+    content = httpx.get(f"{replica}/v1/files/{done['output_file_id']}/content", headers=HEADERS, timeout=30)
+    assert [json.loads(x)["custom_id"] for x in content.content.splitlines()] == [f"l{i}" for i in range(20)]
+
+    doc = httpx.post(
+        f"{replica}/v1/files",
+        headers=HEADERS,
+        data={"purpose": "assistants"},
+        files={"file": ("notes.txt", b"cats sit on mats\n\nfoxes jump over dogs", "text/plain")},
+        timeout=30,
+    ).json()
+    store = httpx.post(
+        f"{replica}/v1/vector_stores", headers=HEADERS, json={"name": "s", "file_ids": [doc["id"]]}, timeout=30
+    ).json()
+
+    def indexed():  # type: ignore[no-untyped-def]
+        got = httpx.get(f"{replica}/v1/vector_stores/{store['id']}", headers=HEADERS, timeout=30).json()
+        return got if got["file_counts"]["completed"] == 1 else None
+
+    wait_for(indexed, timeout=120, every=0.3)
+    found = httpx.post(
+        f"{replica}/v1/vector_stores/{store['id']}/search", headers=HEADERS, json={"query": "cats"}, timeout=30
+    )
+    assert found.status_code == 200 and found.json()["data"], found.text
+
+
+def test_a_killed_engine_process_makes_the_fronts_answer_503_until_it_is_back(replica):
+    (engine,) = roles(replica)["engine"]
+    os.kill(engine, signal.SIGKILL)
+    refused = wait_for(lambda: (r := embed(replica, ["x"])).status_code == 503 and r, timeout=30)
+    assert refused.headers["Retry-After"] and refused.json()["error"]["code"] == "not_ready"
+    wait_for(lambda: httpx.get(f"{replica}/health", timeout=5).status_code == 503, timeout=30)
+    # each front is ready again once it has seen its engine process answer (within half a second of each other)
+    wait_for(lambda: all(embed(replica, ["back"]).status_code == 200 for _ in range(10)), timeout=90, every=0.3)
+    assert all(httpx.get(f"{replica}/health", timeout=5).status_code == 200 for _ in range(10))
+    assert roles(replica)["engine"] != [engine]
+
+
+def test_a_killed_front_is_replaced(replica):
+    fronts = roles(replica)["front"]
+    os.kill(fronts[0], signal.SIGKILL)
+    replaced = wait_for(lambda: (now := roles(replica)["front"]) and len(now) == 2 and fronts[0] not in now and now)
+    assert fronts[1] in replaced
+    wait_for(lambda: all(embed(replica, ["y"]).status_code == 200 for _ in range(10)), timeout=90, every=0.3)
+
+
+def test_sigterm_stops_every_process_and_exits_0(tmp_path):
+    env = {**os.environ, **ENV, "EMBEDRANK_BATCH_DIR": str(tmp_path / "b"), "EMBEDRANK_DRAIN_SECONDS": "5"}
+    port = free_port()
+    with running_server(env, fronts=2, port=port, inherit_env=False) as server:
+        everyone = [server.pid, *children(server.pid)]
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 5 + 5
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in everyone[1:]), timeout=10)
+
+
+def test_a_replica_that_cannot_start_exits_3(tmp_path):
+    env = {**os.environ, **ENV, "EMBEDRANK_MODELS": "broken=fake:no-such-fake"}
+    proc = subprocess.run(
+        replica_command(free_port(), 2), cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "embedrank: cannot start:" in proc.stderr

@@ -1,0 +1,235 @@
+"""A front's pool (:class:`~embedrank.serving.pool.ModelPool` with ``engine_link``): its models are loaded without
+their transformers, its runners submit to the engine process's engines over a socket, and every answer is the one
+the engine process's own pool gives: vectors, compact types (the int8/uint8 ranges come from the engine's sample),
+sparse and multi-vector outputs, reranking, token counts, a Router model's branches, the models' descriptions and
+the models the engine could not load."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import shutil
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from embedrank.errors import ModelUnavailableError, NotReadyError
+from embedrank.models.signature import EmbeddingSignature
+from embedrank.runtime.backends import ElsewhereRuntime
+from embedrank.serving.engine import EngineConfig
+from embedrank.serving.options import EmbedOptions, RerankOptions
+from embedrank.serving.pool import ModelEntry, ModelPool
+from embedrank.serving.remote import EngineHost, EngineLink, RemoteEngine
+from embedrank.testing.tiny import tiny_bge_m3, tiny_colbert, tiny_model
+
+TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog", "tokens"]
+DOCUMENTS = ["cats sit on mats", "foxes jump", "an unrelated sentence about databases and their indexes"]
+
+
+def run(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """``test`` run in an event loop of its own (as the engine process and a front each run one)."""
+
+    @functools.wraps(test)
+    def running(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return running
+
+
+@contextlib.asynccontextmanager
+async def engine_and_front(entries: tuple[ModelEntry, ...], path: str) -> AsyncIterator[tuple[ModelPool, ModelPool]]:
+    """The engine process's pool (loaded, started, served on ``path``) and a front's pool over it, in one process."""
+    engine_side = ModelPool(entries)
+    engine_side.start(await asyncio.to_thread(engine_side.load, keep_going=True), EngineConfig())
+    host = EngineHost(engine_side.engines(), engine_side.describe())
+    await host.serve(path)
+    link = EngineLink(path)
+    front = ModelPool(entries, engine_link=link)
+    front.start(await asyncio.to_thread(front.load, description=await link.describe()), EngineConfig())
+    try:
+        yield engine_side, front
+    finally:
+        await link.close()
+        await host.close()
+        await engine_side.drain(5)
+
+
+def _equal(ours: object, theirs: object) -> None:
+    if sp.issparse(ours):
+        assert sp.issparse(theirs)
+        np.testing.assert_array_equal(ours.toarray(), theirs.toarray())  # type: ignore[union-attr]
+    elif isinstance(ours, np.ndarray) and ours.dtype == object:
+        for a, b in zip(ours, theirs, strict=True):  # type: ignore[call-overload]
+            np.testing.assert_array_equal(a, b)
+    else:
+        np.testing.assert_array_equal(ours, theirs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def entries() -> tuple[ModelEntry, ...]:
+    return (
+        ModelEntry(id="bert", path=tiny_model("bert"), backend="torch"),
+        ModelEntry(id="cross", path=tiny_model("bert", "cross-encoder"), backend="torch"),
+        ModelEntry(id="splade", path=tiny_model("bert", "masked-lm")),
+        ModelEntry(id="colbert", path=tiny_colbert(), backend="torch"),
+        ModelEntry(id="m3", path=tiny_bge_m3(), backend="torch"),
+        ModelEntry(id="fake", path="fake:encoder"),
+    )
+
+
+@run
+async def test_a_front_answers_as_the_engine_process_for_every_kind(entries, tmp_path):
+    async with engine_and_front(entries, str(tmp_path / "engine.sock")) as (engine_side, front):
+        for model_id in ("bert", "m3", "fake"):
+            ours, theirs = front.get(model_id, "embeddings"), engine_side.get(model_id, "embeddings")
+            options = EmbedOptions(types=("float", "int8", "ubinary"), dimensions=8, input_type="query")
+            a, b = await ours.embed(TEXTS, options), await theirs.embed(TEXTS, options)
+            _equal(a.output.embeddings, b.output.embeddings)
+            for name in ("float", "int8", "ubinary"):
+                _equal(a.compact[name], b.compact[name])
+            assert a.output.token_counts == b.output.token_counts
+            assert await ours.count(TEXTS, return_tokens=True) == await theirs.count(TEXTS, return_tokens=True)
+            assert ours.dimension == theirs.dimension
+        for model_id, types in (
+            ("splade", ("sparse",)),
+            ("m3", ("sparse", "multivector")),
+            ("colbert", ("multivector",)),
+        ):
+            ours, theirs = front.get(model_id, "embeddings"), engine_side.get(model_id, "embeddings")
+            a, b = (
+                await ours.embed(TEXTS, EmbedOptions(types=types)),
+                await theirs.embed(TEXTS, EmbedOptions(types=types)),
+            )
+            if "sparse" in types:
+                _equal(a.sparse_matrix, b.sparse_matrix)
+            if "multivector" in types:
+                for x, y in zip(a.output.multi, b.output.multi, strict=True):  # type: ignore[attr-defined]
+                    np.testing.assert_array_equal(x, y)
+        for model_id in ("bert", "cross", "colbert", "m3", "fake"):
+            ours, theirs = front.get(model_id, "rerank"), engine_side.get(model_id, "rerank")
+            options = RerankOptions(top_n=2)
+            a, b = await ours.rerank(TEXTS[0], DOCUMENTS, options), await theirs.rerank(TEXTS[0], DOCUMENTS, options)
+            np.testing.assert_array_equal(a.output.scores, b.output.scores)
+            assert a.ranking == b.ranking
+            assert a.output.token_counts == b.output.token_counts
+
+
+@run
+async def test_a_front_holds_no_weights_and_describes_what_the_engine_process_runs(entries, tmp_path):
+    async with engine_and_front(entries, str(tmp_path / "engine.sock")) as (engine_side, front):
+        for model_id, theirs in engine_side.models.items():
+            ours = front.models[model_id]
+            assert (ours.backend, ours.precision, ours.inference_precision) == (
+                theirs.backend,
+                theirs.precision,
+                theirs.inference_precision,
+            )
+            assert (ours.dimension, ours.auto_choice, ours.fallback_reason) == (
+                theirs.dimension,
+                theirs.auto_choice,
+                theirs.fallback_reason,
+            )
+            assert ours.batch_bounds == theirs.batch_bounds
+            for _, runner in ours.started():
+                assert isinstance(runner.engine, RemoteEngine)
+        for model_id, sign in (("bert", EmbeddingSignature.of), ("splade", EmbeddingSignature.of_sparse)):
+            # the embedding cache's key: vectors cached by a front are those the engine process computes
+            assert sign(front.cores[model_id]).cache_key() == sign(engine_side.cores[model_id]).cache_key()
+        for model_id in ("bert", "cross", "splade", "colbert", "m3"):
+            core = front.cores[model_id]
+            runtime = getattr(core, "encoder", core).runtime
+            assert isinstance(runtime, ElsewhereRuntime), model_id
+            # the transformer's weights stay in the engine process; a head after it (bge-m3's) may be here
+            held, loaded = _parameters(core), _parameters(engine_side.cores[model_id])
+            assert held < loaded / 10, (model_id, held, loaded)
+
+
+def _parameters(model: object) -> int:
+    """The torch parameters ``model`` holds: in its attributes, its encoder's and its runtime's."""
+    import torch
+
+    seen: dict[int, torch.nn.Module] = {}
+    inner = getattr(model, "encoder", model)
+    for owner in (model, inner, getattr(inner, "runtime", None), getattr(model, "runtime", None)):
+        for value in vars(owner).values() if owner is not None else ():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, torch.nn.Module):
+                    seen[id(item)] = item
+    return sum(p.numel() for module in seen.values() for p in module.parameters())
+
+
+@run
+async def test_a_router_models_branches_are_served_through_the_front(tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Dense, Pooling, Router, Transformer
+
+    query = Transformer(tiny_model("bert"), max_seq_length=120)
+    document = Transformer(tiny_model("roberta"), max_seq_length=120)
+    width = query.get_embedding_dimension()
+    router = Router(
+        {
+            "query": [query, Pooling(width, "cls"), Dense(width, 16)],
+            "document": [document, Pooling(width, "mean"), Dense(width, 16)],
+        }
+    )
+    path = tmp_path / "router"
+    SentenceTransformer(modules=[router], device="cpu").save(str(path))
+    entries = (ModelEntry(id="router", path=str(path), backend="torch"),)
+    async with engine_and_front(entries, str(tmp_path / "engine.sock")) as (engine_side, front):
+        assert {label for label in engine_side.engines()} == {"router", "router:document"}
+        for branch, part in front.cores["router"].branches.items():
+            theirs = engine_side.cores["router"].branches[branch]
+            assert (part.backend, part.precision, part.dimension) == (
+                theirs.backend,
+                theirs.precision,
+                theirs.dimension,
+            )
+        ours, theirs = front.get("router", "embeddings"), engine_side.get("router", "embeddings")
+        for input_type in ("query", "document"):
+            options = EmbedOptions(input_type=input_type, types=("float", "int8"))
+            a, b = await ours.embed(TEXTS, options), await theirs.embed(TEXTS, options)
+            _equal(a.output.embeddings, b.output.embeddings)
+            _equal(a.compact["int8"], b.compact["int8"])
+
+
+@run
+async def test_a_model_the_engine_process_could_not_load_is_unavailable_on_the_front_too(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model("bert"), broken)
+    for weights in broken.rglob("*.safetensors"):
+        weights.unlink()
+    entries = (
+        ModelEntry(id="fake", path="fake:encoder"),
+        ModelEntry(id="broken", path=str(broken), backend="torch"),
+    )
+    async with engine_and_front(entries, str(tmp_path / "engine.sock")) as (engine_side, front):
+        assert "broken" in engine_side.failed
+        with pytest.raises(ModelUnavailableError, match="could not be loaded"):
+            front.get("broken", "embeddings")
+        assert (await front.get("fake", "embeddings").embed(["hello"])).output.embeddings.shape[0] == 1
+
+
+@run
+async def test_a_host_still_loading_is_not_ready_to_describe(tmp_path):
+    host = EngineHost({})
+    await host.serve(str(tmp_path / "engine.sock"))
+    link = EngineLink(str(tmp_path / "engine.sock"))
+    try:
+        with pytest.raises(NotReadyError, match="still loading"):
+            await link.describe()
+    finally:
+        await link.close()
+        await host.close()
+
+
+def test_a_front_refuses_an_image_text_model_at_once():
+    from embedrank.errors import ConfigurationError
+    from embedrank.testing.tiny_images import tiny_image_text
+
+    entry = ModelEntry(id="clip", path=tiny_image_text("clip"))
+    with pytest.raises(ConfigurationError, match="front processes do not serve image-text models"):
+        ModelPool((entry,), engine_link=EngineLink("/nonexistent/engine.sock"))
