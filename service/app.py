@@ -44,7 +44,7 @@ from service.errors import APIError, handle_exception
 from service.fast_path import EmbeddingsFastPath
 from service.files.routes import FILE_HANDLERS, FORM_PATHS
 from service.files.service import FileService
-from service.handling import ServiceState, pool_of, read_json_body, service_of
+from service.handling import METRICS_REPORT_SECONDS, ServiceState, front_source, pool_of, read_json_body, service_of
 from service.litestar_internals import set_body, set_decoded_body
 from service.middleware import RequestMiddleware
 from service.observability import CacheMetrics, Metrics
@@ -126,7 +126,8 @@ async def _load(service: ServiceState, *, exit_on_failure: bool) -> None:
             loaded,
             service.settings.engine.engine_config(),
             on_batch=metrics.batch_observer,
-            on_engine=metrics.track_engine,
+            # a front's engines are the engine process's, which reports their queues
+            on_engine=metrics.track_engine if link is None else lambda label, engine: None,
             on_idle=on_idle,
         )
         # The ~450k objects of torch, transformers and the app live as long as the process. Moving them out
@@ -185,11 +186,20 @@ async def _watch_engine(service: ServiceState, link: EngineLink, described: Desc
 
 
 async def _front_watch(service: ServiceState, link: EngineLink) -> None:
-    """Once the front has loaded, :func:`_watch_engine` with the description it loaded with."""
+    """Once the front has loaded, :func:`_watch_engine` with the description it loaded with, and this front's
+    metrics left with the engine process every :data:`~service.handling.METRICS_REPORT_SECONDS`."""
     if service.load_task is not None:
         await asyncio.gather(service.load_task, return_exceptions=True)
     if service.pool.description is not None:
-        await _watch_engine(service, link, service.pool.description)
+        await asyncio.gather(_watch_engine(service, link, service.pool.description), _report_metrics(service, link))
+
+
+async def _report_metrics(service: ServiceState, link: EngineLink) -> None:
+    source = front_source()
+    while True:
+        with contextlib.suppress(NotReadyError):  # the engine process is away: the next report is in time
+            await link.report(source, await asyncio.to_thread(service.metrics.render))
+        await asyncio.sleep(METRICS_REPORT_SECONDS)
 
 
 def create_app(
@@ -247,7 +257,8 @@ def create_app(
     files = FileService(storage)
     batches = BatchService(storage, files, service.ready_pool)
     vector_stores = VectorStoreService(storage, files, service.ready_pool)
-    service.metrics.registry.register(batches)  # its collect(): the batches' progress
+    if link is None:  # a front's replica reports the batches' progress from its engine process
+        service.metrics.registry.register(batches)  # its collect(): the batches' progress
     if cache is not None:
         service.metrics.registry.register(CacheMetrics(cache))
     if settings.engine.tune_malloc:  # before the loading and forward threads exist

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import os
 from collections.abc import Coroutine
 from typing import Any
 
@@ -21,7 +22,7 @@ from service.auth import BearerAuth
 from service.context import Context
 from service.decoding import decode_strict, decompressed
 from service.errors import APIError
-from service.observability import Metrics
+from service.observability import Metrics, combined
 from service.schemas import ErrorResponse
 from service.settings import Settings
 
@@ -54,6 +55,31 @@ class ServiceState:
     @functools.cached_property
     def context(self) -> Context:
         return Context.of(self.pool, self.settings)
+
+    async def metrics_text(self) -> bytes:
+        """``/metrics``: this process's metrics; a replica's front's, those of every process of the replica
+        (:func:`~service.observability.combined`: its own now, the engine process's now, the other fronts' as they
+        last reported them, at most :data:`METRICS_REPORT_SECONDS` ago).
+
+        Raises:
+            NotReadyError: a front whose engine process cannot be reached (the scrape fails rather than show the
+                replica's counters going back).
+        """
+        own = await asyncio.to_thread(self.metrics.render)  # collectors read the batch database and the cache file
+        link = self.pool.link
+        if link is None:
+            return own
+        others = await link.scrape(except_source=front_source())
+        return combined([(own, True), *((text, alive) for _, text, alive in others)])
+
+
+METRICS_REPORT_SECONDS = 1.0
+"""How often a replica's front leaves its metrics with the engine process, for the other fronts' scrapes."""
+
+
+def front_source() -> str:
+    """What this front process reports its metrics as."""
+    return f"front-{os.getpid()}"
 
 
 def service_of(state: State) -> ServiceState:

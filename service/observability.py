@@ -1,14 +1,15 @@
 """Prometheus metrics: requests by route and status, latency, batch sizes, queue depth, tokens, the embedding
-cache."""
+cache; and one exposition of a replica's several processes (:func:`combined`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from embedrank.serving.engine import BatchEngine, BatchReport
 from embedrank.serving.vector_cache import VectorCache
@@ -143,3 +144,62 @@ class CacheMetrics:
         yield GaugeMetricFamily(
             "embedrank_embedding_cache_bytes", "Bytes the embedding cache holds, against its bound", value=size
         )
+
+
+SHARED_GAUGES = frozenset(
+    {
+        "embedrank_batches_unfinished",
+        "embedrank_batch_lines_waiting",
+        "embedrank_batch_lines_done",
+        "embedrank_embedding_cache_entries",
+        "embedrank_embedding_cache_bytes",
+    }
+)
+"""Gauges that each process reads from what the replica's processes share (the batch database, the cache file):
+counted once (the largest), not summed."""
+
+
+def combined(expositions: Iterable[tuple[bytes, bool]]) -> bytes:
+    """One Prometheus exposition of several processes' ``(text, alive)``: counters and histograms summed over
+    every process (one that ended still counts, so that the replica's counters never go back), gauges summed over
+    the live ones, except :data:`SHARED_GAUGES` (the largest). ``_created`` samples are left out (a sum of
+    creation times means nothing).
+
+    >>> one = b'# TYPE embedrank_tokens counter\\nembedrank_tokens_total{model="m"} 3.0\\n'
+    >>> two = b'# TYPE embedrank_tokens counter\\nembedrank_tokens_total{model="m"} 4.0\\n'
+    >>> print(combined([(one, True), (two, False)]).decode().splitlines()[-1])
+    embedrank_tokens_total{model="m"} 7.0
+    """
+    families: dict[str, Metric] = {}
+    values: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
+    for text, alive in expositions:
+        for family in text_string_to_metric_families(text.decode()):
+            if family.type == "gauge" and not alive:
+                continue
+            families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
+                before = values.get(key)
+                if before is None:
+                    values[key] = sample.value
+                elif family.name in SHARED_GAUGES:
+                    values[key] = max(before, sample.value)
+                else:
+                    values[key] = before + sample.value
+    for (name, sample_name, labels), value in values.items():
+        families[name].add_sample(sample_name, dict(labels), value)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+@dataclasses.dataclass(eq=False)
+class _Families:
+    """A collector of fixed metric families (what :func:`combined` renders)."""
+
+    families: list[Metric]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families

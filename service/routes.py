@@ -5,7 +5,6 @@ before it runs), calls one adapter function, and shapes nothing but the response
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any, get_args, get_type_hints
 
 from litestar import Request, Response, get, head, post
@@ -148,8 +147,7 @@ async def health_head(state: State) -> Response[None]:
     responses={401: ERRORS[401]},
 )
 async def metrics(state: State) -> bytes:
-    # in a worker thread: collectors read the batch database (over the network on PostgreSQL) and the cache file
-    return await asyncio.to_thread(service_of(state).metrics.render)
+    return await service_of(state).metrics_text()
 
 
 @post(

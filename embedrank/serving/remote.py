@@ -15,7 +15,11 @@ What crosses, in frames of MessagePack (a 4-byte length, then the message), neve
 - a refusal: the error's kind (``overloaded`` with its Retry-After, ``invalid``, ``not_ready``, ``failed``) and
   message, raised again in the submitting process as the same :mod:`embedrank.errors` class;
 - a cancellation: a submitter that stops waiting (its client went) has its items dropped from the queue, as
-  in-process; a connection that closes cancels all of its submissions.
+  in-process; a connection that closes cancels all of its submissions;
+- a description (:class:`Description`): what another process needs to serve the host's models without their
+  weights (the runtimes, batch bounds, measured widths, range samples' embeddings, the models that failed);
+- figures: a process leaves its own with the host (:class:`Report`, opaque bytes), and a :class:`Scrape` gets the
+  host's and every other process's last ones (a replica's ``/metrics``).
 
 When the host cannot be reached, or its connection ends while a submission waits, :meth:`EngineLink.submit` raises
 :class:`~embedrank.errors.NotReadyError` at once (an HTTP front answers 503 with Retry-After); the next submission
@@ -147,7 +151,31 @@ class Description(msgspec.Struct, tag="description", array_like=True):
     failed: dict[str, str] = {}
 
 
-Message = Submit | Cancel | Answer | Refused | Describe | Description
+class Report(msgspec.Struct, tag="report", array_like=True):
+    """A submitting process's own figures (opaque bytes: the service's Prometheus exposition), kept by the host
+    under ``source`` until the next report, for :class:`Scrape`; no answer."""
+
+    source: str
+    text: bytes
+
+
+class Scrape(msgspec.Struct, tag="scrape", array_like=True):
+    """Ask for the host's own figures and every other process's last :class:`Report` (``except_source``'s left
+    out: the asker has fresher ones)."""
+
+    id: int
+    except_source: str = ""
+
+
+class Scraped(msgspec.Struct, tag="scraped", array_like=True):
+    """The figures of every process: ``(source, text, alive)``, the host's own first (source ``engine``); a
+    process whose connection ended is not alive (its counters still count, its gauges no longer do)."""
+
+    id: int
+    reports: list[tuple[str, bytes, bool]]
+
+
+Message = Submit | Cancel | Answer | Refused | Describe | Description | Report | Scrape | Scraped
 
 
 # -- the codec: arrays as raw buffers ----------------------------------------------------------------------------------
@@ -284,9 +312,17 @@ class EngineHost:
     """Serves ``engines`` (by name) on a Unix socket to any number of processes. Create and serve it on the event
     loop the engines deliver their results on."""
 
-    def __init__(self, engines: Mapping[str, BatchEngine[Any]], description: Description | None = None) -> None:
+    def __init__(
+        self,
+        engines: Mapping[str, BatchEngine[Any]],
+        description: Description | None = None,
+        *,
+        exposition: Callable[[], bytes] = lambda: b"",
+    ) -> None:
         self.engines = dict(engines)
         self.description = description  # what a Describe is answered with; None: not served yet (not_ready)
+        self.exposition = exposition  # this process's own figures, for a Scrape (called in a worker thread)
+        self.reports: dict[str, tuple[bytes, bool]] = {}  # each process's last Report, and whether it is connected
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}  # each one's writer
         self._jobs: set[asyncio.Task[None]] = set()  # submissions being answered, of every connection
@@ -316,6 +352,7 @@ class EngineHost:
         assert current is not None
         self._connections[current] = writer
         jobs: dict[int, asyncio.Task[None]] = {}
+        sources: set[str] = set()  # what this connection reported as
         try:
             while True:
                 message = await _read(reader)
@@ -328,11 +365,20 @@ class EngineHost:
                     cancelled.cancel()
                 elif isinstance(message, Describe):
                     writer.write(encode(self._described(message.id)))
+                elif isinstance(message, Report):
+                    self.reports[message.source] = (message.text, True)
+                    sources.add(message.source)
+                elif isinstance(message, Scrape):
+                    task = asyncio.create_task(self._scraped(message, writer))
+                    jobs[message.id] = task
+                    task.add_done_callback(functools.partial(self._answered, jobs, message.id))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the peer went: its submissions are dropped below
         except ValueError as exc:
             logger.warning("engine host: a peer sent a broken message, its connection is closed: %s", exc)
         finally:
+            for source in sources:  # its counters still count; its gauges no longer do
+                self.reports[source] = (self.reports[source][0], False)
             for task in jobs.values():
                 task.cancel()
             await asyncio.gather(*jobs.values(), return_exceptions=True)
@@ -343,6 +389,17 @@ class EngineHost:
         """Serve ``engines`` (the models have loaded) and answer descriptions with ``description``."""
         self.engines = dict(engines)
         self.description = description
+
+    async def _scraped(self, message: Scrape, writer: asyncio.StreamWriter) -> None:
+        try:
+            own = await asyncio.to_thread(self.exposition)
+        except Exception as exc:  # a collector failed: the asker says so
+            writer.write(encode(refusal(message.id, exc)))
+            return
+        others = [(s, text, alive) for s, (text, alive) in self.reports.items() if s != message.except_source]
+        writer.write(encode(Scraped(message.id, [("engine", own, True), *others])))
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
 
     def _described(self, job: int) -> Description | Refused:
         if self.description is None:
@@ -436,7 +493,7 @@ class EngineLink:
                 future = self._waiting.pop(getattr(message, "id", -1), None)
                 if future is None or future.done():
                     continue
-                if isinstance(message, Answer | Description):
+                if isinstance(message, Answer | Description | Scraped):
                     future.set_result(message)
                 elif isinstance(message, Refused):
                     future.set_exception(raised(message))
@@ -498,12 +555,44 @@ class EngineLink:
         Raises:
             NotReadyError: the engine process cannot be reached, or is still loading its models.
         """
+        described: Description = await self._ask(Describe)
+        return described
+
+    async def report(self, source: str, text: bytes) -> None:
+        """Leave this process's figures with the host, under ``source`` (see :class:`Report`).
+
+        Raises:
+            NotReadyError: the engine process cannot be reached.
+        """
+        writer = await self._connected()
+        writer.write(encode(Report(source, text)))
+        try:
+            await writer.drain()
+        except ConnectionError:
+            raise NotReadyError("the engine process went away while it was told; retry") from None
+
+    async def scrape(self, except_source: str = "") -> list[tuple[str, bytes, bool]]:
+        """The host's figures and every other process's last report (:class:`Scraped`).
+
+        Raises:
+            NotReadyError: the engine process cannot be reached.
+            EngineFailedError: its figures could not be read.
+        """
+        scraped: Scraped = await self._ask(lambda job: Scrape(job, except_source))
+        return scraped.reports
+
+    async def _ask(self, question: Callable[[int], Message]) -> Any:
+        """The host's answer to ``question(id)`` (raised again if it is a refusal).
+
+        Raises:
+            NotReadyError: the engine process cannot be reached, or went away before it answered.
+        """
         writer = await self._connected()
         job = next(self._ids)
-        future: asyncio.Future[Description] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[job] = future
         try:
-            writer.write(encode(Describe(job)))
+            writer.write(encode(question(job)))
             await writer.drain()
             return await future
         except ConnectionError:

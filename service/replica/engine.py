@@ -29,7 +29,7 @@ from service import logs, process
 from service.batches.service import BatchService
 from service.files.service import FileService
 from service.handling import ServiceState
-from service.observability import Metrics
+from service.observability import CacheMetrics, Metrics
 from service.routes import ROUTES
 from service.settings import Settings
 from service.storage.service import StorageService
@@ -75,17 +75,28 @@ async def serve(settings: Settings, path: str) -> int:
         loaded = loading.result()
     except Exception as exc:  # one line and exit code 3; the replica stops
         process.failed_while_serving(exc, debug=settings.telemetry.log_level == "debug")
-    pool.start(loaded, settings.engine.engine_config(), on_idle=trim_heap if settings.engine.tune_malloc else None)
+    metrics = Metrics(ROUTES)  # the forward passes', the queues' and the batches': combined into the fronts' /metrics
+    pool.start(
+        loaded,
+        settings.engine.engine_config(),
+        on_batch=metrics.batch_observer,
+        on_engine=metrics.track_engine,
+        on_idle=trim_heap if settings.engine.tune_malloc else None,
+    )
     gc.freeze()  # as a one-process server: the long-lived objects out of the collector's generations
-    host.serve_engines(pool.engines(), pool.describe())
-    logger.info("engine process: serving %s on %s", ", ".join(pool.models), path)
 
-    state = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
+    state = ServiceState(settings=settings, pool=pool, metrics=metrics)
     state.status = "ok"
     storage = StorageService(settings)
     files = FileService(storage)
     batches = BatchService(storage, files, state.ready_pool)
     stores = VectorStoreService(storage, files, state.ready_pool)
+    metrics.registry.register(batches)
+    if cache is not None:
+        metrics.registry.register(CacheMetrics(cache))
+    host.exposition = metrics.render
+    host.serve_engines(pool.engines(), pool.describe())
+    logger.info("engine process: serving %s on %s", ", ".join(pool.models), path)
     behind = [asyncio.ensure_future(batches.run()), asyncio.ensure_future(stores.run(cpus, searches=False))]
     await stop.wait()
     logger.info("engine process: %s: finishing the queued work", signal.Signals(signals[0]).name)

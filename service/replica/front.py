@@ -9,6 +9,7 @@ one-process server does (new requests 503, those in flight finish within ``drain
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 import uvicorn
@@ -21,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = uvicorn.Config("service.app:create_app", factory=True, fd=args.fd, log_level=args.log_level)
     server = uvicorn.Server(config)
-    server.run()
+    # the socket as what it is (TCP): uvicorn's own --fd takes every inherited socket for a Unix one, and asyncio
+    # then leaves Nagle's algorithm on for its connections (40 ms more for every small answer)
+    server.run(sockets=[socket.socket(fileno=args.fd)])
     return 0 if server.started else 3
 
 

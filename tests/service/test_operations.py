@@ -117,3 +117,39 @@ def test_int8_ranges_are_fitted_before_the_service_is_ready(fake_service):
         body = {"model": MODEL, "input": ["a b", "c d"], "embedding_types": ["int8", "uint8"], "dimensions": 16}
         assert c.post("/v1/embeddings", json=body).status_code == 200
         assert Counting.fits == 1  # no request pays for them
+
+
+def test_a_replicas_metrics_are_combined_as_one_process_counts():
+    """Counters and histograms summed over every process (one that ended too), gauges over the live ones, the
+    gauges every process reads from what they share counted once, and the result parses as Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from service.observability import SHARED_GAUGES, Metrics, combined
+
+    def process(requests: int, in_progress: int, tokens: int) -> bytes:
+        metrics = Metrics(frozenset({"/v1/embeddings"}))
+        for _ in range(requests):
+            metrics.observe_request("/v1/embeddings", "POST", 200, 0.003)
+        metrics.in_progress.set(in_progress)
+        metrics.tokens.labels("m").inc(tokens)
+        shared = "embedrank_embedding_cache_entries"
+        return metrics.render() + f"# TYPE {shared} gauge\n{shared} {requests * 10}.0\n".encode()
+
+    text = combined([(process(3, 1, 30), True), (process(5, 2, 50), True), (process(7, 4, 70), False)]).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    route = (("method", "POST"), ("route", "/v1/embeddings"), ("status", "200"))
+    assert samples[("embedrank_requests_total", route)] == 15
+    assert samples[("embedrank_request_seconds_count", (("route", "/v1/embeddings"), ("status", "200")))] == 15
+    assert (
+        samples[("embedrank_request_seconds_bucket", (("le", "0.005"), ("route", "/v1/embeddings"), ("status", "200")))]
+        == 15
+    )
+    assert samples[("embedrank_tokens_total", (("model", "m"),))] == 150
+    assert samples[("embedrank_requests_in_progress", ())] == 3  # the process that ended holds none
+    assert "embedrank_embedding_cache_entries" in SHARED_GAUGES
+    assert samples[("embedrank_embedding_cache_entries", ())] == 50  # the largest of the live ones, not a sum
+    assert not any(name.endswith("_created") for name, _ in samples)

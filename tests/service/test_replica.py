@@ -1,5 +1,5 @@
-"""``python -m service --fronts N`` on real processes: two fronts share the port and answer as one process does; the
-batch jobs and the vector stores' files run once, in the engine process; an engine process killed makes the fronts
+"""``python -m service --fronts N`` on real processes: two fronts share the port and answer as one process does;
+``/metrics`` counts every process; the batch jobs and the vector stores' files run once, in the engine process; an engine process killed makes the fronts
 answer 503 with Retry-After (``/health`` too) until it is back; a front killed is replaced; SIGTERM stops every
 process and exits 0; a start that cannot succeed exits 3."""
 
@@ -96,6 +96,42 @@ def test_two_fronts_share_the_port_and_answer_as_one_process(replica):
     assert all(cpu_ticks(pid) > before[pid] for pid in fronts), "a front took no connection"
     models = httpx.get(f"{replica}/v1/models", headers=HEADERS, timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["fake"]
+
+
+def test_a_front_answers_small_requests_without_waiting_on_its_socket(replica):
+    """Its connections are TCP with Nagle's algorithm off: 100 one-text requests one after the other on one connection
+    take milliseconds each, where each would wait about 40 ms for the client's delayed acknowledgement otherwise (a
+    bound with slack: 100 x 40 ms is 4 s)."""
+    with httpx.Client(headers=HEADERS, timeout=30) as client:
+        client.post(f"{replica}/v1/embeddings", json={"model": "fake", "input": ["warm"]})
+        started = time.monotonic()
+        for i in range(100):
+            client.post(f"{replica}/v1/embeddings", json={"model": "fake", "input": [f"t {i}"]})
+        assert time.monotonic() - started < 3.0
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_metrics_count_every_process_of_the_replica(replica):
+    before = httpx.get(f"{replica}/metrics", headers=HEADERS, timeout=10).text
+    counted = metric(before, "embedrank_requests_total", route="/v1/embeddings", status="200")
+    for i in range(40):  # a connection each: both fronts take some
+        assert embed(replica, [f"text {i}"]).status_code == 200
+    time.sleep(2.5)  # every front has reported since
+    for _ in range(6):  # whichever front answers the scrape, the replica's figures
+        text = httpx.get(f"{replica}/metrics", headers=HEADERS, timeout=10).text
+        assert metric(text, "embedrank_requests_total", route="/v1/embeddings", status="200") == counted + 40
+        assert metric(text, "embedrank_batch_size_count", model="fake") >= 1  # the engine process's
+        assert metric(text, "embedrank_tokens_total", model="fake") >= 40 * 3
 
 
 def test_a_batch_and_a_vector_stores_file_run_once_in_the_engine_process(replica):

@@ -369,3 +369,24 @@ def test_a_refusal_names_the_request_field():
 
     again = raised(refusal(3, InvalidInputError("too long", param="input")))
     assert isinstance(again, InvalidInputError) and again.param == "input" and str(again) == "too long"
+
+
+def test_reports_are_kept_for_scrapes_and_marked_once_their_process_went(socket_path):
+    async def main():
+        host = EngineHost({}, exposition=lambda: b"engine figures")
+        await host.serve(socket_path)
+        first, second = EngineLink(socket_path), EngineLink(socket_path)
+        await first.report("front-1", b"one")
+        await second.report("front-2", b"two")
+        await second.report("front-2", b"two, later")
+        seen = await first.scrape(except_source="front-1")
+        await second.close()
+        await asyncio.sleep(0.1)
+        after = await first.scrape()
+        await first.close()
+        await host.close()
+        return seen, after
+
+    seen, after = asyncio.run(main())
+    assert seen == [("engine", b"engine figures", True), ("front-2", b"two, later", True)]
+    assert after == [("engine", b"engine figures", True), ("front-1", b"one", True), ("front-2", b"two, later", False)]
