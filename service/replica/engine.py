@@ -21,11 +21,12 @@ import signal
 import sys
 from functools import partial
 
+from embedrank.serving import tracing as core_tracing
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
 from embedrank.serving.remote import EngineHost
 from embedrank.serving.vector_cache import VectorCache
-from service import logs, process
+from service import logs, process, tracing
 from service.batches.service import BatchService
 from service.files.service import FileService
 from service.handling import ServiceState
@@ -60,6 +61,8 @@ async def serve(settings: Settings, path: str) -> int:
         pool = ModelPool(settings.models.entries, cache=cache)
     except Exception as exc:
         process.fail_to_start(exc)
+    provider = tracing.provider_from_env()  # the forward passes' spans, linked to the fronts' requests
+    core_tracing.use(provider)
     host = EngineHost({})
     await host.serve(path)
     keep_going = settings.models.on_model_failure == "serve-others"
@@ -105,6 +108,9 @@ async def serve(settings: Settings, path: str) -> int:
     await asyncio.gather(*behind, return_exceptions=True)
     await pool.drain(settings.server.drain_seconds)
     await host.close()
+    if provider is not None:  # what is still batched for export goes out before the exit
+        core_tracing.use(None)
+        await asyncio.to_thread(provider.force_flush)
     process.exit_soon(process.exit_code(signals[0]))
     return process.exit_code(signals[0])
 

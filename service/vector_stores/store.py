@@ -426,22 +426,28 @@ class VectorStoreTables:
         return bool(gone)
 
     def expire(self) -> list[str]:
-        """Empty every store that has expired, whoever owns it: its files not read yet are ``cancelled`` (a read
-        under way stops at its next renewal) and its chunks removed, its files' bytes and chunk counts then 0.
-        Returns the expired stores' ids (their search indexes are dropped)."""
+        """Empty every store that has expired and still holds something, whoever owns it: its files not read yet
+        are ``cancelled`` (a read under way stops at its next renewal) and its chunks removed, its files' bytes and
+        chunk counts then 0. Returns the ids of the stores emptied now (their search indexes are dropped); a store
+        emptied before is not looked at again."""
+        holding = (
+            f"SELECT id FROM vector_stores s WHERE {EXPIRED} AND EXISTS (SELECT 1 FROM vector_store_files f "
+            "WHERE f.vector_store_id = s.id AND (f.chunks > 0 OR f.status = 'in_progress'))"
+        )
         with self.storage.write() as db:
             now = int(self.storage.now(db))
-            stores = f"vector_store_id IN (SELECT id FROM vector_stores WHERE {EXPIRED})"
+            ids = [row["id"] for row in db.execute(holding, (now,)).fetchall()]
+            if not ids:
+                return []
+            stores = f"vector_store_id IN ({','.join('?' * len(ids))})"
             db.execute(
                 "UPDATE vector_store_files SET status = 'cancelled', claimed_by = NULL, lease_until = NULL "
                 f"WHERE status = 'in_progress' AND {stores}",
-                (now,),
+                ids,
             )
-            db.execute(f"DELETE FROM vector_store_chunks WHERE {stores}", (now,))
-            db.execute(
-                f"UPDATE vector_store_files SET usage_bytes = 0, chunks = 0 WHERE chunks > 0 AND {stores}", (now,)
-            )
-            return [row["id"] for row in db.execute(f"SELECT id FROM vector_stores WHERE {EXPIRED}", (now,)).fetchall()]
+            db.execute(f"DELETE FROM vector_store_chunks WHERE {stores}", ids)
+            db.execute(f"UPDATE vector_store_files SET usage_bytes = 0, chunks = 0 WHERE chunks > 0 AND {stores}", ids)
+            return ids
 
     def touch(self, store: StoreRow, now: int) -> None:
         """Record a search of ``store`` at ``now`` (its ``last_active_at``, from which it expires), if the last

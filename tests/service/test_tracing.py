@@ -324,7 +324,10 @@ def test_a_batch_chunk_is_a_span_with_a_child_per_line(fake_service, recorded, t
 
 # -- a real server ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_server_started_with_the_console_exporter_prints_the_request_span(tmp_path):
+@pytest.mark.parametrize("fronts", [None, 2], ids=["one-process", "two-fronts"])
+def test_a_server_started_with_the_console_exporter_prints_the_request_span(tmp_path, fronts):
+    """One process, or a replica of fronts: the forward pass's span (the engine process's) is the child of the
+    request's server span (a front's), whose trace context travelled with the texts."""
     from embedrank.testing.launch import running_server
 
     log = tmp_path / "server.log"
@@ -335,7 +338,7 @@ def test_a_server_started_with_the_console_exporter_prints_the_request_span(tmp_
         "OTEL_TRACES_EXPORTER": "console",
         "OTEL_SERVICE_NAME": "embedrank-test",
     }
-    with running_server(env, log_path=str(log)) as base:
+    with running_server(env, log_path=str(log), fronts=fronts) as base:
         resp = httpx.post(
             f"{base}/v1/embeddings", json={"model": "fake", "input": "green tea"}, headers={"Authorization": "Bearer k"}
         )
