@@ -8,11 +8,11 @@ forward passes; with 0 (the default), in one process, as ``litestar run`` serves
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 
 from service import process
-from service.settings import Settings
+from service.settings import MAX_FRONTS, Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,22 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         process.fail_to_start(exc)
     fronts = settings.server.fronts if args.fronts is None else args.fronts
-    if fronts < 0:
-        process.fail_to_start(ValueError(f"--fronts must be 0 or more, got {fronts}"))
+    if not 0 <= fronts <= MAX_FRONTS:
+        process.fail_to_start(ValueError(f"--fronts must be 0 to {MAX_FRONTS}, got {fronts}"))
     level = settings.telemetry.log_level
     if fronts == 0:
         import uvicorn
 
         uvicorn.run("service.app:create_app", factory=True, host=args.host, port=args.port, log_level=level)
         return 0
-    from service.replica.supervisor import Replica
-
-    logging.basicConfig(stream=sys.stderr, format="%(levelname)s:     %(message)s", level=level.upper())
-    try:
-        replica = Replica(args.host, args.port, fronts, drain_seconds=settings.server.drain_seconds, log_level=level)
-        return replica.run()
-    except OSError as exc:  # the port is taken
-        process.fail_to_start(exc)
+    # the replica's own process needs none of what the settings imported (torch, the models' code): a lean one
+    supervisor = [sys.executable, "-m", "service.replica.supervisor", "--host", args.host, "--port", str(args.port)]
+    supervisor += ["--fronts", str(fronts), "--drain-seconds", str(settings.server.drain_seconds)]
+    os.execv(sys.executable, [*supervisor, "--log-level", level])
 
 
 if __name__ == "__main__":

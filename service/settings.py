@@ -194,6 +194,10 @@ class Auth(_Group, frozen=True):
     ] = True
 
 
+MAX_FRONTS = 64
+"""The most front processes a replica runs (``fronts``)."""
+
+
 class Server(_Group, frozen=True):
     """The HTTP server: browsers, input decoding, timeouts and stopping."""
 
@@ -229,7 +233,7 @@ class Server(_Group, frozen=True):
         int,
         Meta(
             ge=0,
-            le=64,
+            le=MAX_FRONTS,
             description="`python -m service`: HTTP front processes sharing the port, beside one engine process "
             "that computes for all of them; 0: one process does everything (as `litestar run` serves)",
         ),

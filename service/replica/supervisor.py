@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import logging
@@ -198,3 +199,26 @@ class Replica:
             front.wait(deadline)
         engine.signal(sig)
         engine.wait(time.monotonic() + self.drain_seconds + STOP_MARGIN_SECONDS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m service.replica.supervisor``: what ``python -m service`` becomes once it has read the settings
+    (it replaces itself with this lighter process, which imports neither the models nor the web app)."""
+    parser = argparse.ArgumentParser(prog="python -m service.replica.supervisor", description=__doc__)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--fronts", type=int, required=True)
+    parser.add_argument("--drain-seconds", type=float, required=True)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, format="%(levelname)s:     %(message)s", level=args.log_level.upper())
+    try:
+        return Replica(
+            args.host, args.port, args.fronts, drain_seconds=args.drain_seconds, log_level=args.log_level
+        ).run()
+    except OSError as exc:  # the port is taken
+        process.fail_to_start(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
