@@ -12,7 +12,7 @@ import os
 import sys
 
 from service import process
-from service.settings import MAX_FRONTS, Settings
+from service.settings import MAX_FRONTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,10 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
     parser.add_argument("--fronts", type=int, help="front processes (default: the `fronts` setting, 0 = one process)")
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except Exception as exc:
-        process.fail_to_start(exc)
+    settings = process.settings_or_exit()
     fronts = settings.server.fronts if args.fronts is None else args.fronts
     if not 0 <= fronts <= MAX_FRONTS:
         process.fail_to_start(ValueError(f"--fronts must be 0 to {MAX_FRONTS}, got {fronts}"))

@@ -20,9 +20,12 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from embedrank.paths import remove_unfinished
+
+if TYPE_CHECKING:
+    from service.settings import Settings
 
 EXIT_STARTUP_FAILURE = 3
 EXIT_RESTART = 75  # EX_TEMPFAIL: a replica's front asks to be started again (its engine process changed)
@@ -63,6 +66,17 @@ def fail_to_start(exc: BaseException) -> NoReturn:
     the settings may be what failed: the traceback follows ``EMBEDRANK_LOG_LEVEL`` as set)."""
     _say(exc, debugging())
     raise SystemExit(EXIT_STARTUP_FAILURE)
+
+
+def settings_or_exit() -> Settings:
+    """The settings of the environment (:meth:`~service.settings.Settings.from_env`) for a process's entry point;
+    one that cannot be read is one line and exit code 3 (:func:`fail_to_start`)."""
+    from service.settings import Settings
+
+    try:
+        return Settings.from_env()
+    except Exception as exc:
+        fail_to_start(exc)
 
 
 def exit_now(code: int) -> NoReturn:

@@ -3,6 +3,7 @@ CPU time."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,18 @@ def process_role(process: Any, root: int) -> str:
 def tree_cpu_seconds(pid: int | None) -> dict[str, float]:
     """CPU seconds (user + system) used so far by process ``pid`` and every process below it, summed by
     :func:`process_role` (empty without a pid; a process that ended while it was read is left out)."""
+    return _by_role(pid, lambda process: process.cpu_times().user + process.cpu_times().system)
+
+
+def tree_rss_bytes(pid: int | None) -> dict[str, float]:
+    """Resident bytes of process ``pid`` and every process below it now, summed by :func:`process_role` (empty
+    without a pid)."""
+    return _by_role(pid, lambda process: process.memory_info().rss)
+
+
+def _by_role(pid: int | None, measure: Callable[[Any], float]) -> dict[str, float]:
+    """``measure(process)`` of ``pid`` and every process below it, summed by :func:`process_role`; a process that
+    ended while it was read is left out."""
     if pid is None:
         return {}
     import psutil
@@ -76,26 +89,8 @@ def tree_cpu_seconds(pid: int | None) -> dict[str, float]:
     totals: dict[str, float] = {}
     for process in [root, *root.children(recursive=True)]:
         try:
-            times, role = process.cpu_times(), process_role(process, pid)
+            value, role = measure(process), process_role(process, pid)
         except psutil.NoSuchProcess:
             continue
-        totals[role] = totals.get(role, 0.0) + times.user + times.system
-    return totals
-
-
-def tree_rss_bytes(pid: int | None) -> dict[str, int]:
-    """Resident memory of process ``pid`` and every process below it now, summed by :func:`process_role` (empty
-    without a pid)."""
-    if pid is None:
-        return {}
-    import psutil
-
-    root = psutil.Process(pid)
-    totals: dict[str, int] = {}
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            rss, role = process.memory_info().rss, process_role(process, pid)
-        except psutil.NoSuchProcess:
-            continue
-        totals[role] = totals.get(role, 0) + rss
+        totals[role] = totals.get(role, 0.0) + value
     return totals

@@ -119,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.replica.engine", description=__doc__)
     parser.add_argument("--socket", required=True, help="the Unix socket the fronts reach this process on")
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except Exception as exc:
-        process.fail_to_start(exc)
+    settings = process.settings_or_exit()
     logging.basicConfig(stream=sys.stderr, format="%(levelname)s:     [engine] %(message)s")
     logging.getLogger("embedrank").setLevel(settings.telemetry.log_level.upper())
     if settings.telemetry.log_format == "json":

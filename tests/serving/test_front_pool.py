@@ -25,6 +25,7 @@ from embedrank.serving.options import EmbedOptions, RerankOptions
 from embedrank.serving.pool import ModelEntry, ModelPool
 from embedrank.serving.remote import EngineHost, EngineLink, RemoteEngine
 from embedrank.testing.tiny import tiny_bge_m3, tiny_colbert, tiny_model
+from tests.models.test_router import two_transformer_router  # noqa: F401 - a fixture: a Router of two transformers
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog", "tokens"]
 DOCUMENTS = ["cats sit on mats", "foxes jump", "an unrelated sentence about databases and their indexes"]
@@ -163,22 +164,8 @@ def _parameters(model: object) -> int:
 
 
 @run
-async def test_a_router_models_branches_are_served_through_the_front(tmp_path):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Dense, Pooling, Router, Transformer
-
-    query = Transformer(tiny_model("bert"), max_seq_length=120)
-    document = Transformer(tiny_model("roberta"), max_seq_length=120)
-    width = query.get_embedding_dimension()
-    router = Router(
-        {
-            "query": [query, Pooling(width, "cls"), Dense(width, 16)],
-            "document": [document, Pooling(width, "mean"), Dense(width, 16)],
-        }
-    )
-    path = tmp_path / "router"
-    SentenceTransformer(modules=[router], device="cpu").save(str(path))
-    entries = (ModelEntry(id="router", path=str(path), backend="torch"),)
+async def test_a_router_models_branches_are_served_through_the_front(two_transformer_router, tmp_path):  # noqa: F811
+    entries = (ModelEntry(id="router", path=two_transformer_router, backend="torch"),)
     async with engine_and_front(entries, str(tmp_path / "engine.sock")) as (engine_side, front):
         assert {label for label in engine_side.engines()} == {"router", "router:document"}
         for branch, part in front.cores["router"].branches.items():
