@@ -69,10 +69,12 @@ def wait_for(check, timeout: float = 60.0, every: float = 0.1):  # type: ignore[
         time.sleep(every)
 
 
-@pytest.fixture
-def replica(tmp_path: Path) -> Iterator[ServerURL]:
-    env = {**ENV, "EMBEDRANK_BATCH_DIR": str(tmp_path / "batches")}
-    with running_server(env, fronts=2, log_path=str(tmp_path / "replica.log")) as server:
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerURL]:
+    """One replica for the tests of this module (those that kill one of its processes check it recovers)."""
+    folder = tmp_path_factory.mktemp("replica")
+    env = {**ENV, "EMBEDRANK_BATCH_DIR": str(folder / "batches")}
+    with running_server(env, fronts=2, log_path=str(folder / "replica.log")) as server:
         yield server
 
 
@@ -122,6 +124,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 def test_metrics_count_every_process_of_the_replica(replica):
+    time.sleep(2.5)  # every front has reported what earlier tests sent
     before = httpx.get(f"{replica}/metrics", headers=HEADERS, timeout=10).text
     counted = metric(before, "embedrank_requests_total", route="/v1/embeddings", status="200")
     for i in range(40):  # a connection each: both fronts take some
