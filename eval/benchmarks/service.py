@@ -20,7 +20,8 @@ right before and after each of its cases: ``default`` (the service as configured
 ``int8`` (``EMBEDRANK_PRECISION=int8``), ``torch`` (``EMBEDRANK_BACKEND=torch``), ``auto``
 (``EMBEDRANK_BACKEND=auto EMBEDRANK_PRECISION=auto``: the runtime ``auto`` chooses on this CPU), ``traced`` (the
 default with every request traced, ``OTEL_TRACES_SAMPLER=always_on``, exported over OTLP/HTTP to a sink in this
-process: tracing's cost against ``default``), and ``infinity``:
+process: tracing's cost against ``default``), ``fronts-2`` and ``fronts-2-traced`` (the default and the traced one
+as a replica of two front processes and an engine process, ``python -m service --fronts 2``), and ``infinity``:
 Infinity (``infinity-emb`` 0.0.78, its ONNX engine ``--engine optimum``, the same MiniLM exported by
 embedrank's ONNX backend to ``model.onnx`` at the top of a model folder, ``--pooling-method mean``) from the
 virtualenv ``--infinity-venv``, created on first use from ``eval/benchmarks/infinity-lock.txt`` (infinity-emb 0.0.78 and

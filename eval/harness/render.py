@@ -69,7 +69,7 @@ ORDER = (
 # the test suite's recorded runs: a fresh clone's `make test` with no data beside it, the suite alone with its
 # cache filled, CI's whole `.ci/run` in a fresh clone; rendered into a part of the testing guide
 SUITE_PART = REPO / "eval" / "results" / "suite.md"
-SUITE_RUNS = ("suite-fresh-clone", "suite", "ci")
+SUITE_RUNS = ("suite-fresh-clone", "suite", "ci", "ci-avx2")
 # results rendered on a page of their own (name -> page, its introduction), not on the benchmarks page
 MODELS_PAGE = REPO / "docs" / "models.md"
 MODELS_INTRO = """# Supported models
