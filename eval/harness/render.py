@@ -49,6 +49,7 @@ ORDER = (
     "service",
     "service-avx2",
     "tracing",
+    "tracing-fronts",
     "span-cost",
     "ceiling",
     "fairness",
@@ -324,6 +325,18 @@ def _search(pattern: str, text: str) -> re.Match | None:
     return re.search(pattern, text, flags=re.M)
 
 
+def markdown_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the last Markdown table in ``text``, each as its cells by column heading."""
+    tables = re.findall(r"^(\|.*\|)\n\|[-|]+\|\n((?:\|.*\|\n?)+)", text, re.M)
+    if not tables:
+        return []
+    head, body = tables[-1]
+    columns = [c.strip() for c in head.strip("|").split("|")]
+    return [
+        dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=False)) for line in body.splitlines()
+    ]
+
+
 def summary_row(r: dict) -> tuple[str, str, str] | None:
     """(what, figure, against what) for the summary table, read from the result's own output; None when the
     output does not hold it (the raw record below still shows everything)."""
@@ -399,22 +412,27 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 f"one query at a time: {summary[5]}",
             )
     if name == "ceiling":
-        rows = {
-            (m[1], m[2]): m
-            for m in re.finditer(
-                r"^\| (\S+) \| (1 query|16 passage) \| 32 \| (\S+) \| \S+ \| \S+ \| \S+ \| \S+ \| (\S+) \| .* \| (\S+) \| (\S+) \|$",
-                out,
-                re.M,
-            )
-        }
+        rows = {(r["server"], r["per request"]): r for r in markdown_rows(out) if r.get("clients") == "32"}
         query, passage = rows.get(("single", "1 query")), rows.get(("single", "16 passage"))
         if query and passage:
+            fronts = rows.get(("fronts-2", "1 query"))
+            also = f"; 2 fronts + an engine process, 1 query a request {fronts['texts_s']}" if fronts else ""
             return (
-                "the service's own ceiling, one process, 32 clients, a forward pass that costs nothing: texts/s, "
-                "share of the engine alone",
-                f"1 query a request {query[3]} ({query[6]}, {query[4]} ms of the server's CPU a request); "
-                f"16 passages {passage[3]} ({passage[6]})",
-                f"the same runtime behind the batching engine alone: {query[5]}; {passage[5]}",
+                "the service's own ceiling, 32 clients, a forward pass that costs nothing: texts/s, share of the "
+                "engine alone",
+                f"one process: 1 query a request {query['texts_s']} ({query['of_engine']}, "
+                f"{query['CPU ms/request: server']} ms of the server's CPU a request); 16 passages "
+                f"{passage['texts_s']} ({passage['of_engine']}){also}",
+                f"the same runtime behind the batching engine alone: {query['engine_texts_s']}; "
+                f"{passage['engine_texts_s']}",
+            )
+    if name == "tracing-fronts":
+        found = _search(r"^goal fronts-2-traced .*?, query, 32 clients: ([\d.]+%)", out)
+        if found:
+            return (
+                "a replica of two fronts with every request traced (OTLP), 32 clients, 1 query a request",
+                found[1],
+                "the same replica without tracing",
             )
     if name == "span-cost":
         cost = _search(r"^tracing's cost: (\S+) us per request .*?, (\S+) spans per request, (\S+) us per span$", out)
