@@ -326,7 +326,11 @@ def _search(pattern: str, text: str) -> re.Match | None:
 
 
 def markdown_rows(text: str) -> list[dict[str, str]]:
-    """The rows of the last Markdown table in ``text``, each as its cells by column heading."""
+    """The rows of the last Markdown table in ``text``, each as its cells by column heading.
+
+    >>> markdown_rows("medians\\n| server | texts_s |\\n|---|---|\\n| single | 1,841 |\\n| fronts-2 | 2,230 |\\n")
+    [{'server': 'single', 'texts_s': '1,841'}, {'server': 'fronts-2', 'texts_s': '2,230'}]
+    """
     tables = re.findall(r"^(\|.*\|)\n\|[-|]+\|\n((?:\|.*\|\n?)+)", text, re.M)
     if not tables:
         return []
