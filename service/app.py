@@ -34,7 +34,6 @@ from embedrank.serving import tracing as core_tracing
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
 from embedrank.serving.remote import Description, EngineLink
-from embedrank.serving.vector_cache import VectorCache
 from service import logs, process, request_ids, shutdown, tracing
 from service.auth import BearerAuth
 from service.batches.service import BatchService
@@ -246,8 +245,7 @@ def create_app(
         generated = secrets.token_urlsafe(32)
         keys = (generated,)
     try:
-        cache_path = settings.cache.file(settings.batches)
-        cache = VectorCache(cache_path, settings.cache.embedding_cache_bytes) if cache_path is not None else None
+        cache = settings.cache.vector_cache(settings.batches)
         link = EngineLink(engine_socket, request_id=request_ids.CURRENT.get) if engine_socket else None
         pool = ModelPool(settings.models.entries, preloaded=models, cache=cache, engine_link=link)
     except ConfigurationError as exc:  # a model entry its model cannot serve: a setting to fix, said as one

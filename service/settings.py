@@ -42,6 +42,7 @@ from embedrank.paths import CACHE_ENV, DATA_ENV
 from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, EngineConfig
 from embedrank.serving.hosting import GPU_BATCH_SIZE, GPU_MAX_BATCH_TOKENS
 from embedrank.serving.pool import DEFAULT_ENTRIES, ModelEntry, check_device, check_runtime
+from embedrank.serving.vector_cache import VectorCache
 from service.database_urls import is_postgres_url, redacted
 from service.validation_messages import reworded, split_at
 
@@ -513,6 +514,12 @@ class Cache(_Group, frozen=True):
             return None
         folder = Path(self.embedding_cache_dir).expanduser() if self.embedding_cache_dir else batches.folder()
         return folder / "embedding-cache.db"
+
+    def vector_cache(self, batches: Batches) -> VectorCache | None:
+        """The embedding cache these settings describe (at :meth:`file`, bounded by ``embedding_cache_bytes``);
+        None when it is off."""
+        path = self.file(batches)
+        return VectorCache(path, self.embedding_cache_bytes) if path is not None else None
 
 
 class Telemetry(_Group, frozen=True):

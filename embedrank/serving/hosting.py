@@ -46,6 +46,7 @@ from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngi
 from embedrank.serving.image_text import AsyncImageTextEncoder, ImageInput
 from embedrank.serving.m3 import AsyncM3Encoder
 from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, RerankOptions
+from embedrank.serving.remote import ModelFacts, RemoteEngine
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
 from embedrank.serving.vector_cache import VectorCache
@@ -368,8 +369,8 @@ class HostedModel(ModelPlan):
         cache: VectorCache | None = None,
         on_batch: Callable[[str | None], Callable[[BatchReport], None] | None] = lambda branch: None,
         on_idle: Callable[[], object] | None = None,
-        engines: Callable[[str | None], Any] | None = None,
-        facts: Any = None,
+        engines: Callable[[str | None], RemoteEngine] | None = None,
+        facts: ModelFacts | None = None,
     ) -> HostedModel:
         """Serve the loaded (and prepared) ``model`` of ``plan``: each of its branches wrapped in a runner with
         its own batching engine, started; must run inside the event loop. ``on_batch(branch)`` gives each

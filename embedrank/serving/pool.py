@@ -14,6 +14,8 @@ e.g. fakes) are served as they are, which is how the fast HTTP tests run.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -259,25 +261,21 @@ class ModelPool:
             failed.update((m, why) for m, why in description.failed.items() if m in self.plans)
             keep_going = True  # what the engine process served, and only that
         for model_id, plan in self.plans.items():
-            entry = self.entries[model_id]
-            model = self._built.get(model_id)
             if model_id in failed:
                 continue
+            entry = self.entries[model_id]
+            model = self._built.get(model_id)
             try:
-                if description is not None:
-                    if model_id not in description.models:
-                        raise ModelLoadError(f"model {model_id!r} is not served by the engine process")
-                    if model is None:
-                        with weightless():
-                            model = plan.load(
-                                backend=entry.backend, precision=entry.precision, calibration=entry.calibration
-                            )
-                    self._adopt(model_id, model, entry, description)
-                else:
-                    if model is None:
+                if description is not None and model_id not in description.models:
+                    raise ModelLoadError(f"model {model_id!r} is not served by the engine process")
+                if model is None:  # a front's models without their weights: the engine process holds them
+                    with weightless() if description is not None else contextlib.nullcontext():
                         model = plan.load(
                             backend=entry.backend, precision=entry.precision, calibration=entry.calibration
                         )
+                if description is not None:
+                    self._adopt(model_id, model, entry, description)
+                else:
                     plan.prepare(model, ranges=entry.ranges, label=model_id)
             except Exception as exc:  # each cause has its own type; all mean this entry cannot be served
                 where = f" from {plan.spec.path}" if plan.spec.path and plan.spec.path != model_id else ""
@@ -314,6 +312,11 @@ class ModelPool:
                 if entry.ranges:
                     part.fit_ranges(entry.ranges)
                 inner.range_sample.adopt(facts.range_embeddings)
+
+    def _remote_engine(self, label: str) -> RemoteEngine:
+        """A front's engine ``label``: the engine process's, through :attr:`link`."""
+        assert self.link is not None and self.description is not None
+        return RemoteEngine(self.link, label, self.description.engines.get(label))
 
     def engines(self) -> dict[str, BatchEngine]:
         """Every started engine by label (the model id; ``id:branch`` for a Router model's branches): what an
@@ -365,32 +368,11 @@ class ModelPool:
         gives its batch observer, ``on_engine(label, engine)`` is told of it once started. ``on_idle`` runs in a
         forward thread after ``config.idle_seconds`` without work (the service returns heap memory then)."""
         for model_id, core in loaded.items():
-
-            def label(branch: str | None, model_id: str = model_id) -> str:
-                return _label(model_id, branch)
-
-            remote: dict[str, Any] = {}
-            if self.link is not None and self.description is not None:  # a front: the engine process computes
-                link, facts = self.link, self.description.engines
-                remote = {
-                    "engines": lambda branch, link=link, facts=facts, label=label: RemoteEngine(
-                        link, label(branch), facts.get(label(branch))
-                    ),
-                    "facts": self.description.models[model_id],
-                }
-            hosted = HostedModel.start(
-                self.plans[model_id],
-                core,
-                config,
-                cache=self.cache,
-                on_batch=lambda branch: on_batch(label(branch)),
-                on_idle=on_idle,
-                **remote,
-            )
+            hosted = self._hosted(model_id, core, config, on_batch, on_idle)
             self.models[model_id] = hosted
             self.cores[model_id] = core
             for branch, runner in hosted.started():
-                on_engine(label(branch), runner.engine)
+                on_engine(_label(model_id, branch), runner.engine)
             if self.link is not None:
                 continue  # auto's decision is the engine process's to measure again
             choice = getattr(core, "auto_choice", None)
@@ -402,6 +384,29 @@ class ModelPool:
                     name=f"embedrank-auto-{model_id}",
                     daemon=True,
                 ).start()
+
+    def _hosted(
+        self,
+        model_id: str,
+        core: Any,
+        config: EngineConfig,
+        on_batch: Callable[[str], Callable[[BatchReport], None] | None],
+        on_idle: Callable[[], object] | None,
+    ) -> HostedModel:
+        """``core`` served (:meth:`HostedModel.start`); in a front, each runner submitting to the engine process's
+        engine of its label."""
+        label = functools.partial(_label, model_id)
+        remote = self.description
+        return HostedModel.start(
+            self.plans[model_id],
+            core,
+            config,
+            cache=self.cache,
+            on_batch=lambda branch: on_batch(label(branch)),
+            on_idle=on_idle,
+            engines=(lambda branch: self._remote_engine(label(branch))) if remote is not None else None,
+            facts=remote.models[model_id] if remote is not None else None,
+        )
 
     def get(self, model_id: str, capability: str) -> HostedModel:
         """The served model ``model_id`` names (its id or an alias), if it can serve ``capability``.

@@ -55,7 +55,6 @@ import itertools
 import logging
 import os
 import struct
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -525,29 +524,15 @@ class EngineLink:
             OverloadedError, InvalidInputError: as the engine raised them.
             EngineFailedError: the forward pass failed there.
         """
-        writer = await self._connected()
-        job = next(self._ids)
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier)
         request_id = request_id or self.request_id()
-        frame = encode(Submit(job, engine, priority, list(items), request_id, carrier.get("traceparent")))
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._waiting[job] = future
-        try:
-            writer.write(frame)
-            await writer.drain()
-            answer = await future
-            if answer.time_in_queue is not None:
-                tracing.note_queue_wait(answer.time_in_queue)  # on the request's span, here
-            return ModelOutput(answer.values, answer.token_counts, answer.truncated)
-        except asyncio.CancelledError:
-            if self._waiting.pop(job, None) is not None and not writer.is_closing():
-                writer.write(encode(Cancel(job)))
-            raise
-        except ConnectionError:
-            raise NotReadyError("the engine process went away while this was sent; retry") from None
-        finally:
-            self._waiting.pop(job, None)
+        answer: Answer = await self._ask(
+            lambda job: Submit(job, engine, priority, list(items), request_id, carrier.get("traceparent"))
+        )
+        if answer.time_in_queue is not None:
+            tracing.note_queue_wait(answer.time_in_queue)  # on the request's span, here
+        return ModelOutput(answer.values, answer.token_counts, answer.truncated)
 
     async def describe(self) -> Description:
         """The host's models and engines (:class:`Description`), once it serves them.
@@ -562,14 +547,9 @@ class EngineLink:
         """Leave this process's figures with the host, under ``source`` (see :class:`Report`).
 
         Raises:
-            NotReadyError: the engine process cannot be reached.
+            NotReadyError: the engine process cannot be reached, or went away while it was told.
         """
-        writer = await self._connected()
-        writer.write(encode(Report(source, text)))
-        try:
-            await writer.drain()
-        except ConnectionError:
-            raise NotReadyError("the engine process went away while it was told; retry") from None
+        await self._send(await self._connected(), Report(source, text))
 
     async def scrape(self, except_source: str = "") -> list[tuple[str, bytes, bool]]:
         """The host's figures and every other process's last report (:class:`Scraped`).
@@ -582,7 +562,8 @@ class EngineLink:
         return scraped.reports
 
     async def _ask(self, question: Callable[[int], Message]) -> Any:
-        """The host's answer to ``question(id)`` (raised again if it is a refusal).
+        """The host's answer to ``question(id)`` (raised again if it is a refusal). A caller that stops waiting has
+        the question cancelled there (a submission's items leave the queue).
 
         Raises:
             NotReadyError: the engine process cannot be reached, or went away before it answered.
@@ -592,13 +573,27 @@ class EngineLink:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[job] = future
         try:
-            writer.write(encode(question(job)))
-            await writer.drain()
+            await self._send(writer, question(job))
             return await future
-        except ConnectionError:
-            raise NotReadyError("the engine process went away while it was asked; retry") from None
+        except asyncio.CancelledError:
+            if self._waiting.pop(job, None) is not None and not writer.is_closing():
+                writer.write(encode(Cancel(job)))
+            raise
         finally:
             self._waiting.pop(job, None)
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, message: Message) -> None:
+        """``message`` written to the host.
+
+        Raises:
+            NotReadyError: the connection broke.
+        """
+        writer.write(encode(message))
+        try:
+            await writer.drain()
+        except ConnectionError:
+            raise NotReadyError("the engine process went away while this was sent; retry") from None
 
     async def close(self) -> None:
         """Close the connection; submissions still waiting fail with :class:`NotReadyError`."""
@@ -611,37 +606,27 @@ class EngineLink:
 class RemoteEngine:
     """One engine of an :class:`EngineHost`, through an :class:`EngineLink`: what a runner holds as its ``engine`` in
     a process that does not hold the model (a service's front). Its batch bounds are the host's (``facts``); its
-    queue is the host's too, so :attr:`queue_depth` counts this process's items that wait for an answer."""
+    queue, its counts and its idleness are the host's engine's, reported by the host's process."""
 
     def __init__(self, link: EngineLink, name: str, facts: EngineFacts | None = None) -> None:
         self.link = link
         self.name = name
         self.max_batch_tokens = facts.max_batch_tokens if facts is not None else 0
         self.max_batch_size = facts.max_batch_size if facts is not None else 0
-        self.dropped = 0  # the host drops the items of submitters that went; it counts them
-        self.queue_depth = 0  # this process's items waiting for an answer
-        self._waiting = 0  # its submissions waiting
+        self._waiting = 0  # this process's submissions waiting for an answer
         self._idle = asyncio.Event()
         self._idle.set()
-        self._last_work = time.monotonic()
 
     def start(self) -> None:
         """Nothing to start: the host's engine runs the forward passes."""
 
-    def idle_for(self) -> float:
-        """Seconds since this process last had a submission waiting here (0 while one waits)."""
-        return 0.0 if self._waiting else time.monotonic() - self._last_work
-
     async def submit(self, items: Sequence[Any], *, priority: int = 0, request_id: str | None = None) -> ModelOutput:
         self._waiting += 1
-        self.queue_depth += len(items)
         self._idle.clear()
         try:
             return await self.link.submit(self.name, items, priority=priority, request_id=request_id)
         finally:
             self._waiting -= 1
-            self.queue_depth -= len(items)
-            self._last_work = time.monotonic()
             if not self._waiting:
                 self._idle.set()
 

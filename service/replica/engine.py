@@ -25,7 +25,6 @@ from embedrank.serving import tracing as core_tracing
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
 from embedrank.serving.remote import EngineHost
-from embedrank.serving.vector_cache import VectorCache
 from service import logs, process, tracing
 from service.batches.service import BatchService
 from service.files.service import FileService
@@ -56,8 +55,7 @@ async def serve(settings: Settings, path: str) -> int:
     threads, cpus = compute_threads()
     logger.info("engine process: compute threads: %d (usable CPUs: %d)", threads, cpus)
     try:  # a model that cannot be found, an entry its model cannot serve: one line, exit code 3
-        cache_path = settings.cache.file(settings.batches)
-        cache = VectorCache(cache_path, settings.cache.embedding_cache_bytes) if cache_path is not None else None
+        cache = settings.cache.vector_cache(settings.batches)
         pool = ModelPool(settings.models.entries, cache=cache)
     except Exception as exc:
         process.fail_to_start(exc)
