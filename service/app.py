@@ -33,7 +33,7 @@ from embedrank.errors import ConfigurationError, NotReadyError, shorten
 from embedrank.serving import tracing as core_tracing
 from embedrank.serving.allocator import trim_heap, tune_malloc
 from embedrank.serving.pool import ModelPool, compute_threads
-from embedrank.serving.remote import Description, EngineLink
+from embedrank.serving.remote import Description, EngineFailedError, EngineLink
 from service import logs, process, request_ids, shutdown, tracing
 from service.auth import BearerAuth
 from service.batches.service import BatchService
@@ -48,7 +48,7 @@ from service.litestar_internals import set_body, set_decoded_body
 from service.middleware import RequestMiddleware
 from service.observability import CacheMetrics, Metrics
 from service.openapi import complete_openapi
-from service.replica import ENGINE_SOCKET_ENV
+from service.replica import ENGINE_SOCKET_ENV, FRONTS_READY_CALL
 from service.request_ids import HEADER as REQUEST_ID_HEADER
 from service.routes import DOC_PATHS, ROUTE_HANDLERS, ROUTES, body_schema
 from service.settings import Settings, SettingsError
@@ -58,6 +58,7 @@ from service.vector_stores.service import VectorStoreService
 logger = logging.getLogger("embedrank.service")
 FORM_MARGIN = 64 * 1024  # an upload's form fields and part headers, beside the file itself
 ENGINE_POLL_SECONDS = 0.5  # how often a front asks for an engine process that is loading or cannot be reached
+FRONT_LOAD_SECONDS = 120.0  # how long a front started beside a serving engine process waits to be ready to answer
 
 
 async def _json_body(request: Request[Any, Any, Any]) -> None:
@@ -156,6 +157,15 @@ async def _described(service: ServiceState, link: EngineLink) -> Description:
             await asyncio.sleep(ENGINE_POLL_SECONDS)
 
 
+async def _engine_serving(link: EngineLink) -> bool:
+    """Whether the engine process answers, its models loaded, within a second."""
+    try:
+        await asyncio.wait_for(link.describe(), 1.0)
+    except (NotReadyError, TimeoutError):
+        return False
+    return True
+
+
 async def _watch_engine(service: ServiceState, link: EngineLink, described: Description) -> None:
     """A front's readiness follows its engine process: while it cannot be reached, ``/health`` answers 503
     (``loading``) as the requests do; once it answers again, the front is ready again, unless it came back serving
@@ -194,10 +204,14 @@ async def _front_watch(service: ServiceState, link: EngineLink) -> None:
 
 
 async def _report_metrics(service: ServiceState, link: EngineLink) -> None:
-    source = front_source()
+    """Every :data:`~service.handling.METRICS_REPORT_SECONDS`: this front's metrics and readiness left with the
+    engine process, and how many of the replica's fronts are ready asked back (``/health`` is 200 once all are)."""
+    source, fronts = front_source(), service.settings.server.fronts
     while True:
-        with contextlib.suppress(NotReadyError):  # the engine process is away: the next report is in time
-            await link.report(source, await asyncio.to_thread(service.metrics.render))
+        with contextlib.suppress(NotReadyError, EngineFailedError):  # the engine process is away: in time next
+            await link.report(source, await asyncio.to_thread(service.metrics.render), ready=service.status == "ok")
+            ready = await link.call(FRONTS_READY_CALL, None)
+            service.waiting_for_fronts = None if ready >= fronts else f"{ready} of {fronts} front processes are ready"
         await asyncio.sleep(METRICS_REPORT_SECONDS)
 
 
@@ -251,12 +265,15 @@ def create_app(
     except ConfigurationError as exc:  # a model entry its model cannot serve: a setting to fix, said as one
         raise SettingsError(str(exc)) from None
     service = ServiceState(settings=settings, pool=pool, metrics=Metrics(ROUTES))
+    if link is not None:  # until the engine process says every front of the replica is ready
+        service.waiting_for_fronts = "waiting to hear that the replica's other front processes are ready"
     storage = StorageService(settings)  # opened once, on first use: files, batches and vector stores share it
     files = FileService(storage)
     batches = BatchService(storage, files, service.ready_pool)
-    vector_stores = VectorStoreService(storage, files, service.ready_pool)
+    vector_stores = VectorStoreService(storage, files, service.ready_pool, engine_link=link)
     if link is None:  # a front's replica reports the batches' progress from its engine process
         service.metrics.registry.register(batches)  # its collect(): the batches' progress
+    service.metrics.registry.register(vector_stores)  # its collect(): the indexes held (a front's: none)
     if cache is not None:
         service.metrics.registry.register(CacheMetrics(cache))
     if settings.engine.tune_malloc:  # before the loading and forward threads exist
@@ -304,15 +321,19 @@ def create_app(
                 asyncio.get_running_loop().create_task(batches.run()),
                 asyncio.get_running_loop().create_task(vector_stores.run(cpus)),
             ]
-        else:  # a front: searches here; the batch jobs and the files run once per replica, in the engine process
+        else:  # a front: the batch jobs, the files and the stores' searches run once per replica, in the engine process
             background += [
-                asyncio.get_running_loop().create_task(vector_stores.run(cpus, files=False)),
+                asyncio.get_running_loop().create_task(vector_stores.run(cpus, searches=False, files=False)),
                 asyncio.get_running_loop().create_task(_front_watch(service, link)),
             ]
         if deadline is not None:
             deadline.start()
         if wait_for_models:
             await service.load_task
+        elif link is not None and await _engine_serving(link):
+            # a front started while its engine process serves (one that replaced a front that died) takes
+            # connections once it can answer them: none meets a front still loading while the others answer
+            await asyncio.wait({service.load_task}, timeout=FRONT_LOAD_SECONDS)
         try:
             yield
         finally:

@@ -38,8 +38,16 @@ class ServiceState:
     metrics: Metrics
     status: str = "loading"  # loading -> ok -> draining; or failed
     detail: str | None = None
+    waiting_for_fronts: str | None = None  # a replica's front: why its other fronts keep the replica from ready
     load_task: asyncio.Task[None] | None = None
     auth: BearerAuth | None = None  # None: the operator switched authentication off
+
+    def readiness(self) -> tuple[str, str | None]:
+        """``/health``'s status and detail: this process's, except that a replica's front that is ready says
+        ``loading`` until every front of the replica is (:attr:`waiting_for_fronts`)."""
+        if self.status == "ok" and self.waiting_for_fronts is not None:
+            return "loading", self.waiting_for_fronts
+        return self.status, self.detail
 
     def ready_pool(self) -> ModelPool:
         if self.status != "ok":

@@ -127,8 +127,8 @@ async def models_route(pool: ModelPool) -> ModelList:
     responses={503: ResponseSpec(Health, description="Loading, draining or failed")},
 )
 async def health(state: State) -> Response[Health]:
-    rt = service_of(state)
-    return Response(Health(status=rt.status, detail=rt.detail), status_code=200 if rt.status == "ok" else 503)  # type: ignore[arg-type]
+    status, detail = service_of(state).readiness()
+    return Response(Health(status=status, detail=detail), status_code=200 if status == "ok" else 503)  # type: ignore[arg-type]
 
 
 @head(
@@ -137,7 +137,7 @@ async def health(state: State) -> Response[Health]:
     responses={503: ResponseSpec(None, description="Loading, draining or failed")},
 )
 async def health_head(state: State) -> Response[None]:
-    return Response(None, status_code=200 if service_of(state).status == "ok" else 503)
+    return Response(None, status_code=200 if service_of(state).readiness()[0] == "ok" else 503)
 
 
 @get(

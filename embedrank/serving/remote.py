@@ -19,7 +19,10 @@ What crosses, in frames of MessagePack (a 4-byte length, then the message), neve
 - a description (:class:`Description`): what another process needs to serve the host's models without their
   weights (the runtimes, batch bounds, measured widths, range samples' embeddings, the models that failed);
 - figures: a process leaves its own with the host (:class:`Report`, opaque bytes), and a :class:`Scrape` gets the
-  host's and every other process's last ones (a replica's ``/metrics``).
+  host's and every other process's last ones (a replica's ``/metrics``);
+- a call (:class:`Call`): work that the host's process keeps for itself, under a name it registered
+  (:meth:`EngineHost.answer`), run on MessagePack arguments and answered by its value (:class:`Returned`) or a
+  refusal; a replica's searches of its vector stores, whose indexes its engine process holds once for every front.
 
 When the host cannot be reached, or its connection ends while a submission waits, :meth:`EngineLink.submit` raises
 :class:`~embedrank.errors.NotReadyError` at once (an HTTP front answers 503 with Retry-After); the next submission
@@ -55,7 +58,7 @@ import itertools
 import logging
 import os
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -151,11 +154,13 @@ class Description(msgspec.Struct, tag="description", array_like=True):
 
 
 class Report(msgspec.Struct, tag="report", array_like=True):
-    """A submitting process's own figures (opaque bytes: the service's Prometheus exposition), kept by the host
-    under ``source`` until the next report, for :class:`Scrape`; no answer."""
+    """A submitting process's own figures (opaque bytes: the service's Prometheus exposition) and whether it is
+    ready to answer, kept by the host under ``source`` until the next report, for :class:`Scrape` and
+    :meth:`EngineHost.ready_sources`; no answer."""
 
     source: str
     text: bytes
+    ready: bool = True
 
 
 class Scrape(msgspec.Struct, tag="scrape", array_like=True):
@@ -174,7 +179,23 @@ class Scraped(msgspec.Struct, tag="scraped", array_like=True):
     reports: list[tuple[str, bytes, bool]]
 
 
-Message = Submit | Cancel | Answer | Refused | Describe | Description | Report | Scrape | Scraped
+class Call(msgspec.Struct, tag="call", array_like=True):
+    """Run the host process's call ``name`` (:meth:`EngineHost.answer`) on ``args`` (MessagePack values; arrays and
+    sparse matrices as for a submission); answered by :class:`Returned` or a :class:`Refused`."""
+
+    id: int
+    name: str
+    args: Any
+    request_id: str | None = None
+    traceparent: str | None = None
+
+
+class Returned(msgspec.Struct, tag="returned", array_like=True):
+    id: int
+    value: Any
+
+
+Message = Submit | Cancel | Answer | Refused | Describe | Description | Report | Scrape | Scraped | Call | Returned
 
 
 # -- the codec: arrays as raw buffers ----------------------------------------------------------------------------------
@@ -322,6 +343,8 @@ class EngineHost:
         self.description = description  # what a Describe is answered with; None: not served yet (not_ready)
         self.exposition = exposition  # this process's own figures, for a Scrape (called in a worker thread)
         self.reports: dict[str, tuple[bytes, bool]] = {}  # each process's last Report, and whether it is connected
+        self.ready: dict[str, bool] = {}  # whether each process's last Report said it was ready
+        self.calls: dict[str, Callable[[Any], Awaitable[Any]]] = {}  # the process's own calls, by name (answer)
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}  # each one's writer
         self._jobs: set[asyncio.Task[None]] = set()  # submissions being answered, of every connection
@@ -329,6 +352,15 @@ class EngineHost:
     def waiting(self) -> int:
         """Submissions of every connection not answered yet."""
         return len(self._jobs)
+
+    def ready_sources(self) -> list[str]:
+        """The reporting processes still connected whose last :class:`Report` said they were ready."""
+        return [s for s, (_, alive) in self.reports.items() if alive and self.ready.get(s, False)]
+
+    def answer(self, name: str, call: Callable[[Any], Awaitable[Any]]) -> None:
+        """Answer a :class:`Call` named ``name`` with ``await call(args)``: its value crosses back, an exception
+        as a refusal (:func:`refusal`), and a caller that stops waiting has it cancelled."""
+        self.calls[name] = call
 
     async def serve(self, path: str) -> None:
         """Listen on the Unix socket ``path`` (replaced if it exists)."""
@@ -366,9 +398,14 @@ class EngineHost:
                     writer.write(encode(self._described(message.id)))
                 elif isinstance(message, Report):
                     self.reports[message.source] = (message.text, True)
+                    self.ready[message.source] = message.ready
                     sources.add(message.source)
                 elif isinstance(message, Scrape):
                     task = asyncio.create_task(self._scraped(message, writer))
+                    jobs[message.id] = task
+                    task.add_done_callback(functools.partial(self._answered, jobs, message.id))
+                elif isinstance(message, Call):
+                    task = asyncio.create_task(self._called(message, writer))
                     jobs[message.id] = task
                     task.add_done_callback(functools.partial(self._answered, jobs, message.id))
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -397,6 +434,32 @@ class EngineHost:
             return
         others = [(s, text, alive) for s, (text, alive) in self.reports.items() if s != message.except_source]
         writer.write(encode(Scraped(message.id, [("engine", own, True), *others])))
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+    async def _called(self, message: Call, writer: asyncio.StreamWriter) -> None:
+        call = self.calls.get(message.name)
+        token = (
+            otel_context.attach(_PROPAGATOR.extract({"traceparent": message.traceparent}))
+            if message.traceparent
+            else None
+        )
+        try:
+            if call is None:
+                raise NotReadyError(f"this engine process does not answer {message.name!r} (yet)")
+            reply: Returned | Refused = Returned(message.id, await call(message.args))
+        except Exception as exc:
+            reply = refusal(message.id, exc)
+            if reply.kind == "failed":
+                logger.warning("engine call %s: request %s failed: %s", message.name, message.request_id, reply.message)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        try:
+            frame = encode(reply)
+        except TypeError as exc:
+            frame = encode(refusal(message.id, exc))
+        writer.write(frame)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
 
@@ -492,7 +555,7 @@ class EngineLink:
                 future = self._waiting.pop(getattr(message, "id", -1), None)
                 if future is None or future.done():
                     continue
-                if isinstance(message, Answer | Description | Scraped):
+                if isinstance(message, Answer | Description | Scraped | Returned):
                     future.set_result(message)
                 elif isinstance(message, Refused):
                     future.set_exception(raised(message))
@@ -543,13 +606,14 @@ class EngineLink:
         described: Description = await self._ask(Describe)
         return described
 
-    async def report(self, source: str, text: bytes) -> None:
-        """Leave this process's figures with the host, under ``source`` (see :class:`Report`).
+    async def report(self, source: str, text: bytes, *, ready: bool = True) -> None:
+        """Leave this process's figures, and whether it is ready, with the host, under ``source`` (see
+        :class:`Report`).
 
         Raises:
             NotReadyError: the engine process cannot be reached, or went away while it was told.
         """
-        await self._send(await self._connected(), Report(source, text))
+        await self._send(await self._connected(), Report(source, text, ready))
 
     async def scrape(self, except_source: str = "") -> list[tuple[str, bytes, bool]]:
         """The host's figures and every other process's last report (:class:`Scraped`).
@@ -560,6 +624,21 @@ class EngineLink:
         """
         scraped: Scraped = await self._ask(lambda job: Scrape(job, except_source))
         return scraped.reports
+
+    async def call(self, name: str, args: Any) -> Any:
+        """The value of the host process's call ``name`` on ``args`` (:meth:`EngineHost.answer`); the current trace
+        context and request id travel with it.
+
+        Raises:
+            NotReadyError: the engine process cannot be reached, went away meanwhile, or does not answer ``name``.
+            OverloadedError, InvalidInputError: as the call raised them.
+            EngineFailedError: the call failed there.
+        """
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier)
+        request_id = self.request_id()
+        returned: Returned = await self._ask(lambda job: Call(job, name, args, request_id, carrier.get("traceparent")))
+        return returned.value
 
     async def _ask(self, question: Callable[[int], Message]) -> Any:
         """The host's answer to ``question(id)`` (raised again if it is a refusal). A caller that stops waiting has

@@ -603,7 +603,7 @@ def run(argv: list[str] | None = None) -> int:
 
     device = resolve_device(args.device)
     quick = args.quick
-    n_passages, n_queries = (64, 16) if quick else (4096, 4096)
+    n_passages, n_queries = (32, 8) if quick else (4096, 4096)
     # --quick checks that every step runs: short passages and a small product, so that a CPU that computes bf16
     # in emulation (no AVX512-BF16 or AMX) runs it in seconds too; the figures mean nothing then
     passage_words = 24 if quick else 214

@@ -9,8 +9,9 @@ inputs/s, tokens/s and p50/p95/p99 latency, and the ratio to in-process
 It also compares the latency of a single short text over HTTP with in-process encoding of one text, and
 reads the server's ``/metrics`` around each timed window: ``batch`` is the mean number of items per forward
 pass, ``busy`` the share of the window the forward thread spent computing. ``cpu`` says where the window's CPU
-went, in cores: the server's event loop (its main thread), the whole server process, and the load generator,
-which shares the machine's cores with the server. For one-query requests it also runs the server's runtime
+went, in cores: the server's event loop (the main thread of the process started), every process of the server
+together and by kind (a replica's supervisor, engine process and fronts), and the load generator, which shares the
+machine's cores with the server. For one-query requests it also runs the server's runtime
 behind embedrank's batching engine in this process, driven by as many concurrent callers as there are
 clients (no HTTP, no web app): the share of the runtime's batch-32 speed that this load allows at all, and
 how much of it the server delivers.
@@ -134,6 +135,7 @@ def run(argv: list[str] | None = None) -> None:
                         after = in_process(texts, args.seconds_per_case)
                         ratio = r["inputs_s"] / ((before + after) / 2)
                         row = {"server": server, "kind": kind, "clients": clients, "ratio": ratio, **r}
+                        row["tree_cpu"] = sum(r["processes"].values())  # every process of the server (a replica's)
                         own = ""
                         if runtime is not None and own_before is not None:
                             own_after = in_process(texts, args.seconds_per_case, runtime)
@@ -157,14 +159,24 @@ def run(argv: list[str] | None = None) -> None:
                             f"[{server} round {round_no}] {per_request:>2} {kind:<7}/req  {clients:>2} clients: "
                             f"{r['inputs_s']:7.1f} inputs/s {r['tokens_s']:8.0f} tokens/s  p50 {r['p50_ms']:7.1f} ms  "
                             f"p95 {r['p95_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms | batch {r['mean_batch']:5.1f} "
-                            f"busy {r['busy']:4.0%} | cpu: loop {r['loop_cpu']:.2f} server {r['server_cpu']:.2f} "
-                            f"client {r['client_cpu']:.2f} | in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x"
+                            f"busy {r['busy']:4.0%} | cpu: loop {r['loop_cpu']:.2f} server {row['tree_cpu']:.2f} "
+                            f"({by_role(r['processes'])}) client {r['client_cpu']:.2f} | "
+                            f"in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x"
                             + own
                             + (f" | {r['refused']} answers 429, retried after Retry-After" if r["refused"] else ""),
                             flush=True,
                         )
                         before = after
     report(rows)
+
+
+def by_role(cores: dict[str, float]) -> str:
+    """Cores each kind of the server's processes used, as a table cell says them.
+
+    >>> by_role({"server": 0.02, "engine": 0.91, "fronts": 1.1})
+    'server 0.02, engine 0.91, fronts 1.10'
+    """
+    return ", ".join(f"{role} {used:.2f}" for role, used in cores.items())
 
 
 GOALS = {  # (server, kind) at 32 clients: minimum ratio to in-process sentence-transformers
@@ -191,6 +203,7 @@ def report(rows: list[dict]) -> None:
         "p99_ms",
         "mean_batch",
         "loop_cpu",
+        "tree_cpu",
         "client_cpu",
     ]
     print("of_runtime: to the same runtime in-process (embedrank's Encoder, batch 32) at the same moment")

@@ -4,7 +4,8 @@
 It listens on ``PATH`` at once (a front that asks before the models have loaded is told to wait), loads the models
 as a one-process server does (:class:`~embedrank.serving.pool.ModelPool`), starts their batching engines and serves
 them with the pool's description (:class:`~embedrank.serving.remote.EngineHost`). The batch jobs and the vector
-stores' file reading and expiry run here, submitting to the same engines behind the fronts' requests.
+stores' file reading and expiry run here, submitting to the same engines behind the fronts' requests, and so do the
+fronts' searches of the stores (their indexes held here, once for the replica).
 
 On SIGTERM (or SIGINT) it stops taking batch lines and files, lets its engines finish what is queued (at most
 ``drain_seconds``) and exits 0. A model that cannot be loaded is one line and exit code 3, as a one-process server
@@ -30,6 +31,7 @@ from service.batches.service import BatchService
 from service.files.service import FileService
 from service.handling import ServiceState
 from service.observability import CacheMetrics, Metrics
+from service.replica import FRONTS_READY_CALL
 from service.routes import ROUTES
 from service.settings import Settings
 from service.storage.service import StorageService
@@ -93,12 +95,21 @@ async def serve(settings: Settings, path: str) -> int:
     batches = BatchService(storage, files, state.ready_pool)
     stores = VectorStoreService(storage, files, state.ready_pool)
     metrics.registry.register(batches)
+    metrics.registry.register(stores)
     if cache is not None:
         metrics.registry.register(CacheMetrics(cache))
     host.exposition = metrics.render
     host.serve_engines(pool.engines(), pool.describe())
     logger.info("engine process: serving %s on %s", ", ".join(pool.models), path)
-    behind = [asyncio.ensure_future(batches.run()), asyncio.ensure_future(stores.run(cpus, searches=False))]
+    stores.answer_fronts(host)
+
+    async def fronts_ready(_: None) -> int:
+        return len(host.ready_sources())
+
+    host.answer(
+        FRONTS_READY_CALL, fronts_ready
+    )  # their searches (the indexes are held here, once) and what their requests changed
+    behind = [asyncio.ensure_future(batches.run()), asyncio.ensure_future(stores.run(cpus))]
     await stop.wait()
     logger.info("engine process: %s: finishing the queued work", signal.Signals(signals[0]).name)
     for task in behind:  # a batch chunk or a file in flight is not recorded: it runs again after the restart

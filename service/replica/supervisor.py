@@ -143,6 +143,7 @@ class Replica:
         folder = tempfile.mkdtemp(prefix="embedrank-replica-")  # 0700: only this user reaches the engine
         path = os.path.join(folder, "engine.sock")
         env = {k: v for k, v in os.environ.items() if k != ENGINE_SOCKET_ENV}
+        env["EMBEDRANK_FRONTS"] = str(self.fronts)  # every process's settings say how many fronts the replica has
         engine_command = [sys.executable, "-m", "service.replica.engine", "--socket", path]
         engine = Child("engine process", engine_command, dict(env), first_wait=1)
         front_command = [sys.executable, "-m", "service.replica.front", "--fd", str(sock.fileno())]

@@ -230,8 +230,7 @@ async def delete_vector_store(
     if not await asyncio.to_thread(tables.delete_store, owner_of(request), vector_store_id):
         raise NotFoundError("vector store", vector_store_id)
     service.recheck()
-    if service.indexes is not None:  # its saved indexes' folder is removed: not on the event loop
-        await asyncio.to_thread(service.indexes.forget, vector_store_id)
+    await service.forget(vector_store_id)
     return VectorStoreDeleted(id=vector_store_id)
 
 

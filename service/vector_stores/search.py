@@ -3,12 +3,17 @@
 ``version`` moves (a file completed or removed on any replica, attributes changed): the chunks of the files
 it still has, unchanged, are kept; only the others are read. A store's approximate index is saved in its folder
 under ``folder`` (the batch folder's ``vector_stores/<store id>/``, which replicas share) and grown from there
-at the next version, by this replica or another."""
+at the next version, by this replica or another.
+
+In a replica of front processes (:mod:`service.replica`) the engine process holds the indexes and runs the searches
+for every front (:class:`SearchCall`): a store's index is in memory once per replica, and one API key's share of
+the search threads holds across the fronts."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +21,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from embedrank.retrieval.store import StoreIndex
+import msgspec
+
+from embedrank.retrieval.store import FirstStageName, Stage, StoreIndex
 from service.auth import key_owner
 from service.errors import NotFoundError
 from service.storage.database import PostgresDatabase
@@ -29,6 +36,23 @@ CACHED_STORES = 64
 """Stores whose index a replica keeps in memory, at most (the least recently searched dropped past it)."""
 CACHED_CHUNKS = 2_000_000
 """Chunks the indexes a replica keeps in memory hold together, at most (the store searched now is kept)."""
+
+
+class SearchCall(msgspec.Struct, array_like=True):
+    """A store's search as a front asks the engine process for it: the store's row as the front read it (its
+    ``version`` says which index), the width of its dense vectors, the stage and its weights, the queries with
+    their dense ``(Q, D)`` and SPLADE ``(Q, V)`` vectors where the stages need them, the request's ``filters`` as
+    sent (checked by the front), and how many chunks to return."""
+
+    store: StoreRow
+    dimension: int
+    stage: FirstStageName
+    weights: dict[Stage, float]
+    queries: list[str]
+    vectors: Any  # (Q, D) float32, or None
+    sparse: Any  # (Q, V) CSR, or None
+    filters: dict[str, Any] | None
+    depth: int
 
 
 class SearchThreads:
@@ -83,12 +107,16 @@ class IndexCache:
         self.capacity, self.chunks = capacity, chunks
         self._held: OrderedDict[str, StoreIndex] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
+        self.held = (0, 0)
+        """(stores, chunks) whose indexes this cache holds now (for ``/metrics``, read from any thread)."""
+        self._changing = threading.Lock()  # the event loop reads indexes in, a worker thread forgets them
 
     async def index(self, store: StoreRow, dimension: int) -> StoreIndex:
         """``store``'s index at the version its row (just read) has: the one held, or read again."""
         held = self._held.get(store.id)
         if held is not None and held.data.version == store.version:
-            self._held.move_to_end(store.id)
+            with self._changing:
+                self._held.move_to_end(store.id)
             return held
         lock = self._locks.setdefault(store.id, asyncio.Lock())
         async with lock:  # concurrent searches of a changed store read it once
@@ -98,14 +126,19 @@ class IndexCache:
                     self.tables.searchable, store, dimension, held.data if held is not None else None
                 )
                 held = StoreIndex(chunks, kind=store.index_kind, folder=self.saved(store.id))
-                self._held[store.id] = held
-                self._held.move_to_end(store.id)
-                while len(self._held) > 1 and (
-                    len(self._held) > self.capacity or sum(map(len, self._held.values())) > self.chunks
-                ):
-                    dropped, _ = self._held.popitem(last=False)
-                    self._locks.pop(dropped, None)
+                with self._changing:
+                    self._held[store.id] = held
+                    self._held.move_to_end(store.id)
+                    while len(self._held) > 1 and (
+                        len(self._held) > self.capacity or sum(map(len, self._held.values())) > self.chunks
+                    ):
+                        dropped, _ = self._held.popitem(last=False)
+                        self._locks.pop(dropped, None)
+                    self._count()
         return held
+
+    def _count(self) -> None:
+        self.held = (len(self._held), sum(map(len, self._held.values())))
 
     def saved(self, store_id: str) -> Path | None:
         """The folder of ``store_id``'s saved approximate indexes."""
@@ -114,7 +147,9 @@ class IndexCache:
     def forget(self, *store_ids: str) -> None:
         """Drop the indexes of deleted (or emptied) stores, and their saved ones."""
         for store_id in store_ids:
-            self._held.pop(store_id, None)
+            with self._changing:
+                self._held.pop(store_id, None)
+                self._count()
             if self.folder is not None:
                 shutil.rmtree(self.folder / store_id, ignore_errors=True)
 

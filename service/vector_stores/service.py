@@ -1,5 +1,6 @@
 """Vector stores' lifecycle and calls: their tables (opened in the service's storage on first use), the worker
-that reads attached files, this replica's search indexes, and a search from query to ranked chunks."""
+that reads attached files, this replica's search indexes, and a search from query to ranked chunks (in a front
+process, the chunks are found by the engine process, which holds the indexes: :data:`~service.vector_stores.search.SEARCH_CALL`)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
 from litestar.datastructures import State
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-from embedrank.errors import InputTooLongError, shorten
-from embedrank.retrieval.filters import parse_filter
+from embedrank.errors import InputTooLongError, NotReadyError, shorten
+from embedrank.retrieval.filters import Filter, parse_filter
 from embedrank.retrieval.store import FirstStageName, Stage, hybrid_weights
 from embedrank.serving.chunking import window_of
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions, RerankOptions
 from embedrank.serving.pool import ModelPool
+from embedrank.serving.remote import EngineFailedError, EngineHost, EngineLink
 from embedrank.types import Chunking
 from service.errors import invalid
 from service.files.service import FileService
@@ -33,7 +37,7 @@ from service.vector_stores.schemas import (
     SearchRequest,
     StaticChunking,
 )
-from service.vector_stores.search import IndexCache, SearchThreads, chunk_results
+from service.vector_stores.search import IndexCache, SearchCall, SearchThreads, chunk_results
 from service.vector_stores.store import SCHEMA, StoreRow, VectorStoreTables, drop_file, listed_batches
 
 logger = logging.getLogger("embedrank.service")
@@ -42,6 +46,11 @@ NO_RANKER = "none"
 EXPIRY_SWEEP_SECONDS = 600.0
 """How often a replica empties the stores that have expired (when it starts, then this often)."""
 AUTO_RANKERS = ("auto", "default-2024-11-15")
+# what a replica's front asks of its engine process (:meth:`VectorStoreService.answer_fronts`)
+SEARCH_CALL = "vector_store_search"  # a search (a SearchCall): the chunks found, as results' fields
+FORGET_CALL = "vector_store_forget"  # stores deleted: drop their indexes, held and saved
+WAKE_CALL = "vector_store_wake"  # files attached: the file reader claims them now
+RECHECK_CALL = "vector_store_recheck"  # files removed, stores deleted: reads of files that left in_progress stop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +74,13 @@ class AttachedFiles:
 @dataclasses.dataclass(eq=False)
 class VectorStoreService:
     """The vector stores of ``storage`` (their tables opened on first use), reading the uploads of ``files`` with
-    the models of ``pool_of``."""
+    the models of ``pool_of``; with an ``engine_link`` (a replica's front process), searched by the engine process
+    (:meth:`answer_search` there)."""
 
     storage: StorageService
     files: FileService
     pool_of: Callable[[], ModelPool]
+    engine_link: EngineLink | None = None
     _tables: VectorStoreTables | None = None
     indexes: IndexCache | None = None
     ingestor: Ingestor | None = None
@@ -77,6 +88,7 @@ class VectorStoreService:
     _opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     _loop: asyncio.AbstractEventLoop | None = None
+    _telling: set[asyncio.Task[Any]] = dataclasses.field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.storage.register(SCHEMA, listed_batches)
@@ -100,8 +112,8 @@ class VectorStoreService:
 
     async def run(self, cpus: int, *, searches: bool = True, files: bool = True) -> None:
         """The search threads (as many as the ``cpus`` the process may use), and the file reader once the storage
-        exists (:meth:`StorageService.reached`); until cancelled. A replica's front process runs the searches
-        only, its engine process the file reader only (:mod:`service.replica`)."""
+        exists (:meth:`StorageService.reached`); until cancelled. A replica's engine process runs both, for every
+        front; its front processes neither (:mod:`service.replica`)."""
         self._loop = asyncio.get_running_loop()
         if searches:
             self.searches = SearchThreads(self.settings.limits.max_searches_per_key, cpus)  # before any request
@@ -147,18 +159,80 @@ class VectorStoreService:
             else:
                 if expired:
                     self.recheck()  # their files being read stop now
-                    if self.indexes is not None:
-                        await asyncio.to_thread(self.indexes.forget, *expired)
+                    await self.forget(*expired)
             await asyncio.sleep(EXPIRY_SWEEP_SECONDS)
 
     def wake(self) -> None:
+        """Claim attached files now (the file reader otherwise looks for them every few seconds)."""
         if self.ingestor is not None:
             self.ingestor.wake()
+        else:
+            self._tell(WAKE_CALL)
 
     def recheck(self) -> None:
         """Stop at once the reads of files that left ``in_progress`` (removed, deleted with their store, cancelled)."""
         if self.ingestor is not None:
             self.ingestor.recheck()
+        else:
+            self._tell(RECHECK_CALL)
+
+    async def forget(self, *store_ids: str) -> None:
+        """Drop the indexes of deleted stores, held and saved (not on the event loop), where they are held. An
+        engine process that cannot be told drops them anyway: past its cache's bounds, and its saved ones when it
+        starts again (:meth:`IndexCache.sweep`)."""
+        if self.engine_link is not None:
+            try:
+                await self.engine_link.call(FORGET_CALL, list(store_ids))
+            except (NotReadyError, EngineFailedError) as exc:  # the store is deleted all the same
+                logger.warning("vector stores: the engine process could not drop %s: %s", ", ".join(store_ids), exc)
+        elif self.indexes is not None:
+            await asyncio.to_thread(self.indexes.forget, *store_ids)
+
+    def _tell(self, name: str) -> None:
+        """A front's :meth:`wake` or :meth:`recheck`, told to the engine process's file reader (on this event loop,
+        its answer not awaited: a reader that is not told finds the change at its next look)."""
+        if self.engine_link is None or self._loop is None or self._loop.is_closed():
+            return
+        task = self._loop.create_task(self.engine_link.call(name, None))
+        self._telling.add(task)
+        task.add_done_callback(self._told)
+
+    def _told(self, task: asyncio.Task[Any]) -> None:
+        self._telling.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("vector stores: the engine process was not told: %s", task.exception())
+
+    def collect(self) -> Iterator[Metric]:
+        """The stores' indexes this process holds in memory, for ``/metrics`` (summed over a replica's processes:
+        its fronts hold none, its engine process holds them once)."""
+        stores, chunks = self.indexes.held if self.indexes is not None else (0, 0)
+        yield GaugeMetricFamily(
+            "embedrank_vector_store_indexes_held", "Vector stores whose search index is held in memory", value=stores
+        )
+        yield GaugeMetricFamily(
+            "embedrank_vector_store_chunks_held",
+            "Chunks the vector stores' search indexes held in memory hold",
+            value=chunks,
+        )
+
+    def answer_fronts(self, host: EngineHost) -> None:
+        """In a replica's engine process: answer its fronts' searches (:data:`SEARCH_CALL`) and what their requests
+        changed (:data:`FORGET_CALL`, :data:`WAKE_CALL`, :data:`RECHECK_CALL`)."""
+
+        async def forget(store_ids: list[str]) -> None:
+            await self.opened()  # the index cache comes with the tables
+            await self.forget(*store_ids)
+
+        async def wake(_: None) -> None:
+            self.wake()
+
+        async def recheck(_: None) -> None:
+            self.recheck()
+
+        host.answer(SEARCH_CALL, self.answer_search)
+        host.answer(FORGET_CALL, forget)
+        host.answer(WAKE_CALL, wake)
+        host.answer(RECHECK_CALL, recheck)
 
     def recheck_from_thread(self) -> None:
         """:meth:`recheck` from a worker thread (on the event loop the reader runs on)."""
@@ -333,27 +407,56 @@ class VectorStoreService:
                 param="query",
                 code="query_too_long",
             ) from None
-        assert self.indexes is not None
-        index = await self.indexes.index(store, dimension_of(models[0][1]))
         depth = req.max_num_results if ranker == NO_RANKER else max(req.rerank_candidates, req.max_num_results)
-        assert self.searches is not None
-        ranked = await self.searches.run(
-            store.owner, index.search, stage, queries, vectors, where, depth, sparse=sparse, weights=runs
-        )
-        if ranker != NO_RANKER and ranked:
-            texts = [index.data.texts[row] for row, _ in ranked]
+        call = SearchCall(store, dimension_of(models[0][1]), stage, runs, queries, vectors, sparse, req.filters, depth)
+        if self.engine_link is not None:  # a front: the engine process holds the indexes
+            found: list[dict[str, Any]] = await self.engine_link.call(SEARCH_CALL, call)
+        else:
+            found = await self.found(call, where)
+        if ranker != NO_RANKER and found:
             reranked = (
                 await self.pool_of()
                 .get(ranker, "rerank")
                 .rerank(
                     "\n".join(queries),
-                    texts,
+                    [hit["text"] for hit in found],
                     RerankOptions(chunking=Chunking(), budget=limits.max_request_tokens, top_n=req.max_num_results),
                 )
             )
-            ranked = [(ranked[r.index][0], float(r.score)) for r in reranked.ranking]
-        results = [r for r in chunk_results(index, ranked[: req.max_num_results]) if r["score"] >= threshold]
+            found = [{**found[r.index], "score": float(r.score)} for r in reranked.ranking]
+        results = [hit for hit in found[: req.max_num_results] if hit["score"] >= threshold]
         return queries, ranker, results
+
+    async def found(self, call: SearchCall, where: Filter | None) -> list[dict[str, Any]]:
+        """The ``call.depth`` best chunks of ``call.store`` that pass ``where`` (``call.filters`` parsed), best
+        first, as results' fields: its index read (or brought up to date) in this process, the search run in a
+        search thread, within the owner's share of them."""
+        await self.opened()
+        assert self.indexes is not None and self.searches is not None
+        index = await self.indexes.index(call.store, call.dimension)
+        ranked = await self.searches.run(
+            call.store.owner,
+            index.search,
+            call.stage,
+            call.queries,
+            call.vectors,
+            where,
+            call.depth,
+            sparse=call.sparse,
+            weights=call.weights,
+        )
+        return chunk_results(index, ranked)
+
+    async def answer_search(self, args: Any) -> list[dict[str, Any]]:
+        """A front's :class:`SearchCall` (as MessagePack decoded it), in the engine process."""
+        call = msgspec.convert(args, SearchCall)
+        limits = self.settings.limits
+        where = (
+            parse_filter(call.filters, max_clauses=limits.max_filter_clauses, max_depth=limits.max_filter_depth)
+            if call.filters is not None
+            else None
+        )
+        return await self.found(call, where)
 
 
 def dimension_of(served: HostedModel) -> int:

@@ -1,10 +1,12 @@
 """``python -m service --fronts N`` on real processes: two fronts share the port and answer as one process does;
-``/metrics`` counts every process; the batch jobs and the vector stores' files run once, in the engine process; an engine process killed makes the fronts
+``/metrics`` counts every process; the batch jobs, the vector stores' files and their searches run once, in the engine
+process (a store's index held there, once); an engine process killed makes the fronts
 answer 503 with Retry-After (``/health`` too) until it is back; a front killed is replaced; SIGTERM stops every
 process and exits 0; a start that cannot succeed exits 3."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -137,7 +139,7 @@ def test_metrics_count_every_process_of_the_replica(replica):
         assert metric(text, "embedrank_tokens_total", model="fake") >= 40 * 3
 
 
-def test_a_batch_and_a_vector_stores_file_run_once_in_the_engine_process(replica):
+def test_a_batch_a_vector_stores_file_and_its_searches_run_once_in_the_engine_process(replica):
     lines = b"".join(
         json.dumps(
             {
@@ -186,10 +188,19 @@ def test_a_batch_and_a_vector_stores_file_run_once_in_the_engine_process(replica
         return got if got["file_counts"]["completed"] == 1 else None
 
     wait_for(indexed, timeout=120, every=0.3)
-    found = httpx.post(
-        f"{replica}/v1/vector_stores/{store['id']}/search", headers=HEADERS, json={"query": "cats"}, timeout=30
-    )
+    search = f"{replica}/v1/vector_stores/{store['id']}/search"
+    found = httpx.post(search, headers=HEADERS, json={"query": "cats"}, timeout=30)
     assert found.status_code == 200 and found.json()["data"], found.text
+    for _ in range(8):  # a connection each: both fronts take some, and the engine process searches for them
+        assert httpx.post(search, headers=HEADERS, json={"query": "cats"}, timeout=30).json() == found.json()
+    time.sleep(1.5)  # every front has reported since
+    text = httpx.get(f"{replica}/metrics", headers=HEADERS, timeout=10).text
+    assert metric(text, "embedrank_vector_store_indexes_held") == 1  # once for the replica, not once per front
+    assert metric(text, "embedrank_vector_store_chunks_held") >= 1
+    deleted = httpx.delete(f"{replica}/v1/vector_stores/{store['id']}", headers=HEADERS, timeout=30)
+    assert deleted.status_code == 200, deleted.text
+    text = httpx.get(f"{replica}/metrics", headers=HEADERS, timeout=10).text  # the engine process's figures: now
+    assert metric(text, "embedrank_vector_store_indexes_held") == 0  # the front told it
 
 
 def test_a_killed_engine_process_makes_the_fronts_answer_503_until_it_is_back(replica):
@@ -200,16 +211,44 @@ def test_a_killed_engine_process_makes_the_fronts_answer_503_until_it_is_back(re
     wait_for(lambda: httpx.get(f"{replica}/health", timeout=5).status_code == 503, timeout=30)
     # each front is ready again once it has seen its engine process answer (within half a second of each other)
     wait_for(lambda: all(embed(replica, ["back"]).status_code == 200 for _ in range(10)), timeout=90, every=0.3)
-    assert all(httpx.get(f"{replica}/health", timeout=5).status_code == 200 for _ in range(10))
+    # ready again once every front has told the engine process it is (each does every second)
+    wait_for(lambda: all(httpx.get(f"{replica}/health", timeout=5).status_code == 200 for _ in range(10)), timeout=30)
     assert roles(replica)["engine"] != [engine]
 
 
-def test_a_killed_front_is_replaced(replica):
+def connections(pid: int, port: int) -> int:
+    """TCP connections to ``port`` that process ``pid`` has accepted and holds open (from ``/proc``)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    held = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port, state, inode = int(fields[1].rsplit(":", 1)[1], 16), fields[3], fields[9]
+            held += local_port == port and state == "01" and inode in inodes  # 01: established
+    return held
+
+
+def test_a_killed_front_is_replaced_and_its_replacement_takes_connections_once_ready(replica):
     fronts = roles(replica)["front"]
     os.kill(fronts[0], signal.SIGKILL)
     replaced = wait_for(lambda: (now := roles(replica)["front"]) and len(now) == 2 and fronts[0] not in now and now)
     assert fronts[1] in replaced
-    wait_for(lambda: all(embed(replica, ["y"]).status_code == 200 for _ in range(10)), timeout=90, every=0.3)
+    (new,) = set(replaced) - {fronts[1]}
+    port = int(replica.rsplit(":", 1)[1])
+    with contextlib.ExitStack() as held:  # a connection each, kept open, until the new front holds one of them
+        statuses = []
+        while not connections(new, port):
+            client = held.enter_context(httpx.Client(headers=HEADERS, timeout=30))
+            statuses.append(client.post(f"{replica}/v1/embeddings", json={"model": "fake", "input": ["y"]}).status_code)
+            assert len(statuses) < 2000, "the new front took no connection"
+            time.sleep(0.01)
+    assert set(statuses) == {200}, statuses  # the new front took none before it could answer them
+    wait_for(lambda: all(httpx.get(f"{replica}/health", timeout=5).status_code == 200 for _ in range(10)), timeout=30)
 
 
 def test_sigterm_stops_every_process_and_exits_0(tmp_path):

@@ -377,16 +377,76 @@ def test_reports_are_kept_for_scrapes_and_marked_once_their_process_went(socket_
         await host.serve(socket_path)
         first, second = EngineLink(socket_path), EngineLink(socket_path)
         await first.report("front-1", b"one")
-        await second.report("front-2", b"two")
-        await second.report("front-2", b"two, later")
+        await second.report("front-2", b"two", ready=False)
+        await second.report("front-2", b"two, later", ready=False)
         seen = await first.scrape(except_source="front-1")
+        ready = host.ready_sources()
+        await second.report("front-2", b"two, ready", ready=True)
+        await second.scrape()  # on the same connection: the report before it has arrived
+        both = host.ready_sources()
         await second.close()
         await asyncio.sleep(0.1)
         after = await first.scrape()
         await first.close()
         await host.close()
-        return seen, after
+        return seen, after, (ready, both, host.ready_sources())
 
-    seen, after = asyncio.run(main())
+    seen, after, ready = asyncio.run(main())
+    assert ready == (["front-1"], ["front-1", "front-2"], [])  # connected, their last report ready
     assert seen == [("engine", b"engine figures", True), ("front-2", b"two, later", True)]
-    assert after == [("engine", b"engine figures", True), ("front-1", b"one", True), ("front-2", b"two, later", False)]
+    assert after == [("engine", b"engine figures", True), ("front-1", b"one", True), ("front-2", b"two, ready", False)]
+
+
+def test_a_call_the_host_process_answers_crosses_with_its_arrays_errors_and_cancellation(socket_path):
+    """:meth:`EngineHost.answer`: a call's arguments and value cross as a submission's do (arrays whole); what the call
+    raises crosses as the same error class; a name the host does not answer is not ready; a caller that stops
+    waiting has the call cancelled there."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def scaled(args):  # type: ignore[no-untyped-def]
+        return {"rows": args["vectors"] * args["by"], "sparse": args["sparse"], "name": args["name"]}
+
+    async def refused(args):  # type: ignore[no-untyped-def]
+        raise InvalidInputError(f"no such thing as {args}", param="thing")
+
+    async def broken(args):  # type: ignore[no-untyped-def]
+        raise KeyError(args)
+
+    async def slow(args):  # type: ignore[no-untyped-def]
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    vectors = np.arange(6, dtype=np.float32).reshape(2, 3)
+    sparse = sp.csr_matrix(np.array([[0, 1.5], [2.0, 0]], dtype=np.float32))
+
+    async def main():  # type: ignore[no-untyped-def]
+        host = EngineHost({})
+        for name, call in {"scaled": scaled, "refused": refused, "broken": broken, "slow": slow}.items():
+            host.answer(name, call)
+        await host.serve(socket_path)
+        link = EngineLink(socket_path)
+        try:
+            value = await link.call("scaled", {"vectors": vectors, "by": 2, "sparse": sparse, "name": "x"})
+            with pytest.raises(InvalidInputError, match="no such thing as 7") as invalid:
+                await link.call("refused", 7)
+            assert invalid.value.param == "thing"
+            with pytest.raises(EngineFailedError, match="KeyError"):
+                await link.call("broken", "k")
+            with pytest.raises(NotReadyError, match="does not answer 'unknown'"):
+                await link.call("unknown", None)
+            waiting = asyncio.create_task(link.call("slow", None))
+            await asyncio.wait_for(started.wait(), 10)
+            waiting.cancel()
+            await asyncio.wait_for(cancelled.wait(), 10)  # cancelled in the host too
+            return value
+        finally:
+            await link.close()
+            await host.close()
+
+    value = asyncio.run(main())
+    assert value["rows"].dtype == np.float32 and np.array_equal(value["rows"], vectors * 2)
+    assert (value["sparse"] != sparse).nnz == 0 and value["name"] == "x"

@@ -105,7 +105,7 @@ def test_splade_scores_as_the_library_sparse_retriever_alone_and_fused(api, enco
 def test_windowed_documents_score_as_the_library_maxp_runs(api, encoder):
     """Dense, BM25 and hybrid over the windows, a hybrid fusing each window's scores (as chunks are fused)."""
     full = load_beir("cranfield")
-    kept = list(full.corpus)[:500]  # a third of the collection (about 660 chunks), every query
+    kept = list(full.corpus)[:250]  # a sixth of the collection (about 330 chunks), every query
     cranfield = dataclasses.replace(full, corpus={d: full.corpus[d] for d in kept})
     window = encoder.chunk_window()
     maxp = WindowedDenseRetriever.from_corpus(encoder, cranfield.corpus, chunking=Chunking(overlap=32), cache=False)
