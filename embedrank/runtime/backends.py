@@ -40,6 +40,7 @@ import torch
 from embedrank.errors import InvalidInputError
 from embedrank.runtime import packed
 from embedrank.runtime.graphs import CudaGraphs
+from embedrank.runtime.lora import BASE, RowAdapters, positions_of
 
 Backend = Literal["torch", "openvino", "onnx"]
 Precision = Literal["fp32", "bf16", "fp16", "int8"]
@@ -119,7 +120,9 @@ class Runtime(Protocol):
 
 
 class TorchRuntime:
-    """The transformers model itself, padding-free where :mod:`embedrank.runtime.packed` applies."""
+    """The transformers model itself, padding-free where :mod:`embedrank.runtime.packed` applies. With
+    :attr:`adapters` (:class:`~embedrank.runtime.lora.RowAdapters` on :attr:`module`), a batch's features may carry
+    ``adapter_ids`` ``(B,)``: each row's adapter (:data:`~embedrank.runtime.lora.BASE` for none)."""
 
     backend: Backend = "torch"
     precision: Precision = "fp32"
@@ -128,6 +131,7 @@ class TorchRuntime:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, head: Head, *, padding_free: bool | None = None) -> None:
         self.module = model.eval()
         self.head = head
+        self.adapters: RowAdapters | None = None
         self.device = next(iter(model.parameters()), torch.empty(0)).device  # the caller moved it there
         supported = packed.supports(model) if head == "encoder" else packed.supports_classifier(model)
         self.padding_free = packed.enabled(supported, tokenizer, padding_free)
@@ -149,14 +153,42 @@ class TorchRuntime:
 
     @torch.inference_mode()
     def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
+        rows = features.get("adapter_ids")
+        if rows is not None:
+            features = {k: v for k, v in features.items() if k != "adapter_ids"}
+            if self.adapters is None:
+                raise InvalidInputError("this model has no adapters", param="adapter")
+            if bool((rows != BASE).any()):
+                return self._adapted(features, rows, all_positions=all_positions)
         if self.graphs is not None and not all_positions:  # padding positions come out zero, not computed
             out = self.graphs(features)
             if out is not None:
                 return out
+        return self._run(features, all_positions=all_positions)
+
+    def _adapted(self, features: dict[str, torch.Tensor], rows: torch.Tensor, *, all_positions: bool) -> torch.Tensor:
+        """The forward with each row's adapter (eagerly: CUDA graphs replay the base model only)."""
+        assert self.adapters is not None
         packing = self.padding_free and (self.head != "encoder" or not all_positions)
-        # the real tokens' positions are found where the features are (the host), before they move: found on
-        # a GPU, they would make the host wait for it; None when there is too little padding to skip
         real = packed.real_positions(features["attention_mask"]) if packing else None
+        length = features["input_ids"].shape[1]
+        rows = rows.to(self.device)
+        with self.adapters.rows(rows, positions_of(rows, length, real)):
+            return self._run(features, all_positions=all_positions, real=real, packing=packing)
+
+    def _run(
+        self,
+        features: dict[str, torch.Tensor],
+        *,
+        all_positions: bool,
+        real: torch.Tensor | None = None,
+        packing: bool | None = None,
+    ) -> torch.Tensor:
+        if packing is None:
+            packing = self.padding_free and (self.head != "encoder" or not all_positions)
+            # the real tokens' positions are found where the features are (the host), before they move: found
+            # on a GPU, they would make the host wait for it; None when there is too little padding to skip
+            real = packed.real_positions(features["attention_mask"]) if packing else None
         inputs = {k: v.to(self.device, non_blocking=True) for k, v in features.items()}
         if real is not None:
             ids, mask, types = inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")

@@ -1,0 +1,279 @@
+"""LoRA adapters applied row by row on a torch model: PEFT's adapter folders read, and each adapted linear layer's
+output given, for every row of a batch, the low-rank update of the adapter that row asks for. The base model's
+matrix products run once for the whole batch, whatever mix of adapters its rows use; only the updates run per
+adapter, on that adapter's rows (as S-LoRA and Punica share a batch between adapters on GPUs).
+
+A PEFT LoRA adapter (``adapter_config.json`` with ``"peft_type": "LORA"`` beside ``adapter_model.safetensors``)
+changes a target linear layer ``y = W x`` into ``y = W x + s B A x``, with ``A`` ``(r, in)``, ``B`` ``(out, r)`` and
+``s = lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``; ``alpha_pattern`` sets a layer's own alpha).
+Adapters that change more than that (DoRA, biases, embedding or convolution layers, whole modules saved beside)
+are refused, naming what they change.
+
+>>> import torch
+>>> layer = LoraLayer(a=torch.ones(1, 2), b=torch.full((3, 1), 0.5), scale=2.0)
+>>> lora_delta(torch.tensor([[1.0, 2.0]]), layer)
+tensor([[3., 3., 3.]])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from embedrank.errors import InvalidInputError, UnsupportedModelError
+
+CONFIG = "adapter_config.json"
+WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+BASE = -1
+"""The adapter index of a row that uses none (the base model alone)."""
+_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>A|B)(?:\.[^.]+)?\.weight$")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraLayer:
+    """One adapted linear layer's update: ``a`` ``(r, in)``, ``b`` ``(out, r)``, ``scale`` (alpha over r, or
+    over its square root)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraAdapter:
+    """A LoRA adapter read from ``path``: its layers' updates by the module path they adapt, as PEFT names it
+    (``encoder.layer.0.attention.self.query``), and its rank."""
+
+    name: str
+    path: str
+    layers: dict[str, LoraLayer]
+    rank: int
+
+
+def is_adapter(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a PEFT adapter (its configuration and weights)."""
+    folder = Path(folder)
+    return (folder / CONFIG).is_file() and any((folder / w).is_file() for w in WEIGHTS)
+
+
+def find_adapters(folder: str | Path) -> dict[str, str]:
+    """The PEFT adapters in or beside a model folder, by name: the ``adapters/<name>/`` layout (jina-embeddings-v5),
+    and adapters saved by PEFT for several names (``<name>/`` subfolders of a folder that is an adapter itself);
+    empty if there are none.
+
+    >>> find_adapters("/nonexistent")
+    {}
+    """
+    folder = Path(folder)
+    found: dict[str, str] = {}
+    for root in (folder / "adapters", folder):
+        if root.is_dir():
+            for sub in sorted(root.iterdir()):
+                if sub.is_dir() and is_adapter(sub) and sub.name not in found:
+                    found[sub.name] = str(sub)
+    return found
+
+
+def _pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> Any:
+    """``patterns``' value for ``module`` as PEFT matches them (the pattern names the module's path or its end)."""
+    for pattern, value in patterns.items():
+        if re.match(rf"(.*\.)?({pattern})$", module):
+            return value
+    return default
+
+
+def read_adapter(folder: str | Path, name: str | None = None) -> LoraAdapter:
+    """The LoRA adapter saved by PEFT in ``folder`` (``name``: the folder's name when not given).
+
+    Raises:
+        InvalidInputError: ``folder`` holds no adapter.
+        UnsupportedModelError: the adapter is not a LoRA one, or changes more than linear layers' outputs.
+    """
+    folder = Path(folder)
+    if not is_adapter(folder):
+        raise InvalidInputError(
+            f"{folder} is not a PEFT adapter: it needs {CONFIG} and {' or '.join(WEIGHTS)}", param="adapters"
+        )
+    config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    what = f"the adapter in {folder}"
+    if config.get("peft_type", "LORA") != "LORA":
+        raise UnsupportedModelError(f"{what} is a {config.get('peft_type')} adapter; only LoRA adapters are served")
+    refused = {
+        "use_dora": "DoRA's magnitude vectors",
+        "lora_bias": "biases of its own",
+        "modules_to_save": "whole modules saved beside it",
+        "trainable_token_indices": "token embeddings of its own",
+        "target_parameters": "parameters outside linear layers",
+        "layer_replication": "layers replicated",
+        "alora_invocation_tokens": "activated LoRA (aLoRA)",
+        "use_qalora": "QA-LoRA's grouped inputs",
+    }
+    for key, change in refused.items():
+        if config.get(key):
+            raise UnsupportedModelError(
+                f"{what} has {change} ({key}): only plain LoRA updates of linear layers are served"
+            )
+    if config.get("bias", "none") != "none":
+        raise UnsupportedModelError(f"{what} trains biases (bias={config['bias']!r}): only LoRA updates are served")
+    weights = _weights(folder)
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in weights.items():
+        match = _KEY.match(key)
+        if match is None:
+            raise UnsupportedModelError(f"{what} holds {key!r}, which is no LoRA update of a linear layer")
+        parts.setdefault(match["module"], {})[match["part"]] = tensor.float()
+    layers: dict[str, LoraLayer] = {}
+    alpha, rslora = float(config.get("lora_alpha", 8)), bool(config.get("use_rslora", False))
+    for module, pair in parts.items():
+        if set(pair) != {"A", "B"}:
+            raise UnsupportedModelError(f"{what} has lora_{next(iter(pair))} of {module!r} without its other half")
+        a, b = pair["A"], pair["B"]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
+            raise UnsupportedModelError(f"{what}: {module!r}'s update is not a pair of matrices of one rank")
+        r = a.shape[0]
+        own_alpha = float(_pattern_value(config.get("alpha_pattern") or {}, module, alpha))
+        layers[module] = LoraLayer(a=a, b=b, scale=own_alpha / (math.sqrt(r) if rslora else r))
+    if not layers:
+        raise UnsupportedModelError(f"{what} adapts no layer")
+    return LoraAdapter(
+        name=name or folder.name,
+        path=str(folder),
+        layers=layers,
+        rank=max(layer.a.shape[0] for layer in layers.values()),
+    )
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / WEIGHTS[0]).is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / WEIGHTS[0]))
+    return torch.load(folder / WEIGHTS[1], map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
+
+
+def lora_delta(x: torch.Tensor, layer: LoraLayer) -> torch.Tensor:
+    """The update ``s B A x`` of ``x`` ``(N, in)``: ``(N, out)``, in ``x``'s dtype."""
+    a, b = layer.a.to(x.device, x.dtype), layer.b.to(x.device, x.dtype)
+    return (x @ a.T) @ b.T * layer.scale
+
+
+def _resolve(module_names: Sequence[str], path: str) -> str | None:
+    """The module of ``module_names`` (a model's linear layers) an adapter's ``path`` names: the same path, or
+    the one path that ends with it or that it ends with (the adapter saved on a model wrapped otherwise)."""
+    if path in module_names:
+        return path
+    found = [m for m in module_names if path.endswith("." + m) or m.endswith("." + path)]
+    return found[0] if len(found) == 1 else None
+
+
+class RowAdapters:
+    """``adapters`` attached to the linear layers of ``module`` they adapt (forward hooks), each applied to the rows
+    that ask for it: :meth:`rows` gives, for the forward passes run inside it on this thread, each row's and every
+    position's adapter index (into :attr:`names`; :data:`BASE` for none), flattened as the layers see their inputs.
+
+    Raises:
+        UnsupportedModelError: an adapter names a layer the model lacks (it was trained on another model), or one
+            that is not linear, or its shapes do not fit.
+    """
+
+    def __init__(self, module: torch.nn.Module, adapters: Sequence[LoraAdapter]) -> None:
+        self.names = [a.name for a in adapters]
+        if len(set(self.names)) != len(self.names):
+            raise InvalidInputError(f"adapter names repeat: {self.names}", param="adapters")
+        linear = {name: sub for name, sub in module.named_modules() if isinstance(sub, torch.nn.Linear)}
+        by_module: dict[str, list[tuple[int, LoraLayer]]] = {}
+        for index, adapter in enumerate(adapters):
+            for path, layer in adapter.layers.items():
+                target = _resolve(list(linear), path)
+                if target is None:
+                    raise UnsupportedModelError(
+                        f"adapter {adapter.name!r} ({adapter.path}) adapts {path!r}, which is no linear layer of "
+                        f"this model: was it trained on another base model?"
+                    )
+                sub = linear[target]
+                if layer.a.shape[1] != sub.in_features or layer.b.shape[0] != sub.out_features:
+                    raise UnsupportedModelError(
+                        f"adapter {adapter.name!r} ({adapter.path}): {path!r} maps {layer.a.shape[1]} to "
+                        f"{layer.b.shape[0]} features, the model's layer {sub.in_features} to {sub.out_features}"
+                    )
+                by_module.setdefault(target, []).append((index, layer))
+        self._local = threading.local()
+        self._hooks = [
+            linear[name].register_forward_hook(partial(self._hook, layers)) for name, layers in by_module.items()
+        ]
+
+    def index(self, name: str | None) -> int:
+        """The index of adapter ``name`` (None: :data:`BASE`).
+
+        Raises:
+            InvalidInputError: no adapter of that name (the message lists them).
+        """
+        if name is None:
+            return BASE
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise InvalidInputError(
+                f"unknown adapter {name!r}; this model has {', '.join(map(repr, self.names)) or 'none'}",
+                param="adapter",
+            ) from None
+
+    @contextlib.contextmanager
+    def rows(self, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[None]:
+        """Within it, on this thread, the adapted layers add to each position of their input (flattened to
+        ``(N, in)``) the update of adapter ``positions[n]`` ``(N,)`` (:data:`BASE`: none); a layer that sees one
+        position a row (a pooler on the first token) takes each row's, ``rows`` ``(B,)``."""
+        before = getattr(self._local, "chosen", None)
+        self._local.chosen = (rows, positions)
+        try:
+            yield
+        finally:
+            self._local.chosen = before
+
+    def _hook(
+        self, layers: list[tuple[int, LoraLayer]], module: torch.nn.Module, inputs: tuple[Any, ...], output: Any
+    ) -> Any:
+        chosen = getattr(self._local, "chosen", None)
+        if chosen is None:
+            return None
+        x = inputs[0].reshape(-1, inputs[0].shape[-1])
+        positions = next((c for c in reversed(chosen) if c.shape[0] == x.shape[0]), None)
+        if positions is None:
+            raise RuntimeError(
+                f"adapter indexes for {chosen[1].shape[0]} positions or {chosen[0].shape[0]} rows, not {x.shape[0]}"
+            )
+        out = output.reshape(-1, output.shape[-1])
+        for index, layer in layers:
+            chosen = (positions == index).nonzero().squeeze(1)
+            if len(chosen):
+                out = out.index_add(0, chosen, lora_delta(x.index_select(0, chosen), layer).to(out.dtype))
+        return out.reshape(output.shape)
+
+    def detach(self) -> None:
+        """Remove the hooks: the model computes as its base again."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+
+def positions_of(rows: torch.Tensor, length: int, real: torch.Tensor | None) -> torch.Tensor:
+    """Every position's adapter index from each row's ``rows`` ``(B,)``: the padded layout's ``(B * length,)``, or
+    with ``real`` (the flat positions of the real tokens a packed forward computes) ``(N,)``.
+
+    >>> positions_of(torch.tensor([0, 1]), 3, None).tolist()
+    [0, 0, 0, 1, 1, 1]
+    >>> positions_of(torch.tensor([0, 1]), 3, torch.tensor([0, 1, 3])).tolist()
+    [0, 0, 1]
+    """
+    flat = rows.repeat_interleave(length)
+    return flat if real is None else flat[real.to(flat.device)]
