@@ -58,7 +58,7 @@ import itertools
 import logging
 import os
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -438,30 +438,16 @@ class EngineHost:
             await writer.drain()
 
     async def _called(self, message: Call, writer: asyncio.StreamWriter) -> None:
+        """Run ``message``'s call and send back its value or a refusal (unless the connection is gone)."""
         call = self.calls.get(message.name)
-        token = (
-            otel_context.attach(_PROPAGATOR.extract({"traceparent": message.traceparent}))
-            if message.traceparent
-            else None
-        )
         try:
             if call is None:
                 raise NotReadyError(f"this engine process does not answer {message.name!r} (yet)")
-            reply: Returned | Refused = Returned(message.id, await call(message.args))
+            with _joined(message.traceparent):
+                reply: Returned | Refused = Returned(message.id, await call(message.args))
         except Exception as exc:
             reply = refusal(message.id, exc)
-            if reply.kind == "failed":
-                logger.warning("engine call %s: request %s failed: %s", message.name, message.request_id, reply.message)
-        finally:
-            if token is not None:
-                otel_context.detach(token)
-        try:
-            frame = encode(reply)
-        except TypeError as exc:
-            frame = encode(refusal(message.id, exc))
-        writer.write(frame)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
+        await _reply(writer, message.id, reply, f"engine call {message.name}", message.request_id)
 
     def _described(self, job: int) -> Description | Refused:
         if self.description is None:
@@ -479,33 +465,42 @@ class EngineHost:
             reply = await self._computed(message)
         except Exception as exc:  # what the engine raised (overloaded, invalid, a failed pass) or could not take
             reply = refusal(message.id, exc)
-        if isinstance(reply, Refused) and reply.kind == "failed":
-            logger.warning("engine %s: request %s failed: %s", message.engine, message.request_id, reply.message)
-        try:
-            frame = encode(reply)
-        except TypeError as exc:
-            frame = encode(refusal(message.id, exc))
-        writer.write(frame)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
+        await _reply(writer, message.id, reply, f"engine {message.engine}", message.request_id)
 
     async def _computed(self, message: Submit) -> Answer | Refused:
         engine = self.engines.get(message.engine)
         if engine is None:
             return Refused(message.id, "not_ready", f"no engine {message.engine!r} in this process")
-        token = (
-            otel_context.attach(_PROPAGATOR.extract({"traceparent": message.traceparent}))
-            if message.traceparent
-            else None
-        )
-        try:
+        with _joined(message.traceparent):
             waits = tracing.collect_queue_waits()
             out = await engine.submit(message.items, priority=message.priority)
             waited = max(waits) if waits else None
             return Answer(message.id, out.values, list(out.token_counts), list(out.truncated), waited)
-        finally:
-            if token is not None:
-                otel_context.detach(token)
+
+
+@contextlib.contextmanager
+def _joined(traceparent: str | None) -> Iterator[None]:
+    """Within it, the trace context a message carried is the current one (none carried: unchanged)."""
+    token = otel_context.attach(_PROPAGATOR.extract({"traceparent": traceparent})) if traceparent else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
+async def _reply(writer: asyncio.StreamWriter, job: int, reply: Message, what: str, request_id: str | None) -> None:
+    """``reply`` to question ``job`` written back (a failure logged first, as ``what`` failed; a value that cannot
+    cross refused instead), unless the connection is gone."""
+    if isinstance(reply, Refused) and reply.kind == "failed":
+        logger.warning("%s: request %s failed: %s", what, request_id, reply.message)
+    try:
+        frame = encode(reply)
+    except TypeError as exc:
+        frame = encode(refusal(job, exc))
+    writer.write(frame)
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
 
 
 # -- the link: a submitting process ------------------------------------------------------------------------------------
