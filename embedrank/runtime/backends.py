@@ -212,7 +212,17 @@ def _head_dim(model: torch.nn.Module) -> int:
 
 
 def _feed(names: Sequence[str], features: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """The graph's inputs from the features: int64 numpy, ``token_type_ids`` zeros if the tokenizer gave none."""
+    """The graph's inputs from the features: int64 numpy, ``token_type_ids`` zeros if the tokenizer gave none.
+
+    >>> _feed(["input_ids", "token_type_ids"], {"input_ids": torch.tensor([[101, 102]])})["token_type_ids"]
+    array([[0, 0]])
+    >>> _feed(["input_ids"], {"input_ids": torch.tensor([[101]]), "adapter_ids": torch.tensor([0])})
+    Traceback (most recent call last):
+    ...
+    embedrank.errors.InvalidInputError: an exported graph runs its base model only: adapters run on torch
+    """
+    if "adapter_ids" in features:  # never computed as the base model without saying so
+        raise InvalidInputError("an exported graph runs its base model only: adapters run on torch", param="adapter")
     ids = features["input_ids"]
     feed = {}
     for name in names:

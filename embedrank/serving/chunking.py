@@ -46,16 +46,19 @@ async def window_of(served: HostedModel) -> int:
 
 def segments(text: str, size: int = SEGMENT) -> Iterator[tuple[int, int]]:
     """``(start, stop)`` of consecutive parts of ``text`` of at most ``size`` characters, each but the last ending
-    where a run of whitespace begins in its last tenth, else at ``size`` characters.
+    where the last run of whitespace it reaches begins (the run may begin just past it), so that no word is cut;
+    a part with no whitespace at all ends at ``size`` characters.
 
     >>> list(segments("aaaa bbbb cccc dddd", size=10)), list(segments("abcdefgh", size=5))
     ([(0, 9), (9, 19)], [(0, 5), (5, 8)])
+    >>> list(segments("ab cdefgh ij", size=8)), list(segments("abcdefgh ij", size=8))
+    ([(0, 2), (2, 9), (9, 12)], [(0, 8), (8, 11)])
     """
     start = 0
     while len(text) - start > size:
         stop = start + size
-        cuts = [m.start() for m in _WHITESPACE_RUN.finditer(text, stop - max(1, size // 10), stop)]
-        stop = cuts[-1] if cuts and cuts[-1] > start else stop
+        cuts = [m.start() for m in _WHITESPACE_RUN.finditer(text, start + 1, stop + 1)]
+        stop = cuts[-1] if cuts else stop
         yield start, stop
         start = stop
     yield start, len(text)
