@@ -158,37 +158,26 @@ class TorchRuntime:
             features = {k: v for k, v in features.items() if k != "adapter_ids"}
             if self.adapters is None:
                 raise InvalidInputError("this model has no adapters", param="adapter")
-            if bool((rows != BASE).any()):
-                return self._adapted(features, rows, all_positions=all_positions)
-        if self.graphs is not None and not all_positions:  # padding positions come out zero, not computed
+            rows = rows if bool((rows != BASE).any()) else None  # the base model's rows alone: as without
+        # CUDA graphs replay the base model only: rows with adapters run eagerly
+        if rows is None and self.graphs is not None and not all_positions:  # padding positions come out zero
             out = self.graphs(features)
             if out is not None:
                 return out
-        return self._run(features, all_positions=all_positions)
-
-    def _adapted(self, features: dict[str, torch.Tensor], rows: torch.Tensor, *, all_positions: bool) -> torch.Tensor:
-        """The forward with each row's adapter (eagerly: CUDA graphs replay the base model only)."""
-        assert self.adapters is not None
         packing = self.padding_free and (self.head != "encoder" or not all_positions)
+        # the real tokens' positions are found where the features are (the host), before they move: found on
+        # a GPU, they would make the host wait for it; None when there is too little padding to skip
         real = packed.real_positions(features["attention_mask"]) if packing else None
-        length = features["input_ids"].shape[1]
+        if rows is None:
+            return self._run(features, real)
+        assert self.adapters is not None
         rows = rows.to(self.device)
-        with self.adapters.rows(rows, positions_of(rows, length, real)):
-            return self._run(features, all_positions=all_positions, real=real, packing=packing)
+        with self.adapters.rows(rows, positions_of(rows, features["input_ids"].shape[1], real)):
+            return self._run(features, real)
 
-    def _run(
-        self,
-        features: dict[str, torch.Tensor],
-        *,
-        all_positions: bool,
-        real: torch.Tensor | None = None,
-        packing: bool | None = None,
-    ) -> torch.Tensor:
-        if packing is None:
-            packing = self.padding_free and (self.head != "encoder" or not all_positions)
-            # the real tokens' positions are found where the features are (the host), before they move: found
-            # on a GPU, they would make the host wait for it; None when there is too little padding to skip
-            real = packed.real_positions(features["attention_mask"]) if packing else None
+    def _run(self, features: dict[str, torch.Tensor], real: torch.Tensor | None) -> torch.Tensor:
+        """The forward: packed on the ``real`` positions (:func:`~embedrank.runtime.packed.real_positions`) if
+        given, else on the padded layout."""
         inputs = {k: v.to(self.device, non_blocking=True) for k, v in features.items()}
         if real is not None:
             ids, mask, types = inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")

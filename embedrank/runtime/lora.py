@@ -206,7 +206,14 @@ class RowAdapters:
                         f"adapter {adapter.name!r} ({adapter.path}): {path!r} maps {layer.a.shape[1]} to "
                         f"{layer.b.shape[0]} features, the model's layer {sub.in_features} to {sub.out_features}"
                     )
-                by_module.setdefault(target, []).append((index, layer))
+                # once, here: the update then computes on the layer's own device and dtype without a copy a pass
+                weight = sub.weight
+                bound = LoraLayer(
+                    a=layer.a.to(weight.device, weight.dtype),
+                    b=layer.b.to(weight.device, weight.dtype),
+                    scale=layer.scale,
+                )
+                by_module.setdefault(target, []).append((index, bound))
         self._local = threading.local()
         self._hooks = [
             linear[name].register_forward_hook(partial(self._hook, layers)) for name, layers in by_module.items()

@@ -135,7 +135,6 @@ def run(argv: list[str] | None = None) -> None:
                         after = in_process(texts, args.seconds_per_case)
                         ratio = r["inputs_s"] / ((before + after) / 2)
                         row = {"server": server, "kind": kind, "clients": clients, "ratio": ratio, **r}
-                        row["tree_cpu"] = sum(r["processes"].values())  # every process of the server (a replica's)
                         own = ""
                         if runtime is not None and own_before is not None:
                             own_after = in_process(texts, args.seconds_per_case, runtime)
@@ -159,7 +158,7 @@ def run(argv: list[str] | None = None) -> None:
                             f"[{server} round {round_no}] {per_request:>2} {kind:<7}/req  {clients:>2} clients: "
                             f"{r['inputs_s']:7.1f} inputs/s {r['tokens_s']:8.0f} tokens/s  p50 {r['p50_ms']:7.1f} ms  "
                             f"p95 {r['p95_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms | batch {r['mean_batch']:5.1f} "
-                            f"busy {r['busy']:4.0%} | cpu: loop {r['loop_cpu']:.2f} server {row['tree_cpu']:.2f} "
+                            f"busy {r['busy']:4.0%} | cpu: loop {r['loop_cpu']:.2f} server {r['cores']:.2f} "
                             f"({by_role(r['processes'])}) client {r['client_cpu']:.2f} | "
                             f"in-process {before:6.1f} -> {after:6.1f}/s  ratio {ratio:.2f}x"
                             + own
@@ -203,7 +202,7 @@ def report(rows: list[dict]) -> None:
         "p99_ms",
         "mean_batch",
         "loop_cpu",
-        "tree_cpu",
+        "cores",
         "client_cpu",
     ]
     print("of_runtime: to the same runtime in-process (embedrank's Encoder, batch 32) at the same moment")

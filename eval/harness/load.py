@@ -148,14 +148,16 @@ async def drive(
     elapsed = time.perf_counter() - t0
     server_end, client_end, tree_end = cpu_seconds(pid), time.process_time(), tree_cpu_seconds(pid)
     engine_end = engine_totals(base)
+    # cores each kind of the server's processes used (server_cpu's process, its children), by role
+    processes = {role: (tree_end[role] - tree_start.get(role, 0.0)) / elapsed for role in tree_end}
     batches = max(1.0, engine_end["batches"] - engine_start["batches"])
     return {
         "busy": (engine_end["seconds"] - engine_start["seconds"]) / elapsed,
         "server_cpu": (server_end[0] - server_start[0]) / elapsed,
         "loop_cpu": (server_end[1] - server_start[1]) / elapsed,
         "client_cpu": (client_end - client_start) / elapsed,
-        # cores each kind of the server's processes used (server_cpu's process, its children), by role
-        "processes": {role: (tree_end[role] - tree_start.get(role, 0.0)) / elapsed for role in tree_end},
+        "processes": processes,
+        "cores": sum(processes.values()),  # every process of the server together
         "rss": tree_rss_bytes(pid),  # bytes each kind of the server's processes holds at the end, by role
         "mean_batch": (engine_end["items"] - engine_start["items"]) / batches,
         "refused": refused,

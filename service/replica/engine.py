@@ -101,14 +101,12 @@ async def serve(settings: Settings, path: str) -> int:
     host.exposition = metrics.render
     host.serve_engines(pool.engines(), pool.describe())
     logger.info("engine process: serving %s on %s", ", ".join(pool.models), path)
-    stores.answer_fronts(host)
+    stores.answer_fronts(host)  # their searches (the indexes are held here, once) and what their requests changed
 
     async def fronts_ready(_: None) -> int:
         return len(host.ready_sources())
 
-    host.answer(
-        FRONTS_READY_CALL, fronts_ready
-    )  # their searches (the indexes are held here, once) and what their requests changed
+    host.answer(FRONTS_READY_CALL, fronts_ready)
     behind = [asyncio.ensure_future(batches.run()), asyncio.ensure_future(stores.run(cpus))]
     await stop.wait()
     logger.info("engine process: %s: finishing the queued work", signal.Signals(signals[0]).name)

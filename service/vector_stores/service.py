@@ -1,6 +1,6 @@
 """Vector stores' lifecycle and calls: their tables (opened in the service's storage on first use), the worker
 that reads attached files, this replica's search indexes, and a search from query to ranked chunks (in a front
-process, the chunks are found by the engine process, which holds the indexes: :data:`~service.vector_stores.search.SEARCH_CALL`)."""
+process, the chunks are found by the engine process, which holds the indexes: :data:`SEARCH_CALL`)."""
 
 from __future__ import annotations
 
@@ -370,11 +370,7 @@ class VectorStoreService:
                     param="query",
                     code="text_too_long",
                 )
-        where = (
-            parse_filter(req.filters, max_clauses=limits.max_filter_clauses, max_depth=limits.max_filter_depth)
-            if req.filters is not None
-            else None
-        )
+        where = self.where(req.filters)
         options = req.ranking_options
         ranker = self.ranker(options.ranker if options is not None else "auto")
         threshold = options.score_threshold if options is not None else 0.0
@@ -450,13 +446,19 @@ class VectorStoreService:
     async def answer_search(self, args: Any) -> list[dict[str, Any]]:
         """A front's :class:`SearchCall` (as MessagePack decoded it), in the engine process."""
         call = msgspec.convert(args, SearchCall)
+        return await self.found(call, self.where(call.filters))
+
+    def where(self, filters: dict[str, Any] | None) -> Filter | None:
+        """A search's ``filters`` parsed within the limits (None: no filter).
+
+        Raises:
+            InvalidInputError: a malformed clause. RequestTooLargeError: past ``max_filter_clauses`` or
+            ``max_filter_depth``.
+        """
         limits = self.settings.limits
-        where = (
-            parse_filter(call.filters, max_clauses=limits.max_filter_clauses, max_depth=limits.max_filter_depth)
-            if call.filters is not None
-            else None
-        )
-        return await self.found(call, where)
+        if filters is None:
+            return None
+        return parse_filter(filters, max_clauses=limits.max_filter_clauses, max_depth=limits.max_filter_depth)
 
 
 def dimension_of(served: HostedModel) -> int:
