@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from embedrank.errors import InvalidInputError, ModelKindError
+from embedrank.errors import InvalidInputError, ModelKindError, UnsupportedModelError
 from embedrank.math.pooling import PoolingMode, exclude_leading, pool
 from embedrank.math.quantization import check_embedding_type, quantize
 from embedrank.math.similarity import check_dimensions, finish_vectors, truncate_dims
+from embedrank.models.adapters import Adapters, adapter_folders, adapter_for, adapter_prompt, attach_adapters
 from embedrank.models.batching import AHEAD_CHUNK, PROGRESS_THRESHOLD
 from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, ChunkPlan
@@ -29,6 +30,7 @@ from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenR
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve, weights_fingerprint
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
 from embedrank.runtime.exports import load_transformer, runs_on
+from embedrank.runtime.lora import BASE
 from embedrank.texts import packaged_sample
 from embedrank.types import ModelOutput
 
@@ -65,6 +67,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         self.pooling = PoolingMode(pooling) if pooling is not None else (spec.pooling or PoolingMode.MEAN)
         self.normalize = spec.normalize if normalize is None else normalize
         self._range_sample: RangeSample | None = None
+        self.adapter_folders: dict[str, str] = {}  # each LoRA adapter's folder, by name (from_spec's adapters)
         self._dimension: int | None = None
         self.dense = load_dense(spec.path, spec.dense)  # sentence-transformers Dense layers after pooling
 
@@ -98,6 +101,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         torch_dtype: torch.dtype | None = None,
         in_router: bool = False,
         streams: int = 1,
+        adapters: Adapters = None,
     ) -> Encoder:
         """Load an already resolved model (:func:`~embedrank.registry.resolve`).
 
@@ -110,9 +114,17 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         ``streams`` (OpenVINO only) runs each batch as that many parts at once, for throughput over many texts
         at the cost of one text's latency (:class:`~embedrank.runtime.backends.OpenVINORuntime`).
 
+        ``adapters`` are LoRA adapters over the model (:mod:`embedrank.models.adapters`): None loads those it ships
+        (``adapters/<name>/``), a mapping names PEFT adapter folders, a list of folders is named by theirs, an empty
+        one loads none. :meth:`encode`'s ``adapter`` (or ``task``) picks one per call. On torch, a batch mixing
+        adapters runs in one pass (each row's update added); an exported backend runs one export per adapter.
+
         Raises:
             ModelKindError: the model is a cross-encoder.
-            InvalidInputError: an unknown backend, or a precision the backend does not run.
+            InvalidInputError: an unknown backend, or a precision the backend does not run; an adapter folder
+                that holds none.
+            UnsupportedModelError: an adapter that is no plain LoRA one, or fits another model; adapters on a
+                Router or static model.
         """
         check_max_seq_length(max_seq_length)
         if spec.kind not in ("embedding", "m3"):  # bge-m3's dense vectors are an embedding model's
@@ -142,6 +154,19 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         own = {**runs, "backend": None, "precision": None, "streams": 1} if lookup else runs
         tokenizer, model = load_transformer(spec, "encoder", **own, max_seq_length=max_len, calibration=calibration)
         enc = cls(spec, model, tokenizer, device=device, pooling=pooling, normalize=normalize, max_seq_length=max_len)
+        folders = adapter_folders(spec.path, adapters)
+        if folders and (spec.branches or spec.static):
+            raise UnsupportedModelError(
+                f"model {spec.model_id!r} is a {'Router' if spec.branches else 'static'} model: adapters apply to one "
+                f"transformer"
+            )
+
+        def load_adapted(adapted: ModelSpec, backend: str, precision: str) -> Runtime:
+            options = {**own, "backend": backend, "precision": precision}
+            return load_transformer(adapted, "encoder", **options, max_seq_length=max_len, calibration=calibration)[1]  # type: ignore[return-value]
+
+        enc.runtime = attach_adapters(enc.runtime, spec, folders, load_adapted)
+        enc.adapter_folders = folders
         enc.add_branches(lambda branch: cls.from_spec(branch, **runs, calibration=calibration, in_router=True))
         return enc
 
@@ -163,6 +188,25 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         """Say the embedding width where it is known without a forward pass (a front process, told by the
         engine process that measured it)."""
         self._dimension = int(value)
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The names of the LoRA adapters the model runs (:meth:`from_spec`'s ``adapters``); empty when none."""
+        names = getattr(self.runtime, "adapters", None)
+        return tuple(names.names) if names is not None else ()
+
+    def adapter_index(self, adapter: str | None) -> int:
+        """The runtime's index of ``adapter`` (None: :data:`~embedrank.runtime.lora.BASE`, the base model).
+
+        Raises:
+            InvalidInputError: the model has no adapter of that name (the message lists those it has).
+        """
+        if adapter is None:
+            return BASE
+        names = getattr(self.runtime, "adapters", None)
+        if names is None:
+            raise InvalidInputError(f"unknown adapter {adapter!r}; model {self.model_id!r} has none", param="adapter")
+        return int(names.index(adapter))
 
     def __repr__(self) -> str:
         facts = f"pooling={self.pooling.value}, normalize={self.normalize}, max_seq_length={self.max_seq_length}"
@@ -204,13 +248,21 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
 
     @property
     def query_prompt(self) -> str:
-        """The text :meth:`encode_query` puts before each query (``""`` when the model has none)."""
-        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, QUERY_NAMES)
+        """The text :meth:`encode_query` puts before each query (``""`` when the model has none): the prompt of
+        the query adapter (:func:`~embedrank.models.adapters.adapter_prompt`) if it has one, else the query prompt."""
+        return self._role_prompt("query", QUERY_NAMES)
 
     @property
     def document_prompt(self) -> str:
-        """The text :meth:`encode_document` puts before each document (``""`` when the model has none)."""
-        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, DOCUMENT_NAMES)
+        """The text :meth:`encode_document` puts before each document (``""`` when the model has none), chosen
+        as :attr:`query_prompt` is."""
+        return self._role_prompt("document", DOCUMENT_NAMES)
+
+    def _role_prompt(self, role: str, names: tuple[str, ...]) -> str:
+        own = adapter_prompt(self.spec.prompts, adapter_for(self.adapters, role))
+        if own is not None:
+            return self.spec.prompts[own]
+        return role_prompt(self.spec.prompts, self.spec.default_prompt_name, names)
 
     def encode_query(self, texts: Iterable[str], *, prompt_name: str | None = None, **options: Any) -> Any:
         """:meth:`encode` with the model's query prompt (``"query"``; else its default prompt) unless
@@ -279,13 +331,17 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             pooled, normalize=self.normalize if normalize is None else normalize, dimensions=dimensions
         )
 
-    def pooled_batch(self, batch: Tokenized, *, skip: Any = 0) -> torch.Tensor:
+    def pooled_batch(self, batch: Tokenized, *, skip: Any = 0, adapter: Any = BASE) -> torch.Tensor:
         """Step 2 and the first half of step 3 on one tokenized batch: ``(B, D)`` pooled fp32, on the model's
-        device. ``skip``: leading tokens (per row, or one count for all) that pooling leaves out."""
+        device. ``skip``: leading tokens (per row, or one count for all) that pooling leaves out; ``adapter``:
+        the adapter index (:meth:`adapter_index`) each row runs with (per row, or one for all)."""
         mask = batch.features["attention_mask"]
         if np.any(skip):
             mask = exclude_leading(mask, torch.as_tensor(skip).expand(mask.shape[0]))
-        return self.pooled(self.forward(batch.features), mask)
+        features = batch.features
+        if np.any(np.asarray(adapter) != BASE):
+            features = {**features, "adapter_ids": torch.as_tensor(adapter).expand(mask.shape[0]).clone()}
+        return self.pooled(self.forward(features), mask)
 
     def embed_tokenized(
         self, batch: Tokenized, *, normalize: bool | None = None, dimensions: int | None = None, skip: Any = 0
@@ -337,9 +393,14 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         prompt_name: str | None = None,
         prompt: str | None = None,
         chunking: Chunking | None = None,
+        adapter: str | None = None,
     ) -> ModelOutput:
         """Encode texts, longest first in batches; embeddings ``(N, D)`` in input order with token counts
         (prompt included) and truncation flags (:class:`~embedrank.types.ModelOutput`).
+
+        ``adapter`` names the LoRA adapter the texts run with (:attr:`adapters`; None: the base model, unless
+        ``task`` picks one: :func:`~embedrank.models.adapters.adapter_for`, with the adapter's prompt when the
+        call names none, as jina-embeddings-v3's ``task``).
 
         With ``chunking``, a text longer than one forward pass is split into windows (each with the
         prompt) and its embedding is the token-weighted mean of theirs, renormalized
@@ -348,6 +409,11 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
         check_dimensions(dimensions, self.dimension)  # before any work
+        if adapter is None and task is not None:
+            adapter = adapter_for(self.adapters, task)
+            if prompt is None and prompt_name is None:  # the prompt that goes with the adapter the task picked
+                prompt_name = adapter_prompt(self.spec.prompts, adapter)
+        index = self.adapter_index(adapter)
         chosen = select_prompt(self.spec.prompts, self.spec.default_prompt_name, prompt_name=prompt_name, prompt=prompt)
         if chunking is not None:
             window, texts = self.chunk_window(chosen), check_texts(texts)
@@ -355,7 +421,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
                 texts, self.token_offsets, window=window, chunking=chunking, truncate=truncate, param="texts"
             )
             encode = partial(self.encode_with_stats, batch_size=batch_size, show_progress=show_progress)
-            parts = encode(plan.texts, normalize=normalize, truncate=truncate, prompt=chosen)
+            parts = encode(plan.texts, normalize=normalize, truncate=truncate, prompt=chosen, adapter=adapter)
             do_norm = self.normalize if normalize is None else normalize
             pooled = plan.vectors(parts, normalize=do_norm)
             vectors = truncate_dims(pooled.values, dimensions, renormalize=do_norm)
@@ -387,7 +453,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
                 pending.clear()
 
             for positions, batch in batches:
-                pending.append((positions, batch, self.pooled_batch(batch, skip=skip)))
+                pending.append((positions, batch, self.pooled_batch(batch, skip=skip, adapter=index)))
                 if not on_gpu or sum(len(p) for p, _, _ in pending) >= AHEAD_CHUNK:
                     copy_back()
             if pending:
@@ -410,6 +476,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         embedding_type: str = "float32",
         ranges: np.ndarray | None = None,
         precision: str | None = None,
+        adapter: str | None = None,
     ) -> np.ndarray:
         """Encode texts to numpy ``(N, D)`` in input order: float32, or compact vectors with ``embedding_type``.
 
@@ -417,7 +484,8 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         and renormalizes. ``prompt_name`` (one of :attr:`prompts`) or ``prompt`` (any text) is put before
         each text, as sentence-transformers does; without either, the model's default prompt applies, if
         it has one. ``chunking`` embeds long texts window by window (see :meth:`encode_with_stats`).
-        ``task`` picks a Router model's branch (``"query"``, ``"document"``; None: its default branch).
+        ``task`` picks a Router model's branch (``"query"``, ``"document"``; None: its default branch), or a
+        model's LoRA adapter (:attr:`adapters`), as ``adapter`` names one (see :meth:`encode_with_stats`).
         ``embedding_type`` is ``float32`` (or ``float``), ``int8``, ``uint8``, ``binary`` or ``ubinary``,
         with sentence-transformers' ``quantize_embeddings`` semantics (:mod:`embedrank.math.quantization`);
         int8/uint8 use ``ranges`` ``(2, D)`` if given, else :meth:`quantization_ranges`. A progress bar
@@ -433,6 +501,8 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             raise InvalidInputError(str(exc), param="embedding_type") from None
         vectors = self.encode_with_stats(
             texts,
+            task=task,
+            adapter=adapter,
             batch_size=batch_size,
             show_progress=show_progress,
             normalize=normalize,
@@ -442,19 +512,20 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
             chunking=chunking,
         ).embeddings
         if embedding_type in ("int8", "uint8") and ranges is None:
-            ranges = self.quantization_ranges(dimensions, normalize=normalize)
+            ranges = self.quantization_ranges(dimensions, normalize=normalize, adapter=adapter)
         return quantize(vectors, embedding_type, ranges)
 
     # -- ranges for int8/uint8 embeddings (range_sample, fit_ranges, quantization_ranges: FitsRanges) ----
     def default_range_texts(self) -> list[str]:
         return packaged_sample()
 
-    def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
-        return self.encode(texts, batch_size=64, show_progress=False, prompt="", normalize=normalize)
+    def embed_for_ranges(self, texts: list[str], *, normalize: bool, adapter: str | None = None) -> np.ndarray:
+        return self.encode(texts, batch_size=64, show_progress=False, prompt="", normalize=normalize, adapter=adapter)
 
-    def ranges_depend_on(self) -> str | None:
+    def ranges_depend_on(self, adapter: str | None = None) -> str | None:
         """The embedding signature, the weights' names, sizes and times, and the runtime's graph and the
-        precision it computes in (an int8 graph calibrated otherwise, bf16 on a CPU without it: other vectors)."""
+        precision it computes in (an int8 graph calibrated otherwise, bf16 on a CPU without it: other vectors);
+        with ``adapter``, that adapter's folder and weights too."""
         signature = EmbeddingSignature.of(self)  # fingerprints the weights of local and hub models; here all
         if signature.weights is None:
             signature = dataclasses.replace(signature, weights=weights_fingerprint(self.spec.path))
@@ -462,7 +533,11 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         graph = getattr(runtime, "path", "")
         computes = getattr(runtime, "inference_precision", "")
         device = getattr(runtime, "device", "cpu")
-        return f"{signature.cache_key()}|graph={graph}|computes={computes}|device={device}"
+        key = f"{signature.cache_key()}|graph={graph}|computes={computes}|device={device}"
+        if adapter is not None:
+            folder = self.adapter_folders[adapter]
+            key += f"|adapter={adapter}:{folder}:{weights_fingerprint(folder)}"
+        return key
 
 
 class OverEncoder(TokenizesText, RuntimeFacts):

@@ -182,10 +182,22 @@ class FitsRanges:
         """``(N, D)`` embeddings of the sample's texts, without prompts."""
         raise NotImplementedError
 
-    def ranges_depend_on(self) -> str | None:
-        """What the sample's embeddings depend on besides its texts, which keys them in the on-disk store
-        (None: they are not stored)."""
+    def ranges_depend_on(self, adapter: str | None = None) -> str | None:
+        """What the sample's embeddings (by the base model, or by its ``adapter``) depend on besides its texts,
+        which keys them in the on-disk store (None: they are not stored)."""
         return None
+
+    def _sample_for(self, adapter: str | None) -> RangeSample:
+        """The range sample embedded by ``adapter`` (None: :attr:`range_sample`): the same texts, its own vectors."""
+        base = self.range_sample
+        if adapter is None:
+            return base
+        samples: dict[str, tuple[RangeSample, RangeSample]] = self.__dict__.setdefault("_adapter_samples", {})
+        of, sample = samples.get(adapter, (None, None))
+        if of is not base or sample is None:  # first use, or fit_ranges chose other texts since
+            sample = RangeSample(base.texts)
+            samples[adapter] = (base, sample)
+        return sample
 
     @property
     def range_sample(self) -> RangeSample:
@@ -211,16 +223,22 @@ class FitsRanges:
         warnings.warn("calibrate() is deprecated: use fit_ranges()", DeprecationWarning, stacklevel=2)
         self.fit_ranges(texts)
 
-    def quantization_ranges(self, dimensions: int | None = None, *, normalize: bool | None = None) -> np.ndarray:
-        """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the range sample's embeddings (computed once)."""
+    def quantization_ranges(
+        self, dimensions: int | None = None, *, normalize: bool | None = None, adapter: str | None = None
+    ) -> np.ndarray:
+        """``(2, dimensions or D)`` per-dimension ``[min; max]`` of the range sample's embeddings (computed once),
+        by the base model or by its LoRA ``adapter`` (each adapter embeds the same texts once, for its own ranges)."""
         do_norm = self.normalize if normalize is None else normalize
 
         def stored_as() -> str | None:  # asked once, when the sample is first embedded: not on every request
-            depends_on = self.ranges_depend_on()
+            depends_on = self.ranges_depend_on() if adapter is None else self.ranges_depend_on(adapter)
             return None if depends_on is None else f"{depends_on}|normalize={do_norm}"
 
-        return self.range_sample.ranges(
-            partial(self.embed_for_ranges, normalize=do_norm),
+        embed = partial(self.embed_for_ranges, normalize=do_norm)
+        if adapter is not None:
+            embed = partial(embed, adapter=adapter)
+        return self._sample_for(adapter).ranges(
+            embed,
             dimensions=dimensions,
             normalize=do_norm,
             stored_as=stored_as,

@@ -155,7 +155,7 @@ def on_branch(method: F) -> F:
 
     @functools.wraps(method)
     def run(self: Branched, *args: Any, task: str | None = None, **kwargs: Any) -> Any:
-        return method(self.for_task(task), *args, **kwargs)
+        return method(self.for_task(task), *args, task=task, **kwargs)
 
     return run  # type: ignore[return-value]
 

@@ -46,6 +46,9 @@ class ModelSpec:
     router: str | None = None
     branches: tuple[str, ...] = ()
     branch: str | None = None
+    # a PEFT LoRA adapter folder whose updates are merged into the transformer's weights as it loads: the spec of
+    # that adapter's model (what an exported backend runs for it: one export per adapter, runtime.lora)
+    merged_adapter: str | None = None
 
     @property
     def routes(self) -> tuple[str, ...]:

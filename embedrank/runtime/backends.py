@@ -40,7 +40,7 @@ import torch
 from embedrank.errors import InvalidInputError
 from embedrank.runtime import packed
 from embedrank.runtime.graphs import CudaGraphs
-from embedrank.runtime.lora import BASE, RowAdapters, positions_of
+from embedrank.runtime.lora import BASE, AdapterNames, RowAdapters, positions_of
 
 Backend = Literal["torch", "openvino", "onnx"]
 Precision = Literal["fp32", "bf16", "fp16", "int8"]
@@ -379,3 +379,43 @@ class RuntimeFacts:
     def padding_free(self, value: bool) -> None:
         if isinstance(self.runtime, TorchRuntime):
             self.runtime.padding_free = value
+
+
+class PerAdapterRuntime:
+    """A runtime that runs each adapter's model apart: ``base`` for rows without one, ``adapted[name]`` (that
+    adapter's model, its updates merged: one export per adapter) for the rows that ask for it. A batch's features
+    may carry ``adapter_ids`` ``(B,)`` as :class:`TorchRuntime`'s do; its rows are run in one pass per adapter
+    present and put back in their order. Every other fact (backend, precision, ...) is the base runtime's."""
+
+    def __init__(self, base: Runtime, adapted: dict[str, Runtime]) -> None:
+        self.base = base
+        self.adapted = list(adapted.values())
+        self.adapters = AdapterNames(list(adapted))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["base"], name)
+
+    def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
+        rows = features.get("adapter_ids")
+        if rows is None:
+            return self.base(features, all_positions=all_positions)
+        features = {k: v for k, v in features.items() if k != "adapter_ids"}
+        present = [int(i) for i in torch.unique(rows)]
+        if len(present) == 1:  # one model for every row: no copy
+            return self._runtime(present[0])(features, all_positions=all_positions)
+        out: torch.Tensor | None = None
+        for index in present:
+            chosen = (rows == index).nonzero().squeeze(1)
+            part = self._runtime(index)({k: v[chosen] for k, v in features.items()}, all_positions=all_positions)
+            if out is None:
+                out = part.new_empty((rows.shape[0], *part.shape[1:]))
+            out[chosen] = part
+        assert out is not None
+        return out
+
+    def _runtime(self, index: int) -> Runtime:
+        if index == BASE:
+            return self.base
+        if not 0 <= index < len(self.adapted):
+            raise InvalidInputError(f"no adapter of index {index}; this model has {len(self.adapted)}", param="adapter")
+        return self.adapted[index]

@@ -23,6 +23,7 @@ import torch
 from embedrank.errors import UnsupportedModelError
 from embedrank.registry import ModelSpec, quiet_loading
 from embedrank.runtime.backends import Head, Precision
+from embedrank.runtime.lora import merge_adapter, read_adapter
 
 CALIBRATION_BATCH = 8
 log = logging.getLogger("embedrank.exports")
@@ -145,6 +146,8 @@ def load_torch(spec: ModelSpec, head: Head, tokenizer: Any, **options: Any) -> t
         cls = getattr(transformers, ENCODER_OF[spec.model_type])
     with quiet_loading():
         model = cls.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **options).eval()
+    if spec.merged_adapter is not None:
+        merge_adapter(model, read_adapter(spec.merged_adapter))
     if head == "splade":
         return SpladeMax(model).eval()
     return YesNoLogit(model, *answer_ids(spec, tokenizer)).eval() if head == "yes-no" else model

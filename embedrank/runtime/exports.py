@@ -2,8 +2,9 @@
 
 An export is keyed by the model (its path and the names, sizes and times of its weight files, so a model
 saved again at the same place exports again), the head (encoder or classifier), backend, precision, the
-versions of every library that shapes the graph, and for int8 the calibration texts. It lives under
-``<cache>/exports/<model>-<backend>-<precision>-<key>/`` (``$EMBEDRANK_CACHE``, else
+versions of every library that shapes the graph, for int8 the calibration texts, and for one LoRA adapter's model
+(a spec's ``merged_adapter``: the adapter's updates merged into the weights) the adapter's folder, weights and
+configuration. It lives under ``<cache>/exports/<model>-<backend>-<precision>-<key>/`` (``<model>+<adapter>``) (``$EMBEDRANK_CACHE``, else
 ``~/.cache/embedrank``) with an ``export.json`` that says how it was made. Exports are written to a
 temporary directory and renamed into place, so concurrent processes never see half an export.
 
@@ -123,7 +124,7 @@ def export_key(
     """The cache key of an export (see the module docstring for what goes in): of a model's ``head``, or of an
     image-text model's two ``towers`` (:mod:`embedrank.runtime.towers`, exported by its own ``recipe``)."""
     config = Path(spec.path) / "config.json"
-    facts = {
+    facts: dict[str, Any] = {
         "path": spec.path,
         "weights": weights_fingerprint(spec.path),
         "config": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
@@ -134,13 +135,23 @@ def export_key(
         "versions": {p: _version(p) for p in _VERSIONED[backend]},
         "calibration": hashlib.sha256("\x00".join(calibration).encode()).hexdigest() if calibration else None,
     }
+    if spec.merged_adapter is not None:  # one adapter's model: the base's weights with its updates merged
+        facts["adapter"] = _adapter_facts(spec.merged_adapter)
     if backend == "onnx" and precision == "int8":  # 7-bit weights on a CPU without VNNI: another graph
         facts["reduce_range"] = converters.onnx_int8_reduce_range()
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _adapter_facts(folder: str) -> list[str]:
+    """What identifies a merged adapter in a cache key: its folder, its weights' fingerprint and its configuration."""
+    config = Path(folder) / "adapter_config.json"
+    return [folder, weights_fingerprint(folder), hashlib.sha256(config.read_bytes()).hexdigest()]
+
+
 def export_dir(spec: ModelSpec, backend: Backend, precision: Precision, key: str, cache_dir: Path | None) -> Path:
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec.model_id.rstrip("/")).name)[:60]
+    if spec.merged_adapter is not None:
+        name += "+" + re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec.merged_adapter).name)[:40]
     return (cache_dir or default_cache_dir()) / "exports" / f"{name}-{backend}-{precision}-{key}"
 
 
@@ -507,7 +518,8 @@ def auto_runtime(
     texts, sample = calibration_texts(calibration)  # once: the int8 exports calibrate on the same texts
     facts = {
         "recipe": [RECIPE, auto.RECIPE],
-        "model": [spec.path, weights_fingerprint(spec.path)],
+        "model": [spec.path, weights_fingerprint(spec.path)]
+        + (_adapter_facts(spec.merged_adapter) if spec.merged_adapter is not None else []),
         "head": head,
         "window": max_seq_length,
         "options": options,

@@ -176,48 +176,57 @@ def _resolve(module_names: Sequence[str], path: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-class RowAdapters:
-    """``adapters`` attached to the linear layers of ``module`` they adapt (forward hooks), each applied to the rows
-    that ask for it: :meth:`rows` gives, for the forward passes run inside it on this thread, each row's and every
-    position's adapter index (into :attr:`names`; :data:`BASE` for none), flattened as the layers see their inputs.
+def adapted_layers(module: torch.nn.Module, adapter: LoraAdapter) -> list[tuple[str, torch.nn.Linear, LoraLayer]]:
+    """The linear layers of ``module`` that ``adapter`` adapts, each with its path and its update on the layer's own
+    device and dtype.
 
     Raises:
-        UnsupportedModelError: an adapter names a layer the model lacks (it was trained on another model), or one
+        UnsupportedModelError: the adapter names a layer the model lacks (it was trained on another model), or one
             that is not linear, or its shapes do not fit.
     """
+    linear = {name: sub for name, sub in module.named_modules() if isinstance(sub, torch.nn.Linear)}
+    found = []
+    for path, layer in adapter.layers.items():
+        target = _resolve(list(linear), path)
+        if target is None:
+            raise UnsupportedModelError(
+                f"adapter {adapter.name!r} ({adapter.path}) adapts {path!r}, which is no linear layer of "
+                f"this model: was it trained on another base model?"
+            )
+        sub = linear[target]
+        if layer.a.shape[1] != sub.in_features or layer.b.shape[0] != sub.out_features:
+            raise UnsupportedModelError(
+                f"adapter {adapter.name!r} ({adapter.path}): {path!r} maps {layer.a.shape[1]} to "
+                f"{layer.b.shape[0]} features, the model's layer {sub.in_features} to {sub.out_features}"
+            )
+        weight = sub.weight
+        bound = LoraLayer(
+            a=layer.a.to(weight.device, weight.dtype), b=layer.b.to(weight.device, weight.dtype), scale=layer.scale
+        )
+        found.append((target, sub, bound))
+    return found
 
-    def __init__(self, module: torch.nn.Module, adapters: Sequence[LoraAdapter]) -> None:
-        self.names = [a.name for a in adapters]
+
+@torch.no_grad()
+def merge_adapter(module: torch.nn.Module, adapter: LoraAdapter) -> None:
+    """Add ``adapter``'s updates to the weights of the layers it adapts, in place: ``W += s B A`` (as PEFT's
+    ``merge_and_unload``); ``module`` then computes that adapter's model, and an export of it is one.
+
+    Raises:
+        UnsupportedModelError: as :func:`adapted_layers`.
+    """
+    for _, linear, layer in adapted_layers(module, adapter):
+        delta = (layer.b.float() @ layer.a.float()) * layer.scale
+        linear.weight.copy_((linear.weight.float() + delta.to(linear.weight.device)).to(linear.weight.dtype))
+
+
+class AdapterNames:
+    """The names of the adapters a runtime runs, in the order their indexes follow."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
         if len(set(self.names)) != len(self.names):
             raise InvalidInputError(f"adapter names repeat: {self.names}", param="adapters")
-        linear = {name: sub for name, sub in module.named_modules() if isinstance(sub, torch.nn.Linear)}
-        by_module: dict[str, list[tuple[int, LoraLayer]]] = {}
-        for index, adapter in enumerate(adapters):
-            for path, layer in adapter.layers.items():
-                target = _resolve(list(linear), path)
-                if target is None:
-                    raise UnsupportedModelError(
-                        f"adapter {adapter.name!r} ({adapter.path}) adapts {path!r}, which is no linear layer of "
-                        f"this model: was it trained on another base model?"
-                    )
-                sub = linear[target]
-                if layer.a.shape[1] != sub.in_features or layer.b.shape[0] != sub.out_features:
-                    raise UnsupportedModelError(
-                        f"adapter {adapter.name!r} ({adapter.path}): {path!r} maps {layer.a.shape[1]} to "
-                        f"{layer.b.shape[0]} features, the model's layer {sub.in_features} to {sub.out_features}"
-                    )
-                # once, here: the update then computes on the layer's own device and dtype without a copy a pass
-                weight = sub.weight
-                bound = LoraLayer(
-                    a=layer.a.to(weight.device, weight.dtype),
-                    b=layer.b.to(weight.device, weight.dtype),
-                    scale=layer.scale,
-                )
-                by_module.setdefault(target, []).append((index, bound))
-        self._local = threading.local()
-        self._hooks = [
-            linear[name].register_forward_hook(partial(self._hook, layers)) for name, layers in by_module.items()
-        ]
 
     def index(self, name: str | None) -> int:
         """The index of adapter ``name`` (None: :data:`BASE`).
@@ -234,6 +243,30 @@ class RowAdapters:
                 f"unknown adapter {name!r}; this model has {', '.join(map(repr, self.names)) or 'none'}",
                 param="adapter",
             ) from None
+
+
+class RowAdapters(AdapterNames):
+    """``adapters`` attached to the linear layers of ``module`` they adapt (forward hooks), each applied to the rows
+    that ask for it: :meth:`rows` gives, for the forward passes run inside it on this thread, each row's and every
+    position's adapter index (into :attr:`names`; :data:`BASE` for none), flattened as the layers see their inputs.
+
+    Raises:
+        UnsupportedModelError: as :func:`adapted_layers`.
+    """
+
+    def __init__(self, module: torch.nn.Module, adapters: Sequence[LoraAdapter]) -> None:
+        super().__init__([a.name for a in adapters])
+        by_module: dict[str, list[tuple[int, LoraLayer]]] = {}
+        linear: dict[str, torch.nn.Linear] = {}
+        for index, adapter in enumerate(adapters):
+            # bound once, here: the update then computes on the layer's own device and dtype without a copy a pass
+            for target, sub, bound in adapted_layers(module, adapter):
+                by_module.setdefault(target, []).append((index, bound))
+                linear[target] = sub
+        self._local = threading.local()
+        self._hooks = [
+            linear[name].register_forward_hook(partial(self._hook, layers)) for name, layers in by_module.items()
+        ]
 
     @contextlib.contextmanager
     def rows(self, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[None]:

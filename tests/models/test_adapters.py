@@ -1,0 +1,181 @@
+"""An embedding model with task adapters (:mod:`embedrank.models.adapters`) against sentence-transformers with the
+same PEFT adapters loaded: tiny seeded BERT, XLM-R (jina-embeddings-v3's base) and Qwen3 (jina-embeddings-v5's)
+models, each with three LoRA adapters in ``adapters/<name>/`` (``init_lora_weights=False``, so every update is far
+from zero). Each adapter's vectors equal sentence-transformers' ``set_adapter`` on torch and on the default
+backend (one export per adapter), a batch mixing adapters equals each adapter's own, the query and document roles
+pick the retrieval adapters with their prompts, and int8 vectors take each adapter's own ranges."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from sentence_transformers import SentenceTransformer
+from transformers import AutoModel
+
+from embedrank.errors import InvalidInputError, UnsupportedModelError
+from embedrank.models.encoder import Encoder
+from embedrank.testing.tiny import tiny_model
+
+TARGETS = {
+    "bert": ["query", "key", "value", "dense"],
+    "xlm-roberta": ["query", "value", "dense"],
+    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+TEXTS = [
+    "a short one",
+    "green tea lowers the risk of some cancers in a cohort followed for twenty years",
+    "cats",
+    "the river floods every spring and the town moves its market uphill",
+    "lorem ipsum dolor",
+]
+NAMES = ("retrieval.query", "retrieval.passage", "text-matching")
+PROMPTS = {"retrieval.query": "Represent the query for retrieving evidence documents: ", "retrieval.passage": ""}
+
+
+def configs(targets: list[str]) -> dict[str, LoraConfig]:
+    return {
+        "retrieval.query": LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False),
+        "retrieval.passage": LoraConfig(
+            r=2, lora_alpha=4, use_rslora=True, target_modules=targets[:2], init_lora_weights=False
+        ),
+        "text-matching": LoraConfig(r=8, lora_alpha=8, target_modules=targets[-1:], init_lora_weights=False),
+    }
+
+
+def peft_name(name: str) -> str:
+    """The name PEFT knows an adapter by (a module name: no dots); on disk it is the folder's own."""
+    return name.replace(".", "_")
+
+
+def adapted_model(arch: str, out: Path) -> Path:
+    """A copy of the tiny ``arch`` embedding model with :data:`NAMES`' adapters in ``adapters/<name>/`` and jina's
+    task prompts, as jina-embeddings-v5 lays them out."""
+    shutil.copytree(tiny_model(arch), out)
+    torch.manual_seed(0)
+    wanted = {peft_name(k): v for k, v in configs(TARGETS[arch]).items()}
+    first = next(iter(wanted))
+    peft_model = get_peft_model(AutoModel.from_pretrained(out), wanted.pop(first), adapter_name=first)
+    for name, config in wanted.items():
+        peft_model.add_adapter(name, config)
+    saved = out / "peft"
+    peft_model.save_pretrained(str(saved))  # each adapter in a folder of its name
+    (out / "adapters").mkdir()
+    for name in NAMES:
+        shutil.move(saved / peft_name(name), out / "adapters" / name)
+    shutil.rmtree(saved)
+    st_config = out / "config_sentence_transformers.json"
+    config = json.loads(st_config.read_text())
+    config["prompts"] = {**config.get("prompts", {}), **PROMPTS}
+    st_config.write_text(json.dumps(config))
+    return out
+
+
+def reference(model: Path, adapter: str | None, texts: list[str], prompt: str = "") -> np.ndarray:
+    """sentence-transformers' vectors with ``adapter`` loaded and set (None: the base model)."""
+    st = SentenceTransformer(str(model), device="cpu")
+    if adapter is not None:
+        st.load_adapter(str(model / "adapters" / adapter), adapter_name=peft_name(adapter))
+        st.set_adapter(peft_name(adapter))
+    return st.encode(texts, prompt=prompt)
+
+
+@pytest.fixture(scope="module", params=list(TARGETS))
+def model(request, tmp_path_factory) -> tuple[str, Path, dict[str | None, np.ndarray]]:
+    arch = request.param
+    path = adapted_model(arch, tmp_path_factory.mktemp(f"adapted-{arch}") / "model")
+    expected = {name: reference(path, name, TEXTS) for name in (None, *NAMES)}
+    return arch, path, expected
+
+
+def test_each_adapter_on_torch_equals_sentence_transformers_and_a_mixed_batch_each_adapters_own(model):
+    arch, path, expected = model
+    enc = Encoder.from_pretrained(str(path), backend="torch")
+    assert enc.adapters == tuple(sorted(NAMES))
+    for name, vectors in expected.items():
+        got = enc.encode(TEXTS, adapter=name, prompt="")
+        assert np.abs(got - vectors).max() < 1e-5, (arch, name)
+    assert np.abs(expected["text-matching"] - expected[None]).max() > 1e-2  # the updates matter
+    chosen = ["text-matching", None, "retrieval.query", "retrieval.passage", "text-matching"]
+    batch = enc.tokenize(TEXTS)
+    pooled = enc.pooled_batch(batch, adapter=[enc.adapter_index(n) for n in chosen]).numpy()
+    mixed = enc.finish_vectors(pooled)
+    for row, name in enumerate(chosen):
+        assert np.abs(mixed[row] - expected[name][row]).max() < 1e-5, (arch, row, name)
+
+
+def test_tasks_and_roles_pick_the_adapter_and_its_prompt(model):
+    _, path, expected = model
+    enc = Encoder.from_pretrained(str(path), backend="torch")
+    query = reference(path, "retrieval.query", TEXTS[:2], prompt=PROMPTS["retrieval.query"])
+    for got in (
+        enc.encode_query(TEXTS[:2]),
+        enc.encode(TEXTS[:2], task="retrieval.query"),  # jina-embeddings-v3's task: the adapter and its prompt
+        enc.encode(TEXTS[:2], task="query"),
+    ):
+        assert np.abs(got - query).max() < 1e-5
+    assert enc.query_prompt == PROMPTS["retrieval.query"]
+    assert np.abs(enc.encode_document(TEXTS) - expected["retrieval.passage"]).max() < 1e-5
+    assert np.abs(enc.encode(TEXTS, task="clustering") - expected[None]).max() < 1e-5  # no adapter of that task
+    assert np.abs(enc.encode(TEXTS, task="text-matching") - expected["text-matching"]).max() < 1e-5
+
+
+@pytest.mark.slow  # one OpenVINO export per adapter: one architecture (torch's parity covers the others)
+@pytest.mark.parametrize("model", ["xlm-roberta"], indirect=True)
+def test_each_adapter_on_the_default_backend_is_its_own_export_at_parity(model, monkeypatch):
+    _, path, expected = model
+    monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
+    monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
+    enc = Encoder.from_pretrained(str(path))
+    assert enc.backend == "openvino" and enc.adapters == tuple(sorted(NAMES))
+    for name, vectors in expected.items():
+        assert np.abs(enc.encode(TEXTS, adapter=name, prompt="") - vectors).max() < 1e-4, name
+    chosen = ["text-matching", None, "retrieval.query", "retrieval.passage", "text-matching"]
+    pooled = enc.pooled_batch(enc.tokenize(TEXTS), adapter=[enc.adapter_index(n) for n in chosen]).numpy()
+    mixed = enc.finish_vectors(pooled)
+    for row, name in enumerate(chosen):
+        assert np.abs(mixed[row] - expected[name][row]).max() < 1e-4, (row, name)
+
+
+def test_int8_vectors_take_each_adapters_own_ranges(model):
+    _, path, _ = model
+    enc = Encoder.from_pretrained(str(path), backend="torch")
+    enc.fit_ranges(TEXTS * 2)
+    base = enc.quantization_ranges()
+    matching = enc.quantization_ranges(adapter="text-matching")
+    assert np.abs(matching - base).max() > 1e-3
+    np.testing.assert_allclose(
+        matching[0], enc.encode(TEXTS, adapter="text-matching", prompt="").min(axis=0), rtol=1e-5, atol=1e-6
+    )
+    got = enc.encode(TEXTS, adapter="text-matching", embedding_type="int8", prompt="")
+    assert got.dtype == np.int8 and (got == enc.encode(TEXTS, embedding_type="int8", prompt="")).mean() < 0.9
+
+
+def test_adapters_are_named_chosen_or_left_out_and_bad_ones_refused(model, tmp_path):
+    arch, path, expected = model
+    chosen = Encoder.from_pretrained(str(path), backend="torch", adapters={"tm": path / "adapters" / "text-matching"})
+    assert chosen.adapters == ("tm",)
+    assert np.abs(chosen.encode(TEXTS, adapter="tm", prompt="") - expected["text-matching"]).max() < 1e-5
+    listed = Encoder.from_pretrained(str(path), backend="torch", adapters=[path / "adapters" / "retrieval.passage"])
+    assert listed.adapters == ("retrieval.passage",)
+    bare = Encoder.from_pretrained(str(path), backend="torch", adapters=[])
+    assert bare.adapters == ()
+    with pytest.raises(InvalidInputError, match=r"unknown adapter 'nope'; model .* has none"):
+        bare.encode(TEXTS, adapter="nope")
+    with pytest.raises(InvalidInputError, match=r"unknown adapter 'nope'; this model has 'tm'") as info:
+        chosen.encode(TEXTS, adapter="nope")
+    assert info.value.param == "adapter"
+    with pytest.raises(InvalidInputError, match="holds no PEFT adapter"):
+        Encoder.from_pretrained(str(path), backend="torch", adapters={"x": tmp_path})
+    with pytest.raises(InvalidInputError, match="not one folder"):
+        Encoder.from_pretrained(str(path), backend="torch", adapters=str(path / "adapters" / "text-matching"))
+    other = "bert" if arch == "qwen3" else "qwen3"  # (XLM-R's layers are named as BERT's)
+    with pytest.raises(UnsupportedModelError, match=r"trained on another base model|maps"):
+        Encoder.from_pretrained(
+            tiny_model(other), backend="torch", adapters={"tm": path / "adapters" / "text-matching"}
+        )
