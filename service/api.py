@@ -209,6 +209,8 @@ def embed_options(req: EmbeddingsRequest, ctx: Context, **given: Any) -> EmbedOp
     return EmbedOptions(
         input_type=req.input_type,
         prompt_name=req.prompt_name,
+        task=req.task,
+        adapter=req.adapter,
         types=tuple(req.embedding_types or ()),
         dimensions=req.dimensions,
         truncate=req.truncate,
@@ -356,6 +358,7 @@ def list_models(pool: ModelPool) -> ModelList:
                 max_tokens=served.spec.max_seq_length,
                 aliases=list(served.aliases),
                 prompts=dict(served.spec.prompts),
+                adapters=list(getattr(served, "adapter_names", ())),  # known once served
                 backend=served.backend,
                 precision=served.precision,
                 inference_precision=getattr(served, "inference_precision", None),  # known once served

@@ -97,6 +97,14 @@ class CohereEmbedRequest(Struct, kw_only=True):
         Annotated[int, Meta(ge=1, le=INT32_MAX)] | None,
         Meta(description="v2: at most this many tokens per text; only the model's window or more is supported"),
     ] = None
+    adapter: Annotated[
+        Annotated[str, Meta(min_length=1)] | None,
+        Meta(
+            description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them); an unknown "
+            "name is a 400 that lists them",
+            examples=["retrieval.query"],
+        ),
+    ] = None
     priority: Priority = 0
 
 
@@ -178,6 +186,7 @@ def _request(req: CohereEmbedRequest, pool: ModelPool, version: str) -> Embeddin
         truncate=req.truncate != "NONE",
         embedding_types=[t for t in types if t not in ("float", "base64")] or None,  # type: ignore[misc]
         priority=req.priority,
+        adapter=req.adapter,
     )
 
 

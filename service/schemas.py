@@ -84,6 +84,24 @@ class EmbeddingsRequest(Struct, kw_only=True):
             examples=["query"],
         ),
     ] = None
+    task: Annotated[
+        Annotated[str, Meta(min_length=1)] | None,
+        Meta(
+            description="Jina's task: the model's LoRA adapter of that name with its prompt (jina-embeddings-v3's "
+            "`retrieval.query`, `retrieval.passage`, `text-matching`, ...); `retrieval.query` and `retrieval.passage` "
+            "pick the retrieval adapter of their role, or on a model without adapters its query or document prompt; "
+            "another task the model has no adapter for is a 400 that lists its adapters",
+            examples=["retrieval.query"],
+        ),
+    ] = None
+    adapter: Annotated[
+        Annotated[str, Meta(min_length=1)] | None,
+        Meta(
+            description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them); an unknown "
+            "name is a 400 that lists them",
+            examples=["retrieval.query"],
+        ),
+    ] = None
     truncate: Annotated[
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
     ] = True
@@ -353,6 +371,10 @@ class ModelCard(Struct, kw_only=True):
     prompts: Annotated[
         dict[str, str], Meta(description="The model's named prompts (input_type and prompt_name select them)")
     ] = msgspec.field(default_factory=dict)
+    adapters: Annotated[
+        list[str],
+        Meta(description="The LoRA adapters it runs over its base model (a request's `adapter` or `task` picks one)"),
+    ] = msgspec.field(default_factory=list)
     backend: Annotated[
         str, Meta(description="What runs the transformer: torch, openvino, onnx (fake: no weights; auto until loaded)")
     ]

@@ -102,8 +102,8 @@ class Models(_Group, frozen=True):
         Meta(
             description="the served models. Environment: comma-separated `id` or `id=path`, each optionally "
             "ending in `@backend[:precision]`; file: one `[[models]]` table per model (keys below). The environment "
-            "variable replaces every `[[models]]` table. A path `fake:encoder`, `fake:encoder-with-prompts` or "
-            "`fake:cross-encoder` serves a weightless fake for testing clients"
+            "variable replaces every `[[models]]` table. A path `fake:encoder`, `fake:encoder-with-prompts`, "
+            "`fake:encoder-with-adapters` or `fake:cross-encoder` serves a weightless fake for testing clients"
         ),
     ] = msgspec.field(default=DEFAULT_MODELS, name="models")
     backend: Annotated[

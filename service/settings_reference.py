@@ -22,6 +22,8 @@ def _type_name(kind: Any) -> str:
         return "model table"
     if origin is tuple:
         return f"list of {_type_name(args[0])}s"
+    if origin is dict:
+        return f"table of {_type_name(args[1])}s by name"
     if origin is Literal:
         return " or ".join(f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -55,6 +55,13 @@ class TEIEmbedRequest(Struct, kw_only=True):
         Meta(description="Truncate the vectors to this many dimensions (renormalized when normalize is true)"),
     ] = None
     model: ModelField = None
+    adapter: Annotated[
+        Annotated[str, Meta(min_length=1)] | None,
+        Meta(
+            description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them); an unknown "
+            "name is a 400 that lists them"
+        ),
+    ] = None
 
 
 class TEIRerankRequest(Struct, kw_only=True):
@@ -174,6 +181,7 @@ async def embed(req: TEIEmbedRequest, ctx: Context) -> tuple[list[list[float]], 
         dimensions=req.dimensions,
         prompt_name=req.prompt_name,
         truncate=req.truncate is not False,
+        adapter=req.adapter,
     )
     side: Literal["left", "right"] = "left" if req.truncation_direction.lower() == "left" else "right"
     options = api.embed_options(inner, ctx, normalize=req.normalize, truncation_side=side, fields=TEI_FIELDS)

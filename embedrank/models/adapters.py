@@ -85,6 +85,16 @@ def adapter_for(names: Sequence[str], task: str | None) -> str | None:
     return next((n for n in ROLES.get(task, ()) if n in names), None)
 
 
+def role_of_task(task: str) -> str | None:
+    """The role (``"query"``, ``"document"``) a task names: jina's retrieval tasks and the roles themselves; None for
+    any other task.
+
+    >>> role_of_task("retrieval.query"), role_of_task("retrieval.passage"), role_of_task("text-matching")
+    ('query', 'document', None)
+    """
+    return next((role for role, names in ROLES.items() if task == role or task in names[:-1]), None)
+
+
 def adapter_prompt(prompts: Mapping[str, str], adapter: str | None) -> str | None:
     """The name of the prompt that goes with ``adapter``: the model's prompt of the same name, else None.
 

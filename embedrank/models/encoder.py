@@ -356,19 +356,27 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         out = self.embed_rows(self.tokenize_rows(texts))
         return dataclasses.replace(out, values=self.finish_vectors(out.values))
 
-    def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "") -> list[TokenRow]:
+    def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "", adapter: str | None = None) -> list[TokenRow]:
         """Step 1 without padding: one :class:`~embedrank.models.tokens.TokenRow` per text, ``prompt`` before
         each (the serving engine tokenizes at submit time, budgets on real lengths, then batches rows of many
-        requests); a row's ``skip`` is the prompt's tokens that pooling leaves out (:meth:`prompt_skip`)."""
-        return self.text_tokens.rows(with_prompt(texts, prompt), skip=self.prompt_skip(prompt))
+        requests); a row's ``skip`` is the prompt's tokens that pooling leaves out (:meth:`prompt_skip`), its
+        ``adapter`` the index of the LoRA adapter it runs with (:meth:`adapter_index`).
+
+        Raises:
+            InvalidInputError: the model has no adapter named ``adapter``.
+        """
+        rows = self.text_tokens.rows(with_prompt(texts, prompt), skip=self.prompt_skip(prompt))
+        index = self.adapter_index(adapter)
+        return rows if index == BASE else [dataclasses.replace(row, adapter=index) for row in rows]
 
     def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         """Step 2 and the first half of step 3 on rows from :meth:`tokenize_rows`, padded together: the pooled
         vectors ``(B, D)`` float32, before :meth:`finish_vectors` (normalizing, the cut to ``dimensions``),
-        which the caller applies once with its options; what the engine runs per pass."""
+        which the caller applies once with its options; what the engine runs per pass (its rows may run with
+        different adapters: one pass on torch, one per adapter on an exported backend)."""
         batch = self.text_tokens.collate(rows)
-        pooled = self.pooled_batch(batch, skip=[r.skip for r in rows]).cpu().numpy()
-        return ModelOutput(pooled, batch.token_counts, batch.truncated)
+        pooled = self.pooled_batch(batch, skip=[r.skip for r in rows], adapter=[r.adapter for r in rows])
+        return ModelOutput(pooled.cpu().numpy(), batch.token_counts, batch.truncated)
 
     def prompt_skip(self, prompt: str) -> int:
         """Tokens of ``prompt`` pooling leaves out: none, unless the model pools without its prompt

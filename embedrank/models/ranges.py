@@ -187,8 +187,8 @@ class FitsRanges:
         which keys them in the on-disk store (None: they are not stored)."""
         return None
 
-    def _sample_for(self, adapter: str | None) -> RangeSample:
-        """The range sample embedded by ``adapter`` (None: :attr:`range_sample`): the same texts, its own vectors."""
+    def range_sample_of(self, adapter: str | None) -> RangeSample:
+        """The range sample as ``adapter`` embeds it (None: :attr:`range_sample`): the same texts, its own vectors."""
         base = self.range_sample
         if adapter is None:
             return base
@@ -237,7 +237,7 @@ class FitsRanges:
         embed = partial(self.embed_for_ranges, normalize=do_norm)
         if adapter is not None:
             embed = partial(embed, adapter=adapter)
-        return self._sample_for(adapter).ranges(
+        return self.range_sample_of(adapter).ranges(
             embed,
             dimensions=dimensions,
             normalize=do_norm,

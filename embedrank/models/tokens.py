@@ -48,6 +48,7 @@ class TokenRow:
     length: int
     truncated: bool
     skip: int = 0  # leading tokens pooling leaves out (a prompt, for models that pool without it)
+    adapter: int = -1  # the LoRA adapter the row runs with, by the runtime's index (-1: none, the base model)
 
 
 def token_rows(rows: Sequence[dict[str, list[int]]], truncated: Sequence[bool], skip: int = 0) -> list[TokenRow]:

@@ -27,6 +27,7 @@ from embedrank.errors import InvalidInputError, OutputNotAvailableError
 from embedrank.math.quantization import quantize
 from embedrank.math.ranking import RankedResult, rank_scores
 from embedrank.math.sparse import row_arrays, row_pairs
+from embedrank.models.adapters import adapter_for, adapter_prompt, role_of_task
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
@@ -45,7 +46,14 @@ from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngine, BatchReport, EngineConfig
 from embedrank.serving.image_text import AsyncImageTextEncoder, ImageInput
 from embedrank.serving.m3 import AsyncM3Encoder
-from embedrank.serving.options import EMBED_DEFAULTS, RERANK_DEFAULTS, EmbedOptions, RerankOptions
+from embedrank.serving.options import (
+    EMBED_DEFAULTS,
+    OPENAI_FIELDS,
+    RERANK_DEFAULTS,
+    EmbedOptions,
+    RequestFields,
+    RerankOptions,
+)
 from embedrank.serving.remote import ModelFacts, RemoteEngine
 from embedrank.serving.runners import AsyncCrossEncoder, AsyncEncoder
 from embedrank.serving.sparse import AsyncSparseEncoder
@@ -241,6 +249,7 @@ class Resolved:
     task: str | None
     runner: Runner
     prompt: str
+    adapter: str | None = None  # the LoRA adapter its texts run with (None: the base model)
 
 
 GPU_BATCH_SIZE = 2048  # EngineConfig.max_batch_size for a model on a GPU when the config leaves it unset
@@ -281,6 +290,8 @@ class ModelPlan:
     device: str = "cpu"  # where the model runs: "cpu" or "cuda:<index>" (embedrank.runtime.devices)
     aliases: tuple[str, ...] = ()
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    # an embedding model's LoRA adapters by name (PEFT folders); None: those it ships (embedrank.models.adapters)
+    adapters: dict[str, str] | None = None
 
     @property
     def kind(self) -> str:
@@ -320,8 +331,9 @@ class ModelPlan:
         loader: Any = self.declared.loader
         if self.declared.backend is not None:  # its kind's own default, resolved into this plan (SPLADE: torch)
             backend, precision = self.backend, self.precision
+        extra = {"adapters": self.adapters} if self.kind == "embedding" else {}
         return loader.from_spec(
-            self.spec, backend=backend, precision=precision, calibration=calibration, device=self.device
+            self.spec, backend=backend, precision=precision, calibration=calibration, device=self.device, **extra
         )
 
     def prepare(self, model: Any, *, ranges: str | None = None, label: str = "") -> None:
@@ -358,6 +370,7 @@ class HostedModel(ModelPlan):
     branch_runners: dict[str, Runner] = dataclasses.field(default_factory=dict)  # a Router model's, by branch
     branch_table: BranchTable | None = None
     cache: VectorCache | None = None  # computed vectors, for the requests that ask (``embed(cached=True)``)
+    adapter_names: tuple[str, ...] = ()  # the LoRA adapters it runs (a request's ``adapter`` or ``task`` picks one)
 
     @classmethod
     def start(
@@ -423,6 +436,8 @@ class HostedModel(ModelPlan):
             branch_runners=branch_runners,
             branch_table=getattr(model, "branch_table", None),
             cache=cache,
+            adapters=plan.adapters,
+            adapter_names=tuple(getattr(model, "adapters", ()) or ()),
         )
 
     def started(self) -> list[tuple[str | None, Runner]]:
@@ -439,17 +454,61 @@ class HostedModel(ModelPlan):
             return cast(Runner, self.runner)
         return self.branch_runners[pick_branch(self.branch_table, task)]
 
-    def resolve(self, *, input_type: str | None = None, prompt_name: str | None = None) -> Resolved:
-        """The branch and the prompt a request's ``input_type`` or ``prompt_name`` selects, decided once.
+    def resolve(
+        self,
+        *,
+        input_type: str | None = None,
+        prompt_name: str | None = None,
+        task: str | None = None,
+        adapter: str | None = None,
+        fields: RequestFields = OPENAI_FIELDS,
+    ) -> Resolved:
+        """The branch, the adapter and the prompt a request selects, decided once: ``input_type`` or
+        ``prompt_name`` select the prompt and the branch (:func:`~embedrank.models.router.task_of`); ``adapter``
+        names one of :attr:`adapter_names`, else jina's ``task`` or the query and document roles pick one
+        (:func:`~embedrank.models.adapters.adapter_for`) with the model's prompt of the adapter's name, unless
+        ``prompt_name`` names another (as ``Encoder.encode``'s ``adapter`` and ``task``).
 
         Raises:
-            InvalidInputError: both are given, the input type is unknown, or the prompt name is not the model's.
+            InvalidInputError: both of ``input_type`` and ``prompt_name`` are given, the input type is unknown, the
+                prompt name is not the model's; an adapter the model lacks, or a task that picks none (the message
+                lists the model's adapters).
         """
-        prompt = request_prompt(
-            self.spec.prompts, self.spec.default_prompt_name, input_type=input_type, prompt_name=prompt_name
-        )
-        task = task_of(input_type, prompt_name)
-        return Resolved(task=task, runner=self.runner_for(task), prompt=prompt)
+        role = task_of(input_type, prompt_name)
+        named_adapter = adapter
+        if adapter is not None:
+            if adapter not in self.adapter_names:
+                raise InvalidInputError(
+                    f"unknown adapter {adapter!r} for model {self.spec.model_id!r}; {self._adapter_choices()}",
+                    param=fields.adapter,
+                )
+        elif task is not None:
+            adapter = adapter_for(self.adapter_names, task)
+            role = role_of_task(task) or role
+            if adapter is None and (self.adapter_names or role is None):
+                raise InvalidInputError(
+                    f"unknown task {task!r} for model {self.spec.model_id!r}; {self._adapter_choices()}",
+                    param=fields.task,
+                )
+        else:
+            adapter = adapter_for(self.adapter_names, role)
+        # an adapter a task or a role picked brings its prompt; one named by the request, the request's prompt
+        picked = adapter is not None and named_adapter is None
+        own = adapter_prompt(self.spec.prompts, adapter) if picked and prompt_name is None else None
+        if own is not None:
+            prompt = self.spec.prompts[own]
+        else:
+            if input_type is None and role is not None and prompt_name is None:  # a task of the query or document role
+                input_type = role
+            prompt = request_prompt(
+                self.spec.prompts, self.spec.default_prompt_name, input_type=input_type, prompt_name=prompt_name
+            )
+        return Resolved(task=role, runner=self.runner_for(role), prompt=prompt, adapter=adapter)
+
+    def _adapter_choices(self) -> str:
+        if not self.adapter_names:
+            return "it has no adapters (a task of the query or document role selects its prompt)"
+        return f"its adapters: {', '.join(self.adapter_names)}"
 
     async def embed(
         self, texts: Sequence[str | ImageInput], options: EmbedOptions = EMBED_DEFAULTS, *, name: str = ""
@@ -475,7 +534,13 @@ class HostedModel(ModelPlan):
                 f"model (CLIP, SigLIP: GET /v1/models lists each model's inputs)",
                 param=first.field,
             )
-        chosen = self.resolve(input_type=options.input_type, prompt_name=options.prompt_name)
+        chosen = self.resolve(
+            input_type=options.input_type,
+            prompt_name=options.prompt_name,
+            task=options.task,
+            adapter=options.adapter,
+            fields=options.fields,
+        )
         types = options.types
         asked = set(types)
         outputs = {"sparse", "multivector"} & asked
@@ -499,6 +564,8 @@ class HostedModel(ModelPlan):
             extra["query"] = chosen.task == "query"
             prompt = ""
         runner = cast(DenseRunner, chosen.runner)  # the kind declares embeddings: the pool checked
+        if chosen.adapter is not None:  # only an encoder's runner has adapters (resolve checked the name)
+            extra["adapter"] = chosen.adapter
         tracing.note_operation("embeddings")
         out = await runner.embed(texts, options, prompt=prompt, **extra)  # type: ignore[arg-type]  # images: checked above
         tracing.note_usage(out.total_tokens)
@@ -509,7 +576,10 @@ class HostedModel(ModelPlan):
                 f"float, binary or ubinary",
                 param=options.fields.types,
             )
-        ranges = await runner.quantization_ranges(options.dimensions) if {"int8", "uint8"} & set(compact) else None
+        ranges = None
+        if {"int8", "uint8"} & set(compact):
+            adapted = {"adapter": chosen.adapter} if chosen.adapter is not None else {}
+            ranges = await runner.quantization_ranges(options.dimensions, **adapted)
         return Embedded(
             out,
             {t: quantize(out.embeddings, t, ranges) for t in dict.fromkeys(compact)},
@@ -532,7 +602,13 @@ class HostedModel(ModelPlan):
         """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and branch the request
         asks for (:meth:`resolve`): the output's rows ``(N, V)`` of ``scipy.sparse`` in input order, and each
         as ``(indices, values)``."""
-        chosen = self.resolve(input_type=options.input_type, prompt_name=options.prompt_name)
+        chosen = self.resolve(
+            input_type=options.input_type,
+            prompt_name=options.prompt_name,
+            task=options.task,
+            adapter=options.adapter,
+            fields=options.fields,
+        )
         tracing.note_operation("embeddings")
         out = await cast(EmbeddingRunner, chosen.runner).embed(texts, options, prompt=chosen.prompt)
         tracing.note_usage(out.total_tokens)

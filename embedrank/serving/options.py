@@ -36,6 +36,8 @@ class RequestFields:
     input_type: str = "input_type"
     types: str = "embedding_types"
     chunking: str = "chunking"
+    adapter: str = "adapter"
+    task: str = "task"
 
 
 OPENAI_FIELDS = RequestFields()
@@ -47,8 +49,8 @@ TEI_FIELDS = RequestFields(texts="inputs")
 class EmbedOptions:
     """Every option of one embedding call.
 
-        ``input_type`` / ``prompt_name`` select the prompt and the branch (:meth:`HostedModel.resolve
-        <embedrank.serving.hosting.HostedModel.resolve>`); ``types`` the outputs beyond the float vectors
+        ``input_type`` / ``prompt_name`` select the prompt and the branch, ``adapter`` or jina's ``task`` a LoRA
+        adapter (:meth:`HostedModel.resolve <embedrank.serving.hosting.HostedModel.resolve>`); ``types`` the outputs beyond the float vectors
         (``sparse``, ``multivector``, the compact types); ``dimensions`` cuts the dense vectors (then renormalized);
         a text longer than the window is cut at its end (``truncation_side="right"``) or its start (``"left"``), or
         refused when ``truncate`` is off; ``normalize`` overrides the model's own L2 normalization (None: the
@@ -60,6 +62,8 @@ class EmbedOptions:
 
     input_type: str | None = None
     prompt_name: str | None = None
+    task: str | None = None
+    adapter: str | None = None
     types: tuple[str, ...] = ()
     dimensions: int | None = None
     truncate: bool = True

@@ -86,6 +86,13 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     trust_remote_code: Annotated[
         bool, Meta(description="let the model's own Python code run (its config's `auto_map`)")
     ] = False
+    adapters: Annotated[
+        dict[str, str] | None,
+        Meta(
+            description="an embedding model's LoRA adapters by name: PEFT adapter folders (default: those the model "
+            "ships in `adapters/<name>/`; `{}` for none); requests choose one with `adapter` or `task`"
+        ),
+    ] = None
 
 
 DEFAULT_ENTRIES = (ModelEntry(id=DEFAULT_EMBEDDING_MODEL, aliases=("all-MiniLM-L6-v2",)),)
@@ -233,7 +240,19 @@ class ModelPool:
                 raise ConfigurationError(
                     f"model {entry.id!r}: {field} {value!r} must be an existing .txt or .jsonl file, for {what}"
                 )
-        return entry, ModelPlan(spec=spec, backend=backend, precision=precision, device=device, aliases=entry.aliases)
+        if entry.adapters and spec.kind != "embedding":
+            raise ConfigurationError(
+                f"model {entry.id!r}: adapters apply to embedding models; this is a {spec.kind} model"
+            )
+        plan = ModelPlan(
+            spec=spec,
+            backend=backend,
+            precision=precision,
+            device=device,
+            aliases=entry.aliases,
+            adapters=entry.adapters,
+        )
+        return entry, plan
 
     def load(self, *, keep_going: bool = False, description: Description | None = None) -> dict[str, Any]:
         """Load the weights (blocking; call from a worker thread), calibrating int8 runtimes on the texts an

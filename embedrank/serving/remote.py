@@ -203,7 +203,8 @@ def _lift(value: Any) -> Any:
     """``value`` with the types MessagePack would write as plain maps (msgspec writes a dataclass as its fields) made
     extensions, so that they come back as themselves: a tokenized row, an image input, a held value."""
     if isinstance(value, TokenRow):
-        return msgspec.msgpack.Ext(_ROW, _ENCODER.encode((value.tokens, value.length, value.truncated, value.skip)))
+        row = (value.tokens, value.length, value.truncated, value.skip, value.adapter)
+        return msgspec.msgpack.Ext(_ROW, _ENCODER.encode(row))
     if isinstance(value, ImageInput):
         return msgspec.msgpack.Ext(_IMAGE, _ENCODER.encode((value.source, value.field, value.at)))
     if isinstance(value, Held):
@@ -248,8 +249,8 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         values, indices, indptr, shape = _DECODER.decode(data)
         return sp.csr_matrix((values, indices, indptr), shape=tuple(shape))
     if code == _ROW:
-        tokens, length, truncated, skip = _DECODER.decode(data)
-        return TokenRow(tokens, length, truncated, skip)
+        tokens, length, truncated, skip, adapter = _DECODER.decode(data)
+        return TokenRow(tokens, length, truncated, skip, adapter)
     if code == _IMAGE:
         source, field, at = _DECODER.decode(data)
         return ImageInput(source, field, at)

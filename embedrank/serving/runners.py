@@ -26,8 +26,9 @@ from embedrank.errors import InvalidInputError
 from embedrank.math.similarity import check_dimensions, cosine_scores, l2_normalize
 from embedrank.models.checks import too_long_error
 from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, with_prompt
+from embedrank.models.ranges import RangeSample
 from embedrank.models.tokens import TokenRow, TokenSpan
-from embedrank.registry import ModelSpec
+from embedrank.registry import ModelSpec, weights_fingerprint
 from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, cut_starts, field_of, first_cut, plan_chunks
@@ -52,7 +53,9 @@ class EmbeddingModel(Protocol):
         self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None, truncate: bool = True
     ) -> list[list[str]]: ...
 
-    def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "") -> list[TokenRow]: ...
+    def tokenize_rows(
+        self, texts: Sequence[str], *, prompt: str = "", adapter: str | None = None
+    ) -> list[TokenRow]: ...
 
     def prompt_skip(self, prompt: str) -> int: ...
 
@@ -68,7 +71,11 @@ class EmbeddingModel(Protocol):
 
     def chunk_window(self, prompt: str | None = None) -> int: ...
 
-    def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray: ...
+    def quantization_ranges(
+        self, dimensions: int | None = None, *, normalize: bool | None = None, adapter: str | None = None
+    ) -> np.ndarray: ...
+
+    def range_sample_of(self, adapter: str | None) -> RangeSample: ...
 
 
 @runtime_checkable
@@ -178,6 +185,7 @@ class AsyncEncoder(EncoderTokens):
         self.engine: BatchEngine[TokenRow] = BatchEngine(EmbeddingBatchModel(encoder), config, **engine_kwargs)
         self.cache: VectorCache | None = None  # computed vectors by text, for requests that ask (``cached``)
         self.cache_signature = ""  # what the vectors depend on besides the prompt, the truncation and the text
+        self._adapter_signatures: dict[str, str] = {}
 
     @property
     def dimension(self) -> int:
@@ -194,15 +202,19 @@ class AsyncEncoder(EncoderTokens):
         *,
         prompt: str = "",
         budget: int | None = None,
+        adapter: str | None = None,
     ) -> list[TokenRow]:
-        """``texts`` tokenized once with ``prompt`` before each (the model's step), off the event loop. With
-        ``fields`` (truncation off), the first of the texts they cover that is cut at the maximum length is
-        refused, named by request field."""
+        """``texts`` tokenized once with ``prompt`` before each (the model's step), off the event loop, each row
+        marked with ``adapter``'s index. With ``fields`` (truncation off), the first of the texts they cover that is
+        cut at the maximum length is refused, named by request field."""
+        tokenize = partial(self.encoder.tokenize_rows, texts, prompt=prompt)
+        if adapter is not None:  # an encoder with adapters; other models' rows take no adapter
+            tokenize = partial(tokenize, adapter=adapter)
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # a few short texts: cheaper than the thread hop
-            rows = self.encoder.tokenize_rows(texts, prompt=prompt)  # microseconds: a span would cost more
+            rows = tokenize()  # microseconds: a span would cost more
         else:
             with tracing.tokenizing(len(texts)):
-                rows = await asyncio.to_thread(partial(self.encoder.tokenize_rows, texts, prompt=prompt))
+                rows = await asyncio.to_thread(tokenize)
         check_budget(rows, budget)
         at = first_cut(rows, sum(size for _, size in fields)) if fields else None
         if at is not None:
@@ -212,11 +224,17 @@ class AsyncEncoder(EncoderTokens):
         return rows
 
     async def embed(
-        self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS, *, prompt: str = ""
+        self,
+        texts: Sequence[str],
+        options: EmbedOptions = EMBED_DEFAULTS,
+        *,
+        prompt: str = "",
+        adapter: str | None = None,
     ) -> ModelOutput:
         """Vectors ``(N, D)`` (or ``(N, options.dimensions)``, cut then renormalized) in input order, with every
         option of :class:`~embedrank.serving.options.EmbedOptions`; ``prompt`` goes before every text (the
-        model sees and counts it). With ``chunking``, long texts are embedded window by window and pooled, as
+        model sees and counts it); the texts run with the model's LoRA ``adapter`` (None: the base model), rows
+        of requests for different adapters sharing the engine's batches. With ``chunking``, long texts are embedded window by window and pooled, as
         ``Encoder.encode_with_stats``. A left-truncated text keeps its last tokens, the prompt stays first.
         ``budget`` is checked after tokenizing and chunking (:class:`~embedrank.errors.RequestTooLargeError`,
         before anything is queued). ``cached`` (with a :attr:`cache`): texts whose vectors it holds are neither
@@ -227,40 +245,42 @@ class AsyncEncoder(EncoderTokens):
         check_dimensions(options.dimensions, self.dimension, options.fields.dimensions)
         if options.chunking is not None:
             norm = self.encoder.normalize if options.normalize is None else options.normalize
-            out = await self._embed_chunked(texts, prompt, options, norm=norm)
+            out = await self._embed_chunked(texts, prompt, options, norm=norm, adapter=adapter)
         elif options.cached and self.cache is not None:
             # no cache hit list when the request would fail: it then fails as it would uncached
-            out = await self._embed_cached(self.cache, texts, prompt, options) or await self._embed_texts(
-                texts, prompt, options
+            out = await self._embed_cached(self.cache, texts, prompt, options, adapter) or await self._embed_texts(
+                texts, prompt, options, adapter
             )
         else:
-            out = await self._embed_texts(texts, prompt, options)
+            out = await self._embed_texts(texts, prompt, options, adapter)
         vectors = self.encoder.finish_vectors(out.values, normalize=options.normalize, dimensions=options.dimensions)
         return dataclasses.replace(out, values=vectors)
 
-    async def _embed_texts(self, texts: Sequence[str], prompt: str, options: EmbedOptions) -> ModelOutput:
+    async def _embed_texts(
+        self, texts: Sequence[str], prompt: str, options: EmbedOptions, adapter: str | None = None
+    ) -> ModelOutput:
         """Every text tokenized, checked (the request's budget; with ``truncate`` off, the first text cut at
         the window, named by the request's field) and computed: the vectors before normalization, in input
         order."""
         param = options.fields.texts
         fields = () if options.truncate else [(param, len(texts))]
-        rows = await self._rows(texts, fields, prompt=prompt, budget=options.budget)
+        rows = await self._rows(texts, fields, prompt=prompt, budget=options.budget, adapter=adapter)
         started: set[int] = set()
         if options.truncate and options.truncation_side == "left":
-            rows, started = await self._cut_at_start(texts, rows, prompt, param)
+            rows, started = await self._cut_at_start(texts, rows, prompt, param, adapter)
         out = await self.engine.submit(rows, priority=options.priority)
         flags = [cut or i in started for i, cut in enumerate(out.truncated)] if started else out.truncated
         return ModelOutput(out.values, out.token_counts, flags)
 
     async def _embed_cached(
-        self, cache: VectorCache, texts: Sequence[str], prompt: str, options: EmbedOptions
+        self, cache: VectorCache, texts: Sequence[str], prompt: str, options: EmbedOptions, adapter: str | None = None
     ) -> ModelOutput | None:
         """What :meth:`_embed_texts` gives, computing only the texts ``cache`` lacks (each distinct one once,
         then stored) and tokenizing only those: a cached text's token count and truncation come from the
         cache. None, and nothing computed, when the request would fail (over ``budget``, or a text cut with
         ``truncate`` off): the caller runs it uncached, which fails it with the error it would get."""
         truncate, budget = options.truncate, options.budget
-        keys = [cache_key(self.cache_signature, prompt, options.truncation_side, text) for text in texts]
+        keys = [cache_key(self._signature(adapter), prompt, options.truncation_side, text) for text in texts]
         if len(keys) <= INLINE_LOOKUP_KEYS:
             found = cache.get_many(keys)
         else:
@@ -271,9 +291,9 @@ class AsyncEncoder(EncoderTokens):
         if todo:
             lacking = [texts[i] for i in todo.values()]
             try:
-                rows = await self._rows(lacking, prompt=prompt)
+                rows = await self._rows(lacking, prompt=prompt, adapter=adapter)
                 if truncate and options.truncation_side == "left":
-                    rows, started = await self._cut_at_start(lacking, rows, prompt, options.fields.texts)
+                    rows, started = await self._cut_at_start(lacking, rows, prompt, options.fields.texts, adapter)
             except InvalidInputError:
                 return None
         fresh = {
@@ -293,8 +313,22 @@ class AsyncEncoder(EncoderTokens):
         await cache.keep(stored)
         return ModelOutput(np.stack([vectors[key] for key in keys]), [t for t, _ in seen], [c for _, c in seen])
 
+    def _signature(self, adapter: str | None) -> str:
+        """What the vectors depend on besides the prompt, the truncation and the text: the model's signature, and
+        the adapter's name, folder and weights (an adapter saved again at its place gives other vectors)."""
+        if adapter is None:
+            return self.cache_signature
+        found = self._adapter_signatures.get(adapter)
+        if found is None:  # once per adapter: the weights' fingerprint reads the folder
+            folder = getattr(self.encoder, "adapter_folders", {}).get(adapter, "")
+            fingerprint = weights_fingerprint(folder) if folder else ""
+            found = self._adapter_signatures[adapter] = (
+                f"{self.cache_signature}|adapter={adapter}:{folder}:{fingerprint}"
+            )
+        return found
+
     async def _cut_at_start(
-        self, texts: Sequence[str], rows: list[TokenRow], prompt: str, param: str
+        self, texts: Sequence[str], rows: list[TokenRow], prompt: str, param: str, adapter: str | None = None
     ) -> tuple[list[TokenRow], set[int]]:
         """``rows`` with those cut at their end made again from their texts cut at the start instead (only
         those are tokenized again); returns the rows and the positions that were cut."""
@@ -303,12 +337,12 @@ class AsyncEncoder(EncoderTokens):
             return rows, set()
         cut = await asyncio.to_thread(cut_starts, self.encoder, [texts[i] for i in long], prompt, param, long)
         rows = list(rows)
-        for i, row in zip(long, await self._rows(cut, prompt=prompt), strict=True):
+        for i, row in zip(long, await self._rows(cut, prompt=prompt, adapter=adapter), strict=True):
             rows[i] = row
         return rows, set(long)
 
     async def _embed_chunked(
-        self, texts: Sequence[str], prompt: str, options: EmbedOptions, *, norm: bool
+        self, texts: Sequence[str], prompt: str, options: EmbedOptions, *, norm: bool, adapter: str | None = None
     ) -> ModelOutput:
         assert options.chunking is not None
         window = partial(self.encoder.chunk_window, prompt)
@@ -321,16 +355,23 @@ class AsyncEncoder(EncoderTokens):
             options.fields.texts,
             options.budget,
         )
-        rows = await self._rows(plan.texts, prompt=prompt, budget=options.budget)  # windows fit
+        rows = await self._rows(plan.texts, prompt=prompt, budget=options.budget, adapter=adapter)  # windows fit
         out = await self.engine.submit(rows, priority=options.priority)
         if norm:  # each window normalized, then their token-weighted mean renormalized
             out = dataclasses.replace(out, values=l2_normalize(out.values))
         return plan.vectors(out, normalize=norm)
 
-    async def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray:
-        """int8/uint8 ranges ``(2, dimensions or D)`` from the model's calibration (computed once, in a
-        worker thread, outside the batching engine)."""
-        return await asyncio.to_thread(self.encoder.quantization_ranges, dimensions)
+    async def quantization_ranges(self, dimensions: int | None = None, *, adapter: str | None = None) -> np.ndarray:
+        """int8/uint8 ranges ``(2, dimensions or D)`` from the model's range sample, by the base model or its LoRA
+        ``adapter`` (computed once each, in a worker thread, outside the batching engine)."""
+        if adapter is None:
+            return await asyncio.to_thread(self.encoder.quantization_ranges, dimensions)
+        sample = self.encoder.range_sample_of(adapter)
+        if sample.computed is None:  # once: the sample's texts through the engine (a front's model has no weights)
+            rows = await self._rows(sample.texts, adapter=adapter)
+            out = await self.engine.submit(rows)
+            sample.adopt(self.encoder.finish_vectors(out.values))
+        return await asyncio.to_thread(partial(self.encoder.quantization_ranges, dimensions, adapter=adapter))
 
     async def rerank(
         self,

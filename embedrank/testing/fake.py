@@ -20,6 +20,7 @@ and truncation flags behave as a real model's do.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import re
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from embedrank.errors import ModelNotFoundError
+from embedrank.errors import InvalidInputError, ModelNotFoundError
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import finish_vectors
 from embedrank.models.prompts import select_prompt, with_prompt
@@ -131,7 +132,10 @@ class FakeEncoder(WordTokens, FitsRanges):
         max_seq_length: int = 32,
         normalize: bool = True,
         prompts: dict[str, str] | None = None,
+        adapters: Sequence[str] = (),
     ) -> None:
+        self.adapters = tuple(adapters)  # each adapter salts the hashed words: other vectors, as a LoRA update gives
+        self.adapter_folders: dict[str, str] = {}
         self.spec = _spec(
             model_id,
             "embedding",
@@ -170,8 +174,22 @@ class FakeEncoder(WordTokens, FitsRanges):
         encoder's default, the packaged sample, would all be unknown words to it)."""
         return vocabulary_texts(["".join(w) for w in itertools.product("abcdefgh", repeat=3)])
 
-    def embed_for_ranges(self, texts: list[str], *, normalize: bool) -> np.ndarray:
-        return self.encode(texts)
+    def embed_for_ranges(self, texts: list[str], *, normalize: bool, adapter: str | None = None) -> np.ndarray:
+        return self.encode(texts, adapter=adapter)
+
+    def adapter_index(self, adapter: str | None) -> int:
+        """The index of ``adapter`` in :attr:`adapters` (None: -1, the base model).
+
+        Raises:
+            InvalidInputError: the fake has no adapter of that name.
+        """
+        if adapter is None:
+            return -1
+        if adapter not in self.adapters:
+            raise InvalidInputError(
+                f"unknown adapter {adapter!r}; this model has {list(self.adapters)}", param="adapter"
+            )
+        return self.adapters.index(adapter)
 
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         out = self.embed_rows(self.tokenize_rows(texts))
@@ -180,16 +198,20 @@ class FakeEncoder(WordTokens, FitsRanges):
     def prompt_skip(self, prompt: str) -> int:
         return 0  # a fake pools every token
 
-    def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "") -> list[TokenRow]:
-        """Words (``prompt``'s first) kept under the maximum length, with the two special tokens counted."""
-        return _word_rows(with_prompt(texts, prompt), self.max_seq_length)
+    def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "", adapter: str | None = None) -> list[TokenRow]:
+        """Words (``prompt``'s first) kept under the maximum length, with the two special tokens counted; each row
+        marked with ``adapter``'s index."""
+        rows = _word_rows(with_prompt(texts, prompt), self.max_seq_length)
+        index = self.adapter_index(adapter)
+        return rows if index < 0 else [dataclasses.replace(row, adapter=index) for row in rows]
 
     def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
-        """The rows' vectors before :meth:`finish_vectors`."""
+        """The rows' vectors before :meth:`finish_vectors` (each row's words salted by its adapter's name)."""
         out = np.zeros((len(rows), self.dimension), dtype=np.float32)  # (N, D)
         for i, row in enumerate(rows):
+            salt = "" if row.adapter < 0 else f"#{self.adapters[row.adapter]}"
             for word in row.tokens:
-                slot, sign = _slot(word, self.dimension)
+                slot, sign = _slot(word + salt, self.dimension)
                 out[i, slot] += sign
         return ModelOutput(out, [r.length for r in rows], [r.truncated for r in rows])
 
@@ -200,8 +222,9 @@ class FakeEncoder(WordTokens, FitsRanges):
             pooled, normalize=self.normalize if normalize is None else normalize, dimensions=dimensions
         )
 
-    def encode(self, texts: Sequence[str], **_: object) -> np.ndarray:
-        return self.encode_batch(list(texts)).values
+    def encode(self, texts: Sequence[str], *, adapter: str | None = None, **_: object) -> np.ndarray:
+        out = self.embed_rows(self.tokenize_rows(list(texts), adapter=adapter))
+        return self.finish_vectors(out.values)
 
 
 class FakeCrossEncoder:
@@ -270,12 +293,23 @@ class FakeSparseEncoder(WordTokens):
 
 
 FAKE_PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5-style, for fake:encoder-with-prompts
-FAKE_PATHS = ("fake:encoder", "fake:encoder-with-prompts", "fake:cross-encoder", "fake:sparse", "fake:zero-forward")
+# jina-embeddings-v3's task adapters, for fake:encoder-with-adapters
+FAKE_ADAPTERS = ("retrieval.query", "retrieval.passage", "text-matching")
+FAKE_ADAPTER_PROMPTS = {"retrieval.query": "Represent the query for retrieving evidence documents: "}
+FAKE_PATHS = (
+    "fake:encoder",
+    "fake:encoder-with-prompts",
+    "fake:encoder-with-adapters",
+    "fake:cross-encoder",
+    "fake:sparse",
+    "fake:zero-forward",
+)
 
 
 def fake_model(model_id: str, path: str) -> Any:
     """The stand-in a served model's ``path`` names: ``fake:encoder``, ``fake:encoder-with-prompts``
-    (e5-style query and passage prompts, to try ``input_type``), ``fake:cross-encoder`` or ``fake:sparse``, all
+    (e5-style query and passage prompts, to try ``input_type``), ``fake:encoder-with-adapters`` (jina-embeddings-v3's
+    task adapters, :data:`FAKE_ADAPTERS`, to try ``adapter`` and ``task``), ``fake:cross-encoder`` or ``fake:sparse``, all
     weightless; or ``fake:zero-forward``, the packaged MiniLM's tokenizer with a forward pass that costs nothing
     (:mod:`embedrank.testing.zero_forward`).
 
@@ -286,6 +320,8 @@ def fake_model(model_id: str, path: str) -> Any:
         return FakeEncoder(model_id)
     if path == "fake:encoder-with-prompts":
         return FakeEncoder(model_id, prompts=FAKE_PROMPTS)
+    if path == "fake:encoder-with-adapters":
+        return FakeEncoder(model_id, prompts=FAKE_ADAPTER_PROMPTS, adapters=FAKE_ADAPTERS)
     if path == "fake:cross-encoder":
         return FakeCrossEncoder(model_id)
     if path == "fake:sparse":

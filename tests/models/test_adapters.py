@@ -179,3 +179,39 @@ def test_adapters_are_named_chosen_or_left_out_and_bad_ones_refused(model, tmp_p
         Encoder.from_pretrained(
             tiny_model(other), backend="torch", adapters={"tm": path / "adapters" / "text-matching"}
         )
+
+
+@pytest.mark.parametrize("model", ["xlm-roberta"], indirect=True)
+def test_a_served_base_gives_each_adapters_vectors_to_the_openai_sdk(model):
+    """The service over the model and its three adapters (torch): the openai SDK's ``extra_body`` with ``adapter``
+    or Jina's ``task`` gets the library's vectors; an unknown adapter is a 400 that names the model's."""
+    import openai
+    from litestar.testing import TestClient
+
+    from service.app import create_app
+    from service.settings import Auth, Engine, ModelEntry, Models, Settings
+
+    _, path, _ = model
+    enc = Encoder.from_pretrained(str(path), backend="torch")
+    settings = Settings(
+        auth=Auth(api_keys=("k",)),
+        models=Models(entries=(ModelEntry(id="jina-like", path=str(path), backend="torch"),)),
+        engine=Engine(tune_malloc=False),
+    )
+    with TestClient(create_app(settings, wait_for_models=True)) as client:
+        api = openai.OpenAI(api_key="k", base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
+        assert client.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["adapters"] == sorted(
+            NAMES
+        )
+        for extra, library in (
+            ({"adapter": "text-matching"}, enc.encode(TEXTS, adapter="text-matching")),
+            ({"task": "retrieval.query"}, enc.encode(TEXTS, task="retrieval.query")),
+            ({"input_type": "document"}, enc.encode_document(TEXTS)),
+            ({}, enc.encode(TEXTS)),
+        ):
+            got = api.embeddings.create(model="jina-like", input=TEXTS, extra_body=extra)
+            vectors = np.array([d.embedding for d in got.data], dtype=np.float32)
+            assert np.abs(vectors - library).max() < 1e-5, extra
+        with pytest.raises(openai.BadRequestError, match="retrieval.passage, retrieval.query, text-matching") as info:
+            api.embeddings.create(model="jina-like", input=TEXTS, extra_body={"adapter": "separation"})
+        assert info.value.body["param"] == "adapter"  # type: ignore[index]

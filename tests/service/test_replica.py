@@ -26,7 +26,11 @@ pytestmark = pytest.mark.slow  # real servers as subprocesses
 
 KEY = "replica-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
-ENV = {"EMBEDRANK_MODELS": "fake=fake:encoder", "EMBEDRANK_API_KEYS": KEY, "HF_HUB_OFFLINE": "1"}
+ENV = {
+    "EMBEDRANK_MODELS": "fake=fake:encoder,jina=fake:encoder-with-adapters",
+    "EMBEDRANK_API_KEYS": KEY,
+    "HF_HUB_OFFLINE": "1",
+}
 
 
 def children(pid: int) -> list[int]:
@@ -99,7 +103,28 @@ def test_two_fronts_share_the_port_and_answer_as_one_process(replica):
             )
     assert all(cpu_ticks(pid) > before[pid] for pid in fronts), "a front took no connection"
     models = httpx.get(f"{replica}/v1/models", headers=HEADERS, timeout=10).json()
-    assert [m["id"] for m in models["data"]] == ["fake"]
+    assert [m["id"] for m in models["data"]] == ["fake", "jina"]
+
+
+def test_a_front_sends_each_rows_adapter_and_int8_takes_its_ranges(replica):
+    """Rows tokenized in a front carry their adapter to the engine process; an adapter's int8 ranges are fitted
+    through the engine (the front's model has no weights)."""
+    from embedrank.math.quantization import quantize
+    from embedrank.testing.fake import fake_model
+
+    fake = fake_model("jina", "fake:encoder-with-adapters")
+    texts = ["the cat sat", "on the mat"]
+    for adapter in ("text-matching", "retrieval.passage", None):
+        fields = {"adapter": adapter} if adapter else {}
+        body = {"model": "jina", "input": texts, "embedding_types": ["int8"], **fields}
+        got = httpx.post(f"{replica}/v1/embeddings", headers=HEADERS, json=body, timeout=30)
+        assert got.status_code == 200, got.text
+        data = got.json()["data"]
+        vectors = np.array([d["embedding"] for d in data], dtype=np.float32)
+        np.testing.assert_allclose(vectors, fake.encode(texts, adapter=adapter), atol=1e-6)
+        int8 = np.array([d["embeddings"]["int8"] for d in data], dtype=np.int8)
+        ranges = fake.quantization_ranges(adapter=adapter)
+        np.testing.assert_array_equal(int8, quantize(fake.encode(texts, adapter=adapter), "int8", ranges))
 
 
 def test_a_front_answers_small_requests_without_waiting_on_its_socket(replica):
