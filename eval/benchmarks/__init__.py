@@ -144,6 +144,11 @@ BENCHMARKS = (
     ),
     _bench("embed-job", "Corpus embedding job: the local runner against Ray", "scifact --docs 2000 --rounds 2"),
     _bench(
+        "adapters",
+        "Task adapters: one base with 3 LoRA adapters against the bare base and 3 merged models",
+        about="texts/s of mixed-adapter batches against the bare base and one merged model per adapter; memory",
+    ),
+    _bench(
         "index-memory",
         "Index memory per vector, built from shards",
         "--vectors 1000000 --shard-size 100000",

@@ -105,11 +105,12 @@ def test_http_examples_are_answered(page, fake_service):
     from embedrank.models.colbert import ColBERTEncoder
     from embedrank.models.m3 import M3Encoder
     from embedrank.registry import DEFAULT_EMBEDDING_MODEL
-    from embedrank.testing.fake import FakeEncoder, FakeSparseEncoder
+    from embedrank.testing.fake import FakeEncoder, FakeSparseEncoder, fake_model
     from embedrank.testing.tiny import tiny_bge_m3, tiny_colbert
     from service.settings import Auth, Engine, ModelEntry, Models, Settings
 
     models = {DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL), "splade": FakeSparseEncoder("splade")}
+    models["tasks"] = fake_model("tasks", "fake:encoder-with-adapters")  # jina-embeddings-v3's task adapters
     models["bge-m3"] = M3Encoder.from_pretrained(tiny_bge_m3(), backend="torch")  # a tiny one in bge-m3's layout
     models["colbert"] = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")  # in PyLate's layout
     settings = Settings(

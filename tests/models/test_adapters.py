@@ -1,6 +1,6 @@
 """An embedding model with task adapters (:mod:`embedrank.models.adapters`) against sentence-transformers with the
-same PEFT adapters loaded: tiny seeded BERT, XLM-R (jina-embeddings-v3's base) and Qwen3 (jina-embeddings-v5's)
-models, each with three LoRA adapters in ``adapters/<name>/`` (``init_lora_weights=False``, so every update is far
+same PEFT adapters loaded: tiny seeded BERT, XLM-R, transformers' own jina-embeddings-v3 (``JinaEmbeddingsV3``) and
+Qwen3 (jina-embeddings-v5's base) models, each with three LoRA adapters in ``adapters/<name>/`` (``init_lora_weights=False``, so every update is far
 from zero). Each adapter's vectors equal sentence-transformers' ``set_adapter`` on torch and on the default
 backend (one export per adapter), a batch mixing adapters equals each adapter's own, the query and document roles
 pick the retrieval adapters with their prompts, and int8 vectors take each adapter's own ranges."""
@@ -26,6 +26,7 @@ TARGETS = {
     "bert": ["query", "key", "value", "dense"],
     "xlm-roberta": ["query", "value", "dense"],
     "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "jina-embeddings-v3": ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"],  # transformers' JinaEmbeddingsV3
 }
 TEXTS = [
     "a short one",
@@ -53,10 +54,37 @@ def peft_name(name: str) -> str:
     return name.replace(".", "_")
 
 
+def tiny_jina_v3(out: Path) -> None:
+    """A tiny seeded ``JinaEmbeddingsV3Model`` (transformers' own jina-embeddings-v3: XLM-R with rotary positions) in
+    sentence-transformers' layout: the tiny XLM-R's tokenizer and modules, its config and weights replaced."""
+    from transformers import JinaEmbeddingsV3Config, JinaEmbeddingsV3Model
+
+    from embedrank.testing.tiny import spread_weights
+
+    shutil.copytree(tiny_model("xlm-roberta"), out)
+    xlmr = json.loads((out / "config.json").read_text())
+    same = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    config = JinaEmbeddingsV3Config(
+        **{k: xlmr[k] for k in same},
+        max_position_embeddings=xlmr["max_position_embeddings"],
+        pad_token_id=xlmr["pad_token_id"],
+        bos_token_id=xlmr["bos_token_id"],
+        eos_token_id=xlmr["eos_token_id"],
+    )
+    torch.manual_seed(0)
+    model = JinaEmbeddingsV3Model(config).eval()
+    spread_weights(model, 0)
+    (out / "model.safetensors").unlink()
+    model.save_pretrained(str(out))
+
+
 def adapted_model(arch: str, out: Path) -> Path:
     """A copy of the tiny ``arch`` embedding model with :data:`NAMES`' adapters in ``adapters/<name>/`` and jina's
     task prompts, as jina-embeddings-v5 lays them out."""
-    shutil.copytree(tiny_model(arch), out)
+    if arch == "jina-embeddings-v3":
+        tiny_jina_v3(out)
+    else:
+        shutil.copytree(tiny_model(arch), out)
     torch.manual_seed(0)
     wanted = {peft_name(k): v for k, v in configs(TARGETS[arch]).items()}
     first = next(iter(wanted))
@@ -126,7 +154,7 @@ def test_tasks_and_roles_pick_the_adapter_and_its_prompt(model):
 
 
 @pytest.mark.slow  # one OpenVINO export per adapter: one architecture (torch's parity covers the others)
-@pytest.mark.parametrize("model", ["xlm-roberta"], indirect=True)
+@pytest.mark.parametrize("model", ["jina-embeddings-v3"], indirect=True)
 def test_each_adapter_on_the_default_backend_is_its_own_export_at_parity(model, monkeypatch):
     _, path, expected = model
     monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
@@ -174,7 +202,7 @@ def test_adapters_are_named_chosen_or_left_out_and_bad_ones_refused(model, tmp_p
         Encoder.from_pretrained(str(path), backend="torch", adapters={"x": tmp_path})
     with pytest.raises(InvalidInputError, match="not one folder"):
         Encoder.from_pretrained(str(path), backend="torch", adapters=str(path / "adapters" / "text-matching"))
-    other = "bert" if arch == "qwen3" else "qwen3"  # (XLM-R's layers are named as BERT's)
+    other = "bert" if arch in ("qwen3", "jina-embeddings-v3") else "qwen3"  # (XLM-R's layers are named as BERT's)
     with pytest.raises(UnsupportedModelError, match=r"trained on another base model|maps"):
         Encoder.from_pretrained(
             tiny_model(other), backend="torch", adapters={"tm": path / "adapters" / "text-matching"}
