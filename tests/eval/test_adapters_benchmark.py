@@ -23,4 +23,6 @@ def test_the_adapter_benchmark_times_every_system_and_measures_memory():
     medians = re.findall(r"^  (base|one adapter|mixed|merged models) +[\d.]+ texts/s +([\d.]+)x$", done.stdout, re.M)
     assert [name for name, _ in medians] == ["base", "one adapter", "mixed", "merged models"], done.stdout
     assert medians[0][1] == "1.00"
-    assert re.search(r"^  torch +base \d+ MiB; base \+ 2 adapters \d+ MiB \(\+-?\d+\); 2 merged models \d+ MiB", done.stdout, re.M), done.stdout
+    assert re.search(
+        r"^  torch +base \d+ MiB; base \+ 2 adapters \d+ MiB \(\+-?\d+\); 2 merged models \d+ MiB", done.stdout, re.M
+    ), done.stdout

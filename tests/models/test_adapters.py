@@ -240,6 +240,8 @@ def test_a_served_base_gives_each_adapters_vectors_to_the_openai_sdk(model):
             got = api.embeddings.create(model="jina-like", input=TEXTS, extra_body=extra)
             vectors = np.array([d.embedding for d in got.data], dtype=np.float32)
             assert np.abs(vectors - library).max() < 1e-5, extra
-        with pytest.raises(openai.BadRequestError, match="retrieval.passage, retrieval.query, text-matching") as info:
+        with pytest.raises(
+            openai.BadRequestError, match=r"retrieval\.passage, retrieval\.query, text-matching"
+        ) as info:
             api.embeddings.create(model="jina-like", input=TEXTS, extra_body={"adapter": "separation"})
         assert info.value.body["param"] == "adapter"  # type: ignore[index]

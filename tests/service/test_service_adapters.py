@@ -104,8 +104,18 @@ def test_a_task_of_a_role_selects_the_prompt_of_a_model_without_adapters(client)
 @pytest.mark.parametrize(
     ("model", "fields", "param", "words"),
     [
-        ("jina-like", {"adapter": "nope"}, "adapter", "its adapters: retrieval.query, retrieval.passage, text-matching"),
-        ("jina-like", {"task": "separation"}, "task", "its adapters: retrieval.query, retrieval.passage, text-matching"),
+        (
+            "jina-like",
+            {"adapter": "nope"},
+            "adapter",
+            "its adapters: retrieval.query, retrieval.passage, text-matching",
+        ),
+        (
+            "jina-like",
+            {"task": "separation"},
+            "task",
+            "its adapters: retrieval.query, retrieval.passage, text-matching",
+        ),
         ("e5-like", {"adapter": "text-matching"}, "adapter", "it has no adapters"),
         ("e5-like", {"task": "text-matching"}, "task", "it has no adapters"),
         ("jina-like", {"adapter": ""}, "adapter", ""),
@@ -118,7 +128,9 @@ def test_an_adapter_or_task_the_model_lacks_is_a_400_naming_the_choices(client, 
 
 
 def hits(client: TestClient) -> float:
-    found = re.search(r'^embedrank_embedding_cache_lookups_total\{result="hit"\} (\S+)$', client.get("/metrics").text, re.M)
+    found = re.search(
+        r'^embedrank_embedding_cache_lookups_total\{result="hit"\} (\S+)$', client.get("/metrics").text, re.M
+    )
     return float(found[1]) if found else 0.0
 
 
@@ -145,7 +157,9 @@ def test_a_batch_mixing_adapters_answers_each_line_as_its_direct_request(client)
         for i in range(40)
     ]
     uploaded = api.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
-    done = wait(api, api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id)
+    done = wait(
+        api, api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id
+    )
     assert done.status == "completed" and done.request_counts.completed == len(rows)
     output = [json.loads(x) for x in api.files.content(done.output_file_id).content.splitlines()]
     for row, line in zip(rows, output, strict=True):
