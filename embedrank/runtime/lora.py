@@ -245,6 +245,24 @@ class AdapterNames:
             ) from None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Chosen:
+    """Each position's adapter index, found once a forward pass: how many positions, the one index all take (None
+    when they differ), else each index's positions."""
+
+    count: int
+    sole: int | None
+    groups: dict[int, torch.Tensor]
+
+    @classmethod
+    def of(cls, indexes: torch.Tensor) -> _Chosen:
+        present = [int(i) for i in torch.unique(indexes)]
+        if len(present) == 1:
+            return cls(int(indexes.shape[0]), present[0], {})
+        groups = {i: (indexes == i).nonzero().squeeze(1) for i in present if i != BASE}
+        return cls(int(indexes.shape[0]), None, groups)
+
+
 class RowAdapters(AdapterNames):
     """``adapters`` attached to the linear layers of ``module`` they adapt (forward hooks), each applied to the rows
     that ask for it: :meth:`rows` gives, for the forward passes run inside it on this thread, each row's and every
@@ -272,9 +290,11 @@ class RowAdapters(AdapterNames):
     def rows(self, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[None]:
         """Within it, on this thread, the adapted layers add to each position of their input (flattened to
         ``(N, in)``) the update of adapter ``positions[n]`` ``(N,)`` (:data:`BASE`: none); a layer that sees one
-        position a row (a pooler on the first token) takes each row's, ``rows`` ``(B,)``."""
+        position a row (a pooler on the first token) takes each row's, ``rows`` ``(B,)``. Which positions take which
+        adapter is found once here, not at every layer; when they all take one, each layer adds its update to the
+        whole output, with no gathering."""
         before = getattr(self._local, "chosen", None)
-        self._local.chosen = (rows, positions)
+        self._local.chosen = (_Chosen.of(rows), _Chosen.of(positions))
         try:
             yield
         finally:
@@ -287,16 +307,20 @@ class RowAdapters(AdapterNames):
         if chosen is None:
             return None
         x = inputs[0].reshape(-1, inputs[0].shape[-1])
-        positions = next((c for c in reversed(chosen) if c.shape[0] == x.shape[0]), None)
-        if positions is None:
+        found = next((c for c in reversed(chosen) if c.count == x.shape[0]), None)
+        if found is None:
             raise RuntimeError(
-                f"adapter indexes for {chosen[1].shape[0]} positions or {chosen[0].shape[0]} rows, not {x.shape[0]}"
+                f"adapter indexes for {chosen[1].count} positions or {chosen[0].count} rows, not {x.shape[0]}"
             )
         out = output.reshape(-1, output.shape[-1])
         for index, layer in layers:
-            chosen = (positions == index).nonzero().squeeze(1)
-            if len(chosen):
-                out = out.index_add(0, chosen, lora_delta(x.index_select(0, chosen), layer).to(out.dtype))
+            if found.sole is not None:  # every position takes one adapter: its update on the whole output
+                if found.sole == index:
+                    out = out + lora_delta(x, layer).to(out.dtype)
+                continue
+            where = found.groups.get(index)
+            if where is not None:
+                out = out.index_add(0, where, lora_delta(x.index_select(0, where), layer).to(out.dtype))
         return out.reshape(output.shape)
 
     def detach(self) -> None:

@@ -146,6 +146,7 @@ BENCHMARKS = (
     _bench(
         "adapters",
         "Task adapters: one base with 3 LoRA adapters against the bare base and 3 merged models",
+        "--passages 300",
         about="texts/s of mixed-adapter batches against the bare base and one merged model per adapter; memory",
     ),
     _bench(

@@ -4,7 +4,7 @@ merged model per adapter, and the memory each way takes, in one run.
 
 The base is the packaged MiniLM; ``--adapters`` (3) LoRA adapters of rank ``--rank`` (16) over every linear layer
 of its transformer (as jina-embeddings-v3's are) are made with PEFT, seeded (their updates are random, not zero:
-what is timed is the same computation a trained adapter costs). The workload is ``--passages`` (600) SciFact
+what is timed is the same computation a trained adapter costs). The workload is ``--passages`` (300 in the record) SciFact
 documents (synthetic texts without the data directory), tokenized once, sorted by length and run in batches of
 ``--batch-size`` (32) through ``Encoder.embed_rows``, as the serving engine runs them. Each round runs every system
 once, in the same order (A B A B); each ratio is against the bare base of the same round, and the medians over
@@ -99,18 +99,19 @@ def run_rows(encoder: Any, rows: list[Any], size: int) -> int:
 
 
 def systems(
-    backend: str, base: str, folders: dict[str, str], texts: list[str], size: int
+    backend: str, base: str, folders: dict[str, str], texts: list[str], size: int, cache: str
 ) -> dict[str, Callable[[], int]]:
-    """What each system of ``backend`` runs per round."""
+    """What each system of ``backend`` runs per round (exports made in ``cache``, a temporary folder: the adapters'
+    folders are temporary too)."""
     from embedrank import Encoder
     from embedrank.registry import resolve
 
     names = list(folders)
-    bare = Encoder.from_pretrained(base, backend=backend, adapters=[])
-    adapted = Encoder.from_pretrained(base, backend=backend, adapters=folders)
+    bare = Encoder.from_pretrained(base, backend=backend, adapters=[], cache_dir=cache)
+    adapted = Encoder.from_pretrained(base, backend=backend, adapters=folders, cache_dir=cache)
     spec = resolve(base)
     merged = {
-        n: Encoder.from_spec(dataclasses.replace(spec, merged_adapter=f), backend=backend, adapters=[])
+        n: Encoder.from_spec(dataclasses.replace(spec, merged_adapter=f), backend=backend, adapters=[], cache_dir=cache)
         for n, f in folders.items()
     }
     plain_rows = rows_for(bare, texts, [None])
@@ -135,15 +136,18 @@ import embedrank.openmp
 from embedrank import Encoder
 from embedrank.registry import resolve
 from eval.harness.stats import rss_mib
-base, backend, how, folders = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+base, backend, how, folders, cache = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.argv[5]
 texts = ["a text of a few words to encode"] * 32
 if how == "base":
-    models = [Encoder.from_pretrained(base, backend=backend, adapters=[])]
+    models = [Encoder.from_pretrained(base, backend=backend, adapters=[], cache_dir=cache)]
 elif how == "adapters":
-    models = [Encoder.from_pretrained(base, backend=backend, adapters=folders)]
+    models = [Encoder.from_pretrained(base, backend=backend, adapters=folders, cache_dir=cache)]
 else:
     spec = resolve(base)
-    models = [Encoder.from_spec(dataclasses.replace(spec, merged_adapter=f), backend=backend, adapters=[]) for f in folders.values()]
+    models = [
+        Encoder.from_spec(dataclasses.replace(spec, merged_adapter=f), backend=backend, adapters=[], cache_dir=cache)
+        for f in folders.values()
+    ]
 for model in models:
     for name in model.adapters or [None]:
         model.encode(texts, adapter=name)
@@ -151,10 +155,10 @@ print(json.dumps(rss_mib()))
 """
 
 
-def memory(base: str, backend: str, how: str, folders: dict[str, str]) -> float:
+def memory(base: str, backend: str, how: str, folders: dict[str, str], cache: str) -> float:
     """The resident MiB of a fresh process that loaded ``how`` (base, adapters, merged) and encoded a batch."""
     done = subprocess.run(
-        [sys.executable, "-c", MEMORY_CHILD, base, backend, how, json.dumps(folders)],
+        [sys.executable, "-c", MEMORY_CHILD, base, backend, how, json.dumps(folders), cache],
         capture_output=True,
         text=True,
         check=True,
@@ -165,7 +169,7 @@ def memory(base: str, backend: str, how: str, folders: dict[str, str]) -> float:
 
 def run(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--passages", type=int, default=600)
+    p.add_argument("--passages", type=int, default=300)
     p.add_argument("--adapters", type=int, default=3)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=32)
@@ -186,11 +190,12 @@ def run(argv: list[str] | None = None) -> None:
         f"{cpu}, {torch.get_num_threads()} threads"
     )
     with tempfile.TemporaryDirectory(prefix="embedrank-adapters-") as tmp:
-        folders = make_adapters(base, Path(tmp), args.adapters, args.rank)
+        folders = make_adapters(base, Path(tmp) / "adapters", args.adapters, args.rank)
+        cache = str(Path(tmp) / "cache")  # the exports of temporary adapters: not the user's cache
         size = sum(f.stat().st_size for f in Path(tmp).rglob("adapter_model.safetensors")) / args.adapters
         print(f"each adapter: {size / 2**20:.2f} MiB on disk")
         for backend in args.backends:
-            runs = systems(backend, base, folders, texts, args.batch_size)
+            runs = systems(backend, base, folders, texts, args.batch_size, cache)
             for work in runs.values():  # warm: first passes, allocations
                 work()
             rates: dict[str, list[float]] = {name: [] for name in runs}
@@ -209,7 +214,7 @@ def run(argv: list[str] | None = None) -> None:
             print()
         print("memory: resident MiB of a fresh process that loaded it and encoded a batch with each adapter")
         for backend in args.backends:
-            found = {how: memory(base, backend, how, folders) for how in ("base", "adapters", "merged")}
+            found = {how: memory(base, backend, how, folders, cache) for how in ("base", "adapters", "merged")}
             print(
                 f"  {backend:<9} base {found['base']:.0f} MiB; base + {args.adapters} adapters {found['adapters']:.0f} MiB "
                 f"(+{found['adapters'] - found['base']:.0f}); {args.adapters} merged models {found['merged']:.0f} MiB "

@@ -170,7 +170,7 @@ class Ingestor:
             if refused is not None:  # before any chunk is embedded
                 raise InvalidFileError(refused)
             texts = [text for text, _ in pieces]
-            vectors = await self._embed(served, texts)
+            vectors = await self._embed(served, texts, store.adapter)
             sparse = await self._sparse(store.sparse_model, texts) if store.sparse_model else None
         except (UnsupportedFileError, InvalidFileError) as exc:
             await self._failed(file, exc.code, str(exc))  # type: ignore[arg-type]
@@ -224,10 +224,11 @@ class Ingestor:
 
         return await asyncio.gather(*(part(first) for first in range(0, len(texts), SLICE)))
 
-    async def _embed(self, served: HostedModel, texts: list[str]) -> np.ndarray:
-        """``(N, D)`` float32 vectors of the chunks."""
+    async def _embed(self, served: HostedModel, texts: list[str], adapter: str | None = None) -> np.ndarray:
+        """``(N, D)`` float32 vectors of the chunks (by the store's LoRA ``adapter``, if it names one)."""
         options = EmbedOptions(
             input_type="document",
+            adapter=adapter,
             priority=BACKGROUND_PRIORITY,
             cached=True,
             budget=self.settings.limits.max_request_tokens,

@@ -160,6 +160,7 @@ async def create_vector_store(
         metadata=data.metadata,
         model=models[0][0],
         sparse_model=models[1][0] if len(models) > 1 else None,
+        adapter=data.adapter,
         first_stage=data.first_stage,
         hybrid_weight=data.hybrid_weight,
         hybrid_weights=weights,

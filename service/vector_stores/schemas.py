@@ -83,6 +83,14 @@ class CreateVectorStoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fiel
             "`hybrid_weights` asks for SPLADE)"
         ),
     ] = None
+    adapter: Annotated[
+        Annotated[str, Meta(min_length=1)] | None,
+        Meta(
+            description="extension: the LoRA adapter of `model` that embeds the store's chunks and its queries (GET "
+            "/v1/models lists each model's); default: the retrieval adapters of a model that has them "
+            "(`retrieval.passage` for chunks, `retrieval.query` for queries), else the base model"
+        ),
+    ] = None
     first_stage: Annotated[
         Literal["dense", "bm25", "splade", "hybrid"],
         Meta(description=f"extension: the first stage of its searches: {FIRST_STAGES}"),
@@ -232,6 +240,7 @@ class VectorStoreObject(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] | None
     model: str
     sparse_model: str | None
+    adapter: str | None = None
     first_stage: str
     hybrid_weight: float
     hybrid_weights: dict[Stage, float]
@@ -351,6 +360,7 @@ def store_object(state: StoreState, now: int) -> VectorStoreObject:
         metadata=row.metadata,
         model=row.model,
         sparse_model=row.sparse_model,
+        adapter=row.adapter,
         first_stage=row.first_stage,
         hybrid_weight=row.hybrid_weight,
         hybrid_weights=dict(hybrid_weights(row.hybrid_weight, row.hybrid_weights)),

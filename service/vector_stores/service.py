@@ -276,6 +276,8 @@ class VectorStoreService:
         model: the one named, or the first served when its first stage or hybrid weights ask for SPLADE), and
         its hybrid weights if it names them."""
         models = [self.embedder(data.model)]
+        if data.adapter is not None:  # the adapter must be the model's: checked as a request's is
+            models[0][1].resolve(adapter=data.adapter)
         weights = data.hybrid_weights
         if data.sparse_model is not None or data.first_stage == "splade" or "splade" in (weights or {}):
             models.append(self.sparse_embedder(data.sparse_model))
@@ -388,11 +390,12 @@ class VectorStoreService:
         runs = self.stages(store, stage, weights, req.hybrid_weight)
         models = self.embedders(store)
         asked = EmbedOptions(input_type="query", truncate=False, budget=limits.max_request_tokens)
+        dense_asked = dataclasses.replace(asked, adapter=store.adapter)
         vectors = sparse = None
         model_id, served = models[0]
         try:
             if "dense" in runs:
-                vectors = (await served.embed(queries, asked)).output.embeddings
+                vectors = (await served.embed(queries, dense_asked)).output.embeddings
             if "splade" in runs:
                 model_id, served = models[1]
                 sparse = (await served.sparse(queries, asked)).output.sparse

@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS vector_stores (
     hybrid_weight {real} NOT NULL,
     hybrid_weights TEXT,
     sparse_model TEXT,
+    adapter TEXT,
     index_kind TEXT NOT NULL DEFAULT 'auto',
     chunk_size INTEGER NOT NULL,
     chunk_overlap INTEGER NOT NULL,
@@ -110,6 +111,15 @@ CREATE TABLE IF NOT EXISTS vector_store_batch_files (
 each file batch keeps its own list of files in ``vector_store_batch_files``."""
 
 
+def migrated(db: Connection) -> None:
+    """What a database written by an earlier version lacks: the stores' ``adapter`` column (none: the base model),
+    and each file batch's own list of files (:func:`listed_batches`)."""
+    columns = {column[0] for column in db.execute("SELECT * FROM vector_stores LIMIT 0").description}
+    if "adapter" not in columns:
+        db.execute("ALTER TABLE vector_stores ADD COLUMN adapter TEXT")
+    listed_batches(db)
+
+
 def listed_batches(db: Connection) -> None:
     """Fill each file batch's list of files from its files' rows, once, in a database written before batches kept
     their own lists (then a file attached again by a later batch had left the earlier one's list)."""
@@ -148,8 +158,8 @@ class TooManyFilesError(StoreError):
 
 
 class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A vector store: OpenAI's fields, its owner, how it searches (the embedding ``model``, the SPLADE
-    ``sparse_model`` if it has one, the ``first_stage``, the weights of a hybrid — ``hybrid_weights``, or dense
+    """A vector store: OpenAI's fields, its owner, how it searches (the embedding ``model`` and the LoRA ``adapter``
+    its chunks and queries run with, if any, the SPLADE ``sparse_model`` if it has one, the ``first_stage``, the weights of a hybrid — ``hybrid_weights``, or dense
     ``hybrid_weight`` and BM25 the rest — and the dense stage's ``index_kind``), its default chunking, and the
     ``version`` of what a search sees."""
 
@@ -161,6 +171,7 @@ class StoreRow(msgspec.Struct, frozen=True, kw_only=True):
     metadata: dict[str, str] | None
     model: str
     sparse_model: str | None = None
+    adapter: str | None = None
     first_stage: FirstStageName
     hybrid_weight: float
     hybrid_weights: dict[Stage, float] | None = None
@@ -298,7 +309,7 @@ class VectorStoreTables:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        storage.create(SCHEMA, listed_batches)
+        storage.create(SCHEMA, migrated)
         self.leases = Leases(storage, "vector_store_files")
 
     # -- stores -------------------------------------------------------------------------------------
@@ -312,6 +323,7 @@ class VectorStoreTables:
         model: str,
         sparse_model: str | None,
         first_stage: str,
+        adapter: str | None = None,
         hybrid_weight: float,
         hybrid_weights: dict[Stage, float] | None,
         index_kind: str,
@@ -336,7 +348,7 @@ class VectorStoreTables:
             db.execute(
                 "INSERT INTO vector_stores (id, owner, name, description, metadata, model, sparse_model, first_stage, "
                 "hybrid_weight, hybrid_weights, index_kind, chunk_size, chunk_overlap, expires_after_days, created_at, "
-                "last_active_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "last_active_at, adapter) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     store_id,
                     owner,
@@ -354,6 +366,7 @@ class VectorStoreTables:
                     expires_after_days,
                     now,
                     now,
+                    adapter,
                 ),
             )
             return _store(db.execute("SELECT * FROM vector_stores WHERE id = ?", (store_id,)).fetchone())

@@ -1048,3 +1048,44 @@ def test_one_keys_searches_hold_at_most_their_share_of_the_search_threads():
         threads.close()
     assert most[0] == 2  # key A never held more than its share
     assert SearchThreads(per_key=8, threads=3).per_key == 2  # a key never holds every thread
+
+
+def test_a_store_embeds_its_chunks_and_queries_with_the_adapter_it_names(tmp_path):
+    """A store created with ``adapter`` embeds its chunks and its queries with that adapter of its model; one that
+    names none takes the model's retrieval adapters (``retrieval.passage`` for chunks, ``retrieval.query`` for
+    queries); an adapter the model lacks is refused at creation, naming the model's."""
+    from embedrank.testing.fake import FAKE_ADAPTERS
+
+    adapted = FakeEncoder("enc", max_seq_length=512, adapters=FAKE_ADAPTERS)
+    with running_app(tmp_path / "store", models={**fakes(), "enc": adapted}) as client:
+        api = sdk(client)
+        query = "roasted coffee beans"
+        for adapter, chunks, queries in (
+            ("text-matching", "text-matching", "text-matching"),
+            (None, "retrieval.passage", "retrieval.query"),
+        ):
+            store_id = make_store(api, **({"adapter": adapter} if adapter else {}))
+            assert api.vector_stores.retrieve(store_id).model_extra["adapter"] == adapter  # type: ignore[index]
+            hits = api.vector_stores.search(store_id, query=query, ranking_options={"ranker": "none"}).data
+            texts = [h.content[0].text for h in hits]
+            expected = adapted.encode(texts, adapter=chunks) @ adapted.encode([query], adapter=queries)[0]
+            np.testing.assert_allclose([h.score for h in hits], expected, atol=1e-5)
+        with pytest.raises(openai.BadRequestError, match="its adapters: retrieval.query") as refused:
+            api.vector_stores.create(name="x", extra_body={"adapter": "nope"})
+        assert refused.value.body["param"] == "adapter"  # type: ignore[index]
+
+
+def test_a_database_written_before_stores_named_an_adapter_gets_the_column(tables):
+    from service.vector_stores.store import migrated
+
+    with tables.storage.write() as db:
+        db.execute("ALTER TABLE vector_stores DROP COLUMN adapter")  # as an earlier version made it
+    with tables.storage.write() as db:
+        migrated(db)
+        migrated(db)  # once: a database with the column is left as it is
+    store = tables.create_store(
+        "o", name=None, description=None, metadata=None, model="m", sparse_model=None, first_stage="dense",
+        hybrid_weight=0.5, hybrid_weights=None, index_kind="auto", chunk_size=100, chunk_overlap=10,
+        expires_after_days=None, max_stores=10, adapter="support",
+    )  # fmt: skip
+    assert tables.get_store("o", store.id).adapter == "support"
