@@ -312,16 +312,16 @@ class RowAdapters(AdapterNames):
             raise RuntimeError(
                 f"adapter indexes for {chosen[1].count} positions or {chosen[0].count} rows, not {x.shape[0]}"
             )
-        out = output.reshape(-1, output.shape[-1])
+        out = output.reshape(-1, output.shape[-1])  # the layer's own fresh output: the updates are added in place
         for index, layer in layers:
             if found.sole is not None:  # every position takes one adapter: its update on the whole output
                 if found.sole == index:
-                    out = out + lora_delta(x, layer).to(out.dtype)
+                    out.addmm_(x @ layer.a.T, layer.b.T, alpha=layer.scale)
                 continue
             where = found.groups.get(index)
             if where is not None:
-                out = out.index_add(0, where, lora_delta(x.index_select(0, where), layer).to(out.dtype))
-        return out.reshape(output.shape)
+                out.index_add_(0, where, lora_delta(x.index_select(0, where), layer))
+        return out.reshape(output.shape)  # a view of ``output`` (a copy, updated, were it not contiguous)
 
     def detach(self) -> None:
         """Remove the hooks: the model computes as its base again."""
