@@ -36,6 +36,9 @@ CONFIG = "adapter_config.json"
 WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 BASE = -1
 """The adapter index of a row that uses none (the base model alone)."""
+MASKED_UP_TO = 4
+"""The most adapters in one batch whose updates are computed for every position and masked (more: each on its own
+positions, gathered): a masked update costs a low-rank product of the whole batch per adapter present."""
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>A|B)(?:\.[^.]+)?\.weight$")
 
 
@@ -248,19 +251,25 @@ class AdapterNames:
 @dataclasses.dataclass(frozen=True)
 class _Chosen:
     """Each position's adapter index, found once a forward pass: how many positions, the one index all take (None
-    when they differ), else each index's positions."""
+    when they differ); else, for each adapter present, a ``(N, 1)`` mask of its positions (up to
+    :data:`MASKED_UP_TO` adapters: each update is computed for every position and masked, which on a CPU costs less
+    than gathering the positions and scattering their updates back) or, with more, its positions."""
 
     count: int
     sole: int | None
+    masks: dict[int, torch.Tensor]
     groups: dict[int, torch.Tensor]
 
     @classmethod
     def of(cls, indexes: torch.Tensor) -> _Chosen:
+        count = int(indexes.shape[0])
         present = [int(i) for i in torch.unique(indexes)]
         if len(present) == 1:
-            return cls(int(indexes.shape[0]), present[0], {})
-        groups = {i: (indexes == i).nonzero().squeeze(1) for i in present if i != BASE}
-        return cls(int(indexes.shape[0]), None, groups)
+            return cls(count, present[0], {}, {})
+        adapters = [i for i in present if i != BASE]
+        if len(adapters) <= MASKED_UP_TO:
+            return cls(count, None, {i: (indexes == i).unsqueeze(1).float() for i in adapters}, {})
+        return cls(count, None, {}, {i: (indexes == i).nonzero().squeeze(1) for i in adapters})
 
 
 class RowAdapters(AdapterNames):
@@ -318,6 +327,9 @@ class RowAdapters(AdapterNames):
                 if found.sole == index:
                     out.addmm_(x @ layer.a.T, layer.b.T, alpha=layer.scale)
                 continue
+            mask = found.masks.get(index)
+            if mask is not None:  # the update of every position, kept on this adapter's (cheaper than gathering)
+                out.addmm_((x @ layer.a.T).mul_(mask.to(x.dtype)), layer.b.T, alpha=layer.scale)
             where = found.groups.get(index)
             if where is not None:
                 out.index_add_(0, where, lora_delta(x.index_select(0, where), layer))

@@ -159,3 +159,22 @@ def test_unknown_names_other_models_and_more_than_lora_are_refused(adapted, tmp_
     runtime.adapters.detach()  # type: ignore[union-attr]
     rows = torch.tensor([runtime.adapters.index("retrieval")])  # type: ignore[union-attr]
     assert torch.equal(runtime({**features, "adapter_ids": rows}), plain(dict(features)))  # hooks gone: the base
+
+
+def test_a_mixed_batch_gives_the_same_states_masked_or_gathered(adapted, monkeypatch):
+    """Up to MASKED_UP_TO adapters a batch's updates are computed for every position and masked; past it, each on
+    its own positions: the same states either way."""
+    from embedrank.runtime import lora
+
+    _, base, folder, states, features = adapted
+    runtime = runtime_with_adapters(base, folder)
+    chosen = ["matching", None, "retrieval", "classification", "matching"]
+    rows = torch.tensor([runtime.adapters.index(n) for n in chosen])  # type: ignore[union-attr]
+    masked = runtime({**features, "adapter_ids": rows})
+    monkeypatch.setattr(lora, "MASKED_UP_TO", 0)
+    gathered = runtime({**features, "adapter_ids": rows})
+    mask = features["attention_mask"]
+    assert (real(masked, mask) - real(gathered, mask)).abs().max().item() <= TOLERANCE
+    for row, name in enumerate(chosen):
+        m = mask[row].bool()
+        assert (gathered[row][m] - states[name][row][m]).abs().max().item() <= TOLERANCE

@@ -1070,7 +1070,7 @@ def test_a_store_embeds_its_chunks_and_queries_with_the_adapter_it_names(tmp_pat
             texts = [h.content[0].text for h in hits]
             expected = adapted.encode(texts, adapter=chunks) @ adapted.encode([query], adapter=queries)[0]
             np.testing.assert_allclose([h.score for h in hits], expected, atol=1e-5)
-        with pytest.raises(openai.BadRequestError, match="its adapters: retrieval.query") as refused:
+        with pytest.raises(openai.BadRequestError, match=r"its adapters: retrieval\.query") as refused:
             api.vector_stores.create(name="x", extra_body={"adapter": "nope"})
         assert refused.value.body["param"] == "adapter"  # type: ignore[index]
 
