@@ -24,7 +24,7 @@ from embedrank.serving.pool import ModelPool
 from service import api
 from service.context import Context
 from service.errors import invalid
-from service.schemas import INT32_MAX, CohereMeta, EmbeddingsRequest, NonEmptyText, Priority, cohere_meta
+from service.schemas import INT32_MAX, Adapter, CohereMeta, EmbeddingsRequest, NonEmptyText, Priority, cohere_meta
 from service.settings import Images, Limits
 
 CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -97,14 +97,7 @@ class CohereEmbedRequest(Struct, kw_only=True):
         Annotated[int, Meta(ge=1, le=INT32_MAX)] | None,
         Meta(description="v2: at most this many tokens per text; only the model's window or more is supported"),
     ] = None
-    adapter: Annotated[
-        Annotated[str, Meta(min_length=1)] | None,
-        Meta(
-            description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them); an unknown "
-            "name is a 400 that lists them",
-            examples=["retrieval.query"],
-        ),
-    ] = None
+    adapter: Adapter = None
     priority: Priority = 0
 
 

@@ -12,6 +12,15 @@ from service.errors import NO_NUL
 NonEmptyText = Annotated[str, Meta(min_length=1)]
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+Adapter = Annotated[
+    NonEmptyText | None,
+    Meta(
+        description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them); an unknown name "
+        "is a 400 that lists them",
+        examples=["retrieval.query"],
+    ),
+]
+"""A request's ``adapter`` field (OpenAI's, Cohere's and TEI's bodies)."""
 Priority = Annotated[
     int,
     Meta(
@@ -94,14 +103,7 @@ class EmbeddingsRequest(Struct, kw_only=True):
             examples=["retrieval.query"],
         ),
     ] = None
-    adapter: Annotated[
-        Annotated[str, Meta(min_length=1)] | None,
-        Meta(
-            description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them); an unknown "
-            "name is a 400 that lists them",
-            examples=["retrieval.query"],
-        ),
-    ] = None
+    adapter: Adapter = None
     truncate: Annotated[
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
     ] = True

@@ -24,7 +24,7 @@ from embedrank.serving.pool import ModelPool
 from service import api
 from service.context import Context
 from service.errors import invalid
-from service.schemas import INT32_MAX, EmbeddingsRequest, NonEmptyText, RerankRequest
+from service.schemas import INT32_MAX, Adapter, EmbeddingsRequest, NonEmptyText, RerankRequest
 from service.settings import Settings
 
 Direction = Literal["Left", "Right", "left", "right"]
@@ -55,13 +55,7 @@ class TEIEmbedRequest(Struct, kw_only=True):
         Meta(description="Truncate the vectors to this many dimensions (renormalized when normalize is true)"),
     ] = None
     model: ModelField = None
-    adapter: Annotated[
-        Annotated[str, Meta(min_length=1)] | None,
-        Meta(
-            description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them); an unknown "
-            "name is a 400 that lists them"
-        ),
-    ] = None
+    adapter: Adapter = None
 
 
 class TEIRerankRequest(Struct, kw_only=True):

@@ -505,6 +505,16 @@ class HostedModel(ModelPlan):
             )
         return Resolved(task=role, runner=self.runner_for(role), prompt=prompt, adapter=adapter)
 
+    def resolve_options(self, options: EmbedOptions) -> Resolved:
+        """:meth:`resolve` of an embedding call's options (the names of its request's fields cited in errors)."""
+        return self.resolve(
+            input_type=options.input_type,
+            prompt_name=options.prompt_name,
+            task=options.task,
+            adapter=options.adapter,
+            fields=options.fields,
+        )
+
     def _adapter_choices(self) -> str:
         if not self.adapter_names:
             return "it has no adapters (a task of the query or document role selects its prompt)"
@@ -534,13 +544,7 @@ class HostedModel(ModelPlan):
                 f"model (CLIP, SigLIP: GET /v1/models lists each model's inputs)",
                 param=first.field,
             )
-        chosen = self.resolve(
-            input_type=options.input_type,
-            prompt_name=options.prompt_name,
-            task=options.task,
-            adapter=options.adapter,
-            fields=options.fields,
-        )
+        chosen = self.resolve_options(options)
         types = options.types
         asked = set(types)
         outputs = {"sparse", "multivector"} & asked
@@ -602,13 +606,7 @@ class HostedModel(ModelPlan):
         """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and branch the request
         asks for (:meth:`resolve`): the output's rows ``(N, V)`` of ``scipy.sparse`` in input order, and each
         as ``(indices, values)``."""
-        chosen = self.resolve(
-            input_type=options.input_type,
-            prompt_name=options.prompt_name,
-            task=options.task,
-            adapter=options.adapter,
-            fields=options.fields,
-        )
+        chosen = self.resolve_options(options)
         tracing.note_operation("embeddings")
         out = await cast(EmbeddingRunner, chosen.runner).embed(texts, options, prompt=chosen.prompt)
         tracing.note_usage(out.total_tokens)
