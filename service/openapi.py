@@ -7,12 +7,15 @@ the result with schemathesis: a request the schema calls valid is accepted, one 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, get_args
 
 import msgspec
 from litestar import Litestar
 from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIType, Parameter, Reference, RequestBody, Schema
 
+from embedrank.models.adapters import role_tasks
+from embedrank.runtime.lora import find_adapters
 from embedrank.serving.pool import ModelPool
 from service.errors import NO_NUL
 from service.schemas import INT32_MAX, PURPOSES, RERANK_EXAMPLE_REQUEST, EmbeddingType
@@ -22,6 +25,7 @@ from service.tei import Rank, TEIRerankRequest
 REF = "#/components/schemas/{name}"
 EXAMPLES = {"/rerank": RERANK_EXAMPLE_REQUEST, "/": {"inputs": ["first text", "second text"]}}
 NULL = Schema(type=OpenAPIType.NULL)
+ADAPTER_BODIES = ("EmbeddingsRequest", "CohereEmbedRequest", "TEIEmbedRequest", "CreateVectorStoreRequest")
 
 
 def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: bool = True) -> None:
@@ -34,6 +38,7 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
     - the served models: ``model`` is an ``enum`` of the ids and aliases that serve the route (those of
       ``/v1/models``), ``dimensions`` is at most the largest served embedding dimension, ``prompt_name``
       one of the served prompts (only null when no model has prompts), and not given with ``input_type``;
+    - ``adapter`` one of the served adapters, ``task`` one of them or a task of the query or document role;
     - ``embedding_types`` offers ``sparse`` only when a bge-m3 or SPLADE model is served, ``multivector`` when a
       bge-m3 or ColBERT model is (with other models too, asking one of those for them is a 400
       ``output_not_available``);
@@ -91,6 +96,7 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
             properties={"input_type": Schema(type=OpenAPIType.STRING), "prompt_name": Schema(type=OpenAPIType.STRING)},
             required=["input_type", "prompt_name"],
         )
+    _complete_adapters(schemas, pool)
     _complete_compat(app, limits, pool)
     for name in ("EmbeddingsRequest", "TokenizeRequest", "RerankRequest", "CohereEmbedRequest", "TEIEmbedRequest"):
         _nullable_optionals(schemas[name])  # type: ignore[arg-type]
@@ -163,6 +169,33 @@ VECTOR_STORE_BODIES = (
     "StaticParams",
     "AutoChunking",
 )
+
+
+def _complete_adapters(schemas: dict[str, Any], pool: ModelPool) -> None:
+    """``adapter`` one of the served embedding models' LoRA adapters (only null when none has any), ``task`` one of
+    them or a task of the query or document role (which every model takes), as the prompt names are completed."""
+    names = sorted({n for plan in pool.plans.values() if plan.kind == "embedding" for n in served_adapters(plan)})
+    for body, field, allowed in (
+        *((schemas.get(name), "adapter", names) for name in ADAPTER_BODIES),
+        (schemas.get("EmbeddingsRequest"), "task", sorted({*names, *role_tasks()})),
+    ):
+        prop = (body.properties or {}).get(field) if body is not None else None
+        if prop is None:
+            continue
+        text = next(o for o in prop.one_of if getattr(o, "type", None) == OpenAPIType.STRING)
+        if allowed:
+            text.enum, text.examples = allowed, allowed[:1]
+        else:  # no served model has adapters: only null is valid
+            prop.one_of = [o for o in prop.one_of if o is not text]
+
+
+def served_adapters(plan: Any) -> list[str]:
+    """The adapters a planned model will serve, by name: its entry's, else those its folder ships."""
+    if getattr(plan, "adapter_names", ()):  # served: what it runs
+        return list(plan.adapter_names)
+    if plan.adapters is not None:
+        return list(plan.adapters)
+    return list(find_adapters(plan.spec.path)) if Path(plan.spec.path).is_dir() else []
 
 
 def _complete_vector_stores(schemas: dict[str, Any], limits: Limits, pool: ModelPool) -> None:

@@ -68,7 +68,7 @@ def parse_model_entry(text: str) -> ModelEntry:
     """One ``EMBEDRANK_MODELS`` entry: ``id``, ``id=path`` or either with ``@backend[:precision]``.
 
     >>> parse_model_entry("minilm-int8=sentence-transformers/all-MiniLM-L6-v2@openvino:int8")
-    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), ranges=None, calibration=None, backend='openvino', precision='int8', device=None, trust_remote_code=False)
+    ModelEntry(id='minilm-int8', path='sentence-transformers/all-MiniLM-L6-v2', aliases=(), ranges=None, calibration=None, backend='openvino', precision='int8', device=None, trust_remote_code=False, adapters=None)
     >>> parse_model_entry("minilm@torch").backend
     'torch'
     """

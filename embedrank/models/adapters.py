@@ -95,6 +95,16 @@ def role_of_task(task: str) -> str | None:
     return next((role for role, names in ROLES.items() if task == role or task in names[:-1]), None)
 
 
+def role_tasks() -> tuple[str, ...]:
+    """The tasks that name a role (:func:`role_of_task`), which every model takes (one without adapters selects the
+    role's prompt).
+
+    >>> role_tasks()
+    ('query', 'retrieval.query', 'document', 'retrieval.passage', 'passage')
+    """
+    return tuple(dict.fromkeys(name for role, names in ROLES.items() for name in (role, *names[:-1])))
+
+
 def adapter_prompt(prompts: Mapping[str, str], adapter: str | None) -> str | None:
     """The name of the prompt that goes with ``adapter``: the model's prompt of the same name, else None.
 
