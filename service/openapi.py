@@ -7,15 +7,12 @@ the result with schemathesis: a request the schema calls valid is accepted, one 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, get_args
 
 import msgspec
 from litestar import Litestar
 from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIType, Parameter, Reference, RequestBody, Schema
 
-from embedrank.models.adapters import role_tasks
-from embedrank.runtime.lora import find_adapters
 from embedrank.serving.pool import ModelPool
 from service.errors import NO_NUL
 from service.schemas import INT32_MAX, PURPOSES, RERANK_EXAMPLE_REQUEST, EmbeddingType
@@ -174,10 +171,12 @@ VECTOR_STORE_BODIES = (
 def _complete_adapters(schemas: dict[str, Any], pool: ModelPool) -> None:
     """``adapter`` one of the served embedding models' LoRA adapters (only null when none has any), ``task`` one of
     them or a task of the query or document role (which every model takes), as the prompt names are completed."""
-    names = sorted({n for plan in pool.plans.values() if plan.kind == "embedding" for n in served_adapters(plan)})
+    plans = list(pool.plans.values())
+    names = sorted({n for plan in plans for n in plan.served_adapters})
+    tasks = sorted({t for plan in plans if plan.kind == "embedding" for t in plan.task_names()})
     for body, field, allowed in (
         *((schemas.get(name), "adapter", names) for name in ADAPTER_BODIES),
-        (schemas.get("EmbeddingsRequest"), "task", sorted({*names, *role_tasks()})),
+        (schemas.get("EmbeddingsRequest"), "task", tasks),
     ):
         prop = (body.properties or {}).get(field) if body is not None else None
         if prop is None:
@@ -187,15 +186,6 @@ def _complete_adapters(schemas: dict[str, Any], pool: ModelPool) -> None:
             text.enum, text.examples = allowed, allowed[:1]
         else:  # no served model has adapters: only null is valid
             prop.one_of = [o for o in prop.one_of if o is not text]
-
-
-def served_adapters(plan: Any) -> list[str]:
-    """The adapters a planned model will serve, by name: its entry's, else those its folder ships."""
-    if getattr(plan, "adapter_names", ()):  # served: what it runs
-        return list(plan.adapter_names)
-    if plan.adapters is not None:
-        return list(plan.adapters)
-    return list(find_adapters(plan.spec.path)) if Path(plan.spec.path).is_dir() else []
 
 
 def _complete_vector_stores(schemas: dict[str, Any], limits: Limits, pool: ModelPool) -> None:

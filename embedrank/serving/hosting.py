@@ -27,7 +27,7 @@ from embedrank.errors import InvalidInputError, OutputNotAvailableError
 from embedrank.math.quantization import quantize
 from embedrank.math.ranking import RankedResult, rank_scores
 from embedrank.math.sparse import row_arrays, row_pairs
-from embedrank.models.adapters import adapter_for, adapter_prompt, role_of_task
+from embedrank.models.adapters import adapter_for, adapter_prompt, role_of_task, role_tasks
 from embedrank.models.colbert import ColBERTEncoder
 from embedrank.models.cross_encoder import CrossEncoder
 from embedrank.models.encoder import Encoder
@@ -41,6 +41,7 @@ from embedrank.models.tokens import TokenSpan
 from embedrank.registry import ModelSpec
 from embedrank.runtime.devices import GPU_MAX_BATCH_TOKENS as GPU_MAX_BATCH_TOKENS  # the settings' reference names it
 from embedrank.runtime.devices import gpu_batch_tokens
+from embedrank.runtime.lora import find_adapters
 from embedrank.serving import tracing
 from embedrank.serving.colbert import AsyncColBERTEncoder
 from embedrank.serving.engine import CPU_BATCH_SIZE, CPU_BATCH_TOKENS, BatchEngine, BatchReport, EngineConfig
@@ -319,6 +320,21 @@ class ModelPlan:
         return self.declared.scorer
 
     @property
+    def served_adapters(self) -> list[str]:
+        """The LoRA adapters it will serve, by name (an embedding model's): its entry's, else those its folder
+        ships."""
+        if self.kind != "embedding":
+            return []
+        if self.adapters is not None:
+            return list(self.adapters)
+        return list(find_adapters(self.spec.path))
+
+    def task_names(self) -> list[str]:
+        """What an embedding request's ``task`` may name for it: one of :attr:`served_adapters`, or a task of the
+        query or document role (which every model takes)."""
+        return sorted({*self.served_adapters, *role_tasks()})
+
+    @property
     def batch_bounds(self) -> tuple[int, int]:
         """(padded tokens, items) a forward pass holds at most: the engine's defaults until it is served."""
         return CPU_BATCH_TOKENS, CPU_BATCH_SIZE
@@ -371,6 +387,11 @@ class HostedModel(ModelPlan):
     branch_table: BranchTable | None = None
     cache: VectorCache | None = None  # computed vectors, for the requests that ask (``embed(cached=True)``)
     adapter_names: tuple[str, ...] = ()  # the LoRA adapters it runs (a request's ``adapter`` or ``task`` picks one)
+
+    @property
+    def served_adapters(self) -> list[str]:
+        """The LoRA adapters it runs, by name."""
+        return list(self.adapter_names)
 
     @classmethod
     def start(
