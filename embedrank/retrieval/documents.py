@@ -13,12 +13,13 @@ text of a file at most ``max_chars`` characters; past a bound the file is refuse
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import PurePath
-from typing import Any
+from typing import Any, BinaryIO, NamedTuple
 
 from embedrank.errors import EmbedrankError
 
@@ -70,17 +71,35 @@ def file_type(filename: str) -> str:
     return TYPES[suffix]
 
 
-def _utf8(content: bytes, filename: str) -> str:
+def _utf8(content: bytes, filename: str, offset: int = 0) -> str:
     try:
-        return content.decode("utf-8-sig")
+        return content.decode("utf-8-sig" if offset == 0 else "utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidFileError(f"{filename[:100]!r} is not UTF-8 text (byte {exc.start})") from None
+        raise InvalidFileError(f"{filename[:100]!r} is not UTF-8 text (byte {offset + exc.start})") from None
+
+
+class Piece(NamedTuple):
+    """A part of one document's text, as :func:`stream_documents` gives it: a document's pieces come in order, the
+    first with ``first`` and the document's attributes, the last with ``last`` (a short document's only piece has
+    both)."""
+
+    text: str
+    first: bool
+    last: bool
+    attributes: Mapping[str, str | int | float | bool]
+
+
+PIECE_CHARS = 1 << 20
+"""Characters of text one :class:`Piece` holds at most."""
+BLOCK_BYTES = 1 << 20
+"""Bytes of a plain-text file read at a time."""
 
 
 def read_documents(
     filename: str, content: bytes, *, max_pages: int = 500, max_chars: int = 10_000_000
 ) -> list[Document]:
-    """The documents of a file named ``filename`` holding ``content`` (one, except for JSON Lines).
+    """The documents of a file named ``filename`` holding ``content`` (one, except for JSON Lines): the pieces of
+    :func:`stream_documents`, joined.
 
     >>> [d.text for d in read_documents("a.html", b"<html><script>x()</script><p>Hello <b>world</b></p></html>")]
     ['Hello world']
@@ -91,45 +110,117 @@ def read_documents(
         UnsupportedFileError: a type that is not read.
         InvalidFileError: content that is not of its type, or past ``max_pages`` or ``max_chars``.
     """
+    return joined(stream_documents(filename, io.BytesIO(content), max_pages=max_pages, max_chars=max_chars))
+
+
+def joined(pieces: Iterable[Piece]) -> list[Document]:
+    """The documents whose ``pieces`` are given, whole."""
+    docs: list[Document] = []
+    parts: list[str] = []
+    attributes: Mapping[str, str | int | float | bool] = {}
+    for piece in pieces:
+        if piece.first:
+            parts, attributes = [], piece.attributes
+        parts.append(piece.text)
+        if piece.last:
+            docs.append(Document("".join(parts), attributes))
+    return docs
+
+
+def stream_documents(
+    filename: str, source: BinaryIO, *, max_pages: int = 500, max_chars: int = 10_000_000
+) -> Iterator[Piece]:
+    """The documents of a file named ``filename`` read from ``source``, as pieces of at most :data:`PIECE_CHARS`
+    characters: plain text and Markdown are read and decoded :data:`BLOCK_BYTES` at a time and JSON Lines a line at
+    a time, so that reading them holds a piece (a line) and not the file; JSON, HTML and PDF are parsed whole, then
+    given in pieces. NUL characters are removed, and the characters are counted as they are read: past
+    ``max_chars`` the file is refused at once.
+
+    >>> [p.text for p in stream_documents("a.txt", io.BytesIO(b"green\\x00 tea"))]
+    ['green tea']
+
+    Raises:
+        UnsupportedFileError: a type that is not read.
+        InvalidFileError: content that is not of its type, or past ``max_pages`` or ``max_chars``.
+    """
     kind = file_type(filename)
-    if kind == "pdf":
-        docs = [Document(_pdf_text(content, filename, max_pages, max_chars))]
-    elif kind == "html":
-        docs = [Document(_html_text(content, filename))]
+    counted = _Counted(filename, max_chars)
+    if kind in ("text", "markdown"):
+        yield from counted.pieces(_text_blocks(source, filename), {})
     elif kind == "jsonl":
-        docs = _jsonl_documents(_utf8(content, filename), filename)
+        for text, attributes in _jsonl_documents(source, filename):
+            yield from counted.pieces(iter([text]), attributes)
     else:
-        text = _utf8(content, filename)
-        if kind == "json":
+        if kind == "pdf":
+            text = _pdf_text(source.read(), filename, max_pages, max_chars)
+        elif kind == "html":
+            text = _html_text(source.read(), filename)
+        else:
+            text = _utf8(source.read(), filename)
             try:
                 json.loads(text)
             except ValueError as exc:
                 raise InvalidFileError(f"{filename[:100]!r} is not JSON: {exc}") from None
             except RecursionError:
                 raise InvalidFileError(f"{filename[:100]!r} nests too deeply to be read as JSON") from None
-        docs = [Document(text)]
-    docs = [_without_nul(d) for d in docs]
-    chars = sum(len(d.text) for d in docs)
-    if chars > max_chars:
-        raise InvalidFileError(f"{filename[:100]!r} holds {chars} characters of text; the limit is {max_chars}")
-    return docs
+        yield from counted.pieces(iter([text]), {})
 
 
-def _without_nul(doc: Document) -> Document:
-    """``doc`` with its NUL characters (U+0000: no text, and what a PostgreSQL text column cannot hold) removed from
-    its text and its attributes."""
+class _Counted:
+    """Cuts documents' texts into pieces, NUL removed, counting their characters against ``max_chars``."""
 
-    def clean(value: Any) -> Any:
-        return value.replace("\x00", "") if isinstance(value, str) else value
+    def __init__(self, filename: str, max_chars: int) -> None:
+        self.filename, self.max_chars, self.chars = filename, max_chars, 0
 
-    if "\x00" not in doc.text and not any("\x00" in k or "\x00" in str(v) for k, v in doc.attributes.items()):
-        return doc
-    return Document(clean(doc.text), {clean(k): clean(v) for k, v in doc.attributes.items()})
+    def pieces(self, texts: Iterator[str], attributes: Mapping[str, Any]) -> Iterator[Piece]:
+        """One document, whose text is the concatenation of ``texts``."""
+        attributes = {_without_nul(k): _without_nul(v) for k, v in attributes.items()}
+        first, waiting = True, ""
+        for text in texts:
+            text = _without_nul(text)
+            self.chars += len(text)
+            if self.chars > self.max_chars:
+                raise InvalidFileError(
+                    f"{self.filename[:100]!r} holds more than {self.max_chars} characters of text; the limit is "
+                    f"{self.max_chars}"
+                )
+            waiting += text
+            while len(waiting) > PIECE_CHARS:  # a piece is sent once the next one holds something
+                yield Piece(waiting[:PIECE_CHARS], first, False, attributes if first else {})
+                first, waiting = False, waiting[PIECE_CHARS:]
+        yield Piece(waiting, first, True, attributes if first else {})
 
 
-def _jsonl_documents(text: str, filename: str) -> list[Document]:
-    docs = []
-    for number, line in enumerate(text.split("\n"), start=1):
+def _text_blocks(source: BinaryIO, filename: str) -> Iterator[str]:
+    """A UTF-8 file's text, decoded :data:`BLOCK_BYTES` at a time (a BOM dropped)."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    offset = 0
+    while True:
+        block = source.read(BLOCK_BYTES)
+        pending = len(decoder.getstate()[0])
+        try:
+            yield decoder.decode(block, final=not block)
+        except UnicodeDecodeError as exc:
+            raise InvalidFileError(
+                f"{filename[:100]!r} is not UTF-8 text (byte {offset - pending + exc.start})"
+            ) from None
+        if not block:
+            return
+        offset += len(block)
+
+
+def _without_nul(value: Any) -> Any:
+    """``value`` with its NUL characters (U+0000: no text, and what a PostgreSQL text column cannot hold) removed,
+    if it is a string."""
+    return value.replace("\x00", "") if isinstance(value, str) and "\x00" in value else value
+
+
+def _jsonl_documents(source: BinaryIO, filename: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each line's document (its text and attributes), a line read at a time."""
+    offset = 0
+    for number, raw in enumerate(source, start=1):
+        line = _utf8(raw, filename, offset)
+        offset += len(raw)
         if not line.strip():
             continue
         try:
@@ -151,8 +242,7 @@ def _jsonl_documents(text: str, filename: str) -> list[Document]:
                     f"({MAX_ATTRIBUTE_KEY} characters a key, {MAX_ATTRIBUTE_VALUE} a value)"
                 )
             attributes[key] = value
-        docs.append(Document("\n".join(parts), attributes))
-    return docs
+        yield "\n".join(parts), attributes
 
 
 def _html_text(content: bytes, filename: str) -> str:

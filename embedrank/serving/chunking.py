@@ -5,20 +5,26 @@ tokens of the model's tokenizer overlapping by ``overlap``, each window the docu
 first and last token, a document that fits one window kept whole. They are searched by
 :class:`~embedrank.retrieval.store.StoreIndex`.
 
-Memory stays bounded whatever a document's length: a document longer than :data:`SEGMENT` characters is
-tokenized a segment at a time, each segment ending where a run of whitespace begins (the tokenizers split words
-there, so the tokens are those of the whole text), and only the tokens of the windows not yet cut are kept. A
-segment with no whitespace in its last tenth (a "line" of one word) ends at :data:`SEGMENT` characters, where
-its tokens may differ from the whole text's. Chunking stops as soon as a document's chunks pass ``max_chunks``.
+The documents come as the pieces a file reader gives (:func:`~embedrank.retrieval.documents.stream_documents`), and
+the chunks leave one at a time, so memory stays bounded whatever a document's length: a document longer than
+:data:`SEGMENT` characters is tokenized a segment at a time as its pieces arrive, each segment ending where a run of
+whitespace begins (the tokenizers split words there, so the tokens are those of the whole text), and only the text
+and tokens of the windows not yet cut are kept (from the document's start until its first window is cut, since a
+document that fits one window is kept whole). A segment with no whitespace in its last tenth (a "line" of one word)
+ends at :data:`SEGMENT` characters, where its tokens may differ from the whole text's. Chunking stops as soon as
+the chunks pass ``max_chunks``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from embedrank.models.chunking import Offsets, split_windows, window_overlap
-from embedrank.retrieval.documents import Document, InvalidFileError
+from embedrank.retrieval.documents import Document, InvalidFileError, Piece
 from embedrank.serving.hosting import HostedModel
 from embedrank.types import Chunking
 
@@ -27,6 +33,8 @@ SLICE = 256
 SEGMENT = 100_000
 """Characters tokenized at a time: the documents of one call together, or one segment of a longer document."""
 _WHITESPACE_RUN = re.compile(r"(?<!\s)\s")
+Chunk = tuple[str, Mapping[str, Any]]
+"""A chunk's text and the attributes of its document."""
 
 
 class TooManyChunksError(InvalidFileError):
@@ -44,6 +52,14 @@ async def window_of(served: HostedModel) -> int:
     return int(served.spec.max_seq_length - counts[0])
 
 
+def _segment_end(text: str, start: int, size: int) -> int:
+    """Where the part of ``text`` from ``start`` ends, ``text`` holding more than ``size`` characters from there:
+    where the last run of whitespace it reaches begins (the run may begin just past it), else at ``size``."""
+    stop = start + size
+    cuts = [m.start() for m in _WHITESPACE_RUN.finditer(text, start + 1, stop + 1)]
+    return cuts[-1] if cuts else stop
+
+
 def segments(text: str, size: int = SEGMENT) -> Iterator[tuple[int, int]]:
     """``(start, stop)`` of consecutive parts of ``text`` of at most ``size`` characters, each but the last ending
     where the last run of whitespace it reaches begins (the run may begin just past it), so that no word is cut;
@@ -56,96 +72,151 @@ def segments(text: str, size: int = SEGMENT) -> Iterator[tuple[int, int]]:
     """
     start = 0
     while len(text) - start > size:
-        stop = start + size
-        cuts = [m.start() for m in _WHITESPACE_RUN.finditer(text, start + 1, stop + 1)]
-        stop = cuts[-1] if cuts else stop
+        stop = _segment_end(text, start, size)
         yield start, stop
         start = stop
     yield start, len(text)
 
 
+def pieces_of(docs: Iterable[Document]) -> Iterator[Piece]:
+    """Whole documents as the pieces :func:`chunk_documents` takes (one each)."""
+    for doc in docs:
+        yield Piece(doc.text, True, True, doc.attributes)
+
+
 async def chunk_documents(
-    served: HostedModel, docs: Sequence[Document], size: int, overlap: int, *, max_chunks: int | None = None
-) -> list[tuple[str, int]]:
-    """Every chunk of ``docs``: windows of ``size`` tokens of ``served``'s tokenizer overlapping by ``overlap``
-    (a document that fits one is one chunk, its text as it is; a blank one has none); each chunk's text and the
-    position of its document.
+    served: HostedModel,
+    pieces: AsyncIterable[Piece] | Iterable[Piece],
+    size: int,
+    overlap: int,
+    *,
+    max_chunks: int | None = None,
+) -> AsyncIterator[Chunk]:
+    """Every chunk of the documents whose ``pieces`` are given (in order, as
+    :func:`~embedrank.retrieval.documents.stream_documents` gives them): windows of ``size`` tokens of ``served``'s
+    tokenizer overlapping by ``overlap`` (a document that fits one is one chunk, its text as it is; a blank one has
+    none), each with its document's attributes, in order.
 
     Raises:
         TooManyChunksError: the chunks pass ``max_chunks`` (raised as soon as they do).
     """
-    chunks: list[tuple[str, int]] = []
+    stream = aiter(pieces) if isinstance(pieces, AsyncIterable) else _async(pieces)
+    given = 0
 
-    def count(more: int) -> None:
-        if max_chunks is not None and len(chunks) + more > max_chunks:
-            raise TooManyChunksError(len(chunks) + more, max_chunks)
+    def counted(chunks: Sequence[Chunk]) -> Sequence[Chunk]:
+        nonlocal given
+        if max_chunks is not None and given + len(chunks) > max_chunks:
+            raise TooManyChunksError(given + len(chunks), max_chunks)
+        given += len(chunks)
+        return chunks
 
-    short: list[int] = []
-    chars = 0  # the characters of the short documents waiting
-    for i, doc in enumerate(docs):
-        if not doc.text.strip():
-            continue
-        if len(doc.text) > SEGMENT:
-            await _flush(served, docs, short, size, overlap, chunks, count)
-            async for text in _long_windows(served, doc.text, size, overlap):
-                count(1)
-                chunks.append((text, i))
-            continue
-        short.append(i)
-        chars += len(doc.text)
-        if len(short) == SLICE or chars > SEGMENT:
-            await _flush(served, docs, short, size, overlap, chunks, count)
+    short: list[Chunk] = []  # the short documents waiting: their texts and attributes
+    chars = 0  # their characters
+    async for piece in stream:
+        parts, attributes, length, last = [piece.text], piece.attributes, len(piece.text), piece.last
+        while not last and length <= SEGMENT:  # a document's start: whole, or longer than a segment
+            piece = await anext(stream)
+            parts.append(piece.text)
+            length, last = length + len(piece.text), piece.last
+        if length > SEGMENT:
+            for chunk in counted(await _flush(served, short, size, overlap)):
+                yield chunk
             chars = 0
-    await _flush(served, docs, short, size, overlap, chunks, count)
-    return chunks
+            rest = _rest_of(stream) if not last else _async(())
+            async for text in _long_windows(served, "".join(parts), rest, size, overlap):
+                (chunk,) = counted([(text, attributes)])
+                yield chunk
+            continue
+        text = "".join(parts)
+        if not text.strip():
+            continue
+        short.append((text, attributes))
+        chars += len(text)
+        if len(short) == SLICE or chars > SEGMENT:
+            for chunk in counted(await _flush(served, short, size, overlap)):
+                yield chunk
+            chars = 0
+    for chunk in counted(await _flush(served, short, size, overlap)):
+        yield chunk
 
 
-async def _flush(
-    served: HostedModel,
-    docs: Sequence[Document],
-    owners: list[int],
-    size: int,
-    overlap: int,
-    chunks: list[tuple[str, int]],
-    count: Callable[[int], None],
-) -> None:
-    """The windows of the short documents ``owners`` (emptied), tokenized in one call, appended to ``chunks``."""
-    if not owners:
-        return
-    texts = [docs[i].text for i in owners]
+async def _async(items: Iterable[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
+
+
+async def _rest_of(stream: AsyncIterator[Piece]) -> AsyncIterator[str]:
+    """The texts of the pieces of the document under way, up to its last."""
+    async for piece in stream:
+        yield piece.text
+        if piece.last:
+            return
+
+
+async def _flush(served: HostedModel, short: list[Chunk], size: int, overlap: int) -> list[Chunk]:
+    """The windows of the short documents waiting (``short``, emptied), tokenized in one call."""
+    if not short:
+        return []
+    texts = [text for text, _ in short]
     computed = iter(await served.token_offsets(texts, input_type="document"))
 
     def offsets(part: Sequence[str], computed: Iterator[Offsets] = computed) -> list[Offsets]:
         return [next(computed) for _ in part]  # split_windows asks for the texts in order
 
     windows = split_windows(texts, offsets, window=size, chunking=Chunking(overlap=overlap))
-    count(len(windows.texts))
-    chunks.extend((text, owners[int(owner)]) for text, owner in zip(windows.texts, windows.owners, strict=True))
-    owners.clear()
+    chunks = [(text, short[int(owner)][1]) for text, owner in zip(windows.texts, windows.owners, strict=True)]
+    short.clear()
+    return chunks
 
 
-async def _long_windows(served: HostedModel, text: str, size: int, overlap: int) -> AsyncIterator[str]:
-    """The windows of one long document, as :func:`~embedrank.models.chunking.split_windows` cuts them (the same
-    starts: every ``size - overlap`` tokens, the last window ending at the last token), tokenized a segment at a
-    time; only the tokens from the next window's start on are kept."""
+async def _long_windows(
+    served: HostedModel, head: str, rest: AsyncIterator[str], size: int, overlap: int
+) -> AsyncIterator[str]:
+    """The windows of one long document whose text is ``head`` then the texts of ``rest``, as
+    :func:`~embedrank.models.chunking.split_windows` cuts the whole text (the same starts: every ``size - overlap``
+    tokens, the last window ending at the last token), tokenized a segment at a time as the text arrives; only the
+    text and the tokens from the next window's start on are kept (all of it until the first window is cut)."""
     step = max(1, size - window_overlap(Chunking(overlap=overlap), size))  # as split_windows takes it
-    kept: list[tuple[int, int]] = []  # the spans of the tokens from ``first`` on
+    buffer, base = head, 0  # the text kept, and where it begins in the document
+    blank = not head.strip()
+    done = False
+    at = 0  # where the next segment begins in the document
+    kept = np.empty((0, 2), dtype=np.int64)  # the spans of the tokens from ``first`` on, in the document
     first = start = 0  # ``start``: the next window's first token
-    for a, b in segments(text, SEGMENT):
-        spans = (await served.token_offsets([text[a:b]], input_type="document"))[0]
-        kept.extend((s + a, e + a) for s, e in spans if e > s)
+    while True:
+        while not done and base + len(buffer) - at <= SEGMENT:  # a segment is cut only with a character past it
+            more = await anext(rest, None)
+            if more is None:
+                done = True
+            else:
+                buffer += more
+                blank = blank and not more.strip()
+        end = base + len(buffer)
+        if end == at:
+            break
+        stop = _segment_end(buffer, at - base, SEGMENT) + base if end - at > SEGMENT else end
+        offsets = (await served.token_offsets([buffer[at - base : stop - base]], input_type="document"))[0]
+        spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        kept = np.concatenate([kept, spans[spans[:, 1] > spans[:, 0]] + at])
+        at = stop
         while start + size < first + len(kept):  # a whole window, and tokens after it: the next one starts
-            yield text[kept[start - first][0] : kept[start - first + size - 1][1]]
+            yield buffer[kept[start - first, 0] - base : kept[start - first + size - 1, 1] - base]
             start += step
-        del kept[: start - first]
+        kept = kept[start - first :]
         first = start
+        if start > 0:  # the text before the next window's first token (or the next segment) is needed no more
+            cut = int(min(kept[0, 0] if len(kept) else at, at)) - base
+            if cut > len(buffer) // 2:
+                buffer, base = buffer[cut:], base + cut
     total = first + len(kept)
+    if blank:  # whitespace only: no chunk
+        return
     if start == 0 and total <= size:
-        yield text  # fits one window: unchanged
+        yield buffer  # fits one window: unchanged (nothing was dropped: no window was cut)
         return
     while True:
-        end = min(start + size, total)
-        yield text[kept[start - first][0] : kept[end - first - 1][1]]
+        stop_token = min(start + size, total)
+        yield buffer[kept[start - first, 0] - base : kept[stop_token - first - 1, 1] - base]
         if start + size >= total:
             return
         start += step

@@ -1,7 +1,9 @@
 """Files from strangers read where a runaway can be killed: each file's documents
-(:func:`~embedrank.retrieval.documents.read_documents`) are read in a process of its own, forked from a small
+(:func:`~embedrank.retrieval.documents.stream_documents`) are read in a process of its own, forked from a small
 server process that holds only the readers (``multiprocessing``'s forkserver: no model, no thread of the
-service), and bounded while it runs:
+service), which writes them to a spool on disk as it reads them (:mod:`~embedrank.serving.spool`: pieces of
+about a megabyte of text, so that neither it nor the service holds a long text whole), and bounded while it
+runs:
 
 - **wall clock**: the process is killed once :attr:`ReadLimits.seconds` have passed;
 - **CPU**: ``RLIMIT_CPU`` ends it after :attr:`ReadLimits.cpu_seconds` of computing;
@@ -13,15 +15,16 @@ service), and bounded while it runs:
 
 A read that is cancelled (its file removed, its batch cancelled, the server stopping) kills its process at
 once. Whatever ends a read early is an :class:`~embedrank.retrieval.documents.InvalidFileError` naming the
-bound, the same on every run (the caller marks the file ``failed`` instead of reading it again). The process
-sends its documents back as MessagePack, never as a pickle: a reader that a hostile file took over cannot send
-code to run.
+bound, the same on every run (the caller marks the file ``failed`` instead of reading it again). The spool and the
+process's answer are MessagePack, never a pickle: a reader that a hostile file took over cannot send code to run.
 
 >>> import asyncio, tempfile, pathlib
 >>> folder = pathlib.Path(tempfile.mkdtemp())
 >>> _ = (folder / "f").write_bytes(b"<html><p>Hello <b>world</b></p></html>")
 >>> readers = FileReaders(slots=1)
->>> [d.text for d in asyncio.run(readers.read(folder / "f", "page.html"))]
+>>> asyncio.run(readers.read(folder / "f", "page.html", folder / "spool"))
+1
+>>> [piece.text for piece in spooled_pieces(folder / "spool")]
 ['Hello world']
 >>> readers.close()
 """
@@ -30,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import multiprocessing
 import os
 import resource
 import signal
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -41,10 +46,22 @@ from typing import Any
 
 import msgspec
 
-from embedrank.retrieval.documents import Document, InvalidFileError, UnsupportedFileError, read_documents
+from embedrank.retrieval.documents import (
+    PIECE_CHARS,
+    InvalidFileError,
+    Piece,
+    UnsupportedFileError,
+    stream_documents,
+)
+from embedrank.serving.spool import SpoolWriter, read_frames
+
+Frame = list[Piece]
+"""A frame of a reading process's spool: the pieces of about :data:`PIECE_CHARS` characters (or
+:data:`FRAME_PIECES` pieces) of text, in order."""
+FRAME_PIECES = 1024
 
 # what the reading processes' server imports once, so that each fork starts with the readers loaded
-PRELOAD = ["__main__", "embedrank.retrieval.documents", "msgspec", "pypdf", "lxml.html"]
+PRELOAD = ["__main__", "embedrank.retrieval.documents", "embedrank.serving.spool", "msgspec", "pypdf", "lxml.html"]
 NICENESS = 10
 """How much lower than the service's threads the reading processes run."""
 
@@ -61,11 +78,11 @@ class ReadLimits:
 
 
 class _Read(msgspec.Struct, tag="read"):
-    docs: list[tuple[str, dict[str, str | int | float | bool]]]
+    documents: int
 
 
 class _Refused(msgspec.Struct, tag="refused"):
-    code: str
+    code: str  # an error's code, or "no_room" (the spool's disk is full)
     message: str
 
 
@@ -87,14 +104,16 @@ def _confine(limits: ReadLimits) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (held + limits.memory_bytes, held + limits.memory_bytes))
 
 
-def _read_in_process(path: str, filename: str, limits: ReadLimits, send: Connection) -> None:
-    """The reading process's work: one file's documents, or why it is refused, sent back once."""
+def _read_in_process(path: str, filename: str, limits: ReadLimits, spool: str, send: Connection) -> None:
+    """The reading process's work: one file's documents written to ``spool`` as they are read, then how many there
+    are, or why the file is refused, sent back once."""
     name = repr(filename[:100])
     _confine(limits)
     outcome: _Outcome
     try:
-        docs = read_documents(filename, Path(path).read_bytes(), max_pages=limits.max_pages, max_chars=limits.max_chars)
-        outcome = _Read([(d.text, dict(d.attributes)) for d in docs])
+        with open(path, "rb") as source, SpoolWriter(Path(spool)) as out:
+            pieces = stream_documents(filename, source, max_pages=limits.max_pages, max_chars=limits.max_chars)
+            outcome = _Read(_spooled(pieces, out))
     except (UnsupportedFileError, InvalidFileError) as exc:
         outcome = _Refused(exc.code, str(exc))
     except FileNotFoundError:
@@ -106,8 +125,38 @@ def _read_in_process(path: str, filename: str, limits: ReadLimits, send: Connect
         )
     except RecursionError:
         outcome = _Refused("invalid_file", f"{name} nests too deeply to be read")
+    except OSError as exc:  # the spool cannot be written: the server's disk, not the file
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        outcome = _Refused("no_room", f"no room on the server's disk to read {name}: {exc.strerror}")
     send.send_bytes(msgspec.msgpack.encode(outcome))
     send.close()
+
+
+def _spooled(pieces: Iterator[Piece], out: SpoolWriter) -> int:
+    """Write ``pieces`` to ``out`` in frames of about :data:`PIECE_CHARS` characters; the documents they make."""
+    frame: list[Piece] = []
+    chars = documents = 0
+    for piece in pieces:
+        frame.append(piece)
+        chars += len(piece.text)
+        documents += piece.last
+        if chars >= PIECE_CHARS or len(frame) >= FRAME_PIECES:
+            out.write(frame)
+            frame, chars = [], 0
+    if frame:
+        out.write(frame)
+    return documents
+
+
+def spooled_pieces(spool: Path) -> Iterator[Piece]:
+    """The pieces a reading process wrote to ``spool``, in order, a frame in memory at a time.
+
+    Raises:
+        SpoolError: a spool that is not frames of pieces (a reader that wrote anything else).
+    """
+    for frame in read_frames(spool, Frame):
+        yield from frame
 
 
 def _ended(process: Any, filename: str, limits: ReadLimits) -> InvalidFileError:
@@ -127,9 +176,9 @@ def _ended(process: Any, filename: str, limits: ReadLimits) -> InvalidFileError:
     return InvalidFileError(f"{name} could not be read: its reader ended with exit code {code}")
 
 
-def _wait(receive: Connection, process: Any, filename: str, limits: ReadLimits) -> list[Document]:
-    """In a waiting thread: the reading process's answer, within the wall-clock limit. The thread owns
-    ``receive`` (a cancelled read kills the process, which ends the wait here)."""
+def _wait(receive: Connection, process: Any, filename: str, limits: ReadLimits) -> int:
+    """In a waiting thread: the reading process's answer (how many documents it spooled), within the wall-clock
+    limit. The thread owns ``receive`` (a cancelled read kills the process, which ends the wait here)."""
     with receive:
         if not receive.poll(limits.seconds):
             process.kill()
@@ -144,9 +193,11 @@ def _wait(receive: Connection, process: Any, filename: str, limits: ReadLimits) 
     process.join()
     outcome = msgspec.msgpack.decode(data, type=_Outcome)
     if isinstance(outcome, _Refused):
+        if outcome.code == "no_room":
+            raise OSError(errno.ENOSPC, outcome.message)
         error = UnsupportedFileError if outcome.code == UnsupportedFileError.code else InvalidFileError
         raise error(outcome.message)
-    return [Document(text, attributes) for text, attributes in outcome.docs]
+    return outcome.documents
 
 
 class FileReaders:
@@ -161,18 +212,20 @@ class FileReaders:
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
 
-    async def read(self, path: Path, filename: str) -> list[Document]:
-        """The documents of the file at ``path``, uploaded as ``filename``.
+    async def read(self, path: Path, filename: str, spool: Path) -> int:
+        """Read the documents of the file at ``path``, uploaded as ``filename``, into ``spool`` (frames of
+        :data:`Frame`, :func:`~embedrank.serving.spool.read_frames` reads them); how many documents it holds.
 
         Raises:
             UnsupportedFileError: a type that is not read.
             InvalidFileError: content that is not of its type, or past a bound of :class:`ReadLimits` (named).
+            OSError: ``ENOSPC``, no room on the disk for the spool.
         """
         loop = asyncio.get_running_loop()
         async with self.slots:
             receive, send = self._context.Pipe(duplex=False)
             process = self._context.Process(
-                target=_read_in_process, args=(str(path), filename, self.limits, send), daemon=True
+                target=_read_in_process, args=(str(path), filename, self.limits, str(spool), send), daemon=True
             )
             try:
                 await loop.run_in_executor(self._threads, process.start)

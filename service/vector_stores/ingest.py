@@ -2,32 +2,43 @@
 holding more than ``max_file_reads_per_key`` reads at once), reads its documents
 (:mod:`embedrank.retrieval.documents`) in a bounded process that is killed when the file is removed or its
 batch cancelled (:class:`~embedrank.serving.file_readers.FileReaders`), cuts them into chunks of the store model's tokens
-(:func:`~embedrank.models.chunking.split_windows`, the library's long-document windows), embeds the chunks through
-the model's engine behind every direct request (the batch lines' priority, with the embedding cache: attaching
-an unchanged file again computes no vector), and through the store's SPLADE model if it has one (cached too),
-and writes them, all at once, while its claim holds
-(:meth:`~service.vector_stores.store.VectorStoreTables.complete`).
+(:func:`~embedrank.serving.chunking.chunk_documents`, the library's long-document windows) and counts them against
+the store's room before any is embedded, then embeds the chunks through the model's engine behind every direct
+request (the batch lines' priority, with the embedding cache: attaching an unchanged file again computes no
+vector), and through the store's SPLADE model if it has one (cached too), writing them a part at a time while its
+claim holds (:meth:`~service.vector_stores.store.VectorStoreTables.write_chunks`), and marks the file
+``completed``.
+
+A file's text and chunks wait on disk between these steps, in spools of the worker's scratch folder (removed when
+the file is done; a folder left by a killed process is removed when the next one on its host starts), so that the
+memory a file takes is that of a frame of text or chunks, whatever the file's length.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import os
 import secrets
-from collections.abc import Awaitable, Callable
+import shutil
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from embedrank.errors import InputTooLongError, ModelUnavailableError, NotReadyError, OverloadedError
 from embedrank.retrieval.documents import InvalidFileError, UnsupportedFileError
 from embedrank.serving.chunking import TooManyChunksError, chunk_documents, window_of
-from embedrank.serving.file_readers import FileReaders, ReadLimits
+from embedrank.serving.file_readers import FileReaders, ReadLimits, spooled_pieces
 from embedrank.serving.hosting import HostedModel
 from embedrank.serving.options import EmbedOptions
 from embedrank.serving.pool import ModelPool
+from embedrank.serving.spool import SpoolWriter, read_frames
 from service.context import BACKGROUND_PRIORITY
 from service.errors import InsufficientStorageError
 from service.settings import Settings
@@ -36,7 +47,7 @@ from service.vector_stores.store import ChunkData, ErrorCode, FileRow, StoreRow,
 logger = logging.getLogger("embedrank.service")
 
 SLICE = 256
-"""Chunks one embedding call holds."""
+"""Chunks one embedding call holds (a frame of the chunks' spool), and one write to the database."""
 FILES_IN_FLIGHT = 8
 """Files one replica reads at once: the chunks of small files share the engine's forward passes."""
 IN_FLIGHT = 2
@@ -47,6 +58,36 @@ IDLE_SECONDS = 2.0
 RETRY_SECONDS = 5.0
 T = TypeVar("T")
 SparseVector = tuple[np.ndarray, np.ndarray]
+ChunkFrame = list[tuple[str, dict[str, Any]]]
+
+
+class _ClaimLost(Exception):
+    """The worker no longer holds the file (removed, cancelled, its store deleted, or its lease taken)."""
+
+
+def scratch_folder(root: Path) -> Path:
+    """This process's folder for spools, under ``root``'s ``reading/`` (named by host and process), created
+    empty; the folders of this host's processes that are no longer running are removed."""
+    reading = root / "reading"
+    host = socket.gethostname()
+    for folder in reading.glob(f"{host}-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    own = reading / f"{host}-{os.getpid()}"
+    shutil.rmtree(own, ignore_errors=True)
+    own.mkdir(parents=True)
+    return own
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Ingestor:
@@ -58,9 +99,11 @@ class Ingestor:
         file_path: Callable[[str], Path],
         pool_of: Callable[[], ModelPool],
         settings: Settings,
+        scratch: Path,
     ) -> None:
         self.tables = tables
         self.file_path = file_path
+        self.scratch = scratch
         self.pool_of = pool_of
         self.settings = settings
         self.lease_seconds = settings.batches.batch_lease_seconds
@@ -147,63 +190,125 @@ class Ingestor:
     async def ingest(self, file: FileRow, store: StoreRow) -> None:
         """Read, chunk and embed ``file`` and write its chunks; a file that cannot be read is ``failed`` with
         the reason, a model that is busy or not ready has the file read again later."""
-        limits = self.settings.limits
+        text = self.scratch / f"{file.seq}.text"
+        chunks = self.scratch / f"{file.seq}.chunks"
         try:
-            docs = await self.readers.read(self.file_path(file.file_id), file.filename)
-            served = self.pool_of().get(store.model, "embeddings")
-            stored = await asyncio.to_thread(self.tables.chunks_beside, None, file)
-            room = max(0, limits.max_vector_store_chunks - stored)
-            try:
-                pieces = await chunk_documents(served, docs, file.chunk_size, file.chunk_overlap, max_chunks=room)
-            except TooManyChunksError as exc:  # stopped as soon as they passed: the rest is neither cut nor kept
-                raise InvalidFileError(
-                    f"the file has more than {exc.limit} chunks, and the vector store, holding {stored}, may hold "
-                    f"max_vector_store_chunks={limits.max_vector_store_chunks}"
-                ) from None
-            if not pieces:
-                raise InvalidFileError(
-                    f"{file.filename[:100]!r} holds no text to search (a scanned PDF's pages have no text layer)"
-                )
-            refused = await asyncio.to_thread(
-                self.tables.too_many_chunks, None, file, len(pieces), limits.max_vector_store_chunks
-            )
-            if refused is not None:  # before any chunk is embedded
-                raise InvalidFileError(refused)
-            texts = [text for text, _ in pieces]
-            vectors = await self._embed(served, texts, store.adapter)
-            sparse = await self._sparse(store.sparse_model, texts) if store.sparse_model else None
+            await self._ingest(file, store, text, chunks)
         except (UnsupportedFileError, InvalidFileError) as exc:
             await self._failed(file, exc.code, str(exc))  # type: ignore[arg-type]
-            return
         except (OverloadedError, NotReadyError, ModelUnavailableError) as exc:
             logger.info("vector stores: %s waits: %s", file.file_id, exc)
             await asyncio.sleep(RETRY_SECONDS)
             await asyncio.to_thread(self.tables.release, self.worker_id, file)  # read again at the next claim
-            return
+        except _ClaimLost:
+            pass
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.exception("vector stores: reading %s failed", file.file_id)
-            await self._failed(file, "server_error", f"{type(exc).__name__}: {exc}")
-            return
-        chunks = [
-            ChunkData(text, dict(docs[owner].attributes) or None, vector, sparse[i] if sparse is not None else None)
-            for i, ((text, owner), vector) in enumerate(zip(pieces, vectors, strict=True))
-        ]
+            if isinstance(exc, InsufficientStorageError) or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+                message = (
+                    "the server had no room on its disk to read the file or store its chunks; attach the file again "
+                    "once there is room (delete files or stores you no longer need)"
+                )
+            else:
+                logger.exception("vector stores: reading %s failed", file.file_id)
+                message = f"{type(exc).__name__}: {exc}"
+            await self._failed(file, "server_error", message)
+        finally:
+            text.unlink(missing_ok=True)
+            chunks.unlink(missing_ok=True)
+
+    async def _ingest(self, file: FileRow, store: StoreRow, text: Path, chunks: Path) -> None:
+        """The steps of :meth:`ingest`: the file's documents read into the spool ``text``, its chunks cut into the
+        spool ``chunks`` and counted, then embedded and written a part at a time, and the file completed."""
+        limits = self.settings.limits
+        await self.readers.read(self.file_path(file.file_id), file.filename, text)
+        served = self.pool_of().get(store.model, "embeddings")
+        stored = await asyncio.to_thread(self.tables.chunks_beside, None, file)
+        room = max(0, limits.max_vector_store_chunks - stored)
         try:
-            written = await asyncio.to_thread(
-                self.tables.complete, self.worker_id, file, chunks, max_chunks=limits.max_vector_store_chunks
+            count = await self._chunked(served, file, text, chunks, room)
+        except TooManyChunksError as exc:  # stopped as soon as they passed: the rest is neither cut nor kept
+            raise InvalidFileError(
+                f"the file has more than {exc.limit} chunks, and the vector store, holding {stored}, may hold "
+                f"max_vector_store_chunks={limits.max_vector_store_chunks}"
+            ) from None
+        text.unlink()
+        if not count:
+            raise InvalidFileError(
+                f"{file.filename[:100]!r} holds no text to search (a scanned PDF's pages have no text layer)"
             )
-        except InsufficientStorageError:
-            await self._failed(
-                file,
-                "server_error",
-                "the server had no room on its disk to store the file's chunks; attach the file again once there is "
-                "room (delete files or stores you no longer need)",
-            )
-            return
-        if written:
+        refused = await asyncio.to_thread(
+            self.tables.too_many_chunks, None, file, count, limits.max_vector_store_chunks
+        )
+        if refused is not None:  # before any chunk is embedded
+            raise InvalidFileError(refused)
+        used = await self._written(served, store, file, chunks)
+        done = await asyncio.to_thread(
+            self.tables.complete, self.worker_id, file, count, used, max_chunks=limits.max_vector_store_chunks
+        )
+        if done:
             self.files_read += 1
+
+    async def _chunked(self, served: HostedModel, file: FileRow, text: Path, chunks: Path, room: int) -> int:
+        """Cut the documents spooled in ``text`` into ``file``'s chunks, spooled in ``chunks`` in frames of
+        :data:`SLICE`; how many there are (at most ``room``: past it, :class:`TooManyChunksError` at once)."""
+        count = 0
+        frame: ChunkFrame = []
+        with SpoolWriter(chunks) as out:
+            pieces = _in_thread(spooled_pieces(text))
+            async for chunk_text, attributes in chunk_documents(
+                served, pieces, file.chunk_size, file.chunk_overlap, max_chunks=room
+            ):
+                frame.append((chunk_text, dict(attributes)))
+                count += 1
+                if len(frame) == SLICE:
+                    await asyncio.to_thread(out.write, frame)
+                    frame = []
+            if frame:
+                await asyncio.to_thread(out.write, frame)
+        return count
+
+    async def _written(self, served: HostedModel, store: StoreRow, file: FileRow, chunks: Path) -> int:
+        """Embed the chunks spooled in ``chunks`` a frame at a time, :data:`IN_FLIGHT` frames in the engine at once,
+        and write each frame as it is embedded, in order; the bytes they take.
+
+        Raises:
+            _ClaimLost: the worker no longer holds the file (nothing more is written).
+        """
+        pending: deque[asyncio.Task[list[ChunkData]]] = deque()
+        written = used = 0
+
+        async def write_next() -> None:
+            nonlocal written, used
+            part = await pending.popleft()
+            if not await asyncio.to_thread(self.tables.write_chunks, self.worker_id, file, written, part):
+                raise _ClaimLost
+            written += len(part)
+            used += sum(c.size for c in part)
+
+        try:
+            async for frame in _in_thread(read_frames(chunks, ChunkFrame)):
+                pending.append(asyncio.create_task(self._computed(served, store, frame)))
+                if len(pending) == IN_FLIGHT:
+                    await write_next()
+            while pending:
+                await write_next()
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return used
+
+    async def _computed(self, served: HostedModel, store: StoreRow, frame: ChunkFrame) -> list[ChunkData]:
+        """The chunks of ``frame`` with their vectors (and sparse vectors, in a store with a SPLADE model)."""
+        texts = [text for text, _ in frame]
+        vectors = await self._embed(served, texts, store.adapter)
+        sparse = await self._sparse(store.sparse_model, texts) if store.sparse_model else None
+        return [
+            ChunkData(text, attributes or None, vector, sparse[i] if sparse is not None else None)
+            for i, ((text, attributes), vector) in enumerate(zip(frame, vectors, strict=True))
+        ]
 
     async def _failed(self, file: FileRow, code: ErrorCode, message: str) -> None:
         """Mark ``file`` ``failed`` with the reason, once (a failed file is not read again); when even that cannot
@@ -212,17 +317,6 @@ class Ingestor:
             await asyncio.to_thread(self.tables.fail, self.worker_id, file, code, message)
         except Exception as exc:
             logger.warning("vector stores: cannot record that %s failed (%s): %s", file.file_id, message, exc)
-
-    @staticmethod
-    async def _sliced(texts: list[str], compute: Callable[[list[str]], Awaitable[T]]) -> list[T]:
-        """``compute`` of each slice of :data:`SLICE` texts, :data:`IN_FLIGHT` at once, in order."""
-        in_flight = asyncio.Semaphore(IN_FLIGHT)
-
-        async def part(first: int) -> T:
-            async with in_flight:
-                return await compute(texts[first : first + SLICE])
-
-        return await asyncio.gather(*(part(first) for first in range(0, len(texts), SLICE)))
 
     async def _embed(self, served: HostedModel, texts: list[str], adapter: str | None = None) -> np.ndarray:
         """``(N, D)`` float32 vectors of the chunks (by the store's LoRA ``adapter``, if it names one)."""
@@ -234,11 +328,8 @@ class Ingestor:
             budget=self.settings.limits.max_request_tokens,
         )
 
-        async def dense(part: list[str]) -> np.ndarray:
-            return (await served.embed(part, options)).output.embeddings  # type: ignore[no-any-return]
-
-        parts = await self._sliced(texts, dense)
-        return np.concatenate(parts).astype(np.float32) if parts else np.empty((0, 0), dtype=np.float32)
+        vectors = (await served.embed(texts, options)).output.embeddings
+        return np.asarray(vectors, dtype=np.float32)
 
     async def _sparse(self, model: str, texts: list[str]) -> list[SparseVector]:
         """Each chunk's sparse vector by the SPLADE model ``model``, as (int32 indices, float32 values); a chunk
@@ -252,17 +343,20 @@ class Ingestor:
             budget=self.settings.limits.max_request_tokens,
         )
 
-        async def sparse(part: list[str]) -> list[SparseVector]:
-            return (await served.sparse(part, options)).sparse_arrays()
-
         try:
-            parts = await self._sliced(texts, sparse)
+            return (await served.sparse(texts, options)).sparse_arrays()  # type: ignore[no-any-return]
         except InputTooLongError:
             raise InvalidFileError(
                 f"a chunk is longer than the store's SPLADE model {model!r} reads at once ({await window_of(served)} "
                 "tokens of its own); attach the file with a smaller static chunk size"
             ) from None
-        return [vector for part in parts for vector in part]
+
+
+async def _in_thread(items: Iterator[T]) -> AsyncIterator[T]:
+    """``items``, each taken in a worker thread (reading and decoding a spool's frame), never on the event loop."""
+    done = object()
+    while (item := await asyncio.to_thread(next, items, done)) is not done:
+        yield item  # type: ignore[misc]
 
 
 def _logged(task: asyncio.Task[None]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,7 +30,7 @@ from service.files.service import FileService
 from service.settings import Settings
 from service.storage.database import Connection
 from service.storage.service import RETRY_SECONDS, StorageService
-from service.vector_stores.ingest import Ingestor
+from service.vector_stores.ingest import Ingestor, scratch_folder
 from service.vector_stores.schemas import (
     AUTO_CHUNK,
     ChunkingStrategy,
@@ -140,13 +141,15 @@ class VectorStoreService:
             await asyncio.to_thread(tables.release_claims)
         if self.indexes is not None:
             await asyncio.to_thread(self.indexes.sweep, await asyncio.to_thread(tables.store_ids))
-        self.ingestor = Ingestor(tables, uploads.file_path, self.pool_of, self.settings)
+        scratch = await asyncio.to_thread(scratch_folder, self.storage.root)
+        self.ingestor = Ingestor(tables, uploads.file_path, self.pool_of, self.settings, scratch)
         expiring = asyncio.create_task(self._empty_expired(tables))
         try:
             await self.ingestor.run()
         finally:
             expiring.cancel()
             await asyncio.gather(expiring, return_exceptions=True)
+            shutil.rmtree(scratch, ignore_errors=True)
 
     async def _empty_expired(self, tables: VectorStoreTables) -> None:
         """Empty the stores that expired (:meth:`VectorStoreTables.expire`) and drop their indexes, every

@@ -3,11 +3,14 @@ the file batches, in the service's storage (:mod:`service.storage`: SQLite's dat
 PostgreSQL server that replicas share), on the database's clock.
 
 A file attached to a store is ``in_progress`` until a worker has read, chunked and embedded it. The worker
-claims the file (a lease it renews while it works, as batch chunks are claimed), computes every chunk, then
-writes all of them and marks the file ``completed`` in one transaction that succeeds only while its claim holds
-and the file is still ``in_progress`` (not cancelled nor removed meanwhile). A file's chunks are therefore
-written exactly once: a worker killed at any point leaves either all of them or none, and the file is claimed
-again when its lease runs out (at once on a single host's SQLite, whose claims are released at start).
+claims the file (a lease it renews while it works, as batch chunks are claimed) and writes its chunks in parts as
+they are embedded (:meth:`VectorStoreTables.write_chunks`), each in a transaction that succeeds only while its claim
+holds and the file is still ``in_progress`` (not cancelled nor removed meanwhile); the first part removes what an
+earlier read of the file left. Searches read only the chunks of ``completed`` files, so a file's chunks are seen
+all at once, when :meth:`VectorStoreTables.complete` marks it ``completed``, or never: a worker killed midway
+leaves a part no search sees, which the next read of the file replaces (it is claimed again when its lease runs
+out, at once on a single host's SQLite, whose claims are released at start), and a file that fails, is cancelled
+or removed has its chunks removed.
 
 Every write that changes what a search sees (a file completed or removed, a file's attributes changed) bumps
 the store's ``version``: each replica's search index (:mod:`service.vector_stores.search`) is rebuilt when the
@@ -25,6 +28,7 @@ are never found.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -288,6 +292,14 @@ def detach(db: Connection, store_id: str, file_id: str) -> bool:
         db.execute("DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?", (store_id, file_id))
         db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (store_id,))
     return bool(gone)
+
+
+def _drop_chunks(db: Connection, file: FileRow) -> None:
+    """Remove ``file``'s chunks from its store, in ``db``'s transaction."""
+    db.execute(
+        "DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?",
+        (file.vector_store_id, file.file_id),
+    )
 
 
 def drop_file(db: Connection, owner: str, file_id: str) -> int:
@@ -675,6 +687,11 @@ class VectorStoreTables:
             ).rowcount
             if not found:
                 return None
+            db.execute(  # the parts of the files being read
+                "DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id IN (SELECT file_id FROM "
+                "vector_store_files WHERE batch_id = ? AND vector_store_id = ? AND status = 'in_progress')",
+                (store.id, batch_id, store.id),
+            )
             db.execute(
                 "UPDATE vector_store_files SET status = 'cancelled', claimed_by = NULL, lease_until = NULL "
                 "WHERE batch_id = ? AND status = 'in_progress'",
@@ -744,26 +761,27 @@ class VectorStoreTables:
             f"max_vector_store_chunks={max_chunks}"
         )
 
-    def complete(self, worker: str, file: FileRow, chunks: list[ChunkData], *, max_chunks: int) -> bool:
-        """Write ``file``'s chunks and mark it ``completed``, in one transaction, if ``worker`` still holds its
-        claim and it is still ``in_progress``; a store that would hold more than ``max_chunks`` chunks has the
-        file ``failed`` instead. False when the claim was lost (nothing written)."""
-        with self.storage.write() as db:
-            held = db.execute(
+    def _held(self, db: Connection, worker: str, file: FileRow) -> bool:
+        """Whether ``worker`` still holds its claim on ``file`` and the file is still ``in_progress`` (its row locked
+        for ``db``'s transaction)."""
+        return (
+            db.execute(
                 f"SELECT seq FROM vector_store_files WHERE seq = ? AND claimed_by = ? AND status = 'in_progress' "
                 f"{self.storage.db.words['lock_row']}",
                 (file.seq, worker),
             ).fetchone()
-            if held is None:
+            is not None
+        )
+
+    def write_chunks(self, worker: str, file: FileRow, first: int, chunks: Sequence[ChunkData]) -> bool:
+        """Write a part of ``file``'s chunks, numbered from ``first``, if ``worker`` still holds its claim and it is
+        still ``in_progress`` (the part ``first`` 0 removes whatever an earlier read left); no search sees them
+        before :meth:`complete`. False when the claim was lost (nothing written)."""
+        with self.storage.write() as db:
+            if not self._held(db, worker, file):
                 return False
-            refused = self.too_many_chunks(db, file, len(chunks), max_chunks)
-            if refused is not None:
-                self._fail(db, file, "invalid_file", refused)
-                return True
-            db.execute(
-                "DELETE FROM vector_store_chunks WHERE vector_store_id = ? AND file_id = ?",
-                (file.vector_store_id, file.file_id),
-            )
+            if first == 0:
+                _drop_chunks(db, file)
             db.executemany(
                 "INSERT INTO vector_store_chunks (vector_store_id, file_id, number, text, attributes, vector, sparse) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -777,14 +795,28 @@ class VectorStoreTables:
                         np.ascontiguousarray(chunk.vector, dtype="<f4").tobytes(),
                         sparse_bytes(*chunk.sparse) if chunk.sparse is not None else None,
                     )
-                    for number, chunk in enumerate(chunks)
+                    for number, chunk in enumerate(chunks, start=first)
                 ],
             )
-            used = sum(c.size for c in chunks)
+        return True
+
+    def complete(self, worker: str, file: FileRow, count: int, used: int, *, max_chunks: int) -> bool:
+        """Mark ``file`` ``completed`` with the ``count`` chunks :meth:`write_chunks` wrote (``used`` bytes), so that
+        searches see them, if ``worker`` still holds its claim and it is still ``in_progress``; a store that would
+        hold more than ``max_chunks`` chunks has the file ``failed`` instead. False when the claim was lost."""
+        with self.storage.write() as db:
+            if not self._held(db, worker, file):
+                return False
+            refused = self.too_many_chunks(db, file, count, max_chunks)
+            if refused is not None:
+                self._fail(db, file, "invalid_file", refused)
+                return True
+            if count == 0:
+                _drop_chunks(db, file)  # no part was written: none of an earlier read is kept
             db.execute(
                 "UPDATE vector_store_files SET status = 'completed', chunks = ?, usage_bytes = ?, claimed_by = NULL, "
                 "lease_until = NULL WHERE seq = ?",
-                (len(chunks), used, file.seq),
+                (count, used, file.seq),
             )
             db.execute("UPDATE vector_stores SET version = version + 1 WHERE id = ?", (file.vector_store_id,))
         return True
@@ -800,6 +832,7 @@ class VectorStoreTables:
 
     @staticmethod
     def _fail(db: Connection, file: FileRow, code: ErrorCode, message: str) -> None:
+        _drop_chunks(db, file)  # the parts written before it failed
         db.execute(
             "UPDATE vector_store_files SET status = 'failed', last_error = ?, claimed_by = NULL, lease_until = NULL "
             "WHERE seq = ?",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from embedrank.retrieval.documents import InvalidFileError, UnsupportedFileError, read_documents
-from embedrank.serving.file_readers import FileReaders, ReadLimits
+from embedrank.retrieval.documents import InvalidFileError, UnsupportedFileError, joined, read_documents
+from embedrank.serving.file_readers import FileReaders, ReadLimits, spooled_pieces
 from embedrank.testing.hostile_files import pdf_sharing_one_stream, process_ended
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernel_free]  # processes of their own; no model
@@ -21,9 +21,14 @@ BOMB = pdf_sharing_one_stream(pages=2000, stream_bytes=300_000)  # minutes of ex
 
 
 def read(path: Path, filename: str, **limits) -> list:
+    """The documents the reading process spools, whole."""
     readers = FileReaders(slots=2, limits=ReadLimits(**limits))
+    spool = path.with_name(path.name + ".spool")
     try:
-        return asyncio.run(readers.read(path, filename))
+        count = asyncio.run(readers.read(path, filename, spool))
+        docs = joined(spooled_pieces(spool))
+        assert len(docs) == count
+        return docs
     finally:
         readers.close()
 
@@ -73,10 +78,18 @@ def test_the_cpu_limit_ends_the_read(tmp_path):
 
 
 def test_the_memory_limit_refuses_what_needs_more(tmp_path):
-    (tmp_path / "big.txt").write_bytes(b"word " * 10_000_000)  # 50 MB of one line: its text alone is 50 MB
+    (tmp_path / "big.json").write_bytes(b'"' + b"word " * 10_000_000 + b'"')  # 50 MB parsed whole
     with pytest.raises(InvalidFileError, match=r"needs more than 20 MB of memory to read \(limit file_read_memory\)"):
-        read(tmp_path / "big.txt", "big.txt", memory_bytes=20 << 20)
-    assert read(tmp_path / "big.txt", "big.txt", memory_bytes=512 << 20)[0].text.startswith("word word")
+        read(tmp_path / "big.json", "big.json", memory_bytes=20 << 20)
+    assert read(tmp_path / "big.json", "big.json", memory_bytes=512 << 20)[0].text.startswith('"word word')
+
+
+def test_plain_text_is_read_in_pieces_within_a_few_megabytes(tmp_path):
+    """A 50 MB text file of one line is read within 20 MB of memory (read and spooled a block at a time), and
+    its text is whole."""
+    (tmp_path / "big.txt").write_bytes(b"word " * 10_000_000)
+    (doc,) = read(tmp_path / "big.txt", "big.txt", memory_bytes=20 << 20)
+    assert len(doc.text) == 50_000_000 and doc.text.startswith("word word")
 
 
 def test_a_cancelled_read_kills_its_process(tmp_path):
@@ -84,7 +97,7 @@ def test_a_cancelled_read_kills_its_process(tmp_path):
 
     async def main():
         readers = FileReaders(slots=1, limits=ReadLimits(seconds=600))
-        task = asyncio.create_task(readers.read(tmp_path / "bomb.pdf", "bomb.pdf"))
+        task = asyncio.create_task(readers.read(tmp_path / "bomb.pdf", "bomb.pdf", tmp_path / "spool"))
         while not multiprocessing.active_children():  # the process has started
             await asyncio.sleep(0.01)
         (process,) = multiprocessing.active_children()

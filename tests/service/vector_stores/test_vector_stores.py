@@ -304,11 +304,11 @@ def test_a_full_disk_while_chunks_are_written_fails_the_file_saying_so_once(clie
     tables = client.app.state.vector_stores.tables()
     written: list[str] = []
 
-    def full(worker, file, chunks, *, max_chunks):
+    def full(worker, file, first, chunks):
         written.append(file.file_id)
         raise InsufficientStorageError("database or disk is full")
 
-    monkeypatch.setattr(tables, "complete", full)
+    monkeypatch.setattr(tables, "write_chunks", full)
     file_id = upload(api, "tea.txt", DOCS["tea.txt"])
     api.vector_stores.files.create(store.id, file_id=file_id)
     wait_store(api, store.id)
@@ -981,6 +981,44 @@ def test_claims_share_the_reading_slots_between_keys(tables):
     assert tables.claim("w6", 60, per_owner=3)[0].file_id == "bulk-0"
     assert tables.claim("w7", 60, per_owner=3) is None
     assert tables.claim("w8", 60)[0].file_id == "bulk-3"  # no bound: the oldest file
+
+
+def test_a_files_chunks_are_written_in_parts_and_seen_only_once_it_is_completed(tables):
+    """A worker writes a file's chunks a part at a time; no search sees them until the file is completed. A read
+    killed midway leaves parts the next read replaces; a file that fails keeps none; a lost claim writes nothing."""
+    from service.vector_stores.store import ChunkData
+
+    store = tables.create_store(
+        "o", name=None, description=None, metadata=None, model="m", sparse_model=None, first_stage="dense",
+        hybrid_weight=0.5, hybrid_weights=None, index_kind="auto", chunk_size=100, chunk_overlap=10,
+        expires_after_days=None, max_stores=10,
+    )  # fmt: skip
+    tables.attach(store, [(f"f{i}", "a.txt", None, 100, 10, None) for i in range(2)], max_files=10)
+
+    def part(first: int, n: int) -> list:
+        return [ChunkData(f"chunk {first + i}", None, np.full(4, first + i, dtype=np.float32)) for i in range(n)]
+
+    def seen() -> list[str]:
+        return tables.searchable(store, 4).texts
+
+    file, _ = tables.claim("w0", 60)
+    assert tables.write_chunks("w0", file, 0, part(0, 3)) and tables.write_chunks("w0", file, 3, part(3, 2))
+    assert seen() == []  # still in progress
+    tables.release("w0", file)  # the worker died: its parts stay, unseen
+    again, _ = tables.claim("w1", 60)
+    assert again.file_id == file.file_id
+    assert not tables.write_chunks("w0", file, 5, part(5, 1))  # the first worker's claim is gone
+    assert tables.write_chunks("w1", again, 0, part(0, 2))  # the first part replaces what the first read left
+    assert tables.complete("w1", again, 2, 20, max_chunks=10)
+    assert seen() == ["chunk 0", "chunk 1"]
+    other, _ = tables.claim("w2", 60)
+    assert tables.write_chunks("w2", other, 0, part(0, 4))
+    tables.fail("w2", other, "invalid_file", "refused")
+    rows = tables.storage.read().execute(
+        "SELECT count(*) AS n FROM vector_store_chunks WHERE file_id = ?", (other.file_id,)
+    )
+    assert rows.fetchone()["n"] == 0
+    assert seen() == ["chunk 0", "chunk 1"]
 
 
 def test_one_keys_bombs_hold_no_other_keys_calls_and_fail_once_naming_the_limit(tmp_path):
