@@ -181,6 +181,20 @@ reranker = CrossEncoder.from_pretrained(tiny_model("qwen3", "causal-lm"), backen
 print(reranker.score("green tea", ["Green tea is a drink.", "The fox jumps."]))  # P(yes) per document
 ```
 
+## Task adapters (LoRA)
+
+An embedding model may come with PEFT LoRA adapters, one per task: the `adapters/{task}/` folders of
+jina-embeddings-v5 (a Qwen3 base), jina-embeddings-v3's five adapters over XLM-R (`JinaEmbeddingsV3` in
+transformers), or your own fine-tunes saved by PEFT over any embedding architecture of the matrix below.
+`Encoder.from_pretrained` finds them beside the model (or takes `adapters=`), and each request picks one by name,
+by jina's `task`, or by its role (query or document), as the [Python API](guides/python-api.md#task-adapters-lora)
+and the [service](guides/service.md#task-adapters) guides show; a batch may mix adapters. Tested on tiny seeded
+BERT, XLM-R, `JinaEmbeddingsV3` and Qwen3 models with three adapters each: every adapter within 1e-5 of
+sentence-transformers with PEFT's adapter set on torch (applied row by row, a mixed batch equal to each adapter's
+own); the `JinaEmbeddingsV3` model also within 1e-4 on OpenVINO and ONNX Runtime, which run one export per adapter. LoRA only (DoRA, adapters
+that change embeddings or add biases are refused, naming what they change); cross-encoders and SPLADE models take
+no adapters yet.
+
 ## Models that ship their own code
 
 Some models need Python code from their repository (`auto_map` in `config.json`: nomic-embed,

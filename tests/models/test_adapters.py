@@ -153,14 +153,15 @@ def test_tasks_and_roles_pick_the_adapter_and_its_prompt(model):
     assert np.abs(enc.encode(TEXTS, task="text-matching") - expected["text-matching"]).max() < 1e-5
 
 
-@pytest.mark.slow  # one OpenVINO export per adapter: one architecture (torch's parity covers the others)
+@pytest.mark.slow  # one export per adapter: one architecture (torch's parity covers the others)
 @pytest.mark.parametrize("model", ["jina-embeddings-v3"], indirect=True)
-def test_each_adapter_on_the_default_backend_is_its_own_export_at_parity(model, monkeypatch):
+@pytest.mark.parametrize("backend", [None, "onnx"])  # the default backend (OpenVINO), ONNX Runtime
+def test_each_adapter_on_the_exported_backends_is_its_own_export_at_parity(model, backend, monkeypatch):
     _, path, expected = model
     monkeypatch.delenv("EMBEDRANK_BACKEND", raising=False)
     monkeypatch.delenv("EMBEDRANK_PRECISION", raising=False)
-    enc = Encoder.from_pretrained(str(path))
-    assert enc.backend == "openvino" and enc.adapters == tuple(sorted(NAMES))
+    enc = Encoder.from_pretrained(str(path), backend=backend)
+    assert enc.backend == (backend or "openvino") and enc.adapters == tuple(sorted(NAMES))
     for name, vectors in expected.items():
         assert np.abs(enc.encode(TEXTS, adapter=name, prompt="") - vectors).max() < 1e-4, name
     chosen = ["text-matching", None, "retrieval.query", "retrieval.passage", "text-matching"]
