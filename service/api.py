@@ -278,7 +278,12 @@ async def tokenize(req: TokenizeRequest, ctx: Context) -> tuple[TokenizeResponse
     texts = await _input_texts(req.input, ctx.limits, token_ids=False)
     served = ctx.pool.get(req.model, "embeddings")
     counts, tokens = await served.count(
-        texts, input_type=req.input_type, prompt_name=req.prompt_name, return_tokens=req.return_tokens
+        texts,
+        input_type=req.input_type,
+        prompt_name=req.prompt_name,
+        task=req.task,
+        adapter=req.adapter,
+        return_tokens=req.return_tokens,
     )
     limit = served.spec.max_seq_length
     data = [

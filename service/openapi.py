@@ -22,7 +22,13 @@ from service.tei import Rank, TEIRerankRequest
 REF = "#/components/schemas/{name}"
 EXAMPLES = {"/rerank": RERANK_EXAMPLE_REQUEST, "/": {"inputs": ["first text", "second text"]}}
 NULL = Schema(type=OpenAPIType.NULL)
-ADAPTER_BODIES = ("EmbeddingsRequest", "CohereEmbedRequest", "TEIEmbedRequest", "CreateVectorStoreRequest")
+ADAPTER_BODIES = (
+    "EmbeddingsRequest",
+    "TokenizeRequest",
+    "CohereEmbedRequest",
+    "TEIEmbedRequest",
+    "CreateVectorStoreRequest",
+)
 
 
 def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: bool = True) -> None:
@@ -176,7 +182,7 @@ def _complete_adapters(schemas: dict[str, Any], pool: ModelPool) -> None:
     tasks = sorted({t for plan in plans if plan.kind == "embedding" for t in plan.task_names()})
     for body, field, allowed in (
         *((schemas.get(name), "adapter", names) for name in ADAPTER_BODIES),
-        (schemas.get("EmbeddingsRequest"), "task", tasks),
+        *((schemas.get(name), "task", tasks) for name in ("EmbeddingsRequest", "TokenizeRequest")),
     ):
         prop = (body.properties or {}).get(field) if body is not None else None
         if prop is None:

@@ -21,6 +21,17 @@ Adapter = Annotated[
     ),
 ]
 """A request's ``adapter`` field (OpenAI's, Cohere's and TEI's bodies)."""
+Task = Annotated[
+    NonEmptyText | None,
+    Meta(
+        description="Jina's task: the model's LoRA adapter of that name with its prompt (jina-embeddings-v3's "
+        "`retrieval.query`, `retrieval.passage`, `text-matching`, ...); `retrieval.query` and `retrieval.passage` "
+        "pick the retrieval adapter of their role, or on a model without adapters its query or document prompt; "
+        "another task the model has no adapter for is a 400 that lists its adapters",
+        examples=["retrieval.query"],
+    ),
+]
+"""An embedding request's ``task`` field (Jina's, on OpenAI's body and ``/v1/tokenize``'s)."""
 Priority = Annotated[
     int,
     Meta(
@@ -93,16 +104,7 @@ class EmbeddingsRequest(Struct, kw_only=True):
             examples=["query"],
         ),
     ] = None
-    task: Annotated[
-        Annotated[str, Meta(min_length=1)] | None,
-        Meta(
-            description="Jina's task: the model's LoRA adapter of that name with its prompt (jina-embeddings-v3's "
-            "`retrieval.query`, `retrieval.passage`, `text-matching`, ...); `retrieval.query` and `retrieval.passage` "
-            "pick the retrieval adapter of their role, or on a model without adapters its query or document prompt; "
-            "another task the model has no adapter for is a 400 that lists its adapters",
-            examples=["retrieval.query"],
-        ),
-    ] = None
+    task: Task = None
     adapter: Adapter = None
     truncate: Annotated[
         bool, Meta(description="Truncate texts longer than the model's max tokens (default). false: reject with 400")
@@ -154,7 +156,9 @@ class EmbeddingsRequest(Struct, kw_only=True):
 
 
 class TokenizeRequest(Struct, kw_only=True):
-    """Token counts as ``/v1/embeddings`` would see the same input (TEI's and vLLM's ``tokenize``)."""
+    """Token counts as ``/v1/embeddings`` would see the same input (TEI's and vLLM's ``tokenize``): its
+    ``input_type``, ``prompt_name``, ``task`` and ``adapter`` select the prompt counted as they do there (an adapter
+    changes no token, only the prompt a task brings)."""
 
     model: Annotated[str, Meta(description="Model identifier of an embedding model")]
     input: Annotated[
@@ -169,6 +173,8 @@ class TokenizeRequest(Struct, kw_only=True):
     prompt_name: Annotated[
         str | None, Meta(description="As in /v1/embeddings: the named prompt is counted", examples=["query"])
     ] = None
+    task: Task = None
+    adapter: Adapter = None
 
 
 class TokenCount(Struct, kw_only=True):

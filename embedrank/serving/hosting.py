@@ -639,11 +639,13 @@ class HostedModel(ModelPlan):
         *,
         input_type: str | None = None,
         prompt_name: str | None = None,
+        task: str | None = None,
+        adapter: str | None = None,
         return_tokens: bool = False,
     ) -> tuple[list[int], list[list[str]] | None]:
-        """Each text's token count as :meth:`embed` would process it (same prompt and branch), untruncated,
-        and its tokens with ``return_tokens``."""
-        chosen = self.resolve(input_type=input_type, prompt_name=prompt_name)
+        """Each text's token count as :meth:`embed` would process it (same prompt and branch: :meth:`resolve`),
+        untruncated, and its tokens with ``return_tokens``."""
+        chosen = self.resolve(input_type=input_type, prompt_name=prompt_name, task=task, adapter=adapter)
         counts, tokens = await cast(EmbeddingRunner, chosen.runner).count(
             texts, prompt=chosen.prompt, return_tokens=return_tokens
         )

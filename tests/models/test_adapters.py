@@ -20,21 +20,14 @@ from transformers import AutoModel
 
 from embedrank.errors import InvalidInputError, UnsupportedModelError
 from embedrank.models.encoder import Encoder
+from embedrank.testing.lora import TARGETS as LORA_TARGETS
+from embedrank.testing.lora import TEXTS
 from embedrank.testing.tiny import tiny_model
 
 TARGETS = {
-    "bert": ["query", "key", "value", "dense"],
-    "xlm-roberta": ["query", "value", "dense"],
-    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    **LORA_TARGETS,
     "jina-embeddings-v3": ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"],  # transformers' JinaEmbeddingsV3
 }
-TEXTS = [
-    "a short one",
-    "green tea lowers the risk of some cancers in a cohort followed for twenty years",
-    "cats",
-    "the river floods every spring and the town moves its market uphill",
-    "lorem ipsum dolor",
-]
 NAMES = ("retrieval.query", "retrieval.passage", "text-matching")
 PROMPTS = {"retrieval.query": "Represent the query for retrieving evidence documents: ", "retrieval.passage": ""}
 

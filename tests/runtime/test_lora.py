@@ -18,20 +18,9 @@ from embedrank.errors import InvalidInputError, UnsupportedModelError
 from embedrank.runtime import packed
 from embedrank.runtime.backends import TorchRuntime
 from embedrank.runtime.lora import BASE, RowAdapters, find_adapters, read_adapter
+from embedrank.testing.lora import TARGETS, TEXTS
 from embedrank.testing.tiny import tiny_model
 
-TARGETS = {
-    "bert": ["query", "key", "value", "dense"],
-    "xlm-roberta": ["query", "value", "dense"],
-    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-}
-TEXTS = [
-    "a short one",
-    "green tea lowers the risk of some cancers in a cohort followed for twenty years",
-    "cats",
-    "the river floods every spring and the town moves its market uphill",
-    "lorem ipsum dolor",
-]
 TOLERANCE = 1e-5
 
 

@@ -121,10 +121,30 @@ def test_a_task_of_a_role_selects_the_prompt_of_a_model_without_adapters(client)
         ("jina-like", {"adapter": ""}, "adapter", ""),
     ],
 )
-def test_an_adapter_or_task_the_model_lacks_is_a_400_naming_the_choices(client, model, fields, param, words):
-    resp = client.post("/v1/embeddings", json={"model": model, "input": TEXTS, **fields})
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/v1/tokenize"])
+def test_an_adapter_or_task_the_model_lacks_is_a_400_naming_the_choices(client, route, model, fields, param, words):
+    resp = client.post(route, json={"model": model, "input": TEXTS, **fields})
     error = assert_error(resp, 400, param=param)
     assert words in error["message"]
+
+
+def test_tokenize_counts_the_prompt_a_task_or_role_brings_as_embeddings_does(client):
+    def counted(**fields: Any) -> list[int]:
+        resp = client.post("/v1/tokenize", json={"model": "jina-like", "input": TEXTS, **fields})
+        assert resp.status_code == 200, resp.text
+        return [d["untruncated_count"] for d in resp.json()["data"]]
+
+    def used(**fields: Any) -> int:
+        resp = client.post("/v1/embeddings", json={"model": "jina-like", "input": TEXTS, **fields})
+        assert resp.status_code == 200, resp.text
+        return int(resp.json()["usage"]["prompt_tokens"])
+
+    bare = counted()
+    for fields in ({"task": "retrieval.query"}, {"input_type": "query"}):
+        with_prompt = counted(**fields)
+        assert all(a > b for a, b in zip(with_prompt, bare, strict=True)), fields  # the query adapter's prompt
+        assert sum(with_prompt) == used(**fields)
+    assert counted(adapter="retrieval.query") == bare == counted(task="text-matching")  # no prompt of their own
 
 
 def hits(client: TestClient) -> float:
