@@ -190,8 +190,8 @@ class Ingestor:
     async def ingest(self, file: FileRow, store: StoreRow) -> None:
         """Read, chunk and embed ``file`` and write its chunks; a file that cannot be read is ``failed`` with
         the reason, a model that is busy or not ready has the file read again later."""
-        text = self.scratch / f"{file.seq}.text"
-        chunks = self.scratch / f"{file.seq}.chunks"
+        read = f"{file.seq}-{secrets.token_hex(4)}"  # a read of its own (one of the file cancelled may still end)
+        text, chunks = self.scratch / f"{read}.text", self.scratch / f"{read}.chunks"
         try:
             await self._ingest(file, store, text, chunks)
         except (UnsupportedFileError, InvalidFileError) as exc:

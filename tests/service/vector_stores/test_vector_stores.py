@@ -95,9 +95,11 @@ def make_store(api: openai.OpenAI, **extra: Any) -> str:
     return store.id
 
 
-def test_create_attach_search_with_the_sdk(client):
+def test_create_attach_search_with_the_sdk(client, tmp_path):
     api = sdk(client)
     store_id = make_store(api)
+    (scratch,) = (tmp_path / "store" / "reading").iterdir()  # this server's spools: none left once files are read
+    assert scratch.name.endswith(f"-{os.getpid()}") and not list(scratch.iterdir())
     store = api.vector_stores.retrieve(store_id)
     assert store.object == "vector_store" and store.name == "drinks" and store.status == "completed"
     assert store.file_counts.completed == 3 and store.file_counts.total == 3 and store.usage_bytes > 0
@@ -110,6 +112,19 @@ def test_create_attach_search_with_the_sdk(client):
     files = api.vector_stores.files.list(store_id)
     assert {f.status for f in files.data} == {"completed"}
     assert files.data[0].chunking_strategy.type == "static"  # type: ignore[union-attr]
+
+
+def test_the_spool_folders_of_servers_no_longer_running_are_removed_when_one_starts(tmp_path):
+    from service.vector_stores.ingest import scratch_folder
+
+    host = socket.gethostname()
+    dead, live, other = (tmp_path / "reading" / name for name in (f"{host}-999999999", f"{host}-1", "elsewhere-7"))
+    for folder in (dead, live, other):
+        folder.mkdir(parents=True)
+        (folder / "1-ab.text").write_bytes(b"left")
+    own = scratch_folder(tmp_path)
+    assert own == tmp_path / "reading" / f"{host}-{os.getpid()}" and own.is_dir()
+    assert not dead.exists() and live.exists() and other.exists()  # pid 1 runs; another host's are its own
 
 
 def test_rankers(client):
