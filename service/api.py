@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import re
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from service.schemas import (
     TokenCount,
     TokenizeRequest,
     TokenizeResponse,
+    blank,
     cohere_meta,
 )
 from service.settings import Images, Limits
@@ -60,7 +60,6 @@ def _check_texts(texts: list[str], param: str, limits: Limits) -> None:
 
 # whitespace as JSON Schema's regular expressions (ECMA-262 \s) define it, so that the schema's "query: \S"
 # and the server agree (Python's str.strip() also strips U+0085 and other separators that \S matches)
-_ONLY_WHITESPACE = re.compile("[\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*")
 _FIELDS = {"overlap": "chunk_overlap"}  # the core's argument names that differ from the request's fields
 
 
@@ -303,7 +302,7 @@ async def rerank(req: RerankRequest, ctx: Context, *, raw_scores: bool = False) 
     """Rerank. Returns the body and the number of inputs (query included for a bi-encoder) that were truncated."""
     limits = ctx.limits
     # the decoder has refused an empty query, an empty documents list and top_n < 1 (service.decoding)
-    if _ONLY_WHITESPACE.fullmatch(req.query):
+    if blank(req.query):
         raise invalid("query is empty or only whitespace", param="query", code="empty_query")
     if len(req.documents) > limits.max_documents:
         raise invalid(

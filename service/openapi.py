@@ -45,6 +45,7 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
     - ``embedding_types`` offers ``sparse`` only when a bge-m3 or SPLADE model is served, ``multivector`` when a
       bge-m3 or ColBERT model is (with other models too, asking one of those for them is a 400
       ``output_not_available``);
+    - an unknown member of an object that refuses them may be null (the decoder reads null as absent);
     - ``/health`` needs no key.
     """
     schemas = app.openapi_schema.components.schemas or {}
@@ -117,6 +118,9 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
         if operation is not None:
             operation.security = []  # open: overrides the document-wide bearer requirement
     schemas["CreateBatchRequest"].additional_properties = False  # type: ignore[union-attr]  # unknown fields: 400
+    for option in _options(schemas["CreateBatchRequest"].properties["input_file_id"]):  # type: ignore[index]
+        if getattr(option, "type", None) == OpenAPIType.STRING:
+            option.pattern = NO_NUL  # an id: no NUL character (a 400 naming it)
     metadata = schemas["CreateBatchRequest"].properties["metadata"]  # type: ignore[index]
     for option in getattr(metadata, "one_of", None) or [metadata]:
         if getattr(option, "type", None) == OpenAPIType.OBJECT:
@@ -144,6 +148,29 @@ def complete_openapi(app: Litestar, limits: Limits, pool: ModelPool, token_ids: 
             },
         )
         upload.request_body = RequestBody(content={"multipart/form-data": OpenAPIMediaType(schema=form)}, required=True)
+    for schema in schemas.values():
+        _null_members_only(schema)
+
+
+def _options(schema: Any) -> list[Any]:
+    """The schemas a value may match: a ``oneOf``'s, or the schema itself."""
+    return list(getattr(schema, "one_of", None) or [schema])
+
+
+def _null_members_only(schema: Any, seen: set[int] | None = None) -> None:
+    """An object of a JSON body that refuses unknown members (``additionalProperties: false``) takes one whose
+    value is null: the decoder reads a null member as an absent one (:func:`~service.decoding.decode_strict`), so
+    the schema says that an unknown member may only be null."""
+    seen = set() if seen is None else seen
+    if not isinstance(schema, Schema) or id(schema) in seen:
+        return
+    seen.add(id(schema))
+    if schema.additional_properties is False:
+        schema.additional_properties = NULL
+    children: list[Any] = [*(schema.properties or {}).values(), *(schema.one_of or []), *(schema.any_of or [])]
+    children += [*(schema.all_of or []), schema.items, schema.additional_properties, schema.schema_not]
+    for child in children:
+        _null_members_only(child, seen)
 
 
 STORED_KEY = Schema(type=OpenAPIType.STRING, max_length=64, pattern=NO_NUL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -12,6 +13,23 @@ from service.errors import NO_NUL
 NonEmptyText = Annotated[str, Meta(min_length=1)]
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+"""What a text made only of is blank, as a regex class's members: ECMAScript's ``\\s``, the whitespace of the
+published schema's patterns (Python's ``\\s`` also takes U+001C-U+001F and U+0085, not U+FEFF)."""
+NOT_BLANK = f"[^{WHITESPACE}]"
+"""A pattern that a text not only whitespace matches (the published schema's ``\\S``)."""
+_BLANK = re.compile(f"[{WHITESPACE}]*")
+
+
+def blank(text: str) -> bool:
+    """Whether ``text`` is empty or only whitespace (:data:`WHITESPACE`).
+
+    >>> blank(" \\u3000"), blank("\\x1d"), blank("a ")
+    (True, False, False)
+    """
+    return _BLANK.fullmatch(text) is not None
+
+
 Adapter = Annotated[
     NonEmptyText | None,
     Meta(

@@ -12,7 +12,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from embedrank.retrieval.store import Stage, StoreIndexKind, hybrid_weights
 from service.errors import NO_NUL
-from service.schemas import Metadata
+from service.schemas import NOT_BLANK, Metadata
 from service.vector_stores.store import BatchRow, FileCounts, FileRow, StoreState
 
 AttributeValue = Annotated[str, Meta(max_length=512, pattern=NO_NUL)] | float | bool
@@ -191,7 +191,7 @@ class RankingOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = None
 
 
-Query = Annotated[str, Meta(min_length=1, pattern=r"\S")]
+Query = Annotated[str, Meta(min_length=1, pattern=NOT_BLANK)]
 
 
 class SearchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -27,6 +27,7 @@ from embedrank.serving.remote import EngineFailedError, EngineHost, EngineLink
 from embedrank.types import Chunking
 from service.errors import invalid
 from service.files.service import FileService
+from service.schemas import blank
 from service.settings import Settings
 from service.storage.database import Connection
 from service.storage.service import RETRY_SECONDS, StorageService
@@ -367,7 +368,7 @@ class VectorStoreService:
         limits = self.settings.limits
         queries = [req.query] if isinstance(req.query, str) else list(req.query)
         for i, query in enumerate(queries):
-            if not query.strip():
+            if blank(query):
                 raise invalid("query is empty or only whitespace", param="query", code="empty_query")
             if len(query) > limits.max_text_chars:
                 raise invalid(
