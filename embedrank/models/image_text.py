@@ -30,8 +30,8 @@ from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.images import DEFAULT_IMAGE_LIMITS, ImageLimits, read_image
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import ModelSpec, quiet_loading, resolve
-from embedrank.runtime.backends import BACKEND_ENV, RuntimeFacts
-from embedrank.runtime.exports import ExportError
+from embedrank.runtime.backends import BACKEND_ENV, ElsewhereRuntime, RuntimeFacts
+from embedrank.runtime.exports import ExportError, is_weightless
 from embedrank.runtime.towers import ExportedTowers, TorchTowers, choose_precision, exported_towers
 from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
@@ -151,6 +151,15 @@ class ImageTextEncoder(TokenizesText, RuntimeFacts):
         check_max_seq_length(max_seq_length)
         import transformers
 
+        if is_weightless():  # a front process: the processor and the configuration; the towers run elsewhere
+            with quiet_loading():
+                processor = transformers.AutoProcessor.from_pretrained(spec.path)
+                config = transformers.AutoConfig.from_pretrained(spec.path)
+            with torch.device("meta"):  # the modules' shapes, no storage: nothing is computed here
+                model = transformers.AutoModel.from_config(config)
+            encoder = cls(spec, model, processor, device="meta", normalize=normalize, max_seq_length=max_seq_length)
+            encoder.runtime = ElsewhereRuntime()  # type: ignore[assignment]  # the loader says what runs it there
+            return encoder
         with quiet_loading():
             processor = transformers.AutoProcessor.from_pretrained(spec.path)
             model = transformers.AutoModel.from_pretrained(spec.path, dtype=torch.float32)

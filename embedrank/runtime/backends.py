@@ -314,8 +314,8 @@ class ElsewhereRuntime:
     """What stands for the transformer in a process that only tokenizes: the forward passes run in another
     process (a service's engine process, :mod:`embedrank.serving.remote`), which loaded the weights. A model
     built on it (:func:`~embedrank.runtime.exports.weightless`) tokenizes, counts and finishes vectors as the
-    loaded model does, and says the backend and precision that process runs (they key its vectors, e.g. in the
-    embedding cache); calling it is an error.
+    loaded model does (an image-text model preprocesses images too), and says the backend and precision that
+    process runs (they key its vectors, e.g. in the embedding cache); calling it, or a tower of it, is an error.
 
     >>> ElsewhereRuntime("openvino", "int8", "int8+f32")({"input_ids": None})
     Traceback (most recent call last):
@@ -332,6 +332,14 @@ class ElsewhereRuntime:
 
     def __call__(self, features: dict[str, torch.Tensor], *, all_positions: bool = False) -> torch.Tensor:
         raise RuntimeError("this model has no weights here: its forward passes run in the engine process")
+
+    def text(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """An image-text model's text tower (:class:`~embedrank.runtime.towers.TorchTowers`): not here either."""
+        return self(features)
+
+    def image(self, pixels: dict[str, torch.Tensor]) -> torch.Tensor:
+        """An image-text model's vision tower: not here either."""
+        return self(pixels)
 
 
 class RuntimeFacts:
@@ -371,6 +379,26 @@ class RuntimeFacts:
         return str(getattr(self.runtime, "device", "cpu")).startswith("cuda")
 
     @property
+    def adapters(self) -> tuple[str, ...]:
+        """The names of the LoRA adapters the model runs (its ``from_spec``'s ``adapters``); empty when none."""
+        names = getattr(self.runtime, "adapters", None)
+        return tuple(names.names) if names is not None else ()
+
+    def adapter_index(self, adapter: str | None) -> int:
+        """The runtime's index of ``adapter`` (None: :data:`~embedrank.runtime.lora.BASE`, the base model).
+
+        Raises:
+            InvalidInputError: the model has no adapter of that name (the message lists those it has).
+        """
+        if adapter is None:
+            return BASE
+        names = getattr(self.runtime, "adapters", None)
+        if names is None:
+            model = getattr(getattr(self, "spec", None), "model_id", "")
+            raise InvalidInputError(f"unknown adapter {adapter!r}; model {model!r} has none", param="adapter")
+        return int(names.index(adapter))
+
+    @property
     def padding_free(self) -> bool:
         """Whether the torch backend skips padding tokens (:mod:`embedrank.runtime.packed`)."""
         return bool(getattr(self.runtime, "padding_free", False))
@@ -379,6 +407,21 @@ class RuntimeFacts:
     def padding_free(self, value: bool) -> None:
         if isinstance(self.runtime, TorchRuntime):
             self.runtime.padding_free = value
+
+
+def with_adapters(features: dict[str, torch.Tensor], adapter: Any) -> dict[str, torch.Tensor]:
+    """``features`` of a batch with the adapter index each row runs with (``adapter``: per row, or one for all;
+    :data:`~embedrank.runtime.lora.BASE` for none) as ``adapter_ids`` ``(B,)``, which a runtime with adapters reads;
+    ``features`` themselves when every row runs the base model.
+
+    >>> ids = torch.zeros(2, 3, dtype=torch.int64)
+    >>> with_adapters({"input_ids": ids}, [0, BASE])["adapter_ids"].tolist(), list(with_adapters({"input_ids": ids}, BASE))
+    ([0, -1], ['input_ids'])
+    """
+    if not np.any(np.asarray(adapter) != BASE):
+        return features
+    rows = features["input_ids"].shape[0]
+    return {**features, "adapter_ids": torch.as_tensor(adapter).expand(rows).clone()}
 
 
 class PerAdapterRuntime:

@@ -173,11 +173,6 @@ class ModelPool:
             if entry.id not in self._built and (entry.path or "").startswith("fake:"):
                 self._built[entry.id] = fake_model(entry.id, entry.path or "")
             self.entries[entry.id], self.plans[entry.id] = self._plan(entry, self._built.get(entry.id))
-            if engine_link is not None and "image" in self.plans[entry.id].declared.inputs:
-                raise ConfigurationError(
-                    f"model {entry.id!r} is an image-text model (CLIP, SigLIP): front processes do not serve "
-                    "image-text models; serve it in one process (fronts = 0)"
-                )
             for alias in entry.aliases:
                 self.aliases.setdefault(alias, entry.id)
 

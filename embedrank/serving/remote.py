@@ -7,7 +7,8 @@ engine's estimated wait decides what is refused.
 What crosses, in frames of MessagePack (a 4-byte length, then the message), never JSON or a pickle:
 
 - a submission: its id, the engine's name, its priority, its items (tokenized rows: the model's token lists,
-  length, whether cut, pooling skip; or images as the bytes a request sent), and the request's id and W3C
+  length, whether cut, pooling skip; an image-text model's images as the pixel arrays the front's processor made of
+  them, so that no image is decoded in the engine's process), and the request's id and W3C
   ``traceparent``, so that the forward pass's span joins the request's trace;
 - an answer: the :class:`~embedrank.types.ModelOutput`, its arrays as raw buffers (dtype, shape, bytes), object
   arrays item by item, SciPy sparse rows as their three arrays; for a traced submission, its queue wait, which the
@@ -64,10 +65,12 @@ from typing import Any
 import msgspec
 import numpy as np
 import scipy.sparse as sp
+import torch
 from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from embedrank.errors import InvalidInputError, NotReadyError, OverloadedError
+from embedrank.models.image_text import ImageRow
 from embedrank.models.m3 import M3Row
 from embedrank.models.tokens import TokenRow
 from embedrank.serving import tracing
@@ -83,7 +86,7 @@ MAX_FRAME = 1 << 30
 limits; a larger frame means a broken peer, and ends the connection."""
 
 _LENGTH = struct.Struct("!I")
-_ARRAY, _OBJECTS, _HELD, _CSR, _ROW, _IMAGE, _M3_ROW = range(1, 8)  # MessagePack extension codes
+_ARRAY, _OBJECTS, _HELD, _CSR, _ROW, _IMAGE, _M3_ROW, _IMAGE_ROW = range(1, 9)  # MessagePack extension codes
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -211,6 +214,9 @@ def _lift(value: Any) -> Any:
         return msgspec.msgpack.Ext(_HELD, _ENCODER.encode(_lift(value.value)))
     if isinstance(value, M3Row):
         return msgspec.msgpack.Ext(_M3_ROW, _ENCODER.encode((value.cls_state, value.lexical, value.multi)))
+    if isinstance(value, ImageRow):  # a front's preprocessed image: its pixel tensors as raw arrays
+        pixels = {name: tensor.numpy() for name, tensor in value.pixels.items()}
+        return msgspec.msgpack.Ext(_IMAGE_ROW, _ENCODER.encode((pixels, value.length, value.truncated)))
     return value
 
 
@@ -257,6 +263,9 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == _M3_ROW:
         cls_state, lexical, multi = _DECODER.decode(data)
         return M3Row(cls_state, lexical, multi)
+    if code == _IMAGE_ROW:
+        pixels, length, truncated = _DECODER.decode(data)
+        return ImageRow({name: torch.from_numpy(array) for name, array in pixels.items()}, length, truncated)
     raise ValueError(f"unknown extension {code} in a message from an engine's peer")
 
 

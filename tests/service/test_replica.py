@@ -78,8 +78,16 @@ def wait_for(check, timeout: float = 60.0, every: float = 0.1):  # type: ignore[
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerURL]:
     """One replica for the tests of this module (those that kill one of its processes check it recovers)."""
+    from embedrank.testing.tiny_images import tiny_image_text
+
     folder = tmp_path_factory.mktemp("replica")
-    env = {**ENV, "EMBEDRANK_BATCH_DIR": str(folder / "batches")}
+    models = f"{ENV['EMBEDRANK_MODELS']},clip={tiny_image_text('clip')}"
+    env = {
+        **ENV,
+        "EMBEDRANK_MODELS": models,
+        "EMBEDRANK_BACKEND": "torch",
+        "EMBEDRANK_BATCH_DIR": str(folder / "batches"),
+    }
     with running_server(env, fronts=2, log_path=str(folder / "replica.log")) as server:
         yield server
 
@@ -103,7 +111,38 @@ def test_two_fronts_share_the_port_and_answer_as_one_process(replica):
             )
     assert all(cpu_ticks(pid) > before[pid] for pid in fronts), "a front took no connection"
     models = httpx.get(f"{replica}/v1/models", headers=HEADERS, timeout=10).json()
-    assert [m["id"] for m in models["data"]] == ["fake", "jina"]
+    assert [m["id"] for m in models["data"]] == ["fake", "jina", "clip"]
+
+
+def test_an_image_text_models_images_are_read_by_a_front_never_by_the_engine_process(replica):
+    """A front reads and preprocesses the images; the engine process, which never decodes one, embeds their pixels
+    as the library does; an image bomb is refused by the front, and the engine process runs on."""
+    import base64
+    import io
+
+    from embedrank.models.image_text import ImageTextEncoder
+    from embedrank.testing.hostile_files import png_claiming
+    from embedrank.testing.tiny_images import drawn_image, tiny_image_text
+
+    picture = drawn_image("circle", (30, 60, 220))
+    out = io.BytesIO()
+    picture.save(out, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    body = {"model": "clip", "input": [url, "a blue circle"]}
+    got = httpx.post(f"{replica}/v1/embeddings", headers=HEADERS, json=body, timeout=60)
+    assert got.status_code == 200, got.text
+    vectors = np.array([d["embedding"] for d in got.json()["data"]], dtype=np.float32)
+    library = ImageTextEncoder.from_pretrained(tiny_image_text("clip"), backend="torch")
+    np.testing.assert_allclose(vectors[0], library.encode_images([picture])[0], atol=1e-5)
+    np.testing.assert_allclose(vectors[1], library.encode(["a blue circle"])[0], atol=1e-5)
+    (engine,) = roles(replica)["engine"]
+    bomb = "data:image/png;base64," + base64.b64encode(png_claiming(100_000, 100_000)).decode()
+    refused = httpx.post(
+        f"{replica}/v1/embeddings", headers=HEADERS, json={"model": "clip", "input": [bomb]}, timeout=60
+    )
+    assert refused.status_code == 413 and refused.json()["error"]["code"] == "request_too_large", refused.text
+    assert roles(replica)["engine"] == [engine]
+    assert httpx.post(f"{replica}/v1/embeddings", headers=HEADERS, json=body, timeout=60).status_code == 200
 
 
 def test_a_front_sends_each_rows_adapter_and_int8_takes_its_ranges(replica):

@@ -150,7 +150,8 @@ async def test_a_front_holds_no_weights_and_describes_what_the_engine_process_ru
 
 
 def _parameters(model: object) -> int:
-    """The torch parameters ``model`` holds: in its attributes, its encoder's and its runtime's."""
+    """The torch parameters ``model`` holds (with storage: a module on the meta device holds none): in its
+    attributes, its encoder's and its runtime's."""
     import torch
 
     seen: dict[int, torch.nn.Module] = {}
@@ -160,7 +161,7 @@ def _parameters(model: object) -> int:
             for item in value if isinstance(value, list) else [value]:
                 if isinstance(item, torch.nn.Module):
                     seen[id(item)] = item
-    return sum(p.numel() for module in seen.values() for p in module.parameters())
+    return sum(p.numel() for module in seen.values() for p in module.parameters() if not p.is_meta)
 
 
 @run
@@ -213,10 +214,39 @@ async def test_a_host_still_loading_is_not_ready_to_describe(tmp_path):
         await host.close()
 
 
-def test_a_front_refuses_an_image_text_model_at_once():
-    from embedrank.errors import ConfigurationError
-    from embedrank.testing.tiny_images import tiny_image_text
+@pytest.mark.parametrize("architecture", ["clip", "siglip2"])
+@run
+async def test_an_image_text_models_images_are_read_in_the_front_and_embedded_as_the_engine_process_does(
+    architecture, tmp_path
+):
+    """The front reads and preprocesses the images (its processor, no towers: they stay in the engine process)
+    and sends their pixels; texts and images of one request answer as the engine process's own pool does."""
+    import base64
+    import io
 
-    entry = ModelEntry(id="clip", path=tiny_image_text("clip"))
-    with pytest.raises(ConfigurationError, match="front processes do not serve image-text models"):
-        ModelPool((entry,), engine_link=EngineLink("/nonexistent/engine.sock"))
+    from embedrank.models.image_text import ImageTextEncoder
+    from embedrank.serving.image_text import ImageInput
+    from embedrank.testing.tiny_images import drawn_image, tiny_image_text
+
+    def png(shape: str, colour: tuple[int, int, int]) -> bytes:
+        out = io.BytesIO()
+        drawn_image(shape, colour).save(out, format="PNG")
+        return out.getvalue()
+
+    square = ImageInput(png("square", (220, 30, 30)), "input", "[1]")
+    disc = "data:image/png;base64," + base64.b64encode(png("circle", (30, 30, 220))).decode()
+    inputs = ["a red square", square, ImageInput(disc, "input", "[2]"), "a blue circle"]
+    entries = (ModelEntry(id="images", path=tiny_image_text(architecture), backend="torch"),)
+    async with engine_and_front(entries, str(tmp_path / "engine.sock")) as (engine_side, front):
+        core = front.cores["images"]
+        assert isinstance(core, ImageTextEncoder) and isinstance(core.runtime, ElsewhereRuntime)
+        assert (core.runtime.backend, core.runtime.precision) == ("torch", "fp32")  # what runs it there
+        assert _parameters(core) == 0 < _parameters(engine_side.cores["images"])  # shapes only: no storage here
+        ours, theirs = front.get("images", "embeddings"), engine_side.get("images", "embeddings")
+        assert ours.dimension == theirs.dimension
+        for options in (EmbedOptions(), EmbedOptions(dimensions=16, normalize=False)):
+            a, b = await ours.embed(inputs, options), await theirs.embed(inputs, options)
+            _equal(a.output.embeddings, b.output.embeddings)
+            assert a.output.token_counts == b.output.token_counts
+        direct = engine_side.cores["images"].encode_images([drawn_image("square", (220, 30, 30))])
+        np.testing.assert_allclose((await ours.embed([square])).output.embeddings, direct, atol=1e-6)

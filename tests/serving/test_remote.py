@@ -355,6 +355,21 @@ def test_held_values_sparse_rows_and_images_cross_whole():
     assert decode(encode(Submit(1, "img", 0, [image]))[4:]).items == [image]
 
 
+def test_a_preprocessed_image_crosses_as_its_pixel_arrays():
+    import torch
+
+    from embedrank.models.image_text import ImageRow
+
+    batch = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.int32)
+    row = ImageRow({"pixel_values": batch[1], "pixel_attention_mask": mask[0]}, 17, False)  # views of a batch
+    (back,) = decode(encode(Submit(1, "clip", 0, [row]))[4:]).items
+    assert isinstance(back, ImageRow) and (back.length, back.truncated) == (17, False)
+    assert set(back.pixels) == {"pixel_values", "pixel_attention_mask"}
+    for name, tensor in row.pixels.items():
+        assert back.pixels[name].dtype == tensor.dtype and torch.equal(back.pixels[name], tensor), name
+
+
 class Opaque:
     pass
 
