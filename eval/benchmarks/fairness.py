@@ -21,8 +21,12 @@ seeded head for the rerank case) and measures, per case, the latency of small re
 It prints, per case and round, the bulk time and the small requests' p50 / p95 / p99 / max latency, then
 its goals: small p50 <= 0.5 s and p99 <= 1.5 s in every case, bulk growth <= 15% (``passages``).
 
+``--servers single fronts-2`` compares the service as one process with a replica of two front processes and an
+engine process (``python -m service --fronts 2``), each started again for every round (A B A B).
+
     python -m eval bench fairness                               # every case (~12 minutes on 2 cores)
     python -m eval bench fairness --cases passages --bulk 256 --rounds 1
+    python -m eval bench fairness --cases passages --servers single fronts-2
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 CASES = ("passages", "chunked-embed", "chunked-rerank")
+# how each compared server runs: None, `litestar run` (one process); a number, a replica of that many front processes
+SERVERS: dict[str, int | None] = {"single": None, "fronts-2": 2}
 QUERY = "what causes the seasons"
 
 
@@ -145,6 +151,11 @@ def describe(case: str, body: dict) -> str:
     return f"{case}: {len(texts)} texts, {chars:,} characters, chunk_overlap {body.get('chunk_overlap', '-')}"
 
 
+def _named(server: str, servers: list[str]) -> str:
+    """The server as the report's lines name it: nothing when it is the only one compared."""
+    return f"{server} " if len(servers) > 1 else ""
+
+
 def run(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
@@ -152,6 +163,9 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-ms", type=float, default=100.0, help="between small requests (default 100)")
     p.add_argument("--rounds", type=int, default=2, help="A B rounds of the passages case (default 2)")
     p.add_argument("--worst-rounds", type=int, default=1, help="rounds of each chunked case (default 1)")
+    p.add_argument(
+        "--servers", nargs="+", choices=sorted(SERVERS), default=["single"], help="compared A B A B (default: single)"
+    )
     p.add_argument("--max-batch-tokens", type=int, help="server's EMBEDRANK_MAX_BATCH_TOKENS (default: its own)")
     p.add_argument(
         "--target-batch-seconds", type=float, help="server's EMBEDRANK_TARGET_BATCH_SECONDS (default: its own; 0: off)"
@@ -175,59 +189,56 @@ def run(argv: list[str] | None = None) -> int:
     small_embeds = [{"model": MODEL, "input": [q]} for q in queries]
     small_reranks = [{"model": "reranker", "query": q, "documents": [passages[i % len(passages)]]} for i, q in enumerate(queries)]  # fmt: skip
     worst = worst_bodies(MODEL, "reranker", reranker_path) if set(args.cases) - {"passages"} else {}
-    p50s: dict[str, list[float]] = {}
-    p99s: dict[str, list[float]] = {}
-    alone_s, shared_s = [], []
-    with running_server(env) as base:
-        asyncio.run(alone(base, "/v1/embeddings", {"model": MODEL, "input": passages[:64]}))  # warm-up
-        asyncio.run(alone(base, "/v1/rerank", small_reranks[0]))
+    p50s: dict[tuple[str, str], list[float]] = {}
+    p99s: dict[tuple[str, str], list[float]] = {}
+    alone_s: dict[str, list[float]] = {}
+    shared_s: dict[str, list[float]] = {}
+    for r in range(1, max(args.rounds, args.worst_rounds) + 1):
+        cases = [c for c in args.cases if r <= (args.rounds if c == "passages" else args.worst_rounds)]
+        for server in args.servers if cases else ():
+            with running_server(env, fronts=SERVERS[server]) as base:
+                asyncio.run(alone(base, "/v1/embeddings", {"model": MODEL, "input": passages[:64]}))  # warm-up
+                asyncio.run(alone(base, "/v1/rerank", small_reranks[0]))
+                for case in cases:
+                    if case == "passages":
+                        route, body, smalls = "/v1/embeddings", {"model": MODEL, "input": passages}, small_embeds
+                    else:
+                        route = "/v1/embeddings" if case == "chunked-embed" else "/v1/rerank"
+                        body, smalls = worst[case], small_embeds if case == "chunked-embed" else small_reranks
+                        key = "input" if "input" in body else "documents"
+                        over = asyncio.run(refused(base, route, {**body, key: body[key] + [dense_text(300, 99)]}))
+                        print(f"{describe(case, body)}; with one more 300-character text: {over}", flush=True)
+                    a = asyncio.run(alone(base, route, body)) if case == "passages" else None
+                    b, small = asyncio.run(shared(base, route, body, smalls, args.interval_ms / 1000))
+                    p50s.setdefault((server, case), []).append(percentile(small, 50))
+                    p99s.setdefault((server, case), []).append(percentile(small, 99))
+                    head = f"{_named(server, args.servers)}{case} round {r}: "
+                    if a is not None:
+                        alone_s.setdefault(server, []).append(a)
+                        shared_s.setdefault(server, []).append(b)
+                        head += f"bulk alone {a:6.1f} s | shared {b:6.1f} s ({b / a - 1:+.1%}) | "
+                    else:
+                        head += f"bulk {b:6.1f} s | "
+                    print(
+                        f"{head}{len(small)} small requests: p50 {percentile(small, 50):.3f} s  p95 "
+                        f"{percentile(small, 95):.3f} s  p99 {percentile(small, 99):.3f} s  max {max(small):.3f} s",
+                        flush=True,
+                    )
+    for server in args.servers:
+        name = _named(server, args.servers)
+        if server in alone_s:
+            alone_m, shared_m = statistics.median(alone_s[server]), statistics.median(shared_s[server])
+            print(
+                f"{name}passages, median over {args.rounds} rounds: bulk alone {alone_m:.1f} s "
+                f"({args.bulk / alone_m:.1f} passages/s), shared {shared_m:.1f} s"
+            )
         for case in args.cases:
-            if case == "passages":
-                route, body, smalls, rounds = (
-                    "/v1/embeddings",
-                    {"model": MODEL, "input": passages},
-                    small_embeds,
-                    args.rounds,
-                )
-            else:
-                route = "/v1/embeddings" if case == "chunked-embed" else "/v1/rerank"
-                body, smalls, rounds = (
-                    worst[case],
-                    small_embeds if case == "chunked-embed" else small_reranks,
-                    args.worst_rounds,
-                )
-                key = "input" if "input" in body else "documents"
-                over = asyncio.run(refused(base, route, {**body, key: body[key] + [dense_text(300, 99)]}))
-                print(f"{describe(case, body)}; with one more 300-character text: {over}", flush=True)
-            for r in range(1, rounds + 1):
-                a = asyncio.run(alone(base, route, body)) if case == "passages" else None
-                b, small = asyncio.run(shared(base, route, body, smalls, args.interval_ms / 1000))
-                p50s.setdefault(case, []).append(percentile(small, 50))
-                p99s.setdefault(case, []).append(percentile(small, 99))
-                head = f"{case} round {r}: "
-                if a is not None:
-                    alone_s.append(a)
-                    shared_s.append(b)
-                    head += f"bulk alone {a:6.1f} s | shared {b:6.1f} s ({b / a - 1:+.1%}) | "
-                else:
-                    head += f"bulk {b:6.1f} s | "
-                print(
-                    f"{head}{len(small)} small requests: p50 {percentile(small, 50):.3f} s  p95 "
-                    f"{percentile(small, 95):.3f} s  p99 {percentile(small, 99):.3f} s  max {max(small):.3f} s",
-                    flush=True,
-                )
-    if alone_s:
-        growth = statistics.median(shared_s) / statistics.median(alone_s) - 1
-        print(
-            f"passages, median over {args.rounds} rounds: bulk alone {statistics.median(alone_s):.1f} s "
-            f"({args.bulk / statistics.median(alone_s):.1f} passages/s), shared {statistics.median(shared_s):.1f} s"
-        )
-    for case in args.cases:
-        p50, p99 = statistics.median(p50s[case]), statistics.median(p99s[case])
-        print(f"goal {case}: small p50 <= 0.5 s: {p50:.3f} s {'met' if p50 <= 0.5 else 'NOT met'}")
-        print(f"goal {case}: small p99 <= 1.5 s: {p99:.3f} s {'met' if p99 <= 1.5 else 'NOT met'}")
-    if alone_s:
-        print(f"goal passages: bulk growth <= 15%: {growth:+.1%} {'met' if growth <= 0.15 else 'NOT met'}")
+            p50, p99 = statistics.median(p50s[server, case]), statistics.median(p99s[server, case])
+            print(f"goal {name}{case}: small p50 <= 0.5 s: {p50:.3f} s {'met' if p50 <= 0.5 else 'NOT met'}")
+            print(f"goal {name}{case}: small p99 <= 1.5 s: {p99:.3f} s {'met' if p99 <= 1.5 else 'NOT met'}")
+        if server in alone_s:
+            growth = statistics.median(shared_s[server]) / statistics.median(alone_s[server]) - 1
+            print(f"goal {name}passages: bulk growth <= 15%: {growth:+.1%} {'met' if growth <= 0.15 else 'NOT met'}")
     return 0
 
 

@@ -48,12 +48,14 @@ ORDER = (
     "rerank",
     "service",
     "service-avx2",
+    "service-fronts",
     "tracing",
     "tracing-fronts",
     "span-cost",
     "ceiling",
     "fairness",
     "fairness-avx2",
+    "fairness-fronts",
     "batch",
     "batch-owners",
     "batch-validation",
@@ -505,6 +507,15 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
             figure = f"{float(share[1]):.0%} (1 query per request), {float(passage[1]):.0%} (16 passages)"
             against = "its runtime in-process, batch 32" + (f"; {inf[1]} Infinity's queries/s" if inf else "")
             return ("HTTP service throughput, 32 clients, fp32 default", figure, against)
+    if name == "fairness-fronts":
+        fronts = _search(r"^goal fronts-2 passages: small p99 <= [\d.]+ s: ([\d.]+ s)", out)
+        single = _search(r"^goal single passages: small p99 <= [\d.]+ s: ([\d.]+ s)", out)
+        if fronts and single:
+            return (
+                "p99 latency of 1-text requests sent during a 1,024-passage request, a replica of two fronts",
+                fronts[1],
+                f"one process: {single[1]}",
+            )
     if name.startswith("fairness"):
         p99 = _search(r"small p99 <= [\d.]+ s: ([\d.]+ s)", out)
         if p99:
