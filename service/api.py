@@ -327,6 +327,7 @@ async def rerank(req: RerankRequest, ctx: Context, *, raw_scores: bool = False) 
             priority=req.priority,
             budget=limits.max_request_tokens,
             top_n=req.top_n,
+            adapter=req.adapter,
         )
         reranked = await ctx.pool.get(req.model, "rerank").rerank(req.query, texts, options)
     out = reranked.output

@@ -28,6 +28,7 @@ ADAPTER_BODIES = (
     "CohereEmbedRequest",
     "TEIEmbedRequest",
     "CreateVectorStoreRequest",
+    "RerankRequest",
 )
 
 
@@ -202,8 +203,8 @@ VECTOR_STORE_BODIES = (
 
 
 def _complete_adapters(schemas: dict[str, Any], pool: ModelPool) -> None:
-    """``adapter`` one of the served embedding models' LoRA adapters (only null when none has any), ``task`` one of
-    them or a task of the query or document role (which every model takes), as the prompt names are completed."""
+    """``adapter`` one of the served models' LoRA adapters (only null when none has any), ``task`` one of the embedding
+    models' or a task of the query or document role (which every model takes), as the prompt names are completed."""
     plans = list(pool.plans.values())
     names = sorted({n for plan in plans for n in plan.served_adapters})
     tasks = sorted({t for plan in plans if plan.kind == "embedding" for t in plan.task_names()})
@@ -471,6 +472,11 @@ def _complete_compat(app: Litestar, limits: Limits, pool: ModelPool) -> None:
     rerank["texts"]["items"].update(maxLength=limits.max_text_chars)
     rerank["truncation_direction"] = {"enum": ["Right", "right"], "description": "Only Right is supported for pairs"}
     rerank["model"]["anyOf"][0]["enum"] = _serving(pool, "rerank")
+    adapters = sorted({n for plan in pool.plans.values() for n in plan.served_adapters})
+    if adapters:  # as ADAPTER_BODIES' (_complete_adapters)
+        rerank["adapter"]["anyOf"][0].update(enum=adapters, examples=adapters[:1])
+    else:
+        rerank["adapter"] = {"type": "null", "description": rerank["adapter"].get("description", "")}
     if any((plan.spec.num_labels or 1) != 1 for plan in pool.plans.values() if "rerank" in plan.capabilities):
         rerank["raw_scores"] = {"enum": [False], "description": "Only false: a served model has several labels"}
     _nullable_optionals(extra["TEIRerankRequest"])

@@ -33,12 +33,12 @@ def blank(text: str) -> bool:
 Adapter = Annotated[
     NonEmptyText | None,
     Meta(
-        description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them); an unknown name "
-        "is a 400 that lists them",
+        description="embedrank: one of the model's LoRA adapters by name (GET /v1/models lists them; a reranking "
+        "request: a cross-encoder's); an unknown name is a 400 that lists them",
         examples=["retrieval.query"],
     ),
 ]
-"""A request's ``adapter`` field (OpenAI's, Cohere's and TEI's bodies)."""
+"""A request's ``adapter`` field (OpenAI's, Cohere's and TEI's bodies, embedding and reranking)."""
 Task = Annotated[
     NonEmptyText | None,
     Meta(
@@ -312,6 +312,7 @@ class RerankRequest(Struct, kw_only=True):
         Meta(description="A chunked document's score: its best window (default), the mean, or the first window"),
     ] = "max"
     priority: Priority = 0
+    adapter: Adapter = None
 
 
 class RerankResult(Struct, kw_only=True):

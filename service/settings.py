@@ -103,7 +103,8 @@ class Models(_Group, frozen=True):
             description="the served models. Environment: comma-separated `id` or `id=path`, each optionally "
             "ending in `@backend[:precision]`; file: one `[[models]]` table per model (keys below). The environment "
             "variable replaces every `[[models]]` table. A path `fake:encoder`, `fake:encoder-with-prompts`, "
-            "`fake:encoder-with-adapters` or `fake:cross-encoder` serves a weightless fake for testing clients"
+            "`fake:encoder-with-adapters`, `fake:cross-encoder` or `fake:cross-encoder-with-adapters` serves a "
+            "weightless fake for testing clients"
         ),
     ] = msgspec.field(default=DEFAULT_MODELS, name="models")
     backend: Annotated[

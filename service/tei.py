@@ -79,6 +79,7 @@ class TEIRerankRequest(Struct, kw_only=True):
     ] = None
     truncation_direction: Annotated[Direction, Meta(description="Only Right is supported for pairs")] = "Right"
     model: ModelField = None
+    adapter: Adapter = None
 
 
 class TEIEmbedSparseRequest(Struct, kw_only=True):
@@ -198,6 +199,7 @@ async def rerank(req: TEIRerankRequest, ctx: Context) -> tuple[list[Rank], int]:
         top_n=req.top_n,
         truncate=req.truncate is not False,
         max_chunks_per_doc=1,  # TEI scores a text's first window
+        adapter=req.adapter,
     )
     body, truncated = await api.rerank(inner, ctx, raw_scores=req.raw_scores)
     ranks = [

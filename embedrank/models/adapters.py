@@ -18,8 +18,8 @@ from pathlib import Path
 
 from embedrank.errors import InvalidInputError
 from embedrank.registry import ModelSpec
-from embedrank.runtime.backends import PerAdapterRuntime, Runtime, TorchRuntime
-from embedrank.runtime.lora import RowAdapters, find_adapters, is_adapter, read_adapter
+from embedrank.runtime.backends import ElsewhereRuntime, PerAdapterRuntime, Runtime, TorchRuntime
+from embedrank.runtime.lora import AdapterNames, RowAdapters, find_adapters, is_adapter, read_adapter
 
 QUERY_ADAPTERS = ("retrieval.query", "query", "retrieval")
 """The adapter names a query looks for, in order (jina-embeddings-v3's, then one retrieval adapter for both roles,
@@ -118,8 +118,12 @@ def attach_adapters(runtime: Runtime, spec: ModelSpec, folders: Mapping[str, str
     """``runtime`` running ``folders``' adapters too: on torch, each row's update added in one pass over a mixed
     batch (:class:`~embedrank.runtime.lora.RowAdapters`); on an exported backend, each adapter's own model, its
     updates merged into the weights and exported by ``load(spec_of_that_model, backend, precision)``, with the
-    base runtime's backend and precision (:class:`~embedrank.runtime.backends.PerAdapterRuntime`)."""
+    base runtime's backend and precision (:class:`~embedrank.runtime.backends.PerAdapterRuntime`); in a process
+    whose forward passes run elsewhere, their names (rows carry an adapter's index there)."""
     if not folders:
+        return runtime
+    if isinstance(runtime, ElsewhereRuntime):  # a front's model: the adapters run where the weights are; named here
+        runtime.adapters = AdapterNames(list(folders))
         return runtime
     if isinstance(runtime, TorchRuntime):
         runtime.adapters = RowAdapters(runtime.module, [read_adapter(f, n) for n, f in folders.items()])

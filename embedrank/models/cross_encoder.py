@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,16 +13,18 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from embedrank.errors import InvalidInputError, ModelKindError
+from embedrank.errors import InvalidInputError, ModelKindError, UnsupportedModelError
 from embedrank.math.ranking import RankedResult, rank_scores
+from embedrank.models.adapters import Adapters, adapter_folders, attach_adapters
 from embedrank.models.batching import PROGRESS_THRESHOLD
 from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.llm_reranker import YesNoTokenizer
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow
 from embedrank.registry import ModelSpec, resolve
-from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
+from embedrank.runtime.backends import Head, Runtime, RuntimeFacts, TorchRuntime, with_adapters
 from embedrank.runtime.exports import load_transformer, runs_on
+from embedrank.runtime.lora import BASE
 from embedrank.types import ModelOutput
 
 _ACTIVATIONS = {
@@ -125,15 +128,20 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         device: str = "cpu",
         max_seq_length: int | None = None,
         streams: int = 1,
+        adapters: Adapters = None,
     ) -> CrossEncoder:
         """Load an already resolved model (:func:`~embedrank.registry.resolve`); ``backend``,
-        ``precision``, ``calibration``, ``cache_dir`` and ``streams`` as in :meth:`Encoder.from_spec
-        <embedrank.models.encoder.Encoder.from_spec>` (int8 calibrates on (query, passage) pairs cut from
-        the calibration texts).
+        ``precision``, ``calibration``, ``cache_dir``, ``streams`` and ``adapters`` (LoRA adapters over the
+        model, each with the classification head it saved, PEFT's ``modules_to_save``) as in
+        :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>` (int8 calibrates on (query,
+        passage) pairs cut from the calibration texts). :meth:`score`'s ``adapter`` picks one per call.
 
         Raises:
             ModelKindError: the model has no sequence-classification head.
-            InvalidInputError: an unknown backend, or a precision the backend does not run.
+            InvalidInputError: an unknown backend, or a precision the backend does not run; an adapter folder
+                that holds no adapter.
+            UnsupportedModelError: an adapter that is no LoRA one, or fits another model; adapters on an LLM
+                reranker.
         """
         check_max_seq_length(max_seq_length)
         from transformers import AutoConfig
@@ -147,11 +155,13 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
             )
         max_len = max_seq_length or spec.max_seq_length
         device, backend, precision = runs_on(device, backend, precision, spec=spec)
-        tokenizer, model = load_transformer(
-            spec,
-            "yes-no" if spec.scoring == "yes-no" else "classifier",
-            backend=backend,
-            precision=precision,
+        folders = adapter_folders(spec.path, adapters)
+        if folders and spec.scoring == "yes-no":
+            raise UnsupportedModelError(
+                f"model {spec.model_id!r} is an LLM reranker (scored by its answer's first token): adapters apply to "
+                "sequence-classification cross-encoders"
+            )
+        runs: dict[str, Any] = dict(
             device=device,
             max_seq_length=max_len,
             calibration=calibration,
@@ -160,13 +170,21 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
             wrap_tokenizer=YesNoTokenizer if spec.scoring == "yes-no" else None,
             streams=streams,
         )
+        head: Head = "yes-no" if spec.scoring == "yes-no" else "classifier"
+        tokenizer, model = load_transformer(spec, head, backend=backend, precision=precision, **runs)
         config = getattr(model, "config", None) or AutoConfig.from_pretrained(
             spec.path, trust_remote_code=spec.trust_remote_code
         )
         if spec.scoring == "yes-no":  # an LLM reranker: one score, P(yes) by the sigmoid
             config = copy.copy(config)
             config.num_labels = 1
-        return cls(spec, model, tokenizer, device=device, max_seq_length=max_len, config=config)
+        encoder = cls(spec, model, tokenizer, device=device, max_seq_length=max_len, config=config)
+
+        def load_adapted(adapted: ModelSpec, backend: str, precision: str) -> Runtime:
+            return load_transformer(adapted, head, backend=backend, precision=precision, **runs)[1]  # type: ignore[return-value]
+
+        encoder.runtime = attach_adapters(encoder.runtime, spec, folders, load_adapted)
+        return encoder
 
     @property
     def model_id(self) -> str:
@@ -190,21 +208,30 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         """Untruncated token count of each (query, document) pair, to refuse over-long input before compute."""
         return self.text_tokens.lengths(queries, documents)
 
-    def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput:
-        """Tokenize and score one batch of pairs in input order."""
-        return self.score_rows(self.tokenize_rows(pairs))
+    def score_batch(self, pairs: Sequence[tuple[str, str]], *, adapter: str | None = None) -> ModelOutput:
+        """Tokenize and score one batch of pairs in input order (``adapter``: the LoRA adapter they run with)."""
+        return self.score_rows(self.tokenize_rows(pairs, adapter=adapter))
 
-    def tokenize_rows(self, pairs: Sequence[tuple[str, str]]) -> list[TokenRow]:
-        """(query, document) pairs tokenized once, unpadded (``longest_first`` at ``max_seq_length``)."""
+    def tokenize_rows(self, pairs: Sequence[tuple[str, str]], *, adapter: str | None = None) -> list[TokenRow]:
+        """(query, document) pairs tokenized once, unpadded (``longest_first`` at ``max_seq_length``), each carrying
+        the index of the LoRA adapter ``adapter`` it runs with (:meth:`adapter_index`).
+
+        Raises:
+            InvalidInputError: the model has no adapter named ``adapter``.
+        """
+        index = self.adapter_index(adapter)
         queries, documents = [q for q, _ in pairs], [d for _, d in pairs]
-        return self.text_tokens.rows(queries, documents)
+        rows = self.text_tokens.rows(queries, documents)
+        return rows if index == BASE else [dataclasses.replace(row, adapter=index) for row in rows]
 
     def score_rows(self, rows: Sequence[TokenRow], *, apply_activation: bool = True) -> ModelOutput:
-        """Relevance scores ``(B,)`` of rows from :meth:`tokenize_rows`, padded together (:meth:`relevance`);
-        what the serving engine runs per pass. ``apply_activation=False``: a one-label model's raw scores,
-        which :meth:`activate` turns into the scores (the engine batches requests that differ in it)."""
+        """Relevance scores ``(B,)`` of rows from :meth:`tokenize_rows`, padded together (:meth:`relevance`), each
+        with its row's adapter (rows of different adapters: one pass on torch, one per adapter on an exported
+        backend); what the serving engine runs per pass. ``apply_activation=False``: a one-label model's raw
+        scores, which :meth:`activate` turns into the scores (the engine batches requests that differ in it)."""
         batch = self.text_tokens.collate(rows)
-        scores = self.forward(batch.features, apply_activation=apply_activation)
+        features = with_adapters(batch.features, [r.adapter for r in rows])
+        scores = self.forward(features, apply_activation=apply_activation)
         return ModelOutput(self.relevance(scores), batch.token_counts, batch.truncated)
 
     def activate(self, scores: np.ndarray) -> np.ndarray:
@@ -248,9 +275,16 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         apply_activation: bool = True,
         show_progress: bool | None = None,
         truncate: bool = True,
+        adapter: str | None = None,
     ) -> ModelOutput:
         """Scores ``(N,)`` (``(N, L)`` for several labels) in input order, with per-pair token counts and
-        truncation flags."""
+        truncation flags; ``adapter`` names the LoRA adapter the pairs run with (:attr:`adapters`; None: the base
+        model).
+
+        Raises:
+            InvalidInputError: no pairs, a pair that is not two strings, or an adapter the model lacks.
+        """
+        index = self.adapter_index(adapter)
         items = list(pairs)
         if not items:
             raise InvalidInputError("pairs is empty; pass at least one (query, document) pair")
@@ -273,7 +307,7 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         )
         with tqdm(total=len(items), desc="Scoring", unit="pair", disable=not show) as bar:
             for positions, batch in batches:
-                out = self.forward(batch.features, apply_activation=apply_activation)
+                out = self.forward(with_adapters(batch.features, index), apply_activation=apply_activation)
                 if scores is None:
                     scores = np.empty((len(items), *out.shape[1:]), dtype=np.float32)
                 scores[positions] = out
@@ -285,10 +319,18 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         return ModelOutput(scores, counts, truncated)
 
     def score_pairs(
-        self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32, apply_activation: bool = True
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        batch_size: int = 32,
+        apply_activation: bool = True,
+        adapter: str | None = None,
     ) -> np.ndarray:
-        """Score (query, document) pairs; sigmoid for one label unless ``apply_activation=False``."""
-        return self.score_pairs_with_stats(pairs, batch_size=batch_size, apply_activation=apply_activation).values
+        """Score (query, document) pairs; sigmoid for one label unless ``apply_activation=False``; ``adapter`` as in
+        :meth:`score_pairs_with_stats`."""
+        return self.score_pairs_with_stats(
+            pairs, batch_size=batch_size, apply_activation=apply_activation, adapter=adapter
+        ).values
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Character span of each token of each text, special tokens excluded (for splitting long texts)."""
@@ -308,9 +350,11 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         batch_size: int = 32,
         apply_activation: bool = True,
         chunking: Chunking | None = None,
+        adapter: str | None = None,
     ) -> np.ndarray:
         """Score each document against ``query``; ``(N,)`` float32 in input order: the relevance score
-        (:meth:`relevance`; for several labels, the probability of the relevance label).
+        (:meth:`relevance`; for several labels, the probability of the relevance label). ``adapter`` names the
+        LoRA adapter (with its own head) that scores them (:attr:`adapters`; None: the base model).
 
         By default a document longer than the model's window is truncated, as sentence-transformers does.
         With ``chunking`` (:class:`~embedrank.models.chunking.Chunking`), it is split into overlapping
@@ -323,7 +367,8 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
 
         def relevance(texts: Sequence[str]) -> np.ndarray:
             pairs = [(query, t) for t in texts]
-            return self.relevance(self.score_pairs(pairs, batch_size=batch_size, apply_activation=apply_activation))
+            scored = self.score_pairs(pairs, batch_size=batch_size, apply_activation=apply_activation, adapter=adapter)
+            return self.relevance(scored)
 
         if chunking is None:
             return relevance(docs)
@@ -337,13 +382,20 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         return scores
 
     def rank(
-        self, query: str, documents: Sequence[str], top_k: int | None = None, *, chunking: Chunking | None = None
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        *,
+        chunking: Chunking | None = None,
+        adapter: str | None = None,
     ) -> pd.DataFrame:
-        """Documents sorted by score, highest first, ties broken by input index (``chunking`` as in :meth:`score`).
+        """Documents sorted by score, highest first, ties broken by input index (``chunking`` and ``adapter`` as in
+        :meth:`score`).
 
         Returns a DataFrame with columns ``index``, ``score``, ``text``.
         """
-        scores = self.score(query, documents, chunking=chunking)
+        scores = self.score(query, documents, chunking=chunking, adapter=adapter)
         return ranked_frame(rank_scores(scores, top_k), documents)
 
 

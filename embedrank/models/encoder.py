@@ -28,7 +28,7 @@ from embedrank.models.router import Branched, on_branch
 from embedrank.models.signature import EmbeddingSignature
 from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve, weights_fingerprint
-from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime
+from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime, with_adapters
 from embedrank.runtime.exports import load_transformer, runs_on
 from embedrank.runtime.lora import BASE
 from embedrank.texts import packaged_sample
@@ -189,25 +189,6 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         engine process that measured it)."""
         self._dimension = int(value)
 
-    @property
-    def adapters(self) -> tuple[str, ...]:
-        """The names of the LoRA adapters the model runs (:meth:`from_spec`'s ``adapters``); empty when none."""
-        names = getattr(self.runtime, "adapters", None)
-        return tuple(names.names) if names is not None else ()
-
-    def adapter_index(self, adapter: str | None) -> int:
-        """The runtime's index of ``adapter`` (None: :data:`~embedrank.runtime.lora.BASE`, the base model).
-
-        Raises:
-            InvalidInputError: the model has no adapter of that name (the message lists those it has).
-        """
-        if adapter is None:
-            return BASE
-        names = getattr(self.runtime, "adapters", None)
-        if names is None:
-            raise InvalidInputError(f"unknown adapter {adapter!r}; model {self.model_id!r} has none", param="adapter")
-        return int(names.index(adapter))
-
     def __repr__(self) -> str:
         facts = f"pooling={self.pooling.value}, normalize={self.normalize}, max_seq_length={self.max_seq_length}"
         return f"Encoder({self.model_id!r}, dim={self.dimension}, {facts}, backend={self.backend}, precision={self.precision})"
@@ -338,10 +319,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         mask = batch.features["attention_mask"]
         if np.any(skip):
             mask = exclude_leading(mask, torch.as_tensor(skip).expand(mask.shape[0]))
-        features = batch.features
-        if np.any(np.asarray(adapter) != BASE):
-            features = {**features, "adapter_ids": torch.as_tensor(adapter).expand(mask.shape[0]).clone()}
-        return self.pooled(self.forward(features), mask)
+        return self.pooled(self.forward(with_adapters(batch.features, adapter)), mask)
 
     def embed_tokenized(
         self, batch: Tokenized, *, normalize: bool | None = None, dimensions: int | None = None, skip: Any = 0

@@ -324,6 +324,7 @@ class ElsewhereRuntime:
     """
 
     device = "cpu"
+    adapters: AdapterNames | None = None  # the LoRA adapters the model runs there (by name: their rows' indexes)
 
     def __init__(self, backend: str = "torch", precision: str = "fp32", inference_precision: str = "f32") -> None:
         self.backend = cast(Backend, backend)

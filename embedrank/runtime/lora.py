@@ -6,8 +6,9 @@ adapter, on that adapter's rows (as S-LoRA and Punica share a batch between adap
 A PEFT LoRA adapter (``adapter_config.json`` with ``"peft_type": "LORA"`` beside ``adapter_model.safetensors``)
 changes a target linear layer ``y = W x`` into ``y = W x + s B A x``, with ``A`` ``(r, in)``, ``B`` ``(out, r)`` and
 ``s = lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``; ``alpha_pattern`` sets a layer's own alpha).
-Adapters that change more than that (DoRA, biases, embedding or convolution layers, whole modules saved beside)
-are refused, naming what they change.
+It may also save whole modules of its own (``modules_to_save``: a reranker's classification head, trained with
+the adapter), which replace the model's for the rows that take it. Adapters that change more than that (DoRA,
+biases, embedding or convolution layers) are refused, naming what they change.
 
 >>> import torch
 >>> layer = LoraLayer(a=torch.ones(1, 2), b=torch.full((3, 1), 0.5), scale=2.0)
@@ -18,6 +19,7 @@ tensor([[3., 3., 3.]])
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -40,6 +42,7 @@ MASKED_UP_TO = 4
 """The most adapters in one batch whose updates are computed for every position and masked (more: each on its own
 positions, gathered): a masked update costs a low-rank product of the whole batch per adapter present."""
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>A|B)(?:\.[^.]+)?\.weight$")
+_SAVED = re.compile(r"\.modules_to_save\.[^.]+(?=\.)")  # a saved module's copy, as PEFT names it while training
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +58,14 @@ class LoraLayer:
 @dataclasses.dataclass(frozen=True)
 class LoraAdapter:
     """A LoRA adapter read from ``path``: its layers' updates by the module path they adapt, as PEFT names it
-    (``encoder.layer.0.attention.self.query``), and its rank."""
+    (``encoder.layer.0.attention.self.query``), its rank, and the modules it saved whole."""
 
     name: str
     path: str
     layers: dict[str, LoraLayer]
     rank: int
+    saved: dict[str, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
+    """The modules it replaces whole (PEFT's ``modules_to_save``): each one's parameters by the module's path."""
 
 
 def is_adapter(folder: str | Path) -> bool:
@@ -114,7 +119,6 @@ def read_adapter(folder: str | Path, name: str | None = None) -> LoraAdapter:
     refused = {
         "use_dora": "DoRA's magnitude vectors",
         "lora_bias": "biases of its own",
-        "modules_to_save": "whole modules saved beside it",
         "trainable_token_indices": "token embeddings of its own",
         "target_parameters": "parameters outside linear layers",
         "layer_replication": "layers replicated",
@@ -130,11 +134,18 @@ def read_adapter(folder: str | Path, name: str | None = None) -> LoraAdapter:
         raise UnsupportedModelError(f"{what} trains biases (bias={config['bias']!r}): only LoRA updates are served")
     weights = _weights(folder)
     parts: dict[str, dict[str, torch.Tensor]] = {}
+    saved: dict[str, dict[str, torch.Tensor]] = {}
+    kept = list(config.get("modules_to_save") or [])
     for key, tensor in weights.items():
         match = _KEY.match(key)
-        if match is None:
+        if match is not None:
+            parts.setdefault(match["module"], {})[match["part"]] = tensor.float()
+            continue
+        found = _saved_module(_SAVED.sub("", key.removeprefix("base_model.model.")), kept)
+        if found is None:
             raise UnsupportedModelError(f"{what} holds {key!r}, which is no LoRA update of a linear layer")
-        parts.setdefault(match["module"], {})[match["part"]] = tensor.float()
+        module, parameter = found
+        saved.setdefault(module, {})[parameter] = tensor
     layers: dict[str, LoraLayer] = {}
     alpha, rslora = float(config.get("lora_alpha", 8)), bool(config.get("use_rslora", False))
     for module, pair in parts.items():
@@ -153,7 +164,24 @@ def read_adapter(folder: str | Path, name: str | None = None) -> LoraAdapter:
         path=str(folder),
         layers=layers,
         rank=max(layer.a.shape[0] for layer in layers.values()),
+        saved=saved,
     )
+
+
+def _saved_module(path: str, kept: Sequence[str]) -> tuple[str, str] | None:
+    """The module of ``kept`` (PEFT's ``modules_to_save``: names or paths' ends) that a saved parameter's ``path``
+    lies in, and the parameter's name within it; None when it lies in none.
+
+    >>> _saved_module("classifier.dense.bias", ["classifier", "score"]), _saved_module("roberta.pooler.w", ["score"])
+    (('classifier', 'dense.bias'), None)
+    """
+    for name in kept:
+        if path.startswith(name + "."):
+            return name, path[len(name) + 1 :]
+        at = path.find("." + name + ".")
+        if at >= 0:
+            return path[: at + 1 + len(name)], path[at + len(name) + 2 :]
+    return None
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -210,17 +238,48 @@ def adapted_layers(module: torch.nn.Module, adapter: LoraAdapter) -> list[tuple[
     return found
 
 
+def saved_modules(module: torch.nn.Module, adapter: LoraAdapter) -> list[tuple[str, torch.nn.Module, torch.nn.Module]]:
+    """The modules of ``module`` that ``adapter`` replaces whole, each with its path and the adapter's own copy (the
+    module with the adapter's parameters, on the module's device and dtype).
+
+    Raises:
+        UnsupportedModelError: the adapter saved a module the model lacks, or one whose parameters do not fit.
+    """
+    modules = dict(module.named_modules())
+    found = []
+    for path, state in adapter.saved.items():
+        target = _resolve([name for name in modules if name], path)
+        if target is None:
+            raise UnsupportedModelError(
+                f"adapter {adapter.name!r} ({adapter.path}) saved a module {path!r}, which this model lacks: was it "
+                f"trained on another base model?"
+            )
+        own = copy.deepcopy(modules[target])
+        try:
+            own.load_state_dict(state, strict=True)  # into the copy's own tensors: their device and dtype
+        except RuntimeError as exc:
+            reason = " ".join(str(exc).split())
+            raise UnsupportedModelError(
+                f"adapter {adapter.name!r} ({adapter.path}): its module {path!r} does not fit the model's: {reason}"
+            ) from None
+        found.append((target, modules[target], own.eval()))
+    return found
+
+
 @torch.no_grad()
 def merge_adapter(module: torch.nn.Module, adapter: LoraAdapter) -> None:
     """Add ``adapter``'s updates to the weights of the layers it adapts, in place: ``W += s B A`` (as PEFT's
-    ``merge_and_unload``); ``module`` then computes that adapter's model, and an export of it is one.
+    ``merge_and_unload``), and put the modules it saved in place of the model's; ``module`` then computes that
+    adapter's model, and an export of it is one.
 
     Raises:
-        UnsupportedModelError: as :func:`adapted_layers`.
+        UnsupportedModelError: as :func:`adapted_layers` and :func:`saved_modules`.
     """
     for _, linear, layer in adapted_layers(module, adapter):
         delta = (layer.b.float() @ layer.a.float()) * layer.scale
         linear.weight.copy_((linear.weight.float() + delta.to(linear.weight.device)).to(linear.weight.dtype))
+    for _, sub, own in saved_modules(module, adapter):
+        sub.load_state_dict(own.state_dict())
 
 
 class AdapterNames:
@@ -273,27 +332,33 @@ class _Chosen:
 
 
 class RowAdapters(AdapterNames):
-    """``adapters`` attached to the linear layers of ``module`` they adapt (forward hooks), each applied to the rows
-    that ask for it: :meth:`rows` gives, for the forward passes run inside it on this thread, each row's and every
-    position's adapter index (into :attr:`names`; :data:`BASE` for none), flattened as the layers see their inputs.
+    """``adapters`` attached to the linear layers of ``module`` they adapt and the modules they saved whole (forward
+    hooks), each applied to the rows that ask for it: :meth:`rows` gives, for the forward passes run inside it on this
+    thread, each row's and every position's adapter index (into :attr:`names`; :data:`BASE` for none), flattened as
+    the layers see their inputs.
 
     Raises:
-        UnsupportedModelError: as :func:`adapted_layers`.
+        UnsupportedModelError: as :func:`adapted_layers` and :func:`saved_modules`.
     """
 
     def __init__(self, module: torch.nn.Module, adapters: Sequence[LoraAdapter]) -> None:
         super().__init__([a.name for a in adapters])
         by_module: dict[str, list[tuple[int, LoraLayer]]] = {}
         linear: dict[str, torch.nn.Linear] = {}
+        replaced: dict[str, list[tuple[int, torch.nn.Module]]] = {}
+        whole: dict[str, torch.nn.Module] = {}
         for index, adapter in enumerate(adapters):
             # bound once, here: the update then computes on the layer's own device and dtype without a copy a pass
             for target, sub, bound in adapted_layers(module, adapter):
                 by_module.setdefault(target, []).append((index, bound))
                 linear[target] = sub
+            for target, kept, own in saved_modules(module, adapter):
+                replaced.setdefault(target, []).append((index, own))
+                whole[target] = kept
         self._local = threading.local()
         self._hooks = [
             linear[name].register_forward_hook(partial(self._hook, layers)) for name, layers in by_module.items()
-        ]
+        ] + [whole[name].register_forward_hook(partial(self._replace, owns)) for name, owns in replaced.items()]
 
     @contextlib.contextmanager
     def rows(self, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[None]:
@@ -302,12 +367,13 @@ class RowAdapters(AdapterNames):
         position a row (a pooler on the first token) takes each row's, ``rows`` ``(B,)``. Which positions take which
         adapter is found once here, not at every layer; when they all take one, each layer adds its update to the
         whole output, with no gathering."""
-        before = getattr(self._local, "chosen", None)
+        before = getattr(self._local, "chosen", None), getattr(self._local, "rows", None)
         self._local.chosen = (_Chosen.of(rows), _Chosen.of(positions))
+        self._local.rows = rows
         try:
             yield
         finally:
-            self._local.chosen = before
+            self._local.chosen, self._local.rows = before
 
     def _hook(
         self, layers: list[tuple[int, LoraLayer]], module: torch.nn.Module, inputs: tuple[Any, ...], output: Any
@@ -334,6 +400,25 @@ class RowAdapters(AdapterNames):
             if where is not None:
                 out.index_add_(0, where, lora_delta(x.index_select(0, where), layer))
         return out.reshape(output.shape)  # a view of ``output`` (a copy, updated, were it not contiguous)
+
+    def _replace(
+        self, owns: list[tuple[int, torch.nn.Module]], module: torch.nn.Module, inputs: tuple[Any, ...], output: Any
+    ) -> Any:
+        """A module some adapters saved whole (a classification head, whose input holds one row per text): each
+        row that takes one of them computed by that adapter's copy instead."""
+        rows = getattr(self._local, "rows", None)
+        if rows is None:
+            return None
+        x = inputs[0]
+        if x.shape[0] != rows.shape[0]:
+            raise RuntimeError(f"adapter indexes for {rows.shape[0]} rows, not {x.shape[0]}")
+        for index, own in owns:
+            where = (rows == index).nonzero().squeeze(1).to(x.device)
+            if where.numel() == rows.shape[0]:  # every row takes this adapter
+                return own(*inputs)
+            if where.numel():
+                output = output.index_copy(0, where, own(x.index_select(0, where)))
+        return output
 
     def detach(self) -> None:
         """Remove the hooks: the model computes as its base again."""

@@ -192,6 +192,8 @@ KINDS: dict[str, Kind] = {
         tei_type="reranker",
     ),
 }
+ADAPTED_KINDS = ("embedding", "cross-encoder")
+"""The kinds whose models run LoRA adapters (a request's ``adapter`` picks one)."""
 
 
 def runtime_of(model: Any) -> tuple[str, str, str]:
@@ -321,9 +323,9 @@ class ModelPlan:
 
     @property
     def served_adapters(self) -> list[str]:
-        """The LoRA adapters it will serve, by name (an embedding model's): its entry's, else those its folder
-        ships."""
-        if self.kind != "embedding":
+        """The LoRA adapters it will serve, by name (an embedding model's or a cross-encoder's): its entry's, else
+        those its folder ships."""
+        if self.kind not in ADAPTED_KINDS:
             return []
         if self.adapters is not None:
             return list(self.adapters)
@@ -347,7 +349,7 @@ class ModelPlan:
         loader: Any = self.declared.loader
         if self.declared.backend is not None:  # its kind's own default, resolved into this plan (SPLADE: torch)
             backend, precision = self.backend, self.precision
-        extra = {"adapters": self.adapters} if self.kind == "embedding" else {}
+        extra = {"adapters": self.adapters} if self.kind in ADAPTED_KINDS else {}
         return loader.from_spec(
             self.spec, backend=backend, precision=precision, calibration=calibration, device=self.device, **extra
         )
@@ -616,12 +618,33 @@ class HostedModel(ModelPlan):
         cross-encoder's, a bi-encoder's cosine (a Router model's query branch embeds the query, its document
         branch the documents), MaxSim, or bge-m3's combined score, and the ``options.top_n`` best (all by
         default), ties by input order. Token counts cover the query (first) and every document."""
+        if options.adapter is not None:
+            self._check_rerank_adapter(options.adapter)
         extra: dict[str, Any] = {"query_runner": self.runner_for("query")} if self.branch_table else {}
         runner = cast(RerankRunner, self.runner_for("document"))
         tracing.note_operation("rerank")
         out = await runner.rerank(query, documents, options, **extra)
         tracing.note_usage(out.total_tokens)
         return Reranked(out, rank_scores(out.scores, options.top_n))
+
+    def _check_rerank_adapter(self, adapter: str) -> None:
+        """A reranking request's ``adapter``: one of a cross-encoder's adapters.
+
+        Raises:
+            InvalidInputError: the model reranks by another scorer, or has no adapter of that name (the message
+                lists those it has).
+        """
+        if self.scorer != "cross-encoder":
+            raise InvalidInputError(
+                f"adapter: model {self.spec.model_id!r} reranks by {self.scorer} similarity, which takes no adapter; "
+                "a cross-encoder's adapters score pairs",
+                param="adapter",
+            )
+        if adapter not in self.adapter_names:
+            choices = f"its adapters: {', '.join(self.adapter_names)}" if self.adapter_names else "it has no adapters"
+            raise InvalidInputError(
+                f"unknown adapter {adapter!r} for model {self.spec.model_id!r}; {choices}", param="adapter"
+            )
 
     async def sparse(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS) -> Embedded:
         """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and branch the request

@@ -86,7 +86,8 @@ EMBED_DEFAULTS = EmbedOptions()
 class RerankOptions:
     """Every option of one reranking call: ``truncate`` off refuses a query or document cut at the window;
     ``chunking`` scores long documents window by window; ``raw_scores`` skips a cross-encoder's activation; a
-    lower ``priority`` is scheduled first; ``budget`` bounds the request's tokens; ``top_n`` cuts the ranking."""
+    lower ``priority`` is scheduled first; ``budget`` bounds the request's tokens; ``top_n`` cuts the ranking;
+    ``adapter`` names the cross-encoder's LoRA adapter that scores the pairs."""
 
     truncate: bool = True
     chunking: Chunking | None = None
@@ -94,6 +95,7 @@ class RerankOptions:
     priority: int = 0
     budget: int | None = None
     top_n: int | None = None
+    adapter: str | None = None
 
 
 RERANK_DEFAULTS = RerankOptions()

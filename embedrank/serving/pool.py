@@ -43,7 +43,7 @@ from embedrank.runtime.devices import resolve_device
 from embedrank.runtime.exports import runs_on, weightless
 from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, BatchReport, EngineConfig
-from embedrank.serving.hosting import KINDS, HostedModel, ModelPlan, runtime_of
+from embedrank.serving.hosting import ADAPTED_KINDS, KINDS, HostedModel, ModelPlan, runtime_of
 from embedrank.serving.remote import Description, EngineFacts, EngineLink, ModelFacts, RemoteEngine
 from embedrank.serving.vector_cache import VectorCache
 from embedrank.testing.fake import fake_model
@@ -89,8 +89,9 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     adapters: Annotated[
         dict[str, str] | None,
         Meta(
-            description="an embedding model's LoRA adapters by name: PEFT adapter folders (default: those the model "
-            "ships in `adapters/<name>/`; `{}` for none); requests choose one with `adapter` or `task`"
+            description="an embedding model's or a cross-encoder's LoRA adapters by name: PEFT adapter folders "
+            "(default: those the model ships in `adapters/<name>/`; `{}` for none); requests choose one with "
+            "`adapter` (or an embedding request's `task`)"
         ),
     ] = None
 
@@ -235,9 +236,9 @@ class ModelPool:
                 raise ConfigurationError(
                     f"model {entry.id!r}: {field} {value!r} must be an existing .txt or .jsonl file, for {what}"
                 )
-        if entry.adapters and spec.kind != "embedding":
+        if entry.adapters and spec.kind not in ADAPTED_KINDS:
             raise ConfigurationError(
-                f"model {entry.id!r}: adapters apply to embedding models; this is a {spec.kind} model"
+                f"model {entry.id!r}: adapters apply to embedding models and cross-encoders; this is a {spec.kind} model"
             )
         plan = ModelPlan(
             spec=spec,
@@ -319,7 +320,9 @@ class ModelPool:
                 raise ModelLoadError(f"the engine process serves no engine {label!r}")
             inner = getattr(part, "encoder", part)  # bge-m3's dense vectors are its encoder's
             if isinstance(getattr(inner, "runtime", None), ElsewhereRuntime):  # what runs it there keys its vectors
-                inner.runtime = ElsewhereRuntime(facts.backend, facts.precision, facts.inference_precision)
+                elsewhere = ElsewhereRuntime(facts.backend, facts.precision, facts.inference_precision)
+                elsewhere.adapters = inner.runtime.adapters
+                inner.runtime = elsewhere
             if facts.width is not None and isinstance(inner, Encoder):
                 inner.dimension = facts.width
             if facts.range_embeddings is not None:

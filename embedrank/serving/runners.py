@@ -86,7 +86,7 @@ class PairScorer(Protocol):
 
     def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]: ...
 
-    def tokenize_rows(self, pairs: Sequence[tuple[str, str]]) -> list[TokenRow]: ...
+    def tokenize_rows(self, pairs: Sequence[tuple[str, str]], *, adapter: str | None = None) -> list[TokenRow]: ...
 
     def score_rows(self, rows: Sequence[TokenRow], *, apply_activation: bool = True) -> ModelOutput: ...
 
@@ -451,7 +451,7 @@ class AsyncCrossEncoder:
             )
         activation = None if raw_scores else activation_of(self.cross_encoder)
         if chunking is None:
-            rows = await self._rows(query, documents, truncate, owners=None, budget=budget)
+            rows = await self._rows(query, documents, truncate, owners=None, budget=budget, adapter=options.adapter)
             out = await self.engine.submit(rows, priority=priority)
             values = out.values.astype(np.float32)
             if activation is not None:
@@ -460,7 +460,9 @@ class AsyncCrossEncoder:
         window = partial(self.cross_encoder.chunk_window, query)
         plan = await plan_chunks(documents, self.cross_encoder.token_offsets, window, chunking, truncate, budget=budget)
         # a window fits beside the query unless the query leaves it too little room
-        rows = await self._rows(query, plan.texts, truncate, owners=plan.windows.owners, budget=budget)
+        rows = await self._rows(
+            query, plan.texts, truncate, owners=plan.windows.owners, budget=budget, adapter=options.adapter
+        )
         out = await self.engine.submit(rows, priority=priority)
         values = out.values if activation is None else self.cross_encoder.activate(out.values)  # type: ignore[attr-defined]
         return plan.scores(values, out.token_counts, out.truncated)
@@ -473,12 +475,13 @@ class AsyncCrossEncoder:
         *,
         owners: np.ndarray | None,
         budget: int | None = None,
+        adapter: str | None = None,
     ) -> list[TokenRow]:
-        """The (query, document) pairs tokenized once, off the event loop; with truncation off, the first
-        cut pair is refused as ``documents[i]`` (``owners[i]`` for a window)."""
+        """The (query, document) pairs tokenized once, off the event loop, each with ``adapter``'s index; with
+        truncation off, the first cut pair is refused as ``documents[i]`` (``owners[i]`` for a window)."""
         pairs = [(query, d) for d in documents]
         with tracing.tokenizing(len(pairs)):
-            rows = await asyncio.to_thread(self.cross_encoder.tokenize_rows, pairs)
+            rows = await asyncio.to_thread(partial(self.cross_encoder.tokenize_rows, pairs, adapter=adapter))
         check_budget(rows, budget)
         at = None if truncate else first_cut(rows)
         if at is not None:

@@ -228,11 +228,16 @@ class FakeEncoder(WordTokens, FitsRanges):
 
 
 class FakeCrossEncoder:
-    """Scores a pair by the share of query words found in the document, with a cross-encoder's accounting."""
+    """Scores a pair by the share of query words found in the document, with a cross-encoder's accounting; with
+    ``adapters``, a pair that runs with the adapter at index ``i`` scores ``share / 2**(i + 1) + (i + 1) / 10``
+    (other scores, as a LoRA adapter and its head give)."""
 
-    def __init__(self, model_id: str = "fake-cross-encoder", *, max_seq_length: int = 64) -> None:
+    def __init__(
+        self, model_id: str = "fake-cross-encoder", *, max_seq_length: int = 64, adapters: Sequence[str] = ()
+    ) -> None:
         self.spec = _spec(model_id, "cross-encoder", max_seq_length, None, num_labels=1)
         self.model_id, self.max_seq_length = model_id, max_seq_length
+        self.adapters = tuple(adapters)
 
     def count_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
         return [len(words(q)) + len(words(d)) + 3 for q, d in zip(queries, documents, strict=True)]
@@ -246,8 +251,13 @@ class FakeCrossEncoder:
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> ModelOutput:
         return self.score_rows(self.tokenize_rows(pairs))
 
-    def tokenize_rows(self, pairs: Sequence[tuple[str, str]]) -> list[TokenRow]:
-        """Query and document words, cut ``longest_first`` as Hugging Face tokenizers cut pairs."""
+    def tokenize_rows(self, pairs: Sequence[tuple[str, str]], *, adapter: str | None = None) -> list[TokenRow]:
+        """Query and document words, cut ``longest_first`` as Hugging Face tokenizers cut pairs, each row with the
+        index of ``adapter`` (-1: none)."""
+        if adapter is not None and adapter not in self.adapters:
+            has = ", ".join(map(repr, self.adapters)) or "none"
+            raise InvalidInputError(f"unknown adapter {adapter!r}; model {self.model_id!r} has {has}", param="adapter")
+        index = self.adapters.index(adapter) if adapter is not None else -1
         rows = []
         for query, document in pairs:
             q, d = words(query), words(document)
@@ -258,7 +268,7 @@ class FakeCrossEncoder:
                     d = d[:-1]
                 else:
                     q = q[:-1]
-            rows.append(TokenRow((q, d), len(q) + len(d) + 3, len(q) + len(d) + 3 < full))
+            rows.append(TokenRow((q, d), len(q) + len(d) + 3, len(q) + len(d) + 3 < full, adapter=index))
         return rows
 
     def score_rows(self, rows: Sequence[TokenRow], *, apply_activation: bool = True) -> ModelOutput:
@@ -267,7 +277,8 @@ class FakeCrossEncoder:
         for row in rows:
             q, d = row.tokens
             seen = set(d)
-            scores.append(sum(w in seen for w in q) / len(q) if q else 0.0)
+            share = sum(w in seen for w in q) / len(q) if q else 0.0
+            scores.append(share if row.adapter < 0 else share / 2 ** (row.adapter + 1) + (row.adapter + 1) / 10)
         return ModelOutput(np.asarray(scores, dtype=np.float32), [r.length for r in rows], [r.truncated for r in rows])
 
 
@@ -295,12 +306,14 @@ class FakeSparseEncoder(WordTokens):
 FAKE_PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5-style, for fake:encoder-with-prompts
 # jina-embeddings-v3's task adapters, for fake:encoder-with-adapters
 FAKE_ADAPTERS = ("retrieval.query", "retrieval.passage", "text-matching")
+FAKE_RERANK_ADAPTERS = ("support", "legal")  # a reranker's own fine-tunes, for fake:cross-encoder-with-adapters
 FAKE_ADAPTER_PROMPTS = {"retrieval.query": "Represent the query for retrieving evidence documents: "}
 FAKE_PATHS = (
     "fake:encoder",
     "fake:encoder-with-prompts",
     "fake:encoder-with-adapters",
     "fake:cross-encoder",
+    "fake:cross-encoder-with-adapters",
     "fake:sparse",
     "fake:zero-forward",
 )
@@ -309,7 +322,8 @@ FAKE_PATHS = (
 def fake_model(model_id: str, path: str) -> Any:
     """The stand-in a served model's ``path`` names: ``fake:encoder``, ``fake:encoder-with-prompts``
     (e5-style query and passage prompts, to try ``input_type``), ``fake:encoder-with-adapters`` (jina-embeddings-v3's
-    task adapters, :data:`FAKE_ADAPTERS`, to try ``adapter`` and ``task``), ``fake:cross-encoder`` or ``fake:sparse``, all
+    task adapters, :data:`FAKE_ADAPTERS`, to try ``adapter`` and ``task``), ``fake:cross-encoder`` (with
+    ``-with-adapters``: :data:`FAKE_RERANK_ADAPTERS`, to try a reranking request's ``adapter``) or ``fake:sparse``, all
     weightless; or ``fake:zero-forward``, the packaged MiniLM's tokenizer with a forward pass that costs nothing
     (:mod:`embedrank.testing.zero_forward`).
 
@@ -324,6 +338,8 @@ def fake_model(model_id: str, path: str) -> Any:
         return FakeEncoder(model_id, prompts=FAKE_ADAPTER_PROMPTS, adapters=FAKE_ADAPTERS)
     if path == "fake:cross-encoder":
         return FakeCrossEncoder(model_id)
+    if path == "fake:cross-encoder-with-adapters":
+        return FakeCrossEncoder(model_id, adapters=FAKE_RERANK_ADAPTERS)
     if path == "fake:sparse":
         return FakeSparseEncoder(model_id)
     if path == "fake:zero-forward":

@@ -111,6 +111,7 @@ def test_http_examples_are_answered(page, fake_service):
 
     models = {DEFAULT_EMBEDDING_MODEL: FakeEncoder(DEFAULT_EMBEDDING_MODEL), "splade": FakeSparseEncoder("splade")}
     models["tasks"] = fake_model("tasks", "fake:encoder-with-adapters")  # jina-embeddings-v3's task adapters
+    models["reranker"] = fake_model("reranker", "fake:cross-encoder-with-adapters")  # its adapter "support"
     models["bge-m3"] = M3Encoder.from_pretrained(tiny_bge_m3(), backend="torch")  # a tiny one in bge-m3's layout
     models["colbert"] = ColBERTEncoder.from_pretrained(tiny_colbert(), backend="torch")  # in PyLate's layout
     settings = Settings(

@@ -51,9 +51,7 @@ def test_rank_top_k_and_ties(cross_encoder, monkeypatch):
     assert len(ranked) == 2
     assert ranked["score"].is_monotonic_decreasing
     # Exact ties (forced, since float noise decides real ones) break by input index.
-    monkeypatch.setattr(
-        cross_encoder, "score", lambda q, d, chunking=None: np.array([0.5, 0.9, 0.5, 0.5], dtype=np.float32)
-    )
+    monkeypatch.setattr(cross_encoder, "score", lambda q, d, **_: np.array([0.5, 0.9, 0.5, 0.5], dtype=np.float32))
     assert cross_encoder.rank(QUERY, ["a", "b", "c", "d"])["index"].tolist() == [1, 0, 2, 3]
 
 

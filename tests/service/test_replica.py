@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # real servers as subprocesses
 KEY = "replica-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 ENV = {
-    "EMBEDRANK_MODELS": "fake=fake:encoder,jina=fake:encoder-with-adapters",
+    "EMBEDRANK_MODELS": "fake=fake:encoder,jina=fake:encoder-with-adapters,reranker=fake:cross-encoder-with-adapters",
     "EMBEDRANK_API_KEYS": KEY,
     "HF_HUB_OFFLINE": "1",
 }
@@ -111,7 +111,7 @@ def test_two_fronts_share_the_port_and_answer_as_one_process(replica):
             )
     assert all(cpu_ticks(pid) > before[pid] for pid in fronts), "a front took no connection"
     models = httpx.get(f"{replica}/v1/models", headers=HEADERS, timeout=10).json()
-    assert [m["id"] for m in models["data"]] == ["fake", "jina", "clip"]
+    assert [m["id"] for m in models["data"]] == ["fake", "jina", "reranker", "clip"]
 
 
 def test_an_image_text_models_images_are_read_by_a_front_never_by_the_engine_process(replica):
@@ -164,6 +164,23 @@ def test_a_front_sends_each_rows_adapter_and_int8_takes_its_ranges(replica):
         int8 = np.array([d["embeddings"]["int8"] for d in data], dtype=np.int8)
         ranges = fake.quantization_ranges(adapter=adapter)
         np.testing.assert_array_equal(int8, quantize(fake.encode(texts, adapter=adapter), "int8", ranges))
+
+
+def test_a_reranking_requests_adapter_reaches_the_engine_process_with_its_rows(replica):
+    from embedrank.testing.fake import fake_model
+
+    fake = fake_model("reranker", "fake:cross-encoder-with-adapters")
+    query, documents = "reset my password", ["reset it under settings", "the office is closed"]
+    for adapter in ("legal", "support", None):
+        body = {"model": "reranker", "query": query, "documents": documents, "adapter": adapter}
+        got = httpx.post(f"{replica}/v1/rerank", headers=HEADERS, json=body, timeout=30)
+        assert got.status_code == 200, got.text
+        scores = [r["relevance_score"] for r in sorted(got.json()["results"], key=lambda r: r["index"])]
+        want = fake.score_rows(fake.tokenize_rows([(query, d) for d in documents], adapter=adapter)).values
+        np.testing.assert_allclose(scores, want, atol=1e-6)
+    body = {"model": "reranker", "query": query, "documents": documents, "adapter": "medical"}
+    refused = httpx.post(f"{replica}/v1/rerank", headers=HEADERS, json=body, timeout=30)
+    assert refused.status_code == 400 and "its adapters: support, legal" in refused.text, refused.text
 
 
 def test_a_front_answers_small_requests_without_waiting_on_its_socket(replica):

@@ -250,3 +250,41 @@ async def test_an_image_text_models_images_are_read_in_the_front_and_embedded_as
             assert a.output.token_counts == b.output.token_counts
         direct = engine_side.cores["images"].encode_images([drawn_image("square", (220, 30, 30))])
         np.testing.assert_allclose((await ours.embed([square])).output.embeddings, direct, atol=1e-6)
+
+
+@run
+async def test_a_models_adapters_run_in_the_engine_process_and_the_front_names_them(tmp_path):
+    """An embedding model's and a cross-encoder's LoRA adapters: the front knows their names (its rows carry their
+    indexes) and what runs them there (bf16 on torch: it keys the embedding cache), and each adapter's answers are
+    the engine process's own."""
+    from tests.models.test_adapters import adapted_model
+    from tests.models.test_cross_encoder_adapters import adapted_cross_encoder
+
+    embedder, reranker = adapted_model("bert", tmp_path / "embed"), adapted_cross_encoder("bert", tmp_path / "rerank")
+    entries = (
+        ModelEntry(id="tasks", path=str(embedder), backend="torch", precision="bf16"),
+        ModelEntry(id="reranker", path=str(reranker), backend="torch", precision="bf16"),
+    )
+    async with engine_and_front(entries, str(tmp_path / "engine.sock")) as (engine_side, front):
+        for model_id in ("tasks", "reranker"):
+            ours, theirs = front.cores[model_id], engine_side.cores[model_id]
+            assert isinstance(ours.runtime, ElsewhereRuntime) and ours.adapters == theirs.adapters != ()
+            assert (ours.backend, ours.precision) == (theirs.backend, theirs.precision) == ("torch", "bf16")
+            assert front.models[model_id].adapter_names == engine_side.models[model_id].adapter_names
+        signature = EmbeddingSignature.of(front.cores["tasks"]).cache_key()
+        assert signature == EmbeddingSignature.of(engine_side.cores["tasks"]).cache_key()
+        ours, theirs = front.get("tasks", "embeddings"), engine_side.get("tasks", "embeddings")
+        for adapter in ("text-matching", "retrieval.query", None):
+            options = EmbedOptions(adapter=adapter)
+            _equal(
+                (await ours.embed(TEXTS, options)).output.embeddings,
+                (await theirs.embed(TEXTS, options)).output.embeddings,
+            )
+        ours, theirs = front.get("reranker", "rerank"), engine_side.get("reranker", "rerank")
+        for adapter in ("web", "legal", None):
+            options = RerankOptions(adapter=adapter)
+            a, b = await ours.rerank(TEXTS[0], DOCUMENTS, options), await theirs.rerank(TEXTS[0], DOCUMENTS, options)
+            np.testing.assert_array_equal(a.output.scores, b.output.scores)
+        base = await ours.rerank(TEXTS[0], DOCUMENTS)
+        web = await ours.rerank(TEXTS[0], DOCUMENTS, RerankOptions(adapter="web"))
+        assert np.abs(web.output.scores - base.output.scores).max() > 1e-3  # an adapter changes the scores
