@@ -193,8 +193,11 @@ by jina's `task`, or by its role (query or document), as the [Python API](guides
 and the [service](guides/service.md#task-adapters) guides show; a batch may mix adapters. Tested on tiny seeded
 BERT, XLM-R, `JinaEmbeddingsV3` and Qwen3 models with three adapters each: every adapter within 1e-5 of
 sentence-transformers with PEFT's adapter set on torch (applied row by row, a mixed batch equal to each adapter's
-own); the `JinaEmbeddingsV3` model also within 1e-4 on OpenVINO and ONNX Runtime, which run one export per adapter. LoRA only (DoRA, adapters
-that change embeddings or add biases are refused, naming what they change); cross-encoders and SPLADE models take
+own); the `JinaEmbeddingsV3` model also within 1e-4 on OpenVINO and ONNX Runtime, which run one export per adapter.
+Cross-encoders take adapters too, each with the classification head PEFT trained beside it (`modules_to_save`):
+tested on tiny seeded BERT and XLM-R rerankers with three adapters each against sentence-transformers'
+`CrossEncoder` with PEFT's adapter set (1e-5 on torch, 1e-4 on OpenVINO and ONNX Runtime for XLM-R). LoRA only
+(DoRA, adapters that change embeddings or add biases are refused, naming what they change); SPLADE models take
 no adapters yet.
 
 ## Models that ship their own code
@@ -498,6 +501,19 @@ def summary_row(r: dict) -> tuple[str, str, str] | None:
                 "cross-encoder scoring speed",
                 f"OpenVINO int8 {int8[1]}x, fp32 {fp32[1]}x",
                 "sentence-transformers' CrossEncoder",
+            )
+    if name == "service-fronts":
+        rows = {
+            server: _search(rf"^{server}\s+query\s+32\s+\S+\s+\S+\s+(\S+).*\n\s+passage\s+32\s+\S+\s+\S+\s+(\S+)", out)
+            for server in ("default", "fronts-2")
+        }
+        if all(rows.values()):
+            shares = {server: (float(m[1]), float(m[2])) for server, m in rows.items() if m}
+            return (
+                "HTTP service throughput as a replica of two fronts, 32 clients, fp32 default: share of its runtime "
+                "in-process, 1 query / 16 passages per request",
+                "{:.0%}; {:.0%}".format(*shares["fronts-2"]),
+                "one process: {:.0%}; {:.0%}".format(*shares["default"]),
             )
     if name.startswith("service"):
         share = _search(r"^default\s+query\s+32\s+\S+\s+\S+\s+(\S+)", out)
