@@ -40,4 +40,5 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"]
 STOPSIGNAL SIGTERM
-CMD ["uvicorn", "--factory", "service.app:create_app", "--host", "0.0.0.0", "--port", "8000"]
+# one process by default; EMBEDRANK_FRONTS=N serves as a replica of N front processes and an engine process
+CMD ["python", "-m", "service", "--host", "0.0.0.0", "--port", "8000"]

@@ -9,6 +9,9 @@ and reranks two documents over HTTP, checks that the process runs as a non-root 
 CPU build, then stops the container with ``docker stop`` (SIGTERM: the service drains and exits 0) and
 measures how long that took. It prints the image size and the median and each start's figures, and exits 1
 if any check fails. ``make image-check`` records its output in ``eval/results/container.json``.
+
+``--fronts 0 2`` makes each start once as one process and once as a replica of two front processes and an engine
+process (``EMBEDRANK_FRONTS=2``), checking that the container runs that many fronts.
 """
 
 from __future__ import annotations
@@ -51,10 +54,17 @@ def call(url: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def start_once(image: str, timeout: float) -> dict:
+FRONTS_RUNNING = (  # the container's processes that are fronts (this one, whose command names them, left out)
+    "import os, pathlib; print(sum(b'service.replica.front' in p.read_bytes() for p in pathlib.Path('/proc')"
+    ".glob('[0-9]*/cmdline') if p.parent.name != str(os.getpid())))"
+)
+
+
+def start_once(image: str, timeout: float, fronts: int = 0) -> dict:
     port = free_port()
     begun = time.monotonic()
-    container = docker("run", "-d", "-p", f"127.0.0.1:{port}:8000", "-e", f"EMBEDRANK_API_KEYS={KEY}", image)
+    settings = ["-e", f"EMBEDRANK_API_KEYS={KEY}", "-e", f"EMBEDRANK_FRONTS={fronts}"]
+    container = docker("run", "-d", "-p", f"127.0.0.1:{port}:8000", *settings, image)
     base = f"http://127.0.0.1:{port}"
     try:
         ready = None
@@ -81,6 +91,8 @@ def start_once(image: str, timeout: float) -> dict:
         assert uid != "0", "the service runs as root"
         cuda = docker("exec", container, "python", "-c", "import torch; print(torch.version.cuda)")
         assert cuda == "None", f"torch in the image is a CUDA build ({cuda})"
+        running = int(docker("exec", container, "python", "-c", FRONTS_RUNNING))
+        assert running == fronts, f"{running} front processes run in the container, not {fronts}"
         healthy = None
         while time.monotonic() - begun < timeout:  # Docker's HEALTHCHECK runs every 10 s
             healthy = docker("inspect", "-f", "{{.State.Health.Status}}", container)
@@ -103,22 +115,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", required=True)
     parser.add_argument("--starts", type=int, default=3, help="containers started one after another")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a start may take to be ready")
+    parser.add_argument(
+        "--fronts", type=int, nargs="+", default=[0], help="each start once with each EMBEDRANK_FRONTS (default 0)"
+    )
     args = parser.parse_args(argv)
     size = int(docker("image", "inspect", "-f", "{{.Size}}", args.image))
     base = docker("image", "inspect", "-f", "{{index .Config.Labels \"org.opencontainers.image.base.name\"}}",
                   args.image, check=False)  # fmt: skip
     runs = []
     for number in range(1, args.starts + 1):
-        try:
-            run = start_once(args.image, args.timeout)
-        except (AssertionError, RuntimeError) as exc:
-            print(f"start {number}: FAILED: {exc}")
-            return 1
-        runs.append(run)
-        print(
-            f"start {number}: ready in {run['ready_s']:.1f} s, embedded and reranked, healthy, "
-            f"stopped in {run['stop_s']:.1f} s with exit code {run['exit_code']} (uid {run['uid']})"
-        )
+        for fronts in args.fronts:
+            served = "one process" if fronts == 0 else f"{fronts} fronts and an engine process"
+            try:
+                run = start_once(args.image, args.timeout, fronts)
+            except (AssertionError, RuntimeError) as exc:
+                print(f"start {number} ({served}): FAILED: {exc}")
+                return 1
+            if fronts == args.fronts[0]:
+                runs.append(run)
+            print(
+                f"start {number} ({served}): ready in {run['ready_s']:.1f} s, embedded and reranked, healthy, "
+                f"stopped in {run['stop_s']:.1f} s with exit code {run['exit_code']} (uid {run['uid']})"
+            )
     print(f"image: {args.image}" + (f" (base {base})" if base and base != "<no value>" else ""))
     print(f"image size: {size / 1e9:.2f} GB ({size / 2**30:.2f} GiB)")
     print(f"time to ready: median {statistics.median(r['ready_s'] for r in runs):.1f} s over {len(runs)} starts")
