@@ -29,6 +29,7 @@ ADAPTER_BODIES = (
     "TEIEmbedRequest",
     "CreateVectorStoreRequest",
     "RerankRequest",
+    "TEIEmbedSparseRequest",
 )
 
 

@@ -102,6 +102,7 @@ class TEIEmbedSparseRequest(Struct, kw_only=True):
             "runs; default: the document route"
         ),
     ] = None
+    adapter: Adapter = None
 
 
 class SparseValue(Struct, kw_only=True):
@@ -223,6 +224,7 @@ async def embed_sparse(req: TEIEmbedSparseRequest, ctx: Context) -> tuple[list[l
         truncate=req.truncate is not False,
         budget=ctx.limits.max_request_tokens,
         fields=TEI_FIELDS,
+        adapter=req.adapter,
     )
     embedded = await ctx.pool.get(_model(ctx.pool, req.model, "sparse"), "sparse").sparse(texts, options)
     rows = [

@@ -27,14 +27,16 @@ import torch
 
 from embedrank.errors import UnsupportedModelError
 from embedrank.math.sparse import max_rows, prune_rows, to_csr
+from embedrank.models.adapters import Adapters, adapter_folders, attach_adapters
 from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, ChunkPlan, document_flags, require_max, summed_counts
 from embedrank.models.prompts import with_prompt
 from embedrank.models.router import Branched, on_branch
 from embedrank.models.tokens import TextTokens, TokenizesText, TokenRow, TokenSpan
 from embedrank.registry import ModelSpec, resolve
-from embedrank.runtime.backends import TorchRuntime
+from embedrank.runtime.backends import ChoosesAdapters, Runtime, TorchRuntime, with_adapters
 from embedrank.runtime.exports import check_streams, load_transformer, runs_on
+from embedrank.runtime.lora import BASE
 from embedrank.runtime.static import static_tokenizer
 from embedrank.types import ModelOutput
 
@@ -91,7 +93,7 @@ class StaticSparse:
         return (presence * self.weight).float().numpy()
 
 
-class SparseEncoder(TokenizesText, Branched):
+class SparseEncoder(TokenizesText, Branched, ChoosesAdapters):
     """A SPLADE model: :meth:`encode` texts to sparse vectors over the vocabulary (on torch, fp32). An
     inference-free SPLADE (a sentence-transformers ``Router``: a weight per vocabulary entry for queries, a
     masked LM for documents) is its document branch with the query branch in :attr:`branches`
@@ -132,12 +134,20 @@ class SparseEncoder(TokenizesText, Branched):
         cache_dir: str | Path | None = None,
         device: str = "cpu",
         streams: int = 1,
+        adapters: Adapters = None,
     ) -> SparseEncoder:
         """Load the weights of a resolved model (:func:`~embedrank.registry.resolve`) of kind ``sparse``.
         ``backend`` (``"torch"`` unless named: ``"openvino"``, ``"onnx"``) and ``precision`` choose what runs
         the masked LM; an exported graph includes SPLADE's pooling, so it hands back ``(B, V)`` weights.
-        ``device`` and ``streams`` as :meth:`Encoder.from_spec <embedrank.models.encoder.Encoder.from_spec>`
-        (``device``: torch only; ``streams``: OpenVINO only)."""
+        ``device``, ``streams`` and ``adapters`` (LoRA adapters over the masked LM) as :meth:`Encoder.from_spec
+        <embedrank.models.encoder.Encoder.from_spec>` (``device``: torch only; ``streams``: OpenVINO only);
+        :meth:`encode`'s ``adapter`` picks one per call.
+
+        Raises:
+            UnsupportedModelError: not a SPLADE model; adapters on an inference-free SPLADE (a Router) or an
+                adapter that is no LoRA one, or fits another model.
+            InvalidInputError: an adapter folder that holds no adapter.
+        """
         check_max_seq_length(max_seq_length)
         if spec.kind != "sparse":
             raise UnsupportedModelError(
@@ -145,6 +155,11 @@ class SparseEncoder(TokenizesText, Branched):
                 "(a sentence-transformers sparse layout, or a *ForMaskedLM checkpoint)"
             )
         _sparse_layout(Path(spec.path))  # refuses sparse modules other than SPLADE's
+        folders = adapter_folders(spec.path, adapters)
+        if folders and (spec.branches or spec.static):
+            raise UnsupportedModelError(
+                f"model {spec.model_id!r} is an inference-free SPLADE (a Router): adapters apply to one masked LM"
+            )
         device, backend, precision = runs_on(device, backend, precision, static=spec.static is not None, spec=spec)
         if spec.static is not None:  # a weight per vocabulary entry, no transformer
             from safetensors.torch import load_file
@@ -156,20 +171,18 @@ class SparseEncoder(TokenizesText, Branched):
             encoder = cls(spec, StaticSparse(weight), static_tokenizer(root), max_seq_length=max_seq_length)
         else:
             window = max_seq_length or spec.max_seq_length
-            tokenizer, model = load_transformer(
-                spec,
-                "splade",
-                backend=backend or "torch",
-                precision=precision,
-                device=device,
-                max_seq_length=window,
-                calibration=calibration,
-                cache_dir=cache_dir,
-                streams=streams,
+            runs: dict[str, Any] = dict(
+                device=device, max_seq_length=window, calibration=calibration, cache_dir=cache_dir, streams=streams
             )
-            runtime = (
-                TorchRuntime(model.to(device), tokenizer, "splade") if isinstance(model, torch.nn.Module) else model
-            )
+
+            def load(adapted: ModelSpec, backend: str, precision: str | None) -> tuple[Any, Runtime]:
+                tokenizer, model = load_transformer(adapted, "splade", backend=backend, precision=precision, **runs)
+                if isinstance(model, torch.nn.Module):
+                    return tokenizer, TorchRuntime(model.to(device), tokenizer, "splade")  # type: ignore[return-value]
+                return tokenizer, model
+
+            tokenizer, runtime = load(spec, backend or "torch", precision)
+            runtime = attach_adapters(runtime, spec, folders, lambda adapted, b, p: load(adapted, b, p)[1])
             encoder = cls(spec, runtime, tokenizer, max_seq_length=max_seq_length)
             encoder.runtime = runtime  # type: ignore[assignment]
         options = {
@@ -204,10 +217,12 @@ class SparseEncoder(TokenizesText, Branched):
         top_k: int | None = None,
         truncate: bool = True,
         chunking: Chunking | None = None,
+        adapter: str | None = None,
     ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
         """The sparse vectors ``(N, V)`` in input order (only each text's ``top_k`` largest weights with
         ``top_k``), each text's token count (special tokens included) and whether it was truncated; ``task``
-        picks a Router model's branch (``"query"``, ``"document"``; None: its default branch).
+        picks a Router model's branch (``"query"``, ``"document"``; None: its default branch); ``adapter`` names
+        the LoRA adapter the texts run with (:attr:`adapters`; None: the base model).
 
         With ``chunking``, a text longer than one forward pass is read window by window
         (:mod:`embedrank.models.chunking`; ``chunking.aggregate`` must be ``"max"``) and its vector holds each
@@ -218,15 +233,18 @@ class SparseEncoder(TokenizesText, Branched):
         Raises:
             InputTooLongError: ``truncate=False`` and a text is longer than ``max_seq_length`` tokens (with
                 ``chunking``: than its bounds allow).
-            InvalidInputError: ``chunking.aggregate`` is not ``"max"``.
+            InvalidInputError: ``chunking.aggregate`` is not ``"max"``; an adapter the model lacks.
         """
         texts = check_texts(texts)
+        index = self.adapter_index(adapter)
         if chunking is not None:
-            return self._encode_windows(texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking)
+            return self._encode_windows(
+                texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking, adapter=adapter
+            )
         rows: list[sp.csr_matrix | None] = [None] * len(texts)
         counts, cut = [0] * len(texts), [False] * len(texts)
         for positions, batch in self.text_tokens.batches(texts, batch_size=batch_size, truncate=truncate):
-            matrix = to_csr(self._weights(batch.features), top_k)
+            matrix = to_csr(self._weights(with_adapters(batch.features, index)), top_k)
             for k, i in enumerate(positions):
                 rows[i], counts[i], cut[i] = matrix[k], batch.token_counts[k], batch.truncated[k]
         stacked = sp.vstack(rows, format="csr") if rows else sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
@@ -242,22 +260,32 @@ class SparseEncoder(TokenizesText, Branched):
         top_k: int | None = None,
         truncate: bool = True,
         chunking: Chunking | None = None,
+        adapter: str | None = None,
     ) -> sp.csr_matrix:
         """The sparse vectors ``(N, V)`` of ``texts`` (see :meth:`encode_with_stats`)."""
         vectors, _, _ = self.encode_with_stats(
-            texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking
+            texts, batch_size=batch_size, top_k=top_k, truncate=truncate, chunking=chunking, adapter=adapter
         )
         return vectors
 
     def _encode_windows(
-        self, texts: list[str], *, batch_size: int, top_k: int | None, truncate: bool, chunking: Chunking
+        self,
+        texts: list[str],
+        *,
+        batch_size: int,
+        top_k: int | None,
+        truncate: bool,
+        chunking: Chunking,
+        adapter: str | None = None,
     ) -> tuple[sp.csr_matrix, list[int], list[bool]]:
         """:meth:`encode_with_stats` window by window, each text's weights the max over its windows."""
         require_max(chunking, "a SPLADE vector is a max over tokens, so its windows combine by max")
         plan = ChunkPlan.make(
             texts, self.token_offsets, window=self.chunk_window(), chunking=chunking, truncate=truncate, param="texts"
         )
-        rows, counts, cut = self.encode_with_stats(plan.texts, batch_size=batch_size, truncate=truncate)
+        rows, counts, cut = self.encode_with_stats(
+            plan.texts, batch_size=batch_size, truncate=truncate, adapter=adapter
+        )
         vectors = max_rows(rows, plan.windows.owners, len(texts))
         vectors = prune_rows(vectors, top_k) if top_k is not None else vectors
         return vectors, summed_counts(plan.windows, counts), document_flags(plan.windows, cut)
@@ -272,14 +300,23 @@ class SparseEncoder(TokenizesText, Branched):
         return self.encode(texts, task="document", **options)
 
     # -- the serving engine's interface (embedrank.serving.runners.AsyncSparseEncoder) -------------------
-    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
-        """Texts tokenized once, unpadded, cut at ``max_seq_length`` (what the engine batches)."""
-        return self.text_tokens.rows(texts)
+    def tokenize_rows(self, texts: Sequence[str], *, adapter: str | None = None) -> list[TokenRow]:
+        """Texts tokenized once, unpadded, cut at ``max_seq_length`` (what the engine batches), each with the index
+        of the LoRA adapter ``adapter`` it runs with (:meth:`adapter_index`).
+
+        Raises:
+            InvalidInputError: the model has no adapter named ``adapter``.
+        """
+        index = self.adapter_index(adapter)
+        rows = self.text_tokens.rows(texts)
+        return rows if index == BASE else [dataclasses.replace(row, adapter=index) for row in rows]
 
     def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
-        """SPLADE weights ``(B, V)`` of rows from :meth:`tokenize_rows`, padded together (dense float32)."""
+        """SPLADE weights ``(B, V)`` of rows from :meth:`tokenize_rows`, padded together (dense float32), each with
+        its row's adapter."""
         batch = self.text_tokens.collate(rows)
-        return ModelOutput(self._weights(batch.features), batch.token_counts, batch.truncated)
+        features = with_adapters(batch.features, [r.adapter for r in rows])
+        return ModelOutput(self._weights(features), batch.token_counts, batch.truncated)
 
     # -- token accounting (/v1/tokenize, TEI's /tokenize) and long texts ---------------------------
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:

@@ -343,7 +343,33 @@ class ElsewhereRuntime:
         return self(pixels)
 
 
-class RuntimeFacts:
+class ChoosesAdapters:
+    """The LoRA adapters a model's :attr:`runtime` runs, by name, and their indexes (what a row carries)."""
+
+    runtime: Any
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The names of the LoRA adapters the model runs (its ``from_spec``'s ``adapters``); empty when none."""
+        names = getattr(self.runtime, "adapters", None)
+        return tuple(names.names) if names is not None else ()
+
+    def adapter_index(self, adapter: str | None) -> int:
+        """The runtime's index of ``adapter`` (None: :data:`~embedrank.runtime.lora.BASE`, the base model).
+
+        Raises:
+            InvalidInputError: the model has no adapter of that name (the message lists those it has).
+        """
+        if adapter is None:
+            return BASE
+        names = getattr(self.runtime, "adapters", None)
+        if names is None:
+            model = getattr(getattr(self, "spec", None), "model_id", "")
+            raise InvalidInputError(f"unknown adapter {adapter!r}; model {model!r} has none", param="adapter")
+        return int(names.index(adapter))
+
+
+class RuntimeFacts(ChoosesAdapters):
     """What :class:`~embedrank.models.encoder.Encoder` and ``CrossEncoder`` say about their :attr:`runtime`."""
 
     runtime: Runtime
@@ -378,26 +404,6 @@ class RuntimeFacts:
         """Whether the transformer runs on a GPU (then the next inputs are tokenized while a batch computes;
         an exported graph runs on the CPU)."""
         return str(getattr(self.runtime, "device", "cpu")).startswith("cuda")
-
-    @property
-    def adapters(self) -> tuple[str, ...]:
-        """The names of the LoRA adapters the model runs (its ``from_spec``'s ``adapters``); empty when none."""
-        names = getattr(self.runtime, "adapters", None)
-        return tuple(names.names) if names is not None else ()
-
-    def adapter_index(self, adapter: str | None) -> int:
-        """The runtime's index of ``adapter`` (None: :data:`~embedrank.runtime.lora.BASE`, the base model).
-
-        Raises:
-            InvalidInputError: the model has no adapter of that name (the message lists those it has).
-        """
-        if adapter is None:
-            return BASE
-        names = getattr(self.runtime, "adapters", None)
-        if names is None:
-            model = getattr(getattr(self, "spec", None), "model_id", "")
-            raise InvalidInputError(f"unknown adapter {adapter!r}; model {model!r} has none", param="adapter")
-        return int(names.index(adapter))
 
     @property
     def padding_free(self) -> bool:

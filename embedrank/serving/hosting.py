@@ -192,7 +192,7 @@ KINDS: dict[str, Kind] = {
         tei_type="reranker",
     ),
 }
-ADAPTED_KINDS = ("embedding", "cross-encoder")
+ADAPTED_KINDS = ("embedding", "cross-encoder", "sparse")
 """The kinds whose models run LoRA adapters (a request's ``adapter`` picks one)."""
 
 
@@ -323,7 +323,7 @@ class ModelPlan:
 
     @property
     def served_adapters(self) -> list[str]:
-        """The LoRA adapters it will serve, by name (an embedding model's or a cross-encoder's): its entry's, else
+        """The LoRA adapters it will serve, by name (an embedding, cross-encoder or SPLADE model's): its entry's, else
         those its folder ships."""
         if self.kind not in ADAPTED_KINDS:
             return []
@@ -591,7 +591,7 @@ class HostedModel(ModelPlan):
             extra["query"] = chosen.task == "query"
             prompt = ""
         runner = cast(DenseRunner, chosen.runner)  # the kind declares embeddings: the pool checked
-        if chosen.adapter is not None:  # only an encoder's runner has adapters (resolve checked the name)
+        if chosen.adapter is not None:  # only a runner of a model with adapters (resolve checked the name)
             extra["adapter"] = chosen.adapter
         tracing.note_operation("embeddings")
         out = await runner.embed(texts, options, prompt=prompt, **extra)  # type: ignore[arg-type]  # images: checked above
@@ -652,7 +652,8 @@ class HostedModel(ModelPlan):
         as ``(indices, values)``."""
         chosen = self.resolve_options(options)
         tracing.note_operation("embeddings")
-        out = await cast(EmbeddingRunner, chosen.runner).embed(texts, options, prompt=chosen.prompt)
+        adapted = {"adapter": chosen.adapter} if chosen.adapter is not None else {}
+        out = await cast(EmbeddingRunner, chosen.runner).embed(texts, options, prompt=chosen.prompt, **adapted)
         tracing.note_usage(out.total_tokens)
         return Embedded(out, {}, out.sparse)  # SPLADE, bge-m3
 

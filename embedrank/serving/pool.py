@@ -89,7 +89,7 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     adapters: Annotated[
         dict[str, str] | None,
         Meta(
-            description="an embedding model's or a cross-encoder's LoRA adapters by name: PEFT adapter folders "
+            description="an embedding, cross-encoder or SPLADE model's LoRA adapters by name: PEFT adapter folders "
             "(default: those the model ships in `adapters/<name>/`; `{}` for none); requests choose one with "
             "`adapter` (or an embedding request's `task`)"
         ),
@@ -238,7 +238,8 @@ class ModelPool:
                 )
         if entry.adapters and spec.kind not in ADAPTED_KINDS:
             raise ConfigurationError(
-                f"model {entry.id!r}: adapters apply to embedding models and cross-encoders; this is a {spec.kind} model"
+                f"model {entry.id!r}: adapters apply to embedding, cross-encoder and SPLADE models; this is a "
+                f"{spec.kind} model"
             )
         plan = ModelPlan(
             spec=spec,

@@ -177,7 +177,28 @@ class EncoderTokens:
         return await asyncio.to_thread(self.encoder.token_offsets, texts)
 
 
-class AsyncEncoder(EncoderTokens):
+class AdapterSignatures:
+    """The embedding cache's key of a runner's vectors: its model's signature (:attr:`cache_signature`) and, for
+    vectors of a LoRA adapter, the adapter's name, folder and weights."""
+
+    encoder: Any
+    cache_signature: str = ""
+
+    def _signature(self, adapter: str | None) -> str:
+        """What the vectors depend on besides the prompt, the truncation and the text: the model's signature, and
+        the adapter's name, folder and weights (an adapter saved again at its place gives other vectors)."""
+        if adapter is None:
+            return self.cache_signature
+        signatures: dict[str, str] = self.__dict__.setdefault("_adapter_signatures", {})
+        found = signatures.get(adapter)
+        if found is None:  # once per adapter: the weights' fingerprint reads the folder
+            folder = getattr(self.encoder, "adapter_folders", {}).get(adapter, "")
+            fingerprint = weights_fingerprint(folder) if folder else ""
+            found = signatures[adapter] = f"{self.cache_signature}|adapter={adapter}:{folder}:{fingerprint}"
+        return found
+
+
+class AsyncEncoder(EncoderTokens, AdapterSignatures):
     """Embeddings and bi-encoder (cosine) reranking through a :class:`BatchEngine`."""
 
     def __init__(self, encoder: EmbeddingModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
@@ -185,7 +206,6 @@ class AsyncEncoder(EncoderTokens):
         self.engine: BatchEngine[TokenRow] = BatchEngine(EmbeddingBatchModel(encoder), config, **engine_kwargs)
         self.cache: VectorCache | None = None  # computed vectors by text, for requests that ask (``cached``)
         self.cache_signature = ""  # what the vectors depend on besides the prompt, the truncation and the text
-        self._adapter_signatures: dict[str, str] = {}
 
     @property
     def dimension(self) -> int:
@@ -312,20 +332,6 @@ class AsyncEncoder(EncoderTokens):
                 stored.append((key, CachedVector(computed.values[n], computed.token_counts[n], fresh[key][1])))
         await cache.keep(stored)
         return ModelOutput(np.stack([vectors[key] for key in keys]), [t for t, _ in seen], [c for _, c in seen])
-
-    def _signature(self, adapter: str | None) -> str:
-        """What the vectors depend on besides the prompt, the truncation and the text: the model's signature, and
-        the adapter's name, folder and weights (an adapter saved again at its place gives other vectors)."""
-        if adapter is None:
-            return self.cache_signature
-        found = self._adapter_signatures.get(adapter)
-        if found is None:  # once per adapter: the weights' fingerprint reads the folder
-            folder = getattr(self.encoder, "adapter_folders", {}).get(adapter, "")
-            fingerprint = weights_fingerprint(folder) if folder else ""
-            found = self._adapter_signatures[adapter] = (
-                f"{self.cache_signature}|adapter={adapter}:{folder}:{fingerprint}"
-            )
-        return found
 
     async def _cut_at_start(
         self, texts: Sequence[str], rows: list[TokenRow], prompt: str, param: str, adapter: str | None = None

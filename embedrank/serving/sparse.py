@@ -21,7 +21,7 @@ from embedrank.serving import tracing
 from embedrank.serving.engine import BatchEngine, EngineConfig
 from embedrank.serving.inputs import check_budget, first_cut
 from embedrank.serving.options import EMBED_DEFAULTS, EmbedOptions, Refusal, refuse
-from embedrank.serving.runners import EncoderTokens
+from embedrank.serving.runners import AdapterSignatures, EncoderTokens
 from embedrank.serving.vector_cache import (
     CachedVector,
     VectorCache,
@@ -43,7 +43,7 @@ class SparseModel(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
-    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]: ...
+    def tokenize_rows(self, texts: Sequence[str], *, adapter: str | None = None) -> list[TokenRow]: ...
 
     def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput: ...
 
@@ -91,7 +91,7 @@ REFUSED = (
 """The embedding options a SPLADE model refuses."""
 
 
-class AsyncSparseEncoder(EncoderTokens):
+class AsyncSparseEncoder(EncoderTokens, AdapterSignatures):
     """Sparse (SPLADE) embeddings through a :class:`BatchEngine`; token counting as any encoder's."""
 
     def __init__(self, model: SparseModel, config: EngineConfig | None = None, **engine_kwargs: Any) -> None:
@@ -115,19 +115,23 @@ class AsyncSparseEncoder(EncoderTokens):
         *,
         prompt: str = "",
         top_k: int | None = None,
+        adapter: str | None = None,
     ) -> SparseOutput:
         """The sparse vectors of ``prompt + text`` for each text, in input order (each text's ``top_k``
-        heaviest terms with ``top_k``). With ``truncate`` off a text over the window is refused before it
-        is queued, as are requests over ``budget`` tokens. :data:`REFUSED`: what does not apply to a vector
-        over the vocabulary."""
+        heaviest terms with ``top_k``), run with the model's LoRA ``adapter`` (None: the base model). With
+        ``truncate`` off a text over the window is refused before it is queued, as are requests over ``budget``
+        tokens. :data:`REFUSED`: what does not apply to a vector over the vocabulary."""
         refuse(options, *REFUSED)
         if options.cached and self.cache is not None and top_k is None:
-            found = await self._embed_cached(self.cache, texts, prompt, options)
+            found = await self._embed_cached(self.cache, texts, prompt, options, adapter)
             if found is not None:
                 return found
         texts = with_prompt(texts, prompt)
+        tokenize = (
+            partial(self.model.tokenize_rows, adapter=adapter) if adapter is not None else self.model.tokenize_rows
+        )
         with tracing.tokenizing(len(texts)):
-            rows = await asyncio.to_thread(self.model.tokenize_rows, list(texts))
+            rows = await asyncio.to_thread(tokenize, list(texts))
         check_budget(rows, options.budget)
         at = None if options.truncate else first_cut(rows)
         if at is not None:
@@ -137,20 +141,23 @@ class AsyncSparseEncoder(EncoderTokens):
         return SparseOutput(vectors, list(out.token_counts), list(out.truncated))  # type: ignore[arg-type]
 
     async def _embed_cached(
-        self, cache: VectorCache, texts: Sequence[str], prompt: str, options: EmbedOptions
+        self, cache: VectorCache, texts: Sequence[str], prompt: str, options: EmbedOptions, adapter: str | None = None
     ) -> SparseOutput | None:
         """What :meth:`embed` gives, computing only the texts ``cache`` lacks (each distinct one once, then
         stored; a cached text's token count and truncation come from the cache). None, and nothing computed,
         when the request would fail (over ``budget``, or a text cut with ``truncate`` off): :meth:`embed` then
         runs it uncached, which fails it with the error it would get."""
-        keys = [cache_key(self.cache_signature, prompt, "right", text) for text in texts]
+        keys = [cache_key(self._signature(adapter), prompt, "right", text) for text in texts]
         found = await asyncio.to_thread(cache.get_many, keys)
         todo = missing(keys, found)
         rows: list[TokenRow] = []
         if todo:
             lacking = with_prompt([texts[i] for i in todo.values()], prompt)
+            tokenize = (
+                partial(self.model.tokenize_rows, adapter=adapter) if adapter is not None else self.model.tokenize_rows
+            )
             with tracing.tokenizing(len(lacking)):
-                rows = await asyncio.to_thread(self.model.tokenize_rows, lacking)
+                rows = await asyncio.to_thread(tokenize, lacking)
         fresh = {key: (row.length, row.truncated) for key, row in zip(todo, rows, strict=True)}
         seen = [(hit.tokens, hit.truncated) if (hit := found.get(key)) is not None else fresh[key] for key in keys]
         if would_fail(seen, options.budget, options.truncate):

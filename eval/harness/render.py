@@ -196,9 +196,10 @@ sentence-transformers with PEFT's adapter set on torch (applied row by row, a mi
 own); the `JinaEmbeddingsV3` model also within 1e-4 on OpenVINO and ONNX Runtime, which run one export per adapter.
 Cross-encoders take adapters too, each with the classification head PEFT trained beside it (`modules_to_save`):
 tested on tiny seeded BERT and XLM-R rerankers with three adapters each against sentence-transformers'
-`CrossEncoder` with PEFT's adapter set (1e-5 on torch, 1e-4 on OpenVINO and ONNX Runtime for XLM-R). LoRA only
-(DoRA, adapters that change embeddings or add biases are refused, naming what they change); SPLADE models take
-no adapters yet.
+`CrossEncoder` with PEFT's adapter set (1e-5 on torch, 1e-4 on OpenVINO and ONNX Runtime for XLM-R), and so do
+SPLADE models over their masked LM (a tiny seeded BERT with two adapters against sentence-transformers'
+`SparseEncoder`: 1e-5 on torch, 1e-4 on ONNX Runtime). LoRA only (DoRA, adapters that change embeddings or add
+biases are refused, naming what they change).
 
 ## Models that ship their own code
 
