@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,10 @@ from embedrank.models.batching import PROGRESS_THRESHOLD
 from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, score_chunked
 from embedrank.models.llm_reranker import YesNoTokenizer
-from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow
+from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, with_adapter
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import Head, Runtime, RuntimeFacts, TorchRuntime, with_adapters
 from embedrank.runtime.exports import load_transformer, runs_on
-from embedrank.runtime.lora import BASE
 from embedrank.types import ModelOutput
 
 _ACTIVATIONS = {
@@ -222,7 +220,7 @@ class CrossEncoder(TokenizesText, RuntimeFacts):
         index = self.adapter_index(adapter)
         queries, documents = [q for q, _ in pairs], [d for _, d in pairs]
         rows = self.text_tokens.rows(queries, documents)
-        return rows if index == BASE else [dataclasses.replace(row, adapter=index) for row in rows]
+        return with_adapter(rows, index)
 
     def score_rows(self, rows: Sequence[TokenRow], *, apply_activation: bool = True) -> ModelOutput:
         """Relevance scores ``(B,)`` of rows from :meth:`tokenize_rows`, padded together (:meth:`relevance`), each

@@ -26,7 +26,7 @@ from embedrank.models.prompts import DOCUMENT_NAMES, QUERY_NAMES, role_prompt, s
 from embedrank.models.ranges import FitsRanges, RangeSample
 from embedrank.models.router import Branched, on_branch
 from embedrank.models.signature import EmbeddingSignature
-from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan
+from embedrank.models.tokens import TextTokens, Tokenized, TokenizesText, TokenRow, TokenSpan, with_adapter
 from embedrank.registry import DEFAULT_EMBEDDING_MODEL, ModelSpec, resolve, weights_fingerprint
 from embedrank.runtime.backends import Runtime, RuntimeFacts, TorchRuntime, with_adapters
 from embedrank.runtime.exports import load_transformer, runs_on
@@ -345,7 +345,7 @@ class Encoder(TokenizesText, Branched, FitsRanges, RuntimeFacts):
         """
         rows = self.text_tokens.rows(with_prompt(texts, prompt), skip=self.prompt_skip(prompt))
         index = self.adapter_index(adapter)
-        return rows if index == BASE else [dataclasses.replace(row, adapter=index) for row in rows]
+        return with_adapter(rows, index)
 
     def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         """Step 2 and the first half of step 3 on rows from :meth:`tokenize_rows`, padded together: the pooled

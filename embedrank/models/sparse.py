@@ -32,11 +32,10 @@ from embedrank.models.checks import check_max_seq_length, check_texts
 from embedrank.models.chunking import Chunking, ChunkPlan, document_flags, require_max, summed_counts
 from embedrank.models.prompts import with_prompt
 from embedrank.models.router import Branched, on_branch
-from embedrank.models.tokens import TextTokens, TokenizesText, TokenRow, TokenSpan
+from embedrank.models.tokens import TextTokens, TokenizesText, TokenRow, TokenSpan, with_adapter
 from embedrank.registry import ModelSpec, resolve
 from embedrank.runtime.backends import ChoosesAdapters, Runtime, TorchRuntime, with_adapters
 from embedrank.runtime.exports import check_streams, load_transformer, runs_on
-from embedrank.runtime.lora import BASE
 from embedrank.runtime.static import static_tokenizer
 from embedrank.types import ModelOutput
 
@@ -309,7 +308,7 @@ class SparseEncoder(TokenizesText, Branched, ChoosesAdapters):
         """
         index = self.adapter_index(adapter)
         rows = self.text_tokens.rows(texts)
-        return rows if index == BASE else [dataclasses.replace(row, adapter=index) for row in rows]
+        return with_adapter(rows, index)
 
     def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         """SPLADE weights ``(B, V)`` of rows from :meth:`tokenize_rows`, padded together (dense float32), each with

@@ -60,6 +60,15 @@ def token_rows(rows: Sequence[dict[str, list[int]]], truncated: Sequence[bool], 
     return [TokenRow(r, len(r["input_ids"]), t, skip) for r, t in zip(rows, truncated, strict=True)]
 
 
+def with_adapter(rows: list[TokenRow], index: int) -> list[TokenRow]:
+    """``rows`` marked with the LoRA adapter of runtime index ``index`` (-1, the base model: as they are).
+
+    >>> [row.adapter for row in with_adapter(token_rows([{"input_ids": [101, 102]}], [False]), 2)]
+    [2]
+    """
+    return rows if index < 0 else [dataclasses.replace(row, adapter=index) for row in rows]
+
+
 def collate_rows(tokenizer: Any, rows: Sequence[TokenRow]) -> Tokenized:
     """Pad :class:`TokenRow` items of a transformer into one batch (:func:`collate`)."""
     return collate(tokenizer, [r.tokens for r in rows], [r.truncated for r in rows])

@@ -500,11 +500,7 @@ class HostedModel(ModelPlan):
         role = task_of(input_type, prompt_name)
         named_adapter = adapter
         if adapter is not None:
-            if adapter not in self.adapter_names:
-                raise InvalidInputError(
-                    f"unknown adapter {adapter!r} for model {self.spec.model_id!r}; {self._adapter_choices()}",
-                    param=fields.adapter,
-                )
+            self._check_adapter(adapter, fields.adapter)
         elif task is not None:
             adapter = adapter_for(self.adapter_names, task)
             role = role_of_task(task) or role
@@ -538,10 +534,19 @@ class HostedModel(ModelPlan):
             fields=options.fields,
         )
 
+    def _check_adapter(self, adapter: str, param: str) -> None:
+        """Refuse an ``adapter`` the model does not run, listing those it does (``param``: the request's field)."""
+        if adapter not in self.adapter_names:
+            raise InvalidInputError(
+                f"unknown adapter {adapter!r} for model {self.spec.model_id!r}; {self._adapter_choices()}", param=param
+            )
+
     def _adapter_choices(self) -> str:
-        if not self.adapter_names:
+        if self.adapter_names:
+            return f"its adapters: {', '.join(self.adapter_names)}"
+        if "embeddings" in self.capabilities:  # a model without adapters still takes a task of a role
             return "it has no adapters (a task of the query or document role selects its prompt)"
-        return f"its adapters: {', '.join(self.adapter_names)}"
+        return "it has no adapters"
 
     async def embed(
         self, texts: Sequence[str | ImageInput], options: EmbedOptions = EMBED_DEFAULTS, *, name: str = ""
@@ -640,11 +645,7 @@ class HostedModel(ModelPlan):
                 "a cross-encoder's adapters score pairs",
                 param="adapter",
             )
-        if adapter not in self.adapter_names:
-            choices = f"its adapters: {', '.join(self.adapter_names)}" if self.adapter_names else "it has no adapters"
-            raise InvalidInputError(
-                f"unknown adapter {adapter!r} for model {self.spec.model_id!r}; {choices}", param="adapter"
-            )
+        self._check_adapter(adapter, "adapter")
 
     async def sparse(self, texts: Sequence[str], options: EmbedOptions = EMBED_DEFAULTS) -> Embedded:
         """The sparse vectors of a SPLADE or bge-m3 model for ``texts``, with the prompt and branch the request

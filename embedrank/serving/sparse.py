@@ -127,11 +127,8 @@ class AsyncSparseEncoder(EncoderTokens, AdapterSignatures):
             if found is not None:
                 return found
         texts = with_prompt(texts, prompt)
-        tokenize = (
-            partial(self.model.tokenize_rows, adapter=adapter) if adapter is not None else self.model.tokenize_rows
-        )
         with tracing.tokenizing(len(texts)):
-            rows = await asyncio.to_thread(tokenize, list(texts))
+            rows = await asyncio.to_thread(partial(self.model.tokenize_rows, list(texts), adapter=adapter))
         check_budget(rows, options.budget)
         at = None if options.truncate else first_cut(rows)
         if at is not None:
@@ -153,11 +150,8 @@ class AsyncSparseEncoder(EncoderTokens, AdapterSignatures):
         rows: list[TokenRow] = []
         if todo:
             lacking = with_prompt([texts[i] for i in todo.values()], prompt)
-            tokenize = (
-                partial(self.model.tokenize_rows, adapter=adapter) if adapter is not None else self.model.tokenize_rows
-            )
             with tracing.tokenizing(len(lacking)):
-                rows = await asyncio.to_thread(tokenize, lacking)
+                rows = await asyncio.to_thread(partial(self.model.tokenize_rows, lacking, adapter=adapter))
         fresh = {key: (row.length, row.truncated) for key, row in zip(todo, rows, strict=True)}
         seen = [(hit.tokens, hit.truncated) if (hit := found.get(key)) is not None else fresh[key] for key in keys]
         if would_fail(seen, options.budget, options.truncate):

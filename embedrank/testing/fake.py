@@ -20,7 +20,6 @@ and truncation flags behave as a real model's do.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import re
@@ -29,13 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from embedrank.errors import InvalidInputError, ModelNotFoundError
+from embedrank.errors import ModelNotFoundError
 from embedrank.math.pooling import PoolingMode
 from embedrank.math.similarity import finish_vectors
 from embedrank.models.prompts import select_prompt, with_prompt
 from embedrank.models.ranges import FitsRanges, RangeSample
-from embedrank.models.tokens import TokenRow, TokenSpan
+from embedrank.models.tokens import TokenRow, TokenSpan, with_adapter
 from embedrank.registry import ModelKind, ModelSpec
+from embedrank.runtime.lora import AdapterNames
 from embedrank.texts import vocabulary_texts
 from embedrank.types import ModelOutput
 
@@ -121,7 +121,22 @@ class WordTokens:
         return out
 
 
-class FakeEncoder(WordTokens, FitsRanges):
+class NamedAdapters:
+    """A fake's LoRA adapters by name (:attr:`adapters`, none by default): their indexes are what its rows carry,
+    and an unknown one is refused as a real model refuses it."""
+
+    adapters: tuple[str, ...] = ()
+
+    def adapter_index(self, adapter: str | None) -> int:
+        """The index of ``adapter`` in :attr:`adapters` (None: -1, the base model).
+
+        Raises:
+            InvalidInputError: the fake has no adapter of that name (the message lists those it has).
+        """
+        return AdapterNames(self.adapters).index(adapter)
+
+
+class FakeEncoder(WordTokens, FitsRanges, NamedAdapters):
     """A bag-of-words feature-hashing encoder with a real model's interface and token accounting."""
 
     def __init__(
@@ -177,20 +192,6 @@ class FakeEncoder(WordTokens, FitsRanges):
     def embed_for_ranges(self, texts: list[str], *, normalize: bool, adapter: str | None = None) -> np.ndarray:
         return self.encode(texts, adapter=adapter)
 
-    def adapter_index(self, adapter: str | None) -> int:
-        """The index of ``adapter`` in :attr:`adapters` (None: -1, the base model).
-
-        Raises:
-            InvalidInputError: the fake has no adapter of that name.
-        """
-        if adapter is None:
-            return -1
-        if adapter not in self.adapters:
-            raise InvalidInputError(
-                f"unknown adapter {adapter!r}; this model has {list(self.adapters)}", param="adapter"
-            )
-        return self.adapters.index(adapter)
-
     def encode_batch(self, texts: Sequence[str]) -> ModelOutput:
         out = self.embed_rows(self.tokenize_rows(texts))
         return ModelOutput(self.finish_vectors(out.values), out.token_counts, out.truncated)
@@ -201,9 +202,7 @@ class FakeEncoder(WordTokens, FitsRanges):
     def tokenize_rows(self, texts: Sequence[str], *, prompt: str = "", adapter: str | None = None) -> list[TokenRow]:
         """Words (``prompt``'s first) kept under the maximum length, with the two special tokens counted; each row
         marked with ``adapter``'s index."""
-        rows = _word_rows(with_prompt(texts, prompt), self.max_seq_length)
-        index = self.adapter_index(adapter)
-        return rows if index < 0 else [dataclasses.replace(row, adapter=index) for row in rows]
+        return with_adapter(_word_rows(with_prompt(texts, prompt), self.max_seq_length), self.adapter_index(adapter))
 
     def embed_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         """The rows' vectors before :meth:`finish_vectors` (each row's words salted by its adapter's name)."""
@@ -227,7 +226,7 @@ class FakeEncoder(WordTokens, FitsRanges):
         return self.finish_vectors(out.values)
 
 
-class FakeCrossEncoder:
+class FakeCrossEncoder(NamedAdapters):
     """Scores a pair by the share of query words found in the document, with a cross-encoder's accounting; with
     ``adapters``, a pair that runs with the adapter at index ``i`` scores ``share / 2**(i + 1) + (i + 1) / 10``
     (other scores, as a LoRA adapter and its head give)."""
@@ -254,10 +253,7 @@ class FakeCrossEncoder:
     def tokenize_rows(self, pairs: Sequence[tuple[str, str]], *, adapter: str | None = None) -> list[TokenRow]:
         """Query and document words, cut ``longest_first`` as Hugging Face tokenizers cut pairs, each row with the
         index of ``adapter`` (-1: none)."""
-        if adapter is not None and adapter not in self.adapters:
-            has = ", ".join(map(repr, self.adapters)) or "none"
-            raise InvalidInputError(f"unknown adapter {adapter!r}; model {self.model_id!r} has {has}", param="adapter")
-        index = self.adapters.index(adapter) if adapter is not None else -1
+        index = self.adapter_index(adapter)
         rows = []
         for query, document in pairs:
             q, d = words(query), words(document)
@@ -282,7 +278,7 @@ class FakeCrossEncoder:
         return ModelOutput(np.asarray(scores, dtype=np.float32), [r.length for r in rows], [r.truncated for r in rows])
 
 
-class FakeSparseEncoder(WordTokens):
+class FakeSparseEncoder(WordTokens, NamedAdapters):
     """A SPLADE stand-in: each word of a text weighs ``1 + len(word) / 10`` at its hashed vocabulary slot (the
     largest where words collide), with a real model's token accounting (two special tokens, words cut at the
     window)."""
@@ -291,8 +287,8 @@ class FakeSparseEncoder(WordTokens):
         self.spec = _spec(model_id, "sparse", max_seq_length, vocab_size)
         self.model_id, self.vocab_size, self.max_seq_length = model_id, vocab_size, max_seq_length
 
-    def tokenize_rows(self, texts: Sequence[str]) -> list[TokenRow]:
-        return _word_rows(texts, self.max_seq_length)
+    def tokenize_rows(self, texts: Sequence[str], *, adapter: str | None = None) -> list[TokenRow]:
+        return with_adapter(_word_rows(texts, self.max_seq_length), self.adapter_index(adapter))
 
     def weights_rows(self, rows: Sequence[TokenRow]) -> ModelOutput:
         out = np.zeros((len(rows), self.vocab_size), dtype=np.float32)  # (N, V)

@@ -96,7 +96,9 @@ def test_a_splade_model_caches_its_sparse_vectors_and_answers_as_uncached(tmp_pa
     tokenized: list[str] = []
     original = FakeSparseEncoder.tokenize_rows
     monkeypatch.setattr(
-        FakeSparseEncoder, "tokenize_rows", lambda self, texts: tokenized.extend(texts) or original(self, texts)
+        FakeSparseEncoder,
+        "tokenize_rows",
+        lambda self, texts, **kw: tokenized.extend(texts) or original(self, texts, **kw),
     )
     again = asyncio.run(embed_with(sparse_pool(cache), TEXTS, sparse=True, cached=True))
     assert (cache.hits, cache.misses) == (5, 5) and not tokenized
